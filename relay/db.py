@@ -1,0 +1,153 @@
+"""Relay's PostgreSQL: the connection pool and the versioned migrations.
+
+Migrations run at start-up inside one transaction that first takes a
+transaction-level advisory lock, so two instances starting at once apply each
+migration exactly once: the second waits, then finds it already recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from relay.errors import DatabaseError
+
+log = logging.getLogger("relay.db")
+
+# Any fixed 64-bit number; it only has to differ from other users' advisory locks.
+MIGRATION_LOCK_KEY = 7_215_420_113_001
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE orgs (
+            name        text PRIMARY KEY,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE keys (
+            sha256      text PRIMARY KEY,
+            org         text NOT NULL REFERENCES orgs(name),
+            kind        text NOT NULL CHECK (kind IN ('conductor', 'api')),
+            name        text NOT NULL,
+            role        text CHECK (role IN ('admin', 'viewer')),
+            updated_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE apps (
+            org                         text NOT NULL REFERENCES orgs(name),
+            name                        text NOT NULL,
+            executor_timeout_secs       double precision NOT NULL CHECK (executor_timeout_secs > 0),
+            recover_to_latest_version   boolean NOT NULL DEFAULT false,
+            from_config                 boolean NOT NULL DEFAULT false,
+            created_at                  timestamptz NOT NULL DEFAULT now(),
+            updated_at                  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (org, name)
+        );
+        CREATE TABLE executors (
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            executor_id         text NOT NULL,
+            state               text NOT NULL
+                CHECK (state IN ('HEALTHY', 'DISCONNECTED', 'DEAD', 'RECOVERING')),
+            epoch               bigint NOT NULL DEFAULT 1,
+            application_version text NOT NULL,
+            hostname            text,
+            language            text,
+            dbos_version        text,
+            metadata            jsonb,
+            connected_at        timestamptz NOT NULL,
+            disconnected_at     timestamptz,
+            dead_at             timestamptz,
+            relay_instance      text NOT NULL,
+            blocked_reason      text,
+            PRIMARY KEY (org, app, executor_id),
+            FOREIGN KEY (org, app) REFERENCES apps(org, name)
+        );
+        CREATE INDEX executors_by_state ON executors (org, app, state);
+        CREATE INDEX executors_by_instance ON executors (relay_instance, state);
+        CREATE TABLE audit_log (
+            id                  bigserial PRIMARY KEY,
+            at                  timestamptz NOT NULL DEFAULT now(),
+            org                 text NOT NULL,
+            app                 text,
+            action              text NOT NULL,
+            executor_id         text,
+            peer_executor_id    text,
+            actor               text NOT NULL,
+            detail              jsonb NOT NULL DEFAULT '{}'::jsonb
+        );
+        CREATE INDEX audit_by_org ON audit_log (org, id);
+        """,
+    ),
+]
+
+
+class Database:
+    """The pool; every query goes through :meth:`connection`."""
+
+    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 16) -> None:
+        self.url = url
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
+            url,
+            connection_class=psycopg.AsyncConnection[dict[str, Any]],
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            timeout=10.0,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+        )
+
+    async def open(self) -> None:
+        try:
+            await self.pool.open(wait=True, timeout=15.0)
+        except (PoolTimeout, psycopg.Error) as exc:
+            raise DatabaseError(f"cannot connect to PostgreSQL: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise DatabaseError(f"no database connection available: {exc}") from exc
+        except psycopg.Error as exc:
+            raise DatabaseError(f"database error: {exc}") from exc
+
+    async def ping(self) -> bool:
+        try:
+            async with self.connection() as conn:
+                await conn.execute("SELECT 1")
+            return True
+        except DatabaseError:
+            return False
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations not yet recorded; returns the versions applied."""
+        applied: list[int] = []
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            await conn.execute(
+                """CREATE TABLE IF NOT EXISTS relay_schema_migrations (
+                       version     integer PRIMARY KEY,
+                       applied_at  timestamptz NOT NULL DEFAULT now())"""
+            )
+            cur = await conn.execute("SELECT version FROM relay_schema_migrations")
+            done = {int(row["version"]) for row in await cur.fetchall()}
+            for version, sql in MIGRATIONS:
+                if version in done:
+                    continue
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO relay_schema_migrations (version) VALUES (%s)", (version,))
+                applied.append(version)
+        if applied:
+            log.info("database migrated to version %d", applied[-1])
+        return applied

@@ -1,0 +1,49 @@
+"""Relay's exceptions.
+
+Errors from libraries (psycopg, websockets, pydantic, yaml) are converted at the
+boundary where they occur, with ``raise ... from exc``, so that callers handle
+only these::
+
+    RelayError
+    ├── ConfigError            relay.yaml missing, unreadable or invalid
+    ├── DatabaseError          PostgreSQL unreachable or a statement failed
+    ├── ProtocolError          a frame from an executor broke the protocol
+    └── ExecutorRequestError   a request to a connected executor did not get an answer
+        ├── ExecutorNotConnected   no socket to that executor on this instance
+        ├── ExecutorTimeout        no reply within the timeout
+        └── ExecutorGone           the socket closed while the request was out
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Base class of every error Relay raises on purpose."""
+
+
+class ConfigError(RelayError):
+    """relay.yaml (or an option overriding it) is missing, unreadable or invalid."""
+
+
+class DatabaseError(RelayError):
+    """PostgreSQL could not be reached, or a statement failed."""
+
+
+class ProtocolError(RelayError):
+    """A frame from an executor was malformed or unexpected."""
+
+
+class ExecutorRequestError(RelayError):
+    """A request to an executor did not get an answer."""
+
+
+class ExecutorNotConnected(ExecutorRequestError):
+    """The executor has no open socket on this Relay instance."""
+
+
+class ExecutorTimeout(ExecutorRequestError):
+    """The executor did not answer within the timeout."""
+
+
+class ExecutorGone(ExecutorRequestError):
+    """The executor's socket closed while a request was waiting for its reply."""

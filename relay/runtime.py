@@ -1,0 +1,77 @@
+"""Everything one Relay instance holds while it runs, and its start and stop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from relay import __version__
+from relay.auth import KeyRing
+from relay.config import RelayConfig
+from relay.db import Database
+from relay.hub import Hub
+from relay.registry import Registry
+
+log = logging.getLogger("relay")
+
+
+class Runtime:
+    def __init__(self, config: RelayConfig, database_url: str, instance_id: str) -> None:
+        self.config = config
+        self.instance_id = instance_id
+        self.version = __version__
+        self.db = Database(database_url)
+        self.registry = Registry(self.db)
+        self.keyring = KeyRing(config)
+        self.hub = Hub(config, self.keyring, self.registry, instance_id)
+
+    async def start(self) -> None:
+        await self.db.open()
+        await self.db.migrate()
+        await self.registry.sync_config(self.config)
+        # Sockets do not survive a restart: whatever this instance held before is gone.
+        stale = await self.registry.disconnect_instance(self.instance_id)
+        if stale:
+            log.info("marked %d executors of a previous run of instance %s DISCONNECTED", stale, self.instance_id)
+
+    async def stop(self) -> None:
+        await self.hub.close_all()
+        try:
+            await self.registry.disconnect_instance(self.instance_id)
+        finally:
+            await self.db.close()
+
+    @asynccontextmanager
+    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def metrics_text(self) -> str:
+        lines = [
+            "# HELP relay_connections Executor sockets open on this instance.",
+            "# TYPE relay_connections gauge",
+            f"relay_connections {len(self.hub.connections)}",
+            "# HELP relay_pending_handshakes Sockets accepted but not yet past executor_info.",
+            "# TYPE relay_pending_handshakes gauge",
+            f"relay_pending_handshakes {self.hub.pending_handshakes}",
+            "# HELP relay_hub_events_total Hub events on this instance, by kind.",
+            "# TYPE relay_hub_events_total counter",
+        ]
+        for kind, n in sorted(self.hub.counters.items()):
+            lines.append(f'relay_hub_events_total{{kind="{kind}"}} {n}')
+        lines += [
+            "# HELP relay_executors Executors in the registry, by org, app and state.",
+            "# TYPE relay_executors gauge",
+        ]
+        for (org, app, state), n in sorted((await self.registry.count_by_state()).items()):
+            lines.append(f'relay_executors{{org="{_esc(org)}",app="{_esc(app)}",state="{state}"}} {n}')
+        return "\n".join(lines) + "\n"
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

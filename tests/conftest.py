@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.harness import ExecutorProcess, Postgres, RelayProcess, free_port, relay_yaml
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    pg = Postgres()
+    yield pg
+    pg.close()
+
+
+@pytest.fixture
+def relay_db(postgres: Postgres) -> str:
+    return postgres.create_database("relay")
+
+
+@pytest.fixture
+def sysdb(postgres: Postgres) -> str:
+    """One DBOS system database shared by the test's executors (as in production)."""
+    return postgres.create_database("sys")
+
+
+@pytest.fixture
+def start_relay(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., RelayProcess]]:
+    started: list[RelayProcess] = []
+
+    def start(config: dict[str, Any] | None = None, **liveness: float) -> RelayProcess:
+        relay = RelayProcess(tmp_path, relay_db, config or relay_yaml(free_port(), **liveness))
+        started.append(relay)
+        return relay.start()
+
+    yield start
+    for relay in started:
+        relay.stop()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+@pytest.fixture
+def start_executor(tmp_path: Path, sysdb: str) -> Iterator[Callable[..., ExecutorProcess]]:
+    started: list[ExecutorProcess] = []
+
+    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
+        executor = ExecutorProcess(tmp_path, kwargs.pop("sysdb", sysdb), conductor_url, **kwargs)
+        started.append(executor)
+        return executor
+
+    yield start
+    for executor in started:
+        executor.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
