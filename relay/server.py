@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 
 import uvicorn
@@ -59,10 +60,25 @@ def default_instance_id(config: RelayConfig) -> str:
     return f"{socket.gethostname()}:{config.server.port}"
 
 
+class _Stopped(Exception):
+    """SIGTERM, re-raised by uvicorn once it has shut down gracefully."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
 def serve(config: RelayConfig, database_url: str, instance_id: str) -> None:
+    """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
     runtime = Runtime(config, database_url, instance_id)
     server = uvicorn.Server(uvicorn_config(RelayApp(runtime), config))
     logging.getLogger("relay").info("relay instance %s starting", instance_id)
-    server.run()
+    # uvicorn re-raises the signal that stopped it once it is done; turn that
+    # into a return so the caller can still stop the embedded database.
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Stopped):
+        pass
     if not server.started:
         raise SystemExit(1)

@@ -9,8 +9,10 @@ keepalive is turned off (``ws_ping_interval=None``); the hub runs it instead.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Protocol
+import re
+from typing import Any, Protocol
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
@@ -25,8 +27,30 @@ class Keepalive(Protocol):
     def send_ping(self) -> bool: ...
 
 
+class RedactKeys(logging.Filter):
+    """Hide the conductor key in an executor URL path (uvicorn logs request paths)."""
+
+    _key_in_path = re.compile(r"(/websocket/[^/\s\"]+/)[^\s\"?]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            record.msg = record.getMessage()
+            record.args = None
+        record.msg = self._key_in_path.sub(r"\1***", str(record.msg))
+        return True
+
+
+ws_log = logging.getLogger("relay.ws")
+ws_log.addFilter(RedactKeys())
+
+
 class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
     last_heard: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn logs every handshake with its path, which holds the key.
+        self.logger = ws_log
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self.loop.time()
@@ -37,6 +61,12 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope["extensions"]["relay.keepalive"] = self
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            # A refusal with a body is a complete answer; uvicorn would call it unfinished.
+            self.handshake_complete = True
 
     def send_ping(self) -> bool:
         """Send a ping frame; False when the connection is no longer open."""

@@ -89,9 +89,7 @@ def test_sigstop_is_disconnected_after_ping_wait_and_not_before(
         while time.monotonic() < stopped + wait - interval - 0.1:
             assert relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY"
             time.sleep(0.05)
-        assert_eventually(
-            lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", interval + 1.0
-        )
+        assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", interval + 1.0)
         assert time.monotonic() - stopped < wait + 1.0
         assert f"executor acme/ledger/{ex.executor_id}: nothing heard for 2s" in relay.log()
     finally:

@@ -220,7 +220,7 @@ class ExecutorProcess:
             "RELAY_TEST_APP_VERSION": version,
             "RELAY_TEST_SLEEPERS": str(sleepers),
         }
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.executor_app"],
             stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,

