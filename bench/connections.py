@@ -14,11 +14,17 @@ handshake exactly like the SDK's client. Reported per server and size:
 The bare server (``--bare-server PORT``, started by the benchmark itself) does
 the same work as Relay's hub minus Relay: it sends ``executor_info``, awaits
 and parses the reply, keeps the socket by executor id and reads it until it
-closes. It exposes ``GET /count`` on the same port.
+closes. It exposes ``GET /count`` on the same port. Like Relay it declines
+permessage-deflate (which the SDK's client offers) and listens with a backlog
+of 4096, so that neither difference is measured.
 
 Usage, from the project root::
 
-    python -m bench.connections [--sizes 1000,5000] [--idle-secs 20] [--concurrency 200]
+    python -m bench.connections [--sizes 1000,5000] [--idle-secs 20] [--concurrency 200] [--log-dir DIR]
+
+Relay's databases live in an embedded PostgreSQL, or on the server at
+``RELAY_TEST_DATABASE_URL`` if set. Lines of the servers' logs that look like
+trouble (ERROR, WARNING, tracebacks) are printed after each run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import os
 import platform
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -399,6 +406,7 @@ class Held:
     rss_after_idle: int
     idle_cpu_pct: float
     held_after_idle: int
+    idle_covers_pings: bool  # every connection got its first ping inside the idle window
 
 
 @dataclass(frozen=True)
@@ -410,6 +418,7 @@ class Result:
     kib_per_conn: float
     kib_per_conn_after_idle: float
     idle_cpu_pct: float
+    idle_covers_pings: bool
     dropped_while_idle: int
     close_secs: float
 
@@ -435,7 +444,7 @@ async def handshakes(server: ServerProcess, fleet: Fleet, n: int, concurrency: i
     await wait_for_held(server, http, opened)
     secs = time.perf_counter() - started
     cpu = {name: used - cpu0[name] for name, used in cpu_meters(server).items()}
-    return Held(opened, secs, cpu, rss_held=0, rss_after_idle=0, idle_cpu_pct=0.0, held_after_idle=0)
+    return Held(opened, secs, cpu, 0, 0, 0.0, held_after_idle=0, idle_covers_pings=False)
 
 
 async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Held:
@@ -446,8 +455,12 @@ async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Names
     cpu0, wall0 = cpu_secs(proc), time.perf_counter()
     await asyncio.sleep(args.idle_secs)
     idle_cpu_pct = 100 * (cpu_secs(proc) - cpu0) / (time.perf_counter() - wall0)
+    # Connections opened at 0..handshake_secs get their first ping PING_INTERVAL_SECS later.
+    first_pings_end = held.handshake_secs + PING_INTERVAL_SECS
+    idle_start = held.handshake_secs + SETTLE_SECS
     return replace(
         held,
+        idle_covers_pings=idle_start <= PING_INTERVAL_SECS and idle_start + args.idle_secs >= first_pings_end,
         rss_held=rss_held,
         rss_after_idle=proc.memory_info().rss,
         idle_cpu_pct=idle_cpu_pct,
@@ -475,6 +488,7 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
         kib_per_conn=(held.rss_held - rss_before) / per_conn,
         kib_per_conn_after_idle=(held.rss_after_idle - rss_before) / per_conn,
         idle_cpu_pct=held.idle_cpu_pct,
+        idle_covers_pings=held.idle_covers_pings,
         dropped_while_idle=held.opened - held.held_after_idle,
         close_secs=close_secs,
     )
@@ -493,6 +507,8 @@ def report_run(result: Result, held: Held, rss_before: int, failures: Counter[st
         f" {result.dropped_while_idle} dropped while idle; all closed after {result.close_secs:.2f} s",
         flush=True,
     )
+    if not held.idle_covers_pings:
+        print("  note: the idle window did not cover the first ping round of every connection", flush=True)
     for reason, count in failures.most_common(5):
         print(f"  failure x{count}: {reason}", flush=True)
 
@@ -556,8 +572,10 @@ def print_table(results: list[Result]) -> None:
     for r in results:
         print(
             f"{r.server:<7} {r.conns:>6} {r.failed:>6} {r.handshakes_per_sec:>12.0f}"
-            f" {r.kib_per_conn:>9.1f} {r.idle_cpu_pct:>10.2f}"
+            f" {r.kib_per_conn:>9.1f} {r.idle_cpu_pct:>10.2f}{'' if r.idle_covers_pings else ' *'}"
         )
+    if not all(r.idle_covers_pings for r in results):
+        print("* the idle window did not cover a whole ping round")
     by_key = {(r.server, r.conns): r for r in results}
     for n in sorted({r.conns for r in results}):
         relay, bare = by_key.get(("relay", n)), by_key.get(("bare", n))
@@ -597,11 +615,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.bare_server is not None:
         asyncio.run(bare_server(args.bare_server))
         return 0
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the finally blocks stop the servers
     print_machine()
     print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes", flush=True)
     raise_open_files(2 * max(args.sizes) + 1000)

@@ -12,12 +12,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay.auth import KeyGrant
 from relay.errors import DatabaseError, ExecutorNotConnected, ExecutorRequestError, ExecutorTimeout
 from relay.lifecycle import ExecutorState
 from relay.protocol import list_workflows
+from relay.recoveries import AuditEntry, RecoveryRow
 from relay.registry import AppRecord, ExecutorKey, ExecutorRecord
 from relay.runtime import Runtime
 
@@ -94,7 +97,30 @@ def caller(request: Request, org: str) -> KeyGrant:
     return grant
 
 
+def admin(request: Request, org: str) -> KeyGrant:
+    grant = caller(request, org)
+    if grant.role != "admin":
+        raise ApiError(403, "forbidden", "this API key is read-only (role viewer)")
+    return grant
+
+
 Caller = Annotated[KeyGrant, Depends(caller)]
+Admin = Annotated[KeyGrant, Depends(admin)]
+
+
+class AppSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel)
+
+    executor_timeout_secs: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    recover_to_latest_version: bool | None = None
+
+
+class RecoverRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel)
+
+    to_latest_version: bool = False
+
+
 Rt = Annotated[Runtime, Depends(runtime)]
 
 v2 = APIRouter(prefix="/v2/orgs/{org}")
@@ -115,6 +141,147 @@ async def get_apps(org: str, rt: Rt, _: Caller) -> list[dict[str, Any]]:
 @v2.get("/apps/{app}")
 async def get_app(org: str, app: str, rt: Rt, _: Caller) -> dict[str, Any]:
     return app_json(await _app_or_404(rt, org, app))
+
+
+@v2.patch("/apps/{app}")
+async def patch_app(org: str, app: str, settings: AppSettings, rt: Rt, who: Admin) -> dict[str, Any]:
+    """Change an app's settings; a grace period already running keeps the value it started with."""
+    changes = settings.model_dump(exclude_none=True)
+    if not changes:
+        raise ApiError(422, "invalid_request", "nothing to change: give executorTimeoutSecs or recoverToLatestVersion")
+    before = await _app_or_404(rt, org, app)
+    await rt.registry.update_app(org, app, changes)
+    after = await _app_or_404(rt, org, app)
+    await rt.recoveries.audit(
+        org,
+        app,
+        AuditEntry(
+            "settings.updated",
+            f"api:{who.name}",
+            detail={
+                "before": {
+                    "executorTimeoutSecs": before.executor_timeout_secs,
+                    "recoverToLatestVersion": before.recover_to_latest_version,
+                },
+                "after": {
+                    "executorTimeoutSecs": after.executor_timeout_secs,
+                    "recoverToLatestVersion": after.recover_to_latest_version,
+                },
+            },
+        ),
+    )
+    # A recovery waiting for an operator may now be allowed to go on.
+    await rt.durable.wake_app(org, app, {"reason": "settings_updated"})
+    return app_json(after)
+
+
+@v2.post("/apps/{app}/executors/{executor_id}/recover", status_code=202)
+async def post_recover(
+    org: str, app: str, executor_id: str, rt: Rt, who: Admin, body: RecoverRequest | None = None
+) -> dict[str, str]:
+    """An operator's recovery: skips the rest of a grace period, or unblocks a waiting one."""
+    body = body or RecoverRequest()
+    key = ExecutorKey(org, app, executor_id)
+    rec = await rt.registry.get_executor(key)
+    if rec is None:
+        raise ApiError(404, "not_found", f"no executor {executor_id!r} in {org}/{app}")
+    if rec.state is ExecutorState.HEALTHY:
+        raise ApiError(
+            409, "executor_healthy", "the executor is connected; recovering it would re-run workflows it is running"
+        )
+    actor = f"api:{who.name}"
+    if rec.state is ExecutorState.DISCONNECTED:
+        dedupe = f"manual:{key}:{rec.epoch}:dead"
+        if not await rt.recoveries.declare_dead(key, rec.epoch, actor, dedupe):
+            raise ApiError(409, "state_changed", "the executor's state changed meanwhile; look again")
+        await rt.durable.end_grace(key, rec.epoch, "operator recovery")
+    rid = await rt.durable.start_recovery(key, rec.epoch, "operator")
+    await rt.recoveries.audit(
+        org,
+        app,
+        AuditEntry(
+            "recovery.manual_requested",
+            actor,
+            executor_id,
+            detail={"recoveryId": rid, **body.model_dump(by_alias=True)},
+        ),
+    )
+    await rt.durable.wake(rid, {"reason": "operator", "toLatestVersion": body.to_latest_version})
+    return {"recoveryId": rid}
+
+
+def recovery_json(row: RecoveryRow) -> dict[str, Any]:
+    return {
+        "recoveryId": row.id,
+        "executorId": row.executor_id,
+        "applicationVersion": row.application_version,
+        "trigger": row.trigger,
+        "status": row.status,
+        "error": row.error,
+        "createdAt": iso(row.created_at),
+        "updatedAt": iso(row.updated_at),
+        "attempts": [
+            {
+                "attempt": a["attempt"],
+                "peerExecutorId": a["peerExecutorId"],
+                "mode": a["mode"],
+                "outcome": a["outcome"],
+                "error": a["error"],
+                "at": _iso_text(a["at"]),
+            }
+            for a in row.attempts
+        ],
+    }
+
+
+def _iso_text(value: str) -> str | None:
+    try:
+        return iso(datetime.fromisoformat(value))
+    except ValueError:
+        return None
+
+
+@v2.get("/apps/{app}/recoveries")
+async def get_recoveries(
+    org: str, app: str, rt: Rt, _: Caller, executor_id: Annotated[str | None, Query(alias="executorId")] = None
+) -> list[dict[str, Any]]:
+    await _app_or_404(rt, org, app)
+    return [recovery_json(r) for r in await rt.recoveries.get(org, app, executor_id=executor_id)]
+
+
+@v2.get("/apps/{app}/recoveries/{recovery_id}")
+async def get_recovery(org: str, app: str, recovery_id: str, rt: Rt, _: Caller) -> dict[str, Any]:
+    rows = await rt.recoveries.get(org, app, rid=recovery_id)
+    if not rows:
+        raise ApiError(404, "not_found", f"no recovery {recovery_id!r} in {org}/{app}")
+    return recovery_json(rows[0])
+
+
+@v2.get("/audit")
+async def get_audit(
+    org: str,
+    rt: Rt,
+    _: Caller,
+    app: str | None = None,
+    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[dict[str, Any]]:
+    rows = await rt.recoveries.list_audit(org, app, executor_id, since, limit)
+    return [
+        {
+            "id": r["id"],
+            "at": iso(r["at"]),
+            "org": r["org"],
+            "app": r["app"],
+            "action": r["action"],
+            "executorId": r["executor_id"],
+            "peerExecutorId": r["peer_executor_id"],
+            "actor": r["actor"],
+            "detail": r["detail"],
+        }
+        for r in rows
+    ]
 
 
 @v2.get("/apps/{app}/executors")

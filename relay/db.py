@@ -85,6 +85,39 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX audit_by_org ON audit_log (org, id);
         """,
     ),
+    (
+        2,
+        """
+        -- A workflow step that writes an audit entry may run again after a crash;
+        -- its key (workflow id, step, action) makes the second insert a no-op.
+        ALTER TABLE audit_log ADD COLUMN dedupe_key text UNIQUE;
+        CREATE TABLE recoveries (
+            id                  text PRIMARY KEY,
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            executor_id         text NOT NULL,
+            application_version text NOT NULL,
+            epoch               bigint NOT NULL,
+            trigger             text NOT NULL CHECK (trigger IN ('grace_period', 'operator')),
+            status              text NOT NULL CHECK (status IN ('dispatching', 'waiting_for_peer',
+                                    'awaiting_operator', 'succeeded', 'failed')),
+            error               text,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            updated_at          timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE INDEX recoveries_by_app ON recoveries (org, app, status);
+        CREATE TABLE recovery_attempts (
+            recovery_id         text NOT NULL REFERENCES recoveries(id),
+            attempt             integer NOT NULL,
+            peer_executor_id    text NOT NULL,
+            mode                text NOT NULL,
+            outcome             text NOT NULL CHECK (outcome IN ('dispatched', 'succeeded', 'failed')),
+            error               text,
+            at                  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (recovery_id, attempt)
+        );
+        """,
+    ),
 ]
 
 

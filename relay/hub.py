@@ -17,7 +17,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
@@ -46,6 +46,14 @@ CLOSE_NOT_ANSWERING = 4410
 CLOSE_SHUTDOWN = 1001
 
 
+class HubEvents(Protocol):
+    """What the rest of Relay wants to hear from the hub (grace periods, wake-ups)."""
+
+    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None: ...
+
+    async def executor_lost(self, key: ExecutorKey, epoch: int) -> None: ...
+
+
 def parse_websocket_path(path: str) -> tuple[str, str] | None:
     """``(app, key)`` from an executor URL path, or None if it is not one.
 
@@ -72,6 +80,7 @@ class Hub:
         self.pending_handshakes = 0
         self.counters: Counter[str] = Counter()
         self._known_apps: set[tuple[str, str]] = set()
+        self.events: HubEvents | None = None
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -113,7 +122,18 @@ class Hub:
         if previous is not None and previous is not conn:
             log.info("executor %s connected again; closing its older socket", key)
             await previous.close(CLOSE_REPLACED, "replaced by a newer connection")
+        await self._tell("executor_connected", key, epoch)
         return epoch
+
+    async def _tell(self, event: str, key: ExecutorKey, epoch: int) -> None:
+        if self.events is None:
+            return
+        try:
+            await getattr(self.events, event)(key, epoch)
+        except Exception:
+            # The registry already holds the truth; the start-up sweep and the
+            # blocked recoveries' periodic re-check make up for a lost event.
+            log.exception("executor %s: handling %s failed", key, event)
 
     def detach(self, conn: ExecutorConnection) -> None:
         if conn.key is not None and self.connections.get(conn.key) is conn:
@@ -121,12 +141,23 @@ class Hub:
 
     # -- used by the rest of Relay ------------------------------------------
 
-    async def request(self, key: ExecutorKey, request: Request, timeout: float) -> Reply:
-        """Send ``request`` to a connected executor and await its reply."""
+    async def request(
+        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = False
+    ) -> Reply:
+        """Send ``request`` to a connected executor and await its reply.
+
+        With ``await_connection``, an executor not connected right now (say, one
+        reconnecting after a restart of Relay) is waited for, within ``timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         conn = self.connections.get(key)
+        while conn is None and await_connection and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            conn = self.connections.get(key)
         if conn is None:
             raise ExecutorNotConnected(f"executor {key} has no socket on this Relay instance")
-        return await conn.request(request, timeout)
+        return await conn.request(request, max(deadline - loop.time(), 0.001))
 
     async def close_all(self) -> None:
         await asyncio.gather(
@@ -321,6 +352,7 @@ class ExecutorConnection:
             return
         if changed:
             log.info("executor %s is DISCONNECTED", self.name)
+            await self.hub._tell("executor_lost", self.key, self.epoch)
 
 
 def _client(scope: Scope) -> str:

@@ -28,6 +28,7 @@ class MessageType(StrEnum):
     LIST_STEPS = "list_steps"
     FORK_WORKFLOW = "fork_workflow"
     REWIND_WORKFLOW = "rewind_workflow"
+    LIST_APPLICATION_VERSIONS = "list_application_versions"
 
 
 @dataclass(frozen=True)

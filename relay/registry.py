@@ -258,6 +258,37 @@ class Registry:
                 record.counts[ExecutorState(row["state"])] = int(row["n"])
         return list(apps.values())
 
+    async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
+        """(executor id, application version) of the app's HEALTHY executors."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT executor_id, application_version FROM executors
+                   WHERE org = %s AND app = %s AND state = 'HEALTHY' ORDER BY executor_id""",
+                (org, app),
+            )
+            return [(r["executor_id"], r["application_version"]) for r in await cur.fetchall()]
+
+    async def disconnected_of_instance(self, instance: str) -> list[tuple[ExecutorKey, int]]:
+        """DISCONNECTED executors this instance owns: each needs a grace period running."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT org, app, executor_id, epoch FROM executors
+                   WHERE relay_instance = %s AND state = 'DISCONNECTED'""",
+                (instance,),
+            )
+            return [(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in await cur.fetchall()]
+
+    async def update_app(self, org: str, app: str, changes: dict[str, Any]) -> bool:
+        columns = {"executor_timeout_secs", "recover_to_latest_version"}
+        assert set(changes) <= columns
+        sets = ", ".join(f"{name} = %({name})s" for name in changes)
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"UPDATE apps SET {sets}, updated_at = now() WHERE org = %(org)s AND name = %(app)s",
+                {**changes, "org": org, "app": app},
+            )
+            return cur.rowcount == 1
+
     async def count_by_state(self) -> dict[tuple[str, str, str], int]:
         """Executors per (org, app, state), for /metrics."""
         async with self.db.connection() as conn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +12,9 @@ from relay import __version__
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.db import Database
+from relay.durable import Durable
 from relay.hub import Hub
+from relay.recoveries import RecoveryStore
 from relay.registry import Registry
 
 log = logging.getLogger("relay")
@@ -22,10 +25,14 @@ class Runtime:
         self.config = config
         self.instance_id = instance_id
         self.version = __version__
+        self.database_url = database_url
         self.db = Database(database_url)
         self.registry = Registry(self.db)
+        self.recoveries = RecoveryStore(self.db)
         self.keyring = KeyRing(config)
         self.hub = Hub(config, self.keyring, self.registry, instance_id)
+        self.durable = Durable(self)
+        self.hub.events = self.durable
 
     async def start(self) -> None:
         await self.db.open()
@@ -35,12 +42,18 @@ class Runtime:
         stale = await self.registry.disconnect_instance(self.instance_id)
         if stale:
             log.info("marked %d executors of a previous run of instance %s DISCONNECTED", stale, self.instance_id)
+        # DBOS resumes this instance's pending workflows (grace periods, recoveries)
+        # as it launches; then every DISCONNECTED executor gets its grace period.
+        await asyncio.to_thread(self.durable.launch, asyncio.get_running_loop())
+        await self.durable.sweep()
 
     async def stop(self) -> None:
         await self.hub.close_all()
         try:
             await self.registry.disconnect_instance(self.instance_id)
+            await self.durable.sweep()
         finally:
+            await asyncio.to_thread(self.durable.destroy)
             await self.db.close()
 
     @asynccontextmanager

@@ -28,10 +28,16 @@ def sysdb(postgres: Postgres) -> str:
 
 
 @pytest.fixture
+def evidence_db(postgres: Postgres) -> str:
+    """Where the test executors write step evidence and outcomes."""
+    return postgres.create_database("evidence")
+
+
+@pytest.fixture
 def start_relay(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 
-    def start(config: dict[str, Any] | None = None, **liveness: float) -> RelayProcess:
+    def start(config: dict[str, Any] | None = None, **liveness: Any) -> RelayProcess:
         relay = RelayProcess(tmp_path, relay_db, config or relay_yaml(free_port(), **liveness))
         started.append(relay)
         return relay.start()

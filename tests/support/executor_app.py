@@ -2,7 +2,13 @@
 
 Run as ``python -m tests.support.executor_app`` with its settings in the
 environment (RELAY_TEST_*); prints ``READY <executor_id>`` once DBOS has
-launched, then keeps running until killed.
+launched (and its jobs are started), then keeps running until killed.
+
+Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL):
+- ``step_evidence``: one row per execution of a step, keyed by (workflow id,
+  step) but not unique: a step is at-least-once, so repeats show up as extra rows;
+- ``outcomes``: written by a datasource transaction, which commits together with
+  its checkpoint, so a workflow's outcome appears exactly once (primary key).
 """
 
 from __future__ import annotations
@@ -10,9 +16,35 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
-from dbos import DBOS, DBOSConfig
+import sqlalchemy as sa
+from dbos import DBOS, DBOSConfig, SetWorkflowID, SQLAlchemyDatasource
 from dbos._utils import GlobalParams
+
+ENV = os.environ
+EVIDENCE_URL = ENV.get("RELAY_TEST_EVIDENCE")
+ds = SQLAlchemyDatasource.create(EVIDENCE_URL) if EVIDENCE_URL else None
+
+
+def _engine() -> sa.Engine:
+    assert EVIDENCE_URL is not None
+    return sa.create_engine(EVIDENCE_URL.replace("postgresql://", "postgresql+psycopg://", 1))
+
+
+def prepare_evidence() -> None:
+    with _engine().begin() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(42)"))
+        conn.execute(sa.text(
+            """CREATE TABLE IF NOT EXISTS step_evidence (
+                   workflow_id text NOT NULL, step text NOT NULL, executor_id text NOT NULL,
+                   app text NOT NULL, version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+        ))  # fmt: skip
+        conn.execute(sa.text(
+            """CREATE TABLE IF NOT EXISTS outcomes (
+                   workflow_id text PRIMARY KEY, executor_id text NOT NULL, app text NOT NULL,
+                   version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+        ))  # fmt: skip
 
 
 @DBOS.step()
@@ -27,22 +59,72 @@ def sleeper(seconds: float) -> str:
     return "slept"
 
 
+@DBOS.step()
+def evidence(step: str) -> None:
+    with _engine().begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO step_evidence (workflow_id, step, executor_id, app, version) "
+                    "VALUES (:w, :s, :e, :a, :v)"),
+            {"w": DBOS.workflow_id, "s": step, "e": GlobalParams.executor_id,
+             "a": GlobalParams.app_name, "v": GlobalParams.app_version},
+        )  # fmt: skip
+
+
+def record_outcome(workflow_id: str) -> None:
+    assert ds is not None
+    ds.sql_session().execute(
+        sa.text("INSERT INTO outcomes (workflow_id, executor_id, app, version) VALUES (:w, :e, :a, :v)"),
+        {"w": workflow_id, "e": GlobalParams.executor_id, "a": GlobalParams.app_name, "v": GlobalParams.app_version},
+    )
+
+
+if ds is not None:
+    record_outcome = ds.transaction()(record_outcome)
+
+
+@DBOS.workflow()
+def job(sleep_secs: float) -> str:
+    evidence("start")
+    DBOS.sleep(sleep_secs)
+    evidence("after_sleep")
+    record_outcome(DBOS.workflow_id or "")
+    return "done"
+
+
+def slow_down_recovery(delay: float) -> None:
+    """Make this executor take ``delay`` seconds over a recovery request (a test's window)."""
+    original = DBOS._recover_pending_workflows
+
+    def delayed(executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - mirrors the SDK's signature
+        time.sleep(delay)
+        return original(executor_ids)
+
+    DBOS._recover_pending_workflows = delayed  # type: ignore[method-assign]
+
+
 def main() -> None:
-    env = os.environ
     config: DBOSConfig = {
-        "name": env["RELAY_TEST_APP"],
-        "system_database_url": env["RELAY_TEST_SYSDB"],
-        "conductor_url": env["RELAY_TEST_CONDUCTOR_URL"],
-        "conductor_key": env["RELAY_TEST_CONDUCTOR_KEY"],
-        "application_version": env.get("RELAY_TEST_APP_VERSION", "v1"),
+        "name": ENV["RELAY_TEST_APP"],
+        "system_database_url": ENV["RELAY_TEST_SYSDB"],
+        "conductor_url": ENV["RELAY_TEST_CONDUCTOR_URL"],
+        "conductor_key": ENV["RELAY_TEST_CONDUCTOR_KEY"],
+        "application_version": ENV.get("RELAY_TEST_APP_VERSION", "v1"),
         "conductor_executor_metadata": {"test": True},
         "notification_listener_polling_interval_sec": 0.1,
         "sys_db_pool_size": 4,
     }
+    if EVIDENCE_URL:
+        prepare_evidence()
+    if ENV.get("RELAY_TEST_RECOVERY_DELAY"):
+        slow_down_recovery(float(ENV["RELAY_TEST_RECOVERY_DELAY"]))
     DBOS(config=config)
     DBOS.launch()
-    for _ in range(int(env.get("RELAY_TEST_SLEEPERS", "0"))):
+    for _ in range(int(ENV.get("RELAY_TEST_SLEEPERS", "0"))):
         DBOS.start_workflow(sleeper, 3600.0)
+    prefix = ENV.get("RELAY_TEST_JOB_PREFIX", "job")
+    for i in range(int(ENV.get("RELAY_TEST_JOBS", "0"))):
+        with SetWorkflowID(f"{prefix}-{i}"):
+            DBOS.start_workflow(job, float(ENV.get("RELAY_TEST_JOB_SLEEP", "2")))
     print(f"READY {GlobalParams.executor_id}", flush=True)
     while True:
         time.sleep(3600)

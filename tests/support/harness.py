@@ -103,7 +103,7 @@ class Postgres:
             self._tmp.cleanup()
 
 
-def relay_yaml(port: int, **liveness: float) -> dict[str, Any]:
+def relay_yaml(port: int, grace: float = 30, **liveness: float) -> dict[str, Any]:
     return {
         "server": {"host": "127.0.0.1", "port": port, "handshakeTimeoutSecs": liveness.pop("handshake", 10.0)},
         "liveness": {"pingIntervalSecs": 0.2, "pingWaitSecs": 1.0, **liveness},
@@ -113,7 +113,7 @@ def relay_yaml(port: int, **liveness: float) -> dict[str, Any]:
                 "conductorKeys": [{"name": "prod", "sha256": sha(CONDUCTOR_KEYS[org])}],
                 "apiKeys": [{"name": "ops", "sha256": sha(API_KEYS[org]), "role": "admin"}]
                 + ([{"name": "view", "sha256": sha(VIEWER_KEYS[org]), "role": "viewer"}] if org in VIEWER_KEYS else []),
-                "apps": [{"name": "ledger", "executorTimeoutSecs": 30}],
+                "apps": [{"name": "ledger", "executorTimeoutSecs": grace}],
             }
             for org in ("acme", "globex")
         ],
@@ -206,7 +206,7 @@ class ExecutorProcess:
 
     def __init__(
         self, workdir: Path, sysdb_url: str, conductor_url: str, org: str = "acme", app: str = "ledger",
-        version: str = "v1", sleepers: int = 0, key: str | None = None,
+        version: str = "v1", sleepers: int = 0, key: str | None = None, env: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.org = org
         self.app = app
@@ -219,6 +219,7 @@ class ExecutorProcess:
             "RELAY_TEST_CONDUCTOR_KEY": key or CONDUCTOR_KEYS[org],
             "RELAY_TEST_APP_VERSION": version,
             "RELAY_TEST_SLEEPERS": str(sleepers),
+            **(env or {}),
         }
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -266,3 +267,34 @@ class ExecutorProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+
+
+class Evidence:
+    """Reads what the test executors wrote (see executor_app.py)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url) as conn:
+            try:
+                return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
+            except psycopg.errors.UndefinedTable:
+                return []
+
+    def outcomes(self) -> dict[str, str]:
+        """workflow id -> executor id that recorded its outcome."""
+        return {w: e for w, e in self._rows("SELECT workflow_id, executor_id FROM outcomes")}
+
+    def outcome_versions(self) -> dict[str, str]:
+        return {w: v for w, v in self._rows("SELECT workflow_id, version FROM outcomes")}
+
+    def step_runs(self) -> list[tuple[str, str, str]]:
+        """(workflow id, step, executor id) for every execution of a step."""
+        return [(w, s, e) for w, s, e in self._rows("SELECT workflow_id, step, executor_id FROM step_evidence")]
+
+
+def audit_actions(relay: RelayProcess, executor_id: str, org: str = "acme") -> list[str]:
+    with relay.api(org) as api:
+        entries = api.get("/audit", params={"executorId": executor_id}).json()
+    return [e["action"] for e in entries]

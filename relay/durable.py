@@ -1,0 +1,98 @@
+"""Relay's own DBOS application: launching it, and starting or waking its workflows.
+
+The hub reports connections and disconnections here (:class:`relay.hub.HubEvents`);
+this module turns them into durable workflows (``workflows/``) and messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos._error import DBOSNonExistentWorkflowError
+
+from relay.recoveries import grace_id, recovery_id
+from relay.registry import ExecutorKey
+from workflows import services as wf_services
+from workflows.grace import RECONNECTED_TOPIC, grace_period
+from workflows.recovery import WAKE_TOPIC, recover
+
+if TYPE_CHECKING:
+    from relay.runtime import Runtime
+
+log = logging.getLogger("relay.durable")
+
+
+class Durable:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def launch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start DBOS; pending workflows of this instance (same executor id) resume at once."""
+        wf_services.bind(wf_services.Services(self.runtime, loop))
+        config: DBOSConfig = {
+            "name": "relay",
+            "system_database_url": self.runtime.database_url,
+            "application_version": wf_services.WORKFLOWS_VERSION,
+            "executor_id": self.runtime.instance_id,
+            "log_level": "WARNING",
+            "sys_db_pool_size": 10,
+        }
+        DBOS(config=config)
+        DBOS.launch()
+
+    def destroy(self) -> None:
+        DBOS.destroy(workflow_completion_timeout_sec=0)
+        wf_services.bind(None)
+
+    # -- HubEvents -------------------------------------------------------
+
+    async def executor_lost(self, key: ExecutorKey, epoch: int) -> None:
+        """Start the grace period; its length is the app's setting at this moment."""
+        apps = await self.runtime.registry.list_apps(key.org, key.app)
+        timeout = apps[0].executor_timeout_secs if apps else 60.0
+        await asyncio.to_thread(
+            self._start, grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout
+        )
+
+    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None:
+        if epoch > 1:  # the same executor was here before: end that disconnection's grace period
+            await self.send(grace_id(key, epoch - 1), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
+        await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
+
+    # -- used by the API and at start-up -----------------------------------
+
+    async def start_recovery(self, key: ExecutorKey, epoch: int, trigger: str) -> str:
+        rid = recovery_id(key, epoch)
+        await asyncio.to_thread(self._start, rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
+        return rid
+
+    async def end_grace(self, key: ExecutorKey, epoch: int, reason: str) -> None:
+        await self.send(grace_id(key, epoch), {"reason": reason}, RECONNECTED_TOPIC)
+
+    async def wake(self, rid: str, message: dict[str, Any]) -> None:
+        await self.send(rid, message, WAKE_TOPIC)
+
+    async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
+        for rid in await self.runtime.recoveries.blocked_in_app(org, app):
+            await self.wake(rid, message)
+
+    async def sweep(self) -> None:
+        """Every DISCONNECTED executor this instance owns gets its grace period (idempotent)."""
+        for key, epoch in await self.runtime.registry.disconnected_of_instance(self.runtime.instance_id):
+            await self.executor_lost(key, epoch)
+
+    async def send(self, workflow_id: str, message: dict[str, Any], topic: str) -> None:
+        try:
+            await asyncio.to_thread(DBOS.send, workflow_id, message, topic)
+        except DBOSNonExistentWorkflowError:
+            log.debug("no workflow %s to tell %s", workflow_id, topic)
+
+    @staticmethod
+    def _start(workflow_id: str, fn: Any, *args: Any) -> None:
+        # A workflow id names the disconnection or death it is for: starting it
+        # twice (a retry, the start-up sweep) finds the first one.
+        with SetWorkflowID(workflow_id):
+            DBOS.start_workflow(fn, *args)

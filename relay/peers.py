@@ -1,0 +1,92 @@
+"""Choosing the peer that recovers a dead executor's workflows (contract section 3).
+
+Pure: the recovery workflow gathers the facts (healthy executors of the app,
+the app's settings, what an operator allowed, which peers already failed) and
+this module decides. The order among equal peers is rendezvous hashing on
+(dead executor, peer): deterministic for a given dead executor, and spread
+evenly across peers when many executors die at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class BlockedReason(StrEnum):
+    NO_HEALTHY_PEER = "no_healthy_peer"
+    VERSION_UPGRADE_NOT_ALLOWED = "version_upgrade_not_allowed"
+
+
+class Mode(StrEnum):
+    SAME_VERSION = "same_version"  # the SDK's recovery frame re-enqueues the workflows
+    LATEST_VERSION = "latest_version"  # cancel, then rewind each workflow onto the new version
+
+
+@dataclass(frozen=True)
+class Peer:
+    executor_id: str
+    application_version: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    peer: Peer | None
+    mode: Mode | None = None
+    blocked: BlockedReason | None = None
+    # All eligible peers of the chosen kind have failed in this round: back off, then retry them.
+    exhausted: bool = False
+
+
+def rank(dead_executor_id: str, peer_id: str) -> str:
+    return hashlib.sha256(f"{dead_executor_id}\x00{peer_id}".encode()).hexdigest()
+
+
+def order_peers(dead_executor_id: str, peers: list[Peer]) -> list[Peer]:
+    return sorted(peers, key=lambda p: (rank(dead_executor_id, p.executor_id), p.executor_id))
+
+
+def choose_peer(
+    dead_executor_id: str,
+    dead_version: str,
+    healthy: list[Peer],
+    *,
+    tried: frozenset[str] = frozenset(),
+    allow_latest: bool = False,
+    latest_version: str | None = None,
+) -> Choice:
+    """Pick the next peer to ask.
+
+    ``healthy`` are the HEALTHY executors of the same org and app (the caller
+    never passes another app's). ``latest_version`` is the newest application
+    version that has a healthy peer; without it the newest is unknown and no
+    cross-version move is proposed.
+    """
+    others = [p for p in healthy if p.executor_id != dead_executor_id]
+    if not others:
+        return Choice(None, blocked=BlockedReason.NO_HEALTHY_PEER)
+    same = [p for p in others if p.application_version == dead_version]
+    if same:
+        return _next(dead_executor_id, same, tried, Mode.SAME_VERSION)
+    if not allow_latest:
+        return Choice(None, blocked=BlockedReason.VERSION_UPGRADE_NOT_ALLOWED)
+    newest = [p for p in others if p.application_version == latest_version]
+    if not newest:
+        # The peers run versions other than the latest one: nothing is safe to choose.
+        return Choice(None, blocked=BlockedReason.NO_HEALTHY_PEER)
+    return _next(dead_executor_id, newest, tried, Mode.LATEST_VERSION)
+
+
+def _next(dead_executor_id: str, candidates: list[Peer], tried: frozenset[str], mode: Mode) -> Choice:
+    for peer in order_peers(dead_executor_id, candidates):
+        if peer.executor_id not in tried:
+            return Choice(peer, mode=mode)
+    return Choice(None, mode=mode, exhausted=True)
+
+
+def backoff(attempt: int, initial: float, maximum: float) -> float:
+    """Seconds to wait before attempt ``attempt`` + 1 (attempts count from 1)."""
+    if attempt < 1:
+        return 0.0
+    return float(min(maximum, initial * 2 ** (attempt - 1)))

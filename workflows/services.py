@@ -1,0 +1,45 @@
+"""What Relay's workflows reach outside DBOS: the running Relay's hub and database.
+
+DBOS runs the workflows' steps in its own threads; the hub's sockets and the
+database pool belong to Relay's event loop. :meth:`Services.run` carries a
+coroutine over to that loop and waits for it, so steps stay plain functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from relay.runtime import Runtime
+
+T = TypeVar("T")
+
+# Every Relay instance must register its workflows under the same application
+# version, or one instance could not recover another's. Change it only when a
+# workflow changes in a way that cannot replay an older run's history.
+WORKFLOWS_VERSION = "relay-workflows-1"
+
+
+class Services:
+    def __init__(self, runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+        self.runtime = runtime
+        self.loop = loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+_bound: Services | None = None
+
+
+def bind(services: Services | None) -> None:
+    global _bound
+    _bound = services
+
+
+def services() -> Services:
+    if _bound is None:
+        raise RuntimeError("Relay's workflows run only inside a started Relay")
+    return _bound
