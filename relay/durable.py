@@ -25,9 +25,42 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.durable")
 
 
+EVENT_WORKERS = 8
+
+
 class Durable:
+    """Also the hub's :class:`relay.hub.HubEvents`: events are queued and handled by
+    a few workers, so a thousand executors dropping at once (a network split, a
+    load balancer restart) is a queue to work through, not a thousand concurrent
+    demands on the database pool. A failed event is retried until it succeeds."""
+
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._events: asyncio.Queue[tuple[str, ExecutorKey, int]] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
+
+    def start_workers(self) -> None:
+        self._workers = [asyncio.create_task(self._work()) for _ in range(EVENT_WORKERS)]
+
+    async def stop_workers(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+    async def _work(self) -> None:
+        handlers = {"lost": self._start_grace, "connected": self._reconnected}
+        while True:
+            kind, key, epoch = await self._events.get()
+            delay = 0.2
+            while True:
+                try:
+                    await handlers[kind](key, epoch)
+                    break
+                except Exception as exc:
+                    log.warning("executor %s: %s event failed (%s); retrying in %.1fs", key, kind, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
 
     def launch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start DBOS; pending workflows of this instance (same executor id) resume at once."""
@@ -44,20 +77,27 @@ class Durable:
         DBOS.launch()
 
     def destroy(self) -> None:
+        # Workflows still waiting (grace periods, blocked recoveries) stay PENDING and
+        # resume at the next start; DBOS logs each one's interruption as an error.
+        logging.getLogger("dbos").setLevel(logging.CRITICAL)
         DBOS.destroy(workflow_completion_timeout_sec=0)
         wf_services.bind(None)
 
     # -- HubEvents -------------------------------------------------------
 
     async def executor_lost(self, key: ExecutorKey, epoch: int) -> None:
+        self._events.put_nowait(("lost", key, epoch))
+
+    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None:
+        self._events.put_nowait(("connected", key, epoch))
+
+    async def _start_grace(self, key: ExecutorKey, epoch: int) -> None:
         """Start the grace period; its length is the app's setting at this moment."""
         apps = await self.runtime.registry.list_apps(key.org, key.app)
         timeout = apps[0].executor_timeout_secs if apps else 60.0
-        await asyncio.to_thread(
-            self._start, grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout
-        )
+        await self._start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout)
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None:
+    async def _reconnected(self, key: ExecutorKey, epoch: int) -> None:
         if epoch > 1:  # the same executor was here before: end that disconnection's grace period
             await self.send(grace_id(key, epoch - 1), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
@@ -66,7 +106,7 @@ class Durable:
 
     async def start_recovery(self, key: ExecutorKey, epoch: int, trigger: str) -> str:
         rid = recovery_id(key, epoch)
-        await asyncio.to_thread(self._start, rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
+        await self._start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
         return rid
 
     async def end_grace(self, key: ExecutorKey, epoch: int, reason: str) -> None:
@@ -82,17 +122,18 @@ class Durable:
     async def sweep(self) -> None:
         """Every DISCONNECTED executor this instance owns gets its grace period (idempotent)."""
         for key, epoch in await self.runtime.registry.disconnected_of_instance(self.runtime.instance_id):
-            await self.executor_lost(key, epoch)
+            await self._start_grace(key, epoch)
 
     async def send(self, workflow_id: str, message: dict[str, Any], topic: str) -> None:
         try:
-            await asyncio.to_thread(DBOS.send, workflow_id, message, topic)
+            await DBOS.send_async(workflow_id, message, topic)
         except DBOSNonExistentWorkflowError:
             log.debug("no workflow %s to tell %s", workflow_id, topic)
 
     @staticmethod
-    def _start(workflow_id: str, fn: Any, *args: Any) -> None:
+    async def _start(workflow_id: str, fn: Any, *args: Any) -> None:
         # A workflow id names the disconnection or death it is for: starting it
-        # twice (a retry, the start-up sweep) finds the first one.
+        # twice (a retry, the start-up sweep) finds the first one. It runs as a
+        # task on Relay's loop.
         with SetWorkflowID(workflow_id):
-            DBOS.start_workflow(fn, *args)
+            await DBOS.start_workflow_async(fn, *args)

@@ -45,6 +45,7 @@ class Runtime:
         # DBOS resumes this instance's pending workflows (grace periods, recoveries)
         # as it launches; then every DISCONNECTED executor gets its grace period.
         await asyncio.to_thread(self.durable.launch, asyncio.get_running_loop())
+        self.durable.start_workers()
         await self.durable.sweep()
 
     async def stop(self) -> None:
@@ -53,6 +54,7 @@ class Runtime:
             await self.registry.disconnect_instance(self.instance_id)
             await self.durable.sweep()
         finally:
+            await self.durable.stop_workers()
             await asyncio.to_thread(self.durable.destroy)
             await self.db.close()
 

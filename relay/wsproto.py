@@ -51,6 +51,7 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         # uvicorn logs every handshake with its path, which holds the key.
         self.logger = ws_log
+        self.conn.logger = ws_log
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self.loop.time()

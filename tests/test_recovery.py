@@ -3,16 +3,24 @@ PostgreSQL, real DBOS 3.2 executors sharing one system database."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 
+import pytest
+
+from relay.peers import Peer, order_peers
 from tests.support.harness import (
+    CONDUCTOR_KEYS,
     Evidence,
     ExecutorProcess,
     RelayProcess,
     assert_eventually,
     audit_actions,
 )
+from tests.support.proxy import TcpProxy
+from tests.support.simulated import SimulatedPeer
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -38,13 +46,14 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
 ) -> None:
     relay = start_relay(grace=1.0)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "20", "RELAY_TEST_JOB_SLEEP": "3"})
     a2 = start_executor(relay.conductor_url, env=env)
     a3 = start_executor(relay.conductor_url, env=env)
     b1 = start_executor(relay.conductor_url, app="billing", version="b1", env=env)
-    for ex in (a1, a2, a3):
+    for ex in (a2, a3):
         assert_eventually(lambda ex=ex: relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY", 10)
     assert_eventually(lambda: relay.state_of("acme", "billing", b1.executor_id) == "HEALTHY", 10)
+    # A1 starts 20 workflows that sleep 4 s between two steps, and dies at once.
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "20", "RELAY_TEST_JOB_SLEEP": "4"})
     a1.kill()
 
     evidence = Evidence(evidence_db)
@@ -63,3 +72,243 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
     assert recoveries[0]["status"] == "succeeded"
     assert recoveries[0]["attempts"][-1]["outcome"] == "succeeded"
     assert recoveries[0]["attempts"][-1]["peerExecutorId"] in {a2.executor_id, a3.executor_id}
+
+
+def ranked_before(dead: str, other: str) -> str:
+    """An executor id that the peer choice tries before ``other`` for ``dead``."""
+    while True:
+        candidate = str(uuid.uuid4())
+        if order_peers(dead, [Peer(candidate, "v1"), Peer(other, "v1")])[0].executor_id == candidate:
+            return candidate
+
+
+@pytest.mark.parametrize("misbehaviour", ["close", "silent"])
+def test_a_failing_peer_causes_failover_to_the_next_after_backoff(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, misbehaviour: str
+) -> None:
+    relay = start_relay(grace=0.5, recoveryAckTimeoutSecs=1.5, failoverBackoffInitialSecs=0.7)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    a2 = start_executor(relay.conductor_url, env=env)
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "5", "RELAY_TEST_JOB_SLEEP": "3"})
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, ranked_before(a1.executor_id, a2.executor_id), misbehaviour) as bad:
+        assert_eventually(lambda: relay.state_of("acme", "ledger", bad.executor_id) == "HEALTHY", 5)
+        a1.kill()
+        outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 5), 40)
+        assert bad.recovery_requests == 1
+    assert set(outcomes.values()) == {a2.executor_id}
+    assert_eventually(lambda: relay.executor("acme", "ledger", a1.executor_id) is None, 10)
+    with relay.api() as api:
+        audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
+    actions = [(e["action"], e["peerExecutorId"]) for e in audit]
+    assert in_order(actions, [
+        ("executor.dead", None),
+        ("recovery.dispatched", bad.executor_id),
+        ("recovery.failed", bad.executor_id),
+        ("recovery.failover", a2.executor_id),
+        ("recovery.dispatched", a2.executor_id),
+        ("recovery.succeeded", a2.executor_id),
+        ("executor.deleted", a2.executor_id),
+    ])  # fmt: skip
+    failed = next(e for e in audit if e["action"] == "recovery.failed")
+    failover = next(e for e in audit if e["action"] == "recovery.failover")
+    assert failover["detail"]["fromPeer"] == bad.executor_id and failover["detail"]["attempt"] == 2
+    assert (ts(failover["at"]) - ts(failed["at"])).total_seconds() >= 0.7 - 0.05
+    with relay.api() as api:
+        recovery = api.get("/apps/ledger/recoveries", params={"executorId": a1.executor_id}).json()[0]
+    assert [a["outcome"] for a in recovery["attempts"]] == ["failed", "succeeded"]
+    assert recovery["attempts"][0]["error"]
+
+
+def test_no_healthy_peer_waits_then_a_new_peer_gets_it_within_a_second(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    relay = start_relay(grace=0.5)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})
+    a1.kill()
+
+    def blocked() -> dict[str, str] | None:
+        record = relay.executor("acme", "ledger", a1.executor_id)
+        return record if record and record["blockedReason"] == "no_healthy_peer" else None
+
+    record = assert_eventually(blocked, 10)
+    assert record["state"] == "DEAD"
+    with relay.api() as api:
+        recovery = api.get("/apps/ledger/recoveries", params={"executorId": a1.executor_id}).json()[0]
+    assert recovery["status"] == "waiting_for_peer"
+    a2 = start_executor(relay.conductor_url, env=env)
+    joined = time.monotonic()
+    assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, a1.executor_id), 5)
+    # The peer's launch includes its handshake; from there the wake-up is immediate.
+    assert time.monotonic() - joined < 1.0
+    outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 3), 30)
+    assert set(outcomes.values()) == {a2.executor_id}
+    assert "recovery.waiting_for_peer" in audit_actions(relay, a1.executor_id)
+
+
+def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    relay = start_relay(grace=0.5)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    v2 = start_executor(relay.conductor_url, version="v2", env=env)
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "3"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", v2.executor_id) == "HEALTHY", 10)
+    a1.kill()
+
+    def blocked() -> dict[str, str] | None:
+        record = relay.executor("acme", "ledger", a1.executor_id)
+        return record if record and record["blockedReason"] == "version_upgrade_not_allowed" else None
+
+    assert_eventually(blocked, 10)
+    with relay.api() as api:
+        assert api.get("/apps/ledger/recoveries").json()[0]["status"] == "awaiting_operator"
+    time.sleep(1.0)
+    assert Evidence(evidence_db).outcomes() == {}, "nothing may move before the operator allows it"
+    with relay.api() as api:
+        resp = api.patch("/apps/ledger", json={"recoverToLatestVersion": True})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["recoverToLatestVersion"] is True
+    outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 4), 40)
+    assert set(outcomes.values()) == {v2.executor_id}
+    assert set(Evidence(evidence_db).outcome_versions().values()) == {"v2"}
+    assert_eventually(lambda: relay.executor("acme", "ledger", a1.executor_id) is None, 10)
+    actions = audit_actions(relay, a1.executor_id)
+    assert actions.count("recovery.workflow_moved") == 4
+    assert in_order(actions, ["recovery.awaiting_operator", "recovery.dispatched", "recovery.workflow_moved",
+                              "recovery.succeeded", "executor.deleted"])  # fmt: skip
+    with relay.api() as api:
+        settings = [e for e in api.get("/audit").json() if e["action"] == "settings.updated"]
+    assert settings and settings[0]["detail"]["after"]["recoverToLatestVersion"] is True
+
+
+def test_relay_killed_during_a_grace_period_declares_dead_at_the_original_deadline(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    grace = 4.0
+    relay = start_relay(grace=grace)
+    a1 = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 10)
+    a1.kill()
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "DISCONNECTED", 2)
+    time.sleep(1.0)
+    assert relay.proc is not None
+    relay.proc.kill()  # kill -9, in the middle of the grace period
+    relay.proc.wait()
+    relay.start()
+    record = assert_eventually(lambda: (r := relay.executor("acme", "ledger", a1.executor_id)) and r["deadAt"] and r,
+                               grace + 5)  # fmt: skip
+    waited = (ts(record["deadAt"]) - ts(record["disconnectedAt"])).total_seconds()
+    # Not reset by the restart (that would be about 5 s), not lost (never DEAD).
+    assert grace - 0.1 <= waited <= grace + 0.6, waited
+    assert audit_actions(relay, a1.executor_id).count("executor.dead") == 1
+
+
+def test_relay_killed_between_dispatch_and_delete_finishes_once(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    # The grace period outlasts the SDK's one-second reconnect after Relay restarts.
+    relay = start_relay(grace=2.0)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    # The only peer takes 3 s over a recovery: the window in which Relay dies.
+    a2 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_RECOVERY_DELAY": "3"})
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "3"})
+    a1.kill()
+    assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, a1.executor_id), 10, interval=0.02)
+    assert relay.proc is not None
+    relay.proc.kill()
+    relay.proc.wait()
+    assert Evidence(evidence_db).outcomes() == {}
+    relay.start()
+    outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 6), 60)
+    assert set(outcomes.values()) == {a2.executor_id}
+    assert_eventually(lambda: relay.executor("acme", "ledger", a1.executor_id) is None, 30)
+    actions = audit_actions(relay, a1.executor_id)
+    for action in ("executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"):
+        assert actions.count(action) == 1, (action, actions)
+    assert "recovery.failed" not in actions
+
+
+def test_reconnect_just_before_the_deadline_leaves_it_healthy_and_untouched(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    grace = 4.0
+    relay = start_relay(grace=grace)
+    with TcpProxy(("127.0.0.1", relay.port)) as proxy:
+        a1 = start_executor(f"ws://127.0.0.1:{proxy.port}/", sleepers=2)
+        peer = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        with relay.api() as api:
+            before = api.get(f"/apps/ledger/executors/{a1.executor_id}/workflows", params={"status": "PENDING"}).json()
+        proxy.partition()
+        cut = time.monotonic()
+        assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "DISCONNECTED", 1)
+        time.sleep(grace - 1.6 - (time.monotonic() - cut))
+        proxy.heal()  # the SDK retries every second: back about a second before the deadline
+        assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 1.5)
+        assert time.monotonic() - cut < grace
+        time.sleep(grace + 1.0 - (time.monotonic() - cut))
+        assert relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY"
+        with relay.api() as api:
+            after = api.get(f"/apps/ledger/executors/{a1.executor_id}/workflows", params={"status": "PENDING"}).json()
+    assert {w["workflowId"] for w in after} == {w["workflowId"] for w in before}
+    assert {w["executorId"] for w in after} == {a1.executor_id}
+    actions = audit_actions(relay, a1.executor_id)
+    assert "executor.dead" not in actions and "recovery.dispatched" not in actions
+
+
+def test_operator_recovery_skips_the_grace_period(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    relay = start_relay(grace=600)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    a2 = start_executor(relay.conductor_url, env=env)
+    a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "4"})
+    path = f"/apps/ledger/executors/{a1.executor_id}/recover"
+    with relay.api() as api:
+        resp = api.post(path)
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "executor_healthy"
+    with relay.api("acme", key="api-acme-viewer") as api:
+        assert api.post(path).status_code == 403
+    a1.kill()
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "DISCONNECTED", 2)
+    with relay.api() as api:
+        assert api.post("/apps/ledger/executors/nobody/recover").status_code == 404
+        assert api.post(path, json={"toLatestVersion": "maybe"}).status_code == 422
+        resp = api.post(path, json={"toLatestVersion": False})
+        assert resp.status_code == 202, resp.text
+        recovery_id = resp.json()["recoveryId"]
+    outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 3), 30)
+    assert set(outcomes.values()) == {a2.executor_id}
+    with relay.api() as api:
+        recovery = assert_eventually(
+            lambda: (r := api.get(f"/apps/ledger/recoveries/{recovery_id}").json())["status"] == "succeeded" and r, 10
+        )
+        assert recovery["trigger"] == "operator"
+        audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
+    dead = next(e for e in audit if e["action"] == "executor.dead")
+    assert dead["actor"] == "api:ops"
+    assert in_order([e["action"] for e in audit], ["executor.dead", "recovery.manual_requested",
+                                                   "recovery.succeeded", "executor.deleted"])  # fmt: skip
+
+
+def test_patch_validates_and_audits(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    with relay.api() as api:
+        for body in ({"executorTimeoutSecs": -1}, {"executorTimeoutSecs": "soon"}, {}, {"bogus": 1},
+                     {"recoverToLatestVersion": "yes please"}):  # fmt: skip
+            resp = api.patch("/apps/ledger", json=body)
+            assert resp.status_code == 422, (body, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_request"
+        assert api.patch("/apps/nope", json={"executorTimeoutSecs": 5}).status_code == 404
+        resp = api.patch("/apps/ledger", json={"executorTimeoutSecs": 12.5})
+        assert resp.status_code == 200 and resp.json()["executorTimeoutSecs"] == 12.5
+        assert api.get("/apps/ledger").json()["executorTimeoutSecs"] == 12.5
+        audit = api.get("/audit", params={"app": "ledger"}).json()
+    assert [e["action"] for e in audit] == ["settings.updated"]
+    assert audit[0]["detail"]["before"]["executorTimeoutSecs"] == 30.0
+    assert audit[0]["actor"] == "api:ops"
+    with relay.api("acme", key="api-acme-viewer") as api:
+        assert api.patch("/apps/ledger", json={"executorTimeoutSecs": 5}).status_code == 403

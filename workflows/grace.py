@@ -21,21 +21,20 @@ RECONNECTED_TOPIC = "reconnected"
 
 
 @DBOS.step(name="relay.declare_dead")
-def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool:
+async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool:
     dedupe = f"{DBOS.workflow_id}:{DBOS.step_id}"
-    return services().run(
-        services().runtime.recoveries.declare_dead(ExecutorKey(org, app, executor_id), epoch, "relay", dedupe)
-    )
+    store = services().runtime.recoveries
+    return await services().call(store.declare_dead(ExecutorKey(org, app, executor_id), epoch, "relay", dedupe))
 
 
 @DBOS.workflow(name="relay.grace_period")
-def grace_period(org: str, app: str, executor_id: str, epoch: int, timeout_secs: float) -> str:
-    woken = DBOS.recv(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)
+async def grace_period(org: str, app: str, executor_id: str, epoch: int, timeout_secs: float) -> str:
+    woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)
     if woken is not None:
         return f"ended early: {woken}"
-    if not declare_dead(org, app, executor_id, epoch):
+    if not await declare_dead(org, app, executor_id, epoch):
         return "not dead: it reconnected or was handled already"
     key = ExecutorKey(org, app, executor_id)
     with SetWorkflowID(recovery_id(key, epoch)):
-        DBOS.start_workflow(recover, org, app, executor_id, epoch, "grace_period")
+        await DBOS.start_workflow_async(recover, org, app, executor_id, epoch, "grace_period")
     return "dead"

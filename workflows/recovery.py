@@ -42,11 +42,13 @@ def _dedupe() -> str:
     return f"{DBOS.workflow_id}:{DBOS.step_id}"
 
 
-def _ask(org: str, app: str, peer: str, request: Request, timeout: float) -> Result:
+async def _ask(org: str, app: str, peer: str, request: Request, timeout: float) -> Result:
     """Send a request to a peer; ``{"ok": False, "error": ...}`` instead of raising."""
     svc = services()
     try:
-        reply = svc.run(svc.runtime.hub.request(ExecutorKey(org, app, peer), request, timeout, await_connection=True))
+        reply = await svc.call(
+            svc.runtime.hub.request(ExecutorKey(org, app, peer), request, timeout, await_connection=True)
+        )
     except ExecutorRequestError as exc:
         return {"ok": False, "error": str(exc)}
     if reply.error_message:
@@ -55,23 +57,25 @@ def _ask(org: str, app: str, peer: str, request: Request, timeout: float) -> Res
 
 
 @DBOS.step(name="relay.open_recovery")
-def open_recovery(rid: str, org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str | None:
+async def open_recovery(rid: str, org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str | None:
     store = services().runtime.recoveries
-    return services().run(store.open(rid, ExecutorKey(org, app, executor_id), epoch, trigger))
+    return await services().call(store.open(rid, ExecutorKey(org, app, executor_id), epoch, trigger))
 
 
 @DBOS.step(name="relay.gather")
-def gather(org: str, app: str, executor_id: str, epoch: int, version: str, operator_allows_latest: bool) -> Result:
+async def gather(
+    org: str, app: str, executor_id: str, epoch: int, version: str, operator_allows_latest: bool
+) -> Result:
     rt = services().runtime
     key = ExecutorKey(org, app, executor_id)
-    dead = services().run(rt.recoveries.still_dead(key, epoch))
-    healthy = services().run(rt.registry.healthy_peers(org, app))
-    apps = services().run(rt.registry.list_apps(org, app))
+    dead = await services().call(rt.recoveries.still_dead(key, epoch))
+    healthy = await services().call(rt.registry.healthy_peers(org, app))
+    apps = await services().call(rt.registry.list_apps(org, app))
     allow_latest = operator_allows_latest or bool(apps and apps[0].recover_to_latest_version)
     latest = None
     others = [p for p in healthy if p[0] != executor_id]
     if allow_latest and others and not any(v == version for _, v in others):
-        latest = _latest_version(org, app, others, rt.config.liveness.recovery_ack_timeout_secs)
+        latest = await _latest_version(org, app, others, rt.config.liveness.recovery_ack_timeout_secs)
     liveness = rt.config.liveness
     return {
         "dead": dead,
@@ -84,11 +88,11 @@ def gather(org: str, app: str, executor_id: str, epoch: int, version: str, opera
     }
 
 
-def _latest_version(org: str, app: str, peers: list[tuple[str, str]], timeout: float) -> str | None:
+async def _latest_version(org: str, app: str, peers: list[tuple[str, str]], timeout: float) -> str | None:
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
     running = {v for _, v in peers}
     for peer, _ in peers:
-        answer = _ask(org, app, peer, Request(MessageType.LIST_APPLICATION_VERSIONS), timeout)
+        answer = await _ask(org, app, peer, Request(MessageType.LIST_APPLICATION_VERSIONS), timeout)
         if not answer["ok"]:
             continue
         known = [v for v in answer["body"].get("output") or [] if isinstance(v, dict)]
@@ -102,14 +106,14 @@ def _latest_version(org: str, app: str, peers: list[tuple[str, str]], timeout: f
 
 
 @DBOS.step(name="relay.mark_blocked")
-def mark_blocked(rid: str, org: str, app: str, executor_id: str, epoch: int, reason: str) -> None:
+async def mark_blocked(rid: str, org: str, app: str, executor_id: str, epoch: int, reason: str) -> None:
     status = "waiting_for_peer" if reason == "no_healthy_peer" else "awaiting_operator"
     store = services().runtime.recoveries
-    services().run(store.set_blocked(rid, ExecutorKey(org, app, executor_id), epoch, reason, status, _dedupe()))
+    await services().call(store.set_blocked(rid, ExecutorKey(org, app, executor_id), epoch, reason, status, _dedupe()))
 
 
 @DBOS.step(name="relay.dispatch")
-def dispatch(
+async def dispatch(
     rid: str,
     org: str,
     app: str,
@@ -123,12 +127,14 @@ def dispatch(
 ) -> bool:
     store = services().runtime.recoveries
     key = ExecutorKey(org, app, executor_id)
-    return services().run(store.dispatch(rid, key, epoch, attempt, peer, mode, failover_from, backoff_secs, _dedupe()))
+    return await services().call(
+        store.dispatch(rid, key, epoch, attempt, peer, mode, failover_from, backoff_secs, _dedupe())
+    )
 
 
 @DBOS.step(name="relay.recover_same_version")
-def recover_same_version(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
-    answer = _ask(org, app, peer, recovery([executor_id]), timeout)
+async def recover_same_version(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
+    answer = await _ask(org, app, peer, recovery([executor_id]), timeout)
     if not answer["ok"]:
         return answer
     if answer["body"].get("success") is not True:
@@ -137,9 +143,9 @@ def recover_same_version(org: str, app: str, peer: str, executor_id: str, versio
 
 
 @DBOS.step(name="relay.list_pending")
-def list_pending(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
+async def list_pending(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
     query = list_workflows(executor_id=executor_id, status="PENDING", application_version=version)
-    answer = _ask(org, app, peer, query, timeout)
+    answer = await _ask(org, app, peer, query, timeout)
     if not answer["ok"]:
         return answer
     rows = answer["body"].get("output")
@@ -149,21 +155,21 @@ def list_pending(org: str, app: str, peer: str, executor_id: str, version: str, 
 
 
 @DBOS.step(name="relay.move_workflow")
-def move_workflow(
+async def move_workflow(
     org: str, app: str, peer: str, executor_id: str, workflow_id: str, target: str, timeout: float
 ) -> Result:
     """Cancel a PENDING workflow, then rewind it onto ``target`` from its first unfinished step."""
-    steps = _ask(
+    steps = await _ask(
         org, app, peer, Request(MessageType.LIST_STEPS, {"workflow_id": workflow_id, "load_output": False}), timeout
     )
     if not steps["ok"]:
         return steps
     start_step = first_unfinished_step(steps["body"].get("output") or [])
-    cancel = _ask(org, app, peer, Request(MessageType.CANCEL, {"workflow_id": workflow_id}), timeout)
+    cancel = await _ask(org, app, peer, Request(MessageType.CANCEL, {"workflow_id": workflow_id}), timeout)
     if not cancel["ok"]:
         return cancel
     body = {"workflow_id": workflow_id, "start_step": start_step, "application_version": target}
-    rewind = _ask(org, app, peer, Request(MessageType.REWIND_WORKFLOW, {"body": body}), timeout)
+    rewind = await _ask(org, app, peer, Request(MessageType.REWIND_WORKFLOW, {"body": body}), timeout)
     if not rewind["ok"]:
         return rewind
     if rewind["body"].get("success") is not True:
@@ -177,7 +183,7 @@ def move_workflow(
         {"workflowId": workflow_id, "toVersion": target, "fromStep": start_step},
         _dedupe(),
     )
-    services().run(store.audit(org, app, entry))
+    await services().call(store.audit(org, app, entry))
     return {"ok": True}
 
 
@@ -196,8 +202,8 @@ def first_unfinished_step(steps: list[Any]) -> int:
 
 
 @DBOS.step(name="relay.verify")
-def verify(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
-    answer = _ask(org, app, peer, exist_pending_workflows(executor_id, version), timeout)
+async def verify(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
+    answer = await _ask(org, app, peer, exist_pending_workflows(executor_id, version), timeout)
     if not answer["ok"]:
         return answer
     if answer["body"].get("exist") is not False:
@@ -206,26 +212,30 @@ def verify(org: str, app: str, peer: str, executor_id: str, version: str, timeou
 
 
 @DBOS.step(name="relay.fail_attempt")
-def fail_attempt(
+async def fail_attempt(
     rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str, error: str
 ) -> None:
     store = services().runtime.recoveries
-    services().run(store.fail_attempt(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, error, _dedupe()))
+    await services().call(
+        store.fail_attempt(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, error, _dedupe())
+    )
 
 
 @DBOS.step(name="relay.succeed")
-def succeed(rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str) -> bool:
+async def succeed(rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str) -> bool:
     store = services().runtime.recoveries
-    return services().run(store.succeed(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, _dedupe()))
+    return await services().call(
+        store.succeed(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, _dedupe())
+    )
 
 
 @DBOS.step(name="relay.abandon")
-def abandon(rid: str, org: str, app: str, executor_id: str, reason: str) -> None:
+async def abandon(rid: str, org: str, app: str, executor_id: str, reason: str) -> None:
     store = services().runtime.recoveries
-    services().run(store.abandon(rid, ExecutorKey(org, app, executor_id), reason, _dedupe()))
+    await services().call(store.abandon(rid, ExecutorKey(org, app, executor_id), reason, _dedupe()))
 
 
-def _move_all(
+async def _move_all(
     org: str,
     app: str,
     peer: str,
@@ -238,14 +248,14 @@ def _move_all(
 ) -> Result:
     """Move every PENDING workflow of the dead executor; ``known`` remembers ids across attempts,
     since a workflow cancelled by a failed attempt is no longer PENDING to list."""
-    listed = list_pending(org, app, peer, executor_id, version, timeout)
+    listed = await list_pending(org, app, peer, executor_id, version, timeout)
     if not listed["ok"]:
         return listed
     known.extend(w for w in listed["ids"] if w not in known)
     for workflow_id in known:
         if workflow_id in moved:
             continue
-        result = move_workflow(org, app, peer, executor_id, workflow_id, target, timeout)
+        result = await move_workflow(org, app, peer, executor_id, workflow_id, target, timeout)
         if not result["ok"]:
             return result
         moved.append(workflow_id)
@@ -253,10 +263,10 @@ def _move_all(
 
 
 @DBOS.workflow(name="relay.recover")
-def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
+async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
-    version = open_recovery(rid, org, app, executor_id, epoch, trigger)
+    version = await open_recovery(rid, org, app, executor_id, epoch, trigger)
     if version is None:
         return "gone"
     attempt, delay = 0, 0.0
@@ -267,9 +277,9 @@ def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> s
     known: list[str] = []
     moved: list[str] = []
     while True:
-        facts = gather(org, app, executor_id, epoch, version, operator_allows_latest)
+        facts = await gather(org, app, executor_id, epoch, version, operator_allows_latest)
         if not facts["dead"]:
-            abandon(rid, org, app, executor_id, "the executor reconnected or its record is gone")
+            await abandon(rid, org, app, executor_id, "the executor reconnected or its record is gone")
             return "abandoned"
         choice = choose_peer(
             executor_id,
@@ -282,8 +292,8 @@ def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> s
         if choice.blocked is not None:
             if choice.blocked.value != blocked:
                 blocked = choice.blocked.value
-                mark_blocked(rid, org, app, executor_id, epoch, blocked)
-            message = DBOS.recv(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS)
+                await mark_blocked(rid, org, app, executor_id, epoch, blocked)
+            message = await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS)
             if isinstance(message, dict) and message.get("toLatestVersion"):
                 operator_allows_latest = True
             continue
@@ -293,23 +303,23 @@ def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> s
             continue
         attempt += 1
         peer = choice.peer.executor_id
-        if not dispatch(rid, org, app, executor_id, epoch, attempt, peer, choice.mode.value, last_failed, delay):
-            abandon(rid, org, app, executor_id, "the executor reconnected during recovery")
+        if not await dispatch(rid, org, app, executor_id, epoch, attempt, peer, choice.mode.value, last_failed, delay):
+            await abandon(rid, org, app, executor_id, "the executor reconnected during recovery")
             return "abandoned"
         timeout = facts["ack_timeout"]
         if choice.mode is Mode.SAME_VERSION:
-            result = recover_same_version(org, app, peer, executor_id, version, timeout)
+            result = await recover_same_version(org, app, peer, executor_id, version, timeout)
         else:
-            result = _move_all(
+            result = await _move_all(
                 org, app, peer, executor_id, version, choice.peer.application_version, timeout, known, moved
             )
         if result["ok"]:
-            result = verify(org, app, peer, executor_id, version, timeout)
+            result = await verify(org, app, peer, executor_id, version, timeout)
         if result["ok"]:
-            succeed(rid, org, app, executor_id, epoch, attempt, peer)
+            await succeed(rid, org, app, executor_id, epoch, attempt, peer)
             return "succeeded"
-        fail_attempt(rid, org, app, executor_id, epoch, attempt, peer, str(result["error"]))
+        await fail_attempt(rid, org, app, executor_id, epoch, attempt, peer, str(result["error"]))
         tried.append(peer)
         last_failed = peer
         delay = backoff(attempt, facts["backoff_initial"], facts["backoff_max"])
-        DBOS.sleep(delay)
+        await DBOS.sleep_async(delay)

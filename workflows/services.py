@@ -1,8 +1,9 @@
 """What Relay's workflows reach outside DBOS: the running Relay's hub and database.
 
-DBOS runs the workflows' steps in its own threads; the hub's sockets and the
-database pool belong to Relay's event loop. :meth:`Services.run` carries a
-coroutine over to that loop and waits for it, so steps stay plain functions.
+The workflows are coroutines: thousands of grace periods cost thousands of
+tasks, not threads. The hub's sockets and the database pool belong to Relay's
+event loop; :meth:`Services.call` awaits a coroutine there, whichever loop the
+workflow itself runs on.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ class Services:
         self.runtime = runtime
         self.loop = loop
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on Relay's loop, from whichever loop DBOS runs the workflow on
+        (Relay's own when Relay started it; DBOS's background loop when it recovered it)."""
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
 
 _bound: Services | None = None

@@ -13,6 +13,7 @@ Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL):
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -95,11 +96,32 @@ def slow_down_recovery(delay: float) -> None:
     """Make this executor take ``delay`` seconds over a recovery request (a test's window)."""
     original = DBOS._recover_pending_workflows
 
-    def delayed(executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - mirrors the SDK's signature
+    def delayed(cls: type[DBOS], executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - the SDK's signature
         time.sleep(delay)
         return original(executor_ids)
 
-    DBOS._recover_pending_workflows = delayed  # type: ignore[method-assign]
+    DBOS._recover_pending_workflows = classmethod(delayed)  # type: ignore[method-assign,assignment]
+
+
+def log_recoveries(path: str) -> None:
+    """Append a JSON line (wall-clock time, executor ids, workflows recovered) to ``path``
+    each time this executor has served a recovery request, right before it replies."""
+    original = DBOS._recover_pending_workflows
+
+    def logged(cls: type[DBOS], executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - the SDK's signature
+        handles = original(executor_ids)
+        line = json.dumps({"at": time.time(), "executor_ids": list(executor_ids), "workflows": len(handles)})
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
+        return handles
+
+    DBOS._recover_pending_workflows = classmethod(logged)  # type: ignore[method-assign,assignment]
+
+
+def wait_for_gate(path: str) -> None:
+    """Hold the jobs back until the file ``path`` exists (a benchmark starts several executors' jobs at once)."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -117,10 +139,14 @@ def main() -> None:
         prepare_evidence()
     if ENV.get("RELAY_TEST_RECOVERY_DELAY"):
         slow_down_recovery(float(ENV["RELAY_TEST_RECOVERY_DELAY"]))
+    if ENV.get("RELAY_TEST_RECOVERY_LOG"):
+        log_recoveries(ENV["RELAY_TEST_RECOVERY_LOG"])
     DBOS(config=config)
     DBOS.launch()
     for _ in range(int(ENV.get("RELAY_TEST_SLEEPERS", "0"))):
         DBOS.start_workflow(sleeper, 3600.0)
+    if ENV.get("RELAY_TEST_JOBS_GATE"):
+        wait_for_gate(ENV["RELAY_TEST_JOBS_GATE"])
     prefix = ENV.get("RELAY_TEST_JOB_PREFIX", "job")
     for i in range(int(ENV.get("RELAY_TEST_JOBS", "0"))):
         with SetWorkflowID(f"{prefix}-{i}"):

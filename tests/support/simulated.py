@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 T = TypeVar("T")
 
@@ -36,13 +38,60 @@ async def open_socket(url: str, **kwargs: Any) -> ClientConnection:
     return await connect(url, ping_interval=None, open_timeout=10, **kwargs)
 
 
-async def handshake(ws: ClientConnection, executor_id: str | None = None) -> str:
+async def handshake(ws: ClientConnection, executor_id: str | None = None, version: str = "v1") -> str:
     """Answer Relay's executor_info; returns the executor id used."""
     request = json.loads(await ws.recv())
     assert request["type"] == "executor_info", request
     executor_id = executor_id or str(uuid.uuid4())
-    await ws.send(info_reply(request["request_id"], executor_id))
+    await ws.send(info_reply(request["request_id"], executor_id, version))
     return executor_id
+
+
+class SimulatedPeer:
+    """A peer in its own thread that misbehaves on ``recovery``: it closes its
+    socket (``"close"``) or never answers (``"silent"``). Other requests get an
+    error reply, as an SDK answers a request it cannot serve."""
+
+    def __init__(self, url: str, executor_id: str, on_recovery: str, version: str = "v1") -> None:
+        self.url = url
+        self.executor_id = executor_id
+        self.on_recovery = on_recovery
+        self.version = version
+        self.recovery_requests = 0
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),), daemon=True)
+        self._ws: ClientConnection | None = None
+
+    def __enter__(self) -> SimulatedPeer:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the simulated peer did not connect")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ws is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._ws.transport.abort)  # as if the process died
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _run(self) -> None:
+        self._ws = ws = await open_socket(self.url)
+        await handshake(ws, self.executor_id, self.version)
+        self._ready.set()
+        try:
+            async for frame in ws:
+                request = json.loads(frame)
+                if request["type"] == "recovery":
+                    self.recovery_requests += 1
+                    if self.on_recovery == "close":
+                        await ws.close()
+                        return
+                    continue
+                await ws.send(json.dumps({"type": request["type"], "request_id": request["request_id"],
+                                          "error_message": "not supported by the simulated peer"}))  # fmt: skip
+        except ConnectionClosed:
+            return
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

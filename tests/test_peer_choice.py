@@ -1,0 +1,86 @@
+"""Peer choice and backoff: pure functions, no I/O."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from relay.peers import BlockedReason, Mode, Peer, backoff, choose_peer, order_peers
+from workflows.recovery import first_unfinished_step
+
+V1 = [Peer("a", "v1"), Peer("b", "v1"), Peer("c", "v1")]
+
+
+def test_same_version_peer_first_and_never_the_dead_one() -> None:
+    choice = choose_peer("dead", "v1", [Peer("dead", "v1"), Peer("new", "v2"), *V1])
+    assert choice.mode is Mode.SAME_VERSION
+    assert choice.peer is not None and choice.peer.application_version == "v1"
+    assert choice.peer.executor_id != "dead"
+
+
+def test_order_is_deterministic_for_a_dead_executor() -> None:
+    first = [choose_peer("dead", "v1", V1).peer for _ in range(5)]
+    assert len(set(first)) == 1
+    assert choose_peer("dead", "v1", list(reversed(V1))).peer == first[0]
+
+
+def test_failed_peers_are_skipped_then_the_round_starts_again() -> None:
+    order = [p.executor_id for p in order_peers("dead", V1)]
+    tried: set[str] = set()
+    for expected in order:
+        choice = choose_peer("dead", "v1", V1, tried=frozenset(tried))
+        assert choice.peer is not None and choice.peer.executor_id == expected
+        tried.add(expected)
+    exhausted = choose_peer("dead", "v1", V1, tried=frozenset(tried))
+    assert exhausted.peer is None and exhausted.exhausted and exhausted.blocked is None
+
+
+def test_many_deaths_spread_over_the_peers() -> None:
+    counts = Counter(choose_peer(f"dead-{i}", "v1", V1).peer for i in range(300))
+    assert set(counts) == set(V1)
+    assert min(counts.values()) > 60  # about 100 each, not all on one peer
+
+
+@pytest.mark.parametrize("healthy", [[], [Peer("dead", "v1")]])
+def test_no_other_peer_blocks_with_no_healthy_peer(healthy: list[Peer]) -> None:
+    choice = choose_peer("dead", "v1", healthy, allow_latest=True, latest_version="v2")
+    assert choice.peer is None and choice.blocked is BlockedReason.NO_HEALTHY_PEER
+
+
+def test_only_other_versions_need_permission() -> None:
+    peers = [Peer("x", "v2"), Peer("y", "v3")]
+    assert choose_peer("dead", "v1", peers).blocked is BlockedReason.VERSION_UPGRADE_NOT_ALLOWED
+    choice = choose_peer("dead", "v1", peers, allow_latest=True, latest_version="v3")
+    assert choice.mode is Mode.LATEST_VERSION
+    assert choice.peer == Peer("y", "v3")
+
+
+def test_latest_unknown_or_without_a_peer_is_not_guessed() -> None:
+    peers = [Peer("x", "v2")]
+    assert choose_peer("dead", "v1", peers, allow_latest=True, latest_version=None).peer is None
+    assert choose_peer("dead", "v1", peers, allow_latest=True, latest_version="v9").peer is None
+
+
+def test_same_version_wins_even_when_latest_is_allowed() -> None:
+    choice = choose_peer("dead", "v1", [Peer("x", "v2"), Peer("y", "v1")], allow_latest=True, latest_version="v2")
+    assert choice.peer == Peer("y", "v1") and choice.mode is Mode.SAME_VERSION
+
+
+def test_exponential_backoff_is_capped() -> None:
+    assert [backoff(n, 1, 30) for n in range(0, 8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert backoff(3, 0.25, 10) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ([], 1),
+        ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": "6"}], 3),
+        ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": None}], 2),
+        ([{"function_id": 1, "output": "x"}, {"function_id": 3, "error": "boom"}], 4),
+        (["junk", {"function_id": "1"}], 1),
+    ],
+)
+def test_first_unfinished_step(steps: list[object], expected: int) -> None:
+    assert first_unfinished_step(steps) == expected
