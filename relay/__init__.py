@@ -1,3 +1,3 @@
 """Relay: a self-hosted control plane for DBOS executors."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

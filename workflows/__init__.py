@@ -1,7 +1,5 @@
-"""Relay's own durable DBOS workflows.
+"""Relay's own durable DBOS workflows: the grace period and the recovery.
 
-The grace period, recovery and failover sequences live here as DBOS
-workflows (issue 3), so that a crash of Relay loses no timer and repeats no
-action. Nothing is registered yet: up to DISCONNECTED, liveness needs no
-durable state beyond the registry row.
+A crash of Relay loses no timer (DBOS keeps ``recv`` and ``sleep`` deadlines)
+and repeats no action that matters (each step is safe to run again).
 """
