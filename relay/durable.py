@@ -38,6 +38,14 @@ class Durable:
         self.runtime = runtime
         self._events: asyncio.Queue[tuple[str, ExecutorKey, int]] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
+        # Apps that may have a recovery waiting for a peer or an operator, so that
+        # a connect to any other app costs no query. Filled at start-up and by a
+        # recovery before it records itself blocked; never emptied, as a false
+        # "maybe" costs only one query.
+        self._maybe_blocked: set[tuple[str, str]] = set()
+
+    def note_blocked(self, org: str, app: str) -> None:
+        self._maybe_blocked.add((org, app))
 
     def start_workers(self) -> None:
         self._workers = [asyncio.create_task(self._work()) for _ in range(EVENT_WORKERS)]
@@ -116,11 +124,15 @@ class Durable:
         await self.send(rid, message, WAKE_TOPIC)
 
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
+        if (org, app) not in self._maybe_blocked:
+            return
         for rid in await self.runtime.recoveries.blocked_in_app(org, app):
             await self.wake(rid, message)
 
     async def sweep(self) -> None:
-        """Every DISCONNECTED executor this instance owns gets its grace period (idempotent)."""
+        """Every DISCONNECTED executor this instance owns gets its grace period (idempotent);
+        every app with a waiting recovery is noted for wake-ups."""
+        self._maybe_blocked.update(await self.runtime.recoveries.apps_with_blocked())
         for key, epoch in await self.runtime.registry.disconnected_of_instance(self.runtime.instance_id):
             await self._start_grace(key, epoch)
 

@@ -297,6 +297,13 @@ class RecoveryStore:
             )
             return [str(r["id"]) for r in await cur.fetchall()]
 
+    async def apps_with_blocked(self) -> list[tuple[str, str]]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT org, app FROM recoveries WHERE status IN ('waiting_for_peer', 'awaiting_operator')"
+            )
+            return [(str(r["org"]), str(r["app"])) for r in await cur.fetchall()]
+
     async def list_audit(
         self, org: str, app: str | None, executor_id: str | None, since: datetime | None, limit: int
     ) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ moved first, and the caller is told so instead of overwriting.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -75,9 +76,16 @@ class AppRecord:
     counts: dict[ExecutorState, int]
 
 
+CONNECT_BATCH = 500
+# (org, app, executor_info, relay instance) and the future awaiting its epoch.
+_PendingConnect = tuple[tuple[str, str, ExecutorInfo, str], "asyncio.Future[int]"]
+
+
 class Registry:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._connect_queue: list[_PendingConnect] = []
+        self._connect_writer: asyncio.Task[None] | None = None
 
     async def sync_config(self, config: RelayConfig) -> None:
         """Make orgs, keys and configured apps in the database match relay.yaml.
@@ -127,14 +135,72 @@ class Registry:
         A new executor id gets a new record; a known one returns to HEALTHY in
         the same record with its epoch raised, so that the old connection's
         late close (same id, older epoch) cannot mark it DISCONNECTED.
+
+        Handshakes that arrive while a write is in flight are written together
+        in one statement: a thousand executors reconnecting at once cost a few
+        round trips, not a thousand.
         """
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._connect_queue.append(((org, app, info, instance), future))
+        if self._connect_writer is None or self._connect_writer.done():
+            self._connect_writer = asyncio.create_task(self._write_connects())
+        return await future
+
+    async def _write_connects(self) -> None:
+        while self._connect_queue:
+            batch: list[_PendingConnect] = []
+            later: list[_PendingConnect] = []
+            seen: set[tuple[str, str, str]] = set()
+            for item in self._connect_queue[:CONNECT_BATCH]:
+                key = (item[0][0], item[0][1], item[0][2].executor_id)
+                # One statement may not touch a row twice: the same id twice waits a round.
+                (later if key in seen else batch).append(item)
+                seen.add(key)
+            self._connect_queue = later + self._connect_queue[CONNECT_BATCH:]
+            try:
+                epochs = await self._upsert_connected([item[0] for item in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (org, app, info, _), future in batch:
+                epoch = epochs.get((org, app, info.executor_id))
+                if future.done():
+                    continue
+                if epoch is None:  # every state allows CONNECTED today; kept as the guard's contract
+                    future.set_exception(RuntimeError(f"executor {org}/{app}/{info.executor_id} refused"))
+                else:
+                    future.set_result(epoch)
+
+    async def _upsert_connected(
+        self, rows: list[tuple[str, str, ExecutorInfo, str]]
+    ) -> dict[tuple[str, str, str], int]:
         allowed = [s.value for s in states_allowing(ExecutorEvent.CONNECTED)]
+        columns: list[list[Any]] = [[] for _ in range(9)]
+        for org, app, info, instance in rows:
+            values = (
+                org,
+                app,
+                info.executor_id,
+                info.application_version,
+                info.hostname,
+                info.language,
+                info.dbos_version,
+                Jsonb(info.metadata) if info.metadata is not None else None,
+                instance,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """INSERT INTO executors AS e (org, app, executor_id, state, application_version,
                         hostname, language, dbos_version, metadata, connected_at, relay_instance)
-                   VALUES (%(org)s, %(app)s, %(id)s, 'HEALTHY', %(version)s, %(hostname)s,
-                        %(language)s, %(dbos_version)s, %(metadata)s, now(), %(instance)s)
+                   SELECT org, app, id, 'HEALTHY', version, hostname, language, dbos_version, metadata,
+                        now(), instance
+                   FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                               %s::text[], %s::jsonb[], %s::text[])
+                        AS t(org, app, id, version, hostname, language, dbos_version, metadata, instance)
                    ON CONFLICT (org, app, executor_id) DO UPDATE SET
                         state = 'HEALTHY', epoch = e.epoch + 1,
                         application_version = EXCLUDED.application_version,
@@ -142,25 +208,11 @@ class Registry:
                         dbos_version = EXCLUDED.dbos_version, metadata = EXCLUDED.metadata,
                         connected_at = now(), dead_at = NULL, blocked_reason = NULL,
                         relay_instance = EXCLUDED.relay_instance
-                   WHERE e.state = ANY(%(allowed)s)
-                   RETURNING epoch""",
-                {
-                    "org": org,
-                    "app": app,
-                    "id": info.executor_id,
-                    "version": info.application_version,
-                    "hostname": info.hostname,
-                    "language": info.language,
-                    "dbos_version": info.dbos_version,
-                    "metadata": Jsonb(info.metadata) if info.metadata is not None else None,
-                    "instance": instance,
-                    "allowed": allowed,
-                },
+                   WHERE e.state = ANY(%s)
+                   RETURNING org, app, executor_id, epoch""",
+                (*columns, allowed),
             )
-            row = await cur.fetchone()
-        if row is None:  # every state allows CONNECTED today; kept as the guard's contract
-            raise RuntimeError(f"executor {org}/{app}/{info.executor_id} refused the connection")
-        return int(row["epoch"])
+            return {(r["org"], r["app"], r["executor_id"]): int(r["epoch"]) for r in await cur.fetchall()}
 
     async def transition(
         self, key: ExecutorKey, event: ExecutorEvent, *, epoch: int | None = None, instance: str | None = None

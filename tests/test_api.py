@@ -118,3 +118,31 @@ def test_dashboard_page_is_served(relay: RelayProcess) -> None:
     assert resp.status_code == 200
     assert "text/html" in resp.headers["content-type"]
     assert "/v2/orgs/" in resp.text and "Authorization" in resp.text
+
+
+def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_socket(
+    relay: RelayProcess,
+) -> None:
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    async def crowd() -> tuple[list[str], int | None]:
+        sockets = [await open_socket(url) for _ in range(150)]
+        twin = await open_socket(url)
+        ids = await asyncio.gather(*(handshake(ws) for ws in sockets), handshake(twin, "twin"))
+        # The same executor id again while its first socket is open: a reconnect after a blip.
+        again = await open_socket(url)
+        await handshake(again, "twin")
+        await asyncio.wait_for(twin.wait_closed(), 5)
+        await off_loop(assert_eventually, lambda: len(_healthy(relay)) == 151, 10)
+        for ws in [*sockets, again]:
+            await ws.close()
+        return list(ids), twin.close_code
+
+    ids, twin_code = asyncio.run(crowd())
+    assert twin_code == 4409  # replaced by the newer connection
+    assert len(set(ids)) == 151
+
+
+def _healthy(relay: RelayProcess) -> list[str]:
+    with relay.api() as api:
+        return [e["executorId"] for e in api.get("/apps/ledger/executors", params={"state": "HEALTHY"}).json()]
