@@ -49,6 +49,20 @@ async def write_audit(conn: psycopg.AsyncConnection[Any], org: str, app: str | N
     )
 
 
+async def audit_executor(
+    conn: psycopg.AsyncConnection[Any],
+    key: ExecutorKey,
+    action: str,
+    dedupe: str,
+    *,
+    peer: str | None = None,
+    detail: dict[str, Any] | None = None,
+    actor: str = "relay",
+) -> None:
+    """An audit entry about one executor, written in the caller's transaction."""
+    await write_audit(conn, key.org, key.app, AuditEntry(action, actor, key.executor_id, peer, detail, dedupe))
+
+
 def recovery_id(key: ExecutorKey, epoch: int) -> str:
     """The recovery workflow's id: one recovery per death of an executor connection."""
     return f"recovery:{key.org}:{key.app}:{key.executor_id}:{epoch}"
@@ -95,12 +109,7 @@ class RecoveryStore:
             row = await cur.fetchone()
             if row is None:
                 return await self._at_epoch(conn, key, epoch, ("DEAD", "RECOVERING"))
-            await write_audit(
-                conn,
-                key.org,
-                key.app,
-                AuditEntry("executor.dead", actor, key.executor_id, detail={"epoch": epoch}, dedupe_key=dedupe),
-            )
+            await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
             return True
 
     async def open(self, rid: str, key: ExecutorKey, epoch: int, trigger: str) -> str | None:
@@ -135,12 +144,7 @@ class RecoveryStore:
                 (reason, key.org, key.app, key.executor_id, epoch),
             )
             await self._status(conn, rid, status, None)
-            await write_audit(
-                conn,
-                key.org,
-                key.app,
-                AuditEntry(action, "relay", key.executor_id, detail={"reason": reason}, dedupe_key=dedupe),
-            )
+            await audit_executor(conn, key, action, dedupe, detail={"reason": reason})
 
     async def dispatch(
         self,
@@ -171,25 +175,15 @@ class RecoveryStore:
             await self._status(conn, rid, "dispatching", None)
             detail = {"attempt": attempt, "mode": mode, "recoveryId": rid}
             if failover_from is not None:
-                await write_audit(
+                await audit_executor(
                     conn,
-                    key.org,
-                    key.app,
-                    AuditEntry(
-                        "recovery.failover",
-                        "relay",
-                        key.executor_id,
-                        peer,
-                        {**detail, "fromPeer": failover_from, "backoffSecs": backoff_secs},
-                        f"{dedupe}:failover",
-                    ),
+                    key,
+                    "recovery.failover",
+                    f"{dedupe}:failover",
+                    peer=peer,
+                    detail={**detail, "fromPeer": failover_from, "backoffSecs": backoff_secs},
                 )
-            await write_audit(
-                conn,
-                key.org,
-                key.app,
-                AuditEntry("recovery.dispatched", "relay", key.executor_id, peer, detail, f"{dedupe}:dispatched"),
-            )
+            await audit_executor(conn, key, "recovery.dispatched", f"{dedupe}:dispatched", peer=peer, detail=detail)
             return True
 
     async def fail_attempt(
@@ -207,18 +201,13 @@ class RecoveryStore:
                    WHERE recovery_id = %s AND attempt = %s""",
                 (error, rid, attempt),
             )
-            await write_audit(
+            await audit_executor(
                 conn,
-                key.org,
-                key.app,
-                AuditEntry(
-                    "recovery.failed",
-                    "relay",
-                    key.executor_id,
-                    peer,
-                    {"attempt": attempt, "error": error, "recoveryId": rid},
-                    dedupe,
-                ),
+                key,
+                "recovery.failed",
+                dedupe,
+                peer=peer,
+                detail={"attempt": attempt, "error": error, "recoveryId": rid},
             )
 
     async def succeed(self, rid: str, key: ExecutorKey, epoch: int, attempt: int, peer: str, dedupe: str) -> bool:
@@ -237,36 +226,17 @@ class RecoveryStore:
             )
             await self._status(conn, rid, "succeeded", None)
             detail = {"attempt": attempt, "recoveryId": rid}
-            await write_audit(
-                conn,
-                key.org,
-                key.app,
-                AuditEntry("recovery.succeeded", "relay", key.executor_id, peer, detail, f"{dedupe}:succeeded"),
-            )
+            await audit_executor(conn, key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
-                await write_audit(
-                    conn,
-                    key.org,
-                    key.app,
-                    AuditEntry("executor.deleted", "relay", key.executor_id, peer, detail, f"{dedupe}:deleted"),
-                )
+                await audit_executor(conn, key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
             return deleted
 
     async def abandon(self, rid: str, key: ExecutorKey, reason: str, dedupe: str) -> None:
         """The executor came back (or vanished): this recovery ends without deleting anything."""
         async with self.db.connection() as conn, conn.transaction():
             await self._status(conn, rid, "failed", reason)
-            await write_audit(
-                conn,
-                key.org,
-                key.app,
-                AuditEntry(
-                    "recovery.failed",
-                    "relay",
-                    key.executor_id,
-                    detail={"error": reason, "recoveryId": rid, "final": True},
-                    dedupe_key=dedupe,
-                ),
+            await audit_executor(
+                conn, key, "recovery.failed", dedupe, detail={"error": reason, "recoveryId": rid, "final": True}
             )
 
     async def get(
