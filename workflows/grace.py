@@ -15,12 +15,12 @@ from dbos import DBOS, SetWorkflowID
 from relay.recoveries import recovery_id
 from relay.registry import ExecutorKey
 from workflows.recovery import recover
-from workflows.services import services
+from workflows.services import relay_step, services
 
 RECONNECTED_TOPIC = "reconnected"
 
 
-@DBOS.step(name="relay.declare_dead")
+@relay_step("relay.declare_dead")
 async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool:
     dedupe = f"{DBOS.workflow_id}:{DBOS.step_id}"
     store = services().runtime.recoveries

@@ -26,7 +26,7 @@ from relay.peers import Mode, Peer, backoff, choose_peer
 from relay.protocol import MessageType, Request, exist_pending_workflows, list_workflows, recovery
 from relay.recoveries import AuditEntry
 from relay.registry import ExecutorKey
-from workflows.services import services
+from workflows.services import relay_step, services
 
 log = logging.getLogger("relay.recovery")
 
@@ -56,13 +56,13 @@ async def _ask(org: str, app: str, peer: str, request: Request, timeout: float) 
     return {"ok": True, "body": reply.body}
 
 
-@DBOS.step(name="relay.open_recovery")
+@relay_step("relay.open_recovery")
 async def open_recovery(rid: str, org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str | None:
     store = services().runtime.recoveries
     return await services().call(store.open(rid, ExecutorKey(org, app, executor_id), epoch, trigger))
 
 
-@DBOS.step(name="relay.gather")
+@relay_step("relay.gather")
 async def gather(
     org: str, app: str, executor_id: str, epoch: int, version: str, operator_allows_latest: bool
 ) -> Result:
@@ -105,14 +105,15 @@ async def _latest_version(org: str, app: str, peers: list[tuple[str, str]], time
     return None
 
 
-@DBOS.step(name="relay.mark_blocked")
+@relay_step("relay.mark_blocked")
 async def mark_blocked(rid: str, org: str, app: str, executor_id: str, epoch: int, reason: str) -> None:
     status = "waiting_for_peer" if reason == "no_healthy_peer" else "awaiting_operator"
+    services().runtime.durable.note_blocked(org, app)
     store = services().runtime.recoveries
     await services().call(store.set_blocked(rid, ExecutorKey(org, app, executor_id), epoch, reason, status, _dedupe()))
 
 
-@DBOS.step(name="relay.dispatch")
+@relay_step("relay.dispatch")
 async def dispatch(
     rid: str,
     org: str,
@@ -132,7 +133,7 @@ async def dispatch(
     )
 
 
-@DBOS.step(name="relay.recover_same_version")
+@relay_step("relay.recover_same_version")
 async def recover_same_version(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
     answer = await _ask(org, app, peer, recovery([executor_id]), timeout)
     if not answer["ok"]:
@@ -142,7 +143,7 @@ async def recover_same_version(org: str, app: str, peer: str, executor_id: str, 
     return {"ok": True}
 
 
-@DBOS.step(name="relay.list_pending")
+@relay_step("relay.list_pending")
 async def list_pending(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
     query = list_workflows(executor_id=executor_id, status="PENDING", application_version=version)
     answer = await _ask(org, app, peer, query, timeout)
@@ -154,7 +155,7 @@ async def list_pending(org: str, app: str, peer: str, executor_id: str, version:
     return {"ok": True, "ids": [str(w["WorkflowUUID"]) for w in rows if isinstance(w, dict) and w.get("WorkflowUUID")]}
 
 
-@DBOS.step(name="relay.move_workflow")
+@relay_step("relay.move_workflow")
 async def move_workflow(
     org: str, app: str, peer: str, executor_id: str, workflow_id: str, target: str, timeout: float
 ) -> Result:
@@ -201,7 +202,7 @@ def first_unfinished_step(steps: list[Any]) -> int:
     return max(done, default=0) + 1
 
 
-@DBOS.step(name="relay.verify")
+@relay_step("relay.verify")
 async def verify(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
     answer = await _ask(org, app, peer, exist_pending_workflows(executor_id, version), timeout)
     if not answer["ok"]:
@@ -211,7 +212,7 @@ async def verify(org: str, app: str, peer: str, executor_id: str, version: str, 
     return {"ok": True}
 
 
-@DBOS.step(name="relay.fail_attempt")
+@relay_step("relay.fail_attempt")
 async def fail_attempt(
     rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str, error: str
 ) -> None:
@@ -221,7 +222,7 @@ async def fail_attempt(
     )
 
 
-@DBOS.step(name="relay.succeed")
+@relay_step("relay.succeed")
 async def succeed(rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str) -> bool:
     store = services().runtime.recoveries
     return await services().call(
@@ -229,7 +230,7 @@ async def succeed(rid: str, org: str, app: str, executor_id: str, epoch: int, at
     )
 
 
-@DBOS.step(name="relay.abandon")
+@relay_step("relay.abandon")
 async def abandon(rid: str, org: str, app: str, executor_id: str, reason: str) -> None:
     store = services().runtime.recoveries
     await services().call(store.abandon(rid, ExecutorKey(org, app, executor_id), reason, _dedupe()))
@@ -293,6 +294,9 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
             if choice.blocked.value != blocked:
                 blocked = choice.blocked.value
                 await mark_blocked(rid, org, app, executor_id, epoch, blocked)
+                # A peer that connected after the facts were gathered but before the
+                # block was recorded sent no wake-up: look once more before waiting.
+                continue
             message = await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS)
             if isinstance(message, dict) and message.get("toLatestVersion"):
                 operator_allows_latest = True

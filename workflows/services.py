@@ -9,13 +9,19 @@ workflow itself runs on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from dbos import DBOS
+
+from relay.errors import DatabaseError
 
 if TYPE_CHECKING:
     from relay.runtime import Runtime
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Every Relay instance must register its workflows under the same application
 # version, or one instance could not recover another's. Change it only when a
@@ -48,3 +54,24 @@ def services() -> Services:
     if _bound is None:
         raise RuntimeError("Relay's workflows run only inside a started Relay")
     return _bound
+
+
+def _database_trouble(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError)
+
+
+def relay_step(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A DBOS step that outlives a database outage of up to about an hour.
+
+    Without retries, one failed query would end the workflow in ERROR and
+    strand its executor; requests to executors report failure as values
+    instead, so only database trouble is retried here.
+    """
+    return DBOS.step(
+        name=name,
+        retries_allowed=True,
+        interval_seconds=0.5,
+        backoff_rate=1.5,
+        max_attempts=20,
+        should_retry=_database_trouble,
+    )
