@@ -341,6 +341,16 @@ class Registry:
             )
             return cur.rowcount == 1
 
+    async def count_blocked(self) -> dict[tuple[str, str, str], int]:
+        """DEAD executors waiting, per (org, app, blocked reason), for /metrics."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT org, app, blocked_reason, count(*) AS n FROM executors
+                   WHERE blocked_reason IS NOT NULL GROUP BY org, app, blocked_reason"""
+            )
+            rows = await cur.fetchall()
+        return {(r["org"], r["app"], r["blocked_reason"]): int(r["n"]) for r in rows}
+
     async def count_by_state(self) -> dict[tuple[str, str, str], int]:
         """Executors per (org, app, state), for /metrics."""
         async with self.db.connection() as conn:

@@ -85,6 +85,12 @@ class Runtime:
         ]
         for (org, app, state), n in sorted((await self.registry.count_by_state()).items()):
             lines.append(f'relay_executors{{org="{_esc(org)}",app="{_esc(app)}",state="{state}"}} {n}')
+        lines += [
+            "# HELP relay_executors_blocked DEAD executors whose recovery waits, by reason.",
+            "# TYPE relay_executors_blocked gauge",
+        ]
+        for (org, app, reason), n in sorted((await self.registry.count_blocked()).items()):
+            lines.append(f'relay_executors_blocked{{org="{_esc(org)}",app="{_esc(app)}",reason="{reason}"}} {n}')
         return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
+import httpx
 import pytest
 
 from relay.peers import Peer, order_peers
@@ -164,6 +165,8 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     assert_eventually(blocked, 10)
     with relay.api() as api:
         assert api.get("/apps/ledger/recoveries").json()[0]["status"] == "awaiting_operator"
+    metrics = httpx.get(f"{relay.http}/metrics").text
+    assert 'relay_executors_blocked{org="acme",app="ledger",reason="version_upgrade_not_allowed"} 1' in metrics
     time.sleep(1.0)
     assert Evidence(evidence_db).outcomes() == {}, "nothing may move before the operator allows it"
     with relay.api() as api:
@@ -310,5 +313,10 @@ def test_patch_validates_and_audits(start_relay: StartRelay) -> None:
     assert [e["action"] for e in audit] == ["settings.updated"]
     assert audit[0]["detail"]["before"]["executorTimeoutSecs"] == 30.0
     assert audit[0]["actor"] == "api:ops"
+    with relay.api() as api:
+        assert api.get("/audit", params={"since": "2999-01-01T00:00:00Z"}).json() == []
+        assert len(api.get("/audit", params={"limit": 1}).json()) == 1
+        assert api.get("/audit", params={"limit": 0}).status_code == 422
+        assert api.get("/audit", params={"app": "nope"}).json() == []
     with relay.api("acme", key="api-acme-viewer") as api:
         assert api.patch("/apps/ledger", json={"executorTimeoutSecs": 5}).status_code == 403
