@@ -74,6 +74,7 @@ PING_INTERVAL_SECS = 20.0
 SETTLE_SECS = 2.0  # before the baseline RSS, and after the N are held
 COUNT_TIMEOUT_SECS = 60.0
 POLL_SECS = 0.02
+QUIET_CPU_PCT = 5.0  # below this, a server has finished the work that closing the sockets gave it
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # Relay's default maxFrameBytes
 PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
 
@@ -406,6 +407,7 @@ class Held:
     rss_after_idle: int
     idle_cpu_pct: float
     held_after_idle: int
+    threads_held: int
     idle_covers_pings: bool  # every connection got its first ping inside the idle window
 
 
@@ -421,6 +423,8 @@ class Result:
     idle_covers_pings: bool
     dropped_while_idle: int
     close_secs: float
+    busy_after_close_secs: float | None  # None: still busy when we gave up waiting
+    max_threads_after_close: int
 
 
 def cpu_secs(proc: psutil.Process) -> float:
@@ -444,7 +448,7 @@ async def handshakes(server: ServerProcess, fleet: Fleet, n: int, concurrency: i
     await wait_for_held(server, http, opened)
     secs = time.perf_counter() - started
     cpu = {name: used - cpu0[name] for name, used in cpu_meters(server).items()}
-    return Held(opened, secs, cpu, 0, 0, 0.0, held_after_idle=0, idle_covers_pings=False)
+    return Held(opened, secs, cpu, 0, 0, 0.0, held_after_idle=0, threads_held=0, idle_covers_pings=False)
 
 
 async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Held:
@@ -465,7 +469,29 @@ async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Names
         rss_after_idle=proc.memory_info().rss,
         idle_cpu_pct=idle_cpu_pct,
         held_after_idle=await server.held(http),
+        threads_held=proc.num_threads(),
     )
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """How long a server stayed busy after its sockets closed, and its peak thread count meanwhile."""
+
+    busy_secs: float | None  # None: still busy when we gave up waiting
+    max_threads: int
+
+
+async def wait_quiet(proc: psutil.Process, timeout: float = 120.0, window: float = 1.0) -> Quiet:
+    """Wait until ``proc`` uses under QUIET_CPU_PCT of a core over a whole window."""
+    started, max_threads = time.perf_counter(), proc.num_threads()
+    while time.perf_counter() - started < timeout:
+        cpu0 = cpu_secs(proc)
+        for _ in range(10):
+            await asyncio.sleep(window / 10)
+            max_threads = max(max_threads, proc.num_threads())
+        if 100 * (cpu_secs(proc) - cpu0) / window < QUIET_CPU_PCT:
+            return Quiet(time.perf_counter() - started - window, max_threads)
+    return Quiet(None, max_threads)
 
 
 async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Result:
@@ -479,6 +505,7 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
         await fleet.close()
     await wait_for_held(server, http, 0)
     close_secs = time.perf_counter() - closing
+    quiet = await wait_quiet(server.process)
     per_conn = max(held.opened, 1) * 1024
     result = Result(
         server=server.name,
@@ -491,6 +518,8 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
         idle_covers_pings=held.idle_covers_pings,
         dropped_while_idle=held.opened - held.held_after_idle,
         close_secs=close_secs,
+        busy_after_close_secs=quiet.busy_secs,
+        max_threads_after_close=quiet.max_threads,
     )
     report_run(result, held, rss_before, fleet.failures)
     return result
@@ -505,6 +534,12 @@ def report_run(result: Result, held: Held, rss_before: int, failures: Counter[st
         f"  RSS {rss_before / mib:.1f} -> {held.rss_held / mib:.1f} MiB"
         f" ({held.rss_after_idle / mib:.1f} MiB after idle); idle CPU {result.idle_cpu_pct:.2f} %;"
         f" {result.dropped_while_idle} dropped while idle; all closed after {result.close_secs:.2f} s",
+        flush=True,
+    )
+    busy = result.busy_after_close_secs
+    print(
+        f"  server threads: {held.threads_held} while holding, up to {result.max_threads_after_close} after the close;"
+        + (" still busy 120 s after the close" if busy is None else f" busy for {busy:.1f} s more after the close"),
         flush=True,
     )
     if not held.idle_covers_pings:
@@ -588,9 +623,14 @@ def print_table(results: list[Result]) -> None:
         )
 
 
+def load_average() -> str:
+    return " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
 def print_machine() -> None:
     mem = psutil.virtual_memory().total / 1024**3
     print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB RAM, {platform.platform()}")
+    print(f"load average (1, 5, 15 min): {load_average()}")
     print(f"python {platform.python_version()}, websockets {version('websockets')}, psutil {psutil.__version__}")
 
 
@@ -631,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = run(args)
     print_table(results)
-    print(f"total runtime {time.perf_counter() - started:.1f} s")
+    print(f"total runtime {time.perf_counter() - started:.1f} s; load average now {load_average()}")
     return 0
 
 

@@ -118,6 +118,19 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        """
+        -- An epoch names one connection of an executor and, through them, its grace and
+        -- recovery workflows. A per-row counter would start again at 1 for an executor
+        -- whose record was deleted after a recovery and that then came back (a paused
+        -- process resumed), reusing ids of finished workflows; a sequence never repeats.
+        -- It starts above any epoch a per-row counter can have handed out.
+        CREATE SEQUENCE executor_epochs START WITH 1000000;
+        ALTER TABLE executors ALTER COLUMN epoch SET DEFAULT nextval('executor_epochs');
+        ALTER TABLE executors ADD COLUMN previous_epoch bigint;
+        """,
+    ),
 ]
 
 

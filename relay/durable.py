@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
@@ -36,7 +37,7 @@ class Durable:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._events: asyncio.Queue[tuple[str, ExecutorKey, int]] = asyncio.Queue()
+        self._events: asyncio.Queue[tuple[str, ExecutorKey, int, int | None]] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         # Apps that may have a recovery waiting for a peer or an operator, so that
         # a connect to any other app costs no query. Filled at start-up and by a
@@ -57,13 +58,16 @@ class Durable:
         self._workers = []
 
     async def _work(self) -> None:
-        handlers = {"lost": self._start_grace, "connected": self._reconnected}
+        handlers: dict[str, Callable[[ExecutorKey, int, int | None], Awaitable[None]]] = {
+            "lost": self._start_grace,
+            "connected": self._reconnected,
+        }
         while True:
-            kind, key, epoch = await self._events.get()
+            kind, key, epoch, previous = await self._events.get()
             delay = 0.2
             while True:
                 try:
-                    await handlers[kind](key, epoch)
+                    await handlers[kind](key, epoch, previous)
                     break
                 except Exception as exc:
                     log.warning("executor %s: %s event failed (%s); retrying in %.1fs", key, kind, exc, delay)
@@ -94,20 +98,20 @@ class Durable:
     # -- HubEvents -------------------------------------------------------
 
     async def executor_lost(self, key: ExecutorKey, epoch: int) -> None:
-        self._events.put_nowait(("lost", key, epoch))
+        self._events.put_nowait(("lost", key, epoch, None))
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None:
-        self._events.put_nowait(("connected", key, epoch))
+    async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None:
+        self._events.put_nowait(("connected", key, epoch, previous_epoch))
 
-    async def _start_grace(self, key: ExecutorKey, epoch: int) -> None:
+    async def _start_grace(self, key: ExecutorKey, epoch: int, _previous: int | None = None) -> None:
         """Start the grace period; its length is the app's setting at this moment."""
         apps = await self.runtime.registry.list_apps(key.org, key.app)
         timeout = apps[0].executor_timeout_secs if apps else 60.0
         await self._start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout)
 
-    async def _reconnected(self, key: ExecutorKey, epoch: int) -> None:
-        if epoch > 1:  # the same executor was here before: end that disconnection's grace period
-            await self.send(grace_id(key, epoch - 1), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
+    async def _reconnected(self, key: ExecutorKey, epoch: int, previous: int | None) -> None:
+        if previous is not None:  # the same executor was here before: end that disconnection's grace period
+            await self.send(grace_id(key, previous), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
 
     # -- used by the API and at start-up -----------------------------------

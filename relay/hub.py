@@ -49,7 +49,7 @@ CLOSE_SHUTDOWN = 1001
 class HubEvents(Protocol):
     """What the rest of Relay wants to hear from the hub (grace periods, wake-ups)."""
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int) -> None: ...
+    async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None: ...
 
     async def executor_lost(self, key: ExecutorKey, epoch: int) -> None: ...
 
@@ -115,21 +115,21 @@ class Hub:
         if (conn.org, conn.app) not in self._known_apps:
             await self.registry.ensure_app(conn.org, conn.app)
             self._known_apps.add((conn.org, conn.app))
-        epoch = await self.registry.connected(conn.org, conn.app, info, self.instance_id)
+        epoch, previous_epoch = await self.registry.connected(conn.org, conn.app, info, self.instance_id)
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
         previous = self.connections.get(key)
         self.connections[key] = conn
         if previous is not None and previous is not conn:
             log.info("executor %s connected again; closing its older socket", key)
             await previous.close(CLOSE_REPLACED, "replaced by a newer connection")
-        await self._tell("executor_connected", key, epoch)
+        await self._tell("executor_connected", key, epoch, previous_epoch)
         return epoch
 
-    async def _tell(self, event: str, key: ExecutorKey, epoch: int) -> None:
+    async def _tell(self, event: str, key: ExecutorKey, *args: int | None) -> None:
         if self.events is None:
             return
         try:
-            await getattr(self.events, event)(key, epoch)
+            await getattr(self.events, event)(key, *args)
         except Exception:
             # The registry already holds the truth; the start-up sweep and the
             # blocked recoveries' periodic re-check make up for a lost event.

@@ -78,7 +78,7 @@ class AppRecord:
 
 CONNECT_BATCH = 500
 # (org, app, executor_info, relay instance) and the future awaiting its epoch.
-_PendingConnect = tuple[tuple[str, str, ExecutorInfo, str], "asyncio.Future[int]"]
+_PendingConnect = tuple[tuple[str, str, ExecutorInfo, str], "asyncio.Future[tuple[int, int | None]]"]
 
 
 class Registry:
@@ -129,18 +129,19 @@ class Registry:
                 (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
             )
 
-    async def connected(self, org: str, app: str, info: ExecutorInfo, instance: str) -> int:
-        """Record a completed handshake; returns the connection's epoch.
+    async def connected(self, org: str, app: str, info: ExecutorInfo, instance: str) -> tuple[int, int | None]:
+        """Record a completed handshake; returns the connection's epoch and the one before it.
 
         A new executor id gets a new record; a known one returns to HEALTHY in
-        the same record with its epoch raised, so that the old connection's
-        late close (same id, older epoch) cannot mark it DISCONNECTED.
+        the same record with a new epoch (from a sequence: epochs never repeat),
+        so that the old connection's late close (same id, older epoch) cannot
+        mark it DISCONNECTED.
 
         Handshakes that arrive while a write is in flight are written together
         in one statement: a thousand executors reconnecting at once cost a few
         round trips, not a thousand.
         """
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, int | None]] = asyncio.get_running_loop().create_future()
         self._connect_queue.append(((org, app, info, instance), future))
         if self._connect_writer is None or self._connect_writer.done():
             self._connect_writer = asyncio.create_task(self._write_connects())
@@ -175,7 +176,7 @@ class Registry:
 
     async def _upsert_connected(
         self, rows: list[tuple[str, str, ExecutorInfo, str]]
-    ) -> dict[tuple[str, str, str], int]:
+    ) -> dict[tuple[str, str, str], tuple[int, int | None]]:
         allowed = [s.value for s in states_allowing(ExecutorEvent.CONNECTED)]
         columns: list[list[Any]] = [[] for _ in range(9)]
         for org, app, info, instance in rows:
@@ -202,17 +203,20 @@ class Registry:
                                %s::text[], %s::jsonb[], %s::text[])
                         AS t(org, app, id, version, hostname, language, dbos_version, metadata, instance)
                    ON CONFLICT (org, app, executor_id) DO UPDATE SET
-                        state = 'HEALTHY', epoch = e.epoch + 1,
+                        state = 'HEALTHY', epoch = EXCLUDED.epoch, previous_epoch = e.epoch,
                         application_version = EXCLUDED.application_version,
                         hostname = EXCLUDED.hostname, language = EXCLUDED.language,
                         dbos_version = EXCLUDED.dbos_version, metadata = EXCLUDED.metadata,
                         connected_at = now(), dead_at = NULL, blocked_reason = NULL,
                         relay_instance = EXCLUDED.relay_instance
                    WHERE e.state = ANY(%s)
-                   RETURNING org, app, executor_id, epoch""",
+                   RETURNING org, app, executor_id, epoch, previous_epoch""",
                 (*columns, allowed),
             )
-            return {(r["org"], r["app"], r["executor_id"]): int(r["epoch"]) for r in await cur.fetchall()}
+            return {
+                (r["org"], r["app"], r["executor_id"]): (int(r["epoch"]), r["previous_epoch"])
+                for r in await cur.fetchall()
+            }
 
     async def transition(
         self, key: ExecutorKey, event: ExecutorEvent, *, epoch: int | None = None, instance: str | None = None

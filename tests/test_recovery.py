@@ -320,3 +320,26 @@ def test_patch_validates_and_audits(start_relay: StartRelay) -> None:
         assert api.get("/audit", params={"app": "nope"}).json() == []
     with relay.api("acme", key="api-acme-viewer") as api:
         assert api.patch("/apps/ledger", json={"executorTimeoutSecs": 5}).status_code == 403
+
+
+def test_an_executor_back_from_the_dead_is_watched_again(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """Found by the chaos harness: paused past its grace period, recovered and deleted, the
+    executor resumes under the same id and dies for good; its new disconnection needs a new
+    grace period, not the finished one of its first life."""
+    relay = start_relay(grace=1.0, pingIntervalSecs=0.2, pingWaitSecs=1.0)
+    peer = start_executor(relay.conductor_url)
+    a1 = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+    a1.pause()
+    assert_eventually(lambda: "executor.deleted" in audit_actions(relay, a1.executor_id), 15)
+    a1.resume()
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 10)
+    a1.kill()
+    assert_eventually(lambda: audit_actions(relay, a1.executor_id).count("executor.deleted") == 2, 15)
+    actions = audit_actions(relay, a1.executor_id)
+    assert actions.count("executor.dead") == 2
+    with relay.api() as api:
+        recoveries = api.get("/apps/ledger/recoveries", params={"executorId": a1.executor_id}).json()
+    assert [r["status"] for r in recoveries] == ["succeeded", "succeeded"]
