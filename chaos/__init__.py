@@ -1,0 +1,1 @@
+"""The chaos harness: real executors, real Relay, seeded and replayable faults."""

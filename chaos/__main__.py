@@ -1,0 +1,59 @@
+"""``python -m chaos run [--profile ci|soak] [--seed N] [--out DIR]`` and ``python -m chaos replay FILE``.
+
+Exit 0 only if every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from chaos.run import relay_errors, run
+from chaos.schedule import PROFILES, Fault, Profile, make_schedule
+
+
+def _report(result: dict[str, Any]) -> int:
+    print(json.dumps(result["figures"], indent=2))
+    errors = relay_errors(Path(result["workdir"]))
+    if errors:
+        print("Relay logged errors:\n  " + "\n  ".join(errors))
+    if result["violations"]:
+        print(f"FAILED: {len(result['violations'])} violations")
+        for violation in result["violations"][:50]:
+            print(f"  - {violation}")
+        return 1
+    print(f"chaos run passed: seed {result['seed']}, profile {result['profile']['name']}, "
+          f"{result['duration_secs']} s")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_cmd = sub.add_parser("run", help="a fresh seeded run")
+    run_cmd.add_argument("--profile", choices=sorted(PROFILES), default="ci")
+    run_cmd.add_argument("--seed", type=int, default=None)
+    run_cmd.add_argument("--out", type=Path, default=Path(".chaos"))
+    replay = sub.add_parser("replay", help="run a recorded schedule again")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--out", type=Path, default=Path(".chaos"))
+    args = parser.parse_args(argv)
+
+    if args.command == "run":
+        seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+        profile = PROFILES[args.profile]
+        schedule = make_schedule(seed, profile)
+    else:
+        recorded = json.loads(args.file.read_text())
+        seed, profile = recorded["seed"], Profile.from_json(recorded["profile"])
+        schedule = [Fault(**f) for f in recorded["schedule"]]
+    print(f"chaos {args.command}: seed {seed}, profile {profile.name}, {len(schedule)} faults", flush=True)
+    return _report(run(profile, seed, schedule, args.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

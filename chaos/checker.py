@@ -1,0 +1,124 @@
+"""The checker: a pure function from what a run left behind to its verdict.
+
+The runner gathers a :class:`History` from the evidence tables, the executors'
+system database and Relay's API; :func:`check` finds the violations and
+:func:`figures` the numbers. Its own tests feed it broken histories.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+TERMINAL = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+
+
+@dataclass
+class History:
+    # workflow id -> (status, app) from the system database
+    workflows: dict[str, tuple[str, str]]
+    # (workflow id, executor id, app of that executor) per outcome row
+    outcomes: list[tuple[str, str, str]]
+    # (workflow id, step, executor id, app of that executor) per step execution
+    steps: list[tuple[str, str, str, str]]
+    # Relay's audit log (API entries), oldest first
+    audit: list[dict[str, Any]]
+    # Relay's registry at the end: executor id -> record (API)
+    registry: dict[str, dict[str, Any]]
+    # faults as executed: {"at": unix time, "kind": ..., "executor": id or None}
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check(h: History) -> list[str]:
+    return [*_every_workflow_once(h), *_no_cross_app(h), *_dead_were_handled(h), *_audit_is_complete(h)]
+
+
+def _every_workflow_once(h: History) -> list[str]:
+    problems = []
+    counts = Counter(w for w, _, _ in h.outcomes)
+    for workflow_id, (status, _) in sorted(h.workflows.items()):
+        if status not in TERMINAL:
+            problems.append(f"workflow {workflow_id} never finished (status {status})")
+        elif counts[workflow_id] != 1:
+            problems.append(f"workflow {workflow_id} ({status}) has {counts[workflow_id]} outcomes, not exactly one")
+    for workflow_id in sorted(set(counts) - set(h.workflows)):
+        problems.append(f"outcome for workflow {workflow_id}, which the system database does not know")
+    return problems
+
+
+def _no_cross_app(h: History) -> list[str]:
+    problems = []
+    apps = {w: app for w, (_, app) in h.workflows.items()}
+    for workflow_id, step, executor, app in h.steps:
+        if workflow_id in apps and apps[workflow_id] != app:
+            problems.append(
+                f"step {step} of {apps[workflow_id]} workflow {workflow_id} ran on {app} executor {executor}"
+            )
+    for workflow_id, executor, app in h.outcomes:
+        if workflow_id in apps and apps[workflow_id] != app:
+            problems.append(f"{apps[workflow_id]} workflow {workflow_id} finished on {app} executor {executor}")
+    return problems
+
+
+def _dead_were_handled(h: History) -> list[str]:
+    problems = []
+    for executor in sorted({e["executorId"] for e in h.audit if e["action"] == "executor.dead"}):
+        later = [e["action"] for e in h.audit if e["executorId"] == executor]
+        record = h.registry.get(executor)
+        recovered = "executor.deleted" in later
+        blocked = record is not None and record["state"] == "DEAD" and record.get("blockedReason")
+        came_back = record is not None and record["state"] == "HEALTHY"
+        if not (recovered or blocked or came_back):
+            state = record["state"] if record else "deleted without executor.deleted"
+            problems.append(f"executor {executor} was declared dead but neither recovered nor blocked ({state})")
+    return problems
+
+
+def _audit_is_complete(h: History) -> list[str]:
+    problems = []
+    seen: dict[str, set[str]] = {}
+    for entry in h.audit:
+        executor, action = entry["executorId"], entry["action"]
+        before = seen.setdefault(executor or "", set())
+        if action == "executor.deleted":
+            for needed in ("executor.dead", "recovery.dispatched", "recovery.succeeded"):
+                if needed not in before:
+                    problems.append(f"executor {executor} was deleted without {needed} before it in the audit log")
+        before.add(action)
+    return problems
+
+
+def _percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 2)
+
+
+def figures(h: History) -> dict[str, Any]:
+    step_runs = Counter((w, s) for w, s, _, _ in h.steps)
+    recovery_secs = []
+    deleted_at = {
+        e["executorId"]: datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
+        for e in h.audit
+        if e["action"] == "executor.deleted"
+    }
+    for fault in h.faults:
+        executor = fault.get("executor")
+        if executor in deleted_at:
+            recovery_secs.append(deleted_at[executor] - fault["at"])
+    return {
+        "workflows_started": len(h.workflows),
+        "workflows_finished": sum(1 for status, _ in h.workflows.values() if status in TERMINAL),
+        "outcomes": len(h.outcomes),
+        "step_reexecutions": sum(n - 1 for n in step_runs.values()),
+        "faults": dict(Counter(f["kind"] for f in h.faults)),
+        "fault_to_recovery_secs": {
+            "count": len(recovery_secs),
+            "p50": _percentile(recovery_secs, 0.5),
+            "p99": _percentile(recovery_secs, 0.99),
+            "max": round(max(recovery_secs), 2) if recovery_secs else None,
+        },
+    }

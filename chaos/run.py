@@ -1,0 +1,241 @@
+"""One chaos run: start the fleet, play the fault schedule, heal, check, record.
+
+The fleet: ``profile.executors`` executors of app ``ledger`` plus one of the
+decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py) sharing one
+system database, each talking to a real Relay through its own TCP proxy (so a
+partition can cut one executor off while it keeps running). Processes, proxies
+and PostgreSQL come from the test harness (tests/support), the same ones the
+integration tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from chaos.checker import History, check, figures
+from chaos.schedule import Fault, Profile
+from tests.support.harness import CONDUCTOR_KEYS, Postgres, RelayProcess, free_port, relay_yaml
+from tests.support.proxy import TcpProxy
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_APP, DECOY_APP = "ledger", "billing"
+
+
+@dataclass
+class Slot:
+    """One executor place in the fleet: a proxy, and the process currently behind it."""
+
+    index: int
+    app: str
+    version: str
+    proxy: TcpProxy
+    proc: subprocess.Popen[bytes] | None = None
+    executor_id: str = ""
+    ids: list[str] = field(default_factory=list)
+
+
+class Fleet:
+    def __init__(self, profile: Profile, seed: int, workdir: Path) -> None:
+        self.profile = profile
+        self.seed = seed
+        self.workdir = workdir
+        self.pg = Postgres()
+        self.sysdb = self.pg.create_database("chaos_sys")
+        self.evidence = self.pg.create_database("chaos_evidence")
+        config = relay_yaml(
+            free_port(), grace=profile.grace_secs,
+            pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
+            recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
+        )  # fmt: skip
+        self.relay = RelayProcess(workdir, self.pg.create_database("chaos_relay"), config)
+        self.slots: list[Slot] = []
+        self.until = 0.0
+
+    def start(self, until: float) -> None:
+        self.until = until
+        self.relay.start()
+        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "b1")]
+        for index, (app, version) in enumerate(apps):
+            proxy = TcpProxy(("127.0.0.1", self.relay.port)).__enter__()
+            slot = Slot(index, app, version, proxy)
+            self.slots.append(slot)
+            self.launch(slot)
+
+    def launch(self, slot: Slot) -> None:
+        env = {
+            **os.environ,
+            "CHAOS_APP": slot.app, "CHAOS_VERSION": slot.version, "CHAOS_SYSDB": self.sysdb,
+            "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
+            "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
+            "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
+        }  # fmt: skip
+        log = open(self.workdir / f"executor-{slot.index}-{len(slot.ids)}.log", "wb")
+        slot.proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
+        )
+        log.close()
+        slot.executor_id = _await_ready(slot.proc)
+        slot.ids.append(slot.executor_id)
+
+    def stop(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGCONT)
+                slot.proc.kill()
+                slot.proc.wait()
+            if slot.proc is not None and slot.proc.stdout is not None:
+                slot.proc.stdout.close()
+            slot.proxy.__exit__(None, None, None)
+        self.relay.stop()
+        self.pg.close()
+
+
+def _await_ready(proc: subprocess.Popen[bytes]) -> str:
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.match(rb"READY (\S+)", line)
+            if match:
+                found.append(match.group(1).decode())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(60)
+    if not found:
+        raise RuntimeError("a chaos executor did not start")
+    return found[0]
+
+
+def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
+    """Carry out one fault (blocking for its duration); returns what happened, with times."""
+    record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "executor": None}
+    if fault.kind == "relay_kill":
+        assert fleet.relay.proc is not None
+        fleet.relay.proc.kill()
+        fleet.relay.proc.wait()
+        fleet.relay.start()
+        return record
+    slot = fleet.slots[fault.target]
+    assert slot.proc is not None
+    record["executor"] = slot.executor_id
+    if fault.kind == "kill9":
+        slot.proc.kill()
+        slot.proc.wait()
+        fleet.launch(slot)  # its process manager restarts it: a new executor id
+    elif fault.kind == "sigstop":
+        slot.proc.send_signal(signal.SIGSTOP)
+        time.sleep(fault.duration)
+        slot.proc.send_signal(signal.SIGCONT)
+    elif fault.kind == "partition":
+        slot.proxy.partition()
+        time.sleep(fault.duration)
+        slot.proxy.heal()
+    record["ended"] = time.time()
+    return record
+
+
+def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
+    apps = {eid: slot.app for slot in fleet.slots for eid in slot.ids}
+    with psycopg.connect(fleet.sysdb) as conn:
+        rows = conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
+    workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
+    with psycopg.connect(fleet.evidence) as conn:
+        outcomes = [(w, e, apps.get(e, a)) for w, e, a in conn.execute(
+            "SELECT workflow_id, executor_id, app FROM outcomes ORDER BY id").fetchall()]  # fmt: skip
+        steps = [(w, s, e, apps.get(e, a)) for w, s, e, a in conn.execute(
+            "SELECT workflow_id, step, executor_id, app FROM step_evidence").fetchall()]  # fmt: skip
+    with fleet.relay.api() as api:
+        audit = api.get("/audit", params={"limit": 10_000}).json()
+        registry = {}
+        for app in (MAIN_APP, DECOY_APP):
+            registry.update({e["executorId"]: e for e in api.get(f"/apps/{app}/executors").json()})
+    # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
+    return History(workflows, outcomes, steps, audit, registry, faults)
+
+
+def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
+    """What the system database says of workflows that did not finish, for the record."""
+    with psycopg.connect(fleet.sysdb) as conn:
+        rows = conn.execute(
+            """SELECT workflow_uuid, status, name, executor_id, application_version, queue_name
+               FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED') ORDER BY created_at"""
+        ).fetchall()
+    keys = ("workflow_id", "status", "name", "executor_id", "application_version", "queue_name")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def settled(fleet: Fleet) -> bool:
+    with psycopg.connect(fleet.sysdb) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED')"
+        ).fetchone()
+    return row is not None and row[0] == 0
+
+
+def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
+    started = time.time()
+    fleet = Fleet(profile, seed, workdir)
+    done: list[dict[str, Any]] = []
+    try:
+        fleet.start(until=started + profile.fault_secs)
+        for fault in schedule:
+            time.sleep(max(0.0, started + fault.at - time.time()))
+            print(f"[{time.time() - started:7.1f}s] {fault.kind} {fault.target}", flush=True)
+            done.append(inject(fleet, fault))
+        time.sleep(max(0.0, started + profile.fault_secs - time.time()))
+        print(f"[{time.time() - started:7.1f}s] heal: no more faults", flush=True)
+        deadline = time.time() + profile.heal_timeout_secs
+        while time.time() < deadline and not settled(fleet):
+            time.sleep(1.0)
+        time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
+        history = gather(fleet, done)
+        stuck = unfinished(fleet)
+    finally:
+        fleet.stop()
+    violations = check(history)
+    result = {
+        "seed": seed,
+        "profile": profile.to_json(),
+        "schedule": [f.to_json() for f in schedule],
+        "faults": done,
+        "figures": figures(history),
+        "violations": violations,
+        "unfinished": stuck,
+        "ok": not violations,
+        "duration_secs": round(time.time() - started, 1),
+        "workdir": str(workdir),
+    }
+    (out / f"run-{profile.name}-{seed}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def relay_errors(workdir: Path) -> list[str]:
+    log = workdir / "relay-1.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [line for line in text.splitlines() if " ERROR " in line][:20]
+
+
+def api_ok(relay: RelayProcess) -> bool:
+    try:
+        return httpx.get(f"{relay.http}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

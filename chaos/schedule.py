@@ -1,0 +1,70 @@
+"""Profiles and the seeded fault schedule (pure: a seed gives the same schedule)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FAULT_KINDS = ("kill9", "sigstop", "partition", "relay_kill")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    executors: int  # of the main app; one more runs the decoy app
+    fault_secs: float  # faults happen in [warmup, fault_secs)
+    warmup_secs: float
+    heal_timeout_secs: float  # after the faults: how long every workflow may take to finish
+    workload_interval_secs: float  # each executor starts a workflow this often
+    grace_secs: float
+    ping_interval_secs: float
+    ping_wait_secs: float
+    fault_gap_secs: tuple[float, float]  # quiet time between one fault's end and the next
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        return cls(**{**data, "fault_gap_secs": tuple(data["fault_gap_secs"])})
+
+
+PROFILES = {
+    "ci": Profile("ci", executors=3, fault_secs=150, warmup_secs=10, heal_timeout_secs=150,
+                  workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
+                  fault_gap_secs=(2.0, 6.0)),
+    "quick": Profile("quick", executors=3, fault_secs=45, warmup_secs=8, heal_timeout_secs=90,
+                     workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
+                     fault_gap_secs=(1.0, 3.0)),
+    "soak": Profile("soak", executors=4, fault_secs=1800, warmup_secs=15, heal_timeout_secs=300,
+                    workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
+                    fault_gap_secs=(3.0, 12.0)),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the start of the run
+    kind: str
+    target: int  # executor slot; -1 for Relay
+    duration: float  # how long a SIGSTOP or a partition lasts; 0 otherwise
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_schedule(seed: int, profile: Profile) -> list[Fault]:
+    """One fault at a time, so a peer of the main app is always there to recover onto."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    t = profile.warmup_secs
+    while t < profile.fault_secs:
+        kind = rng.choices(FAULT_KINDS, weights=(4, 2, 2, 1))[0]
+        target = -1 if kind == "relay_kill" else rng.randrange(profile.executors)
+        # A pause or a partition outlasts the grace period, so the executor is declared dead.
+        duration = round(profile.grace_secs + profile.ping_wait_secs + rng.uniform(1.0, 4.0), 2)
+        duration = duration if kind in ("sigstop", "partition") else 0.0
+        faults.append(Fault(round(t, 2), kind, target, duration))
+        t += duration + rng.uniform(*profile.fault_gap_secs) + profile.grace_secs
+    return faults

@@ -1,0 +1,87 @@
+"""The chaos checker must reject broken histories, and accept a sound one."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from chaos.checker import History, check, figures
+from chaos.schedule import PROFILES, make_schedule
+
+
+def audit(executor: str, *actions: str) -> list[dict[str, object]]:
+    return [
+        {"executorId": executor, "action": a, "at": f"2026-11-30T00:00:{i:02d}Z", "peerExecutorId": None}
+        for i, a in enumerate(actions)
+    ]
+
+
+def sound() -> History:
+    return History(
+        workflows={"w1": ("SUCCESS", "ledger"), "w2": ("SUCCESS", "ledger"), "b1": ("SUCCESS", "billing")},
+        outcomes=[("w1", "e2", "ledger"), ("w2", "e1", "ledger"), ("b1", "d1", "billing")],
+        steps=[("w1", "one", "e1", "ledger"), ("w1", "one", "e2", "ledger"), ("b1", "one", "d1", "billing")],
+        audit=audit("e1", "executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"),
+        registry={"e2": {"state": "HEALTHY"}},
+        faults=[{"at": 1796000000.0, "kind": "kill9", "executor": "e1"}],
+    )
+
+
+def test_a_sound_history_passes_and_counts_reexecutions() -> None:
+    h = sound()
+    assert check(h) == []
+    numbers = figures(h)
+    assert numbers["workflows_started"] == 3 and numbers["outcomes"] == 3
+    assert numbers["step_reexecutions"] == 1
+
+
+def test_a_lost_workflow_is_rejected() -> None:
+    h = sound()
+    h.workflows["w3"] = ("PENDING", "ledger")
+    assert any("w3 never finished" in p for p in check(h))
+    h = sound()
+    h.outcomes = [o for o in h.outcomes if o[0] != "w2"]
+    assert any("w2 (SUCCESS) has 0 outcomes" in p for p in check(h))
+
+
+def test_a_doubled_outcome_is_rejected() -> None:
+    h = sound()
+    h.outcomes.append(("w1", "e1", "ledger"))
+    assert any("w1 (SUCCESS) has 2 outcomes" in p for p in check(h))
+
+
+def test_a_cross_app_recovery_is_rejected() -> None:
+    h = sound()
+    h.steps.append(("w2", "two", "d1", "billing"))
+    assert any("ledger workflow w2" in p and "billing executor d1" in p for p in check(h))
+    h = sound()
+    h.outcomes[0] = ("w1", "d1", "billing")
+    assert any("finished on billing executor d1" in p for p in check(h))
+
+
+@pytest.mark.parametrize("missing", ["recovery.dispatched", "recovery.succeeded", "executor.dead"])
+def test_a_missing_audit_entry_is_rejected(missing: str) -> None:
+    h = sound()
+    h.audit = [e for e in h.audit if e["action"] != missing]
+    problems = check(h)
+    assert problems, missing
+    assert any(missing in p for p in problems) or missing == "executor.dead"
+
+
+def test_a_dead_executor_neither_recovered_nor_blocked_is_rejected() -> None:
+    h = sound()
+    h.audit = audit("e1", "executor.dead", "recovery.dispatched")
+    h.registry["e1"] = {"state": "RECOVERING"}
+    assert any("e1 was declared dead but neither recovered nor blocked" in p for p in check(h))
+    h.registry["e1"] = {"state": "DEAD", "blockedReason": "no_healthy_peer"}
+    assert check(h) == []
+
+
+def test_schedules_are_reproducible_and_leave_a_peer() -> None:
+    profile = PROFILES["ci"]
+    a, b = make_schedule(7, profile), make_schedule(7, profile)
+    assert a == b and a != make_schedule(8, profile)
+    assert {f.kind for f in make_schedule(1, PROFILES["soak"])} == {"kill9", "sigstop", "partition", "relay_kill"}
+    for earlier, later in itertools.pairwise(a):
+        assert later.at >= earlier.at + earlier.duration  # one fault at a time
