@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 
 from chaos.checker import History, check, figures
 from chaos.schedule import Fault, Profile
-from tests.support.harness import CONDUCTOR_KEYS, Postgres, RelayProcess, free_port, relay_yaml
+from tests.support.harness import CONDUCTOR_KEYS, Postgres, RelayProcess, await_ready, free_port, relay_yaml
 from tests.support.proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +85,10 @@ class Fleet:
             [sys.executable, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
         )
         log.close()
-        slot.executor_id = _await_ready(slot.proc)
+        executor_id = await_ready(slot.proc)
+        if executor_id is None:
+            raise RuntimeError(f"chaos executor {slot.index} ({slot.app}) did not start; see {self.workdir}")
+        slot.executor_id = executor_id
         slot.ids.append(slot.executor_id)
 
     def stop(self) -> None:
@@ -102,25 +102,6 @@ class Fleet:
             slot.proxy.__exit__(None, None, None)
         self.relay.stop()
         self.pg.close()
-
-
-def _await_ready(proc: subprocess.Popen[bytes]) -> str:
-    found: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            match = re.match(rb"READY (\S+)", line)
-            if match:
-                found.append(match.group(1).decode())
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(60)
-    if not found:
-        raise RuntimeError("a chaos executor did not start")
-    return found[0]
 
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
@@ -232,10 +213,3 @@ def relay_errors(workdir: Path) -> list[str]:
     log = workdir / "relay-1.log"
     text = log.read_text(errors="replace") if log.exists() else ""
     return [line for line in text.splitlines() if " ERROR " in line][:20]
-
-
-def api_ok(relay: RelayProcess) -> bool:
-    try:
-        return httpx.get(f"{relay.http}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False

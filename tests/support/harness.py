@@ -201,6 +201,24 @@ class RelayProcess:
         return record["state"] if record else None
 
 
+def await_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> str | None:
+    """The executor id from the ``READY <id>`` line an executor prints once launched."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.match(rb"READY (\S+)", line)
+            if match:
+                found.append(match.group(1).decode())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
 class ExecutorProcess:
     """A real DBOS application (tests/support/executor_app.py) in a subprocess."""
 
@@ -229,24 +247,11 @@ class ExecutorProcess:
         self.executor_id = self._wait_ready()
 
     def _wait_ready(self) -> str:
-        assert self.proc.stdout is not None
-        found: list[str] = []
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                match = re.match(rb"READY (\S+)", line)
-                if match:
-                    found.append(match.group(1).decode())
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(60)
-        if not found:
+        executor_id = await_ready(self.proc)
+        if executor_id is None:
             self.stop()
             raise RuntimeError(f"executor did not start:\n{self.log_path.read_text(errors='replace')}")
-        return found[0]
+        return executor_id
 
     def kill(self) -> None:
         """kill -9: the process gets no chance to close its socket politely."""
