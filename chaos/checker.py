@@ -100,15 +100,16 @@ def _percentile(values: list[float], p: float) -> float | None:
 def figures(h: History) -> dict[str, Any]:
     step_runs = Counter((w, s) for w, s, _, _ in h.steps)
     recovery_secs = []
-    deleted_at = {
-        e["executorId"]: datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
+    deletions = [
+        (e["executorId"], datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp())
         for e in h.audit
         if e["action"] == "executor.deleted"
-    }
+    ]
     for fault in h.faults:
-        executor = fault.get("executor")
-        if executor in deleted_at:
-            recovery_secs.append(deleted_at[executor] - fault["at"])
+        # The first recovery of that executor after the fault (one that resumed may die again later).
+        after = [at for executor, at in deletions if executor == fault.get("executor") and at >= fault["at"]]
+        if after:
+            recovery_secs.append(min(after) - fault["at"])
     return {
         "workflows_started": len(h.workflows),
         "workflows_finished": sum(1 for status, _ in h.workflows.values() if status in TERMINAL),

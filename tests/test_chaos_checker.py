@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from datetime import UTC, datetime
 
 import pytest
 
@@ -34,6 +35,14 @@ def test_a_sound_history_passes_and_counts_reexecutions() -> None:
     numbers = figures(h)
     assert numbers["workflows_started"] == 3 and numbers["outcomes"] == 3
     assert numbers["step_reexecutions"] == 1
+
+
+def test_fault_to_recovery_takes_the_first_recovery_after_each_fault() -> None:
+    h = sound()
+    start = datetime(2026, 11, 30, tzinfo=UTC).timestamp()
+    h.faults = [{"at": start - 5.0, "kind": "sigstop", "executor": "e1"}]
+    h.audit += [{**h.audit[-1], "at": "2026-11-30T00:01:00Z"}]  # it came back and died again later
+    assert figures(h)["fault_to_recovery_secs"]["max"] == 8.0  # deleted at 00:00:03, not 00:01:00
 
 
 def test_a_lost_workflow_is_rejected() -> None:
