@@ -51,12 +51,15 @@ def _epoch_ms_iso(value: object) -> str | None:
         return None
 
 
+def _settings(app: AppRecord) -> dict[str, Any]:
+    return {"executorTimeoutSecs": app.executor_timeout_secs, "recoverToLatestVersion": app.recover_to_latest_version}
+
+
 def app_json(app: AppRecord) -> dict[str, Any]:
     return {
         "org": app.org,
         "name": app.name,
-        "executorTimeoutSecs": app.executor_timeout_secs,
-        "recoverToLatestVersion": app.recover_to_latest_version,
+        **_settings(app),
         "executors": {state.value: n for state, n in app.counts.items()},
     }
 
@@ -158,16 +161,7 @@ async def patch_app(org: str, app: str, settings: AppSettings, rt: Rt, who: Admi
         AuditEntry(
             "settings.updated",
             f"api:{who.name}",
-            detail={
-                "before": {
-                    "executorTimeoutSecs": before.executor_timeout_secs,
-                    "recoverToLatestVersion": before.recover_to_latest_version,
-                },
-                "after": {
-                    "executorTimeoutSecs": after.executor_timeout_secs,
-                    "recoverToLatestVersion": after.recover_to_latest_version,
-                },
-            },
+            detail={"before": _settings(before), "after": _settings(after)},
         ),
     )
     # A recovery waiting for an operator may now be allowed to go on.
