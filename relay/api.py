@@ -355,9 +355,12 @@ async def healthz() -> dict[str, str]:
 
 @ops.get("/readyz")
 async def readyz(rt: Rt) -> JSONResponse:
-    if await rt.db.ping():
-        return JSONResponse({"status": "ready", "instance": rt.instance_id})
-    return error_response(503, "database_unreachable", "the database does not answer")
+    if not await rt.db.ping():
+        return error_response(503, "database_unreachable", "the database does not answer")
+    if not rt.lease.held:
+        why = "taken over by another instance" if rt.lease.fenced else "not renewed in time"
+        return error_response(503, "lease_not_held", f"instance {rt.instance_id}: lease {why}")
+    return JSONResponse({"status": "ready", "instance": rt.instance_id, "leaseEpoch": rt.lease.epoch})
 
 
 @ops.get("/metrics", response_class=PlainTextResponse)

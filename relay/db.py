@@ -131,6 +131,18 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE executors ADD COLUMN previous_epoch bigint;
         """,
     ),
+    (
+        4,
+        """
+        CREATE TABLE relay_instances (
+            instance_id         text PRIMARY KEY,
+            lease_epoch         bigint NOT NULL,
+            lease_expires_at    timestamptz NOT NULL,
+            started_at          timestamptz NOT NULL,
+            renewed_at          timestamptz NOT NULL
+        );
+        """,
+    ),
 ]
 
 

@@ -14,6 +14,7 @@ from relay.config import RelayConfig
 from relay.db import Database
 from relay.durable import Durable
 from relay.hub import Hub
+from relay.lease import Lease
 from relay.recoveries import RecoveryStore
 from relay.registry import Registry
 
@@ -32,12 +33,15 @@ class Runtime:
         self.keyring = KeyRing(config)
         self.hub = Hub(config, self.keyring, self.registry, instance_id)
         self.durable = Durable(self)
+        self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.hub.events = self.durable
 
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
         await self.registry.sync_config(self.config)
+        await self.lease.acquire()
+        self.lease.start()
         # Sockets do not survive a restart: whatever this instance held before is gone.
         stale = await self.registry.disconnect_instance(self.instance_id)
         if stale:
@@ -56,7 +60,10 @@ class Runtime:
         finally:
             await self.durable.stop_workers()
             await asyncio.to_thread(self.durable.destroy)
-            await self.db.close()
+            try:
+                await self.lease.stop()  # last: the lease covers every write above
+            finally:
+                await self.db.close()
 
     @asynccontextmanager
     async def lifespan(self, _app: Any) -> AsyncIterator[None]:
@@ -74,6 +81,9 @@ class Runtime:
             "# HELP relay_pending_handshakes Sockets accepted but not yet past executor_info.",
             "# TYPE relay_pending_handshakes gauge",
             f"relay_pending_handshakes {self.hub.pending_handshakes}",
+            "# HELP relay_lease_held Whether this instance holds its lease (1) or not (0).",
+            "# TYPE relay_lease_held gauge",
+            f"relay_lease_held {int(self.lease.held)}",
             "# HELP relay_hub_events_total Hub events on this instance, by kind.",
             "# TYPE relay_hub_events_total counter",
         ]

@@ -1,0 +1,98 @@
+"""This instance's lease (contract rule 5): a row renewed well within ``instanceLeaseSecs``.
+
+The lease is *held* while the last renewal that the database confirmed was
+sent less than ``instanceLeaseSecs`` ago, by this process's monotonic clock:
+an instance that was paused (``SIGSTOP``) or cut off from the database past
+its lease does not count itself ready until a renewal succeeds again. A
+renewal succeeds only while the row's ``lease_epoch`` is still this
+instance's: an instance that adopts an expired lease raises the epoch, and
+the old holder then knows it was fenced out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from relay.db import Database
+from relay.errors import DatabaseError
+
+log = logging.getLogger("relay.lease")
+
+
+class Lease:
+    def __init__(self, db: Database, instance_id: str, lease_secs: float) -> None:
+        self.db = db
+        self.instance_id = instance_id
+        self.lease_secs = lease_secs
+        self.epoch: int | None = None
+        self.fenced = False
+        self._valid_until = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> bool:
+        return not self.fenced and asyncio.get_running_loop().time() < self._valid_until
+
+    async def acquire(self) -> int:
+        """Take this instance's lease at start-up, with a new epoch."""
+        sent = asyncio.get_running_loop().time()
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
+                                                    renewed_at)
+                   VALUES (%(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now())
+                   ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
+                       lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now()
+                   RETURNING lease_epoch""",
+                {"id": self.instance_id, "secs": self.lease_secs},
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        self.epoch = int(row["lease_epoch"])
+        self.fenced = False
+        self._valid_until = sent + self.lease_secs
+        log.info("instance %s holds its lease (epoch %d)", self.instance_id, self.epoch)
+        return self.epoch
+
+    async def renew(self) -> bool:
+        sent = asyncio.get_running_loop().time()
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """UPDATE relay_instances SET lease_expires_at = now() + make_interval(secs => %s),
+                          renewed_at = now()
+                   WHERE instance_id = %s AND lease_epoch = %s""",
+                (self.lease_secs, self.instance_id, self.epoch),
+            )
+        if cur.rowcount != 1:
+            if not self.fenced:
+                log.error("instance %s lost its lease (epoch %s): another instance took it over",
+                          self.instance_id, self.epoch)  # fmt: skip
+            self.fenced = True
+            return False
+        self._valid_until = sent + self.lease_secs
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._keep())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.epoch is not None and not self.fenced:
+            # Stopping cleanly: the lease ends now rather than when it would run out.
+            async with self.db.connection() as conn:
+                await conn.execute(
+                    """UPDATE relay_instances SET lease_expires_at = now()
+                       WHERE instance_id = %s AND lease_epoch = %s""",
+                    (self.instance_id, self.epoch),
+                )
+
+    async def _keep(self) -> None:
+        while not self.fenced:
+            await asyncio.sleep(self.lease_secs / 3)
+            try:
+                await self.renew()
+            except DatabaseError as exc:
+                log.warning("instance %s could not renew its lease: %s", self.instance_id, exc)
