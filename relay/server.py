@@ -45,6 +45,10 @@ def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
         timeout_graceful_shutdown=5,
         log_config=None,
         access_log=False,
+        # Relay logs the peer address as the socket sees it; a proxy's X-Forwarded-For
+        # would only cost a middleware layer on every handshake.
+        proxy_headers=False,
+        server_header=False,
     )
 
 
