@@ -19,8 +19,6 @@ from psycopg.types.json import Jsonb
 from relay.db import Database
 from relay.registry import ExecutorKey
 
-RECOVERY_STATUSES = ("dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed")
-
 
 @dataclass(frozen=True)
 class AuditEntry:
