@@ -310,7 +310,7 @@ async def get_executor_workflows(
     if status:
         filters["status"] = status
     try:
-        reply = await rt.hub.request(key, list_workflows(**filters), rt.config.liveness.recovery_ack_timeout_secs)
+        reply = await rt.router.request(key, list_workflows(**filters), rt.config.liveness.recovery_ack_timeout_secs)
     except ExecutorNotConnected as exc:
         raise ApiError(409, "executor_not_connected", str(exc)) from exc
     except ExecutorTimeout as exc:

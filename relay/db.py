@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from relay.errors import DatabaseError
+from relay.errors import DatabaseError, Fenced
 
 log = logging.getLogger("relay.db")
 
@@ -143,6 +143,34 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        5,
+        """
+        -- Adoption: the instance that took over an expired lease. It (or whoever adopts
+        -- it in turn) recovers the adopted instance's DBOS workflows.
+        ALTER TABLE relay_instances ADD COLUMN adopted_by text;
+        ALTER TABLE relay_instances ADD COLUMN adopted_at timestamptz;
+        CREATE INDEX relay_instances_adopted_by ON relay_instances (adopted_by);
+        -- Requests to an executor whose socket another instance holds, and their replies.
+        CREATE TABLE relay_rpc (
+            id                  bigserial PRIMARY KEY,
+            target_instance     text NOT NULL,
+            requester_instance  text NOT NULL,
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            executor_id         text NOT NULL,
+            request             jsonb NOT NULL,
+            timeout_secs        double precision NOT NULL,
+            reply               jsonb,
+            error_kind          text,
+            error               text,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            picked_at           timestamptz,
+            answered_at         timestamptz
+        );
+        CREATE INDEX relay_rpc_unpicked ON relay_rpc (target_instance) WHERE picked_at IS NULL;
+        """,
+    ),
 ]
 
 
@@ -151,6 +179,8 @@ class Database:
 
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 16) -> None:
         self.url = url
+        # (instance id, lease epoch) that :meth:`fenced` checks; set by relay.lease.Lease.
+        self.fence: tuple[str, int] | None = None
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
             url,
             connection_class=psycopg.AsyncConnection[dict[str, Any]],
@@ -179,6 +209,33 @@ class Database:
             raise DatabaseError(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:
             raise DatabaseError(f"database error: {exc}") from exc
+
+    @asynccontextmanager
+    async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        """A transaction that commits only while this instance holds its lease.
+
+        It first locks this instance's lease row ``FOR SHARE``, checking the
+        epoch and the expiry: an instance that was paused past its lease, or
+        whose lease another instance adopted, gets :class:`Fenced` and writes
+        nothing. The lock makes the check hold until the commit: an adoption
+        (an UPDATE of that row) waits for this transaction, then finds the
+        lease renewed or still expired as the case may be.
+        """
+        if self.fence is None:
+            raise Fenced("this instance holds no lease yet")
+        instance, epoch = self.fence
+        async with self.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                """SELECT lease_epoch, lease_expires_at > now() AS live FROM relay_instances
+                   WHERE instance_id = %s FOR SHARE""",
+                (instance,),
+            )
+            row = await cur.fetchone()
+            if row is None or row["lease_epoch"] != epoch:
+                raise Fenced(f"instance {instance}: lease epoch {epoch} was taken over")
+            if not row["live"]:
+                raise Fenced(f"instance {instance}: lease epoch {epoch} has expired")
+            yield conn
 
     async def ping(self) -> bool:
         try:

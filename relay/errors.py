@@ -7,6 +7,7 @@ only these::
     RelayError
     ├── ConfigError            relay.yaml missing, unreadable or invalid
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
+    │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
     ├── ProtocolError          a frame from an executor broke the protocol
     └── ExecutorRequestError   a request to a connected executor did not get an answer
         ├── ExecutorNotConnected   no socket to that executor on this instance
@@ -27,6 +28,15 @@ class ConfigError(RelayError):
 
 class DatabaseError(RelayError):
     """PostgreSQL could not be reached, or a statement failed."""
+
+
+class Fenced(DatabaseError):
+    """This instance's lease expired or was taken over: a write bound to what it owns was refused.
+
+    A subclass of :class:`DatabaseError` so that a workflow step retries it: the
+    lease comes back at the next renewal, or the instance exits if another one
+    has adopted it.
+    """
 
 
 class ProtocolError(RelayError):

@@ -7,12 +7,19 @@ its lease does not count itself ready until a renewal succeeds again. A
 renewal succeeds only while the row's ``lease_epoch`` is still this
 instance's: an instance that adopts an expired lease raises the epoch, and
 the old holder then knows it was fenced out.
+
+Every write bound to what this instance owns goes through
+:meth:`relay.db.Database.fenced`, which checks the same row in the same
+transaction: the lease, not this process's belief, decides. When a renewal
+finds the epoch taken over, ``on_fenced`` is called (the runtime exits: the
+process manager starts it again with a new epoch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from relay.db import Database
 from relay.errors import DatabaseError
@@ -29,6 +36,7 @@ class Lease:
         self.fenced = False
         self._valid_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        self.on_fenced: Callable[[], None] | None = None
 
     @property
     def held(self) -> bool:
@@ -43,7 +51,8 @@ class Lease:
                                                     renewed_at)
                    VALUES (%(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now())
                    ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
-                       lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now()
+                       lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
+                       adopted_by = NULL, adopted_at = NULL
                    RETURNING lease_epoch""",
                 {"id": self.instance_id, "secs": self.lease_secs},
             )
@@ -51,6 +60,7 @@ class Lease:
         assert row is not None
         self.epoch = int(row["lease_epoch"])
         self.fenced = False
+        self.db.fence = (self.instance_id, self.epoch)
         self._valid_until = sent + self.lease_secs
         log.info("instance %s holds its lease (epoch %d)", self.instance_id, self.epoch)
         return self.epoch
@@ -69,6 +79,8 @@ class Lease:
                 log.error("instance %s lost its lease (epoch %s): another instance took it over",
                           self.instance_id, self.epoch)  # fmt: skip
             self.fenced = True
+            if self.on_fenced is not None:
+                self.on_fenced()
             return False
         self._valid_until = sent + self.lease_secs
         return True

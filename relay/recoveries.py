@@ -1,6 +1,7 @@
 """Recovery records, their attempts and the audit log.
 
-Each method is one transaction that makes a state change of the executor
+Each method is one fenced transaction (:meth:`relay.db.Database.fenced`:
+refused unless this instance holds its lease) that makes a state change of the executor
 (a guarded UPDATE on state and epoch) together with the recovery row and the
 audit entries that describe it. The recovery workflow calls them from its
 steps; a step re-run after a crash finds the change already made (and the
@@ -92,12 +93,12 @@ class RecoveryStore:
         self.db = db
 
     async def audit(self, org: str, app: str | None, entry: AuditEntry) -> None:
-        async with self.db.connection() as conn:
+        async with self.db.fenced() as conn:
             await write_audit(conn, org, app, entry)
 
     async def declare_dead(self, key: ExecutorKey, epoch: int, actor: str, dedupe: str) -> bool:
         """DISCONNECTED -> DEAD for this epoch. True if it is DEAD (or beyond) at this epoch now."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """UPDATE executors SET state = 'DEAD', dead_at = now()
                    WHERE org = %s AND app = %s AND executor_id = %s AND state = 'DISCONNECTED' AND epoch = %s
@@ -112,7 +113,7 @@ class RecoveryStore:
 
     async def open(self, rid: str, key: ExecutorKey, epoch: int, trigger: str) -> str | None:
         """Create the recovery row (once); returns the dead executor's version, None if it is gone."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 "SELECT application_version FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
                 (key.org, key.app, key.executor_id),
@@ -135,7 +136,7 @@ class RecoveryStore:
 
     async def set_blocked(self, rid: str, key: ExecutorKey, epoch: int, reason: str, status: str, dedupe: str) -> None:
         action = f"recovery.{status}"
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             await conn.execute(
                 """UPDATE executors SET blocked_reason = %s
                    WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s AND state = 'DEAD'""",
@@ -157,7 +158,7 @@ class RecoveryStore:
         dedupe: str,
     ) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """UPDATE executors SET state = 'RECOVERING', blocked_reason = NULL
                    WHERE org = %s AND app = %s AND executor_id = %s AND state = 'DEAD' AND epoch = %s""",
@@ -188,7 +189,7 @@ class RecoveryStore:
         self, rid: str, key: ExecutorKey, epoch: int, attempt: int, peer: str, error: str, dedupe: str
     ) -> None:
         """RECOVERING -> DEAD, the attempt marked failed."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             await conn.execute(
                 """UPDATE executors SET state = 'DEAD'
                    WHERE org = %s AND app = %s AND executor_id = %s AND state = 'RECOVERING' AND epoch = %s""",
@@ -210,7 +211,7 @@ class RecoveryStore:
 
     async def succeed(self, rid: str, key: ExecutorKey, epoch: int, attempt: int, peer: str, dedupe: str) -> bool:
         """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """DELETE FROM executors
                    WHERE org = %s AND app = %s AND executor_id = %s AND state = 'RECOVERING' AND epoch = %s""",
@@ -231,7 +232,7 @@ class RecoveryStore:
 
     async def abandon(self, rid: str, key: ExecutorKey, reason: str, dedupe: str) -> None:
         """The executor came back (or vanished): this recovery ends without deleting anything."""
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.fenced() as conn:
             await self._status(conn, rid, "failed", reason)
             await audit_executor(
                 conn, key, "recovery.failed", dedupe, detail={"error": reason, "recoveryId": rid, "final": True}

@@ -4,7 +4,8 @@ Every change of an executor's state goes through :meth:`Registry.transition`
 or :meth:`Registry.connected`: a guarded UPDATE whose WHERE names the states
 the lifecycle allows (and the epoch where the caller knows it), with
 timestamps taken from the database. A row count of zero means somebody else
-moved first, and the caller is told so instead of overwriting.
+moved first, and the caller is told so instead of overwriting. Writes bound to
+what this instance owns are fenced by its lease (:meth:`Database.fenced`).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class Registry:
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-        async with self.db.connection() as conn:
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """INSERT INTO executors AS e (org, app, executor_id, state, application_version,
                         hostname, language, dbos_version, metadata, connected_at, relay_instance)
@@ -239,7 +240,7 @@ class Registry:
             "AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s) "
             "AND (%(instance)s::text IS NULL OR relay_instance = %(instance)s)"
         )
-        async with self.db.connection() as conn:
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 query,
                 {
@@ -259,7 +260,7 @@ class Registry:
 
         After a crash the sockets are gone but their rows still say HEALTHY.
         """
-        async with self.db.connection() as conn:
+        async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """UPDATE executors SET state = 'DISCONNECTED', disconnected_at = now()
                    WHERE relay_instance = %s AND state = 'HEALTHY'""",

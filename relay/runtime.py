@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from relay import __version__
+from relay.adoption import Adopter
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.db import Database
@@ -17,8 +20,11 @@ from relay.hub import Hub
 from relay.lease import Lease
 from relay.recoveries import RecoveryStore
 from relay.registry import Registry
+from relay.router import Router
 
 log = logging.getLogger("relay")
+
+EXIT_FENCED = 3
 
 
 class Runtime:
@@ -34,6 +40,9 @@ class Runtime:
         self.hub = Hub(config, self.keyring, self.registry, instance_id)
         self.durable = Durable(self)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
+        self.lease.on_fenced = self._fenced
+        self.router = Router(self.db, self.hub, instance_id)
+        self.adopter = Adopter(self)
         self.hub.events = self.durable
 
     async def start(self) -> None:
@@ -48,22 +57,42 @@ class Runtime:
             log.info("marked %d executors of a previous run of instance %s DISCONNECTED", stale, self.instance_id)
         # DBOS resumes this instance's pending workflows (grace periods, recoveries)
         # as it launches; then every DISCONNECTED executor gets its grace period.
+        self.router.start()
         await asyncio.to_thread(self.durable.launch, asyncio.get_running_loop())
         self.durable.start_workers()
+        await self.adopter.recover_adopted()
         await self.durable.sweep()
+        self.adopter.start()
 
     async def stop(self) -> None:
+        await self.adopter.stop()
         await self.hub.close_all()
         try:
             await self.registry.disconnect_instance(self.instance_id)
             await self.durable.sweep()
         finally:
             await self.durable.stop_workers()
+            await self.router.stop()
             await asyncio.to_thread(self.durable.destroy)
             try:
                 await self.lease.stop()  # last: the lease covers every write above
             finally:
                 await self.db.close()
+
+    def _fenced(self) -> None:
+        """Another instance adopted this one's lease (it was paused or cut off past it).
+
+        Whatever this process still believes it owns belongs to the adopter now;
+        every fenced write already fails. It stops at once, without the graceful
+        shutdown's writes, and its process manager starts it again with a new
+        lease epoch.
+        """
+        log.critical("instance %s: lease taken over by another instance; exiting (code %d)",
+                     self.instance_id, EXIT_FENCED)  # fmt: skip
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FENCED)
 
     @asynccontextmanager
     async def lifespan(self, _app: Any) -> AsyncIterator[None]:
@@ -84,6 +113,12 @@ class Runtime:
             "# HELP relay_lease_held Whether this instance holds its lease (1) or not (0).",
             "# TYPE relay_lease_held gauge",
             f"relay_lease_held {int(self.lease.held)}",
+            "# HELP relay_requests_relayed_total Requests this instance sent to its executors for another instance.",
+            "# TYPE relay_requests_relayed_total counter",
+            f"relay_requests_relayed_total {self.router.relayed}",
+            "# HELP relay_instances_adopted_total Instances whose expired lease this instance adopted.",
+            "# TYPE relay_instances_adopted_total counter",
+            f"relay_instances_adopted_total {self.adopter.adopted}",
             "# HELP relay_hub_events_total Hub events on this instance, by kind.",
             "# TYPE relay_hub_events_total counter",
         ]

@@ -37,8 +37,8 @@ def evidence_db(postgres: Postgres) -> str:
 def start_relay(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 
-    def start(config: dict[str, Any] | None = None, **liveness: Any) -> RelayProcess:
-        relay = RelayProcess(tmp_path, relay_db, config or relay_yaml(free_port(), **liveness))
+    def start(config: dict[str, Any] | None = None, instance_id: str = "relay-1", **liveness: Any) -> RelayProcess:
+        relay = RelayProcess(tmp_path, relay_db, config or relay_yaml(free_port(), **liveness), instance_id)
         started.append(relay)
         return relay.start()
 

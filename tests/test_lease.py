@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
-from tests.support.harness import RelayProcess, assert_eventually
+from relay.config import RelayConfig
+from relay.db import Database
+from relay.errors import Fenced
+from relay.lease import Lease
+from relay.lifecycle import ExecutorEvent
+from relay.protocol import ExecutorInfo
+from relay.recoveries import AuditEntry, RecoveryStore
+from relay.registry import ExecutorKey, Registry
+from tests.support.harness import Postgres, RelayProcess, assert_eventually, free_port, relay_yaml
 
 StartRelay = Callable[..., RelayProcess]
 
@@ -44,12 +55,72 @@ def test_paused_past_its_lease_it_renews_when_nobody_took_over(start_relay: Star
     assert readyz(relay).json()["leaseEpoch"] == epoch
 
 
-def test_a_lease_taken_over_makes_the_instance_unready(start_relay: StartRelay) -> None:
+def test_an_instance_whose_lease_is_taken_over_exits_at_its_next_renewal(start_relay: StartRelay) -> None:
     relay = start_relay(instanceLeaseSecs=0.6)
     # What an adopting instance does to an expired lease: raise its epoch.
     with psycopg.connect(relay.database_url, autocommit=True) as conn:
         conn.execute("UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = 'relay-1'")
-    resp = assert_eventually(lambda: (r := readyz(relay)).status_code == 503 and r, 3)
-    assert resp.json()["error"]["code"] == "lease_not_held"
-    assert "taken over" in resp.json()["error"]["message"]
+    assert relay.proc is not None
+    assert relay.proc.wait(5) == 3
     assert "lost its lease" in relay.log()
+    assert "lease taken over by another instance; exiting (code 3)" in relay.log()
+
+
+async def _fenced_writes(url: str) -> None:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await Registry(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "fence-test", 30)
+        await lease.acquire()
+        registry, store = Registry(db), RecoveryStore(db)
+        info = ExecutorInfo("ex-1", "v1", "host", "python", "3.2.0", None)
+        epoch, _ = await registry.connected("acme", "ledger", info, "fence-test")
+        key = ExecutorKey("acme", "ledger", "ex-1")
+        assert await registry.transition(key, ExecutorEvent.LOST, epoch=epoch, instance="fence-test")
+
+        async def snapshot() -> tuple[Any, ...]:
+            async with db.connection() as conn:
+                rows = await (await conn.execute("SELECT * FROM executors ORDER BY executor_id")).fetchall()
+                audit = await (await conn.execute("SELECT count(*) AS n FROM audit_log")).fetchone()
+            return (rows, audit)
+
+        writes = {
+            "declare_dead": lambda: store.declare_dead(key, epoch, "relay", "d1"),
+            "connected": lambda: registry.connected("acme", "ledger", info, "fence-test"),
+            "lost": lambda: registry.transition(key, ExecutorEvent.LOST, epoch=epoch),
+            "disconnect_instance": lambda: registry.disconnect_instance("fence-test"),
+            "open": lambda: store.open("r1", key, epoch, "operator"),
+            "audit": lambda: store.audit("acme", "ledger", AuditEntry("settings.updated", "relay")),
+        }
+        async with db.connection() as conn:
+            await conn.execute(
+                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' WHERE instance_id = %s",
+                ("fence-test",),
+            )
+        before = await snapshot()
+        for name, write in writes.items():  # expired, not yet taken over
+            with pytest.raises(Fenced, match="expired"):
+                await write()
+            assert await snapshot() == before, name
+        assert await lease.renew()  # nobody adopted it: the next renewal makes it whole again
+        assert await store.declare_dead(key, epoch, "relay", "d1")
+        before = await snapshot()
+        async with db.connection() as conn:  # another instance adopts the lease
+            await conn.execute(
+                "UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = %s", ("fence-test",)
+            )
+        writes["dispatch"] = lambda: store.dispatch("r1", key, epoch, 1, "peer", "same_version", None, 0, "x")
+        for name, write in writes.items():
+            with pytest.raises(Fenced, match="taken over"):
+                await write()
+            assert await snapshot() == before, name
+        assert not await lease.renew()
+        assert lease.fenced
+    finally:
+        await db.close()
+
+
+def test_every_ownership_bound_write_is_refused_without_the_lease(postgres: Postgres) -> None:
+    asyncio.run(_fenced_writes(postgres.create_database("fence")))

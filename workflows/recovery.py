@@ -43,11 +43,12 @@ def _dedupe() -> str:
 
 
 async def _ask(org: str, app: str, peer: str, request: Request, timeout: float) -> Result:
-    """Send a request to a peer; ``{"ok": False, "error": ...}`` instead of raising."""
+    """Send a request to a peer, through whichever instance holds its socket;
+    ``{"ok": False, "error": ...}`` instead of raising."""
     svc = services()
     try:
         reply = await svc.call(
-            svc.runtime.hub.request(ExecutorKey(org, app, peer), request, timeout, await_connection=True)
+            svc.runtime.router.request(ExecutorKey(org, app, peer), request, timeout, await_connection=True)
         )
     except ExecutorRequestError as exc:
         return {"ok": False, "error": str(exc)}

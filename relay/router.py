@@ -1,0 +1,287 @@
+"""Requests to executors, wherever their sockets are.
+
+An executor's socket is on one instance, the one its row names
+(``executors.relay_instance``); the workflow or API call that wants to ask it
+something may run on another. :meth:`Router.request` asks the local hub when
+the socket is here, and otherwise hands the request to the owner through
+PostgreSQL: a row in ``relay_rpc`` and a ``NOTIFY`` on the owner's channel.
+The owner claims the row (once), sends the frame over its socket, writes the
+reply into the row and notifies the requester's channel.
+
+Notifications are a wake-up, not the record: each side also polls the table
+every :data:`POLL_SECS`, so a notification lost to a dropped listening
+connection costs a second, not a request. A request the owner never claimed
+is withdrawn when the requester gives up, and rows are deleted once read (or
+after :data:`KEEP_SECS` if nobody read them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from relay.errors import (
+    DatabaseError,
+    ExecutorGone,
+    ExecutorNotConnected,
+    ExecutorRequestError,
+    ExecutorTimeout,
+)
+from relay.protocol import MessageType, Reply, Request
+from relay.registry import ExecutorKey
+
+if TYPE_CHECKING:
+    from relay.db import Database
+    from relay.hub import Hub
+
+log = logging.getLogger("relay.router")
+
+POLL_SECS = 1.0
+KEEP_SECS = 600.0
+# How often a request for an executor that is not connected anywhere looks again.
+OWNER_RECHECK_SECS = 0.1
+
+_ERRORS: dict[str, type[ExecutorRequestError]] = {
+    "not_connected": ExecutorNotConnected,
+    "timeout": ExecutorTimeout,
+    "gone": ExecutorGone,
+}
+
+
+def channel(instance_id: str) -> str:
+    """The instance's NOTIFY channel: a valid identifier whatever the instance id."""
+    return "relay_rpc_" + hashlib.sha256(instance_id.encode()).hexdigest()[:24]
+
+
+def _error_kind(exc: ExecutorRequestError) -> str:
+    for kind, cls in _ERRORS.items():
+        if isinstance(exc, cls):
+            return kind
+    return "gone"
+
+
+class Router:
+    def __init__(self, db: Database, hub: Hub, instance_id: str) -> None:
+        self.db = db
+        self.hub = hub
+        self.instance_id = instance_id
+        self.channel = channel(instance_id)
+        self._replies: dict[int, asyncio.Future[None]] = {}
+        self._serving: set[asyncio.Task[None]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.relayed = 0  # requests this instance sent to its executors for other instances
+
+    # -- asking ----------------------------------------------------------------
+
+    async def request(
+        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = False
+    ) -> Reply:
+        """Send ``request`` to the executor wherever it is connected, and await its reply.
+
+        With ``await_connection``, an executor not connected anywhere right now
+        (one reconnecting after a restart of an instance) is waited for, within
+        ``timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            owner = await self._owner(key)
+            if owner == self.instance_id and key in self.hub.connections:
+                return await self.hub.request(key, request, max(deadline - loop.time(), 0.001))
+            if owner is not None and owner != self.instance_id:
+                return await self._remote(owner, key, request, deadline)
+            if not await_connection or loop.time() >= deadline:
+                raise ExecutorNotConnected(f"executor {key} is not connected to any Relay instance")
+            await asyncio.sleep(OWNER_RECHECK_SECS)
+
+    async def _owner(self, key: ExecutorKey) -> str | None:
+        """The instance holding the executor's socket, by the registry; None if it is not HEALTHY."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT relay_instance FROM executors
+                   WHERE org = %s AND app = %s AND executor_id = %s AND state = 'HEALTHY'""",
+                (key.org, key.app, key.executor_id),
+            )
+            row = await cur.fetchone()
+        return None if row is None else str(row["relay_instance"])
+
+    async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Reply:
+        loop = asyncio.get_running_loop()
+        timeout = max(deadline - loop.time(), 0.001)
+        body = {"type": request.type.value, "request_id": request.request_id, "fields": request.fields}
+        async with self.db.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                """INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
+                                          request, timeout_secs)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+                (owner, self.instance_id, key.org, key.app, key.executor_id, Jsonb(body), timeout),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            rpc_id = int(row["id"])
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel(owner), str(rpc_id)))
+        woken: asyncio.Future[None] = loop.create_future()
+        self._replies[rpc_id] = woken
+        try:
+            while True:
+                answer = await self._answer(rpc_id)
+                if answer is not None:
+                    return self._reply_of(key, owner, answer)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ExecutorTimeout(
+                        f"executor {key} (on instance {owner}) did not answer {request.type.value} within {timeout:g}s"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(woken), min(remaining, POLL_SECS))
+                if woken.done():
+                    woken = loop.create_future()
+                    self._replies[rpc_id] = woken
+        finally:
+            self._replies.pop(rpc_id, None)
+            with contextlib.suppress(DatabaseError):
+                async with self.db.connection() as conn:
+                    await conn.execute("DELETE FROM relay_rpc WHERE id = %s", (rpc_id,))
+
+    async def _answer(self, rpc_id: int) -> dict[str, Any] | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT reply, error_kind, error FROM relay_rpc WHERE id = %s AND answered_at IS NOT NULL",
+                (rpc_id,),
+            )
+            return await cur.fetchone()
+
+    @staticmethod
+    def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Reply:
+        if answer["error_kind"] is not None:
+            cls = _ERRORS.get(str(answer["error_kind"]), ExecutorGone)
+            raise cls(f"{answer['error']} (asked through instance {owner})")
+        reply = answer["reply"]
+        return Reply(
+            type=str(reply["type"]),
+            request_id=str(reply["request_id"]),
+            error_message=reply.get("error_message"),
+            body=dict(reply["body"]),
+        )
+
+    # -- serving -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._serving]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._serving, return_exceptions=True)
+        self._tasks = []
+
+    async def _listen(self) -> None:
+        """LISTEN on this instance's channel; reconnects after a failure."""
+        delay = 0.2
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.db.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {self.channel}")
+                    delay = 0.2
+                    # Whatever arrived while not listening is found by a poll right away.
+                    self._claim_unpicked()
+                    async for note in conn.notifies():
+                        self._on_notify(note.payload)
+            except psycopg.Error as exc:
+                log.warning("instance %s: request channel lost (%s); listening again in %.1fs",
+                            self.instance_id, exc, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _on_notify(self, payload: str) -> None:
+        try:
+            rpc_id = int(payload)
+        except ValueError:
+            log.warning("instance %s: ignored a notification %r", self.instance_id, payload[:80])
+            return
+        woken = self._replies.get(rpc_id)
+        if woken is not None:
+            if not woken.done():
+                woken.set_result(None)
+            return
+        self._spawn(self._serve(rpc_id))
+
+    def _claim_unpicked(self) -> None:
+        self._spawn(self._serve_unpicked())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_SECS)
+            try:
+                await self._serve_unpicked()
+                async with self.db.connection() as conn:
+                    await conn.execute(
+                        "DELETE FROM relay_rpc WHERE created_at < now() - make_interval(secs => %s)", (KEEP_SECS,)
+                    )
+            except DatabaseError as exc:
+                log.warning("instance %s: polling relayed requests failed: %s", self.instance_id, exc)
+
+    async def _serve_unpicked(self) -> None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM relay_rpc WHERE target_instance = %s AND picked_at IS NULL", (self.instance_id,)
+            )
+            ids = [int(r["id"]) for r in await cur.fetchall()]
+        for rpc_id in ids:
+            self._spawn(self._serve(rpc_id))
+
+    async def _serve(self, rpc_id: int) -> None:
+        """Claim a request addressed to this instance, send it to the executor, write back the reply."""
+        try:
+            async with self.db.connection() as conn:
+                cur = await conn.execute(
+                    """UPDATE relay_rpc SET picked_at = now()
+                       WHERE id = %s AND target_instance = %s AND picked_at IS NULL
+                       RETURNING org, app, executor_id, request, requester_instance, timeout_secs,
+                                 GREATEST(timeout_secs - EXTRACT(EPOCH FROM now() - created_at), 0.001) AS left""",
+                    (rpc_id, self.instance_id),
+                )
+                row = await cur.fetchone()
+            if row is None:
+                return  # another notification or poll claimed it, or the requester withdrew it
+            key = ExecutorKey(row["org"], row["app"], row["executor_id"])
+            body = row["request"]
+            request = Request(MessageType(body["type"]), dict(body["fields"]), str(body["request_id"]))
+            reply: dict[str, Any] | None = None
+            kind: str | None = None
+            error: str | None = None
+            try:
+                answer = await self.hub.request(key, request, float(row["left"]))
+                reply = {
+                    "type": answer.type,
+                    "request_id": answer.request_id,
+                    "error_message": answer.error_message,
+                    "body": answer.body,
+                }
+                self.relayed += 1
+            except ExecutorRequestError as exc:
+                kind, error = _error_kind(exc), str(exc)
+            async with self.db.connection() as conn, conn.transaction():
+                await conn.execute(
+                    """UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
+                       WHERE id = %s""",
+                    (None if reply is None else Jsonb(reply), kind, error, rpc_id),
+                )
+                await conn.execute("SELECT pg_notify(%s, %s)", (channel(row["requester_instance"]), str(rpc_id)))
+            log.debug("instance %s: relayed %s to %s for %s", self.instance_id, request.type.value, key,
+                      row["requester_instance"])  # fmt: skip
+        except (DatabaseError, ValueError, KeyError, TypeError) as exc:
+            log.warning("instance %s: relayed request %d failed: %s", self.instance_id, rpc_id, exc)
+        except Exception:
+            log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)

@@ -1,0 +1,237 @@
+"""Several Relay instances on one PostgreSQL (contract rule 5): routing of requests
+between instances, ownership moving with a reconnect, adoption of a dead
+instance, and fencing of a paused one. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from tests.support.harness import (
+    Evidence,
+    ExecutorProcess,
+    RelayProcess,
+    assert_eventually,
+    audit_actions,
+    free_port,
+    relay_yaml,
+)
+from tests.support.proxy import TcpProxy
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+
+
+def ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def instances(start_relay: StartRelay, n: int, **settings: Any) -> list[RelayProcess]:
+    """``n`` instances on one database, each on its own port."""
+    grace = settings.pop("grace", 30)
+    return [
+        start_relay(relay_yaml(free_port(), grace=grace, **settings), instance_id=f"relay-{i + 1}") for i in range(n)
+    ]
+
+
+def executor(relay: RelayProcess, executor_id: str) -> dict[str, Any] | None:
+    return relay.executor("acme", "ledger", executor_id)
+
+
+def audit(relay: RelayProcess, **params: Any) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        entries: list[dict[str, Any]] = api.get("/audit", params={"limit": 1000, **params}).json()
+    return entries
+
+
+def relay_workflow(relay: RelayProcess, workflow_id_like: str) -> list[tuple[str, str, str]]:
+    """(workflow id, status, executor id) of Relay's own DBOS workflows matching a LIKE pattern."""
+    with psycopg.connect(relay.database_url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_uuid, status, executor_id FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
+            (workflow_id_like,),
+        ).fetchall()
+    return [(str(w), str(s), str(e)) for w, s, e in rows]
+
+
+def metric(relay: RelayProcess, name: str) -> float:
+    for line in httpx.get(f"{relay.http}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_a_recovery_frame_reaches_the_peer_through_the_instance_holding_its_socket(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, tmp_path: Path
+) -> None:
+    r1, r2, r3 = instances(start_relay, 3, grace=1.0, instanceLeaseSecs=3.0)
+    recoveries_log = tmp_path / "peer-recoveries.jsonl"
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    peer = start_executor(r2.conductor_url, env={**env, "RELAY_TEST_RECOVERY_LOG": str(recoveries_log)})
+    dead = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "5", "RELAY_TEST_JOB_SLEEP": "2"})
+    assert_eventually(lambda: (executor(r3, peer.executor_id) or {}).get("relayInstance") == "relay-2", 10)
+    assert_eventually(lambda: (executor(r3, dead.executor_id) or {}).get("relayInstance") == "relay-1", 10)
+
+    # Any instance answers for any executor: instance 3 asks the peer through instance 2.
+    with r3.api() as api:
+        resp = api.get(f"/apps/ledger/executors/{peer.executor_id}/workflows")
+    assert resp.status_code == 200, resp.text
+    assert isinstance(resp.json(), list)
+
+    dead.kill()
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 5 and o, 40, what="5 outcomes")
+    assert set(outcomes.values()) == {peer.executor_id}
+    assert len(outcomes) == 5
+
+    # The grace period and the recovery ran on instance 1, which owned the dead executor's
+    # connection; the frames went out through instance 2, and the peer served them.
+    rid = f"recovery:acme:ledger:{dead.executor_id}:%"
+    assert_eventually(lambda: [w[1] for w in relay_workflow(r1, rid)] == ["SUCCESS"], 10)
+    assert [w[2] for w in relay_workflow(r1, rid)] == ["relay-1"]
+    assert [w[2] for w in relay_workflow(r1, f"grace:acme:ledger:{dead.executor_id}:%")] == ["relay-1"]
+    served = [json.loads(line) for line in recoveries_log.read_text().splitlines()]
+    assert [s["executor_ids"] for s in served] == [[dead.executor_id]]
+    assert metric(r2, "relay_requests_relayed_total") >= 2  # the recovery frame and its verification
+    assert metric(r3, "relay_requests_relayed_total") == 0
+
+    actions = audit_actions(r2, dead.executor_id)
+    assert actions.count("executor.deleted") == 1
+    assert actions.count("recovery.succeeded") == 1
+    assert executor(r2, dead.executor_id) is None
+    with r3.api() as api:
+        (recovery,) = api.get("/apps/ledger/recoveries", params={}).json()
+    assert recovery["status"] == "succeeded"
+    assert [a["peerExecutorId"] for a in recovery["attempts"]] == [peer.executor_id]
+
+
+def test_a_reconnect_through_another_instance_moves_ownership_and_ends_the_old_grace_period(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    r1, r2 = instances(start_relay, 2, grace=6.0, instanceLeaseSecs=3.0)
+    with TcpProxy(("127.0.0.1", r1.port)) as proxy:
+        ex = start_executor(f"ws://127.0.0.1:{proxy.port}/")
+        assert_eventually(lambda: (executor(r2, ex.executor_id) or {}).get("relayInstance") == "relay-1", 10)
+        proxy.partition()
+        first = assert_eventually(
+            lambda: (rec := executor(r2, ex.executor_id)) and rec["state"] == "DISCONNECTED" and rec, 10
+        )
+        grace = f"grace:acme:ledger:{ex.executor_id}:%"
+        assert_eventually(lambda: [w[1] for w in relay_workflow(r1, grace)] == ["PENDING"], 5)
+        # The network heals, but the load balancer now sends the executor to instance 2.
+        proxy.target = ("127.0.0.1", r2.port)
+        proxy.heal()
+        back = assert_eventually(
+            lambda: (rec := executor(r1, ex.executor_id)) and rec["state"] == "HEALTHY" and rec, 10
+        )
+        assert back["relayInstance"] == "relay-2"
+        # Instance 1's grace period was told through the database, long before its deadline.
+        assert_eventually(lambda: [w[1] for w in relay_workflow(r1, grace)] == ["SUCCESS"], 3)
+        assert time.time() < ts(first["disconnectedAt"]) + 6.0
+        time.sleep(max(0.0, ts(first["disconnectedAt"]) + 7.0 - time.time()))
+        assert executor(r1, ex.executor_id)["state"] == "HEALTHY"  # type: ignore[index]
+        assert "executor.dead" not in audit_actions(r1, ex.executor_id)
+
+
+def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    lease, grace = 2.0, 5.0
+    r1, r2, r3 = instances(start_relay, 3, grace=grace, instanceLeaseSecs=lease)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    peer = start_executor(r2.conductor_url, env=env)
+    doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "1"})
+    # Connected only to instance 1: once it is gone, this one cannot reconnect anywhere.
+    stranded = start_executor(r1.conductor_url)
+    for ex, owner in ((peer, "relay-2"), (doomed, "relay-1"), (stranded, "relay-1")):
+        assert_eventually(lambda ex=ex, owner=owner: (executor(r3, ex.executor_id) or {}).get("relayInstance") == owner,
+                          10)  # fmt: skip
+
+    doomed.kill()
+    disconnected = assert_eventually(
+        lambda: (rec := executor(r2, doomed.executor_id)) and rec["state"] == "DISCONNECTED" and rec, 10
+    )
+    deadline = ts(disconnected["disconnectedAt"]) + grace
+    assert_eventually(lambda: relay_workflow(r1, f"grace:acme:ledger:{doomed.executor_id}:%"), 5)
+    assert r1.proc is not None
+    r1.proc.kill()  # kill -9 while it runs the grace period
+    killed_at = time.time()
+    r1.proc.wait()
+
+    adopted = assert_eventually(lambda: [e for e in audit(r2) if e["action"] == "relay.instance_adopted"], 15)
+    assert len(adopted) == 1
+    assert adopted[0]["detail"]["instance"] == "relay-1"
+    adopter = adopted[0]["detail"]["adoptedBy"]
+    assert adopter in ("relay-2", "relay-3")
+    assert adopted[0]["detail"]["executors"] == 2
+    assert ts(adopted[0]["at"]) - killed_at < lease + 1.5  # the lease, a scan interval, some slack
+
+    # The dead instance's grace period resumed on the adopter, with its original deadline.
+    dead = assert_eventually(
+        lambda: [e for e in audit(r2, executorId=doomed.executor_id) if e["action"] == "executor.dead"], 15
+    )
+    assert deadline - 0.2 <= ts(dead[0]["at"]) <= deadline + lease
+    # The one that never reconnected got its grace period from the adopter.
+    rec = assert_eventually(lambda: executor(r2, stranded.executor_id), 5)
+    assert rec["relayInstance"] == adopter
+    stranded_dead = assert_eventually(
+        lambda: [e for e in audit(r2, executorId=stranded.executor_id) if e["action"] == "executor.dead"], 20
+    )
+    assert ts(stranded_dead[0]["at"]) >= ts(adopted[0]["at"]) + grace - 0.2
+
+    # And the doomed executor's workflows ran to completion on the peer, exactly once.
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 4 and o, 30, what="4 outcomes")
+    assert len(outcomes) == 4 and set(outcomes.values()) == {peer.executor_id}
+    assert audit_actions(r2, doomed.executor_id).count("executor.deleted") == 1
+    assert [w[1:] for w in relay_workflow(r2, f"grace:acme:ledger:{doomed.executor_id}:%")] == [
+        ("SUCCESS", w[2]) for w in relay_workflow(r2, f"grace:acme:ledger:{doomed.executor_id}:%")
+    ]
+    assert metric(r2 if adopter == "relay-2" else r3, "relay_instances_adopted_total") == 1
+
+
+def registry_snapshot(url: str) -> tuple[list[tuple[Any, ...]], int]:
+    """Every executor row, and the last audit id: what a write by Relay would change."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT * FROM executors ORDER BY org, app, executor_id").fetchall()
+        last = conn.execute("SELECT coalesce(max(id), 0) FROM audit_log").fetchone()
+    assert last is not None
+    return rows, int(last[0])
+
+
+def test_a_paused_instance_resumed_after_adoption_makes_no_write_and_exits(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    lease = 1.5
+    r1, r2 = instances(start_relay, 2, grace=60.0, instanceLeaseSecs=lease, pingWaitSecs=1.0)
+    held = start_executor(r1.conductor_url)
+    assert_eventually(lambda: (executor(r2, held.executor_id) or {}).get("relayInstance") == "relay-1", 10)
+    r1.signal(signal.SIGSTOP)
+    adopted = assert_eventually(lambda: [e for e in audit(r2) if e["action"] == "relay.instance_adopted"], 10)
+    assert adopted[0]["detail"]["adoptedBy"] == "relay-2"
+    rec = executor(r2, held.executor_id)
+    assert rec is not None and rec["state"] == "DISCONNECTED" and rec["relayInstance"] == "relay-2"
+
+    # Work waits for the paused instance: a new executor's handshake sits in its socket
+    # backlog, and its liveness check will find the held executor silent.
+    newcomer = start_executor(r1.conductor_url)
+    time.sleep(0.5)
+    before = registry_snapshot(r2.database_url)
+    r1.signal(signal.SIGCONT)
+    assert r1.proc is not None
+    assert r1.proc.wait(15) == 3
+    assert "lease taken over by another instance; exiting" in r1.log()
+    time.sleep(0.5)
+    assert registry_snapshot(r2.database_url) == before
+    assert executor(r2, newcomer.executor_id) is None
+    # The survivor still owns the held executor's timer.
+    rec = executor(r2, held.executor_id)
+    assert rec is not None and rec["relayInstance"] == "relay-2"
