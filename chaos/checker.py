@@ -32,7 +32,14 @@ class History:
 
 
 def check(h: History) -> list[str]:
-    return [*_every_workflow_once(h), *_no_cross_app(h), *_dead_were_handled(h), *_audit_is_complete(h)]
+    return [
+        *_every_workflow_once(h),
+        *_no_cross_app(h),
+        *_dead_were_handled(h),
+        *_audit_is_complete(h),
+        *_instances_adopted_once(h),
+        *_paused_instances_fenced(h),
+    ]
 
 
 def _every_workflow_once(h: History) -> list[str]:
@@ -90,6 +97,25 @@ def _audit_is_complete(h: History) -> list[str]:
     return problems
 
 
+def _instances_adopted_once(h: History) -> list[str]:
+    """An expired lease is adopted by exactly one instance (one audit entry per lease epoch)."""
+    adoptions = Counter(
+        (e["detail"].get("instance"), e["detail"].get("leaseEpoch"))
+        for e in h.audit
+        if e["action"] == "relay.instance_adopted"
+    )
+    return [f"instance {i} lease epoch {epoch} adopted {n} times" for (i, epoch), n in adoptions.items() if n > 1]
+
+
+def _paused_instances_fenced(h: History) -> list[str]:
+    """An instance paused past its lease and adopted exits with the fenced code (3) when it resumes."""
+    return [
+        f"instance {f.get('instance')} resumed after adoption and exited with {f['exit_code']}, not 3"
+        for f in h.faults
+        if f["kind"] == "relay_sigstop" and f.get("exit_code") not in (None, 3)
+    ]
+
+
 def _percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -116,6 +142,8 @@ def figures(h: History) -> dict[str, Any]:
         "outcomes": len(h.outcomes),
         "step_reexecutions": sum(n - 1 for n in step_runs.values()),
         "faults": dict(Counter(f["kind"] for f in h.faults)),
+        "instances_adopted": sum(1 for e in h.audit if e["action"] == "relay.instance_adopted"),
+        "paused_instances_fenced": sum(1 for f in h.faults if f.get("exit_code") == 3),
         "fault_to_recovery_secs": {
             "count": len(recovery_secs),
             "p50": _percentile(recovery_secs, 0.5),

@@ -2,10 +2,12 @@
 
 The fleet: ``profile.executors`` executors of app ``ledger`` plus one of the
 decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py) sharing one
-system database, each talking to a real Relay through its own TCP proxy (so a
-partition can cut one executor off while it keeps running). Processes, proxies
-and PostgreSQL come from the test harness (tests/support), the same ones the
-integration tests use.
+system database, each talking through its own TCP proxy (so a partition can
+cut one executor off while it keeps running) to a TCP load balancer (round
+robin, skipping instances whose /readyz fails) in front of
+``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
+Processes, proxies, the balancer and PostgreSQL come from the test harness
+(tests/support), the same ones the integration tests use.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import psycopg
 
 from chaos.checker import History, check, figures
 from chaos.schedule import Fault, Profile
+from tests.support.balancer import TcpBalancer
 from tests.support.harness import CONDUCTOR_KEYS, Postgres, RelayProcess, await_ready, free_port, relay_yaml
 from tests.support.proxy import TcpProxy
 
@@ -53,21 +56,33 @@ class Fleet:
         self.pg = Postgres()
         self.sysdb = self.pg.create_database("chaos_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
-        config = relay_yaml(
-            free_port(), grace=profile.grace_secs,
-            pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
-            recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
-        )  # fmt: skip
-        self.relay = RelayProcess(workdir, self.pg.create_database("chaos_relay"), config)
+        relay_db = self.pg.create_database("chaos_relay")
+        self.relays = [
+            RelayProcess(workdir, relay_db, relay_yaml(
+                free_port(), grace=profile.grace_secs,
+                pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
+                recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
+                instanceLeaseSecs=profile.lease_secs,
+            ), instance_id=f"relay-{i + 1}")
+            for i in range(profile.relay_instances)
+        ]  # fmt: skip
+        self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         self.slots: list[Slot] = []
         self.until = 0.0
 
+    @property
+    def relay(self) -> RelayProcess:
+        """An instance that is up, for the API (they all answer for the whole registry)."""
+        return next(r for r in self.relays if r.proc is not None and r.proc.poll() is None)
+
     def start(self, until: float) -> None:
         self.until = until
-        self.relay.start()
+        for relay in self.relays:
+            relay.start()
+        self.balancer.__enter__()
         apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "b1")]
         for index, (app, version) in enumerate(apps):
-            proxy = TcpProxy(("127.0.0.1", self.relay.port)).__enter__()
+            proxy = TcpProxy(("127.0.0.1", self.balancer.port)).__enter__()
             slot = Slot(index, app, version, proxy)
             self.slots.append(slot)
             self.launch(slot)
@@ -100,18 +115,20 @@ class Fleet:
             if slot.proc is not None and slot.proc.stdout is not None:
                 slot.proc.stdout.close()
             slot.proxy.__exit__(None, None, None)
-        self.relay.stop()
+        self.balancer.__exit__(None, None, None)
+        for relay in self.relays:
+            relay.stop()
         self.pg.close()
 
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
     """Carry out one fault (blocking for its duration); returns what happened, with times."""
     record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "executor": None}
-    if fault.kind == "relay_kill":
-        assert fleet.relay.proc is not None
-        fleet.relay.proc.kill()
-        fleet.relay.proc.wait()
-        fleet.relay.start()
+    if fault.kind.startswith("relay_"):
+        relay = fleet.relays[max(fault.target, 0)]
+        record["instance"] = relay.instance_id
+        record.update(_instance_fault(fleet, relay, fault))
+        record["ended"] = time.time()
         return record
     slot = fleet.slots[fault.target]
     assert slot.proc is not None
@@ -130,6 +147,29 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         slot.proxy.heal()
     record["ended"] = time.time()
     return record
+
+
+def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str, Any]:
+    assert relay.proc is not None
+    if fault.kind == "relay_kill":
+        relay.proc.kill()
+        relay.proc.wait()
+        time.sleep(fault.duration)
+    elif fault.kind == "relay_sigstop":
+        relay.signal(signal.SIGSTOP)
+        time.sleep(fault.duration)
+        relay.signal(signal.SIGCONT)
+        # Adopted meanwhile, it must find out at its next renewal and exit.
+        try:
+            code = relay.proc.wait(fleet.profile.lease_secs + 10)
+        except subprocess.TimeoutExpired:
+            return {"exit_code": None}  # nobody adopted it in time: it renewed and carries on
+        relay.start()
+        return {"exit_code": code}
+    elif fault.kind == "relay_restart":
+        relay.stop()
+    relay.start()
+    return {}
 
 
 def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
@@ -210,6 +250,9 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
 
 
 def relay_errors(workdir: Path) -> list[str]:
-    log = workdir / "relay-1.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return [line for line in text.splitlines() if " ERROR " in line][:20]
+    """ERROR lines of every instance's log, except the expected ones of an instance fenced out."""
+    lines = []
+    for log in sorted(workdir.glob("relay-*.log")):
+        text = log.read_text(errors="replace")
+        lines += [f"{log.stem}: {line}" for line in text.splitlines() if " ERROR " in line and "its lease" not in line]
+    return lines[:20]

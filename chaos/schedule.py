@@ -6,7 +6,11 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-FAULT_KINDS = ("kill9", "sigstop", "partition", "relay_kill")
+EXECUTOR_FAULTS = ("kill9", "sigstop", "partition")
+# kill -9 of a Relay instance (restarted after ``duration``), SIGSTOP of one past its
+# lease (it finds itself adopted and exits; it is started again), and a graceful restart.
+INSTANCE_FAULTS = ("relay_kill", "relay_sigstop", "relay_restart")
+FAULT_KINDS = EXECUTOR_FAULTS + INSTANCE_FAULTS
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class Profile:
     ping_interval_secs: float
     ping_wait_secs: float
     fault_gap_secs: tuple[float, float]  # quiet time between one fault's end and the next
+    relay_instances: int = 3  # behind one load balancer, sharing one PostgreSQL
+    lease_secs: float = 3.0  # instanceLeaseSecs
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,7 +53,7 @@ PROFILES = {
 class Fault:
     at: float  # seconds after the start of the run
     kind: str
-    target: int  # executor slot; -1 for Relay
+    target: int  # executor slot, or Relay instance index for instance faults (-1: an old record's one Relay)
     duration: float  # how long a SIGSTOP or a partition lasts; 0 otherwise
 
     def to_json(self) -> dict[str, Any]:
@@ -55,16 +61,30 @@ class Fault:
 
 
 def make_schedule(seed: int, profile: Profile) -> list[Fault]:
-    """One fault at a time, so a peer of the main app is always there to recover onto."""
+    """One fault at a time, so a peer of the main app and a Relay instance are always there."""
     rng = random.Random(seed)
     faults: list[Fault] = []
+    # Every fourth fault is an instance fault not played yet, until each kind has been:
+    # a short run (CI's) plays all of them whatever the seed.
+    owed = rng.sample(INSTANCE_FAULTS, len(INSTANCE_FAULTS))
     t = profile.warmup_secs
     while t < profile.fault_secs:
-        kind = rng.choices(FAULT_KINDS, weights=(4, 2, 2, 1))[0]
-        target = -1 if kind == "relay_kill" else rng.randrange(profile.executors)
-        # A pause or a partition outlasts the grace period, so the executor is declared dead.
-        duration = round(profile.grace_secs + profile.ping_wait_secs + rng.uniform(1.0, 4.0), 2)
-        duration = duration if kind in ("sigstop", "partition") else 0.0
+        kind = rng.choices(FAULT_KINDS, weights=(4, 2, 2, 1, 1, 1))[0]
+        if len(faults) % 4 == 3 and owed:
+            kind = owed[0]
+        if kind in owed:
+            owed.remove(kind)
+        if kind in INSTANCE_FAULTS:
+            target = rng.randrange(profile.relay_instances)
+            # Down (or paused) past its lease, so that another instance adopts it.
+            duration = round(profile.lease_secs + rng.uniform(1.0, 3.0), 2) if kind != "relay_restart" else 0.0
+            settle = profile.lease_secs + profile.grace_secs
+        else:
+            target = rng.randrange(profile.executors)
+            # A pause or a partition outlasts the grace period, so the executor is declared dead.
+            duration = round(profile.grace_secs + profile.ping_wait_secs + rng.uniform(1.0, 4.0), 2)
+            duration = duration if kind in ("sigstop", "partition") else 0.0
+            settle = profile.grace_secs
         faults.append(Fault(round(t, 2), kind, target, duration))
-        t += duration + rng.uniform(*profile.fault_gap_secs) + profile.grace_secs
+        t += duration + rng.uniform(*profile.fault_gap_secs) + settle
     return faults

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from chaos.checker import History, check, figures
-from chaos.schedule import PROFILES, make_schedule
+from chaos.schedule import FAULT_KINDS, INSTANCE_FAULTS, PROFILES, make_schedule
 
 
 def audit(executor: str, *actions: str) -> list[dict[str, object]]:
@@ -87,10 +87,39 @@ def test_a_dead_executor_neither_recovered_nor_blocked_is_rejected() -> None:
     assert check(h) == []
 
 
+def test_an_instance_adopted_twice_is_rejected() -> None:
+    h = sound()
+    entry = {"action": "relay.instance_adopted", "executorId": None,
+             "detail": {"instance": "relay-2", "leaseEpoch": 4}, "at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    h.audit = [entry]
+    assert check(h) == []
+    h.audit = [entry, {**entry, "detail": {"instance": "relay-2", "leaseEpoch": 5}}]
+    assert check(h) == []
+    h.audit = [entry, dict(entry)]
+    assert check(h) == ["instance relay-2 lease epoch 4 adopted 2 times"]
+
+
+def test_a_paused_instance_that_did_not_exit_fenced_is_rejected() -> None:
+    h = sound()
+    fault = {"kind": "relay_sigstop", "at": 1.0, "executor": None, "instance": "relay-1", "exit_code": 3}
+    h.faults = [fault]
+    assert check(h) == []
+    h.faults = [{**fault, "exit_code": None}]  # not adopted in time: it renewed its lease, which is fine
+    assert check(h) == []
+    h.faults = [{**fault, "exit_code": 1}]
+    assert check(h) == ["instance relay-1 resumed after adoption and exited with 1, not 3"]
+
+
 def test_schedules_are_reproducible_and_leave_a_peer() -> None:
     profile = PROFILES["ci"]
     a, b = make_schedule(7, profile), make_schedule(7, profile)
     assert a == b and a != make_schedule(8, profile)
-    assert {f.kind for f in make_schedule(1, PROFILES["soak"])} == {"kill9", "sigstop", "partition", "relay_kill"}
+    assert {f.kind for f in make_schedule(1, PROFILES["soak"])} == set(FAULT_KINDS)
+    assert {f.kind for f in a} >= set(INSTANCE_FAULTS)  # CI's profile plays the instance faults too
+    for fault in a:
+        if fault.kind in INSTANCE_FAULTS:
+            assert 0 <= fault.target < profile.relay_instances
+        if fault.kind in ("relay_kill", "relay_sigstop"):
+            assert fault.duration > profile.lease_secs  # long enough for an adoption
     for earlier, later in itertools.pairwise(a):
         assert later.at >= earlier.at + earlier.duration  # one fault at a time
