@@ -18,6 +18,8 @@ from chaos.schedule import PROFILES, Fault, Profile, make_schedule
 
 def _report(result: dict[str, Any]) -> int:
     print(json.dumps(result["figures"], indent=2))
+    for exit_ in result["unplanned_instance_exits"]:
+        print(f"instance {exit_['instance']} exited outside a fault (code {exit_['exit_code']}); started again")
     errors = relay_errors(Path(result["workdir"]))
     if errors:
         print("Relay logged errors:\n  " + "\n  ".join(errors))

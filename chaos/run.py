@@ -70,6 +70,16 @@ class Fleet:
         self.slots: list[Slot] = []
         self.until = 0.0
 
+    def revive(self) -> list[dict[str, Any]]:
+        """The process manager's part: start again any instance that exited outside a fault
+        (one fenced out because it missed its renewals under load, say); returns those."""
+        revived = []
+        for relay in self.relays:
+            if relay.proc is not None and relay.proc.poll() is not None:
+                revived.append({"instance": relay.instance_id, "exit_code": relay.proc.returncode, "at": time.time()})
+                relay.start()
+        return revived
+
     @property
     def relay(self) -> RelayProcess:
         """An instance that is up, for the API (they all answer for the whole registry)."""
@@ -216,17 +226,21 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
     started = time.time()
     fleet = Fleet(profile, seed, workdir)
     done: list[dict[str, Any]] = []
+    unplanned: list[dict[str, Any]] = []
     try:
         fleet.start(until=started + profile.fault_secs)
         for fault in schedule:
             time.sleep(max(0.0, started + fault.at - time.time()))
+            unplanned += fleet.revive()
             print(f"[{time.time() - started:7.1f}s] {fault.kind} {fault.target}", flush=True)
             done.append(inject(fleet, fault))
         time.sleep(max(0.0, started + profile.fault_secs - time.time()))
         print(f"[{time.time() - started:7.1f}s] heal: no more faults", flush=True)
         deadline = time.time() + profile.heal_timeout_secs
         while time.time() < deadline and not settled(fleet):
+            unplanned += fleet.revive()
             time.sleep(1.0)
+        unplanned += fleet.revive()
         time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
         history = gather(fleet, done)
         stuck = unfinished(fleet)
@@ -241,6 +255,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
         "figures": figures(history),
         "violations": violations,
         "unfinished": stuck,
+        "unplanned_instance_exits": unplanned,
         "ok": not violations,
         "duration_secs": round(time.time() - started, 1),
         "workdir": str(workdir),

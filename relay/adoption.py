@@ -61,6 +61,8 @@ class Adopter:
             if not self.runtime.lease.held:
                 continue
             try:
+                # A recovery blocked on another instance is woken by a peer connecting here.
+                await self.runtime.durable.refresh_blocked()
                 await self.scan()
             except DatabaseError as exc:
                 log.warning("instance %s: looking for expired leases failed: %s", self.instance_id, exc)

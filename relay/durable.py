@@ -40,9 +40,10 @@ class Durable:
         self._events: asyncio.Queue[tuple[str, ExecutorKey, int, int | None]] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         # Apps that may have a recovery waiting for a peer or an operator, so that
-        # a connect to any other app costs no query. Filled at start-up and by a
-        # recovery before it records itself blocked; never emptied, as a false
-        # "maybe" costs only one query.
+        # a connect to any other app costs no query. Filled at start-up, by a
+        # recovery before it records itself blocked, and every few seconds from
+        # the database (a recovery blocked on another instance); never emptied,
+        # as a false "maybe" costs only one query.
         self._maybe_blocked: set[tuple[str, str]] = set()
 
     def note_blocked(self, org: str, app: str) -> None:
@@ -133,12 +134,17 @@ class Durable:
         for rid in await self.runtime.recoveries.blocked_in_app(org, app):
             await self.wake(rid, message)
 
+    async def refresh_blocked(self) -> None:
+        self._maybe_blocked.update(await self.runtime.recoveries.apps_with_blocked())
+
     async def sweep(self) -> None:
         """Every DISCONNECTED executor this instance owns gets its grace period (idempotent);
         every app with a waiting recovery is noted for wake-ups."""
-        self._maybe_blocked.update(await self.runtime.recoveries.apps_with_blocked())
+        await self.refresh_blocked()
         for key, epoch in await self.runtime.registry.disconnected_of_instance(self.runtime.instance_id):
-            await self._start_grace(key, epoch)
+            # Most already have theirs (resumed by DBOS, or recovered from an adopted instance).
+            if await DBOS.get_workflow_status_async(grace_id(key, epoch)) is None:
+                await self._start_grace(key, epoch)
 
     async def send(self, workflow_id: str, message: dict[str, Any], topic: str) -> None:
         try:

@@ -5,9 +5,10 @@ it checks the key, asks ``executor_info``, records the executor as HEALTHY,
 then reads frames and drives the liveness core until the socket closes or the
 executor goes quiet for ``pingWaitSecs``, and finally records DISCONNECTED.
 
-Other parts of Relay talk to a connected executor with :meth:`Hub.request`,
-which sends a request frame and awaits the reply with the same
-``request_id``; replies are matched by the connection's reading loop.
+:meth:`Hub.request` sends a request frame to an executor connected here and
+awaits the reply with the same ``request_id``; replies are matched by the
+connection's reading loop. The rest of Relay asks through
+:class:`relay.router.Router`, wherever the executor's socket is.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Any, Protocol
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
-from relay.errors import DatabaseError, ExecutorGone, ExecutorNotConnected, ExecutorTimeout, ProtocolError
+from relay.errors import (
+    DatabaseError,
+    ExecutorGone,
+    ExecutorNotConnected,
+    ExecutorTimeout,
+    Fenced,
+    ProtocolError,
+)
 from relay.lifecycle import ExecutorEvent
 from relay.liveness import LivenessMonitor
 from relay.protocol import ExecutorInfo, Reply, Request, executor_info, parse_reply
@@ -141,23 +149,16 @@ class Hub:
 
     # -- used by the rest of Relay ------------------------------------------
 
-    async def request(
-        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = False
-    ) -> Reply:
-        """Send ``request`` to a connected executor and await its reply.
+    async def request(self, key: ExecutorKey, request: Request, timeout: float) -> Reply:
+        """Send ``request`` to an executor connected to this instance and await its reply.
 
-        With ``await_connection``, an executor not connected right now (say, one
-        reconnecting after a restart of Relay) is waited for, within ``timeout``.
+        The rest of Relay goes through :class:`relay.router.Router`, which finds
+        the instance holding the executor's socket.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         conn = self.connections.get(key)
-        while conn is None and await_connection and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-            conn = self.connections.get(key)
         if conn is None:
             raise ExecutorNotConnected(f"executor {key} has no socket on this Relay instance")
-        return await conn.request(request, max(deadline - loop.time(), 0.001))
+        return await conn.request(request, timeout)
 
     async def close_all(self) -> None:
         await asyncio.gather(
@@ -202,6 +203,10 @@ class ExecutorConnection:
         self.key = ExecutorKey(self.org, self.app, info.executor_id)
         try:
             self.epoch = await self.hub.attach(self, info)
+        except Fenced as exc:
+            log.warning("executor %s: refused, this instance does not hold its lease: %s", self.name, exc)
+            await self.close(1011, "relay instance not holding its lease")
+            return
         except DatabaseError as exc:
             log.error("executor %s: cannot record its connection: %s", self.name, exc)
             await self.close(1011, "relay database unavailable")
@@ -345,6 +350,10 @@ class ExecutorConnection:
             changed = await self.hub.registry.transition(
                 self.key, ExecutorEvent.LOST, epoch=self.epoch, instance=self.hub.instance_id
             )
+        except Fenced as exc:
+            # Another instance adopted this one: the executor's row is the adopter's now.
+            log.warning("executor %s: disconnection not recorded, this instance is fenced: %s", self.name, exc)
+            return
         except DatabaseError as exc:
             # The row stays HEALTHY with this instance as owner; the next start of
             # this instance (or its adopter) marks it DISCONNECTED.

@@ -316,11 +316,13 @@ class Registry:
         return list(apps.values())
 
     async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
-        """(executor id, application version) of the app's HEALTHY executors."""
+        """(executor id, application version) of the app's HEALTHY executors, leaving out those
+        whose instance's lease ran out: their sockets died with it."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT executor_id, application_version FROM executors
-                   WHERE org = %s AND app = %s AND state = 'HEALTHY' ORDER BY executor_id""",
+                """SELECT e.executor_id, e.application_version FROM executors e
+                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
+                   WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
                 (org, app),
             )
             return [(r["executor_id"], r["application_version"]) for r in await cur.fetchall()]

@@ -101,11 +101,13 @@ class Router:
             await asyncio.sleep(OWNER_RECHECK_SECS)
 
     async def _owner(self, key: ExecutorKey) -> str | None:
-        """The instance holding the executor's socket, by the registry; None if it is not HEALTHY."""
+        """The instance holding the executor's socket, by the registry; None if it is not HEALTHY
+        or its instance's lease has run out (it died, and its adopter will mark it DISCONNECTED)."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT relay_instance FROM executors
-                   WHERE org = %s AND app = %s AND executor_id = %s AND state = 'HEALTHY'""",
+                """SELECT e.relay_instance FROM executors e
+                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
+                   WHERE e.org = %s AND e.app = %s AND e.executor_id = %s AND e.state = 'HEALTHY'""",
                 (key.org, key.app, key.executor_id),
             )
             row = await cur.fetchone()

@@ -291,6 +291,10 @@ class Evidence:
         """workflow id -> executor id that recorded its outcome."""
         return {w: e for w, e in self._rows("SELECT workflow_id, executor_id FROM outcomes")}
 
+    def outcome_count(self) -> int:
+        """Outcome rows, duplicates included (there must be none: one per workflow)."""
+        return len(self._rows("SELECT workflow_id FROM outcomes"))
+
     def outcome_versions(self) -> dict[str, str]:
         return {w: v for w, v in self._rows("SELECT workflow_id, version FROM outcomes")}
 
