@@ -1,7 +1,9 @@
 """Adoption of an instance whose lease expired (contract rule 5).
 
 Every instance looks, every ``instanceLeaseSecs / 3``, for another instance
-whose lease ran out and that nobody adopted yet. Taking it over is one fenced
+whose lease ran out and that nobody adopted yet (once it has itself held its
+lease for a whole lease period, so that a database outage that expired every
+lease does not make the instances adopt each other). Taking it over is one fenced
 transaction guarded on the dead lease's epoch, so exactly one survivor wins:
 
 * the lease row gets a new epoch and ``adopted_by``: if the dead instance was
@@ -55,10 +57,14 @@ class Adopter:
             self._task = None
 
     async def _watch(self) -> None:
-        interval = self.runtime.config.liveness.instance_lease_secs / 3
+        lease_secs = self.runtime.config.liveness.instance_lease_secs
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(lease_secs / 3)
             if not self.runtime.lease.held:
+                continue
+            if self.runtime.lease.held_for() < lease_secs:
+                # Just started, or back from losing the database: the others may have lost
+                # their leases the same way and will renew them within one lease.
                 continue
             try:
                 # A recovery blocked on another instance is woken by a peer connecting here.

@@ -35,12 +35,22 @@ class Lease:
         self.epoch: int | None = None
         self.fenced = False
         self._valid_until = 0.0
+        self._held_since = 0.0
         self._task: asyncio.Task[None] | None = None
         self.on_fenced: Callable[[], None] | None = None
 
     @property
     def held(self) -> bool:
         return not self.fenced and asyncio.get_running_loop().time() < self._valid_until
+
+    def held_for(self) -> float:
+        """Seconds this lease has been held without a gap (0 when it is not held).
+
+        An instance that just got its lease back after losing the database for
+        longer than the lease should not adopt the others yet: they lost it too,
+        and renew theirs within a lease once the database is back.
+        """
+        return asyncio.get_running_loop().time() - self._held_since if self.held else 0.0
 
     async def acquire(self) -> int:
         """Take this instance's lease at start-up, with a new epoch."""
@@ -62,6 +72,7 @@ class Lease:
         self.fenced = False
         self.db.fence = (self.instance_id, self.epoch)
         self._valid_until = sent + self.lease_secs
+        self._held_since = sent
         log.info("instance %s holds its lease (epoch %d)", self.instance_id, self.epoch)
         return self.epoch
 
@@ -82,6 +93,8 @@ class Lease:
             if self.on_fenced is not None:
                 self.on_fenced()
             return False
+        if not self.held:
+            self._held_since = sent
         self._valid_until = sent + self.lease_secs
         return True
 

@@ -10,9 +10,10 @@ reply into the row and notifies the requester's channel.
 
 Notifications are a wake-up, not the record: each side also polls the table
 every :data:`POLL_SECS`, so a notification lost to a dropped listening
-connection costs a second, not a request. A request the owner never claimed
-is withdrawn when the requester gives up, and rows are deleted once read (or
-after :data:`KEEP_SECS` if nobody read them).
+connection costs a second, not a request. A request the owner has not claimed
+within :data:`PICKUP_SECS` (it died, and its lease has not run out yet) is
+withdrawn and the owner looked up again. Rows are deleted once read (or after
+:data:`KEEP_SECS` if nobody read them).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.router")
 
 POLL_SECS = 1.0
+# A live owner picks a request up within a notification's round trip, or its next poll.
+PICKUP_SECS = 3 * POLL_SECS
 KEEP_SECS = 600.0
 # How often a request for an executor that is not connected anywhere looks again.
 OWNER_RECHECK_SECS = 0.1
@@ -90,14 +93,19 @@ class Router:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        problem = "is not connected to any live Relay instance"
         while True:
             owner = await self._owner(key)
             if owner == self.instance_id and key in self.hub.connections:
                 return await self.hub.request(key, request, max(deadline - loop.time(), 0.001))
             if owner is not None and owner != self.instance_id:
-                return await self._remote(owner, key, request, deadline)
+                reply = await self._remote(owner, key, request, deadline)
+                if reply is not None:
+                    return reply
+                # The owner never picked the request up (it died, its lease not yet out): look again.
+                problem = f"is on instance {owner}, which did not pick the request up"
             if not await_connection or loop.time() >= deadline:
-                raise ExecutorNotConnected(f"executor {key} is not connected to any Relay instance")
+                raise ExecutorNotConnected(f"executor {key} {problem}")
             await asyncio.sleep(OWNER_RECHECK_SECS)
 
     async def _owner(self, key: ExecutorKey) -> str | None:
@@ -113,8 +121,11 @@ class Router:
             row = await cur.fetchone()
         return None if row is None else str(row["relay_instance"])
 
-    async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Reply:
+    async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Reply | None:
+        """The reply through ``owner``; None if it did not pick the request up within
+        :data:`PICKUP_SECS` (the request is withdrawn, so it cannot act on it later)."""
         loop = asyncio.get_running_loop()
+        pickup_by = loop.time() + PICKUP_SECS
         timeout = max(deadline - loop.time(), 0.001)
         body = {"type": request.type.value, "request_id": request.request_id, "fields": request.fields}
         async with self.db.connection() as conn, conn.transaction():
@@ -133,8 +144,13 @@ class Router:
         try:
             while True:
                 answer = await self._answer(rpc_id)
-                if answer is not None:
+                if answer is not None and answer["answered_at"] is not None:
                     return self._reply_of(key, owner, answer)
+                if answer is not None and answer["picked_at"] is None and loop.time() >= pickup_by:
+                    if await self._withdraw(rpc_id):
+                        log.warning("instance %s did not pick up a %s for %s within %gs",
+                                    owner, request.type.value, key, PICKUP_SECS)  # fmt: skip
+                        return None
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise ExecutorTimeout(
@@ -154,10 +170,14 @@ class Router:
     async def _answer(self, rpc_id: int) -> dict[str, Any] | None:
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                "SELECT reply, error_kind, error FROM relay_rpc WHERE id = %s AND answered_at IS NOT NULL",
-                (rpc_id,),
+                "SELECT reply, error_kind, error, picked_at, answered_at FROM relay_rpc WHERE id = %s", (rpc_id,)
             )
             return await cur.fetchone()
+
+    async def _withdraw(self, rpc_id: int) -> bool:
+        async with self.db.connection() as conn:
+            cur = await conn.execute("DELETE FROM relay_rpc WHERE id = %s AND picked_at IS NULL", (rpc_id,))
+            return cur.rowcount == 1
 
     @staticmethod
     def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Reply:

@@ -259,3 +259,37 @@ def test_a_peer_joining_another_instance_wakes_a_blocked_recovery_at_once(
     evidence = Evidence(evidence_db)
     outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
     assert set(outcomes.values()) == {peer.executor_id}
+
+
+def test_a_request_to_a_frozen_instance_is_withdrawn_and_sent_where_the_peer_reconnected(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    r1, r2 = instances(start_relay, 2, grace=0.5, instanceLeaseSecs=8.0, recoveryAckTimeoutSecs=30)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    with TcpProxy(("127.0.0.1", r1.port)) as proxy:
+        peer = start_executor(f"ws://127.0.0.1:{proxy.port}/", env=env)
+        doomed = start_executor(r2.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "3"})
+        assert_eventually(lambda: (executor(r2, peer.executor_id) or {}).get("relayInstance") == "relay-1", 10)
+        assert_eventually(lambda: executor(r2, doomed.executor_id), 10)
+        # Instance 1 freezes with the peer's socket; its lease still has seconds to run, so
+        # the recovery on instance 2 sends the frame its way, and nobody picks it up.
+        r1.signal(signal.SIGSTOP)
+        doomed.kill()
+        killed = time.time()
+        time.sleep(1.5)
+        # The peer's connection breaks; through the load balancer it reaches instance 2.
+        proxy.target = ("127.0.0.1", r2.port)
+        proxy.cut()
+        assert_eventually(lambda: (executor(r2, peer.executor_id) or {}).get("relayInstance") == "relay-2", 10)
+        assert_eventually(lambda: "executor.deleted" in audit_actions(r2, doomed.executor_id), 20)
+        took = time.time() - killed
+        with r2.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries").json()
+        # One attempt, answered once the request was withdrawn from instance 1 and sent through
+        # instance 2: not a 30 s acknowledgement timeout and a failover.
+        assert [(a["peerExecutorId"], a["outcome"]) for a in recovery["attempts"]] == [(peer.executor_id, "succeeded")]
+        assert took < 12
+        r1.signal(signal.SIGCONT)
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
+    assert set(outcomes.values()) == {peer.executor_id}

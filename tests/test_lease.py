@@ -124,3 +124,28 @@ async def _fenced_writes(url: str) -> None:
 
 def test_every_ownership_bound_write_is_refused_without_the_lease(postgres: Postgres) -> None:
     asyncio.run(_fenced_writes(postgres.create_database("fence")))
+
+
+async def _held_for(url: str) -> None:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "held-test", 0.4)
+        await lease.acquire()
+        assert lease.held and 0 <= lease.held_for() < 0.4
+        await asyncio.sleep(0.3)
+        assert await lease.renew()
+        assert lease.held_for() >= 0.3  # renewed in time: held without a gap
+        await asyncio.sleep(0.6)  # no renewal within the lease (a pause, a lost database)
+        assert not lease.held and lease.held_for() == 0.0
+        assert await lease.renew()  # nobody adopted it: back, but only just
+        assert lease.held and lease.held_for() < 0.1
+    finally:
+        await db.close()
+
+
+def test_a_lease_regained_after_a_gap_counts_as_held_only_since_then(postgres: Postgres) -> None:
+    # Adoption waits until an instance has held its lease for a whole lease period, so that a
+    # database outage that expired every lease does not make the instances adopt each other.
+    asyncio.run(_held_for(postgres.create_database("held")))
