@@ -128,29 +128,35 @@ class Router:
         pickup_by = loop.time() + PICKUP_SECS
         timeout = max(deadline - loop.time(), 0.001)
         body = {"type": request.type.value, "request_id": request.request_id, "fields": request.fields}
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.connection() as conn:
+            # One statement, one round trip: the row, and the owner's wake-up when it commits.
             cur = await conn.execute(
-                """INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
-                                          request, timeout_secs)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id""",
-                (owner, self.instance_id, key.org, key.app, key.executor_id, Jsonb(body), timeout),
+                """WITH r AS (
+                       INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
+                                              request, timeout_secs)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)
+                   SELECT id, pg_notify(%s, id::text) FROM r""",
+                (owner, self.instance_id, key.org, key.app, key.executor_id, Jsonb(body), timeout, channel(owner)),
             )
             row = await cur.fetchone()
-            assert row is not None
-            rpc_id = int(row["id"])
-            await conn.execute("SELECT pg_notify(%s, %s)", (channel(owner), str(rpc_id)))
+        assert row is not None
+        rpc_id = int(row["id"])
         woken: asyncio.Future[None] = loop.create_future()
         self._replies[rpc_id] = woken
+        taken = picked = False
         try:
             while True:
-                answer = await self._answer(rpc_id)
-                if answer is not None and answer["answered_at"] is not None:
+                answer = await self._take_answer(rpc_id)
+                if answer is not None:
+                    taken = True
                     return self._reply_of(key, owner, answer)
-                if answer is not None and answer["picked_at"] is None and loop.time() >= pickup_by:
+                if not picked and loop.time() >= pickup_by:
                     if await self._withdraw(rpc_id):
+                        taken = True
                         log.warning("instance %s did not pick up a %s for %s within %gs",
                                     owner, request.type.value, key, PICKUP_SECS)  # fmt: skip
                         return None
+                    picked = True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise ExecutorTimeout(
@@ -163,18 +169,23 @@ class Router:
                     self._replies[rpc_id] = woken
         finally:
             self._replies.pop(rpc_id, None)
-            with contextlib.suppress(DatabaseError):
-                async with self.db.connection() as conn:
-                    await conn.execute("DELETE FROM relay_rpc WHERE id = %s", (rpc_id,))
+            if not taken:  # timed out or cancelled: nobody will read it
+                with contextlib.suppress(DatabaseError):
+                    async with self.db.connection() as conn:
+                        await conn.execute("DELETE FROM relay_rpc WHERE id = %s", (rpc_id,))
 
-    async def _answer(self, rpc_id: int) -> dict[str, Any] | None:
+    async def _take_answer(self, rpc_id: int) -> dict[str, Any] | None:
+        """The reply (or error) once written, deleting the row in the same statement."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                "SELECT reply, error_kind, error, picked_at, answered_at FROM relay_rpc WHERE id = %s", (rpc_id,)
+                """DELETE FROM relay_rpc WHERE id = %s AND answered_at IS NOT NULL
+                   RETURNING reply, error_kind, error""",
+                (rpc_id,),
             )
             return await cur.fetchone()
 
     async def _withdraw(self, rpc_id: int) -> bool:
+        """Delete the request if its owner has not claimed it yet; False if it has."""
         async with self.db.connection() as conn:
             cur = await conn.execute("DELETE FROM relay_rpc WHERE id = %s AND picked_at IS NULL", (rpc_id,))
             return cur.rowcount == 1
@@ -294,13 +305,14 @@ class Router:
                 self.relayed += 1
             except ExecutorRequestError as exc:
                 kind, error = _error_kind(exc), str(exc)
-            async with self.db.connection() as conn, conn.transaction():
+            async with self.db.connection() as conn:
                 await conn.execute(
-                    """UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
-                       WHERE id = %s""",
-                    (None if reply is None else Jsonb(reply), kind, error, rpc_id),
+                    """WITH u AS (
+                           UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
+                           WHERE id = %s RETURNING id)
+                       SELECT pg_notify(%s, id::text) FROM u""",
+                    (None if reply is None else Jsonb(reply), kind, error, rpc_id, channel(row["requester_instance"])),
                 )
-                await conn.execute("SELECT pg_notify(%s, %s)", (channel(row["requester_instance"]), str(rpc_id)))
             log.debug("instance %s: relayed %s to %s for %s", self.instance_id, request.type.value, key,
                       row["requester_instance"])  # fmt: skip
         except (DatabaseError, ValueError, KeyError, TypeError) as exc:
