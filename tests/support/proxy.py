@@ -41,6 +41,7 @@ class TcpProxy:
         self.cut()
         if self._server is not None:
             self._loop.call_soon_threadsafe(self._server.close)
+        asyncio.run_coroutine_threadsafe(self._finish_pairs(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
@@ -51,6 +52,13 @@ class TcpProxy:
                 writer.transport.abort()
 
         asyncio.run_coroutine_threadsafe(drop(), self._loop).result()
+
+    async def _finish_pairs(self) -> None:
+        """Let every connection's task end before the loop stops (no task destroyed pending)."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def partition(self) -> None:
         self.partitioned = True
