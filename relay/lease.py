@@ -87,8 +87,8 @@ class Lease:
             )
         if cur.rowcount != 1:
             if not self.fenced:
-                log.error("instance %s lost its lease (epoch %s): another instance took it over",
-                          self.instance_id, self.epoch)  # fmt: skip
+                log.error("instance %s lost its lease (epoch %s): another instance adopted it, or a second "
+                          "instance runs with the same RELAY_INSTANCE_ID", self.instance_id, self.epoch)  # fmt: skip
             self.fenced = True
             if self.on_fenced is not None:
                 self.on_fenced()
