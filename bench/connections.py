@@ -66,6 +66,8 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
+from bench.common import PROBLEM_LINE, BenchError, exit_on_sigterm, load_average
+
 ROOT = Path(__file__).resolve().parents[1]
 ORG, APP = "bench", "app"
 CONDUCTOR_KEY = "bench-conductor-key"
@@ -76,11 +78,6 @@ COUNT_TIMEOUT_SECS = 60.0
 POLL_SECS = 0.02
 QUIET_CPU_PCT = 5.0  # below this, a server has finished the work that closing the sockets gave it
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # Relay's default maxFrameBytes
-PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
-
-
-class BenchError(Exception):
-    """A measurement could not be completed (server died, counts never matched...)."""
 
 
 def sha256(key: str) -> str:
@@ -623,10 +620,6 @@ def print_table(results: list[Result]) -> None:
         )
 
 
-def load_average() -> str:
-    return " ".join(f"{load:.2f}" for load in os.getloadavg())
-
-
 def print_machine() -> None:
     mem = psutil.virtual_memory().total / 1024**3
     print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB RAM, {platform.platform()}")
@@ -655,16 +648,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.bare_server is not None:
         asyncio.run(bare_server(args.bare_server))
         return 0
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the finally blocks stop the servers
+    signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop the servers
     print_machine()
     print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes", flush=True)
     raise_open_files(2 * max(args.sizes) + 1000)

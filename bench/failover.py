@@ -54,17 +54,14 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import platform
 import random
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +73,14 @@ import psycopg
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from bench.common import (
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    percentile,
+    print_machine,
+    work_directory,
+)
 from tests.support.harness import (
     API_KEYS,
     CONDUCTOR_KEYS,
@@ -105,36 +110,12 @@ MILESTONES = (
 )
 
 
-class BenchError(Exception):
-    """A measurement could not be made (a process did not start, Relay went away...)."""
-
-
 # -- small helpers -----------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile, interpolated linearly between the nearest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def iso_seconds(value: str) -> float:
     """Seconds since the epoch of an ISO 8601 time as the API writes it (``...Z``)."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def load_average() -> str:
-    return " ".join(f"{load:.2f}" for load in os.getloadavg())
-
-
-def print_machine() -> None:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
-    print(f"machine: {os.cpu_count()} CPUs, {memory:.1f} GiB RAM, {platform.platform()}")
-    print(f"python {platform.python_version()}; load average (1, 5, 15 min): {load_average()}", flush=True)
 
 
 def fmt(value: float) -> str:
@@ -724,21 +705,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def work_directory(log_dir: str | None) -> Iterator[Path]:
-    if log_dir is not None:
-        path = Path(log_dir).resolve()
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="relay-failover-") as tmp:
-        yield Path(tmp)
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def timed(what: str, fn: Callable[[], Any]) -> Any:
     print(f"== {what}; load average now {load_average()}", flush=True)
     started = time.perf_counter()
@@ -750,13 +716,13 @@ def timed(what: str, fn: Callable[[], Any]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the finally blocks stop every process
+    signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop every process
     print_machine()
     started = time.perf_counter()
     failures: list[Failure] = []
     warmups: list[Failure] = []
     mass: MassResult | None = None
-    with work_directory(args.log_dir) as workdir:
+    with work_directory(args.log_dir, "relay-failover-") as workdir:
         print(f"logs in {workdir}", flush=True)
         pg = Postgres()
         try:

@@ -38,17 +38,12 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import platform
-import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +52,15 @@ import httpx
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from bench.common import (
+    PROBLEM_LINE,
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    percentile,
+    print_machine,
+    work_directory,
+)
 from tests.support.harness import (
     API_KEYS,
     CONDUCTOR_KEYS,
@@ -72,11 +76,6 @@ ORG, APP = "acme", "ledger"
 WARMUP = 20
 REQUEST_TIMEOUT_SECS = 40.0  # longer than the router's own timeout (recoveryAckTimeoutSecs, 30 s)
 PATHS = (("local", "relay-1"), ("routed", "relay-2"))
-PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
-
-
-class BenchError(Exception):
-    """A measurement could not be made (a process did not start, the executor did not connect...)."""
 
 
 # -- the simulated executor -----------------------------------------------------------
@@ -160,16 +159,6 @@ class Run:
 
     def ms(self, q: float) -> float:
         return percentile(self.latencies, q) * 1000
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile, interpolated linearly between the nearest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 async def drive(clients: list[httpx.AsyncClient], url: str, run: Run) -> None:
@@ -327,16 +316,6 @@ def print_table(runs: list[Run]) -> None:
             print(f"failure x{count} ({r.path}, concurrency {r.concurrency}): {reason}")
 
 
-def load_average() -> str:
-    return " ".join(f"{load:.2f}" for load in os.getloadavg())
-
-
-def print_machine() -> None:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
-    print(f"machine: {os.cpu_count()} CPUs, {memory:.1f} GiB RAM, {platform.platform()}")
-    print(f"python {platform.python_version()}; load average (1, 5, 15 min): {load_average()}", flush=True)
-
-
 # -- main -------------------------------------------------------------------------------
 
 
@@ -360,31 +339,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def work_directory(log_dir: str | None) -> Iterator[Path]:
-    if log_dir is not None:
-        path = Path(log_dir).resolve()
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="relay-routing-") as tmp:
-        yield Path(tmp)
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the finally blocks stop every process
+    signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop every process
     print_machine()
     print(
         f"{args.requests} requests per path and level (after {WARMUP} of warm-up), concurrency {args.concurrency}",
         flush=True,
     )
     started = time.perf_counter()
-    with work_directory(args.log_dir) as workdir:
+    with work_directory(args.log_dir, "relay-routing-") as workdir:
         print(f"logs in {workdir}", flush=True)
         runs, relayed, executor = run(args, workdir)
     print_table(runs)

@@ -1,0 +1,56 @@
+"""What the benchmarks share: errors, statistics, the machine line, the work folder."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# Log lines worth printing after a run.
+PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
+
+
+class BenchError(Exception):
+    """A measurement could not be made (a process did not start or went away, counts never matched...)."""
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile, interpolated linearly between the nearest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def load_average() -> str:
+    return " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def print_machine() -> None:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    print(f"machine: {os.cpu_count()} CPUs, {memory:.1f} GiB RAM, {platform.platform()}")
+    print(f"python {platform.python_version()}; load average (1, 5, 15 min): {load_average()}", flush=True)
+
+
+@contextlib.contextmanager
+def work_directory(log_dir: str | None, prefix: str) -> Iterator[Path]:
+    """``log_dir`` (kept), or a temporary folder removed afterwards."""
+    if log_dir is not None:
+        path = Path(log_dir).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+def exit_on_sigterm(signum: int, _frame: object) -> None:
+    """A SIGTERM handler that unwinds like an exception, so that ``finally`` blocks stop every process."""
+    raise SystemExit(128 + signum)
