@@ -10,7 +10,7 @@ only these::
     │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
     ├── ProtocolError          a frame from an executor broke the protocol
     └── ExecutorRequestError   a request to a connected executor did not get an answer
-        ├── ExecutorNotConnected   no socket to that executor on this instance
+        ├── ExecutorNotConnected   no live instance holds a socket to that executor
         ├── ExecutorTimeout        no reply within the timeout
         └── ExecutorGone           the socket closed while the request was out
 """
@@ -48,7 +48,7 @@ class ExecutorRequestError(RelayError):
 
 
 class ExecutorNotConnected(ExecutorRequestError):
-    """The executor has no open socket on this Relay instance."""
+    """No live Relay instance holds an open socket to the executor (or, from the hub, not this one)."""
 
 
 class ExecutorTimeout(ExecutorRequestError):

@@ -223,7 +223,7 @@ class Router:
                     await conn.execute(f"LISTEN {self.channel}")
                     delay = 0.2
                     # Whatever arrived while not listening is found by a poll right away.
-                    self._claim_unpicked()
+                    self._spawn(self._serve_unpicked())
                     async for note in conn.notifies():
                         self._on_notify(note.payload)
             except psycopg.Error as exc:
@@ -244,9 +244,6 @@ class Router:
                 woken.set_result(None)
             return
         self._spawn(self._serve(rpc_id))
-
-    def _claim_unpicked(self) -> None:
-        self._spawn(self._serve_unpicked())
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
