@@ -56,7 +56,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
 
     from relay.embedded import EmbeddedPostgres
-    from relay.server import default_instance_id, public_urls, serve
+    from relay.net.server import default_instance_id, public_urls
+    from relay.runtime import serve
 
     embedded: EmbeddedPostgres | None = None
     database_url = config.database.url

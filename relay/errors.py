@@ -9,10 +9,13 @@ only these::
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
     │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
     ├── ProtocolError          a frame from an executor broke the protocol
-    └── ExecutorRequestError   a request to a connected executor did not get an answer
-        ├── ExecutorNotConnected   no live instance holds a socket to that executor
-        ├── ExecutorTimeout        no reply within the timeout
-        └── ExecutorGone           the socket closed while the request was out
+    ├── ExecutorRequestError   a request to a connected executor did not get an answer
+    │   ├── ExecutorNotConnected   no live instance holds a socket to that executor
+    │   ├── ExecutorTimeout        no reply within the timeout
+    │   └── ExecutorGone           the socket closed while the request was out
+    └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
+        ├── NotFound               no such app, executor or recovery
+        └── Conflict               the state does not allow it (a HEALTHY executor), or changed meanwhile
 """
 
 from __future__ import annotations
@@ -57,3 +60,19 @@ class ExecutorTimeout(ExecutorRequestError):
 
 class ExecutorGone(ExecutorRequestError):
     """The executor's socket closed while a request was waiting for its reply."""
+
+
+class ActionRefused(RelayError):
+    """An operator's action does not apply to what it names."""
+
+
+class NotFound(ActionRefused):
+    """No such app, executor or recovery."""
+
+
+class Conflict(ActionRefused):
+    """The thing is not in a state that allows the action, or its state changed meanwhile."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

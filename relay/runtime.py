@@ -1,26 +1,43 @@
-"""Everything one Relay instance holds while it runs, and its start and stop."""
+"""The composition root: builds one Relay instance, starts it, stops it, serves it.
+
+The only module under ``relay/`` that imports ``workflows/``: it hands the
+workflows their services (:class:`workflows.services.Services`) and hands the
+rest of Relay the workflow engine through the narrow protocols it needs
+(:class:`relay.net.hub.HubEvents`, :class:`relay.domain.ports.Durable`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
+
 from relay import __version__
-from relay.adoption import Adopter
+from relay.api import ApiContext, build_api
 from relay.auth import KeyRing
 from relay.config import RelayConfig
-from relay.db import Database
-from relay.durable import Durable
-from relay.hub import Hub
-from relay.lease import Lease
-from relay.recoveries import RecoveryStore
-from relay.registry import Registry
-from relay.router import Router
+from relay.domain.adoption import Adopter
+from relay.domain.operator import Operator
+from relay.metrics import Metrics
+from relay.net.hub import Hub
+from relay.net.router import Router
+from relay.net.server import RelayApp, uvicorn_config
+from relay.store.apps import AppStore
+from relay.store.audit import AuditStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+from relay.store.instances import InstanceStore
+from relay.store.lease import Lease
+from relay.store.recoveries import RecoveryStore
+from workflows.engine import Engine
+from workflows.services import Services
 
 log = logging.getLogger("relay")
 
@@ -31,49 +48,79 @@ class Runtime:
     def __init__(self, config: RelayConfig, database_url: str, instance_id: str) -> None:
         self.config = config
         self.instance_id = instance_id
-        self.version = __version__
-        self.database_url = database_url
         self.db = Database(database_url)
-        self.registry = Registry(self.db)
-        self.recoveries = RecoveryStore(self.db)
+        self.apps = AppStore(self.db)
+        self.executors = ExecutorStore(self.db)
+        self.recoveries = RecoveryStore(self.db, self.executors)
+        self.audit = AuditStore(self.db)
         self.keyring = KeyRing(config)
-        self.hub = Hub(config, self.keyring, self.registry, instance_id)
-        self.durable = Durable(self)
+        self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
+        self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
-        self.router = Router(self.db, self.hub, instance_id)
-        self.adopter = Adopter(self)
-        self.hub.events = self.durable
+        self.router = Router(self.db, self.executors, self.hub, instance_id)
+        self.adopter = Adopter(InstanceStore(self.db, self.executors), self.lease, self.engine)
+        self.operator = Operator(self.db, self.apps, self.executors, self.engine)
+        self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+
+    def api_context(self) -> ApiContext:
+        return ApiContext(
+            config=self.config,
+            instance_id=self.instance_id,
+            version=__version__,
+            db=self.db,
+            keyring=self.keyring,
+            apps=self.apps,
+            executors=self.executors,
+            recoveries=self.recoveries,
+            audit=self.audit,
+            router=self.router,
+            operator=self.operator,
+            lease=self.lease,
+            metrics=self.metrics.render,
+        )
+
+    def _services(self, loop: asyncio.AbstractEventLoop) -> Services:
+        return Services(
+            executors=self.executors,
+            recoveries=self.recoveries,
+            apps=self.apps,
+            audit=self.audit,
+            ask=self.router.request,
+            liveness=self.config.liveness,
+            note_blocked=self.engine.note_blocked,
+            loop=loop,
+        )
 
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
-        await self.registry.sync_config(self.config)
+        await self.apps.sync_config(self.config)
         await self.lease.acquire()
         self.lease.start()
         # Sockets do not survive a restart: whatever this instance held before is gone.
-        stale = await self.registry.disconnect_instance(self.instance_id)
+        stale = await self.executors.instance_lost(self.instance_id)
         if stale:
             log.info("marked %d executors of a previous run of instance %s DISCONNECTED", stale, self.instance_id)
         # DBOS resumes this instance's pending workflows (grace periods, recoveries)
         # as it launches; then every DISCONNECTED executor gets its grace period.
         self.router.start()
-        await asyncio.to_thread(self.durable.launch, asyncio.get_running_loop())
-        self.durable.start_workers()
-        await self.adopter.recover_adopted()
-        await self.durable.sweep()
+        await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
+        self.engine.start_workers()
+        await self.adopter.resume_adopted()
+        await self.engine.sweep()
         self.adopter.start()
 
     async def stop(self) -> None:
         await self.adopter.stop()
         await self.hub.close_all()
         try:
-            await self.registry.disconnect_instance(self.instance_id)
-            await self.durable.sweep()
+            await self.executors.instance_lost(self.instance_id)
+            await self.engine.sweep()
         finally:
-            await self.durable.stop_workers()
+            await self.engine.stop_workers()
             await self.router.stop()
-            await asyncio.to_thread(self.durable.destroy)
+            await asyncio.to_thread(self.engine.destroy)
             try:
                 await self.lease.stop()  # last: the lease covers every write above
             finally:
@@ -102,42 +149,29 @@ class Runtime:
         finally:
             await self.stop()
 
-    async def metrics_text(self) -> str:
-        lines = [
-            "# HELP relay_connections Executor sockets open on this instance.",
-            "# TYPE relay_connections gauge",
-            f"relay_connections {len(self.hub.connections)}",
-            "# HELP relay_pending_handshakes Sockets accepted but not yet past executor_info.",
-            "# TYPE relay_pending_handshakes gauge",
-            f"relay_pending_handshakes {self.hub.pending_handshakes}",
-            "# HELP relay_lease_held Whether this instance holds its lease (1) or not (0).",
-            "# TYPE relay_lease_held gauge",
-            f"relay_lease_held {int(self.lease.held)}",
-            "# HELP relay_requests_relayed_total Requests this instance sent to its executors for another instance.",
-            "# TYPE relay_requests_relayed_total counter",
-            f"relay_requests_relayed_total {self.router.relayed}",
-            "# HELP relay_instances_adopted_total Instances whose expired lease this instance adopted.",
-            "# TYPE relay_instances_adopted_total counter",
-            f"relay_instances_adopted_total {self.adopter.adopted}",
-            "# HELP relay_hub_events_total Hub events on this instance, by kind.",
-            "# TYPE relay_hub_events_total counter",
-        ]
-        for kind, n in sorted(self.hub.counters.items()):
-            lines.append(f'relay_hub_events_total{{kind="{kind}"}} {n}')
-        lines += [
-            "# HELP relay_executors Executors in the registry, by org, app and state.",
-            "# TYPE relay_executors gauge",
-        ]
-        for (org, app, state), n in sorted((await self.registry.count_by_state()).items()):
-            lines.append(f'relay_executors{{org="{_esc(org)}",app="{_esc(app)}",state="{state}"}} {n}')
-        lines += [
-            "# HELP relay_executors_blocked DEAD executors whose recovery waits, by reason.",
-            "# TYPE relay_executors_blocked gauge",
-        ]
-        for (org, app, reason), n in sorted((await self.registry.count_blocked()).items()):
-            lines.append(f'relay_executors_blocked{{org="{_esc(org)}",app="{_esc(app)}",reason="{reason}"}} {n}')
-        return "\n".join(lines) + "\n"
+    def asgi(self) -> RelayApp:
+        return RelayApp(self.hub, build_api(self.api_context(), self.lifespan))
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Stopped(Exception):
+    """SIGTERM, re-raised by uvicorn once it has shut down gracefully."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def serve(config: RelayConfig, database_url: str, instance_id: str) -> None:
+    """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
+    runtime = Runtime(config, database_url, instance_id)
+    server = uvicorn.Server(uvicorn_config(runtime.asgi(), config))
+    log.info("relay instance %s starting", instance_id)
+    # uvicorn re-raises the signal that stopped it once it is done; turn that
+    # into a return so the caller can still stop the embedded database.
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    if not server.started:
+        raise SystemExit(1)

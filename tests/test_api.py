@@ -8,6 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tests.prom import sample
 from tests.support.harness import CONDUCTOR_KEYS, RelayProcess, assert_eventually
 from tests.support.simulated import handshake, off_loop, open_socket
 
@@ -105,9 +106,9 @@ def test_health_ready_and_metrics(relay: RelayProcess) -> None:
         executor_id = await handshake(ws)
         await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
         text = (await off_loop(httpx.get, f"{relay.http}/metrics")).text
-        assert "relay_connections 1" in text
-        assert 'relay_executors{org="acme",app="ledger",state="HEALTHY"} 1' in text
-        assert 'relay_hub_events_total{kind="handshakes"} 1' in text
+        assert sample(text, "relay_connections") == 1
+        assert sample(text, "relay_executors", org="acme", app="ledger", state="HEALTHY") == 1
+        assert sample(text, "relay_hub_events_total", kind="handshakes") == 1
         await ws.close()
 
     asyncio.run(connect())

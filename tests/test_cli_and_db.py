@@ -14,7 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from relay.db import MIGRATIONS, Database
+from relay.store.db import Database
+from relay.store.migrations import MIGRATIONS
 from tests.support.harness import Postgres, assert_eventually, free_port
 
 

@@ -13,13 +13,19 @@ import psycopg
 import pytest
 
 from relay.config import RelayConfig
-from relay.db import Database
+from relay.core.failover import Dispatch
+from relay.core.ids import ExecutorKey, RecoveryRef
+from relay.core.lifecycle import ExecutorEvent
+from relay.core.peers import Mode, Peer
 from relay.errors import Fenced
-from relay.lease import Lease
-from relay.lifecycle import ExecutorEvent
 from relay.protocol import ExecutorInfo
-from relay.recoveries import AuditEntry, RecoveryStore
-from relay.registry import ExecutorKey, Registry
+from relay.store.apps import AppStore
+from relay.store.audit import AuditEntry, AuditStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+from relay.store.lease import Lease
+from relay.store.recoveries import RecoveryStore
+from tests.prom import scrape
 from tests.support.harness import Postgres, RelayProcess, assert_eventually, free_port, relay_yaml
 
 StartRelay = Callable[..., RelayProcess]
@@ -42,7 +48,7 @@ def test_ready_with_a_lease_and_a_new_epoch_at_each_start(start_relay: StartRela
     relay.stop()
     relay.start()
     assert readyz(relay).json()["leaseEpoch"] == first + 1
-    assert "relay_lease_held 1" in httpx.get(f"{relay.http}/metrics").text
+    assert scrape(relay.http, "relay_lease_held") == 1
 
 
 def test_paused_past_its_lease_it_renews_when_nobody_took_over(start_relay: StartRelay) -> None:
@@ -71,14 +77,17 @@ async def _fenced_writes(url: str) -> None:
     await db.open()
     try:
         await db.migrate()
-        await Registry(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
         lease = Lease(db, "fence-test", 30)
         await lease.acquire()
-        registry, store = Registry(db), RecoveryStore(db)
+        executors = ExecutorStore(db)
+        store, audit = RecoveryStore(db, executors), AuditStore(db)
         info = ExecutorInfo("ex-1", "v1", "host", "python", "3.2.0", None)
-        epoch, _ = await registry.connected("acme", "ledger", info, "fence-test")
+        epoch, _ = await executors.connected("acme", "ledger", info, "fence-test")
         key = ExecutorKey("acme", "ledger", "ex-1")
-        assert await registry.transition(key, ExecutorEvent.LOST, epoch=epoch, instance="fence-test")
+        ref = RecoveryRef(key, epoch, "r1")
+        assert await executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance="fence-test")
+        dead = ExecutorEvent.GRACE_EXPIRED
 
         async def snapshot() -> tuple[Any, ...]:
             async with db.connection() as conn:
@@ -87,12 +96,12 @@ async def _fenced_writes(url: str) -> None:
             return (rows, audit)
 
         writes = {
-            "declare_dead": lambda: store.declare_dead(key, epoch, "relay", "d1"),
-            "connected": lambda: registry.connected("acme", "ledger", info, "fence-test"),
-            "lost": lambda: registry.transition(key, ExecutorEvent.LOST, epoch=epoch),
-            "disconnect_instance": lambda: registry.disconnect_instance("fence-test"),
-            "open": lambda: store.open("r1", key, epoch, "operator"),
-            "audit": lambda: store.audit("acme", "ledger", AuditEntry("settings.updated", "relay")),
+            "declare_dead": lambda: store.declare_dead(key, epoch, dead, "relay", "d1"),
+            "connected": lambda: executors.connected("acme", "ledger", info, "fence-test"),
+            "lost": lambda: executors.apply(key, ExecutorEvent.LOST, epoch=epoch),
+            "disconnect_instance": lambda: executors.instance_lost("fence-test"),
+            "open": lambda: store.open(ref, "operator"),
+            "audit": lambda: audit.record("acme", "ledger", AuditEntry("settings.updated", "relay")),
         }
         async with db.connection() as conn:
             await conn.execute(
@@ -105,13 +114,14 @@ async def _fenced_writes(url: str) -> None:
                 await write()
             assert await snapshot() == before, name
         assert await lease.renew()  # nobody adopted it: the next renewal makes it whole again
-        assert await store.declare_dead(key, epoch, "relay", "d1")
+        assert await store.declare_dead(key, epoch, dead, "relay", "d1")
         before = await snapshot()
         async with db.connection() as conn:  # another instance adopts the lease
             await conn.execute(
                 "UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = %s", ("fence-test",)
             )
-        writes["dispatch"] = lambda: store.dispatch("r1", key, epoch, 1, "peer", "same_version", None, 0, "x")
+        plan = Dispatch(1, Peer("peer", "v1"), Mode.SAME_VERSION, None, 0)
+        writes["dispatch"] = lambda: store.dispatch(ref, plan, "x")
         for name, write in writes.items():
             with pytest.raises(Fenced, match="taken over"):
                 await write()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay.lifecycle import ExecutorEvent, ExecutorState, IllegalTransition, check_transition, states_allowing
-from relay.liveness import LivenessMonitor
+from relay.core.lifecycle import ExecutorEvent, ExecutorState, IllegalTransition, check_transition, states_allowing
+from relay.core.liveness import LivenessMonitor
 
 
 def test_first_ping_after_one_interval() -> None:

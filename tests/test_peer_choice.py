@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from relay.peers import BlockedReason, Mode, Peer, backoff, choose_peer, order_peers
+from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer, order_peers
 from workflows.recovery import first_unfinished_step
 
 V1 = [Peer("a", "v1"), Peer("b", "v1"), Peer("c", "v1")]

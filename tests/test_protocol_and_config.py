@@ -9,7 +9,7 @@ import pytest
 from relay.auth import KeyRing, hash_key, new_key
 from relay.config import parse_config
 from relay.errors import ConfigError, ProtocolError
-from relay.hub import parse_websocket_path
+from relay.net.hub import parse_websocket_path
 from relay.protocol import ExecutorInfo, MessageType, executor_info, parse_reply, recovery
 
 

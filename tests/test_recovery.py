@@ -11,7 +11,8 @@ from datetime import datetime
 import httpx
 import pytest
 
-from relay.peers import Peer, order_peers
+from relay.core.peers import Peer, order_peers
+from tests.prom import sample
 from tests.support.harness import (
     CONDUCTOR_KEYS,
     Evidence,
@@ -170,7 +171,8 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     with relay.api() as api:
         assert api.get("/apps/ledger/recoveries").json()[0]["status"] == "awaiting_operator"
     metrics = httpx.get(f"{relay.http}/metrics").text
-    assert 'relay_executors_blocked{org="acme",app="ledger",reason="version_upgrade_not_allowed"} 1' in metrics
+    blocked = sample(metrics, "relay_executors_blocked", org="acme", app="ledger", reason="version_upgrade_not_allowed")
+    assert blocked == 1
     time.sleep(1.0)
     assert Evidence(evidence_db).outcomes() == {}, "nothing may move before the operator allows it"
     with relay.api() as api:

@@ -3,28 +3,30 @@
 It waits ``executorTimeoutSecs`` (the app's value when the executor
 disconnected) in ``DBOS.recv``, whose deadline survives a crash of Relay. The
 hub ends it early with a message when the same executor reconnects. When the
-wait runs out, the executor is declared DEAD (a guarded update on its state
-and epoch: a reconnect in the meantime makes it a no-op) and its recovery
-workflow is started.
+wait runs out, the executor is declared DEAD (the GRACE_EXPIRED event, guarded
+on its state and epoch: a reconnect in the meantime makes it a no-op) and its
+recovery workflow is started.
+
+Upgrades: the workflow's name, its steps' names and their order are those of
+Relay 0.2.0, so a grace period that release started finishes under this one.
 """
 
 from __future__ import annotations
 
 from dbos import DBOS, SetWorkflowID
 
-from relay.recoveries import recovery_id
-from relay.registry import ExecutorKey
+from relay.core.ids import ExecutorKey, recovery_id
+from relay.core.lifecycle import ExecutorEvent
 from workflows.recovery import recover
-from workflows.services import relay_step, services
+from workflows.services import dedupe_key, relay_step, services
 
 RECONNECTED_TOPIC = "reconnected"
 
 
 @relay_step("relay.declare_dead")
 async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool:
-    dedupe = f"{DBOS.workflow_id}:{DBOS.step_id}"
-    store = services().runtime.recoveries
-    return await services().call(store.declare_dead(ExecutorKey(org, app, executor_id), epoch, "relay", dedupe))
+    key = ExecutorKey(org, app, executor_id)
+    return await services().recoveries.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe_key())
 
 
 @DBOS.workflow(name="relay.grace_period")
@@ -34,7 +36,6 @@ async def grace_period(org: str, app: str, executor_id: str, epoch: int, timeout
         return f"ended early: {woken}"
     if not await declare_dead(org, app, executor_id, epoch):
         return "not dead: it reconnected or was handled already"
-    key = ExecutorKey(org, app, executor_id)
-    with SetWorkflowID(recovery_id(key, epoch)):
+    with SetWorkflowID(recovery_id(ExecutorKey(org, app, executor_id), epoch)):
         await DBOS.start_workflow_async(recover, org, app, executor_id, epoch, "grace_period")
     return "dead"

@@ -1,32 +1,40 @@
 """Recovery of a dead executor's workflows: one durable workflow per death.
 
-The loop: gather the facts (a step), let the pure :func:`relay.peers.choose_peer`
-decide, then either wait durably for a peer or an operator (``DBOS.recv``,
-woken by the hub or the API), or dispatch to the chosen peer. A peer on the
-dead executor's version gets the SDK's ``recovery`` frame; a peer on the
-latest version (only where allowed) gets each PENDING workflow cancelled and
-rewound onto its version. Success is verified with ``exist_pending_workflows``
-before the record is deleted; any failure moves on to the next candidate after
-an exponential backoff (``DBOS.sleep``).
+The loop: gather the facts (a step), let the pure failover policy
+(:class:`relay.core.failover.FailoverPolicy`) decide, and carry the decision
+out: wait durably for a peer or an operator (``DBOS.recv``, woken by the hub
+or the API), or dispatch to the chosen peer. A peer on the dead executor's
+version gets the SDK's ``recovery`` frame; a peer on the latest version (only
+where allowed) gets each PENDING workflow cancelled and rewound onto its
+version. Success is verified with ``exist_pending_workflows`` before the
+record is deleted; a failure moves on to the next candidate after the
+policy's backoff (``DBOS.sleep``).
 
 Every step is safe to run twice (a crash between a step's action and its
 checkpoint repeats it): recovery frames are idempotent, database changes are
-guarded updates, audit entries carry a dedupe key.
+guarded events of the lifecycle table, audit entries carry a dedupe key.
+
+Upgrades: the workflow's name, its steps' names, their order and their
+outputs' shapes are those of Relay 0.2.0, so a recovery that release started
+finishes under this one. Step outputs are checkpointed with pickle, so they
+are plain dicts (typed below as TypedDicts) rather than classes whose module
+path would be baked into old checkpoints.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from dbos import DBOS
 
+from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
+from relay.core.ids import ExecutorKey, RecoveryRef
+from relay.core.peers import BlockedReason, Mode, Peer
 from relay.errors import ExecutorRequestError
-from relay.peers import Mode, Peer, backoff, choose_peer
-from relay.protocol import MessageType, Request, exist_pending_workflows, list_workflows, recovery
-from relay.recoveries import AuditEntry
-from relay.registry import ExecutorKey
-from workflows.services import relay_step, services
+from relay.protocol import MessageType, Reply, Request, exist_pending_workflows, list_workflows, recovery
+from relay.store.audit import AuditEntry
+from workflows.services import dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.recovery")
 
@@ -35,68 +43,91 @@ WAKE_TOPIC = "wake"
 # operator); this fallback re-check only covers a wake-up lost to a crash.
 BLOCKED_RECHECK_SECS = 30.0
 
-Result = dict[str, Any]
+
+class FactsRecord(TypedDict):
+    """The checkpoint of ``relay.gather``."""
+
+    dead: bool
+    peers: list[list[str]]  # [executor id, application version]
+    allow_latest: bool
+    latest: str | None
+    ack_timeout: float
+    backoff_initial: float
+    backoff_max: float
 
 
-def _dedupe() -> str:
-    return f"{DBOS.workflow_id}:{DBOS.step_id}"
+class Outcome(TypedDict):
+    """The checkpoint of a step that asks a peer something: ``ok``, or the reason it is not."""
+
+    ok: bool
+    error: NotRequired[str]
+    ids: NotRequired[list[str]]  # relay.list_pending: the PENDING workflows found
 
 
-async def _ask(org: str, app: str, peer: str, request: Request, timeout: float) -> Result:
-    """Send a request to a peer, through whichever instance holds its socket;
-    ``{"ok": False, "error": ...}`` instead of raising."""
+def facts_of(record: FactsRecord) -> Facts:
+    return Facts(
+        dead=record["dead"],
+        peers=tuple(Peer(p[0], p[1]) for p in record["peers"]),
+        allow_latest=record["allow_latest"],
+        latest=record["latest"],
+        ack_timeout=record["ack_timeout"],
+        backoff_initial=record["backoff_initial"],
+        backoff_max=record["backoff_max"],
+    )
+
+
+def _failed(error: str) -> Outcome:
+    return {"ok": False, "error": error}
+
+
+async def _ask(ref: RecoveryRef, peer: str, request: Request, timeout: float) -> Reply | str:
+    """The peer's reply, through whichever instance holds its socket; the reason as a string if none."""
     svc = services()
+    key = ExecutorKey(ref.key.org, ref.key.app, peer)
     try:
-        reply = await svc.call(
-            svc.runtime.router.request(ExecutorKey(org, app, peer), request, timeout, await_connection=True)
-        )
+        reply = await svc.ask(key, request, timeout, await_connection=True)
     except ExecutorRequestError as exc:
-        return {"ok": False, "error": str(exc)}
+        return str(exc)
     if reply.error_message:
-        return {"ok": False, "error": f"{request.type.value}: {reply.error_message}"}
-    return {"ok": True, "body": reply.body}
+        return f"{request.type.value}: {reply.error_message}"
+    return reply
 
 
 @relay_step("relay.open_recovery")
-async def open_recovery(rid: str, org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str | None:
-    store = services().runtime.recoveries
-    return await services().call(store.open(rid, ExecutorKey(org, app, executor_id), epoch, trigger))
+async def open_recovery(ref: RecoveryRef, trigger: str) -> str | None:
+    return await services().recoveries.open(ref, trigger)
 
 
 @relay_step("relay.gather")
-async def gather(
-    org: str, app: str, executor_id: str, epoch: int, version: str, operator_allows_latest: bool
-) -> Result:
-    rt = services().runtime
-    key = ExecutorKey(org, app, executor_id)
-    dead = await services().call(rt.recoveries.still_dead(key, epoch))
-    healthy = await services().call(rt.registry.healthy_peers(org, app))
-    apps = await services().call(rt.registry.list_apps(org, app))
-    allow_latest = operator_allows_latest or bool(apps and apps[0].recover_to_latest_version)
+async def gather(ref: RecoveryRef, version: str, operator_allows_latest: bool) -> FactsRecord:
+    svc = services()
+    dead = await svc.executors.still_dead(ref.key, ref.epoch)
+    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
+    app = await svc.apps.get(ref.key.org, ref.key.app)
+    allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     latest = None
-    others = [p for p in healthy if p[0] != executor_id]
+    others = [p for p in healthy if p[0] != ref.key.executor_id]
     if allow_latest and others and not any(v == version for _, v in others):
-        latest = await _latest_version(org, app, others, rt.config.liveness.recovery_ack_timeout_secs)
-    liveness = rt.config.liveness
+        latest = await _latest_version(ref, others, svc.liveness.recovery_ack_timeout_secs)
     return {
         "dead": dead,
         "peers": [list(p) for p in healthy],
         "allow_latest": allow_latest,
         "latest": latest,
-        "ack_timeout": liveness.recovery_ack_timeout_secs,
-        "backoff_initial": liveness.failover_backoff_initial_secs,
-        "backoff_max": liveness.failover_backoff_max_secs,
+        "ack_timeout": svc.liveness.recovery_ack_timeout_secs,
+        "backoff_initial": svc.liveness.failover_backoff_initial_secs,
+        "backoff_max": svc.liveness.failover_backoff_max_secs,
     }
 
 
-async def _latest_version(org: str, app: str, peers: list[tuple[str, str]], timeout: float) -> str | None:
+async def _latest_version(ref: RecoveryRef, peers: list[tuple[str, str]], timeout: float) -> str | None:
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
     running = {v for _, v in peers}
     for peer, _ in peers:
-        answer = await _ask(org, app, peer, Request(MessageType.LIST_APPLICATION_VERSIONS), timeout)
-        if not answer["ok"]:
+        reply = await _ask(ref, peer, Request(MessageType.LIST_APPLICATION_VERSIONS), timeout)
+        if isinstance(reply, str):
             continue
-        known = [v for v in answer["body"].get("output") or [] if isinstance(v, dict)]
+        known = [v for v in reply.body.get("output") or [] if isinstance(v, dict)]
         ranked = sorted(
             (v for v in known if v.get("version_name") in running),
             key=lambda v: (v.get("version_timestamp") or 0, v.get("created_at") or 0),
@@ -107,85 +138,69 @@ async def _latest_version(org: str, app: str, peers: list[tuple[str, str]], time
 
 
 @relay_step("relay.mark_blocked")
-async def mark_blocked(rid: str, org: str, app: str, executor_id: str, epoch: int, reason: str) -> None:
-    status = "waiting_for_peer" if reason == "no_healthy_peer" else "awaiting_operator"
-    services().runtime.durable.note_blocked(org, app)
-    store = services().runtime.recoveries
-    await services().call(store.set_blocked(rid, ExecutorKey(org, app, executor_id), epoch, reason, status, _dedupe()))
+async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts) -> bool:
+    """Record that the recovery waits; True if the peers changed since the facts were gathered.
+
+    A peer that connected after the facts were gathered but before the block
+    was recorded sent no wake-up (nothing was waiting yet), so the recovery
+    looks again before it waits. (Relay 0.2.0's checkpoints of this step hold
+    None: such a recovery simply waits, and the periodic re-check covers it.)
+    """
+    svc = services()
+    status = "waiting_for_peer" if reason is BlockedReason.NO_HEALTHY_PEER else "awaiting_operator"
+    svc.note_blocked(ref.key.org, ref.key.app)
+    await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key())
+    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
+    return {Peer(*p) for p in healthy} != set(gathered.peers)
 
 
 @relay_step("relay.dispatch")
-async def dispatch(
-    rid: str,
-    org: str,
-    app: str,
-    executor_id: str,
-    epoch: int,
-    attempt: int,
-    peer: str,
-    mode: str,
-    failover_from: str | None,
-    backoff_secs: float,
-) -> bool:
-    store = services().runtime.recoveries
-    key = ExecutorKey(org, app, executor_id)
-    return await services().call(
-        store.dispatch(rid, key, epoch, attempt, peer, mode, failover_from, backoff_secs, _dedupe())
-    )
+async def dispatch(ref: RecoveryRef, plan: Dispatch) -> bool:
+    return await services().recoveries.dispatch(ref, plan, dedupe_key())
 
 
 @relay_step("relay.recover_same_version")
-async def recover_same_version(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
-    answer = await _ask(org, app, peer, recovery([executor_id]), timeout)
-    if not answer["ok"]:
-        return answer
-    if answer["body"].get("success") is not True:
-        return {"ok": False, "error": "recovery: the peer answered success: false"}
+async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
+    reply = await _ask(ref, peer, recovery([ref.key.executor_id]), timeout)
+    if isinstance(reply, str):
+        return _failed(reply)
+    if reply.body.get("success") is not True:
+        return _failed("recovery: the peer answered success: false")
     return {"ok": True}
 
 
 @relay_step("relay.list_pending")
-async def list_pending(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
-    query = list_workflows(executor_id=executor_id, status="PENDING", application_version=version)
-    answer = await _ask(org, app, peer, query, timeout)
-    if not answer["ok"]:
-        return answer
-    rows = answer["body"].get("output")
+async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
+    query = list_workflows(executor_id=ref.key.executor_id, status="PENDING", application_version=version)
+    reply = await _ask(ref, peer, query, timeout)
+    if isinstance(reply, str):
+        return _failed(reply)
+    rows = reply.body.get("output")
     if not isinstance(rows, list):
-        return {"ok": False, "error": "list_workflows: no output list"}
+        return _failed("list_workflows: no output list")
     return {"ok": True, "ids": [str(w["WorkflowUUID"]) for w in rows if isinstance(w, dict) and w.get("WorkflowUUID")]}
 
 
 @relay_step("relay.move_workflow")
-async def move_workflow(
-    org: str, app: str, peer: str, executor_id: str, workflow_id: str, target: str, timeout: float
-) -> Result:
+async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: str, timeout: float) -> Outcome:
     """Cancel a PENDING workflow, then rewind it onto ``target`` from its first unfinished step."""
-    steps = await _ask(
-        org, app, peer, Request(MessageType.LIST_STEPS, {"workflow_id": workflow_id, "load_output": False}), timeout
-    )
-    if not steps["ok"]:
-        return steps
-    start_step = first_unfinished_step(steps["body"].get("output") or [])
-    cancel = await _ask(org, app, peer, Request(MessageType.CANCEL, {"workflow_id": workflow_id}), timeout)
-    if not cancel["ok"]:
-        return cancel
+    list_steps = Request(MessageType.LIST_STEPS, {"workflow_id": workflow_id, "load_output": False})
+    steps = await _ask(ref, peer, list_steps, timeout)
+    if isinstance(steps, str):
+        return _failed(steps)
+    start_step = first_unfinished_step(steps.body.get("output") or [])
+    cancel = await _ask(ref, peer, Request(MessageType.CANCEL, {"workflow_id": workflow_id}), timeout)
+    if isinstance(cancel, str):
+        return _failed(cancel)
     body = {"workflow_id": workflow_id, "start_step": start_step, "application_version": target}
-    rewind = await _ask(org, app, peer, Request(MessageType.REWIND_WORKFLOW, {"body": body}), timeout)
-    if not rewind["ok"]:
-        return rewind
-    if rewind["body"].get("success") is not True:
-        return {"ok": False, "error": f"rewind_workflow {workflow_id}: success: false"}
-    store = services().runtime.recoveries
-    entry = AuditEntry(
-        "recovery.workflow_moved",
-        "relay",
-        executor_id,
-        peer,
-        {"workflowId": workflow_id, "toVersion": target, "fromStep": start_step},
-        _dedupe(),
-    )
-    await services().call(store.audit(org, app, entry))
+    rewind = await _ask(ref, peer, Request(MessageType.REWIND_WORKFLOW, {"body": body}), timeout)
+    if isinstance(rewind, str):
+        return _failed(rewind)
+    if rewind.body.get("success") is not True:
+        return _failed(f"rewind_workflow {workflow_id}: success: false")
+    detail = {"workflowId": workflow_id, "toVersion": target, "fromStep": start_step}
+    entry = AuditEntry("recovery.workflow_moved", "relay", ref.key.executor_id, peer, detail, dedupe_key())
+    await services().audit.record(ref.key.org, ref.key.app, entry)
     return {"ok": True}
 
 
@@ -204,127 +219,95 @@ def first_unfinished_step(steps: list[Any]) -> int:
 
 
 @relay_step("relay.verify")
-async def verify(org: str, app: str, peer: str, executor_id: str, version: str, timeout: float) -> Result:
-    answer = await _ask(org, app, peer, exist_pending_workflows(executor_id, version), timeout)
-    if not answer["ok"]:
-        return answer
-    if answer["body"].get("exist") is not False:
-        return {"ok": False, "error": "verification failed: workflows of the dead executor are still PENDING"}
+async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
+    reply = await _ask(ref, peer, exist_pending_workflows(ref.key.executor_id, version), timeout)
+    if isinstance(reply, str):
+        return _failed(reply)
+    if reply.body.get("exist") is not False:
+        return _failed("verification failed: workflows of the dead executor are still PENDING")
     return {"ok": True}
 
 
 @relay_step("relay.fail_attempt")
-async def fail_attempt(
-    rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str, error: str
-) -> None:
-    store = services().runtime.recoveries
-    await services().call(
-        store.fail_attempt(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, error, _dedupe())
-    )
+async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) -> None:
+    await services().recoveries.fail_attempt(ref, attempt, peer, error, dedupe_key())
 
 
 @relay_step("relay.succeed")
-async def succeed(rid: str, org: str, app: str, executor_id: str, epoch: int, attempt: int, peer: str) -> bool:
-    store = services().runtime.recoveries
-    return await services().call(
-        store.succeed(rid, ExecutorKey(org, app, executor_id), epoch, attempt, peer, _dedupe())
-    )
+async def succeed(ref: RecoveryRef, attempt: int, peer: str) -> bool:
+    return await services().recoveries.succeed(ref, attempt, peer, dedupe_key())
 
 
 @relay_step("relay.abandon")
-async def abandon(rid: str, org: str, app: str, executor_id: str, reason: str) -> None:
-    store = services().runtime.recoveries
-    await services().call(store.abandon(rid, ExecutorKey(org, app, executor_id), reason, _dedupe()))
+async def abandon(ref: RecoveryRef, reason: str) -> None:
+    await services().recoveries.abandon(ref, reason, dedupe_key())
 
 
-async def _move_all(
-    org: str,
-    app: str,
-    peer: str,
-    executor_id: str,
-    version: str,
-    target: str,
-    timeout: float,
-    known: list[str],
-    moved: list[str],
-) -> Result:
-    """Move every PENDING workflow of the dead executor; ``known`` remembers ids across attempts,
-    since a workflow cancelled by a failed attempt is no longer PENDING to list."""
-    listed = await list_pending(org, app, peer, executor_id, version, timeout)
-    if not listed["ok"]:
-        return listed
-    known.extend(w for w in listed["ids"] if w not in known)
-    for workflow_id in known:
-        if workflow_id in moved:
-            continue
-        result = await move_workflow(org, app, peer, executor_id, workflow_id, target, timeout)
-        if not result["ok"]:
-            return result
-        moved.append(workflow_id)
-    return {"ok": True}
+class _Moves:
+    """The latest-version path's memory across attempts: a workflow cancelled by a failed
+    attempt is no longer PENDING to list, but must still be moved."""
+
+    def __init__(self) -> None:
+        self.known: list[str] = []
+        self.moved: list[str] = []
+
+    async def move_all(self, ref: RecoveryRef, plan: Dispatch, version: str, timeout: float) -> Outcome:
+        peer, target = plan.peer.executor_id, plan.peer.application_version
+        listed = await list_pending(ref, peer, version, timeout)
+        if not listed["ok"]:
+            return listed
+        self.known.extend(w for w in listed.get("ids", []) if w not in self.known)
+        for workflow_id in self.known:
+            if workflow_id in self.moved:
+                continue
+            result = await move_workflow(ref, peer, workflow_id, target, timeout)
+            if not result["ok"]:
+                return result
+            self.moved.append(workflow_id)
+        return {"ok": True}
+
+
+async def _attempt(ref: RecoveryRef, plan: Dispatch, version: str, timeout: float, moves: _Moves) -> Outcome:
+    """Carry out one dispatched attempt, then verify it."""
+    peer = plan.peer.executor_id
+    if plan.mode is Mode.SAME_VERSION:
+        result = await recover_same_version(ref, peer, version, timeout)
+    else:
+        result = await moves.move_all(ref, plan, version, timeout)
+    if result["ok"]:
+        result = await verify(ref, peer, version, timeout)
+    return result
 
 
 @DBOS.workflow(name="relay.recover")
 async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
-    version = await open_recovery(rid, org, app, executor_id, epoch, trigger)
+    ref = RecoveryRef(ExecutorKey(org, app, executor_id), epoch, rid)
+    version = await open_recovery(ref, trigger)
     if version is None:
         return "gone"
-    attempt, delay = 0, 0.0
-    tried: list[str] = []
-    blocked: str | None = None
-    last_failed: str | None = None
-    operator_allows_latest = False
-    known: list[str] = []
-    moved: list[str] = []
+    policy = FailoverPolicy(executor_id, version)
+    moves = _Moves()
     while True:
-        facts = await gather(org, app, executor_id, epoch, version, operator_allows_latest)
-        if not facts["dead"]:
-            await abandon(rid, org, app, executor_id, "the executor reconnected or its record is gone")
+        facts = facts_of(await gather(ref, version, policy.operator_allows_latest))
+        decision = policy.decide(facts)
+        if isinstance(decision, Abandon):
+            await abandon(ref, decision.reason)
             return "abandoned"
-        choice = choose_peer(
-            executor_id,
-            version,
-            [Peer(p[0], p[1]) for p in facts["peers"]],
-            tried=frozenset(tried),
-            allow_latest=facts["allow_latest"],
-            latest_version=facts["latest"],
-        )
-        if choice.blocked is not None:
-            if choice.blocked.value != blocked:
-                blocked = choice.blocked.value
-                await mark_blocked(rid, org, app, executor_id, epoch, blocked)
-                # A peer that connected after the facts were gathered but before the
-                # block was recorded sent no wake-up: look once more before waiting.
+        if isinstance(decision, Block):
+            if decision.record and await mark_blocked(ref, decision.reason, facts):
                 continue
-            message = await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS)
-            if isinstance(message, dict) and message.get("toLatestVersion"):
-                operator_allows_latest = True
+            policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))
             continue
-        blocked = None
-        if choice.peer is None or choice.mode is None:  # every candidate failed once: start the round again
-            tried = []
+        if isinstance(decision, NewRound):
             continue
-        attempt += 1
-        peer = choice.peer.executor_id
-        if not await dispatch(rid, org, app, executor_id, epoch, attempt, peer, choice.mode.value, last_failed, delay):
-            await abandon(rid, org, app, executor_id, "the executor reconnected during recovery")
+        if not await dispatch(ref, decision):
+            await abandon(ref, "the executor reconnected during recovery")
             return "abandoned"
-        timeout = facts["ack_timeout"]
-        if choice.mode is Mode.SAME_VERSION:
-            result = await recover_same_version(org, app, peer, executor_id, version, timeout)
-        else:
-            result = await _move_all(
-                org, app, peer, executor_id, version, choice.peer.application_version, timeout, known, moved
-            )
+        result = await _attempt(ref, decision, version, facts.ack_timeout, moves)
         if result["ok"]:
-            result = await verify(org, app, peer, executor_id, version, timeout)
-        if result["ok"]:
-            await succeed(rid, org, app, executor_id, epoch, attempt, peer)
+            await succeed(ref, decision.attempt, decision.peer.executor_id)
             return "succeeded"
-        await fail_attempt(rid, org, app, executor_id, epoch, attempt, peer, str(result["error"]))
-        tried.append(peer)
-        last_failed = peer
-        delay = backoff(attempt, facts["backoff_initial"], facts["backoff_max"])
-        await DBOS.sleep_async(delay)
+        await fail_attempt(ref, decision.attempt, decision.peer.executor_id, result.get("error", "failed"))
+        await DBOS.sleep_async(policy.failed(decision, facts))

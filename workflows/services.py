@@ -1,27 +1,34 @@
-"""What Relay's workflows reach outside DBOS: the running Relay's hub and database.
+"""What Relay's workflows reach outside DBOS, and the step decorator that reaches it.
 
-The workflows are coroutines: thousands of grace periods cost thousands of
-tasks, not threads. The hub's sockets and the database pool belong to Relay's
-event loop; :meth:`Services.call` awaits a coroutine there, whichever loop the
-workflow itself runs on.
+The workflows get a narrow, typed set of services (:class:`Services`), bound
+once when DBOS launches. The stores and the router belong to Relay's event
+loop (the database pool, the hub's sockets); DBOS runs a workflow on Relay's
+loop when Relay started it and on its own background loop when it recovered
+it. :func:`relay_step` makes every step body run on Relay's loop, so a step
+simply awaits the stores: the hop between loops lives here, once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from dbos import DBOS
 
+from relay.config import LivenessConfig
+from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
-
-if TYPE_CHECKING:
-    from relay.runtime import Runtime
+from relay.protocol import Reply, Request
+from relay.store.apps import AppStore
+from relay.store.audit import AuditStore
+from relay.store.executors import ExecutorStore
+from relay.store.recoveries import RecoveryStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
-R = TypeVar("R")
 
 # Every Relay instance must register its workflows under the same application
 # version, or one instance could not recover another's. Change it only when a
@@ -29,14 +36,28 @@ R = TypeVar("R")
 WORKFLOWS_VERSION = "relay-workflows-1"
 
 
-class Services:
-    def __init__(self, runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
-        self.runtime = runtime
-        self.loop = loop
+class Ask(Protocol):
+    """Send a request to an executor wherever its socket is (:meth:`relay.net.router.Router.request`)."""
 
-    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on Relay's loop, from whichever loop DBOS runs the workflow on
-        (Relay's own when Relay started it; DBOS's background loop when it recovered it)."""
+    def __call__(
+        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = ...
+    ) -> Awaitable[Reply]: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    executors: ExecutorStore
+    recoveries: RecoveryStore
+    apps: AppStore
+    audit: AuditStore
+    ask: Ask
+    liveness: LivenessConfig
+    # A recovery about to wait tells the engine its app may have one waiting (for wake-ups).
+    note_blocked: Callable[[str, str], None]
+    loop: asyncio.AbstractEventLoop
+
+    async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""
         if asyncio.get_running_loop() is self.loop:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
@@ -60,18 +81,34 @@ def _database_trouble(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError)
 
 
-def relay_step(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """A DBOS step that outlives a database outage of up to about an hour.
+def relay_step(name: str) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """A DBOS step whose body runs on Relay's loop and that outlives a database outage.
 
-    Without retries, one failed query would end the workflow in ERROR and
-    strand its executor; requests to executors report failure as values
-    instead, so only database trouble is retried here.
+    Retries: without them, one failed query would end the workflow in ERROR
+    and strand its executor (about an hour of retries in all). Requests to
+    executors report failure as values instead, so only database trouble is
+    retried. The body sees the step's DBOS context (``DBOS.workflow_id``,
+    ``DBOS.step_id``): the hop copies the context along.
     """
-    return DBOS.step(
-        name=name,
-        retries_allowed=True,
-        interval_seconds=0.5,
-        backoff_rate=1.5,
-        max_attempts=20,
-        should_retry=_database_trouble,
-    )
+
+    def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        @functools.wraps(fn)
+        async def on_relay_loop(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await services().on_loop(fn(*args, **kwargs))
+
+        step: Callable[P, Coroutine[Any, Any, T]] = DBOS.step(
+            name=name,
+            retries_allowed=True,
+            interval_seconds=0.5,
+            backoff_rate=1.5,
+            max_attempts=20,
+            should_retry=_database_trouble,
+        )(on_relay_loop)
+        return step
+
+    return decorate
+
+
+def dedupe_key() -> str:
+    """An audit entry's dedupe key inside a step: the same when the step runs again after a crash."""
+    return f"{DBOS.workflow_id}:{DBOS.step_id}"

@@ -1,32 +1,31 @@
-"""One Relay instance on one port: executors' WebSockets and the HTTP API."""
+"""One Relay instance on one port: executors' WebSockets and the HTTP API, served by uvicorn."""
 
 from __future__ import annotations
 
-import logging
-import signal
 import socket
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 
-from relay.api import build_api
 from relay.config import RelayConfig
-from relay.hub import Receive, Scope, Send
-from relay.runtime import Runtime
-from relay.wsproto import RelayWebSocketProtocol
+from relay.net.hub import Receive, Scope, Send
+from relay.net.wsproto import RelayWebSocketProtocol
+
+Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class RelayApp:
     """The ASGI application: WebSocket scopes go to the hub, the rest to the API."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.api = build_api(runtime)
+    def __init__(self, websockets: Asgi, http: Asgi) -> None:
+        self.websockets = websockets
+        self.http = http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            await self.runtime.hub(scope, receive, send)
+            await self.websockets(scope, receive, send)
         else:
-            await self.api(scope, receive, send)
+            await self.http(scope, receive, send)
 
 
 def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
@@ -62,27 +61,3 @@ def public_urls(config: RelayConfig) -> tuple[str, str]:
 
 def default_instance_id(config: RelayConfig) -> str:
     return f"{socket.gethostname()}:{config.server.port}"
-
-
-class _Stopped(Exception):
-    """SIGTERM, re-raised by uvicorn once it has shut down gracefully."""
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise _Stopped
-
-
-def serve(config: RelayConfig, database_url: str, instance_id: str) -> None:
-    """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
-    runtime = Runtime(config, database_url, instance_id)
-    server = uvicorn.Server(uvicorn_config(RelayApp(runtime), config))
-    logging.getLogger("relay").info("relay instance %s starting", instance_id)
-    # uvicorn re-raises the signal that stopped it once it is done; turn that
-    # into a return so the caller can still stop the embedded database.
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    try:
-        server.run()
-    except (KeyboardInterrupt, _Stopped):
-        pass
-    if not server.started:
-        raise SystemExit(1)

@@ -1,24 +1,12 @@
-"""Relay's PostgreSQL: the connection pool and the versioned migrations.
+"""Relay's schema: versioned migrations, applied forward at start-up.
 
-Migrations run at start-up inside one transaction that first takes a
-transaction-level advisory lock, so two instances starting at once apply each
-migration exactly once: the second waits, then finds it already recorded.
+They run inside one transaction that first takes a transaction-level advisory
+lock, so two instances starting at once apply each migration exactly once: the
+second waits, then finds it already recorded. A migration is never edited once
+released; a change is a new one.
 """
 
 from __future__ import annotations
-
-import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
-
-import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
-from relay.errors import DatabaseError, Fenced
-
-log = logging.getLogger("relay.db")
 
 # Any fixed 64-bit number; it only has to differ from other users' advisory locks.
 MIGRATION_LOCK_KEY = 7_215_420_113_001
@@ -172,97 +160,3 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
 ]
-
-
-class Database:
-    """The pool; every query goes through :meth:`connection`."""
-
-    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 16) -> None:
-        self.url = url
-        # (instance id, lease epoch) that :meth:`fenced` checks; set by relay.lease.Lease.
-        self.fence: tuple[str, int] | None = None
-        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
-            url,
-            connection_class=psycopg.AsyncConnection[dict[str, Any]],
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            timeout=10.0,
-            kwargs={"autocommit": True, "row_factory": dict_row},
-        )
-
-    async def open(self) -> None:
-        try:
-            await self.pool.open(wait=True, timeout=15.0)
-        except (PoolTimeout, psycopg.Error) as exc:
-            raise DatabaseError(f"cannot connect to PostgreSQL: {exc}") from exc
-
-    async def close(self) -> None:
-        await self.pool.close()
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
-        try:
-            async with self.pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise DatabaseError(f"no database connection available: {exc}") from exc
-        except psycopg.Error as exc:
-            raise DatabaseError(f"database error: {exc}") from exc
-
-    @asynccontextmanager
-    async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
-        """A transaction that commits only while this instance holds its lease.
-
-        It first locks this instance's lease row ``FOR SHARE``, checking the
-        epoch and the expiry: an instance that was paused past its lease, or
-        whose lease another instance adopted, gets :class:`Fenced` and writes
-        nothing. The lock makes the check hold until the commit: an adoption
-        (an UPDATE of that row) waits for this transaction, then finds the
-        lease renewed or still expired as the case may be.
-        """
-        if self.fence is None:
-            raise Fenced("this instance holds no lease yet")
-        instance, epoch = self.fence
-        async with self.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                """SELECT lease_epoch, lease_expires_at > now() AS live FROM relay_instances
-                   WHERE instance_id = %s FOR SHARE""",
-                (instance,),
-            )
-            row = await cur.fetchone()
-            if row is None or row["lease_epoch"] != epoch:
-                raise Fenced(f"instance {instance}: lease epoch {epoch} was taken over")
-            if not row["live"]:
-                raise Fenced(f"instance {instance}: lease epoch {epoch} has expired")
-            yield conn
-
-    async def ping(self) -> bool:
-        try:
-            async with self.connection() as conn:
-                await conn.execute("SELECT 1")
-            return True
-        except DatabaseError:
-            return False
-
-    async def migrate(self) -> list[int]:
-        """Apply the migrations not yet recorded; returns the versions applied."""
-        applied: list[int] = []
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-            await conn.execute(
-                """CREATE TABLE IF NOT EXISTS relay_schema_migrations (
-                       version     integer PRIMARY KEY,
-                       applied_at  timestamptz NOT NULL DEFAULT now())"""
-            )
-            cur = await conn.execute("SELECT version FROM relay_schema_migrations")
-            done = {int(row["version"]) for row in await cur.fetchall()}
-            for version, sql in MIGRATIONS:
-                if version in done:
-                    continue
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO relay_schema_migrations (version) VALUES (%s)", (version,))
-                applied.append(version)
-        if applied:
-            log.info("database migrated to version %d", applied[-1])
-        return applied

@@ -8,7 +8,7 @@ executor goes quiet for ``pingWaitSecs``, and finally records DISCONNECTED.
 :meth:`Hub.request` sends a request frame to an executor connected here and
 awaits the reply with the same ``request_id``; replies are matched by the
 connection's reading loop. The rest of Relay asks through
-:class:`relay.router.Router`, wherever the executor's socket is.
+:class:`relay.net.router.Router`, wherever the executor's socket is.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from typing import Any, Protocol
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent
+from relay.core.liveness import LivenessMonitor
 from relay.errors import (
     DatabaseError,
     ExecutorGone,
@@ -30,11 +33,10 @@ from relay.errors import (
     Fenced,
     ProtocolError,
 )
-from relay.lifecycle import ExecutorEvent
-from relay.liveness import LivenessMonitor
+from relay.net.wsproto import Keepalive
 from relay.protocol import ExecutorInfo, Reply, Request, executor_info, parse_reply
-from relay.registry import ExecutorKey, Registry
-from relay.wsproto import Keepalive
+from relay.store.apps import AppStore
+from relay.store.executors import ExecutorStore
 
 log = logging.getLogger("relay.hub")
 
@@ -55,7 +57,7 @@ CLOSE_SHUTDOWN = 1001
 
 
 class HubEvents(Protocol):
-    """What the rest of Relay wants to hear from the hub (grace periods, wake-ups)."""
+    """What the durable layer wants to hear from the hub (grace periods, wake-ups)."""
 
     async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None: ...
 
@@ -79,16 +81,25 @@ def parse_websocket_path(path: str) -> tuple[str, str] | None:
 
 
 class Hub:
-    def __init__(self, config: RelayConfig, keyring: KeyRing, registry: Registry, instance_id: str) -> None:
+    def __init__(
+        self,
+        config: RelayConfig,
+        keyring: KeyRing,
+        apps: AppStore,
+        executors: ExecutorStore,
+        instance_id: str,
+        events: HubEvents,
+    ) -> None:
         self.config = config
         self.keyring = keyring
-        self.registry = registry
+        self.apps = apps
+        self.executors = executors
         self.instance_id = instance_id
+        self.events = events
         self.connections: dict[ExecutorKey, ExecutorConnection] = {}
         self.pending_handshakes = 0
         self.counters: Counter[str] = Counter()
         self._known_apps: set[tuple[str, str]] = set()
-        self.events: HubEvents | None = None
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -121,27 +132,21 @@ class Hub:
     async def attach(self, conn: ExecutorConnection, info: ExecutorInfo) -> int:
         """Record the executor as connected here; returns the epoch."""
         if (conn.org, conn.app) not in self._known_apps:
-            await self.registry.ensure_app(conn.org, conn.app)
+            await self.apps.ensure(conn.org, conn.app)
             self._known_apps.add((conn.org, conn.app))
-        epoch, previous_epoch = await self.registry.connected(conn.org, conn.app, info, self.instance_id)
+        epoch, previous_epoch = await self.executors.connected(conn.org, conn.app, info, self.instance_id)
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
         previous = self.connections.get(key)
         self.connections[key] = conn
         if previous is not None and previous is not conn:
             log.info("executor %s connected again; closing its older socket", key)
             await previous.close(CLOSE_REPLACED, "replaced by a newer connection")
-        await self._tell("executor_connected", key, epoch, previous_epoch)
+        await self.events.executor_connected(key, epoch, previous_epoch)
         return epoch
 
-    async def _tell(self, event: str, key: ExecutorKey, *args: int | None) -> None:
-        if self.events is None:
-            return
-        try:
-            await getattr(self.events, event)(key, *args)
-        except Exception:
-            # The registry already holds the truth; the start-up sweep and the
-            # blocked recoveries' periodic re-check make up for a lost event.
-            log.exception("executor %s: handling %s failed", key, event)
+    async def report_lost(self, key: ExecutorKey, epoch: int) -> None:
+        """The executor's disconnection is recorded: its grace period starts."""
+        await self.events.executor_lost(key, epoch)
 
     def detach(self, conn: ExecutorConnection) -> None:
         if conn.key is not None and self.connections.get(conn.key) is conn:
@@ -152,7 +157,7 @@ class Hub:
     async def request(self, key: ExecutorKey, request: Request, timeout: float) -> Reply:
         """Send ``request`` to an executor connected to this instance and await its reply.
 
-        The rest of Relay goes through :class:`relay.router.Router`, which finds
+        The rest of Relay goes through :class:`relay.net.router.Router`, which finds
         the instance holding the executor's socket.
         """
         conn = self.connections.get(key)
@@ -347,7 +352,7 @@ class ExecutorConnection:
     async def _record_lost(self) -> None:
         assert self.key is not None
         try:
-            changed = await self.hub.registry.transition(
+            changed = await self.hub.executors.apply(
                 self.key, ExecutorEvent.LOST, epoch=self.epoch, instance=self.hub.instance_id
             )
         except Fenced as exc:
@@ -361,7 +366,7 @@ class ExecutorConnection:
             return
         if changed:
             log.info("executor %s is DISCONNECTED", self.name)
-            await self.hub._tell("executor_lost", self.key, self.epoch)
+            await self.hub.report_lost(self.key, self.epoch)
 
 
 def _client(scope: Scope) -> str:

@@ -9,7 +9,7 @@ instance's: an instance that adopts an expired lease raises the epoch, and
 the old holder then knows it was fenced out.
 
 Every write bound to what this instance owns goes through
-:meth:`relay.db.Database.fenced`, which checks the same row in the same
+:meth:`relay.store.db.Database.fenced`, which checks the same row in the same
 transaction: the lease, not this process's belief, decides. When a renewal
 finds the epoch taken over, ``on_fenced`` is called (the runtime exits: the
 process manager starts it again with a new epoch).
@@ -21,8 +21,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from relay.db import Database
 from relay.errors import DatabaseError
+from relay.store.db import Database
 
 log = logging.getLogger("relay.lease")
 

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from relay.core.ids import ExecutorKey
 from relay.errors import (
     DatabaseError,
     ExecutorGone,
@@ -34,12 +35,10 @@ from relay.errors import (
     ExecutorRequestError,
     ExecutorTimeout,
 )
+from relay.net.hub import Hub
 from relay.protocol import MessageType, Reply, Request
-from relay.registry import ExecutorKey
-
-if TYPE_CHECKING:
-    from relay.db import Database
-    from relay.hub import Hub
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
 
 log = logging.getLogger("relay.router")
 
@@ -70,8 +69,9 @@ def _error_kind(exc: ExecutorRequestError) -> str:
 
 
 class Router:
-    def __init__(self, db: Database, hub: Hub, instance_id: str) -> None:
+    def __init__(self, db: Database, executors: ExecutorStore, hub: Hub, instance_id: str) -> None:
         self.db = db
+        self.executors = executors
         self.hub = hub
         self.instance_id = instance_id
         self.channel = channel(instance_id)
@@ -95,7 +95,7 @@ class Router:
         deadline = loop.time() + timeout
         problem = "is not connected to any live Relay instance"
         while True:
-            owner = await self._owner(key)
+            owner = await self.executors.owner(key)
             if owner == self.instance_id and key in self.hub.connections:
                 return await self.hub.request(key, request, max(deadline - loop.time(), 0.001))
             if owner is not None and owner != self.instance_id:
@@ -107,19 +107,6 @@ class Router:
             if not await_connection or loop.time() >= deadline:
                 raise ExecutorNotConnected(f"executor {key} {problem}")
             await asyncio.sleep(OWNER_RECHECK_SECS)
-
-    async def _owner(self, key: ExecutorKey) -> str | None:
-        """The instance holding the executor's socket, by the registry; None if it is not HEALTHY
-        or its instance's lease has run out (it died, and its adopter will mark it DISCONNECTED)."""
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                """SELECT e.relay_instance FROM executors e
-                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
-                   WHERE e.org = %s AND e.app = %s AND e.executor_id = %s AND e.state = 'HEALTHY'""",
-                (key.org, key.app, key.executor_id),
-            )
-            row = await cur.fetchone()
-        return None if row is None else str(row["relay_instance"])
 
     async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Reply | None:
         """The reply through ``owner``; None if it did not pick the request up within

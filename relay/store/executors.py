@@ -1,36 +1,38 @@
-"""The registry: orgs, keys, apps and executors as rows in PostgreSQL.
+"""The executor store: the only module that writes the ``executors`` table.
 
-Every change of an executor's state goes through :meth:`Registry.transition`
-or :meth:`Registry.connected`: a guarded UPDATE whose WHERE names the states
-the lifecycle allows (and the epoch where the caller knows it), with
-timestamps taken from the database. A row count of zero means somebody else
-moved first, and the caller is told so instead of overwriting. Writes bound to
-what this instance owns are fenced by its lease (:meth:`Database.fenced`).
+Every write is an event of the lifecycle table (:mod:`relay.core.lifecycle`),
+and its guard comes from that table: the states the event is allowed from
+(or, where the caller knows it, the one state it expects, checked against the
+table before any SQL), the connection's epoch and the owning instance where
+the caller knows them. A guarded write that matches no row is a lost race and
+returns False; timestamps come from the database. Writes bound to what this
+instance owns run in a fenced transaction (:meth:`Database.fenced`), or in the
+caller's, so that a recovery step changes the executor, the recovery row and
+the audit log together.
+
+Each event is counted (applied, or lost to a race) for ``/metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
-from relay.config import DEFAULT_EXECUTOR_TIMEOUT_SECS, RelayConfig
-from relay.db import Database
-from relay.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.protocol import ExecutorInfo
+from relay.store.db import Database
 
-
-@dataclass(frozen=True)
-class ExecutorKey:
-    org: str
-    app: str
-    executor_id: str
-
-    def __str__(self) -> str:
-        return f"{self.org}/{self.app}/{self.executor_id}"
+E = ExecutorEvent
+Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -68,70 +70,144 @@ class ExecutorRecord:
         )
 
 
-@dataclass(frozen=True)
-class AppRecord:
-    org: str
-    name: str
-    executor_timeout_secs: float
-    recover_to_latest_version: bool
-    counts: dict[ExecutorState, int]
-
+# What an event sets besides the state (the state itself comes from the table).
+_EFFECTS: dict[ExecutorEvent, str] = {
+    E.LOST: ", disconnected_at = now()",
+    E.INSTANCE_LOST: ", disconnected_at = now()",
+    E.GRACE_EXPIRED: ", dead_at = now()",
+    E.DECLARED_DEAD: ", dead_at = now()",
+    E.BLOCKED: ", blocked_reason = %(reason)s",
+    E.RECOVERY_SENT: ", blocked_reason = NULL",
+}
+# Events with a statement of their own: a batched upsert, and a move of every row of an instance.
+_OWN_STATEMENT = (E.CONNECTED, E.ADOPTED)
 
 CONNECT_BATCH = 500
 # (org, app, executor_info, relay instance) and the future awaiting its epoch.
 _PendingConnect = tuple[tuple[str, str, ExecutorInfo, str], "asyncio.Future[tuple[int, int | None]]"]
 
 
-class Registry:
+def _state_case(event: ExecutorEvent, column: str = "state") -> str:
+    """``CASE state WHEN ... END``: the state after ``event``, from the table, for each state before."""
+    whens = " ".join(f"WHEN '{before.value}' THEN '{after.value}'" for before, after in targets(event).items() if after)
+    return f"CASE {column} {whens} END"
+
+
+class ExecutorStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        # (event, "applied" | "lost_race") -> rows, for /metrics
+        self.events: Counter[tuple[str, str]] = Counter()
         self._connect_queue: list[_PendingConnect] = []
         self._connect_writer: asyncio.Task[None] | None = None
 
-    async def sync_config(self, config: RelayConfig) -> None:
-        """Make orgs, keys and configured apps in the database match relay.yaml.
+    @asynccontextmanager
+    async def _fenced(self, conn: Conn | None) -> AsyncIterator[Conn]:
+        if conn is not None:
+            yield conn
+            return
+        async with self.db.fenced() as own:
+            yield own
 
-        Keys not in the file are removed, so that revoking a key is editing the
-        file and restarting. App settings from the file are written only when
-        the app is first seen: later changes come through the API (PATCH) and
-        must survive a restart.
+    def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
+        if applied:
+            self.events[(event.value, "applied")] += applied
+        if attempted > applied:
+            self.events[(event.value, "lost_race")] += attempted - applied
+
+    # -- writes: every one an event of the lifecycle table ----------------------------
+
+    async def apply(
+        self,
+        key: ExecutorKey,
+        event: ExecutorEvent,
+        *,
+        epoch: int | None = None,
+        instance: str | None = None,
+        expected: ExecutorState | None = None,
+        reason: str | None = None,
+        conn: Conn | None = None,
+    ) -> bool:
+        """Apply ``event`` to one executor if its row is still where the table allows it.
+
+        ``expected``, when the caller knows the state, narrows the guard to it
+        and is checked against the table first (:class:`IllegalTransition`).
+        ``epoch`` and ``instance``, when given, must match too. Returns whether
+        the row changed (or was deleted, for RECOVERED).
         """
-        async with self.db.connection() as conn, conn.transaction():
-            for org in config.orgs:
-                await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
-                for app in org.apps:
-                    await conn.execute(
-                        """INSERT INTO apps (org, name, executor_timeout_secs,
-                                             recover_to_latest_version, from_config)
-                           VALUES (%s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
-                        (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version),
-                    )
-            wanted = [
-                (key.sha256, org.name, kind, key.name, getattr(key, "role", None))
-                for org in config.orgs
-                for kind, keys in (("conductor", org.conductor_keys), ("api", org.api_keys))
-                for key in keys
-            ]
-            await conn.execute("DELETE FROM keys WHERE NOT (sha256 = ANY(%s))", ([w[0] for w in wanted],))
-            for row in wanted:
-                await conn.execute(
-                    """INSERT INTO keys (sha256, org, kind, name, role) VALUES (%s, %s, %s, %s, %s)
-                       ON CONFLICT (sha256) DO UPDATE SET org = EXCLUDED.org, kind = EXCLUDED.kind,
-                           name = EXCLUDED.name, role = EXCLUDED.role, updated_at = now()""",
-                    row,
-                )
+        if event in _OWN_STATEMENT:
+            raise ValueError(f"{event.value} is written by its own method")
+        if expected is not None:
+            check_transition(expected, event)
+            sources = [expected]
+        else:
+            sources = states_allowing(event)
+        guard = (
+            "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND state = ANY(%(sources)s) "
+            "AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s) "
+            "AND (%(instance)s::text IS NULL OR relay_instance = %(instance)s)"
+        )
+        if check_transition(sources[0], event) is None:
+            query = f"DELETE FROM executors {guard}"
+        else:
+            query = f"UPDATE executors SET state = {_state_case(event)}{_EFFECTS.get(event, '')} {guard}"
+        params = {
+            "org": key.org,
+            "app": key.app,
+            "id": key.executor_id,
+            "sources": [s.value for s in sources],
+            "epoch": epoch,
+            "instance": instance,
+            "reason": reason,
+        }
+        async with self._fenced(conn) as c:
+            cur = await c.execute(query, params)
+        changed = cur.rowcount == 1
+        self._count(event, int(changed))
+        return changed
 
-    async def ensure_app(self, org: str, app: str) -> None:
-        """Register an app not listed in relay.yaml, with default settings."""
-        async with self.db.connection() as conn:
-            await conn.execute(
-                """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
-                   ON CONFLICT DO NOTHING""",
-                (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
+    async def instance_lost(self, instance: str) -> int:
+        """INSTANCE_LOST for every executor this instance held (start-up, shutdown).
+
+        After a crash the sockets are gone but their rows still say HEALTHY.
+        """
+        async with self.db.fenced() as conn:
+            cur = await conn.execute(
+                f"""UPDATE executors SET state = {_state_case(E.INSTANCE_LOST)}{_EFFECTS[E.INSTANCE_LOST]}
+                    WHERE relay_instance = %s AND state = ANY(%s)""",
+                (instance, [s.value for s in states_allowing(E.INSTANCE_LOST)]),
             )
+        self._count(E.INSTANCE_LOST, cur.rowcount, cur.rowcount)
+        return cur.rowcount
+
+    async def adopted(self, conn: Conn, dead_instance: str, adopter: str) -> tuple[int, dict[str, int]]:
+        """ADOPTED for every executor of ``dead_instance``, in the caller's adoption transaction.
+
+        Those still HEALTHY (their sockets died with the instance) become
+        DISCONNECTED; all of them name the adopter, which now runs their timers.
+        Returns how many became DISCONNECTED, and the executors moved per org.
+        """
+        cur = await conn.execute(
+            f"""WITH before AS (
+                    SELECT org, app, executor_id, state FROM executors
+                    WHERE relay_instance = %(dead)s AND state = ANY(%(sources)s) FOR UPDATE),
+                moved AS (
+                    UPDATE executors e SET state = {_state_case(E.ADOPTED, "e.state")},
+                        relay_instance = %(adopter)s,
+                        disconnected_at = CASE WHEN e.state = 'HEALTHY' THEN now() ELSE e.disconnected_at END
+                    FROM before b WHERE e.org = b.org AND e.app = b.app AND e.executor_id = b.executor_id
+                    RETURNING e.org, b.state AS was)
+                SELECT org, count(*) AS n, count(*) FILTER (WHERE was = 'HEALTHY') AS dropped
+                FROM moved GROUP BY org""",
+            {"adopter": adopter, "dead": dead_instance, "sources": [s.value for s in states_allowing(E.ADOPTED)]},
+        )
+        rows = await cur.fetchall()
+        per_org = {str(r["org"]): int(r["n"]) for r in rows}
+        self._count(E.ADOPTED, sum(per_org.values()), sum(per_org.values()))
+        return sum(int(r["dropped"]) for r in rows), per_org
 
     async def connected(self, org: str, app: str, info: ExecutorInfo, instance: str) -> tuple[int, int | None]:
-        """Record a completed handshake; returns the connection's epoch and the one before it.
+        """CONNECTED: record a completed handshake; returns the connection's epoch and the one before it.
 
         A new executor id gets a new record; a known one returns to HEALTHY in
         the same record with a new epoch (from a sequence: epochs never repeat),
@@ -166,6 +242,7 @@ class Registry:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            self._count(E.CONNECTED, len(epochs), len(batch))
             for (org, app, info, _), future in batch:
                 epoch = epochs.get((org, app, info.executor_id))
                 if future.done():
@@ -178,7 +255,7 @@ class Registry:
     async def _upsert_connected(
         self, rows: list[tuple[str, str, ExecutorInfo, str]]
     ) -> dict[tuple[str, str, str], tuple[int, int | None]]:
-        allowed = [s.value for s in states_allowing(ExecutorEvent.CONNECTED)]
+        allowed = [s.value for s in states_allowing(E.CONNECTED)]
         columns: list[list[Any]] = [[] for _ in range(9)]
         for org, app, info, instance in rows:
             values = (
@@ -219,56 +296,32 @@ class Registry:
                 for r in await cur.fetchall()
             }
 
-    async def transition(
-        self, key: ExecutorKey, event: ExecutorEvent, *, epoch: int | None = None, instance: str | None = None
-    ) -> bool:
-        """Apply ``event`` if the row is still in a state that allows it.
+    # -- reads ----------------------------------------------------------------------
 
-        ``epoch`` and ``instance``, when given, must match too. Returns whether
-        the row changed.
-        """
-        allowed = states_allowing(event)
-        target = check_transition(allowed[0], event)
-        stamp = {
-            ExecutorState.DISCONNECTED: ", disconnected_at = now()",
-            ExecutorState.DEAD: ", dead_at = now()",
-        }.get(target, "")
-        query = (
-            f"UPDATE executors SET state = %(target)s{stamp} "
-            "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s "
-            "AND state = ANY(%(allowed)s) "
-            "AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s) "
-            "AND (%(instance)s::text IS NULL OR relay_instance = %(instance)s)"
+    @staticmethod
+    async def at_epoch(conn: Conn, key: ExecutorKey, epoch: int, states: tuple[ExecutorState, ...]) -> bool:
+        """Whether the executor's row is at ``epoch`` in one of ``states`` (a step re-run after a crash
+        finds its own change already made)."""
+        cur = await conn.execute(
+            "SELECT state, epoch FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
+            (key.org, key.app, key.executor_id),
         )
-        async with self.db.fenced() as conn:
-            cur = await conn.execute(
-                query,
-                {
-                    "target": target.value,
-                    "org": key.org,
-                    "app": key.app,
-                    "id": key.executor_id,
-                    "allowed": [s.value for s in allowed],
-                    "epoch": epoch,
-                    "instance": instance,
-                },
-            )
-            return cur.rowcount == 1
+        row = await cur.fetchone()
+        return row is not None and row["epoch"] == epoch and row["state"] in {s.value for s in states}
 
-    async def disconnect_instance(self, instance: str) -> int:
-        """Mark every executor this instance held as DISCONNECTED (start-up, shutdown).
+    async def still_dead(self, key: ExecutorKey, epoch: int) -> bool:
+        async with self.db.connection() as conn:
+            return await self.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
 
-        After a crash the sockets are gone but their rows still say HEALTHY.
-        """
-        async with self.db.fenced() as conn:
-            cur = await conn.execute(
-                """UPDATE executors SET state = 'DISCONNECTED', disconnected_at = now()
-                   WHERE relay_instance = %s AND state = 'HEALTHY'""",
-                (instance,),
-            )
-            return cur.rowcount
+    async def version_of(self, conn: Conn, key: ExecutorKey) -> str | None:
+        cur = await conn.execute(
+            "SELECT application_version FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
+            (key.org, key.app, key.executor_id),
+        )
+        row = await cur.fetchone()
+        return None if row is None else str(row["application_version"])
 
-    async def get_executor(self, key: ExecutorKey) -> ExecutorRecord | None:
+    async def get(self, key: ExecutorKey) -> ExecutorRecord | None:
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 "SELECT * FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
@@ -287,34 +340,6 @@ class Registry:
             rows = await cur.fetchall()
         return [ExecutorRecord.from_row(row) for row in rows]
 
-    async def list_apps(self, org: str, app: str | None = None) -> list[AppRecord]:
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                """SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
-                          e.state, count(e.executor_id) AS n
-                   FROM apps a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
-                   WHERE a.org = %s AND (%s::text IS NULL OR a.name = %s)
-                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, e.state
-                   ORDER BY a.name""",
-                (org, app, app),
-            )
-            rows = await cur.fetchall()
-        apps: dict[str, AppRecord] = {}
-        for row in rows:
-            record = apps.get(row["name"])
-            if record is None:
-                record = AppRecord(
-                    org=org,
-                    name=row["name"],
-                    executor_timeout_secs=row["executor_timeout_secs"],
-                    recover_to_latest_version=row["recover_to_latest_version"],
-                    counts={s: 0 for s in ExecutorState},
-                )
-                apps[row["name"]] = record
-            if row["state"] is not None:
-                record.counts[ExecutorState(row["state"])] = int(row["n"])
-        return list(apps.values())
-
     async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
         """(executor id, application version) of the app's HEALTHY executors, leaving out those
         whose instance's lease ran out: their sockets died with it."""
@@ -327,6 +352,19 @@ class Registry:
             )
             return [(r["executor_id"], r["application_version"]) for r in await cur.fetchall()]
 
+    async def owner(self, key: ExecutorKey) -> str | None:
+        """The instance holding the executor's socket; None if it is not HEALTHY or its instance's
+        lease has run out (it died, and its adopter will mark it DISCONNECTED)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT e.relay_instance FROM executors e
+                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
+                   WHERE e.org = %s AND e.app = %s AND e.executor_id = %s AND e.state = 'HEALTHY'""",
+                (key.org, key.app, key.executor_id),
+            )
+            row = await cur.fetchone()
+        return None if row is None else str(row["relay_instance"])
+
     async def disconnected_of_instance(self, instance: str) -> list[tuple[ExecutorKey, int]]:
         """DISCONNECTED executors this instance owns: each needs a grace period running."""
         async with self.db.connection() as conn:
@@ -336,17 +374,6 @@ class Registry:
                 (instance,),
             )
             return [(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in await cur.fetchall()]
-
-    async def update_app(self, org: str, app: str, changes: dict[str, Any]) -> bool:
-        columns = {"executor_timeout_secs", "recover_to_latest_version"}
-        assert set(changes) <= columns
-        sets = ", ".join(f"{name} = %({name})s" for name in changes)
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                f"UPDATE apps SET {sets}, updated_at = now() WHERE org = %(org)s AND name = %(app)s",
-                {**changes, "org": org, "app": app},
-            )
-            return cur.rowcount == 1
 
     async def count_blocked(self) -> dict[tuple[str, str, str], int]:
         """DEAD executors waiting, per (org, app, blocked reason), for /metrics."""

@@ -1,0 +1,60 @@
+"""The REST API (contract section 7): JSON, camelCase, bearer API keys.
+
+One module per resource; :func:`build_api` puts them together. Errors always
+have the shape ``{"error": {"code": "...", "message": "..."}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from relay.api import apps, audit, executors, ops, recoveries
+from relay.api.common import ApiError, error_response
+from relay.api.context import ApiContext
+from relay.errors import Conflict, DatabaseError, NotFound
+
+Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
+
+
+def build_api(ctx: ApiContext, lifespan: Lifespan | None = None) -> FastAPI:
+    api = FastAPI(title="Relay", version=ctx.version, lifespan=lifespan)
+    api.state.context = ctx
+    for module in (ops, apps, executors, recoveries, audit):
+        api.include_router(module.router)
+
+    @api.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
+
+    @api.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return error_response(404, "not_found", str(exc))
+
+    @api.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return error_response(409, exc.code, str(exc))
+
+    @api.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return error_response(422, "invalid_request", "; ".join(parts))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, "http_error", str(exc.detail))
+
+    @api.exception_handler(DatabaseError)
+    async def _db(_: Request, exc: DatabaseError) -> JSONResponse:
+        return error_response(503, "database_unavailable", str(exc))
+
+    return api
+
+
+__all__ = ["ApiContext", "AsyncIterator", "build_api"]

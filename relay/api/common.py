@@ -1,0 +1,78 @@
+"""What every route shares: the context, authentication, errors and time formats."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from relay.api.context import ApiContext
+from relay.auth import KeyGrant
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def iso(ts: datetime | None) -> str | None:
+    if ts is None:
+        return None
+    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def iso_text(value: str) -> str | None:
+    try:
+        return iso(datetime.fromisoformat(value))
+    except ValueError:
+        return None
+
+
+def epoch_ms_iso(value: object) -> str | None:
+    """The SDK sends workflow times as epoch milliseconds in a string."""
+    try:
+        return iso(datetime.fromtimestamp(int(str(value)) / 1000, UTC))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def context(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.context
+    return ctx
+
+
+def caller(request: Request, org: str) -> KeyGrant:
+    """The API key's grant, checked against the org in the path."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    grant = context(request).keyring.lookup(token.strip(), "api") if scheme.lower() == "bearer" else None
+    if grant is None:
+        raise ApiError(401, "unauthorized", "a valid API key is required: Authorization: Bearer <apiKey>")
+    if grant.org != org:
+        raise ApiError(403, "forbidden", f"this API key has no access to org {org!r}")
+    return grant
+
+
+def admin(request: Request, org: str) -> KeyGrant:
+    grant = caller(request, org)
+    if grant.role != "admin":
+        raise ApiError(403, "forbidden", "this API key is read-only (role viewer)")
+    return grant
+
+
+Ctx = Annotated[ApiContext, Depends(context)]
+Caller = Annotated[KeyGrant, Depends(caller)]
+Admin = Annotated[KeyGrant, Depends(admin)]
+
+
+def actor(grant: KeyGrant) -> str:
+    return f"api:{grant.name}"

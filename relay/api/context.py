@@ -1,0 +1,38 @@
+"""What the HTTP API reaches: the stores, the router, the operator actions, the lease.
+
+Built by the composition root (:mod:`relay.runtime`) and kept in the FastAPI
+app's state; route handlers receive it through :func:`relay.api.common.context`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from relay.auth import KeyRing
+from relay.config import RelayConfig
+from relay.domain.operator import Operator
+from relay.net.router import Router
+from relay.store.apps import AppStore
+from relay.store.audit import AuditStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+from relay.store.lease import Lease
+from relay.store.recoveries import RecoveryStore
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    config: RelayConfig
+    instance_id: str
+    version: str
+    db: Database
+    keyring: KeyRing
+    apps: AppStore
+    executors: ExecutorStore
+    recoveries: RecoveryStore
+    audit: AuditStore
+    router: Router
+    operator: Operator
+    lease: Lease
+    metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance

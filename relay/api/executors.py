@@ -1,0 +1,115 @@
+"""Executors: the registry's records, an operator's recovery, and an executor's own workflows."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from relay.api.apps import app_or_404
+from relay.api.common import Admin, ApiError, Caller, Ctx, actor, epoch_ms_iso, iso
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorState
+from relay.errors import ExecutorNotConnected, ExecutorRequestError, ExecutorTimeout
+from relay.protocol import list_workflows
+from relay.store.executors import ExecutorRecord
+
+router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/executors")
+
+
+class RecoverRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel)
+
+    to_latest_version: bool = False
+
+
+def executor_json(rec: ExecutorRecord) -> dict[str, Any]:
+    return {
+        "executorId": rec.key.executor_id,
+        "org": rec.key.org,
+        "app": rec.key.app,
+        "state": rec.state.value,
+        "applicationVersion": rec.application_version,
+        "hostname": rec.hostname,
+        "language": rec.language,
+        "dbosVersion": rec.dbos_version,
+        "metadata": rec.metadata,
+        "connectedAt": iso(rec.connected_at),
+        "disconnectedAt": iso(rec.disconnected_at),
+        "deadAt": iso(rec.dead_at),
+        "relayInstance": rec.relay_instance,
+        "blockedReason": rec.blocked_reason,
+    }
+
+
+@router.get("")
+async def get_executors(
+    org: str, app: str, ctx: Ctx, _: Caller, state: ExecutorState | None = None
+) -> list[dict[str, Any]]:
+    await app_or_404(ctx, org, app)
+    return [executor_json(e) for e in await ctx.executors.list_executors(org, app, state)]
+
+
+@router.get("/{executor_id}")
+async def get_executor(org: str, app: str, executor_id: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
+    rec = await ctx.executors.get(ExecutorKey(org, app, executor_id))
+    if rec is None:
+        raise ApiError(404, "not_found", f"no executor {executor_id!r} in {org}/{app}")
+    return executor_json(rec)
+
+
+@router.post("/{executor_id}/recover", status_code=202)
+async def post_recover(
+    org: str, app: str, executor_id: str, ctx: Ctx, who: Admin, body: RecoverRequest | None = None
+) -> dict[str, str]:
+    """An operator's recovery: skips the rest of a grace period, or unblocks a waiting one."""
+    body = body or RecoverRequest()
+    key = ExecutorKey(org, app, executor_id)
+    rid = await ctx.operator.recover(key, actor(who), body.to_latest_version)
+    return {"recoveryId": rid}
+
+
+@router.get("/{executor_id}/workflows")
+async def get_executor_workflows(
+    org: str,
+    app: str,
+    executor_id: str,
+    ctx: Ctx,
+    _: Caller,
+    status: Annotated[str | None, Query(pattern="^[A-Z_]+$")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> list[dict[str, Any]]:
+    """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
+    key = ExecutorKey(org, app, executor_id)
+    filters: dict[str, Any] = {"executor_id": executor_id, "limit": limit}
+    if status:
+        filters["status"] = status
+    try:
+        reply = await ctx.router.request(key, list_workflows(**filters), ctx.config.liveness.recovery_ack_timeout_secs)
+    except ExecutorNotConnected as exc:
+        raise ApiError(409, "executor_not_connected", str(exc)) from exc
+    except ExecutorTimeout as exc:
+        raise ApiError(504, "executor_timeout", str(exc)) from exc
+    except ExecutorRequestError as exc:
+        raise ApiError(502, "executor_gone", str(exc)) from exc
+    if reply.error_message:
+        raise ApiError(502, "executor_error", reply.error_message)
+    rows = reply.body.get("output")
+    if not isinstance(rows, list):
+        raise ApiError(502, "executor_error", "list_workflows reply has no output list")
+    return [
+        {
+            "workflowId": w.get("WorkflowUUID"),
+            "status": w.get("Status"),
+            "name": w.get("WorkflowName"),
+            "queueName": w.get("QueueName"),
+            "applicationVersion": w.get("ApplicationVersion"),
+            "executorId": w.get("ExecutorID"),
+            "createdAt": epoch_ms_iso(w.get("CreatedAt")),
+            "updatedAt": epoch_ms_iso(w.get("UpdatedAt")),
+        }
+        for w in rows
+        if isinstance(w, dict)
+    ]

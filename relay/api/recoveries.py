@@ -1,0 +1,53 @@
+"""Recoveries of dead executors, with their attempts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from relay.api.apps import app_or_404
+from relay.api.common import ApiError, Caller, Ctx, iso, iso_text
+from relay.store.recoveries import RecoveryRow
+
+router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
+
+
+def recovery_json(row: RecoveryRow) -> dict[str, Any]:
+    return {
+        "recoveryId": row.id,
+        "executorId": row.executor_id,
+        "applicationVersion": row.application_version,
+        "trigger": row.trigger,
+        "status": row.status,
+        "error": row.error,
+        "createdAt": iso(row.created_at),
+        "updatedAt": iso(row.updated_at),
+        "attempts": [
+            {
+                "attempt": a["attempt"],
+                "peerExecutorId": a["peerExecutorId"],
+                "mode": a["mode"],
+                "outcome": a["outcome"],
+                "error": a["error"],
+                "at": iso_text(a["at"]),
+            }
+            for a in row.attempts
+        ],
+    }
+
+
+@router.get("")
+async def get_recoveries(
+    org: str, app: str, ctx: Ctx, _: Caller, executor_id: Annotated[str | None, Query(alias="executorId")] = None
+) -> list[dict[str, Any]]:
+    await app_or_404(ctx, org, app)
+    return [recovery_json(r) for r in await ctx.recoveries.get(org, app, executor_id=executor_id)]
+
+
+@router.get("/{recovery_id}")
+async def get_recovery(org: str, app: str, recovery_id: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
+    rows = await ctx.recoveries.get(org, app, rid=recovery_id)
+    if not rows:
+        raise ApiError(404, "not_found", f"no recovery {recovery_id!r} in {org}/{app}")
+    return recovery_json(rows[0])

@@ -1,0 +1,114 @@
+"""The failover policy of one recovery: which peer next, when to wait, when to start over.
+
+Pure: the recovery workflow (``workflows/recovery.py``) gathers the facts in a
+step, asks :meth:`FailoverPolicy.decide`, and carries the decision out. The
+policy remembers what a recovery has been through (attempts, peers that
+failed, the reason it last waited for, an operator's permission), so the
+workflow's code is a loop of "gather, decide, act" and the rules are tested
+here with no DBOS and no event loop.
+
+The rules (contract section 3): a peer on the dead executor's version first,
+in rendezvous order (:func:`relay.core.peers.choose_peer`); each failed peer
+is skipped for the rest of the round, and the next attempt waits an
+exponential backoff; once every candidate failed, a new round starts; with no
+eligible peer the recovery waits, recording its reason once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a round of the recovery knows about the world."""
+
+    dead: bool  # the executor is still DEAD or RECOVERING at this recovery's epoch
+    peers: tuple[Peer, ...]  # HEALTHY executors of the same org and app
+    allow_latest: bool  # recoverToLatestVersion, or an operator's permission
+    latest: str | None  # the newest version a healthy peer runs, when it was needed and known
+    ack_timeout: float
+    backoff_initial: float
+    backoff_max: float
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """The executor is back (or its record is gone): nothing to recover."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """No eligible peer. ``record`` is true the first time this reason comes up."""
+
+    reason: BlockedReason
+    record: bool
+
+
+@dataclass(frozen=True)
+class NewRound:
+    """Every candidate failed once: forget them and look again."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Ask ``peer`` to recover the dead executor's workflows."""
+
+    attempt: int
+    peer: Peer
+    mode: Mode
+    failover_from: str | None  # the peer of the previous, failed attempt
+    backoff_secs: float  # how long the recovery waited before this attempt
+
+
+Decision = Abandon | Block | NewRound | Dispatch
+
+
+@dataclass
+class FailoverPolicy:
+    dead_executor_id: str
+    dead_version: str
+    attempt: int = 0
+    delay: float = 0.0
+    tried: list[str] = field(default_factory=list)
+    blocked: BlockedReason | None = None
+    last_failed: str | None = None
+    operator_allows_latest: bool = False
+
+    def decide(self, facts: Facts) -> Decision:
+        if not facts.dead:
+            return Abandon("the executor reconnected or its record is gone")
+        choice = choose_peer(
+            self.dead_executor_id,
+            self.dead_version,
+            list(facts.peers),
+            tried=frozenset(self.tried),
+            allow_latest=facts.allow_latest,
+            latest_version=facts.latest,
+        )
+        if choice.blocked is not None:
+            record = choice.blocked is not self.blocked
+            self.blocked = choice.blocked
+            return Block(choice.blocked, record)
+        self.blocked = None
+        if choice.peer is None or choice.mode is None:
+            self.tried = []
+            return NewRound()
+        self.attempt += 1
+        return Dispatch(self.attempt, choice.peer, choice.mode, self.last_failed, self.delay)
+
+    def woken(self, message: object) -> None:
+        """A wake-up while blocked; an operator's may allow moving onto the latest version."""
+        if isinstance(message, dict) and message.get("toLatestVersion"):
+            self.operator_allows_latest = True
+
+    def failed(self, dispatch: Dispatch, facts: Facts) -> float:
+        """The attempt failed: skip its peer this round; returns the backoff before the next one."""
+        self.tried.append(dispatch.peer.executor_id)
+        self.last_failed = dispatch.peer.executor_id
+        self.delay = backoff(dispatch.attempt, facts.backoff_initial, facts.backoff_max)
+        return self.delay

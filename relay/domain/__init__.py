@@ -1,0 +1,1 @@
+"""What Relay does, above the stores and below the HTTP API: operator actions, adoption of dead instances."""

@@ -1,0 +1,69 @@
+"""Operator actions: what the API (and the CLI through it) asks Relay to do.
+
+Each action writes its change and its audit entry in one transaction, then
+tells the durable layer (grace periods, recoveries) what changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay.core.ids import ExecutorKey, recovery_id
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.domain.ports import Durable
+from relay.errors import Conflict, NotFound
+from relay.store.apps import AppRecord, AppStore
+from relay.store.audit import AuditEntry, audit_executor, write_audit
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+
+
+class Operator:
+    def __init__(self, db: Database, apps: AppStore, executors: ExecutorStore, durable: Durable) -> None:
+        self.db = db
+        self.apps = apps
+        self.executors = executors
+        self.durable = durable
+
+    async def update_settings(self, org: str, app: str, changes: dict[str, Any], actor: str) -> AppRecord:
+        """Change an app's settings (snake_case column names); a running grace period keeps its value."""
+        async with self.db.transaction() as conn:
+            before = await self.apps.get(org, app, conn)
+            if before is None:
+                raise NotFound(f"no app {app!r} in org {org!r}")
+            await self.apps.update(conn, org, app, changes)
+            after = await self.apps.get(org, app, conn)
+            assert after is not None
+            detail = {"before": before.settings(), "after": after.settings()}
+            await write_audit(conn, org, app, AuditEntry("settings.updated", actor, detail=detail))
+        # A recovery waiting for an operator may now be allowed to go on.
+        await self.durable.wake_app(org, app, {"reason": "settings_updated"})
+        return after
+
+    async def recover(self, key: ExecutorKey, actor: str, to_latest_version: bool) -> str:
+        """An operator's recovery: skips the rest of a grace period, or nudges a waiting one.
+
+        Refused for a HEALTHY executor: recovering it would re-run the workflows it is running.
+        """
+        rec = await self.executors.get(key)
+        if rec is None:
+            raise NotFound(f"no executor {key.executor_id!r} in {key.org}/{key.app}")
+        if rec.state is ExecutorState.HEALTHY:
+            raise Conflict(
+                "executor_healthy", "the executor is connected; recovering it would re-run workflows it is running"
+            )
+        rid = recovery_id(key, rec.epoch)
+        async with self.db.fenced() as conn:
+            if rec.state is ExecutorState.DISCONNECTED:
+                event = ExecutorEvent.DECLARED_DEAD
+                if not await self.executors.apply(key, event, epoch=rec.epoch, expected=rec.state, conn=conn):
+                    raise Conflict("state_changed", "the executor's state changed meanwhile; look again")
+                dead = f"manual:{key}:{rec.epoch}:dead"
+                await audit_executor(conn, key, "executor.dead", dead, detail={"epoch": rec.epoch}, actor=actor)
+            detail = {"recoveryId": rid, "toLatestVersion": to_latest_version}
+            await audit_executor(conn, key, "recovery.manual_requested", None, detail=detail, actor=actor)
+        await self.durable.start_recovery(key, rec.epoch, "operator")
+        if rec.state is ExecutorState.DISCONNECTED:
+            await self.durable.end_grace(key, rec.epoch, "operator recovery")
+        await self.durable.wake_recovery(rid, {"reason": "operator", "toLatestVersion": to_latest_version})
+        return rid

@@ -1,0 +1,102 @@
+"""``/metrics``: this instance's figures in the Prometheus text format, written by prometheus_client.
+
+One registry per process. Most figures are read from the live objects when
+scraped (a custom collector); the registry-wide ones (executors by state,
+blocked recoveries) come from one query each, made by :meth:`Metrics.render`
+just before the registry is collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relay.net.hub import Hub
+from relay.net.router import Router
+from relay.store.executors import ExecutorStore
+from relay.store.lease import Lease
+
+
+@dataclass
+class _Snapshot:
+    by_state: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    blocked: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+class Metrics(Collector):
+    def __init__(
+        self, hub: Hub, lease: Lease, router: Router, executors: ExecutorStore, adopted: Callable[[], int]
+    ) -> None:
+        self.hub = hub
+        self.lease = lease
+        self.router = router
+        self.executors = executors
+        self.adopted = adopted
+        self._snapshot = _Snapshot()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    async def render(self) -> bytes:
+        self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge("relay_connections", "Executor sockets open on this instance.", len(self.hub.connections))
+        yield _gauge(
+            "relay_pending_handshakes", "Sockets accepted but not yet past executor_info.", self.hub.pending_handshakes
+        )
+        yield _gauge("relay_lease_held", "Whether this instance holds its lease (1) or not (0).", int(self.lease.held))
+        yield _counter(
+            "relay_requests_relayed",
+            "Requests this instance sent to its executors for another instance.",
+            self.router.relayed,
+        )
+        yield _counter(
+            "relay_instances_adopted", "Instances whose expired lease this instance adopted.", self.adopted()
+        )
+        yield _labelled(
+            CounterMetricFamily("relay_hub_events", "Hub events on this instance, by kind.", labels=["kind"]),
+            [((kind,), n) for kind, n in self.hub.counters.items()],
+        )
+        yield _labelled(
+            CounterMetricFamily(
+                "relay_executor_events",
+                "Lifecycle events the executor store applied on this instance, or lost to a race, by event.",
+                labels=["event", "outcome"],
+            ),
+            self.executors.events.items(),
+        )
+        yield _labelled(
+            GaugeMetricFamily(
+                "relay_executors", "Executors in the registry, by org, app and state.", labels=["org", "app", "state"]
+            ),
+            self._snapshot.by_state.items(),
+        )
+        yield _labelled(
+            GaugeMetricFamily(
+                "relay_executors_blocked",
+                "DEAD executors whose recovery waits, by reason.",
+                labels=["org", "app", "reason"],
+            ),
+            self._snapshot.blocked.items(),
+        )
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _labelled(
+    family: GaugeMetricFamily | CounterMetricFamily, samples: Iterable[tuple[tuple[str, ...], float]]
+) -> Metric:
+    for labels, value in sorted(samples):
+        family.add_metric(list(labels), value)
+    return family

@@ -1,0 +1,1 @@
+"""The socket side: executors' WebSockets (the hub), uvicorn, and requests routed between instances."""

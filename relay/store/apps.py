@@ -1,0 +1,143 @@
+"""Orgs, keys and apps: what relay.yaml and the API configure.
+
+The executors table has its own store (:mod:`relay.store.executors`); this one
+only reads it, to count an app's executors by state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from relay.config import DEFAULT_EXECUTOR_TIMEOUT_SECS, RelayConfig
+from relay.core.lifecycle import ExecutorState
+from relay.store.db import Database
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class AppRecord:
+    org: str
+    name: str
+    executor_timeout_secs: float
+    recover_to_latest_version: bool
+    counts: dict[ExecutorState, int]
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "executorTimeoutSecs": self.executor_timeout_secs,
+            "recoverToLatestVersion": self.recover_to_latest_version,
+        }
+
+
+class AppStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @asynccontextmanager
+    async def _connection(self, conn: Conn | None) -> AsyncIterator[Conn]:
+        if conn is not None:
+            yield conn
+            return
+        async with self.db.connection() as own:
+            yield own
+
+    async def sync_config(self, config: RelayConfig) -> None:
+        """Make orgs, keys and configured apps in the database match relay.yaml.
+
+        Keys not in the file are removed, so that revoking a key is editing the
+        file and restarting. App settings from the file are written only when
+        the app is first seen: later changes come through the API (PATCH) and
+        must survive a restart.
+        """
+        async with self.db.connection() as conn, conn.transaction():
+            for org in config.orgs:
+                await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
+                for app in org.apps:
+                    await conn.execute(
+                        """INSERT INTO apps (org, name, executor_timeout_secs,
+                                             recover_to_latest_version, from_config)
+                           VALUES (%s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
+                        (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version),
+                    )
+            wanted = [
+                (key.sha256, org.name, kind, key.name, getattr(key, "role", None))
+                for org in config.orgs
+                for kind, keys in (("conductor", org.conductor_keys), ("api", org.api_keys))
+                for key in keys
+            ]
+            await conn.execute("DELETE FROM keys WHERE NOT (sha256 = ANY(%s))", ([w[0] for w in wanted],))
+            for row in wanted:
+                await conn.execute(
+                    """INSERT INTO keys (sha256, org, kind, name, role) VALUES (%s, %s, %s, %s, %s)
+                       ON CONFLICT (sha256) DO UPDATE SET org = EXCLUDED.org, kind = EXCLUDED.kind,
+                           name = EXCLUDED.name, role = EXCLUDED.role, updated_at = now()""",
+                    row,
+                )
+
+    async def ensure_app(self, org: str, app: str) -> None:
+        """Register an app not listed in relay.yaml, with default settings."""
+        async with self.db.connection() as conn:
+            await conn.execute(
+                """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
+                   ON CONFLICT DO NOTHING""",
+                (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
+            )
+
+    async def ensure(self, org: str, app: str) -> None:
+        """Register an app not listed in relay.yaml, with default settings."""
+        async with self.db.connection() as conn:
+            await conn.execute(
+                """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
+                   ON CONFLICT DO NOTHING""",
+                (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
+            )
+
+    async def list_apps(self, org: str, app: str | None = None, conn: Conn | None = None) -> list[AppRecord]:
+        async with self._connection(conn) as c:
+            cur = await c.execute(
+                """SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
+                          e.state, count(e.executor_id) AS n
+                   FROM apps a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
+                   WHERE a.org = %s AND (%s::text IS NULL OR a.name = %s)
+                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, e.state
+                   ORDER BY a.name""",
+                (org, app, app),
+            )
+            rows = await cur.fetchall()
+        apps: dict[str, AppRecord] = {}
+        for row in rows:
+            record = apps.get(row["name"])
+            if record is None:
+                record = AppRecord(
+                    org=org,
+                    name=row["name"],
+                    executor_timeout_secs=row["executor_timeout_secs"],
+                    recover_to_latest_version=row["recover_to_latest_version"],
+                    counts={s: 0 for s in ExecutorState},
+                )
+                apps[row["name"]] = record
+            if row["state"] is not None:
+                record.counts[ExecutorState(row["state"])] = int(row["n"])
+        return list(apps.values())
+
+    async def get(self, org: str, app: str, conn: Conn | None = None) -> AppRecord | None:
+        apps = await self.list_apps(org, app, conn)
+        return apps[0] if apps else None
+
+    @staticmethod
+    async def update(conn: Conn, org: str, app: str, changes: dict[str, Any]) -> bool:
+        """Change settings in the caller's transaction (which writes the audit entry too)."""
+        columns = {"executor_timeout_secs", "recover_to_latest_version"}
+        assert set(changes) <= columns
+        sets = ", ".join(f"{name} = %({name})s" for name in changes)
+        cur = await conn.execute(
+            f"UPDATE apps SET {sets}, updated_at = now() WHERE org = %(org)s AND name = %(app)s",
+            {**changes, "org": org, "app": app},
+        )
+        return cur.rowcount == 1

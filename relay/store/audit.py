@@ -1,0 +1,84 @@
+"""The audit log: one row per action Relay or an operator took (contract rule 6).
+
+Entries are written in the transaction of the change they describe. A
+workflow step that runs again after a crash writes its entries again with
+the same dedupe key, and the second insert does nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from relay.core.ids import ExecutorKey
+from relay.store.db import Database
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    action: str
+    actor: str
+    executor_id: str | None = None
+    peer_executor_id: str | None = None
+    detail: dict[str, Any] | None = None
+    dedupe_key: str | None = None
+
+
+async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) -> None:
+    await conn.execute(
+        """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail, dedupe_key)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING""",
+        (
+            org,
+            app,
+            entry.action,
+            entry.executor_id,
+            entry.peer_executor_id,
+            entry.actor,
+            Jsonb(entry.detail or {}),
+            entry.dedupe_key,
+        ),
+    )
+
+
+async def audit_executor(
+    conn: Conn,
+    key: ExecutorKey,
+    action: str,
+    dedupe: str | None,
+    *,
+    peer: str | None = None,
+    detail: dict[str, Any] | None = None,
+    actor: str = "relay",
+) -> None:
+    """An audit entry about one executor, written in the caller's transaction."""
+    await write_audit(conn, key.org, key.app, AuditEntry(action, actor, key.executor_id, peer, detail, dedupe))
+
+
+class AuditStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def record(self, org: str, app: str | None, entry: AuditEntry) -> None:
+        """An entry on its own, fenced: written by a workflow step of this instance."""
+        async with self.db.fenced() as conn:
+            await write_audit(conn, org, app, entry)
+
+    async def list_entries(
+        self, org: str, app: str | None, executor_id: str | None, since: datetime | None, limit: int
+    ) -> list[dict[str, Any]]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
+                   FROM audit_log WHERE org = %s AND (%s::text IS NULL OR app = %s)
+                   AND (%s::text IS NULL OR executor_id = %s) AND (%s::timestamptz IS NULL OR at >= %s)
+                   ORDER BY id LIMIT %s""",
+                (org, app, app, executor_id, executor_id, since, since, limit),
+            )
+            return list(await cur.fetchall())

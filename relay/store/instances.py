@@ -1,0 +1,88 @@
+"""Relay instances as rows: which leases expired, and adopting one (contract rule 5).
+
+Taking over an expired lease is one fenced transaction guarded on the dead
+lease's epoch, so exactly one survivor wins:
+
+* the lease row gets a new epoch and ``adopted_by``: if the dead instance was
+  only paused, its next renewal (and every fenced write) fails and it exits;
+* instances the dead one had itself adopted pass to the adopter;
+* its executors move to the adopter (the ADOPTED event, written by the
+  executor store): those still HEALTHY become DISCONNECTED;
+* ``relay.instance_adopted`` is audited in every org.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relay.store.audit import AuditEntry, write_audit
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+
+
+@dataclass(frozen=True)
+class Adoption:
+    instance: str
+    lease_epoch: int
+    inherited: list[str] = field(default_factory=list)
+    dropped: int = 0  # executors that were HEALTHY and became DISCONNECTED
+    per_org: dict[str, int] = field(default_factory=dict)  # executors moved, by org
+
+
+class InstanceStore:
+    def __init__(self, db: Database, executors: ExecutorStore) -> None:
+        self.db = db
+        self.executors = executors
+
+    async def expired(self, instance_id: str) -> list[tuple[str, int]]:
+        """(instance, lease epoch) of the others whose lease expired and that nobody adopted yet."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT instance_id, lease_epoch FROM relay_instances
+                   WHERE instance_id <> %s AND adopted_by IS NULL AND lease_expires_at < now()
+                   ORDER BY instance_id""",
+                (instance_id,),
+            )
+            return [(str(r["instance_id"]), int(r["lease_epoch"])) for r in await cur.fetchall()]
+
+    async def adopt(self, adopter: str, instance: str, epoch: int) -> Adoption | None:
+        """Take over ``instance`` if its lease is still the expired ``epoch``; None if another moved first."""
+        async with self.db.fenced() as conn:
+            cur = await conn.execute(
+                """UPDATE relay_instances SET lease_epoch = lease_epoch + 1, adopted_by = %s, adopted_at = now()
+                   WHERE instance_id = %s AND lease_epoch = %s AND adopted_by IS NULL
+                     AND lease_expires_at < now()
+                   RETURNING lease_epoch""",
+                (adopter, instance, epoch),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            new_epoch = int(row["lease_epoch"])
+            cur = await conn.execute(
+                "UPDATE relay_instances SET adopted_by = %s WHERE adopted_by = %s RETURNING instance_id",
+                (adopter, instance),
+            )
+            inherited = [str(r["instance_id"]) for r in await cur.fetchall()]
+            dropped, per_org = await self.executors.adopted(conn, instance, adopter)
+            cur = await conn.execute("SELECT name FROM orgs ORDER BY name")
+            for org_row in await cur.fetchall():
+                org = str(org_row["name"])
+                detail = {
+                    "instance": instance,
+                    "adoptedBy": adopter,
+                    "leaseEpoch": new_epoch,
+                    "executors": per_org.get(org, 0),
+                    "inherited": inherited,
+                }
+                entry = AuditEntry(
+                    "relay.instance_adopted", "relay", detail=detail, dedupe_key=f"adopt:{instance}:{new_epoch}:{org}"
+                )
+                await write_audit(conn, org, None, entry)
+        return Adoption(instance, new_epoch, inherited, dropped, per_org)
+
+    async def adopted_by(self, adopter: str) -> list[str]:
+        """The instances ``adopter`` took over (and that have not started again since)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT instance_id FROM relay_instances WHERE adopted_by = %s", (adopter,))
+            return [str(r["instance_id"]) for r in await cur.fetchall()]

@@ -1,0 +1,189 @@
+"""Recovery records and their attempts.
+
+Each write is one fenced transaction (:meth:`relay.store.db.Database.fenced`:
+refused unless this instance holds its lease) that makes a state change of the executor
+(an event of the lifecycle table, through the executor store) together with the recovery row and the
+audit entries that describe it. The recovery workflow calls them from its
+steps; a step re-run after a crash finds the change already made (and the
+audit entries already there, by their dedupe key) and reports the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from relay.core.failover import Dispatch
+from relay.core.ids import ExecutorKey, RecoveryRef
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.store.audit import audit_executor
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+
+E = ExecutorEvent
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    id: str
+    org: str
+    app: str
+    executor_id: str
+    application_version: str
+    epoch: int
+    trigger: str
+    status: str
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    attempts: list[dict[str, Any]]
+
+
+class RecoveryStore:
+    def __init__(self, db: Database, executors: ExecutorStore) -> None:
+        self.db = db
+        self.executors = executors
+
+    async def declare_dead(
+        self, key: ExecutorKey, epoch: int, event: ExecutorEvent, actor: str, dedupe: str | None
+    ) -> bool:
+        """DISCONNECTED -> DEAD for this epoch (the grace period ran out, or an operator said so).
+
+        True if it is DEAD (or beyond) at this epoch now: a step re-run after a
+        crash finds its own change made.
+        """
+        async with self.db.fenced() as conn:
+            if not await self.executors.apply(key, event, epoch=epoch, conn=conn):
+                return await self.executors.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
+            await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
+            return True
+
+    async def open(self, ref: RecoveryRef, trigger: str) -> str | None:
+        """Create the recovery row (once); returns the dead executor's version, None if it is gone."""
+        async with self.db.fenced() as conn:
+            version = await self.executors.version_of(conn, ref.key)
+            if version is None:
+                cur = await conn.execute("SELECT application_version FROM recoveries WHERE id = %s", (ref.rid,))
+                row = await cur.fetchone()
+                return None if row is None else str(row["application_version"])
+            key = ref.key
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING""",
+                (ref.rid, key.org, key.app, key.executor_id, version, ref.epoch, trigger),
+            )
+            return version
+
+    async def set_blocked(self, ref: RecoveryRef, reason: str, status: str, dedupe: str) -> None:
+        async with self.db.fenced() as conn:
+            await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
+            await self._status(conn, ref.rid, status, None)
+            await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail={"reason": reason})
+
+    async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
+        """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
+        async with self.db.fenced() as conn:
+            if not await self.executors.apply(ref.key, E.RECOVERY_SENT, epoch=ref.epoch, conn=conn):
+                if not await self.executors.at_epoch(conn, ref.key, ref.epoch, (ExecutorState.RECOVERING,)):
+                    return False
+            peer = plan.peer.executor_id
+            await conn.execute(
+                """INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome)
+                   VALUES (%s, %s, %s, %s, 'dispatched') ON CONFLICT DO NOTHING""",
+                (ref.rid, plan.attempt, peer, plan.mode.value),
+            )
+            await self._status(conn, ref.rid, "dispatching", None)
+            detail = {"attempt": plan.attempt, "mode": plan.mode.value, "recoveryId": ref.rid}
+            if plan.failover_from is not None:
+                await audit_executor(
+                    conn,
+                    ref.key,
+                    "recovery.failover",
+                    f"{dedupe}:failover",
+                    peer=peer,
+                    detail={**detail, "fromPeer": plan.failover_from, "backoffSecs": plan.backoff_secs},
+                )
+            await audit_executor(conn, ref.key, "recovery.dispatched", f"{dedupe}:dispatched", peer=peer, detail=detail)
+            return True
+
+    async def fail_attempt(self, ref: RecoveryRef, attempt: int, peer: str, error: str, dedupe: str) -> None:
+        """RECOVERING -> DEAD, the attempt marked failed."""
+        async with self.db.fenced() as conn:
+            await self.executors.apply(ref.key, E.RECOVERY_FAILED, epoch=ref.epoch, conn=conn)
+            await conn.execute(
+                """UPDATE recovery_attempts SET outcome = 'failed', error = %s, at = now()
+                   WHERE recovery_id = %s AND attempt = %s""",
+                (error, ref.rid, attempt),
+            )
+            detail = {"attempt": attempt, "error": error, "recoveryId": ref.rid}
+            await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
+
+    async def succeed(self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str) -> bool:
+        """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted."""
+        async with self.db.fenced() as conn:
+            deleted = await self.executors.apply(ref.key, E.RECOVERED, epoch=ref.epoch, conn=conn)
+            await conn.execute(
+                """UPDATE recovery_attempts SET outcome = 'succeeded', at = now()
+                   WHERE recovery_id = %s AND attempt = %s""",
+                (ref.rid, attempt),
+            )
+            await self._status(conn, ref.rid, "succeeded", None)
+            detail = {"attempt": attempt, "recoveryId": ref.rid}
+            await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
+            if deleted:
+                await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
+            return deleted
+
+    async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
+        """The executor came back (or vanished): this recovery ends without deleting anything."""
+        async with self.db.fenced() as conn:
+            await self._status(conn, ref.rid, "failed", reason)
+            detail = {"error": reason, "recoveryId": ref.rid, "final": True}
+            await audit_executor(conn, ref.key, "recovery.failed", dedupe, detail=detail)
+
+    async def get(
+        self, org: str, app: str, rid: str | None = None, executor_id: str | None = None
+    ) -> list[RecoveryRow]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT r.*, COALESCE(json_agg(json_build_object(
+                          'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
+                          'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
+                          FILTER (WHERE a.attempt IS NOT NULL), '[]') AS attempts
+                   FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
+                   WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
+                     AND (%s::text IS NULL OR r.executor_id = %s)
+                   GROUP BY r.id ORDER BY r.created_at, r.id""",
+                (org, app, rid, rid, executor_id, executor_id),
+            )
+            rows = await cur.fetchall()
+        return [RecoveryRow(**row) for row in rows]
+
+    async def blocked_in_app(self, org: str, app: str) -> list[str]:
+        """Ids of this app's recoveries that wait for a peer or an operator."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT id FROM recoveries WHERE org = %s AND app = %s
+                   AND status IN ('waiting_for_peer', 'awaiting_operator')""",
+                (org, app),
+            )
+            return [str(r["id"]) for r in await cur.fetchall()]
+
+    async def apps_with_blocked(self) -> list[tuple[str, str]]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT org, app FROM recoveries WHERE status IN ('waiting_for_peer', 'awaiting_operator')"
+            )
+            return [(str(r["org"]), str(r["app"])) for r in await cur.fetchall()]
+
+    @staticmethod
+    async def _status(conn: Conn, rid: str, status: str, error: str | None) -> None:
+        await conn.execute(
+            """UPDATE recoveries SET status = %s, error = %s, updated_at = now()
+               WHERE id = %s AND status NOT IN ('succeeded', 'failed')""",
+            (status, error, rid),
+        )
