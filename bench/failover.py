@@ -1,7 +1,7 @@
 """Failover benchmark: how long after a failure Relay declares an executor DEAD,
 has a peer recover its workflows, and sees them complete.
 
-Part A, real executors (tests/support/executor_app.py: DBOS applications using
+Part A, real executors (harness/executor_app.py: DBOS applications using
 the SDK's own conductor client) against one Relay with sub-second timers. A pool
 of ``--peers`` healthy executors stays up; victims fail ``--round`` at a time,
 all of one kind, by ``kill -9`` (the socket closes at once) or ``SIGSTOP`` (the
@@ -81,17 +81,13 @@ from bench.common import (
     print_machine,
     work_directory,
 )
-from tests.support.harness import (
-    API_KEYS,
-    CONDUCTOR_KEYS,
-    ExecutorProcess,
-    Postgres,
-    RelayProcess,
-    assert_eventually,
-    free_port,
-    relay_yaml,
-)
-from tests.support.simulated import handshake
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake
+from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
 # Polling adds load to Relay and PostgreSQL: it starts after the floor and stays slow. It sets no

@@ -61,16 +61,12 @@ from bench.common import (
     print_machine,
     work_directory,
 )
-from tests.support.harness import (
-    API_KEYS,
-    CONDUCTOR_KEYS,
-    Postgres,
-    RelayProcess,
-    assert_eventually,
-    free_port,
-    relay_yaml,
-)
-from tests.support.simulated import handshake, open_socket
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, open_socket
+from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
 WARMUP = 20

@@ -8,8 +8,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.support.harness import CONDUCTOR_KEYS, RelayProcess, assert_eventually
-from tests.support.simulated import handshake, off_loop, open_socket
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import handshake, off_loop, open_socket
+from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
 

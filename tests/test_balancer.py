@@ -10,8 +10,8 @@ from types import TracebackType
 
 import pytest
 
-from tests.support.balancer import TcpBalancer
-from tests.support.harness import assert_eventually
+from harness.balancer import TcpBalancer
+from harness.waiting import assert_eventually
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -12,6 +12,10 @@ import httpx
 import psycopg
 import pytest
 
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
 from relay.config import RelayConfig
 from relay.db import Database
 from relay.errors import Fenced
@@ -20,7 +24,6 @@ from relay.lifecycle import ExecutorEvent
 from relay.protocol import ExecutorInfo
 from relay.recoveries import AuditEntry, RecoveryStore
 from relay.registry import ExecutorKey, Registry
-from tests.support.harness import Postgres, RelayProcess, assert_eventually, free_port, relay_yaml
 
 StartRelay = Callable[..., RelayProcess]
 
