@@ -77,7 +77,6 @@ from bench.common import (
     BenchError,
     exit_on_sigterm,
     load_average,
-    percentile,
     print_machine,
     work_directory,
 )
@@ -87,6 +86,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake
+from harness.stats import percentile
 from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
@@ -114,8 +114,8 @@ def iso_seconds(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def fmt(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.3f}"
+def fmt(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
 def log_problems(path: Path) -> tuple[list[str], Counter[str]]:
@@ -644,10 +644,11 @@ def print_mass(result: MassResult, args: argparse.Namespace) -> None:
             f"{fmt(percentile(over, 99)):>7} {fmt(max(over, default=math.nan)):>7}"
         )
     spread = r.frames_per_survivor
+    median = percentile(spread, 50)
     print(
         f"recovery frames received by the {r.survivors} survivors: {r.recovery_frames}, covering "
         f"{r.victims_covered} of {r.victims} victims; per survivor min {min(spread, default=0)}, "
-        f"median {percentile([float(x) for x in spread], 50):g}, max {max(spread, default=0)}"
+        f"median {'-' if median is None else f'{median:g}'}, max {max(spread, default=0)}"
     )
     if r.other_requests:
         print(f"other requests answered with an error: {dict(r.other_requests)}")

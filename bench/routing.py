@@ -57,7 +57,6 @@ from bench.common import (
     BenchError,
     exit_on_sigterm,
     load_average,
-    percentile,
     print_machine,
     work_directory,
 )
@@ -66,6 +65,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, open_socket
+from harness.stats import percentile
 from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
@@ -154,7 +154,8 @@ class Run:
         return len(self.latencies) / self.elapsed if self.elapsed > 0 else math.nan
 
     def ms(self, q: float) -> float:
-        return percentile(self.latencies, q) * 1000
+        value = percentile(self.latencies, q)
+        return math.nan if value is None else value * 1000
 
 
 async def drive(clients: list[httpx.AsyncClient], url: str, run: Run) -> None:

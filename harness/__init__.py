@@ -7,7 +7,8 @@
 - :mod:`harness.proxy` and :mod:`harness.balancer`: a TCP proxy that cuts connections and a
   TCP load balancer in front of several Relay instances;
 - :mod:`harness.keys`, :mod:`harness.ports`, :mod:`harness.waiting`: the test keys, free
-  ports and ``assert_eventually``.
+  ports and ``assert_eventually``;
+- :mod:`harness.stats`: the one percentile function behind every reported figure.
 
 Nothing here imitates the system under test, and nothing here imports ``tests``.
 """
