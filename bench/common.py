@@ -18,6 +18,13 @@ class BenchError(Exception):
     """A measurement could not be made (a process did not start or went away, counts never matched...)."""
 
 
+def problem_lines(log: Path) -> list[str]:
+    """The lines of a log file that look like trouble (see PROBLEM_LINE); none if there is no file."""
+    if not log.exists():
+        return []
+    return [line for line in log.read_text(errors="replace").splitlines() if PROBLEM_LINE.search(line)]
+
+
 def load_average() -> str:
     return " ".join(f"{load:.2f}" for load in os.getloadavg())
 

@@ -53,11 +53,11 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from bench.common import (
-    PROBLEM_LINE,
     BenchError,
     exit_on_sigterm,
     load_average,
     print_machine,
+    problem_lines,
     work_directory,
 )
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
@@ -282,7 +282,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Run], int, Execut
 
 
 def report_log(relay: RelayProcess, limit: int = 10) -> None:
-    problems = [line for line in relay.log().splitlines() if PROBLEM_LINE.search(line)]
+    problems = problem_lines(relay.log_path)
     print(f"{relay.instance_id} log {relay.log_path}: {len(problems)} ERROR/WARNING/Traceback line(s)")
     for line in problems[:limit]:
         print(f"    {line[:300]}")

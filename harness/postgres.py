@@ -11,12 +11,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from psycopg import sql
 
 
 class Postgres:
     """One PostgreSQL server for a whole run: embedded, or RELAY_TEST_DATABASE_URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, drop_databases: bool = False) -> None:
+        """``drop_databases``: on RELAY_TEST_DATABASE_URL's server, drop the databases made here
+        at :meth:`close` (an embedded server is deleted whole anyway)."""
+        self._drop_databases = drop_databases
+        self._created: list[str] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._server: Any = None
         url = os.environ.get("RELAY_TEST_DATABASE_URL")
@@ -39,7 +44,8 @@ class Postgres:
     def create_database(self, prefix: str) -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self._created.append(name)
         return self.url_of(name)
 
     def url_of(self, database: str) -> str:
@@ -48,5 +54,9 @@ class Postgres:
     def close(self) -> None:
         if self._server is not None:
             self._server.cleanup()
+        elif self._drop_databases:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                for name in self._created:
+                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         if self._tmp is not None:
             self._tmp.cleanup()
