@@ -192,9 +192,9 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         rows = conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
     workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
     with psycopg.connect(fleet.evidence) as conn:
-        outcomes = [(w, e, apps.get(e, a)) for w, e, a in conn.execute(
+        outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
             "SELECT workflow_id, executor_id, app FROM outcomes ORDER BY id").fetchall()]  # fmt: skip
-        steps = [(w, s, e, apps.get(e, a)) for w, s, e, a in conn.execute(
+        steps = [(w, s, e, apps.get(e, str(a))) for w, s, e, a in conn.execute(
             "SELECT workflow_id, step, executor_id, app FROM step_evidence").fetchall()]  # fmt: skip
     with fleet.relay.api() as api:
         audit = api.get("/audit", params={"limit": 10_000}).json()

@@ -14,7 +14,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 
@@ -102,10 +102,10 @@ class Evidence:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: LiteralString) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url) as conn:
             try:
-                return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
+                return list(conn.execute(sql).fetchall())
             except psycopg.errors.UndefinedTable:
                 return []
 
