@@ -1,9 +1,8 @@
-"""What the benchmarks share: errors, statistics, the machine line, the work folder."""
+"""What the benchmarks share: errors, the machine line, the work folder."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import platform
 import re
@@ -19,14 +18,11 @@ class BenchError(Exception):
     """A measurement could not be made (a process did not start or went away, counts never matched...)."""
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile, interpolated linearly between the nearest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+def problem_lines(log: Path) -> list[str]:
+    """The lines of a log file that look like trouble (see PROBLEM_LINE); none if there is no file."""
+    if not log.exists():
+        return []
+    return [line for line in log.read_text(errors="replace").splitlines() if PROBLEM_LINE.search(line)]
 
 
 def load_average() -> str:

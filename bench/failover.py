@@ -1,7 +1,7 @@
 """Failover benchmark: how long after a failure Relay declares an executor DEAD,
 has a peer recover its workflows, and sees them complete.
 
-Part A, real executors (tests/support/executor_app.py: DBOS applications using
+Part A, real executors (harness/executor_app.py: DBOS applications using
 the SDK's own conductor client) against one Relay with sub-second timers. A pool
 of ``--peers`` healthy executors stays up; victims fail ``--round`` at a time,
 all of one kind, by ``kill -9`` (the socket closes at once) or ``SIGSTOP`` (the
@@ -77,21 +77,17 @@ from bench.common import (
     BenchError,
     exit_on_sigterm,
     load_average,
-    percentile,
     print_machine,
     work_directory,
 )
-from tests.support.harness import (
-    API_KEYS,
-    CONDUCTOR_KEYS,
-    ExecutorProcess,
-    Postgres,
-    RelayProcess,
-    assert_eventually,
-    free_port,
-    relay_yaml,
-)
-from tests.support.simulated import handshake
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake
+from harness.stats import percentile
+from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
 # Polling adds load to Relay and PostgreSQL: it starts after the floor and stays slow. It sets no
@@ -118,8 +114,8 @@ def iso_seconds(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def fmt(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.3f}"
+def fmt(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
 def log_problems(path: Path) -> tuple[list[str], Counter[str]]:
@@ -648,10 +644,11 @@ def print_mass(result: MassResult, args: argparse.Namespace) -> None:
             f"{fmt(percentile(over, 99)):>7} {fmt(max(over, default=math.nan)):>7}"
         )
     spread = r.frames_per_survivor
+    median = percentile(spread, 50)
     print(
         f"recovery frames received by the {r.survivors} survivors: {r.recovery_frames}, covering "
         f"{r.victims_covered} of {r.victims} victims; per survivor min {min(spread, default=0)}, "
-        f"median {percentile([float(x) for x in spread], 50):g}, max {max(spread, default=0)}"
+        f"median {'-' if median is None else f'{median:g}'}, max {max(spread, default=0)}"
     )
     if r.other_requests:
         print(f"other requests answered with an error: {dict(r.other_requests)}")

@@ -53,24 +53,20 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from bench.common import (
-    PROBLEM_LINE,
     BenchError,
     exit_on_sigterm,
     load_average,
-    percentile,
     print_machine,
+    problem_lines,
     work_directory,
 )
-from tests.support.harness import (
-    API_KEYS,
-    CONDUCTOR_KEYS,
-    Postgres,
-    RelayProcess,
-    assert_eventually,
-    free_port,
-    relay_yaml,
-)
-from tests.support.simulated import handshake, open_socket
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, open_socket
+from harness.stats import percentile
+from harness.waiting import assert_eventually
 
 ORG, APP = "acme", "ledger"
 WARMUP = 20
@@ -158,7 +154,8 @@ class Run:
         return len(self.latencies) / self.elapsed if self.elapsed > 0 else math.nan
 
     def ms(self, q: float) -> float:
-        return percentile(self.latencies, q) * 1000
+        value = percentile(self.latencies, q)
+        return math.nan if value is None else value * 1000
 
 
 async def drive(clients: list[httpx.AsyncClient], url: str, run: Run) -> None:
@@ -285,7 +282,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Run], int, Execut
 
 
 def report_log(relay: RelayProcess, limit: int = 10) -> None:
-    problems = [line for line in relay.log().splitlines() if PROBLEM_LINE.search(line)]
+    problems = problem_lines(relay.log_path)
     print(f"{relay.instance_id} log {relay.log_path}: {len(problems)} ERROR/WARNING/Traceback line(s)")
     for line in problems[:limit]:
         print(f"    {line[:300]}")

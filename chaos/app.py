@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 
 import sqlalchemy as sa
@@ -145,4 +144,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from harness.stats import percentile
+
 TERMINAL = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
 
@@ -116,11 +118,8 @@ def _paused_instances_fenced(h: History) -> list[str]:
     ]
 
 
-def _percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 2)
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def figures(h: History) -> dict[str, Any]:
@@ -146,8 +145,8 @@ def figures(h: History) -> dict[str, Any]:
         "paused_instances_fenced": sum(1 for f in h.faults if f.get("exit_code") == 3),
         "fault_to_recovery_secs": {
             "count": len(recovery_secs),
-            "p50": _percentile(recovery_secs, 0.5),
-            "p99": _percentile(recovery_secs, 0.99),
+            "p50": _seconds(percentile(recovery_secs, 50)),
+            "p99": _seconds(percentile(recovery_secs, 99)),
             "max": round(max(recovery_secs), 2) if recovery_secs else None,
         },
     }

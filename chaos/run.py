@@ -6,8 +6,8 @@ system database, each talking through its own TCP proxy (so a partition can
 cut one executor off while it keeps running) to a TCP load balancer (round
 robin, skipping instances whose /readyz fails) in front of
 ``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
-Processes, proxies, the balancer and PostgreSQL come from the test harness
-(tests/support), the same ones the integration tests use.
+Processes, proxies, the balancer and PostgreSQL come from ``harness/``, the
+same ones the integration tests use.
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ import psycopg
 
 from chaos.checker import History, check, figures
 from chaos.schedule import Fault, Profile
-from tests.support.balancer import TcpBalancer
-from tests.support.harness import CONDUCTOR_KEYS, Postgres, RelayProcess, await_ready, free_port, relay_yaml
-from tests.support.proxy import TcpProxy
+from harness.balancer import TcpBalancer
+from harness.executors import await_ready
+from harness.keys import CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.proxy import TcpProxy
+from harness.relay import RelayProcess, relay_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_APP, DECOY_APP = "ledger", "billing"
@@ -188,9 +192,9 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         rows = conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
     workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
     with psycopg.connect(fleet.evidence) as conn:
-        outcomes = [(w, e, apps.get(e, a)) for w, e, a in conn.execute(
+        outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
             "SELECT workflow_id, executor_id, app FROM outcomes ORDER BY id").fetchall()]  # fmt: skip
-        steps = [(w, s, e, apps.get(e, a)) for w, s, e, a in conn.execute(
+        steps = [(w, s, e, apps.get(e, str(a))) for w, s, e, a in conn.execute(
             "SELECT workflow_id, step, executor_id, app FROM step_evidence").fetchall()]  # fmt: skip
     with fleet.relay.api() as api:
         audit = api.get("/audit", params={"limit": 10_000}).json()

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.harness import ExecutorProcess, Postgres, RelayProcess, free_port, relay_yaml
+from harness.executors import ExecutorProcess
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
 
 
 @pytest.fixture(scope="session")

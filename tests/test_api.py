@@ -8,9 +8,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import handshake, off_loop, open_socket
+from harness.waiting import assert_eventually
 from tests.prom import sample
-from tests.support.harness import CONDUCTOR_KEYS, RelayProcess, assert_eventually
-from tests.support.simulated import handshake, off_loop, open_socket
 
 StartRelay = Callable[..., RelayProcess]
 

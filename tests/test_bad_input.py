@@ -12,16 +12,13 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from harness.executors import ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, off_loop, open_socket
+from harness.waiting import assert_eventually
 from tests.prom import sample
-from tests.support.harness import (
-    CONDUCTOR_KEYS,
-    ExecutorProcess,
-    RelayProcess,
-    assert_eventually,
-    free_port,
-    relay_yaml,
-)
-from tests.support.simulated import handshake, off_loop, open_socket
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]

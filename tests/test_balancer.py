@@ -1,4 +1,4 @@
-"""The test load balancer (tests/support/balancer.py) against real sockets."""
+"""The test load balancer (harness/balancer.py) against real sockets."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import TracebackType
 
 import pytest
 
-from tests.support.balancer import TcpBalancer
-from tests.support.harness import assert_eventually
+from harness.balancer import TcpBalancer
+from harness.waiting import assert_eventually
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -14,9 +14,11 @@ import httpx
 import psutil
 import pytest
 
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.waiting import assert_eventually
 from relay.store.db import Database
 from relay.store.migrations import MIGRATIONS
-from tests.support.harness import Postgres, assert_eventually, free_port
 
 
 def run_relay(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from tests.support.harness import ExecutorProcess, RelayProcess, assert_eventually
-from tests.support.proxy import TcpProxy
+from harness.executors import ExecutorProcess
+from harness.proxy import TcpProxy
+from harness.relay import RelayProcess
+from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]

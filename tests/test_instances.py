@@ -15,16 +15,11 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.support.harness import (
-    Evidence,
-    ExecutorProcess,
-    RelayProcess,
-    assert_eventually,
-    audit_actions,
-    free_port,
-    relay_yaml,
-)
-from tests.support.proxy import TcpProxy
+from harness.executors import Evidence, ExecutorProcess
+from harness.ports import free_port
+from harness.proxy import TcpProxy
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]

@@ -12,6 +12,10 @@ import httpx
 import psycopg
 import pytest
 
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
 from relay.config import RelayConfig
 from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef
@@ -26,7 +30,6 @@ from relay.store.executors import ExecutorStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from tests.prom import scrape
-from tests.support.harness import Postgres, RelayProcess, assert_eventually, free_port, relay_yaml
 
 StartRelay = Callable[..., RelayProcess]
 

@@ -11,18 +11,14 @@ from datetime import datetime
 import httpx
 import pytest
 
+from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
+from harness.proxy import TcpProxy
+from harness.relay import RelayProcess, audit_actions
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
 from relay.core.peers import Peer, order_peers
 from tests.prom import sample
-from tests.support.harness import (
-    CONDUCTOR_KEYS,
-    Evidence,
-    ExecutorProcess,
-    RelayProcess,
-    assert_eventually,
-    audit_actions,
-)
-from tests.support.proxy import TcpProxy
-from tests.support.simulated import SimulatedPeer
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]

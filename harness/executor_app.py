@@ -1,6 +1,6 @@
 """A real DBOS application for the tests: the SDK's own conductor client.
 
-Run as ``python -m tests.support.executor_app`` with its settings in the
+Run as ``python -m harness.executor_app`` with its settings in the
 environment (RELAY_TEST_*); prints ``READY <executor_id>`` once DBOS has
 launched (and its jobs are started), then keeps running until killed.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -157,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -19,14 +19,15 @@ from websockets.exceptions import ConnectionClosed
 T = TypeVar("T")
 
 
-def info_reply(request_id: str, executor_id: str, version: str = "v1") -> str:
+def info_reply(request_id: str, executor_id: str, version: str = "v1", hostname: str = "simulated") -> str:
+    """The reply to ``executor_info`` that the DBOS SDK (3.2) sends."""
     return json.dumps(
         {
             "type": "executor_info",
             "request_id": request_id,
             "executor_id": executor_id,
             "application_version": version,
-            "hostname": "simulated",
+            "hostname": hostname,
             "language": "python",
             "dbos_version": "3.2.0",
             "executor_metadata": None,

@@ -1,0 +1,125 @@
+"""Real DBOS executors in subprocesses, and what they leave behind.
+
+An executor is :mod:`harness.executor_app`: a real DBOS application using the
+SDK's own conductor client, not an imitation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+
+from harness.keys import CONDUCTOR_KEYS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def await_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> str | None:
+    """The executor id from the ``READY <id>`` line an executor prints once launched."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.match(rb"READY (\S+)", line)
+            if match:
+                found.append(match.group(1).decode())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+class ExecutorProcess:
+    """A real DBOS application (harness/executor_app.py) in a subprocess."""
+
+    def __init__(
+        self, workdir: Path, sysdb_url: str, conductor_url: str, org: str = "acme", app: str = "ledger",
+        version: str = "v1", sleepers: int = 0, key: str | None = None, env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        self.org = org
+        self.app = app
+        self.log_path = workdir / f"executor-{uuid.uuid4().hex[:6]}.log"
+        env = {
+            **os.environ,
+            "RELAY_TEST_APP": app,
+            "RELAY_TEST_SYSDB": sysdb_url,
+            "RELAY_TEST_CONDUCTOR_URL": conductor_url,
+            "RELAY_TEST_CONDUCTOR_KEY": key or CONDUCTOR_KEYS[org],
+            "RELAY_TEST_APP_VERSION": version,
+            "RELAY_TEST_SLEEPERS": str(sleepers),
+            **(env or {}),
+        }
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.executor_app"],
+            stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
+        )  # fmt: skip
+        self.executor_id = self._wait_ready()
+
+    def _wait_ready(self) -> str:
+        executor_id = await_ready(self.proc)
+        if executor_id is None:
+            self.stop()
+            raise RuntimeError(f"executor did not start:\n{self.log_path.read_text(errors='replace')}")
+        return executor_id
+
+    def kill(self) -> None:
+        """kill -9: the process gets no chance to close its socket politely."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+class Evidence:
+    """Reads what the test executors wrote (see executor_app.py)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _rows(self, sql: LiteralString) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url) as conn:
+            try:
+                return list(conn.execute(sql).fetchall())
+            except psycopg.errors.UndefinedTable:
+                return []
+
+    def outcomes(self) -> dict[str, str]:
+        """workflow id -> executor id that recorded its outcome."""
+        return {w: e for w, e in self._rows("SELECT workflow_id, executor_id FROM outcomes")}
+
+    def outcome_count(self) -> int:
+        """Outcome rows, duplicates included (there must be none: one per workflow)."""
+        return len(self._rows("SELECT workflow_id FROM outcomes"))
+
+    def outcome_versions(self) -> dict[str, str]:
+        return {w: v for w, v in self._rows("SELECT workflow_id, version FROM outcomes")}
+
+    def step_runs(self) -> list[tuple[str, str, str]]:
+        """(workflow id, step, executor id) for every execution of a step."""
+        return [(w, s, e) for w, s, e in self._rows("SELECT workflow_id, step, executor_id FROM step_evidence")]

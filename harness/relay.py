@@ -1,0 +1,123 @@
+"""``relay serve`` in a subprocess, with the configuration the harness gives it.
+
+Relay runs as it does in production, in its own process, with its log in a file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
+from harness.waiting import assert_eventually
+
+
+def relay_yaml(port: int, grace: float = 30, **liveness: float) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "port": port, "handshakeTimeoutSecs": liveness.pop("handshake", 10.0)},
+        "liveness": {"pingIntervalSecs": 0.2, "pingWaitSecs": 1.0, **liveness},
+        "orgs": [
+            {
+                "name": org,
+                "conductorKeys": [{"name": "prod", "sha256": sha(CONDUCTOR_KEYS[org])}],
+                "apiKeys": [{"name": "ops", "sha256": sha(API_KEYS[org]), "role": "admin"}]
+                + ([{"name": "view", "sha256": sha(VIEWER_KEYS[org]), "role": "viewer"}] if org in VIEWER_KEYS else []),
+                "apps": [{"name": "ledger", "executorTimeoutSecs": grace}],
+            }
+            for org in ("acme", "globex")
+        ],
+    }
+
+
+class RelayProcess:
+    """``relay serve`` in a subprocess, with its log in a file."""
+
+    def __init__(self, workdir: Path, database_url: str, config: dict[str, Any], instance_id: str = "relay-1") -> None:
+        self.workdir = workdir
+        self.database_url = database_url
+        self.config = config
+        self.instance_id = instance_id
+        self.port: int = config["server"]["port"]
+        self.config_path = workdir / f"{instance_id}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"{instance_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def conductor_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/"
+
+    def start(self) -> RelayProcess:
+        env = {**os.environ, "RELAY_INSTANCE_ID": self.instance_id, "RELAY_LOG_LEVEL": "INFO"}
+        env.pop("RELAY_DATABASE_URL", None)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path),
+                 "--database-url", self.database_url],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+            )  # fmt: skip
+        assert_eventually(self._ready, 20, what="relay /readyz")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"relay exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            return httpx.get(f"{self.http}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def api(self, org: str = "acme", key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.http}/v2/orgs/{org}",
+            headers={"Authorization": f"Bearer {key or API_KEYS[org]}"},
+            timeout=10,
+        )
+
+    def executor(self, org: str, app: str, executor_id: str) -> dict[str, Any] | None:
+        with self.api(org) as api:
+            resp = api.get(f"/apps/{app}/executors/{executor_id}")
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        record: dict[str, Any] = resp.json()
+        return record
+
+    def state_of(self, org: str, app: str, executor_id: str) -> str | None:
+        record = self.executor(org, app, executor_id)
+        return record["state"] if record else None
+
+
+def audit_actions(relay: RelayProcess, executor_id: str, org: str = "acme") -> list[str]:
+    with relay.api(org) as api:
+        entries = api.get("/audit", params={"executorId": executor_id}).json()
+    return [e["action"] for e in entries]
