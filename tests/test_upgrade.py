@@ -1,0 +1,128 @@
+"""An upgrade in place from the last release: what 0.2.0 started, this code finishes.
+
+``tests/upgrade/relay-0.2.0.tar.gz`` holds Relay 0.2.0's ``relay/`` and
+``workflows/`` exactly as released (``git archive --format=tar de742e9 relay
+workflows | gzip -n -9``). Relay 0.2.0 runs from it on a fresh database
+(its schema: migrations 1 and 2), starts a grace period and a recovery that
+waits for a peer, and is killed with -9; this code then starts on the same
+database with the same instance id, migrates forward, and must finish both.
+"""
+
+from __future__ import annotations
+
+import signal
+import tarfile
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from harness.executors import Evidence, ExecutorProcess
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.waiting import assert_eventually
+
+RELEASE = Path(__file__).resolve().parent / "upgrade" / "relay-0.2.0.tar.gz"
+StartExecutor = Callable[..., ExecutorProcess]
+GRACE = 6.0
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def all_outcomes(evidence: Evidence, n: int) -> dict[str, str] | None:
+    outcomes = evidence.outcomes()
+    return outcomes if len(outcomes) >= n else None
+
+
+def schema_versions(relay_db: str) -> list[int]:
+    with psycopg.connect(relay_db) as conn:
+        return [int(r[0]) for r in conn.execute("SELECT version FROM relay_schema_migrations ORDER BY version")]
+
+
+def workflow_status(relay_db: str, workflow_id: str) -> str | None:
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute(
+            "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", (workflow_id,)
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade(
+    tmp_path: Path, postgres: Postgres, relay_db: str, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    old_home = tmp_path / "relay-0.2.0"
+    old_home.mkdir()
+    with tarfile.open(RELEASE) as release:
+        release.extractall(old_home, filter="data")
+    config = relay_yaml(free_port(), grace=GRACE)
+    config["orgs"][0]["apps"].append({"name": "solo", "executorTimeoutSecs": 0.3})
+    # `python -m relay` in the release's folder runs the release's code, not this checkout's.
+    old = RelayProcess(old_home, relay_db, config, "relay-1").start()
+    assert schema_versions(relay_db) == [1, 2]  # the release's own schema
+
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10"}  # still sleeping when their executor dies
+    peer = start_executor(old.conductor_url, env=env)
+    victim = start_executor(old.conductor_url, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"})
+    solo_sysdb = postgres.create_database("solo_sys")
+    lonely = start_executor(
+        old.conductor_url, app="solo", sysdb=solo_sysdb, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "solo"}
+    )
+    for executor in (peer, victim, lonely):
+        assert_eventually(lambda e=executor: old.state_of("acme", e.app, e.executor_id) == "HEALTHY", 10)
+
+    # 0.2.0 declares the lonely executor dead and its recovery waits for a peer (in DBOS.recv).
+    lonely.kill()
+    assert_eventually(
+        lambda: (old.executor("acme", "solo", lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 10
+    )
+    # 0.2.0 starts the victim's grace period; then it dies in the middle of it.
+    victim.kill()
+    assert_eventually(lambda: old.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 5)
+    disconnected_at = ts((old.executor("acme", "ledger", victim.executor_id) or {})["disconnectedAt"])
+    old.signal(signal.SIGKILL)
+    assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+    assert Evidence(evidence_db).outcomes() == {}
+
+    new = RelayProcess(tmp_path, relay_db, config, "relay-1")
+    try:
+        new.start()
+        # The grace period resumes with its original deadline and the peer recovers the victim.
+        assert_eventually(lambda: new.executor("acme", "ledger", victim.executor_id) is None, GRACE + 20)
+        dead = next(e for e in _audit(new, victim.executor_id) if e["action"] == "executor.dead")
+        assert GRACE - 0.1 <= (ts(dead["at"]) - disconnected_at).total_seconds() <= GRACE + 1.5
+        # The waiting recovery is woken by a new peer of its app and finishes.
+        rescuer = start_executor(new.conductor_url, app="solo", sysdb=solo_sysdb, env=env)
+        assert_eventually(lambda: new.executor("acme", "solo", lonely.executor_id) is None, 30)
+
+        outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 4), 60)
+        assert {w: e for w, e in outcomes.items() if w.startswith("ledger")} == {
+            "ledger-0": peer.executor_id,
+            "ledger-1": peer.executor_id,
+        }
+        assert {w: e for w, e in outcomes.items() if w.startswith("solo")} == {
+            "solo-0": rescuer.executor_id,
+            "solo-1": rescuer.executor_id,
+        }
+        assert Evidence(evidence_db).outcome_count() == 4
+        for executor, app in ((victim, "ledger"), (lonely, "solo")):
+            actions = audit_actions(new, executor.executor_id)
+            for action in ("executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"):
+                assert actions.count(action) == 1, (app, action, actions)
+            with new.api() as api:
+                (recovery,) = api.get(f"/apps/{app}/recoveries", params={"executorId": executor.executor_id}).json()
+            assert recovery["status"] == "succeeded"
+            assert workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS"
+        assert "recovery.waiting_for_peer" in audit_actions(new, lonely.executor_id)
+    finally:
+        new.stop()
+
+
+def _audit(relay: RelayProcess, executor_id: str) -> list[dict[str, str]]:
+    with relay.api() as api:
+        entries: list[dict[str, str]] = api.get("/audit", params={"executorId": executor_id}).json()
+    return entries
