@@ -7,7 +7,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY relay ./relay
 COPY workflows ./workflows
-RUN pip install --no-cache-dir .
+COPY protocol ./protocol
+RUN pip install --no-cache-dir ./protocol .
 
 USER relay
 ENV RELAY_HOME=/home/relay/data \

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check -e .
+.venv/bin/pip install --quiet --disable-pip-version-check -e ./protocol -e .
 exec .venv/bin/relay serve "$@"

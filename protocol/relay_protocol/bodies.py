@@ -1,0 +1,170 @@
+"""The ``body`` objects some requests carry.
+
+A filter typed ``str | list[str] | None`` takes one value or any of several;
+null means no filter, as leaving it out does. Times in filters are ISO 8601
+strings. Booleans carry the SDK's own default for a missing key, so a body
+built here means the same whether or not a key is sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class _WorkflowFilter:
+    """What list_workflows and list_queued_workflows share."""
+
+    workflow_uuids: list[str] | None = None
+    workflow_name: str | list[str] | None = None
+    authenticated_user: str | list[str] | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    completed_after: str | None = None
+    completed_before: str | None = None
+    dequeued_after: str | None = None
+    dequeued_before: str | None = None
+    status: str | list[str] | None = None
+    application_version: str | list[str] | None = None
+    forked_from: str | list[str] | None = None
+    parent_workflow_id: str | list[str] | None = None
+    queue_name: str | list[str] | None = None
+    limit: int | None = None
+    offset: int | None = None
+    sort_desc: bool = False
+    workflow_id_prefix: str | list[str] | None = None
+    load_input: bool = True
+    load_output: bool = True
+    executor_id: str | list[str] | None = None
+    was_forked_from: bool | None = None
+    has_parent: bool | None = None
+    attributes: dict[str, Any] | None = None
+    schedule_name: str | list[str] | None = None
+    application_name: str | list[str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListWorkflowsBody(_WorkflowFilter):
+    queues_only: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListQueuedWorkflowsBody(_WorkflowFilter):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkWorkflowBody:
+    """The SDK reads application_version and new_workflow_id with ``[]``: they are always sent, null or not."""
+
+    workflow_id: str
+    start_step: int
+    application_version: str | None = None
+    new_workflow_id: str | None = None
+    queue_name: str | None = None
+    queue_partition_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkFromFailureBody:
+    """Fork each workflow from its last failure, its last step, a step number or a step name."""
+
+    workflow_ids: list[str]
+    application_version: str | None = None
+    queue_name: str | None = None
+    queue_partition_key: str | None = None
+    from_last_failure: bool = False
+    from_last_step: bool = False
+    from_step: int | None = None
+    from_step_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewindWorkflowBody:
+    """start_step null (or 0) means step 1."""
+
+    workflow_id: str
+    start_step: int | None = None
+    application_version: str | None = None
+    queue_name: str | None = None
+    queue_partition_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetentionBody:
+    """Epoch milliseconds and row counts; null turns that part off (gc_batch_size null: the SDK's default)."""
+
+    gc_cutoff_epoch_ms: int | None = None
+    gc_rows_threshold: int | None = None
+    gc_batch_size: int | None = None
+    timeout_cutoff_epoch_ms: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListSchedulesBody:
+    status: str | list[str] | None = None
+    workflow_name: str | list[str] | None = None
+    schedule_name_prefix: str | list[str] | None = None
+    application_name: str | list[str] | None = None
+    load_context: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class GetWorkflowAggregatesBody:
+    """At least one group_by flag must be set; with no select flag the SDK counts."""
+
+    group_by_status: bool = False
+    group_by_name: bool = False
+    group_by_queue_name: bool = False
+    group_by_executor_id: bool = False
+    group_by_application_version: bool = False
+    group_by_application_name: bool = False
+    select_count: bool = False
+    select_min_created_at: bool = False
+    select_max_queue_wait_ms: bool = False
+    select_max_total_latency_ms: bool = False
+    time_bucket_size_ms: int | None = None
+    status: list[str] | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    completed_after: str | None = None
+    completed_before: str | None = None
+    dequeued_after: str | None = None
+    dequeued_before: str | None = None
+    name: list[str] | None = None
+    app_version: list[str] | None = None
+    executor_id: list[str] | None = None
+    queue_name: list[str] | None = None
+    workflow_id_prefix: list[str] | None = None
+    workflow_ids: list[str] | None = None
+    forked_from: list[str] | None = None
+    parent_workflow_id: list[str] | None = None
+    user: list[str] | None = None
+    schedule_name: list[str] | None = None
+    application_name: list[str] | None = None
+    was_forked_from: bool | None = None
+    has_parent: bool | None = None
+    attributes: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GetStepAggregatesBody:
+    """At least one group_by flag must be set; with no select flag the SDK counts."""
+
+    group_by_function_name: bool = False
+    group_by_status: bool = False
+    select_count: bool = False
+    select_max_duration_ms: bool = False
+    time_bucket_size_ms: int | None = None
+    status: list[str] | None = None
+    function_name: list[str] | None = None
+    workflow_id_prefix: list[str] | None = None
+    completed_after: str | None = None
+    completed_before: str | None = None
+    application_name: list[str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListQueuesBody:
+    application_name: str | list[str] | None = None

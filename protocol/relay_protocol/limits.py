@@ -1,0 +1,99 @@
+"""The limits every decoded frame is held to, and how a field names its own.
+
+Relay writes identifiers and executor metadata into PostgreSQL ``text`` and
+``jsonb`` columns, which can hold neither NUL nor a lone UTF-16 surrogate (it
+cannot be encoded as UTF-8), so those are refused where they arrive rather
+than where a statement would fail. Free text (error messages, serialized
+inputs and outputs) is kept exactly as received: :func:`clean_text` makes it
+storable for a caller that wants to.
+
+A field picks its rule through dataclass field metadata::
+
+    hostname: str | None = field(default=None, metadata=meta(rule=Rule(max_len=MAX_HOSTNAME_LEN)))
+    output: str | None = field(default=None, metadata=meta("Output", rule=TEXT))
+
+A field without metadata is a name: at most :data:`MAX_NAME_LEN` characters,
+no NUL, no lone surrogate.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+#: Identifiers and names: executor and workflow ids, versions, queue and schedule names, request ids.
+MAX_NAME_LEN = 256
+#: A hostname (RFC 1035 allows 253 characters; this leaves room for odd resolvers).
+MAX_HOSTNAME_LEN = 1024
+#: Free JSON (executor_metadata, attributes) once re-serialised with ``json.dumps``.
+MAX_JSON_BYTES = 64 * 1024
+#: Nesting of free JSON: containers inside containers.
+MAX_JSON_DEPTH = 64
+#: Digits of one JSON integer, Python's own default for ``int(str)``.
+MAX_INT_DIGITS = 4300
+#: Integers in typed fields are PostgreSQL ``bigint``.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+#: What :func:`clean_text` keeps by default.
+MAX_CLEAN_TEXT_LEN = 4096
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How strings and integers inside one field are checked (list items and dict keys included)."""
+
+    max_len: int | None = MAX_NAME_LEN
+    min_len: int = 0
+    #: Refuse NUL and lone surrogates; off for free text, which is kept as received.
+    strict: bool = True
+    max_json_bytes: int = MAX_JSON_BYTES
+    int_min: int = INT64_MIN
+    int_max: int = INT64_MAX
+
+
+#: The rule of a field without metadata.
+NAME = Rule()
+#: Free text: any length, any character.
+TEXT = Rule(max_len=None, strict=False)
+
+_META_WIRE = "relay_protocol.wire"
+_META_RULE = "relay_protocol.rule"
+
+
+def meta(wire: str | None = None, *, rule: Rule = NAME) -> dict[str, Any]:
+    """Field metadata: the key on the wire (default: the field's name) and the checking rule."""
+    data: dict[str, Any] = {_META_RULE: rule}
+    if wire is not None:
+        data[_META_WIRE] = wire
+    return data
+
+
+def wire_name(metadata: Any, default: str) -> str:
+    name = metadata.get(_META_WIRE, default)
+    assert isinstance(name, str)
+    return name
+
+
+def field_rule(metadata: Any) -> Rule:
+    rule = metadata.get(_META_RULE, NAME)
+    assert isinstance(rule, Rule)
+    return rule
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# C0 controls but tab and newline, and lone surrogates.
+_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\ud800-\udfff]")
+
+
+def has_unstorable(text: str) -> bool:
+    """Whether ``text`` holds NUL or a lone surrogate, which PostgreSQL text cannot store."""
+    return "\x00" in text or _SURROGATE.search(text) is not None
+
+
+def clean_text(text: str, max_len: int = MAX_CLEAN_TEXT_LEN) -> str:
+    """``text`` fit to store: control characters other than newline and tab, and lone
+    surrogates, become U+FFFD, and it is cut to ``max_len`` characters."""
+    if max_len < 0:
+        raise ValueError("max_len must not be negative")
+    return _UNSTORABLE.sub("\ufffd", text[:max_len])
