@@ -9,10 +9,13 @@ only these::
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
     │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
     ├── ProtocolError          a frame from an executor broke the protocol
-    ├── ExecutorRequestError   a request to a connected executor did not get an answer
+    ├── ExecutorRequestError   a request to a connected executor did not get a usable answer
     │   ├── ExecutorNotConnected   no live instance holds a socket to that executor
     │   ├── ExecutorTimeout        no reply within the timeout
-    │   └── ExecutorGone           the socket closed while the request was out
+    │   ├── ExecutorGone           the socket closed while the request was out
+    │   ├── ExecutorBadReply       the reply broke the protocol (wrong shape or types)
+    │   └── ExecutorRefused        the reply carried only an error
+    │       └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
     └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
         ├── NotFound               no such app, executor or recovery
         └── Conflict               the state does not allow it (a HEALTHY executor), or changed meanwhile
@@ -60,6 +63,18 @@ class ExecutorTimeout(ExecutorRequestError):
 
 class ExecutorGone(ExecutorRequestError):
     """The executor's socket closed while a request was waiting for its reply."""
+
+
+class ExecutorBadReply(ExecutorRequestError):
+    """The executor's reply did not have the shape or the types the protocol gives it."""
+
+
+class ExecutorRefused(ExecutorRequestError):
+    """The executor answered with an error and nothing else."""
+
+
+class UnsupportedMessage(ExecutorRefused):
+    """The executor's SDK does not know the message ("Unknown message type")."""
 
 
 class ActionRefused(RelayError):

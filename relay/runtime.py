@@ -86,7 +86,7 @@ class Runtime:
             recoveries=self.recoveries,
             apps=self.apps,
             audit=self.audit,
-            ask=self.router.request,
+            ask=self.router.ask,
             liveness=self.config.liveness,
             note_blocked=self.engine.note_blocked,
             loop=loop,

@@ -68,3 +68,11 @@ def test_one_module_writes_the_executors_table() -> None:
         if EXECUTOR_WRITES.search(path.read_text())
     }
     assert writers == {"relay.store.executors"}
+
+
+def test_the_protocol_module_needs_only_the_standard_library() -> None:
+    # The open executor client ships it without Relay's server dependencies.
+    allowed = set(sys.stdlib_module_names) | {"relay_protocol"}
+    for name, path in modules("protocol/relay_protocol").items():
+        outside = {i for i in imports_of(path) if i.split(".")[0] not in allowed}
+        assert not outside, f"{name} imports {outside}"

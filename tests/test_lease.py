@@ -22,13 +22,13 @@ from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Mode, Peer
 from relay.errors import Fenced
-from relay.protocol import ExecutorInfo
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
+from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
 
 StartRelay = Callable[..., RelayProcess]
@@ -85,7 +85,9 @@ async def _fenced_writes(url: str) -> None:
         await lease.acquire()
         executors = ExecutorStore(db)
         store, audit = RecoveryStore(db, executors), AuditStore(db)
-        info = ExecutorInfo("ex-1", "v1", "host", "python", "3.2.0", None)
+        info = ExecutorInfoReply(
+            request_id="r", executor_id="ex-1", application_version="v1", hostname="host", language="python"
+        )
         epoch, _ = await executors.connected("acme", "ledger", info, "fence-test")
         key = ExecutorKey("acme", "ledger", "ex-1")
         ref = RecoveryRef(key, epoch, "r1")

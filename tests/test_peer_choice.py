@@ -7,6 +7,8 @@ from collections import Counter
 import pytest
 
 from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer, order_peers
+from relay_protocol import ListStepsReply, WorkflowSteps
+from relay_protocol import ProtocolError as WireError
 from workflows.recovery import first_unfinished_step
 
 V1 = [Peer("a", "v1"), Peer("b", "v1"), Peer("c", "v1")]
@@ -72,6 +74,12 @@ def test_exponential_backoff_is_capped() -> None:
     assert backoff(3, 0.25, 10) == 1.0
 
 
+def steps_of(*frames: dict[str, object]) -> list[WorkflowSteps]:
+    """The steps as a list_steps reply carries them (the SDK always sends a name)."""
+    reply = {"type": "list_steps", "request_id": "r", "output": [{"function_name": "f", **f} for f in frames]}
+    return ListStepsReply.from_frame(reply).output or []
+
+
 @pytest.mark.parametrize(
     ("steps", "expected"),
     [
@@ -79,8 +87,14 @@ def test_exponential_backoff_is_capped() -> None:
         ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": "6"}], 3),
         ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": None}], 2),
         ([{"function_id": 1, "output": "x"}, {"function_id": 3, "error": "boom"}], 4),
-        (["junk", {"function_id": "1"}], 1),
     ],
 )
-def test_first_unfinished_step(steps: list[object], expected: int) -> None:
-    assert first_unfinished_step(steps) == expected
+def test_first_unfinished_step(steps: list[dict[str, object]], expected: int) -> None:
+    assert first_unfinished_step(steps_of(*steps)) == expected
+
+
+def test_a_list_steps_reply_with_junk_is_refused_before_it_reaches_the_choice() -> None:
+    with pytest.raises(WireError):
+        steps_of({"function_id": "1"})
+    with pytest.raises(WireError):
+        ListStepsReply.from_frame({"type": "list_steps", "request_id": "r", "output": ["junk"]})

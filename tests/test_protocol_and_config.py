@@ -10,30 +10,32 @@ from relay.auth import KeyRing, hash_key, new_key
 from relay.config import parse_config
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
-from relay.protocol import ExecutorInfo, MessageType, executor_info, parse_reply, recovery
+from relay.net.wire import executor_info
+from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, MessageType, RecoveryRequest, decode_frame
+from relay_protocol import ProtocolError as WireError
 
 
 def test_requests_carry_type_and_a_fresh_request_id() -> None:
-    a, b = json.loads(executor_info().to_json()), json.loads(recovery(["x"]).to_json())
+    a, b = json.loads(ExecutorInfoRequest().to_json()), json.loads(RecoveryRequest(executor_ids=["x"]).to_json())
     assert a["type"] == "executor_info" and b["type"] == "recovery"
     assert b["executor_ids"] == ["x"]
     assert a["request_id"] != b["request_id"]
-    assert recovery(["x"]).type is MessageType.RECOVERY
+    assert RecoveryRequest(executor_ids=["x"]).type is MessageType.RECOVERY
 
 
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("{nope", "malformed JSON"),
-        ("[1, 2]", "must be a JSON object"),
-        ('{"type": "x"}', "must carry string 'type' and 'request_id'"),
-        ('{"type": 1, "request_id": "r"}', "must carry string"),
-        ("[" * 100_000, "malformed JSON"),
+        ("{nope", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"type": "x"}', "request_id: required field missing"),
+        ('{"type": 1, "request_id": "r"}', "type: expected str"),
+        ("[" * 100_000, "nested too deeply|not valid JSON"),
     ],
 )
 def test_bad_frames_raise_protocol_error(text: str, why: str) -> None:
-    with pytest.raises(ProtocolError, match=why):
-        parse_reply(text)
+    with pytest.raises(WireError, match=why):
+        decode_frame(text)
 
 
 def test_executor_info_reply_as_the_python_sdk_sends_it() -> None:
@@ -48,8 +50,16 @@ def test_executor_info_reply_as_the_python_sdk_sends_it() -> None:
         "executor_metadata": {"k": "v"},
         "error_message": None,
     }
-    info = ExecutorInfo.from_reply(parse_reply(json.dumps(frame)))
-    assert info == ExecutorInfo("e1", "v1", "h", "python", "3.2.0", {"k": "v"})
+    info = executor_info(decode_frame(json.dumps(frame)), "r1")
+    assert info == ExecutorInfoReply(
+        request_id="r1",
+        executor_id="e1",
+        application_version="v1",
+        hostname="h",
+        language="python",
+        dbos_version="3.2.0",
+        executor_metadata={"k": "v"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,7 +70,7 @@ def test_executor_info_reply_as_the_python_sdk_sends_it() -> None:
 def test_executor_info_reply_missing_or_wrong_fields(change: dict[str, object]) -> None:
     frame = {"type": "executor_info", "request_id": "r", "executor_id": "e", "application_version": "v1"}
     with pytest.raises(ProtocolError):
-        ExecutorInfo.from_reply(parse_reply(json.dumps({**frame, **change})))
+        executor_info(decode_frame(json.dumps({**frame, **change})), "r")
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ path would be baked into old checkpoints.
 from __future__ import annotations
 
 import logging
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict, TypeVar
 
 from dbos import DBOS
 
@@ -32,8 +32,29 @@ from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy,
 from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.peers import BlockedReason, Mode, Peer
 from relay.errors import ExecutorRequestError
-from relay.protocol import MessageType, Reply, Request, exist_pending_workflows, list_workflows, recovery
 from relay.store.audit import AuditEntry
+from relay_protocol import (
+    CancelReply,
+    CancelRequest,
+    ExistPendingWorkflowsReply,
+    ExistPendingWorkflowsRequest,
+    ListApplicationVersionsReply,
+    ListApplicationVersionsRequest,
+    ListStepsReply,
+    ListStepsRequest,
+    ListWorkflowsBody,
+    ListWorkflowsReply,
+    ListWorkflowsRequest,
+    RecoveryReply,
+    RecoveryRequest,
+    Reply,
+    Request,
+    RewindWorkflowBody,
+    RewindWorkflowReply,
+    RewindWorkflowRequest,
+    WorkflowSteps,
+    clean_text,
+)
 from workflows.services import dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.recovery")
@@ -76,16 +97,19 @@ def facts_of(record: FactsRecord) -> Facts:
     )
 
 
+R = TypeVar("R", bound=Reply)
+
+
 def _failed(error: str) -> Outcome:
-    return {"ok": False, "error": error}
+    return {"ok": False, "error": clean_text(error)}
 
 
-async def _ask(ref: RecoveryRef, peer: str, request: Request, timeout: float) -> Reply | str:
-    """The peer's reply, through whichever instance holds its socket; the reason as a string if none."""
-    svc = services()
+async def _ask(ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float) -> R | str:
+    """The peer's reply, through whichever instance holds its socket; the reason as a string if there
+    is none, or if it carries an error."""
     key = ExecutorKey(ref.key.org, ref.key.app, peer)
     try:
-        reply = await svc.ask(key, request, timeout, await_connection=True)
+        reply = await services().ask(key, request, expected, timeout, await_connection=True)
     except ExecutorRequestError as exc:
         return str(exc)
     if reply.error_message:
@@ -124,16 +148,15 @@ async def _latest_version(ref: RecoveryRef, peers: list[tuple[str, str]], timeou
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
     running = {v for _, v in peers}
     for peer, _ in peers:
-        reply = await _ask(ref, peer, Request(MessageType.LIST_APPLICATION_VERSIONS), timeout)
+        reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
         if isinstance(reply, str):
             continue
-        known = [v for v in reply.body.get("output") or [] if isinstance(v, dict)]
         ranked = sorted(
-            (v for v in known if v.get("version_name") in running),
-            key=lambda v: (v.get("version_timestamp") or 0, v.get("created_at") or 0),
+            (v for v in reply.output if v.version_name in running),
+            key=lambda v: (v.version_timestamp, v.created_at),
         )
         if ranked:
-            return str(ranked[-1]["version_name"])
+            return ranked[-1].version_name
     return None
 
 
@@ -161,42 +184,44 @@ async def dispatch(ref: RecoveryRef, plan: Dispatch) -> bool:
 
 @relay_step("relay.recover_same_version")
 async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
-    reply = await _ask(ref, peer, recovery([ref.key.executor_id]), timeout)
+    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), RecoveryReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
-    if reply.body.get("success") is not True:
+    if not reply.success:
         return _failed("recovery: the peer answered success: false")
     return {"ok": True}
 
 
 @relay_step("relay.list_pending")
 async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
-    query = list_workflows(executor_id=ref.key.executor_id, status="PENDING", application_version=version)
-    reply = await _ask(ref, peer, query, timeout)
+    body = ListWorkflowsBody(
+        executor_id=ref.key.executor_id,
+        status="PENDING",
+        application_version=version,
+        load_input=False,
+        load_output=False,
+    )
+    reply = await _ask(ref, peer, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
-    rows = reply.body.get("output")
-    if not isinstance(rows, list):
-        return _failed("list_workflows: no output list")
-    return {"ok": True, "ids": [str(w["WorkflowUUID"]) for w in rows if isinstance(w, dict) and w.get("WorkflowUUID")]}
+    return {"ok": True, "ids": [w.workflow_id for w in reply.output]}
 
 
 @relay_step("relay.move_workflow")
 async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: str, timeout: float) -> Outcome:
     """Cancel a PENDING workflow, then rewind it onto ``target`` from its first unfinished step."""
-    list_steps = Request(MessageType.LIST_STEPS, {"workflow_id": workflow_id, "load_output": False})
-    steps = await _ask(ref, peer, list_steps, timeout)
+    steps = await _ask(ref, peer, ListStepsRequest(workflow_id=workflow_id, load_output=False), ListStepsReply, timeout)
     if isinstance(steps, str):
         return _failed(steps)
-    start_step = first_unfinished_step(steps.body.get("output") or [])
-    cancel = await _ask(ref, peer, Request(MessageType.CANCEL, {"workflow_id": workflow_id}), timeout)
+    start_step = first_unfinished_step(steps.output or [])
+    cancel = await _ask(ref, peer, CancelRequest(workflow_id=workflow_id), CancelReply, timeout)
     if isinstance(cancel, str):
         return _failed(cancel)
-    body = {"workflow_id": workflow_id, "start_step": start_step, "application_version": target}
-    rewind = await _ask(ref, peer, Request(MessageType.REWIND_WORKFLOW, {"body": body}), timeout)
+    body = RewindWorkflowBody(workflow_id=workflow_id, start_step=start_step, application_version=target)
+    rewind = await _ask(ref, peer, RewindWorkflowRequest(body=body), RewindWorkflowReply, timeout)
     if isinstance(rewind, str):
         return _failed(rewind)
-    if rewind.body.get("success") is not True:
+    if not rewind.success:
         return _failed(f"rewind_workflow {workflow_id}: success: false")
     detail = {"workflowId": workflow_id, "toVersion": target, "fromStep": start_step}
     entry = AuditEntry("recovery.workflow_moved", "relay", ref.key.executor_id, peer, detail, dedupe_key())
@@ -204,15 +229,13 @@ async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: s
     return {"ok": True}
 
 
-def first_unfinished_step(steps: list[Any]) -> int:
+def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
     """The first step without a recorded completion; after the last step if all completed."""
     done: list[int] = []
     unfinished: list[int] = []
     for s in steps:
-        if not isinstance(s, dict) or not isinstance(s.get("function_id"), int):
-            continue
-        finished = s.get("completed_at_epoch_ms") is not None or s.get("output") is not None or s.get("error")
-        (done if finished else unfinished).append(int(s["function_id"]))
+        finished = s.completed_at_epoch_ms is not None or s.output is not None or bool(s.error)
+        (done if finished else unfinished).append(s.function_id)
     if unfinished:
         return max(1, min(unfinished))
     return max(done, default=0) + 1
@@ -220,10 +243,11 @@ def first_unfinished_step(steps: list[Any]) -> int:
 
 @relay_step("relay.verify")
 async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
-    reply = await _ask(ref, peer, exist_pending_workflows(ref.key.executor_id, version), timeout)
+    query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
+    reply = await _ask(ref, peer, query, ExistPendingWorkflowsReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
-    if reply.body.get("exist") is not False:
+    if reply.exist:
         return _failed("verification failed: workflows of the dead executor are still PENDING")
     return {"ok": True}
 

@@ -21,11 +21,11 @@ from dbos import DBOS
 from relay.config import LivenessConfig
 from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
-from relay.protocol import Reply, Request
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.executors import ExecutorStore
 from relay.store.recoveries import RecoveryStore
+from relay_protocol import Reply, Request
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -36,12 +36,15 @@ P = ParamSpec("P")
 WORKFLOWS_VERSION = "relay-workflows-1"
 
 
+R = TypeVar("R", bound=Reply)
+
+
 class Ask(Protocol):
-    """Send a request to an executor wherever its socket is (:meth:`relay.net.router.Router.request`)."""
+    """Ask an executor, wherever its socket is, and read its reply (:meth:`relay.net.router.Router.ask`)."""
 
     def __call__(
-        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = ...
-    ) -> Awaitable[Reply]: ...
+        self, key: ExecutorKey, request: Request, expected: type[R], timeout: float, *, await_connection: bool = ...
+    ) -> Awaitable[R]: ...
 
 
 @dataclass(frozen=True)

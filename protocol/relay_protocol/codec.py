@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from relay_protocol.errors import ProtocolError
-from relay_protocol.limits import MAX_JSON_DEPTH, Rule, field_rule, has_unstorable, wire_name
+from relay_protocol.limits import MAX_JSON_DEPTH, NAME, Rule, field_rule, has_unstorable, wire_name
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def _read_fields(cls: type) -> tuple[FieldSpec, ...]:
             name=f.name,
             wire=wire_name(f.metadata, f.name),
             annotation=hints[f.name],
-            rule=field_rule(f.metadata),
+            rule=field_rule(f.metadata, getattr(cls, "default_rule", NAME)),
             required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
         )
         for f in dataclasses.fields(cls)

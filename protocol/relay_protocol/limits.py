@@ -61,9 +61,10 @@ _META_WIRE = "relay_protocol.wire"
 _META_RULE = "relay_protocol.rule"
 
 
-def meta(wire: str | None = None, *, rule: Rule = NAME) -> dict[str, Any]:
-    """Field metadata: the key on the wire (default: the field's name) and the checking rule."""
-    data: dict[str, Any] = {_META_RULE: rule}
+def meta(wire: str | None = None, *, rule: Rule | None = None) -> dict[str, Any]:
+    """Field metadata: the key on the wire (default: the field's name) and the checking rule
+    (default: the class's ``default_rule``, else :data:`NAME`)."""
+    data: dict[str, Any] = {} if rule is None else {_META_RULE: rule}
     if wire is not None:
         data[_META_WIRE] = wire
     return data
@@ -75,8 +76,8 @@ def wire_name(metadata: Any, default: str) -> str:
     return name
 
 
-def field_rule(metadata: Any) -> Rule:
-    rule = metadata.get(_META_RULE, NAME)
+def field_rule(metadata: Any, default: Rule = NAME) -> Rule:
+    rule = metadata.get(_META_RULE, default)
     assert isinstance(rule, Rule)
     return rule
 

@@ -1,5 +1,10 @@
 """What replies carry: workflows, steps, schedules, versions, queues, aggregates.
 
+Everything here is passed through to the API's callers, never stored by
+Relay, so its strings are checked for type only (the class's ``default_rule``
+is :data:`~relay_protocol.limits.TEXT`): one workflow with a long id, which
+DBOS does not bound, must not make a whole listing unreadable.
+
 The SDK renders many values as strings. In :class:`WorkflowsOutput` and
 :class:`WorkflowSteps` times, timeouts and priorities are decimal strings
 (epoch milliseconds for times); inputs, outputs and errors are Python's
@@ -10,8 +15,9 @@ turning them into something else is the receiver's business.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from relay_protocol.limits import TEXT, meta
+from relay_protocol.limits import TEXT, Rule, meta
 
 _TEXT = meta(rule=TEXT)
 
@@ -19,6 +25,8 @@ _TEXT = meta(rule=TEXT)
 @dataclass(frozen=True, kw_only=True)
 class WorkflowsOutput:
     """One workflow's status, with the SDK's PascalCase keys."""
+
+    default_rule: ClassVar[Rule] = TEXT
 
     workflow_id: str = field(metadata=meta("WorkflowUUID"))
     status: str | None = field(default=None, metadata=meta("Status"))
@@ -58,6 +66,8 @@ class WorkflowsOutput:
 class WorkflowSteps:
     """One step of a workflow; times are epoch milliseconds as strings."""
 
+    default_rule: ClassVar[Rule] = TEXT
+
     function_id: int
     function_name: str
     output: str | None = field(default=None, metadata=_TEXT)
@@ -71,6 +81,8 @@ class WorkflowSteps:
 class MetricData:
     """How many times a workflow or step (``metric_type``) named ``metric_name`` ran in the range."""
 
+    default_rule: ClassVar[Rule] = TEXT
+
     metric_type: str
     metric_name: str
     value: int
@@ -79,6 +91,8 @@ class MetricData:
 @dataclass(frozen=True, kw_only=True)
 class ScheduleOutput:
     """A cron schedule. ``last_fired_at`` is ISO 8601; ``context`` is Python's str() of it."""
+
+    default_rule: ClassVar[Rule] = TEXT
 
     schedule_id: str
     schedule_name: str
@@ -98,6 +112,8 @@ class ScheduleOutput:
 class ApplicationVersionOutput:
     """Times here are integers of epoch milliseconds, unlike in WorkflowsOutput."""
 
+    default_rule: ClassVar[Rule] = TEXT
+
     version_id: str
     version_name: str
     version_timestamp: int
@@ -106,6 +122,8 @@ class ApplicationVersionOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class NotificationOutput:
+    default_rule: ClassVar[Rule] = TEXT
+
     topic: str | None = None
     message: str = field(metadata=_TEXT)
     created_at_epoch_ms: int
@@ -114,12 +132,16 @@ class NotificationOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamEntryOutput:
+    default_rule: ClassVar[Rule] = TEXT
+
     key: str
     values: list[str] = field(metadata=_TEXT)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EventOutput:
+    default_rule: ClassVar[Rule] = TEXT
+
     key: str
     value: str = field(metadata=_TEXT)
 
@@ -127,6 +149,8 @@ class EventOutput:
 @dataclass(frozen=True, kw_only=True)
 class WorkflowAggregateOutput:
     """``group`` maps each group-by column (and ``time_bucket``) to its value as a string."""
+
+    default_rule: ClassVar[Rule] = TEXT
 
     group: dict[str, str | None]
     count: int | None = None
@@ -137,6 +161,8 @@ class WorkflowAggregateOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class StepAggregateOutput:
+    default_rule: ClassVar[Rule] = TEXT
+
     group: dict[str, str | None]
     count: int | None = None
     max_duration_ms: int | None = None
@@ -145,6 +171,8 @@ class StepAggregateOutput:
 @dataclass(frozen=True, kw_only=True)
 class QueueOutput:
     """A queue's limits; a null limit is no limit."""
+
+    default_rule: ClassVar[Rule] = TEXT
 
     name: str
     concurrency: int | None = None

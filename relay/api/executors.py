@@ -12,9 +12,15 @@ from relay.api.apps import app_or_404
 from relay.api.common import Admin, ApiError, Caller, Ctx, actor, epoch_ms_iso, iso
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
-from relay.errors import ExecutorNotConnected, ExecutorRequestError, ExecutorTimeout
-from relay.protocol import list_workflows
+from relay.errors import (
+    ExecutorBadReply,
+    ExecutorNotConnected,
+    ExecutorRefused,
+    ExecutorRequestError,
+    ExecutorTimeout,
+)
 from relay.store.executors import ExecutorRecord
+from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, clean_text
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/executors")
 
@@ -83,33 +89,30 @@ async def get_executor_workflows(
 ) -> list[dict[str, Any]]:
     """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
     key = ExecutorKey(org, app, executor_id)
-    filters: dict[str, Any] = {"executor_id": executor_id, "limit": limit}
-    if status:
-        filters["status"] = status
+    body = ListWorkflowsBody(executor_id=executor_id, status=status, limit=limit, load_input=False, load_output=False)
+    timeout = ctx.config.liveness.recovery_ack_timeout_secs
     try:
-        reply = await ctx.router.request(key, list_workflows(**filters), ctx.config.liveness.recovery_ack_timeout_secs)
+        reply = await ctx.router.ask(key, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout)
     except ExecutorNotConnected as exc:
         raise ApiError(409, "executor_not_connected", str(exc)) from exc
     except ExecutorTimeout as exc:
         raise ApiError(504, "executor_timeout", str(exc)) from exc
+    except (ExecutorRefused, ExecutorBadReply) as exc:
+        raise ApiError(502, "executor_error", str(exc)) from exc
     except ExecutorRequestError as exc:
         raise ApiError(502, "executor_gone", str(exc)) from exc
     if reply.error_message:
-        raise ApiError(502, "executor_error", reply.error_message)
-    rows = reply.body.get("output")
-    if not isinstance(rows, list):
-        raise ApiError(502, "executor_error", "list_workflows reply has no output list")
+        raise ApiError(502, "executor_error", clean_text(reply.error_message))
     return [
         {
-            "workflowId": w.get("WorkflowUUID"),
-            "status": w.get("Status"),
-            "name": w.get("WorkflowName"),
-            "queueName": w.get("QueueName"),
-            "applicationVersion": w.get("ApplicationVersion"),
-            "executorId": w.get("ExecutorID"),
-            "createdAt": epoch_ms_iso(w.get("CreatedAt")),
-            "updatedAt": epoch_ms_iso(w.get("UpdatedAt")),
+            "workflowId": w.workflow_id,
+            "status": w.status,
+            "name": w.workflow_name,
+            "queueName": w.queue_name,
+            "applicationVersion": w.application_version,
+            "executorId": w.executor_id,
+            "createdAt": epoch_ms_iso(w.created_at),
+            "updatedAt": epoch_ms_iso(w.updated_at),
         }
-        for w in rows
-        if isinstance(w, dict)
+        for w in reply.output
     ]

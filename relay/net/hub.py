@@ -33,10 +33,12 @@ from relay.errors import (
     Fenced,
     ProtocolError,
 )
+from relay.net.wire import Frame, executor_info
 from relay.net.wsproto import Keepalive
-from relay.protocol import ExecutorInfo, Reply, Request, executor_info, parse_reply
 from relay.store.apps import AppStore
 from relay.store.executors import ExecutorStore
+from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, Request, decode_frame
+from relay_protocol import ProtocolError as WireError
 
 log = logging.getLogger("relay.hub")
 
@@ -129,7 +131,7 @@ class Hub:
 
     # -- used by the connections ------------------------------------------
 
-    async def attach(self, conn: ExecutorConnection, info: ExecutorInfo) -> int:
+    async def attach(self, conn: ExecutorConnection, info: ExecutorInfoReply) -> int:
         """Record the executor as connected here; returns the epoch."""
         if (conn.org, conn.app) not in self._known_apps:
             await self.apps.ensure(conn.org, conn.app)
@@ -154,7 +156,7 @@ class Hub:
 
     # -- used by the rest of Relay ------------------------------------------
 
-    async def request(self, key: ExecutorKey, request: Request, timeout: float) -> Reply:
+    async def request(self, key: ExecutorKey, request: Request, timeout: float) -> Frame:
         """Send ``request`` to an executor connected to this instance and await its reply.
 
         The rest of Relay goes through :class:`relay.net.router.Router`, which finds
@@ -182,7 +184,7 @@ class ExecutorConnection:
         self._send = send
         self._keepalive: Keepalive | None = scope.get("extensions", {}).get("relay.keepalive")
         self._loop = asyncio.get_running_loop()
-        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._waiting: dict[str, asyncio.Future[Frame]] = {}
         self._closed = False
         self.key: ExecutorKey | None = None
         self.epoch = 0
@@ -225,10 +227,11 @@ class ExecutorConnection:
             self._fail_waiting()
             await self._record_lost()
 
-    async def request(self, request: Request, timeout: float) -> Reply:
+    async def request(self, request: Request, timeout: float) -> Frame:
+        """Send ``request`` and return the reply's frame (read it with :func:`relay.net.wire.reply_to`)."""
         if self._closed:
             raise ExecutorGone(f"executor {self.name} is disconnected")
-        future: asyncio.Future[Reply] = self._loop.create_future()
+        future: asyncio.Future[Frame] = self._loop.create_future()
         self._waiting[request.request_id] = future
         try:
             await self._send({"type": "websocket.send", "text": request.to_json()})
@@ -251,10 +254,10 @@ class ExecutorConnection:
 
     # -- internals ---------------------------------------------------------
 
-    async def _handshake(self) -> ExecutorInfo | None:
+    async def _handshake(self) -> ExecutorInfoReply | None:
         timeout = self.hub.config.server.handshake_timeout_secs
-        request = executor_info()
-        future: asyncio.Future[Reply] = self._loop.create_future()
+        request = ExecutorInfoRequest()
+        future: asyncio.Future[Frame] = self._loop.create_future()
         self._waiting[request.request_id] = future
         await self._send({"type": "websocket.send", "text": request.to_json()})
         deadline = self._loop.time() + timeout
@@ -271,7 +274,7 @@ class ExecutorConnection:
                 return None
             self._dispatch(message)
         try:
-            return ExecutorInfo.from_reply(future.result())
+            return executor_info(future.result(), request.request_id)
         except ProtocolError as exc:
             self.hub.counters["rejected_bad_handshake"] += 1
             log.warning("executor %s: bad executor_info reply: %s; closing", self.name, exc)
@@ -326,22 +329,22 @@ class ExecutorConnection:
             log.warning("executor %s: ignored a binary frame (%d bytes)", self.name, len(message.get("bytes") or b""))
             return
         try:
-            reply = parse_reply(text)
-        except ProtocolError as exc:
+            frame = decode_frame(text)
+        except WireError as exc:
             self.hub.counters["frames_malformed"] += 1
             log.warning("executor %s: ignored a malformed frame: %s", self.name, exc)
             return
-        future = self._waiting.get(reply.request_id)
+        future = self._waiting.get(frame["request_id"])
         if future is None or future.done():
             self.hub.counters["frames_unexpected"] += 1
             log.warning(
                 "executor %s: ignored a %s reply with unknown request_id %s",
                 self.name,
-                json.dumps(reply.type)[:80],
-                json.dumps(reply.request_id)[:80],
+                json.dumps(frame["type"])[:80],
+                json.dumps(frame["request_id"])[:80],
             )
             return
-        future.set_result(reply)
+        future.set_result(frame)
 
     def _fail_waiting(self) -> None:
         for future in self._waiting.values():

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -36,11 +36,14 @@ from relay.errors import (
     ExecutorTimeout,
 )
 from relay.net.hub import Hub
-from relay.protocol import MessageType, Reply, Request
+from relay.net.wire import Frame, reply_to
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay_protocol import ProtocolError as WireError
+from relay_protocol import Reply, Request, parse_request
 
 log = logging.getLogger("relay.router")
+R = TypeVar("R", bound=Reply)
 
 POLL_SECS = 1.0
 # A live owner picks a request up within a notification's round trip, or its next poll.
@@ -82,9 +85,16 @@ class Router:
 
     # -- asking ----------------------------------------------------------------
 
+    async def ask(
+        self, key: ExecutorKey, request: Request, expected: type[R], timeout: float, *, await_connection: bool = False
+    ) -> R:
+        """:meth:`request`, with the reply read as ``expected`` (see :func:`relay.net.wire.reply_to`)."""
+        frame = await self.request(key, request, timeout, await_connection=await_connection)
+        return reply_to(request, frame, expected, f"executor {key}")
+
     async def request(
         self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = False
-    ) -> Reply:
+    ) -> Frame:
         """Send ``request`` to the executor wherever it is connected, and await its reply.
 
         With ``await_connection``, an executor not connected anywhere right now
@@ -108,13 +118,13 @@ class Router:
                 raise ExecutorNotConnected(f"executor {key} {problem}")
             await asyncio.sleep(OWNER_RECHECK_SECS)
 
-    async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Reply | None:
+    async def _remote(self, owner: str, key: ExecutorKey, request: Request, deadline: float) -> Frame | None:
         """The reply through ``owner``; None if it did not pick the request up within
         :data:`PICKUP_SECS` (the request is withdrawn, so it cannot act on it later)."""
         loop = asyncio.get_running_loop()
         pickup_by = loop.time() + PICKUP_SECS
         timeout = max(deadline - loop.time(), 0.001)
-        body = {"type": request.type.value, "request_id": request.request_id, "fields": request.fields}
+        body = request.to_frame()
         async with self.db.connection() as conn:
             # One statement, one round trip: the row, and the owner's wake-up when it commits.
             cur = await conn.execute(
@@ -178,17 +188,12 @@ class Router:
             return cur.rowcount == 1
 
     @staticmethod
-    def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Reply:
+    def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Frame:
         if answer["error_kind"] is not None:
             cls = _ERRORS.get(str(answer["error_kind"]), ExecutorGone)
             raise cls(f"{answer['error']} (asked through instance {owner})")
-        reply = answer["reply"]
-        return Reply(
-            type=str(reply["type"]),
-            request_id=str(reply["request_id"]),
-            error_message=reply.get("error_message"),
-            body=dict(reply["body"]),
-        )
+        reply: Frame = answer["reply"]
+        return reply
 
     # -- serving -----------------------------------------------------------------
 
@@ -273,19 +278,12 @@ class Router:
             if row is None:
                 return  # another notification or poll claimed it, or the requester withdrew it
             key = ExecutorKey(row["org"], row["app"], row["executor_id"])
-            body = row["request"]
-            request = Request(MessageType(body["type"]), dict(body["fields"]), str(body["request_id"]))
-            reply: dict[str, Any] | None = None
+            request = parse_request(row["request"])
+            reply: Frame | None = None
             kind: str | None = None
             error: str | None = None
             try:
-                answer = await self.hub.request(key, request, float(row["left"]))
-                reply = {
-                    "type": answer.type,
-                    "request_id": answer.request_id,
-                    "error_message": answer.error_message,
-                    "body": answer.body,
-                }
+                reply = await self.hub.request(key, request, float(row["left"]))
                 self.relayed += 1
             except ExecutorRequestError as exc:
                 kind, error = _error_kind(exc), str(exc)
@@ -299,7 +297,7 @@ class Router:
                 )
             log.debug("instance %s: relayed %s to %s for %s", self.instance_id, request.type.value, key,
                       row["requester_instance"])  # fmt: skip
-        except (DatabaseError, ValueError, KeyError, TypeError) as exc:
+        except (DatabaseError, WireError, ValueError, KeyError, TypeError) as exc:
             log.warning("instance %s: relayed request %d failed: %s", self.instance_id, rpc_id, exc)
         except Exception:
             log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)

@@ -28,8 +28,8 @@ from psycopg.types.json import Jsonb
 
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
-from relay.protocol import ExecutorInfo
 from relay.store.db import Database
+from relay_protocol import ExecutorInfoReply
 
 E = ExecutorEvent
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -84,7 +84,7 @@ _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED)
 
 CONNECT_BATCH = 500
 # (org, app, executor_info, relay instance) and the future awaiting its epoch.
-_PendingConnect = tuple[tuple[str, str, ExecutorInfo, str], "asyncio.Future[tuple[int, int | None]]"]
+_PendingConnect = tuple[tuple[str, str, ExecutorInfoReply, str], "asyncio.Future[tuple[int, int | None]]"]
 
 
 def _state_case(event: ExecutorEvent, column: str = "state") -> str:
@@ -206,7 +206,7 @@ class ExecutorStore:
         self._count(E.ADOPTED, sum(per_org.values()), sum(per_org.values()))
         return sum(int(r["dropped"]) for r in rows), per_org
 
-    async def connected(self, org: str, app: str, info: ExecutorInfo, instance: str) -> tuple[int, int | None]:
+    async def connected(self, org: str, app: str, info: ExecutorInfoReply, instance: str) -> tuple[int, int | None]:
         """CONNECTED: record a completed handshake; returns the connection's epoch and the one before it.
 
         A new executor id gets a new record; a known one returns to HEALTHY in
@@ -253,7 +253,7 @@ class ExecutorStore:
                     future.set_result(epoch)
 
     async def _upsert_connected(
-        self, rows: list[tuple[str, str, ExecutorInfo, str]]
+        self, rows: list[tuple[str, str, ExecutorInfoReply, str]]
     ) -> dict[tuple[str, str, str], tuple[int, int | None]]:
         allowed = [s.value for s in states_allowing(E.CONNECTED)]
         columns: list[list[Any]] = [[] for _ in range(9)]
@@ -266,7 +266,7 @@ class ExecutorStore:
                 info.hostname,
                 info.language,
                 info.dbos_version,
-                Jsonb(info.metadata) if info.metadata is not None else None,
+                Jsonb(info.executor_metadata) if info.executor_metadata is not None else None,
                 instance,
             )
             for column, value in zip(columns, values, strict=True):

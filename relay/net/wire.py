@@ -1,0 +1,60 @@
+"""Replies from executors, read with :mod:`relay_protocol` and turned into Relay's errors.
+
+The protocol module knows nothing of Relay; this is the boundary where its
+:class:`relay_protocol.ProtocolError` becomes one of Relay's own errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from relay.errors import ExecutorBadReply, ExecutorRefused, ProtocolError, UnsupportedMessage
+from relay_protocol import (
+    ErrorOnlyReply,
+    ExecutorInfoReply,
+    Reply,
+    Request,
+    clean_text,
+    is_unknown_type_reply,
+    parse_reply,
+)
+from relay_protocol import ProtocolError as WireError
+
+R = TypeVar("R", bound=Reply)
+Frame = dict[str, Any]
+
+# How much of an executor's error message Relay keeps (in logs, audit entries, API answers).
+ERROR_TEXT_LEN = 2000
+
+
+def executor_info(frame: Frame, request_id: str) -> ExecutorInfoReply:
+    """The handshake's reply; :class:`ProtocolError` if it is not a usable one."""
+    try:
+        info = parse_reply(frame, ExecutorInfoReply, request_id=request_id)
+    except ErrorOnlyReply as exc:
+        raise ProtocolError(f"executor_info failed: {clean_text(exc.reply.error_message, 200)}") from exc
+    except WireError as exc:
+        raise ProtocolError(str(exc)) from exc
+    if info.error_message:
+        raise ProtocolError(f"executor_info failed: {clean_text(info.error_message, 200)}")
+    return info
+
+
+def reply_to(request: Request, frame: Frame, expected: type[R], who: str) -> R:
+    """``expected``, read from ``frame``, the answer of ``who`` to ``request``.
+
+    Raises :class:`UnsupportedMessage` when the executor's SDK does not know
+    the message, :class:`ExecutorRefused` for an answer that is only an error,
+    :class:`ExecutorBadReply` for one of the wrong shape. A reply that has its
+    payload and an ``error_message`` too is returned: the caller decides.
+    """
+    what = request.type.value
+    try:
+        return parse_reply(frame, expected, request_id=request.request_id)
+    except ErrorOnlyReply as exc:
+        error = clean_text(exc.reply.error_message, ERROR_TEXT_LEN)
+        if is_unknown_type_reply(exc.reply):
+            raise UnsupportedMessage(f"{who} does not know the message {what} (its SDK answers: {error})") from exc
+        raise ExecutorRefused(f"{what}: {error}") from exc
+    except WireError as exc:
+        raise ExecutorBadReply(f"{who} sent a bad {what} reply: {clean_text(str(exc), ERROR_TEXT_LEN)}") from exc
