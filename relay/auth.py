@@ -1,20 +1,38 @@
-"""Keys: generated, hashed, and looked up by hash.
+"""Keys: generated, hashed, looked up by hash, and what each one may do.
 
 Keys are stored and compared only as SHA-256 hex digests and never logged.
-The lookup table is built from relay.yaml at start-up (the database holds a
-copy for other instances and for audit), so a handshake costs no query.
+Each key has permissions from DBOS Conductor's catalogue and, optionally, the
+list of apps it may touch. The lookup table is in memory, so a handshake or
+an API call costs no query for its key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
-from relay.config import RelayConfig
 
-KeyKind = Literal["conductor", "api"]
+class Permission(StrEnum):
+    ORGANIZATION_READ = "organization.read"
+    ORGANIZATION_WRITE = "organization.write"
+    APPLICATION_READ = "application.read"
+    APPLICATION_WRITE = "application.write"
+    METRIC_READ = "metric.read"
+    TOKEN_READ = "token.read"
+    TOKEN_WRITE = "token.write"
+    WEBSOCKET_CONNECT = "websocket.connect"
+
+
+P = Permission
+# relay.yaml's roles and conductor keys, as permission sets. An operator's admin key may do
+# everything but connect executors: executors get keys of their own.
+ADMIN = frozenset(Permission) - {P.WEBSOCKET_CONNECT}
+VIEWER = frozenset({P.ORGANIZATION_READ, P.APPLICATION_READ, P.METRIC_READ, P.TOKEN_READ})
+CONDUCTOR = frozenset({P.WEBSOCKET_CONNECT})
+ROLES = {"admin": ADMIN, "viewer": VIEWER}
 
 
 def hash_key(key: str) -> str:
@@ -29,27 +47,35 @@ def new_key() -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class KeyGrant:
+    """What one key may do. ``key_id`` never changes (a rename keeps it); ``apps`` None means every app."""
+
+    key_id: str
     org: str
-    kind: KeyKind
     name: str
-    role: Literal["admin", "viewer"] | None
+    permissions: frozenset[Permission]
+    apps: frozenset[str] | None = None
+
+    def allows(self, permission: Permission, app: str | None = None) -> bool:
+        if permission not in self.permissions:
+            return False
+        return app is None or self.apps is None or app in self.apps
 
 
 class KeyRing:
-    def __init__(self, config: RelayConfig) -> None:
-        self._grants: dict[str, KeyGrant] = {}
-        for org in config.orgs:
-            for ck in org.conductor_keys:
-                self._grants[ck.sha256] = KeyGrant(org.name, "conductor", ck.name, None)
-            for ak in org.api_keys:
-                self._grants[ak.sha256] = KeyGrant(org.name, "api", ak.name, ak.role)
+    """Grants by key hash, replaced whole when the keys change (:meth:`replace`)."""
 
-    def lookup(self, key: str, kind: KeyKind) -> KeyGrant | None:
+    def __init__(self, grants: Iterable[tuple[str, KeyGrant]] = ()) -> None:
+        self._grants: dict[str, KeyGrant] = dict(grants)
+
+    def replace(self, grants: Iterable[tuple[str, KeyGrant]]) -> None:
+        self._grants = dict(grants)
+
+    def lookup(self, key: str) -> KeyGrant | None:
         if not key:
             return None
         # Looking up the digest of the presented key, never the key itself:
         # timing reveals at most something about a hash, not about a key.
-        grant = self._grants.get(hash_key(key))
-        if grant is None or grant.kind != kind:
-            return None
-        return grant
+        return self._grants.get(hash_key(key))
+
+    def __len__(self) -> int:
+        return len(self._grants)

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from relay.auth import Permission
 from relay.errors import ConfigError
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -61,8 +62,12 @@ class LivenessConfig(_Model):
 
 
 class KeyConfig(_Model):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=256)
     sha256: str
+    # The apps the key may touch (default: every app of its org).
+    apps: list[str] | None = None
+    # Conductor's permissions; default: websocket.connect for a conductor key, the role's for an API key.
+    permissions: list[Permission] | None = None
 
     @field_validator("sha256")
     @classmethod

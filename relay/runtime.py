@@ -34,6 +34,7 @@ from relay.store.audit import AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
+from relay.store.keys import grants_from_config
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from workflows.engine import Engine
@@ -53,7 +54,7 @@ class Runtime:
         self.executors = ExecutorStore(self.db)
         self.recoveries = RecoveryStore(self.db, self.executors)
         self.audit = AuditStore(self.db)
-        self.keyring = KeyRing(config)
+        self.keyring = KeyRing(grants_from_config(config))
         self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)

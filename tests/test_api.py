@@ -33,8 +33,11 @@ def test_401_without_a_valid_api_key(relay: RelayProcess, headers: dict[str, str
 
 
 def test_a_conductor_key_is_not_an_api_key(relay: RelayProcess) -> None:
+    # A valid key that only has websocket.connect: refused for lack of application.read.
     with relay.api("acme", key=CONDUCTOR_KEYS["acme"]) as api:
-        assert api.get("/apps").status_code == 401
+        resp = api.get("/apps")
+    assert resp.status_code == 403
+    assert "application.read" in resp.json()["error"]["message"]
 
 
 def test_403_for_another_orgs_resources(relay: RelayProcess) -> None:

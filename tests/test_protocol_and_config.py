@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from relay.auth import KeyRing, hash_key, new_key
+from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
 from relay.net.wire import executor_info
+from relay.store.keys import grants_from_config
 from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, MessageType, RecoveryRequest, decode_frame
 from relay_protocol import ProtocolError as WireError
 
@@ -108,13 +109,14 @@ def test_a_good_file_with_fractional_durations() -> None:
     assert config.liveness.recovery_ack_timeout_secs == 30  # defaults fill the rest
     app = config.orgs[0].apps[0]
     assert (app.executor_timeout_secs, app.recover_to_latest_version) == (0.5, True)
-    ring = KeyRing(config)
-    grant = ring.lookup("c", "conductor")
+    ring = KeyRing(grants_from_config(config))
+    grant = ring.lookup("c")
     assert grant is not None and grant.org == "acme"
-    assert ring.lookup("c", "api") is None
-    api = ring.lookup("a", "api")
-    assert api is not None and api.role == "admin"
-    assert ring.lookup("", "api") is None
+    assert grant.permissions == {Permission.WEBSOCKET_CONNECT}  # a conductor key is not an API key
+    api = ring.lookup("a")
+    assert api is not None and api.permissions == ADMIN  # role admin
+    assert Permission.WEBSOCKET_CONNECT not in api.permissions  # ...and not a conductor key
+    assert ring.lookup("") is None
 
 
 def test_an_empty_file_is_all_defaults() -> None:

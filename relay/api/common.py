@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from relay.api.context import ApiContext
-from relay.auth import KeyGrant
+from relay.auth import KeyGrant, Permission
 
 
 class ApiError(Exception):
@@ -50,23 +50,34 @@ def context(request: Request) -> ApiContext:
     return ctx
 
 
-def caller(request: Request, org: str) -> KeyGrant:
-    """The API key's grant, checked against the org in the path."""
+def authenticated(request: Request) -> KeyGrant:
+    """The bearer key's grant; 401 without a valid key."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    grant = context(request).keyring.lookup(token.strip(), "api") if scheme.lower() == "bearer" else None
+    grant = context(request).keyring.lookup(token.strip()) if scheme.lower() == "bearer" else None
     if grant is None:
         raise ApiError(401, "unauthorized", "a valid API key is required: Authorization: Bearer <apiKey>")
+    return grant
+
+
+def permitted(request: Request, org: str, permission: Permission) -> KeyGrant:
+    """The key's grant, if it may do ``permission`` in ``org`` (and in the path's app, if any)."""
+    grant = authenticated(request)
     if grant.org != org:
         raise ApiError(403, "forbidden", f"this API key has no access to org {org!r}")
+    app = request.path_params.get("app")
+    if not grant.allows(permission, app):
+        where = f" on app {app!r}" if app is not None and permission in grant.permissions else ""
+        raise ApiError(403, "forbidden", f"this API key lacks the permission {permission.value}{where}")
     return grant
+
+
+def caller(request: Request, org: str) -> KeyGrant:
+    return permitted(request, org, Permission.APPLICATION_READ)
 
 
 def admin(request: Request, org: str) -> KeyGrant:
-    grant = caller(request, org)
-    if grant.role != "admin":
-        raise ApiError(403, "forbidden", "this API key is read-only (role viewer)")
-    return grant
+    return permitted(request, org, Permission.APPLICATION_WRITE)
 
 
 Ctx = Annotated[ApiContext, Depends(context)]

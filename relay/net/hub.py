@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from relay.auth import KeyRing
+from relay.auth import KeyRing, Permission
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
@@ -113,8 +113,8 @@ class Hub:
             await _deny(scope, send, 404, "not_found", f"no executor endpoint at {scope['path']}")
             return
         app, key = route
-        grant = self.keyring.lookup(key, "conductor")
-        if grant is None:
+        grant = self.keyring.lookup(key)
+        if grant is None or not grant.allows(Permission.WEBSOCKET_CONNECT, app):
             self.counters["rejected_bad_key"] += 1
             log.warning("refused executor connection from %s for app %r: bad or missing conductor key", client, app)
             await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key")
@@ -272,14 +272,22 @@ class ExecutorConnection:
                 log.info("executor %s: closed before the handshake ended", self.name)
                 self._closed = True
                 return None
-            self._dispatch(message)
+            if not self._dispatch(message):
+                # Nothing but the executor_info reply is expected yet: a frame that is not
+                # even a reply ends the handshake at once rather than at its timeout.
+                await self._refuse_handshake("its first frame is not a reply")
+                return None
         try:
             return executor_info(future.result(), request.request_id)
         except ProtocolError as exc:
-            self.hub.counters["rejected_bad_handshake"] += 1
-            log.warning("executor %s: bad executor_info reply: %s; closing", self.name, exc)
-            await self.close(CLOSE_BAD_HANDSHAKE, "bad executor_info reply")
+            await self._refuse_handshake(str(exc))
             return None
+
+    async def _refuse_handshake(self, why: str) -> None:
+        self.hub.counters["rejected_bad_handshake"] += 1
+        log.warning("executor %s: bad executor_info reply: %s; closing", self.name, why)
+        await self.close(CLOSE_BAD_HANDSHAKE, "bad executor_info reply")
+        self._fail_waiting()
 
     async def _serve(self) -> None:
         liveness = self.hub.config.liveness
@@ -320,20 +328,21 @@ class ExecutorConnection:
         except TimeoutError:
             return None
 
-    def _dispatch(self, message: Message) -> None:
+    def _dispatch(self, message: Message) -> bool:
+        """Hand a reply to the request awaiting it; False for a frame that is not a reply at all."""
         if message["type"] != "websocket.receive":
-            return
+            return True
         text = message.get("text")
         if text is None:
             self.hub.counters["frames_binary"] += 1
             log.warning("executor %s: ignored a binary frame (%d bytes)", self.name, len(message.get("bytes") or b""))
-            return
+            return False
         try:
             frame = decode_frame(text)
         except WireError as exc:
             self.hub.counters["frames_malformed"] += 1
             log.warning("executor %s: ignored a malformed frame: %s", self.name, exc)
-            return
+            return False
         future = self._waiting.get(frame["request_id"])
         if future is None or future.done():
             self.hub.counters["frames_unexpected"] += 1
@@ -343,8 +352,9 @@ class ExecutorConnection:
                 json.dumps(frame["type"])[:80],
                 json.dumps(frame["request_id"])[:80],
             )
-            return
+            return True
         future.set_result(frame)
+        return True
 
     def _fail_waiting(self) -> None:
         for future in self._waiting.values():
