@@ -84,7 +84,7 @@ from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
-from harness.relay import RelayProcess, relay_yaml
+from harness.relay import RelayProcess, list_all, list_all_async, relay_yaml
 from harness.simulated import handshake
 from harness.stats import percentile
 from harness.waiting import assert_eventually
@@ -251,9 +251,7 @@ class FailoverBench:
 
     def healthy(self) -> set[str]:
         with self.api() as api:
-            resp = api.get(f"/apps/{APP}/executors", params={"state": "HEALTHY"})
-        resp.raise_for_status()
-        return {e["executorId"] for e in resp.json()}
+            return {e["executorId"] for e in list_all(api, f"/apps/{APP}/executors", {"state": "HEALTHY"})}
 
     def run_round(self, kind: str, batch: list[int], tag: str = "f") -> list[Failure]:
         args = self.args
@@ -535,9 +533,8 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
     ) as api:
 
         async def listed(state: str | None = None) -> dict[str, str]:
-            resp = await api.get(f"/apps/{APP}/executors", params={"state": state} if state else None)
-            resp.raise_for_status()
-            return {e["executorId"]: e["state"] for e in resp.json()}
+            rows = await list_all_async(api, f"/apps/{APP}/executors", {"state": state} if state else {})
+            return {e["executorId"]: e["state"] for e in rows}
 
         started = time.monotonic()
         fleet = await open_fleet(url, args.mass, 50)

@@ -33,7 +33,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, relay_yaml
+from harness.relay import RelayProcess, list_all, relay_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_APP, DECOY_APP = "ledger", "billing"
@@ -198,9 +198,9 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
             "SELECT workflow_id, step, executor_id, app FROM step_evidence").fetchall()]  # fmt: skip
     with fleet.relay.api() as api:
         audit = api.get("/audit", params={"limit": 10_000}).json()
-        registry = {}
+        registry: dict[str, dict[str, Any]] = {}
         for app in (MAIN_APP, DECOY_APP):
-            registry.update({e["executorId"]: e for e in api.get(f"/apps/{app}/executors").json()})
+            registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
     return History(workflows, outcomes, steps, audit, registry, faults)
 

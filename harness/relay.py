@@ -117,6 +117,34 @@ class RelayProcess:
         return record["state"] if record else None
 
 
+PAGE = 1000
+
+
+def list_all(api: httpx.Client, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every item of a paged list of Relay's API (``limit``/``offset``)."""
+    rows: list[dict[str, Any]] = []
+    while True:
+        resp = api.get(path, params={**(params or {}), "limit": PAGE, "offset": len(rows)})
+        resp.raise_for_status()
+        page: list[dict[str, Any]] = resp.json()
+        rows += page
+        if len(page) < PAGE:
+            return rows
+
+
+async def list_all_async(
+    api: httpx.AsyncClient, path: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    while True:
+        resp = await api.get(path, params={**(params or {}), "limit": PAGE, "offset": len(rows)})
+        resp.raise_for_status()
+        page: list[dict[str, Any]] = resp.json()
+        rows += page
+        if len(page) < PAGE:
+            return rows
+
+
 def audit_actions(relay: RelayProcess, executor_id: str, org: str = "acme") -> list[str]:
     with relay.api(org) as api:
         entries = api.get("/audit", params={"executorId": executor_id}).json()

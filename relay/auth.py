@@ -77,5 +77,8 @@ class KeyRing:
         # timing reveals at most something about a hash, not about a key.
         return self._grants.get(hash_key(key))
 
+    def items(self) -> list[tuple[str, KeyGrant]]:
+        return list(self._grants.items())
+
     def __len__(self) -> int:
         return len(self._grants)

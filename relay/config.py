@@ -36,6 +36,8 @@ class ServerConfig(_Model):
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # Connections accepted but not yet past executor_info; beyond it, 503.
     max_pending_handshakes: int = Field(default=10_000, ge=1)
+    # Executor sockets one key may hold open on one instance; beyond it, 429.
+    max_sockets_per_key: int = Field(default=10_000, ge=1)
 
 
 class DatabaseConfig(_Model):
@@ -49,6 +51,9 @@ class LivenessConfig(_Model):
     failover_backoff_initial_secs: float = Field(default=1.0, gt=0)
     failover_backoff_max_secs: float = Field(default=30.0, gt=0)
     instance_lease_secs: float = Field(default=15.0, gt=0)
+    # How often an instance compares its open sockets with the rows it owns (a lost
+    # disconnection is recorded then; a socket another connection replaced is closed).
+    socket_check_secs: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> LivenessConfig:
@@ -83,7 +88,7 @@ class ApiKeyConfig(KeyConfig):
 
 
 class AppConfig(_Model):
-    name: str = Field(min_length=1, max_length=255)
+    name: str = Field(min_length=1, max_length=256)
     executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0)
     recover_to_latest_version: bool = False
 
@@ -102,10 +107,26 @@ class OrgConfig(_Model):
         return self
 
 
+class RetentionConfig(_Model):
+    """How long Relay keeps its own records (the applications' data has per-app settings)."""
+
+    audit_days: float = Field(default=90.0, gt=0)
+    # Finished recoveries and their attempts.
+    recoveries_days: float = Field(default=30.0, gt=0)
+    # Relay's own finished DBOS workflows (grace periods, recoveries, this job).
+    relay_workflows_days: float = Field(default=7.0, gt=0)
+    # Executor ids not seen for this long are forgotten (with the key each was bound to).
+    executor_ids_days: float = Field(default=30.0, gt=0)
+    interval_secs: float = Field(default=3600.0, gt=0)
+
+
 class RelayConfig(_Model):
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
     liveness: LivenessConfig = LivenessConfig()
+    retention: RetentionConfig = RetentionConfig()
+    # False: an executor may only connect to an app listed in relay.yaml (or registered through the API).
+    auto_register_apps: bool = True
     orgs: list[OrgConfig] = []
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
 from relay.domain.operator import Operator
+from relay.domain.tokens import Tokens
 from relay.metrics import Metrics
 from relay.net.hub import Hub
 from relay.net.router import Router
@@ -34,9 +35,10 @@ from relay.store.audit import AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
-from relay.store.keys import grants_from_config
+from relay.store.keys import KeyStore, grants_from_config
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
+from relay.store.retention import RetentionStore
 from workflows.engine import Engine
 from workflows.services import Services
 
@@ -54,12 +56,15 @@ class Runtime:
         self.executors = ExecutorStore(self.db)
         self.recoveries = RecoveryStore(self.db, self.executors)
         self.audit = AuditStore(self.db)
+        self.keys = KeyStore(self.db)
         self.keyring = KeyRing(grants_from_config(config))
         self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
         self.router = Router(self.db, self.executors, self.hub, instance_id)
+        self.hub.elsewhere = self.router
+        self.tokens = Tokens(self.db, self.keys, self.keyring, self.hub)
         self.adopter = Adopter(InstanceStore(self.db, self.executors), self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
@@ -77,6 +82,8 @@ class Runtime:
             audit=self.audit,
             router=self.router,
             operator=self.operator,
+            keys=self.keys,
+            tokens=self.tokens,
             lease=self.lease,
             metrics=self.metrics.render,
         )
@@ -89,6 +96,8 @@ class Runtime:
             audit=self.audit,
             ask=self.router.ask,
             liveness=self.config.liveness,
+            retention=RetentionStore(self.db),
+            retention_settings=self.config.retention,
             note_blocked=self.engine.note_blocked,
             loop=loop,
         )
@@ -97,6 +106,8 @@ class Runtime:
         await self.db.open()
         await self.db.migrate()
         await self.apps.sync_config(self.config)
+        await self.keys.sync_config(self.config)
+        await self.tokens.refresh()
         await self.lease.acquire()
         self.lease.start()
         # Sockets do not survive a restart: whatever this instance held before is gone.
@@ -107,12 +118,16 @@ class Runtime:
         # as it launches; then every DISCONNECTED executor gets its grace period.
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
-        self.engine.start_workers()
+        self.engine.start_workers(self.config.retention.interval_secs)
         await self.adopter.resume_adopted()
         await self.engine.sweep()
         self.adopter.start()
+        self.tokens.start()
+        self.hub.start()
 
     async def stop(self) -> None:
+        await self.hub.stop()
+        await self.tokens.stop()
         await self.adopter.stop()
         await self.hub.close_all()
         try:

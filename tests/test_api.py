@@ -151,4 +151,5 @@ def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_
 
 def _healthy(relay: RelayProcess) -> list[str]:
     with relay.api() as api:
-        return [e["executorId"] for e in api.get("/apps/ledger/executors", params={"state": "HEALTHY"}).json()]
+        rows = api.get("/apps/ledger/executors", params={"state": "HEALTHY", "limit": 1000}).json()
+        return [e["executorId"] for e in rows]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from relay.store.recoveries import RecoveryStore
 from workflows import services as wf_services
 from workflows.grace import RECONNECTED_TOPIC, grace_period
 from workflows.recovery import WAKE_TOPIC, recover
+from workflows.retention import job_id, retention
 
 log = logging.getLogger("relay.durable")
 
@@ -88,8 +90,19 @@ class Engine:
 
     # -- the event queue ---------------------------------------------------------------
 
-    def start_workers(self) -> None:
+    def start_workers(self, retention_interval_secs: float) -> None:
         self._workers = [asyncio.create_task(self._work()) for _ in range(EVENT_WORKERS)]
+        self._workers.append(asyncio.create_task(self._schedule_retention(retention_interval_secs)))
+
+    async def _schedule_retention(self, interval: float) -> None:
+        """Start this interval's retention job (every instance asks; DBOS runs each id once)."""
+        while True:
+            workflow_id = job_id(interval)
+            try:
+                await _start(workflow_id, retention, int(time.time() * 1000))
+            except Exception as exc:
+                log.warning("cannot start the retention job %s: %s", workflow_id, exc)
+            await asyncio.sleep(interval - time.time() % interval + 0.5)
 
     async def stop_workers(self) -> None:
         for task in self._workers:

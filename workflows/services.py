@@ -18,13 +18,14 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from dbos import DBOS
 
-from relay.config import LivenessConfig
+from relay.config import LivenessConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.executors import ExecutorStore
 from relay.store.recoveries import RecoveryStore
+from relay.store.retention import RetentionStore
 from relay_protocol import Reply, Request
 
 T = TypeVar("T")
@@ -55,6 +56,8 @@ class Services:
     audit: AuditStore
     ask: Ask
     liveness: LivenessConfig
+    retention: RetentionStore
+    retention_settings: RetentionConfig
     # A recovery about to wait tells the engine its app may have one waiting (for wake-ups).
     note_blocked: Callable[[str, str], None]
     loop: asyncio.AbstractEventLoop

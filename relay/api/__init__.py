@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from relay.api import apps, audit, executors, ops, recoveries
+from relay.api import apps, audit, executors, ops, recoveries, tokens
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
 from relay.errors import Conflict, DatabaseError, NotFound
@@ -26,7 +26,7 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 def build_api(ctx: ApiContext, lifespan: Lifespan | None = None) -> FastAPI:
     api = FastAPI(title="Relay", version=ctx.version, lifespan=lifespan)
     api.state.context = ctx
-    for module in (ops, apps, executors, recoveries, audit):
+    for module in (ops, apps, executors, recoveries, audit, tokens):
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)

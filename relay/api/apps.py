@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from relay.api.common import Admin, ApiError, Caller, Ctx, actor
+from relay.api.common import Admin, ApiError, Caller, Ctx, Page, actor
 from relay.store.apps import AppRecord
 
 router = APIRouter(prefix="/v2/orgs/{org}")
@@ -38,8 +38,8 @@ async def app_or_404(ctx: Ctx, org: str, app: str) -> AppRecord:
 
 
 @router.get("/apps")
-async def get_apps(org: str, ctx: Ctx, _: Caller) -> list[dict[str, Any]]:
-    return [app_json(a) for a in await ctx.apps.list_apps(org)]
+async def get_apps(org: str, ctx: Ctx, _: Caller, page: Page) -> list[dict[str, Any]]:
+    return [app_json(a) for a in await ctx.apps.list_apps(org, limit=page.limit, offset=page.offset)]
 
 
 @router.get("/apps/{app}")

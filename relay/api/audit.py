@@ -21,8 +21,9 @@ async def get_audit(
     executor_id: Annotated[str | None, Query(alias="executorId")] = None,
     since: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[dict[str, Any]]:
-    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit)
+    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset)
     return [
         {
             "id": r["id"],

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
+
+# Every list is paged: ``limit`` (default and maximum here) and ``offset``.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 
 
 class ApiError(Exception):
@@ -80,6 +85,19 @@ def admin(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.APPLICATION_WRITE)
 
 
+@dataclass(frozen=True)
+class Paging:
+    limit: int
+    offset: int
+
+
+def paging(
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE, offset: Annotated[int, Query(ge=0)] = 0
+) -> Paging:
+    return Paging(limit, offset)
+
+
+Page = Annotated[Paging, Depends(paging)]
 Ctx = Annotated[ApiContext, Depends(context)]
 Caller = Annotated[KeyGrant, Depends(caller)]
 Admin = Annotated[KeyGrant, Depends(admin)]

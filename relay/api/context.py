@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.operator import Operator
+from relay.domain.tokens import Tokens
 from relay.net.router import Router
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay.store.keys import KeyStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 
@@ -34,5 +36,7 @@ class ApiContext:
     audit: AuditStore
     router: Router
     operator: Operator
+    keys: KeyStore
+    tokens: Tokens
     lease: Lease
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from relay.api.apps import app_or_404
-from relay.api.common import Admin, ApiError, Caller, Ctx, actor, epoch_ms_iso, iso
+from relay.api.common import DEFAULT_PAGE, MAX_PAGE, Admin, ApiError, Caller, Ctx, Page, actor, epoch_ms_iso, iso
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
 from relay.errors import (
@@ -52,10 +52,11 @@ def executor_json(rec: ExecutorRecord) -> dict[str, Any]:
 
 @router.get("")
 async def get_executors(
-    org: str, app: str, ctx: Ctx, _: Caller, state: ExecutorState | None = None
+    org: str, app: str, ctx: Ctx, _: Caller, page: Page, state: ExecutorState | None = None
 ) -> list[dict[str, Any]]:
     await app_or_404(ctx, org, app)
-    return [executor_json(e) for e in await ctx.executors.list_executors(org, app, state)]
+    executors = await ctx.executors.list_executors(org, app, state, page.limit, page.offset)
+    return [executor_json(e) for e in executors]
 
 
 @router.get("/{executor_id}")
@@ -85,7 +86,7 @@ async def get_executor_workflows(
     ctx: Ctx,
     _: Caller,
     status: Annotated[str | None, Query(pattern="^[A-Z_]+$")] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> list[dict[str, Any]]:
     """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
     key = ExecutorKey(org, app, executor_id)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, iso, iso_text
+from relay.api.common import ApiError, Caller, Ctx, Page, iso, iso_text
 from relay.store.recoveries import RecoveryRow
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
@@ -39,10 +39,16 @@ def recovery_json(row: RecoveryRow) -> dict[str, Any]:
 
 @router.get("")
 async def get_recoveries(
-    org: str, app: str, ctx: Ctx, _: Caller, executor_id: Annotated[str | None, Query(alias="executorId")] = None
+    org: str,
+    app: str,
+    ctx: Ctx,
+    _: Caller,
+    page: Page,
+    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
 ) -> list[dict[str, Any]]:
     await app_or_404(ctx, org, app)
-    return [recovery_json(r) for r in await ctx.recoveries.get(org, app, executor_id=executor_id)]
+    rows = await ctx.recoveries.get(org, app, executor_id=executor_id, limit=page.limit, offset=page.offset)
+    return [recovery_json(r) for r in rows]
 
 
 @router.get("/{recovery_id}")

@@ -17,7 +17,13 @@ class ExecutorKey:
     executor_id: str
 
     def __str__(self) -> str:
-        return f"{self.org}/{self.app}/{self.executor_id}"
+        return printable(f"{self.org}/{self.app}/{self.executor_id}")
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """``text`` safe for a log line: control characters escaped (no forged lines), length bounded."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
 
 
 def grace_id(key: ExecutorKey, epoch: int) -> str:

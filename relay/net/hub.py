@@ -1,9 +1,9 @@
-"""The hub: executors' WebSocket connections.
+"""The hub: executors' WebSocket connections on this instance.
 
-One :class:`ExecutorConnection` per socket runs in the socket's own ASGI task:
-it checks the key, asks ``executor_info``, records the executor as HEALTHY,
-then reads frames and drives the liveness core until the socket closes or the
-executor goes quiet for ``pingWaitSecs``, and finally records DISCONNECTED.
+The hub checks each new socket's key and app, hands it to an
+:class:`relay.net.connection.ExecutorConnection`, records its executor as
+connected (taking the id over from an older socket, wherever that is), and
+keeps the sockets and the rows it owns in step.
 
 :meth:`Hub.request` sends a request frame to an executor connected here and
 awaits the reply with the same ``request_id``; replies are matched by the
@@ -17,45 +17,30 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from relay.auth import KeyRing, Permission
 from relay.config import RelayConfig
-from relay.core.ids import ExecutorKey
-from relay.core.lifecycle import ExecutorEvent
-from relay.core.liveness import LivenessMonitor
-from relay.errors import (
-    DatabaseError,
-    ExecutorGone,
-    ExecutorNotConnected,
-    ExecutorTimeout,
-    Fenced,
-    ProtocolError,
+from relay.core.ids import ExecutorKey, printable
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.errors import DatabaseError, ExecutorNotConnected
+from relay.net.connection import (
+    CLOSE_KEY_REVOKED,
+    CLOSE_REPLACED,
+    CLOSE_SHUTDOWN,
+    ExecutorConnection,
+    Receive,
+    Scope,
+    Send,
 )
-from relay.net.wire import Frame, executor_info
-from relay.net.wsproto import Keepalive
+from relay.net.wire import Frame
 from relay.store.apps import AppStore
-from relay.store.executors import ExecutorStore
-from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, Request, decode_frame
-from relay_protocol import ProtocolError as WireError
+from relay.store.executors import ExecutorStore, Handshake
+from relay_protocol import ExecutorInfoReply, Request
 
 log = logging.getLogger("relay.hub")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
-
-# Close codes sent after accept (4000-4999 are the application's to define).
-CLOSE_BAD_KEY = 4403
-CLOSE_HANDSHAKE_TIMEOUT = 4408
-CLOSE_BAD_HANDSHAKE = 4400
-CLOSE_REPLACED = 4409
-CLOSE_NOT_ANSWERING = 4410
-CLOSE_SHUTDOWN = 1001
 
 
 class HubEvents(Protocol):
@@ -64,6 +49,12 @@ class HubEvents(Protocol):
     async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None: ...
 
     async def executor_lost(self, key: ExecutorKey, epoch: int) -> None: ...
+
+
+class Elsewhere(Protocol):
+    """Closing a socket that another instance holds (:class:`relay.net.router.Router`)."""
+
+    async def close_remote(self, instance: str, key: ExecutorKey, epoch: int) -> None: ...
 
 
 def parse_websocket_path(path: str) -> tuple[str, str] | None:
@@ -82,6 +73,15 @@ def parse_websocket_path(path: str) -> tuple[str, str] | None:
     return None
 
 
+def valid_app_name(app: str) -> bool:
+    return 0 < len(app) <= MAX_APP_NAME and app.isprintable()
+
+
+MAX_APP_NAME = 256
+# A socket check leaves alone what changed in the last moments: a handshake being recorded.
+SETTLED_SECS = 2.0
+
+
 class Hub:
     def __init__(
         self,
@@ -98,10 +98,13 @@ class Hub:
         self.executors = executors
         self.instance_id = instance_id
         self.events = events
+        self.elsewhere: Elsewhere | None = None  # set by the composition root (the router)
         self.connections: dict[ExecutorKey, ExecutorConnection] = {}
         self.pending_handshakes = 0
+        self.sockets_by_key: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
         self._known_apps: set[tuple[str, str]] = set()
+        self._checker: asyncio.Task[None] | None = None
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -110,14 +113,19 @@ class Hub:
         route = parse_websocket_path(scope["path"])
         if route is None:
             self.counters["rejected_not_found"] += 1
-            await _deny(scope, send, 404, "not_found", f"no executor endpoint at {scope['path']}")
+            await _deny(scope, send, 404, "not_found", "no executor endpoint at this path")
             return
         app, key = route
+        if not valid_app_name(app):
+            self.counters["rejected_bad_app"] += 1
+            await _deny(scope, send, 400, "bad_app", f"an app name is 1 to {MAX_APP_NAME} printable characters")
+            return
         grant = self.keyring.lookup(key)
         if grant is None or not grant.allows(Permission.WEBSOCKET_CONNECT, app):
             self.counters["rejected_bad_key"] += 1
-            log.warning("refused executor connection from %s for app %r: bad or missing conductor key", client, app)
-            await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key")
+            log.warning("refused executor connection from %s for app %s: bad or missing conductor key",
+                        client, printable(app))  # fmt: skip
+            await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key, or not for this app")
             return
         if self.pending_handshakes >= self.config.server.max_pending_handshakes:
             self.counters["rejected_busy"] += 1
@@ -126,25 +134,65 @@ class Hub:
             )
             await _deny(scope, send, 503, "busy", "too many pending handshakes, retry later")
             return
-        conn = ExecutorConnection(self, grant.org, app, client, receive, send, scope)
-        await conn.run()
+        if self.sockets_by_key[grant.key_id] >= self.config.server.max_sockets_per_key:
+            self.counters["rejected_key_sockets"] += 1
+            log.warning("refused executor connection from %s: key %s already holds %d sockets",
+                        client, printable(grant.name), self.sockets_by_key[grant.key_id])  # fmt: skip
+            await _deny(scope, send, 429, "too_many_sockets", "this key holds too many sockets, retry later")
+            return
+        if not await self._app_allowed(grant.org, app):
+            self.counters["rejected_unknown_app"] += 1
+            await _deny(scope, send, 404, "unknown_app", "no such app, and apps are not registered automatically")
+            return
+        conn = ExecutorConnection(self, grant, app, client, receive, send, scope)
+        self.sockets_by_key[grant.key_id] += 1
+        try:
+            await conn.run()
+        finally:
+            self.sockets_by_key[grant.key_id] -= 1
+            if self.sockets_by_key[grant.key_id] <= 0:
+                del self.sockets_by_key[grant.key_id]
+
+    async def _app_allowed(self, org: str, app: str) -> bool:
+        if self.config.auto_register_apps or (org, app) in self._known_apps:
+            return True
+        if await self.apps.exists(org, app):
+            self._known_apps.add((org, app))
+            return True
+        return False
 
     # -- used by the connections ------------------------------------------
 
     async def attach(self, conn: ExecutorConnection, info: ExecutorInfoReply) -> int:
-        """Record the executor as connected here; returns the epoch."""
+        """Record the executor as connected here; returns the epoch.
+
+        A newer socket of the same executor takes over: the older one is closed,
+        here or on the instance that holds it.
+        """
         if (conn.org, conn.app) not in self._known_apps:
             await self.apps.ensure(conn.org, conn.app)
             self._known_apps.add((conn.org, conn.app))
-        epoch, previous_epoch = await self.executors.connected(conn.org, conn.app, info, self.instance_id)
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
+        result = await self.executors.connected(Handshake(key, info, self.instance_id, conn.grant.key_id))
         previous = self.connections.get(key)
         self.connections[key] = conn
         if previous is not None and previous is not conn:
             log.info("executor %s connected again; closing its older socket", key)
             await previous.close(CLOSE_REPLACED, "replaced by a newer connection")
-        await self.events.executor_connected(key, epoch, previous_epoch)
-        return epoch
+        elsewhere = result.previous_instance
+        if result.previous_state is ExecutorState.HEALTHY and elsewhere not in (None, self.instance_id):
+            assert elsewhere is not None and result.previous_epoch is not None
+            await self._close_elsewhere(elsewhere, key, result.previous_epoch)
+        await self.events.executor_connected(key, result.epoch, result.previous_epoch)
+        return result.epoch
+
+    async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:
+        if self.elsewhere is None:
+            return
+        try:
+            await self.elsewhere.close_remote(instance, key, epoch)
+        except DatabaseError as exc:  # that instance's socket check closes it anyway
+            log.warning("executor %s: could not ask instance %s to close its older socket: %s", key, instance, exc)
 
     async def report_lost(self, key: ExecutorKey, epoch: int) -> None:
         """The executor's disconnection is recorded: its grace period starts."""
@@ -173,213 +221,67 @@ class Hub:
             return_exceptions=True,
         )
 
+    async def close_key(self, key_id: str) -> int:
+        """Close every socket opened here with a key that was deleted; returns how many."""
+        doomed = [c for c in self.connections.values() if c.grant.key_id == key_id]
+        for conn in doomed:
+            log.warning("executor %s: its key was deleted; closing its socket", conn.name)
+            await conn.close(CLOSE_KEY_REVOKED, "the key of this connection was deleted")
+        return len(doomed)
 
-class ExecutorConnection:
-    def __init__(self, hub: Hub, org: str, app: str, client: str, receive: Receive, send: Send, scope: Scope) -> None:
-        self.hub = hub
-        self.org = org
-        self.app = app
-        self.client = client
-        self._receive = receive
-        self._send = send
-        self._keepalive: Keepalive | None = scope.get("extensions", {}).get("relay.keepalive")
-        self._loop = asyncio.get_running_loop()
-        self._waiting: dict[str, asyncio.Future[Frame]] = {}
-        self._closed = False
-        self.key: ExecutorKey | None = None
-        self.epoch = 0
-
-    @property
-    def name(self) -> str:
-        """How log lines name this connection: the executor id once known."""
-        return str(self.key) if self.key else f"{self.org}/{self.app} from {self.client}"
-
-    async def run(self) -> None:
-        first = await self._receive()
-        if first["type"] != "websocket.connect":
-            return
-        await self._send({"type": "websocket.accept"})
-        self.hub.pending_handshakes += 1
-        try:
-            info = await self._handshake()
-        finally:
-            self.hub.pending_handshakes -= 1
-        if info is None:
-            self._fail_waiting()
-            return
-        self.key = ExecutorKey(self.org, self.app, info.executor_id)
-        try:
-            self.epoch = await self.hub.attach(self, info)
-        except Fenced as exc:
-            log.warning("executor %s: refused, this instance does not hold its lease: %s", self.name, exc)
-            await self.close(1011, "relay instance not holding its lease")
-            return
-        except DatabaseError as exc:
-            log.error("executor %s: cannot record its connection: %s", self.name, exc)
-            await self.close(1011, "relay database unavailable")
-            return
-        self.hub.counters["handshakes"] += 1
-        log.info("executor %s connected (version %s, epoch %d)", self.name, info.application_version, self.epoch)
-        try:
-            await self._serve()
-        finally:
-            self.hub.detach(self)
-            self._fail_waiting()
-            await self._record_lost()
-
-    async def request(self, request: Request, timeout: float) -> Frame:
-        """Send ``request`` and return the reply's frame (read it with :func:`relay.net.wire.reply_to`)."""
-        if self._closed:
-            raise ExecutorGone(f"executor {self.name} is disconnected")
-        future: asyncio.Future[Frame] = self._loop.create_future()
-        self._waiting[request.request_id] = future
-        try:
-            await self._send({"type": "websocket.send", "text": request.to_json()})
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise ExecutorTimeout(
-                f"executor {self.name} did not answer {request.type.value} within {timeout:g}s"
-            ) from None
-        finally:
-            self._waiting.pop(request.request_id, None)
-
-    async def close(self, code: int, reason: str) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._send({"type": "websocket.close", "code": code, "reason": reason})
-        except Exception as exc:  # the socket may already be gone; closing is best effort
-            log.debug("executor %s: close failed: %s", self.name, exc)
-
-    # -- internals ---------------------------------------------------------
-
-    async def _handshake(self) -> ExecutorInfoReply | None:
-        timeout = self.hub.config.server.handshake_timeout_secs
-        request = ExecutorInfoRequest()
-        future: asyncio.Future[Frame] = self._loop.create_future()
-        self._waiting[request.request_id] = future
-        await self._send({"type": "websocket.send", "text": request.to_json()})
-        deadline = self._loop.time() + timeout
-        while not future.done():
-            message = await self._next_message(deadline)
-            if message is None:
-                self.hub.counters["rejected_handshake_timeout"] += 1
-                log.warning("executor %s: no executor_info reply within %gs; closing", self.name, timeout)
-                await self.close(CLOSE_HANDSHAKE_TIMEOUT, "no executor_info reply")
-                return None
-            if message["type"] == "websocket.disconnect":
-                log.info("executor %s: closed before the handshake ended", self.name)
-                self._closed = True
-                return None
-            if not self._dispatch(message):
-                # Nothing but the executor_info reply is expected yet: a frame that is not
-                # even a reply ends the handshake at once rather than at its timeout.
-                await self._refuse_handshake("its first frame is not a reply")
-                return None
-        try:
-            return executor_info(future.result(), request.request_id)
-        except ProtocolError as exc:
-            await self._refuse_handshake(str(exc))
-            return None
-
-    async def _refuse_handshake(self, why: str) -> None:
-        self.hub.counters["rejected_bad_handshake"] += 1
-        log.warning("executor %s: bad executor_info reply: %s; closing", self.name, why)
-        await self.close(CLOSE_BAD_HANDSHAKE, "bad executor_info reply")
-        self._fail_waiting()
-
-    async def _serve(self) -> None:
-        liveness = self.hub.config.liveness
-        monitor = LivenessMonitor(liveness.ping_interval_secs, liveness.ping_wait_secs, self._loop.time())
-        while not self._closed:
-            if self._keepalive is not None:
-                monitor.heard(self._keepalive.last_heard)
-            decision = monitor.poll(self._loop.time())
-            if decision.disconnect:
-                self.hub.counters["disconnected_silent"] += 1
-                log.warning("executor %s: nothing heard for %gs; disconnecting", self.name, liveness.ping_wait_secs)
-                await self.close(CLOSE_NOT_ANSWERING, "no pong within pingWaitSecs")
-                return
-            if decision.send_ping and self._keepalive is not None:
-                self._keepalive.send_ping()
-            message = await self._next_message(decision.wake_at)
-            if message is None:
-                continue
-            if message["type"] == "websocket.disconnect":
-                self._closed = True
-                code = message.get("code")
-                if code == 1009:
-                    log.warning(
-                        "executor %s: frame over %d bytes; connection closed",
-                        self.name,
-                        self.hub.config.server.max_frame_bytes,
-                    )
-                else:
-                    log.info("executor %s: socket closed (code %s)", self.name, code)
-                return
-            self._dispatch(message)
-
-    async def _next_message(self, deadline: float) -> Message | None:
-        """The next ASGI message, or None once the loop clock reaches ``deadline``."""
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await self._receive()
-        except TimeoutError:
-            return None
-
-    def _dispatch(self, message: Message) -> bool:
-        """Hand a reply to the request awaiting it; False for a frame that is not a reply at all."""
-        if message["type"] != "websocket.receive":
-            return True
-        text = message.get("text")
-        if text is None:
-            self.hub.counters["frames_binary"] += 1
-            log.warning("executor %s: ignored a binary frame (%d bytes)", self.name, len(message.get("bytes") or b""))
+    async def close_stale(self, key: ExecutorKey, epoch: int) -> bool:
+        """Another instance took the executor over: close the socket here if it is that older connection."""
+        conn = self.connections.get(key)
+        if conn is None or conn.epoch > epoch:
             return False
-        try:
-            frame = decode_frame(text)
-        except WireError as exc:
-            self.hub.counters["frames_malformed"] += 1
-            log.warning("executor %s: ignored a malformed frame: %s", self.name, exc)
-            return False
-        future = self._waiting.get(frame["request_id"])
-        if future is None or future.done():
-            self.hub.counters["frames_unexpected"] += 1
-            log.warning(
-                "executor %s: ignored a %s reply with unknown request_id %s",
-                self.name,
-                json.dumps(frame["type"])[:80],
-                json.dumps(frame["request_id"])[:80],
-            )
-            return True
-        future.set_result(frame)
+        log.info("executor %s connected through another instance; closing its socket here", key)
+        await conn.close(CLOSE_REPLACED, "replaced by a newer connection")
         return True
 
-    def _fail_waiting(self) -> None:
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(ExecutorGone(f"executor {self.name} disconnected"))
-        self._waiting.clear()
+    # -- keeping sockets and rows in step ------------------------------------------
 
-    async def _record_lost(self) -> None:
-        assert self.key is not None
-        try:
-            changed = await self.hub.executors.apply(
-                self.key, ExecutorEvent.LOST, epoch=self.epoch, instance=self.hub.instance_id
-            )
-        except Fenced as exc:
-            # Another instance adopted this one: the executor's row is the adopter's now.
-            log.warning("executor %s: disconnection not recorded, this instance is fenced: %s", self.name, exc)
-            return
-        except DatabaseError as exc:
-            # The row stays HEALTHY with this instance as owner; the next start of
-            # this instance (or its adopter) marks it DISCONNECTED.
-            log.error("executor %s: cannot record its disconnection: %s", self.name, exc)
-            return
-        if changed:
-            log.info("executor %s is DISCONNECTED", self.name)
-            await self.hub.report_lost(self.key, self.epoch)
+    def start(self) -> None:
+        self._checker = asyncio.create_task(self._check_forever())
+
+    async def stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+            self._checker = None
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.liveness.socket_check_secs)
+            try:
+                await self.check_sockets()
+            except DatabaseError as exc:
+                log.warning("instance %s: socket check failed: %s", self.instance_id, exc)
+
+    async def check_sockets(self) -> tuple[int, int]:
+        """Compare this instance's sockets with the rows it owns.
+
+        A HEALTHY row with no socket here (its disconnection was lost to a
+        database error) is recorded as lost, and its grace period starts; a
+        socket whose row moved on (another connection took the executor over,
+        perhaps through another instance) is closed. Returns (recorded, closed).
+        """
+        owned = await self.executors.healthy_of_instance(self.instance_id, SETTLED_SECS)
+        recorded = closed = 0
+        for key, epoch in owned.items():
+            conn = self.connections.get(key)
+            if conn is not None and conn.epoch == epoch:
+                continue
+            if await self.executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance=self.instance_id):
+                log.warning("executor %s: no socket here; its disconnection is recorded now", key)
+                recorded += 1
+                await self.report_lost(key, epoch)
+        for key, conn in list(self.connections.items()):
+            if conn.attached_for() > SETTLED_SECS and owned.get(key) != conn.epoch:
+                if await self.executors.owns(key, conn.epoch, self.instance_id):
+                    continue  # connected within the last moments of the query: fine
+                closed += 1
+                await conn.close(CLOSE_REPLACED, "replaced by a newer connection")
+        return recorded, closed
 
 
 def _client(scope: Scope) -> str:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from relay.core.ids import ExecutorKey
 from relay.errors import (
@@ -49,6 +49,8 @@ POLL_SECS = 1.0
 # A live owner picks a request up within a notification's round trip, or its next poll.
 PICKUP_SECS = 3 * POLL_SECS
 KEEP_SECS = 600.0
+# A notification that asks this instance to close a socket another instance took over.
+CLOSE_NOTE = "close "
 # How often a request for an executor that is not connected anywhere looks again.
 OWNER_RECHECK_SECS = 0.1
 
@@ -133,7 +135,7 @@ class Router:
                                               request, timeout_secs)
                        VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)
                    SELECT id, pg_notify(%s, id::text) FROM r""",
-                (owner, self.instance_id, key.org, key.app, key.executor_id, Jsonb(body), timeout, channel(owner)),
+                (owner, self.instance_id, key.org, key.app, key.executor_id, json.dumps(body), timeout, channel(owner)),
             )
             row = await cur.fetchone()
         assert row is not None
@@ -192,7 +194,7 @@ class Router:
         if answer["error_kind"] is not None:
             cls = _ERRORS.get(str(answer["error_kind"]), ExecutorGone)
             raise cls(f"{answer['error']} (asked through instance {owner})")
-        reply: Frame = answer["reply"]
+        reply: Frame = json.loads(answer["reply"])
         return reply
 
     # -- serving -----------------------------------------------------------------
@@ -224,7 +226,18 @@ class Router:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def close_remote(self, instance: str, key: ExecutorKey, epoch: int) -> None:
+        """Ask ``instance`` to close its socket of ``key`` if it is the connection of ``epoch`` or older
+        (the executor reconnected through this instance). Best effort: that instance's socket check
+        closes it anyway."""
+        note = json.dumps({"org": key.org, "app": key.app, "executor_id": key.executor_id, "epoch": epoch})
+        async with self.db.connection() as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel(instance), CLOSE_NOTE + note))
+
     def _on_notify(self, payload: str) -> None:
+        if payload.startswith(CLOSE_NOTE):
+            self._spawn(self._close_stale(payload[len(CLOSE_NOTE) :]))
+            return
         try:
             rpc_id = int(payload)
         except ValueError:
@@ -236,6 +249,14 @@ class Router:
                 woken.set_result(None)
             return
         self._spawn(self._serve(rpc_id))
+
+    async def _close_stale(self, note: str) -> None:
+        try:
+            data = json.loads(note)
+            key = ExecutorKey(str(data["org"]), str(data["app"]), str(data["executor_id"]))
+            await self.hub.close_stale(key, int(data["epoch"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("instance %s: ignored a close notification: %s", self.instance_id, exc)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -278,7 +299,7 @@ class Router:
             if row is None:
                 return  # another notification or poll claimed it, or the requester withdrew it
             key = ExecutorKey(row["org"], row["app"], row["executor_id"])
-            request = parse_request(row["request"])
+            request = parse_request(json.loads(row["request"]))
             reply: Frame | None = None
             kind: str | None = None
             error: str | None = None
@@ -293,7 +314,13 @@ class Router:
                            UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
                            WHERE id = %s RETURNING id)
                        SELECT pg_notify(%s, id::text) FROM u""",
-                    (None if reply is None else Jsonb(reply), kind, error, rpc_id, channel(row["requester_instance"])),
+                    (
+                        None if reply is None else json.dumps(reply),
+                        kind,
+                        error,
+                        rpc_id,
+                        channel(row["requester_instance"]),
+                    ),
                 )
             log.debug("instance %s: relayed %s to %s for %s", self.instance_id, request.type.value, key,
                       row["requester_instance"])  # fmt: skip

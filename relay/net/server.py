@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import uvicorn
 
 from relay.config import RelayConfig
-from relay.net.hub import Receive, Scope, Send
+from relay.net.connection import Receive, Scope, Send
 from relay.net.wsproto import RelayWebSocketProtocol
 
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]

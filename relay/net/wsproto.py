@@ -26,6 +26,8 @@ class Keepalive(Protocol):
 
     def send_ping(self) -> bool: ...
 
+    def abort(self) -> None: ...
+
 
 class RedactKeys(logging.Filter):
     """Hide the conductor key in an executor URL path (uvicorn logs request paths)."""
@@ -76,6 +78,10 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.conn.send_ping(os.urandom(4))
         self.transport.write(b"".join(self.conn.data_to_send()))
         return True
+
+    def abort(self) -> None:
+        """Drop the connection at once, unsent data and all (a peer that stopped reading)."""
+        self.transport.abort()
 
 
 __all__ = ["Keepalive", "RelayWebSocketProtocol"]

@@ -48,12 +48,10 @@ class AppStore:
             yield own
 
     async def sync_config(self, config: RelayConfig) -> None:
-        """Make orgs, keys and configured apps in the database match relay.yaml.
+        """Make orgs and configured apps in the database match relay.yaml.
 
-        Keys not in the file are removed, so that revoking a key is editing the
-        file and restarting. App settings from the file are written only when
-        the app is first seen: later changes come through the API (PATCH) and
-        must survive a restart.
+        App settings from the file are written only when the app is first seen:
+        later changes come through the API (PATCH) and must survive a restart.
         """
         async with self.db.connection() as conn, conn.transaction():
             for org in config.orgs:
@@ -65,29 +63,11 @@ class AppStore:
                            VALUES (%s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
                         (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version),
                     )
-            wanted = [
-                (key.sha256, org.name, kind, key.name, getattr(key, "role", None))
-                for org in config.orgs
-                for kind, keys in (("conductor", org.conductor_keys), ("api", org.api_keys))
-                for key in keys
-            ]
-            await conn.execute("DELETE FROM keys WHERE NOT (sha256 = ANY(%s))", ([w[0] for w in wanted],))
-            for row in wanted:
-                await conn.execute(
-                    """INSERT INTO keys (sha256, org, kind, name, role) VALUES (%s, %s, %s, %s, %s)
-                       ON CONFLICT (sha256) DO UPDATE SET org = EXCLUDED.org, kind = EXCLUDED.kind,
-                           name = EXCLUDED.name, role = EXCLUDED.role, updated_at = now()""",
-                    row,
-                )
 
-    async def ensure_app(self, org: str, app: str) -> None:
-        """Register an app not listed in relay.yaml, with default settings."""
+    async def exists(self, org: str, app: str) -> bool:
         async with self.db.connection() as conn:
-            await conn.execute(
-                """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
-                   ON CONFLICT DO NOTHING""",
-                (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
-            )
+            cur = await conn.execute("SELECT 1 FROM apps WHERE org = %s AND name = %s", (org, app))
+            return await cur.fetchone() is not None
 
     async def ensure(self, org: str, app: str) -> None:
         """Register an app not listed in relay.yaml, with default settings."""
@@ -98,16 +78,21 @@ class AppStore:
                 (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
             )
 
-    async def list_apps(self, org: str, app: str | None = None, conn: Conn | None = None) -> list[AppRecord]:
+    async def list_apps(
+        self, org: str, app: str | None = None, conn: Conn | None = None, limit: int = 1, offset: int = 0
+    ) -> list[AppRecord]:
+        """One app, or a page of them (by name), with their executors counted by state."""
         async with self._connection(conn) as c:
             cur = await c.execute(
-                """SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
+                """WITH page AS (
+                       SELECT * FROM apps WHERE org = %s AND (%s::text IS NULL OR name = %s)
+                       ORDER BY name LIMIT %s OFFSET %s)
+                   SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
                           e.state, count(e.executor_id) AS n
-                   FROM apps a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
-                   WHERE a.org = %s AND (%s::text IS NULL OR a.name = %s)
+                   FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
                    GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, e.state
                    ORDER BY a.name""",
-                (org, app, app),
+                (org, app, app, limit, offset),
             )
             rows = await cur.fetchall()
         apps: dict[str, AppRecord] = {}

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
+from relay.errors import DatabaseError, Fenced, RelayError
 from relay.store.db import Database
 from relay_protocol import ExecutorInfoReply
 
@@ -83,8 +84,43 @@ _EFFECTS: dict[ExecutorEvent, str] = {
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED)
 
 CONNECT_BATCH = 500
-# (org, app, executor_info, relay instance) and the future awaiting its epoch.
-_PendingConnect = tuple[tuple[str, str, ExecutorInfoReply, str], "asyncio.Future[tuple[int, int | None]]"]
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """A completed ``executor_info`` handshake to record."""
+
+    key: ExecutorKey
+    info: ExecutorInfoReply
+    instance: str
+    key_id: str  # the permanent id of the key the executor presented
+
+
+@dataclass(frozen=True)
+class Connected:
+    """The record of a handshake: the connection's epoch, and what the row held before, if anything."""
+
+    epoch: int
+    previous_epoch: int | None
+    previous_state: ExecutorState | None
+    previous_instance: str | None
+
+
+class IdentityTaken(RelayError):
+    """The executor id was first registered under another key: this key may not present it."""
+
+
+_PendingConnect = tuple[Handshake, "asyncio.Future[Connected]"]
+
+
+def _database_error(exc: Exception) -> DatabaseError:
+    return exc if isinstance(exc, DatabaseError) else DatabaseError(f"cannot record a connection: {exc}")
+
+
+def _fail(batch: list[_PendingConnect], exc: BaseException) -> None:
+    for _, future in batch:
+        if not future.done():
+            future.set_exception(exc)
 
 
 def _state_case(event: ExecutorEvent, column: str = "state") -> str:
@@ -206,20 +242,22 @@ class ExecutorStore:
         self._count(E.ADOPTED, sum(per_org.values()), sum(per_org.values()))
         return sum(int(r["dropped"]) for r in rows), per_org
 
-    async def connected(self, org: str, app: str, info: ExecutorInfoReply, instance: str) -> tuple[int, int | None]:
-        """CONNECTED: record a completed handshake; returns the connection's epoch and the one before it.
+    async def connected(self, handshake: Handshake) -> Connected:
+        """CONNECTED: record a completed handshake.
 
         A new executor id gets a new record; a known one returns to HEALTHY in
         the same record with a new epoch (from a sequence: epochs never repeat),
         so that the old connection's late close (same id, older epoch) cannot
-        mark it DISCONNECTED.
+        mark it DISCONNECTED. An executor id belongs to the key that first
+        presented it: another key gets :class:`IdentityTaken`.
 
-        Handshakes that arrive while a write is in flight are written together
-        in one statement: a thousand executors reconnecting at once cost a few
-        round trips, not a thousand.
+        Handshakes that arrive while a write is in flight are written together:
+        a thousand executors reconnecting at once cost a few round trips, not a
+        thousand. A batch that fails is written again row by row, so that one
+        bad row never refuses another.
         """
-        future: asyncio.Future[tuple[int, int | None]] = asyncio.get_running_loop().create_future()
-        self._connect_queue.append(((org, app, info, instance), future))
+        future: asyncio.Future[Connected] = asyncio.get_running_loop().create_future()
+        self._connect_queue.append((handshake, future))
         if self._connect_writer is None or self._connect_writer.done():
             self._connect_writer = asyncio.create_task(self._write_connects())
         return await future
@@ -228,71 +266,113 @@ class ExecutorStore:
         while self._connect_queue:
             batch: list[_PendingConnect] = []
             later: list[_PendingConnect] = []
-            seen: set[tuple[str, str, str]] = set()
+            seen: set[ExecutorKey] = set()
             for item in self._connect_queue[:CONNECT_BATCH]:
-                key = (item[0][0], item[0][1], item[0][2].executor_id)
                 # One statement may not touch a row twice: the same id twice waits a round.
-                (later if key in seen else batch).append(item)
-                seen.add(key)
+                (later if item[0].key in seen else batch).append(item)
+                seen.add(item[0].key)
             self._connect_queue = later + self._connect_queue[CONNECT_BATCH:]
             try:
-                epochs = await self._upsert_connected([item[0] for item in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                results = await self._upsert_connected([h for h, _ in batch])
+            except Fenced as exc:
+                _fail(batch, exc)
                 continue
-            self._count(E.CONNECTED, len(epochs), len(batch))
-            for (org, app, info, _), future in batch:
-                epoch = epochs.get((org, app, info.executor_id))
-                if future.done():
-                    continue
-                if epoch is None:  # every state allows CONNECTED today; kept as the guard's contract
-                    future.set_exception(RuntimeError(f"executor {org}/{app}/{info.executor_id} refused"))
-                else:
-                    future.set_result(epoch)
+            except Exception as exc:
+                if len(batch) == 1:
+                    _fail(batch, _database_error(exc))
+                else:  # one bad row must not refuse the others: each on its own
+                    for item in batch:
+                        await self._write_one(item)
+                continue
+            self._settle(batch, results)
 
-    async def _upsert_connected(
-        self, rows: list[tuple[str, str, ExecutorInfoReply, str]]
-    ) -> dict[tuple[str, str, str], tuple[int, int | None]]:
+    async def _write_one(self, item: _PendingConnect) -> None:
+        try:
+            results = await self._upsert_connected([item[0]])
+        except Exception as exc:
+            _fail([item], _database_error(exc))
+            return
+        self._settle([item], results)
+
+    def _settle(self, batch: list[_PendingConnect], results: dict[ExecutorKey, Connected]) -> None:
+        self._count(E.CONNECTED, len(results), len(batch))
+        for handshake, future in batch:
+            if future.done():
+                continue
+            result = results.get(handshake.key)
+            if result is None:
+                future.set_exception(IdentityTaken(f"executor id {handshake.key.executor_id!r} belongs to another key"))
+            else:
+                future.set_result(result)
+
+    async def _upsert_connected(self, rows: list[Handshake]) -> dict[ExecutorKey, Connected]:
         allowed = [s.value for s in states_allowing(E.CONNECTED)]
-        columns: list[list[Any]] = [[] for _ in range(9)]
-        for org, app, info, instance in rows:
+        columns: list[list[Any]] = [[] for _ in range(10)]
+        for h in rows:
+            info = h.info
             values = (
-                org,
-                app,
-                info.executor_id,
+                h.key.org,
+                h.key.app,
+                h.key.executor_id,
                 info.application_version,
                 info.hostname,
                 info.language,
                 info.dbos_version,
                 Jsonb(info.executor_metadata) if info.executor_metadata is not None else None,
-                instance,
+                h.instance,
+                h.key_id,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
+        ids = (columns[0], columns[1], columns[2], columns[9])
         async with self.db.fenced() as conn:
+            # The ids this batch's keys may present: new ones are bound to their key here.
             cur = await conn.execute(
-                """INSERT INTO executors AS e (org, app, executor_id, state, application_version,
-                        hostname, language, dbos_version, metadata, connected_at, relay_instance)
-                   SELECT org, app, id, 'HEALTHY', version, hostname, language, dbos_version, metadata,
-                        now(), instance
-                   FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                               %s::text[], %s::jsonb[], %s::text[])
-                        AS t(org, app, id, version, hostname, language, dbos_version, metadata, instance)
-                   ON CONFLICT (org, app, executor_id) DO UPDATE SET
-                        state = 'HEALTHY', epoch = EXCLUDED.epoch, previous_epoch = e.epoch,
-                        application_version = EXCLUDED.application_version,
-                        hostname = EXCLUDED.hostname, language = EXCLUDED.language,
-                        dbos_version = EXCLUDED.dbos_version, metadata = EXCLUDED.metadata,
-                        connected_at = now(), dead_at = NULL, blocked_reason = NULL,
-                        relay_instance = EXCLUDED.relay_instance
-                   WHERE e.state = ANY(%s)
-                   RETURNING org, app, executor_id, epoch, previous_epoch""",
-                (*columns, allowed),
+                """INSERT INTO executor_ids AS i (org, app, executor_id, key_id)
+                   SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])
+                   ON CONFLICT (org, app, executor_id) DO UPDATE SET last_seen_at = now()
+                   WHERE i.key_id = EXCLUDED.key_id
+                   RETURNING org, app, executor_id""",
+                ids,
+            )
+            bound = {(r["org"], r["app"], r["executor_id"]) for r in await cur.fetchall()}
+            keep = [i for i, h in enumerate(rows) if (h.key.org, h.key.app, h.key.executor_id) in bound]
+            if not keep:
+                return {}
+            mine = [[column[i] for i in keep] for column in columns[:9]]
+            cur = await conn.execute(
+                """WITH t AS (
+                       SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                                            %s::text[], %s::text[], %s::jsonb[], %s::text[])
+                           AS t(org, app, id, version, hostname, language, dbos_version, metadata, instance)),
+                   old AS (  -- the rows as the statement found them (no FOR UPDATE: it would skip them)
+                       SELECT e.org, e.app, e.executor_id, e.state, e.relay_instance FROM executors e
+                       JOIN t ON t.org = e.org AND t.app = e.app AND t.id = e.executor_id),
+                   up AS (
+                       INSERT INTO executors AS e (org, app, executor_id, state, application_version,
+                            hostname, language, dbos_version, metadata, connected_at, relay_instance)
+                       SELECT org, app, id, 'HEALTHY', version, hostname, language, dbos_version, metadata,
+                            now(), instance FROM t
+                       ON CONFLICT (org, app, executor_id) DO UPDATE SET
+                            state = 'HEALTHY', epoch = EXCLUDED.epoch, previous_epoch = e.epoch,
+                            application_version = EXCLUDED.application_version,
+                            hostname = EXCLUDED.hostname, language = EXCLUDED.language,
+                            dbos_version = EXCLUDED.dbos_version, metadata = EXCLUDED.metadata,
+                            connected_at = now(), dead_at = NULL, blocked_reason = NULL,
+                            relay_instance = EXCLUDED.relay_instance
+                       WHERE e.state = ANY(%s)
+                       RETURNING org, app, executor_id, epoch, previous_epoch)
+                   SELECT up.*, old.state AS previous_state, old.relay_instance AS previous_instance
+                   FROM up LEFT JOIN old USING (org, app, executor_id)""",
+                (*mine, allowed),
             )
             return {
-                (r["org"], r["app"], r["executor_id"]): (int(r["epoch"]), r["previous_epoch"])
+                ExecutorKey(r["org"], r["app"], r["executor_id"]): Connected(
+                    int(r["epoch"]),
+                    r["previous_epoch"],
+                    ExecutorState(r["previous_state"]) if r["previous_state"] else None,
+                    r["previous_instance"],
+                )
                 for r in await cur.fetchall()
             }
 
@@ -330,12 +410,15 @@ class ExecutorStore:
             row = await cur.fetchone()
         return ExecutorRecord.from_row(row) if row else None
 
-    async def list_executors(self, org: str, app: str, state: ExecutorState | None = None) -> list[ExecutorRecord]:
+    async def list_executors(
+        self, org: str, app: str, state: ExecutorState | None = None, limit: int = 100, offset: int = 0
+    ) -> list[ExecutorRecord]:
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT * FROM executors WHERE org = %s AND app = %s
-                   AND (%s::text IS NULL OR state = %s) ORDER BY connected_at, executor_id""",
-                (org, app, state.value if state else None, state.value if state else None),
+                   AND (%s::text IS NULL OR state = %s) ORDER BY connected_at, executor_id
+                   LIMIT %s OFFSET %s""",
+                (org, app, state.value if state else None, state.value if state else None, limit, offset),
             )
             rows = await cur.fetchall()
         return [ExecutorRecord.from_row(row) for row in rows]
@@ -364,6 +447,27 @@ class ExecutorStore:
             )
             row = await cur.fetchone()
         return None if row is None else str(row["relay_instance"])
+
+    async def healthy_of_instance(self, instance: str, settled_secs: float) -> dict[ExecutorKey, int]:
+        """HEALTHY rows this instance owns that connected more than ``settled_secs`` ago: key -> epoch."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT org, app, executor_id, epoch FROM executors
+                   WHERE relay_instance = %s AND state = 'HEALTHY'
+                     AND connected_at < now() - make_interval(secs => %s)""",
+                (instance, settled_secs),
+            )
+            return {ExecutorKey(r["org"], r["app"], r["executor_id"]): int(r["epoch"]) for r in await cur.fetchall()}
+
+    async def owns(self, key: ExecutorKey, epoch: int, instance: str) -> bool:
+        """Whether the row is HEALTHY at ``epoch`` on ``instance``."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT 1 FROM executors WHERE org = %s AND app = %s AND executor_id = %s
+                   AND state = 'HEALTHY' AND epoch = %s AND relay_instance = %s""",
+                (key.org, key.app, key.executor_id, epoch, instance),
+            )
+            return await cur.fetchone() is not None
 
     async def disconnected_of_instance(self, instance: str) -> list[tuple[ExecutorKey, int]]:
         """DISCONNECTED executors this instance owns: each needs a grace period running."""

@@ -1,21 +1,167 @@
-"""Keys as grants: relay.yaml's bootstrap keys (and, with the tokens API, the database's)."""
+"""Keys (Conductor's "tokens"): relay.yaml's bootstrap keys and the ones the tokens API creates.
+
+Every key has a permanent id (a rename keeps it; executors are bound to it),
+a name unique in its org, the SHA-256 of its secret (the secret itself is
+never stored), Conductor's permissions and an optional list of apps. The
+in-memory :class:`relay.auth.KeyRing` is loaded from here.
+"""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
 from relay.auth import CONDUCTOR, ROLES, KeyGrant, Permission
 from relay.config import KeyConfig, RelayConfig
+from relay.store.db import Database
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
-def _grant(org: str, kind: str, key: KeyConfig, default: frozenset[Permission]) -> tuple[str, KeyGrant]:
-    permissions = frozenset(key.permissions) if key.permissions is not None else default
-    apps = frozenset(key.apps) if key.apps is not None else None
-    return key.sha256, KeyGrant(f"config:{org}:{kind}:{key.name}", org, key.name, permissions, apps)
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    org: str
+    name: str
+    permissions: list[Permission]
+    apps: list[str] | None
+    source: str
+    created_at: datetime
+    created_by: str | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TokenRecord:
+        return cls(
+            id=row["id"],
+            org=row["org"],
+            name=row["name"],
+            permissions=sorted(Permission(p) for p in row["permissions"] if p in Permission._value2member_map_),
+            apps=row["apps"],
+            source=row["source"],
+            created_at=row["created_at"],
+            created_by=row["created_by"],
+        )
+
+    def grant(self) -> KeyGrant:
+        apps = frozenset(self.apps) if self.apps is not None else None
+        return KeyGrant(self.id, self.org, self.name, frozenset(self.permissions), apps)
+
+
+def _config_rows(config: RelayConfig) -> list[tuple[str, str, str, str, list[str], list[str] | None]]:
+    """(id, org, name, sha256, permissions, apps) of relay.yaml's keys."""
+
+    def row(org: str, kind: str, key: KeyConfig, default: frozenset[Permission]) -> Any:
+        permissions = sorted(key.permissions) if key.permissions is not None else sorted(default)
+        return (f"config:{org}:{kind}:{key.name}", org, key.name, key.sha256, permissions, key.apps)
+
+    rows = []
+    for org in config.orgs:
+        rows += [row(org.name, "conductor", key, CONDUCTOR) for key in org.conductor_keys]
+        rows += [row(org.name, "api", key, ROLES[key.role]) for key in org.api_keys]
+    return rows
 
 
 def grants_from_config(config: RelayConfig) -> list[tuple[str, KeyGrant]]:
-    """relay.yaml's keys: a conductor key may connect executors; an API key has its role's permissions."""
-    grants = []
-    for org in config.orgs:
-        grants += [_grant(org.name, "conductor", key, CONDUCTOR) for key in org.conductor_keys]
-        grants += [_grant(org.name, "api", key, ROLES[key.role]) for key in org.api_keys]
-    return grants
+    """relay.yaml's keys as grants (before the database is reached)."""
+    return [
+        (sha, KeyGrant(key_id, org, name, frozenset(Permission(p) for p in perms), frozenset(apps) if apps else None))
+        for key_id, org, name, sha, perms, apps in _config_rows(config)
+    ]
+
+
+_COLUMNS = "id, org, name, permissions, apps, source, created_at, created_by"
+
+
+class KeyStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def sync_config(self, config: RelayConfig) -> None:
+        """Make relay.yaml's keys in the database match the file (keys removed from it stop working)."""
+        rows = _config_rows(config)
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "DELETE FROM tokens WHERE source = 'config' AND NOT (id = ANY(%s))", ([r[0] for r in rows],)
+            )
+            for row in rows:
+                # A key moved from relay.yaml into the API (or the other way) keeps one row per secret.
+                await conn.execute("DELETE FROM tokens WHERE sha256 = %s AND id <> %s", (row[3], row[0]))
+                await conn.execute(
+                    """INSERT INTO tokens (id, org, name, sha256, permissions, apps, source)
+                       VALUES (%s, %s, %s, %s, %s, %s, 'config')
+                       ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256,
+                           permissions = EXCLUDED.permissions, apps = EXCLUDED.apps""",
+                    row,
+                )
+
+    async def grants(self) -> list[tuple[str, KeyGrant]]:
+        """Every key, as (sha256, grant), for the key ring."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT sha256, {_COLUMNS} FROM tokens")
+            return [(str(r["sha256"]), TokenRecord.from_row(r).grant()) for r in await cur.fetchall()]
+
+    async def fingerprint(self) -> str:
+        """Changes whenever a key is added, removed or changed: a cheap poll for the key ring."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT count(*) || ':' || coalesce(md5(string_agg(id || sha256 || name || permissions::text
+                          || coalesce(apps::text, '*'), ',' ORDER BY id)), '') AS f FROM tokens"""
+            )
+            row = await cur.fetchone()
+        return str(row["f"]) if row else ""
+
+    async def list_tokens(self, org: str, limit: int, offset: int) -> list[TokenRecord]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM tokens WHERE org = %s ORDER BY name, id LIMIT %s OFFSET %s",
+                (org, limit, offset),
+            )
+            return [TokenRecord.from_row(r) for r in await cur.fetchall()]
+
+    @staticmethod
+    async def get(conn: Conn, org: str, name: str) -> TokenRecord | None:
+        cur = await conn.execute(
+            f"SELECT {_COLUMNS} FROM tokens WHERE org = %s AND name = %s ORDER BY source = 'config' LIMIT 1",
+            (org, name),
+        )
+        row = await cur.fetchone()
+        return TokenRecord.from_row(row) if row else None
+
+    @staticmethod
+    async def create(
+        conn: Conn,
+        org: str,
+        name: str,
+        sha256: str,
+        permissions: list[Permission],
+        apps: list[str] | None,
+        created_by: str,
+    ) -> TokenRecord | None:
+        """A new key; None if the org already has a key of that name."""
+        cur = await conn.execute(
+            f"""INSERT INTO tokens (id, org, name, sha256, permissions, apps, source, created_by)
+                SELECT %s, %s, %s, %s, %s, %s, 'api', %s
+                WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE org = %s AND name = %s)
+                ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
+            (str(uuid.uuid4()), org, name, sha256, [p.value for p in permissions], apps, created_by, org, name),
+        )
+        row = await cur.fetchone()
+        return TokenRecord.from_row(row) if row else None
+
+    @staticmethod
+    async def rename(conn: Conn, key_id: str, new_name: str) -> bool:
+        cur = await conn.execute(
+            """UPDATE tokens SET name = %s WHERE id = %s AND NOT EXISTS (
+                   SELECT 1 FROM tokens t WHERE t.org = tokens.org AND t.name = %s)""",
+            (new_name, key_id, new_name),
+        )
+        return cur.rowcount == 1
+
+    @staticmethod
+    async def delete(conn: Conn, key_id: str) -> bool:
+        cur = await conn.execute("DELETE FROM tokens WHERE id = %s", (key_id,))
+        return cur.rowcount == 1

@@ -159,4 +159,55 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX relay_rpc_unpicked ON relay_rpc (target_instance) WHERE picked_at IS NULL;
         """,
     ),
+    (
+        7,
+        """
+        -- Keys as DBOS Conductor has them (the tokens API): a permanent id that a rename
+        -- keeps, Conductor's permissions and an optional list of apps. relay.yaml's keys
+        -- are copied in at every start (source 'config'); the API's are source 'api'.
+        CREATE TABLE tokens (
+            id           text PRIMARY KEY,
+            org          text NOT NULL REFERENCES orgs(name),
+            name         text NOT NULL,
+            sha256       text NOT NULL UNIQUE,
+            permissions  text[] NOT NULL,
+            apps         text[],
+            source       text NOT NULL CHECK (source IN ('config', 'api', 'generated')),
+            created_at   timestamptz NOT NULL DEFAULT now(),
+            created_by   text
+        );
+        CREATE UNIQUE INDEX tokens_by_name ON tokens (org, name) WHERE source <> 'config';
+        INSERT INTO tokens (id, org, name, sha256, permissions, source)
+            SELECT 'config:' || org || ':' || kind || ':' || name, org, name, sha256,
+                   CASE WHEN kind = 'conductor' THEN ARRAY['websocket.connect']
+                        WHEN role = 'admin' THEN ARRAY['organization.read', 'organization.write',
+                            'application.read', 'application.write', 'metric.read', 'token.read',
+                            'token.write']
+                        ELSE ARRAY['organization.read', 'application.read', 'metric.read', 'token.read']
+                   END,
+                   'config'
+            FROM keys;
+        DROP TABLE keys;
+        -- Every executor id Relay has seen, bound to the key that first presented it: another
+        -- key cannot take the id over. Kept after the executor's record is deleted (retention
+        -- prunes ids not seen for a while).
+        CREATE TABLE executor_ids (
+            org           text NOT NULL,
+            app           text NOT NULL,
+            executor_id   text NOT NULL,
+            key_id        text NOT NULL,
+            first_seen_at timestamptz NOT NULL DEFAULT now(),
+            last_seen_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (org, app, executor_id)
+        );
+        CREATE INDEX executor_ids_last_seen ON executor_ids (last_seen_at);
+        -- (Executors already registered are bound to the key they present at their next connection.)
+        -- Replies relayed between instances are kept as JSON text: jsonb cannot hold
+        -- a NUL character, which an executor may send inside a string.
+        ALTER TABLE relay_rpc ALTER COLUMN request TYPE text USING request::text;
+        ALTER TABLE relay_rpc ALTER COLUMN reply TYPE text USING reply::text;
+        CREATE INDEX audit_by_at ON audit_log (at);
+        CREATE INDEX recoveries_by_updated ON recoveries (updated_at);
+        """,
+    ),
 ]

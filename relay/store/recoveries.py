@@ -146,7 +146,13 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, detail=detail)
 
     async def get(
-        self, org: str, app: str, rid: str | None = None, executor_id: str | None = None
+        self,
+        org: str,
+        app: str,
+        rid: str | None = None,
+        executor_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
     ) -> list[RecoveryRow]:
         async with self.db.connection() as conn:
             cur = await conn.execute(
@@ -157,8 +163,8 @@ class RecoveryStore:
                    FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
                    WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
                      AND (%s::text IS NULL OR r.executor_id = %s)
-                   GROUP BY r.id ORDER BY r.created_at, r.id""",
-                (org, app, rid, rid, executor_id, executor_id),
+                   GROUP BY r.id ORDER BY r.created_at, r.id LIMIT %s OFFSET %s""",
+                (org, app, rid, rid, executor_id, executor_id, limit, offset),
             )
             rows = await cur.fetchall()
         return [RecoveryRow(**row) for row in rows]

@@ -1,0 +1,128 @@
+"""Keys managed at run time (Conductor's tokens API), and every instance's view of them.
+
+Creating, renaming and deleting a key each write the change and its audit
+entry in one transaction. Every instance reloads the key ring when the keys
+change (it polls a fingerprint every :data:`REFRESH_SECS`), so a deleted key
+is refused everywhere within a second or two, and the sockets it opened are
+closed: those executors then go through their grace period like any other
+lost connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from relay.auth import KeyGrant, KeyRing, Permission, hash_key, new_key
+from relay.errors import Conflict, DatabaseError, NotFound
+from relay.net.hub import Hub
+from relay.store.audit import AuditEntry, write_audit
+from relay.store.db import Database
+from relay.store.keys import Conn, KeyStore, TokenRecord
+
+log = logging.getLogger("relay.tokens")
+
+REFRESH_SECS = 1.0
+PREFIX = "relay_"
+
+
+@dataclass(frozen=True)
+class Created:
+    record: TokenRecord
+    secret: str  # shown once, never stored
+
+
+class Tokens:
+    def __init__(self, db: Database, keys: KeyStore, keyring: KeyRing, hub: Hub) -> None:
+        self.db = db
+        self.keys = keys
+        self.keyring = keyring
+        self.hub = hub
+        self._fingerprint = ""
+        self._task: asyncio.Task[None] | None = None
+
+    async def create(
+        self, org: str, name: str, apps: list[str] | None, permissions: list[Permission] | None, creator: KeyGrant
+    ) -> Created:
+        """A new key with at most the creator's powers: its permissions and apps default to the creator's
+        and may not exceed them (a key that may create keys cannot mint a stronger one)."""
+        wanted = frozenset(permissions) if permissions is not None else creator.permissions
+        if not wanted <= creator.permissions:
+            missing = ", ".join(sorted(p.value for p in wanted - creator.permissions))
+            raise Conflict("permission_not_held", f"a key cannot grant what it does not have: {missing}")
+        if creator.apps is not None:
+            if apps is None:
+                apps = sorted(creator.apps)
+            elif not set(apps) <= creator.apps:
+                raise Conflict("app_not_held", "a key scoped to apps can only create keys for those apps")
+        secret = PREFIX + new_key()[0]
+        async with self.db.transaction() as conn:
+            record = await self.keys.create(
+                conn, org, name, hash_key(secret), sorted(wanted), apps, f"api:{creator.name}"
+            )
+            if record is None:
+                raise Conflict("name_taken", f"org {org!r} already has a key named {name!r}")
+            detail = {"tokenName": name, "permissions": [p.value for p in record.permissions], "appNames": apps}
+            await write_audit(conn, org, None, AuditEntry("token.created", f"api:{creator.name}", detail=detail))
+        await self.refresh()
+        return Created(record, secret)
+
+    async def rename(self, org: str, name: str, new_name: str, actor: str) -> TokenRecord:
+        async with self.db.transaction() as conn:
+            record = await self._own(conn, org, name)
+            if not await self.keys.rename(conn, record.id, new_name):
+                raise Conflict("name_taken", f"org {org!r} already has a key named {new_name!r}")
+            detail = {"tokenName": name, "newName": new_name}
+            await write_audit(conn, org, None, AuditEntry("token.renamed", actor, detail=detail))
+        await self.refresh()
+        return dataclasses.replace(record, name=new_name)
+
+    async def delete(self, org: str, name: str, actor: str) -> None:
+        async with self.db.transaction() as conn:
+            record = await self._own(conn, org, name)
+            await self.keys.delete(conn, record.id)
+            await write_audit(conn, org, None, AuditEntry("token.deleted", actor, detail={"tokenName": name}))
+        await self.refresh()
+
+    async def _own(self, conn: Conn, org: str, name: str) -> TokenRecord:
+        record = await self.keys.get(conn, org, name)
+        if record is None:
+            raise NotFound(f"no key named {name!r} in org {org!r}")
+        if record.source == "config":
+            raise Conflict("defined_in_config", f"key {name!r} is defined in relay.yaml; change it there")
+        return record
+
+    # -- every instance's key ring ------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Reload the key ring if the keys changed; close the sockets of keys that are gone."""
+        fingerprint = await self.keys.fingerprint()
+        if fingerprint == self._fingerprint:
+            return
+        grants = await self.keys.grants()
+        before = {grant.key_id for _, grant in self.keyring.items()}
+        self.keyring.replace(grants)
+        self._fingerprint = fingerprint
+        for key_id in before - {grant.key_id for _, grant in grants}:
+            closed = await self.hub.close_key(key_id)
+            if closed:
+                log.warning("key %s was deleted: closed %d executor sockets it opened", key_id, closed)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECS)
+            try:
+                await self.refresh()
+            except DatabaseError as exc:
+                log.warning("cannot reload the keys: %s", exc)
