@@ -46,11 +46,14 @@ class Tokens:
     async def create(
         self, org: str, name: str, apps: list[str] | None, permissions: list[Permission] | None, creator: KeyGrant
     ) -> Created:
-        """A new key with at most the creator's powers: its permissions and apps default to the creator's
-        and may not exceed them (a key that may create keys cannot mint a stronger one)."""
+        """A new key with at most the creator's powers over the API: its permissions and apps default to
+        the creator's and may not exceed them (a key that may create keys cannot mint a stronger one).
+        ``websocket.connect`` is the exception: any key that may write keys may give it, since making
+        keys for executors is what an operator's key is for (and an executor key has no API power)."""
         wanted = frozenset(permissions) if permissions is not None else creator.permissions
-        if not wanted <= creator.permissions:
-            missing = ", ".join(sorted(p.value for p in wanted - creator.permissions))
+        grantable = creator.permissions | {Permission.WEBSOCKET_CONNECT}
+        if not wanted <= grantable:
+            missing = ", ".join(sorted(p.value for p in wanted - grantable))
             raise Conflict("permission_not_held", f"a key cannot grant what it does not have: {missing}")
         if creator.apps is not None:
             if apps is None:

@@ -1,0 +1,163 @@
+"""Retention of Relay's own records, and a few limits that keep one misbehaving party from hurting others."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.keys import CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, off_loop, open_socket
+from harness.waiting import assert_eventually
+from relay.auth import KeyGrant, Permission
+from relay.config import RelayConfig
+from relay.core.ids import ExecutorKey
+from relay.errors import DatabaseError, ExecutorTimeout
+from relay.net.connection import ExecutorConnection
+from relay.store.apps import AppStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore, Handshake
+from relay.store.lease import Lease
+from relay_protocol import ExecutorInfoReply, RecoveryRequest
+
+StartRelay = Callable[..., RelayProcess]
+SECOND = 1 / 86_400  # a second, in days
+
+
+def rows(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql, args).fetchall())  # type: ignore[call-overload]
+
+
+def test_old_records_and_finished_relay_workflows_are_pruned_and_nothing_live(start_relay: StartRelay) -> None:
+    config = relay_yaml(free_port(), grace=3600)
+    config["retention"] = {
+        "auditDays": 2 * SECOND,
+        "recoveriesDays": 2 * SECOND,
+        "relayWorkflowsDays": 4 * SECOND,
+        "executorIdsDays": 2 * SECOND,
+        "intervalSecs": 1,
+    }
+    relay = start_relay(config)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    comes_back, stays_away = str(uuid.uuid4()), str(uuid.uuid4())
+
+    async def executors() -> None:
+        for executor_id in (comes_back, stays_away):
+            ws = await open_socket(url)
+            await handshake(ws, executor_id)
+            await off_loop(assert_eventually, lambda e=executor_id: relay.state_of("acme", "ledger", e), 5)
+            ws.transport.abort()
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", stays_away) == "DISCONNECTED", 5)
+        ws = await open_socket(url)  # back: its grace period ends (a finished workflow)
+        await handshake(ws, comes_back)
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", comes_back) == "HEALTHY", 5)
+        await ws.close()
+
+    asyncio.run(executors())
+    db = relay.database_url
+    grace_sql = "SELECT workflow_uuid, status FROM dbos.workflow_status WHERE workflow_uuid LIKE 'grace:%%'"
+    ended = assert_eventually(lambda: [r[0] for r in rows(db, grace_sql) if r[1] == "SUCCESS"], 3)
+    with psycopg.connect(db, autocommit=True) as conn:  # a finished recovery and a running one, both old
+        for rid, status in (("old-finished", "succeeded"), ("old-running", "waiting_for_peer")):
+            conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status,
+                                          updated_at) VALUES (%s, 'acme', 'ledger', 'x', 'v1', 1, 'operator', %s,
+                                          now() - interval '1 hour')""",
+                (rid, status),
+            )
+        conn.execute("INSERT INTO executor_ids (org, app, executor_id, key_id, last_seen_at) VALUES "
+                     "('acme', 'ledger', 'forgotten', 'k', now() - interval '1 hour')")  # fmt: skip
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"executorTimeoutSecs": 3000}).status_code == 200
+
+    def pruned() -> bool:
+        audit = rows(db, "SELECT count(*) FROM audit_log")[0][0]
+        recoveries = {r[0] for r in rows(db, "SELECT id FROM recoveries")}
+        ids = {r[0] for r in rows(db, "SELECT executor_id FROM executor_ids")}
+        graces = {r[0]: r[1] for r in rows(db, grace_sql)}
+        return (
+            audit == 0
+            and recoveries == {"old-running"}
+            and ids == {comes_back, stays_away}  # both still in the registry
+            and not set(ended) & set(graces)  # the ended grace period went
+            and set(graces.values()) == {"PENDING"}  # the running ones stay
+        )
+
+    assert_eventually(pruned, 15, interval=0.5)
+    assert "retention: pruned" in relay.log()
+
+
+async def _batch_with_a_bad_row(url: str) -> tuple[list[object], list[str]]:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "batch-test", 30)
+        await lease.acquire()
+        store = ExecutorStore(db)
+
+        def handshake_of(app: str, executor_id: str) -> Handshake:
+            info = ExecutorInfoReply(request_id="r", executor_id=executor_id, application_version="v1")
+            return Handshake(ExecutorKey("acme", app, executor_id), info, "batch-test", "key")
+
+        # Three together, written as one batch; the one of an app that does not exist breaks the statement.
+        good = [handshake_of("ledger", f"good-{n}") for n in range(2)]
+        bad = handshake_of("no-such-app", "bad")
+        results = await asyncio.gather(*(store.connected(h) for h in [good[0], bad, good[1]]), return_exceptions=True)
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT executor_id FROM executors ORDER BY executor_id")
+            stored = [str(r["executor_id"]) for r in await cur.fetchall()]
+        return results, stored
+    finally:
+        await db.close()
+
+
+def test_a_batch_of_handshakes_with_one_bad_row_records_the_others(postgres: Postgres) -> None:
+    results, stored = asyncio.run(_batch_with_a_bad_row(postgres.create_database("batch")))
+    assert isinstance(results[1], DatabaseError)
+    assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException)
+    assert stored == ["good-0", "good-1"]
+
+
+async def _send_to_a_peer_that_stopped_reading() -> tuple[float, bool]:
+    """An ExecutorConnection whose ASGI send never completes (the peer's buffer is full)."""
+    aborted: list[bool] = []
+
+    class Stuck:
+        last_heard = 0.0
+
+        def send_ping(self) -> bool:
+            return True
+
+        def abort(self) -> None:
+            aborted.append(True)
+
+    async def never(_: object) -> None:
+        await asyncio.Event().wait()
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    grant = KeyGrant("k", "acme", "prod", frozenset({Permission.WEBSOCKET_CONNECT}))
+    scope = {"extensions": {"relay.keepalive": Stuck()}}
+    conn = ExecutorConnection(None, grant, "ledger", "test", receive, never, scope)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ExecutorTimeout, match="did not take recovery"):
+        await conn.request(RecoveryRequest(executor_ids=["dead"]), timeout=0.3)
+    return loop.time() - started, bool(aborted)
+
+
+def test_a_send_to_a_peer_that_stopped_reading_times_out_and_drops_it() -> None:
+    waited, aborted = asyncio.run(_send_to_a_peer_that_stopped_reading())
+    assert 0.3 <= waited < 1.0 and aborted
