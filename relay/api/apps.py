@@ -38,8 +38,10 @@ async def app_or_404(ctx: Ctx, org: str, app: str) -> AppRecord:
 
 
 @router.get("/apps")
-async def get_apps(org: str, ctx: Ctx, _: Caller, page: Page) -> list[dict[str, Any]]:
-    return [app_json(a) for a in await ctx.apps.list_apps(org, limit=page.limit, offset=page.offset)]
+async def get_apps(org: str, ctx: Ctx, who: Caller, page: Page) -> list[dict[str, Any]]:
+    """The org's apps, or those a key scoped to apps may see."""
+    apps = await ctx.apps.list_apps(org, limit=page.limit, offset=page.offset, among=who.apps)
+    return [app_json(a) for a in apps]
 
 
 @router.get("/apps/{app}")

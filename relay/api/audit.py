@@ -5,24 +5,35 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import Caller, Ctx, iso
+from relay.api.common import ApiError, Ctx, iso, permitted
+from relay.auth import KeyGrant, Permission
 
 router = APIRouter(prefix="/v2/orgs/{org}")
+
+
+def _reader(request: Request, org: str) -> KeyGrant:
+    return permitted(request, org, Permission.ORGANIZATION_READ)
+
+
+Reader = Annotated[KeyGrant, Depends(_reader)]
 
 
 @router.get("/audit")
 async def get_audit(
     org: str,
     ctx: Ctx,
-    _: Caller,
+    who: Reader,
     app: str | None = None,
     executor_id: Annotated[str | None, Query(alias="executorId")] = None,
     since: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[dict[str, Any]]:
+    if who.apps is not None and (app is None or app not in who.apps):
+        # A key scoped to apps reads the entries of one of its apps, never the org's whole log.
+        raise ApiError(403, "forbidden", "a key scoped to apps must name one of its apps: ?app=...")
     rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset)
     return [
         {

@@ -79,20 +79,29 @@ class AppStore:
             )
 
     async def list_apps(
-        self, org: str, app: str | None = None, conn: Conn | None = None, limit: int = 1, offset: int = 0
+        self,
+        org: str,
+        app: str | None = None,
+        conn: Conn | None = None,
+        limit: int = 1,
+        offset: int = 0,
+        among: frozenset[str] | None = None,
     ) -> list[AppRecord]:
-        """One app, or a page of them (by name), with their executors counted by state."""
+        """One app, or a page of them (by name; ``among`` those apps if given), with their executors
+        counted by state."""
+        names = sorted(among) if among is not None else None
         async with self._connection(conn) as c:
             cur = await c.execute(
                 """WITH page AS (
                        SELECT * FROM apps WHERE org = %s AND (%s::text IS NULL OR name = %s)
+                         AND (%s::text[] IS NULL OR name = ANY(%s))
                        ORDER BY name LIMIT %s OFFSET %s)
                    SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
                           e.state, count(e.executor_id) AS n
                    FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
                    GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, e.state
                    ORDER BY a.name""",
-                (org, app, app, limit, offset),
+                (org, app, app, names, names, limit, offset),
             )
             rows = await cur.fetchall()
         apps: dict[str, AppRecord] = {}
