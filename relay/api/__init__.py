@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from relay import __version__
 from relay.api import apps, audit, executors, ops, recoveries, tokens
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
@@ -23,8 +24,9 @@ from relay.errors import Conflict, DatabaseError, NotFound
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
 
-def build_api(ctx: ApiContext, lifespan: Lifespan | None = None) -> FastAPI:
-    api = FastAPI(title="Relay", version=ctx.version, lifespan=lifespan)
+def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastAPI:
+    """The HTTP API; ``ctx`` is what its handlers reach (None only to read the route table)."""
+    api = FastAPI(title="Relay", version=__version__, lifespan=lifespan)
     api.state.context = ctx
     for module in (ops, apps, executors, recoveries, audit, tokens):
         api.include_router(module.router)

@@ -1,0 +1,141 @@
+"""The authorization matrix, generated from the API's own route table.
+
+Every route must have an entry below: a route added later without one fails
+here. Each route is tried with no key, a wrong key, another org's key, a key
+scoped to another app, a key lacking exactly the permission it needs, and an
+admin key, and must answer the documented status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, Mount
+
+from harness.keys import API_KEYS
+from harness.ports import free_port
+from harness.relay import RelayProcess, relay_yaml
+from relay.api import build_api
+from relay.auth import Permission
+
+StartRelay = Callable[..., RelayProcess]
+P = Permission
+API_PERMISSIONS = [p for p in Permission if p is not P.WEBSOCKET_CONNECT]
+
+
+@dataclass(frozen=True)
+class Rule:
+    permission: Permission | None  # None: public
+    org: bool = True  # the path names an org
+    app: bool = False  # the path names an app
+
+
+PUBLIC = Rule(None, org=False)
+READ, WRITE = Rule(P.APPLICATION_READ, app=True), Rule(P.APPLICATION_WRITE, app=True)
+
+MATRIX: dict[tuple[str, str], Rule] = {
+    ("GET", "/"): PUBLIC,
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/readyz"): PUBLIC,
+    ("GET", "/openapi.json"): PUBLIC,
+    ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
+    ("GET", "/v2/orgs/{org}/apps"): Rule(P.APPLICATION_READ),
+    ("GET", "/v2/orgs/{org}/apps/{app}"): READ,
+    ("PATCH", "/v2/orgs/{org}/apps/{app}"): WRITE,
+    ("GET", "/v2/orgs/{org}/apps/{app}/executors"): READ,
+    ("GET", "/v2/orgs/{org}/apps/{app}/executors/{executor_id}"): READ,
+    ("GET", "/v2/orgs/{org}/apps/{app}/executors/{executor_id}/workflows"): READ,
+    ("POST", "/v2/orgs/{org}/apps/{app}/executors/{executor_id}/recover"): WRITE,
+    ("GET", "/v2/orgs/{org}/apps/{app}/recoveries"): READ,
+    ("GET", "/v2/orgs/{org}/apps/{app}/recoveries/{recovery_id}"): READ,
+    ("GET", "/v2/orgs/{org}/audit"): Rule(P.ORGANIZATION_READ),
+    ("GET", "/v2/orgs/{org}/tokens"): Rule(P.TOKEN_READ),
+    ("POST", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
+    ("PATCH", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
+    ("DELETE", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
+}
+VALUES = {"org": "acme", "app": "ledger", "executor_id": "nobody", "recovery_id": "none", "token_name": "matrix-x"}
+
+
+def route_table() -> set[tuple[str, str]]:
+    """(method, path) of every route the API serves, read from the application itself."""
+
+    def walk(routes: list[BaseRoute], prefix: str = "") -> set[tuple[str, str]]:
+        found: set[tuple[str, str]] = set()
+        for route in routes:
+            if isinstance(route, APIRoute):
+                found |= {(m, prefix + route.path) for m in route.methods - {"HEAD"}}
+            elif isinstance(route, Mount):
+                found |= walk(route.routes, prefix + route.path)
+            elif hasattr(route, "path") and hasattr(route, "methods"):
+                found |= {(m, prefix + route.path) for m in (route.methods or {"GET"}) - {"HEAD"}}
+        return found
+
+    return walk(build_api(None).routes)
+
+
+def test_every_route_has_an_entry_in_the_matrix() -> None:
+    table = route_table()
+    assert table - set(MATRIX) == set(), "routes without an authorization entry"
+    assert set(MATRIX) - table == set(), "entries for routes that no longer exist"
+
+
+def fill(path: str, **override: str) -> str:
+    return re.sub(r"\{(\w+)(:path)?\}", lambda m: {**VALUES, **override}[m.group(1)], path)
+
+
+def call(relay: RelayProcess, method: str, path: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    body = {} if method in ("POST", "PATCH") else None
+    with httpx.Client(base_url=relay.http, headers=headers, timeout=10) as client:
+        return client.request(method, path, json=body).status_code
+
+
+@pytest.fixture(scope="module")
+def keys(relay_for_matrix: RelayProcess) -> dict[str, str]:
+    """An admin-made key lacking each permission, and one scoped to another app."""
+    made: dict[str, str] = {}
+    with httpx.Client(
+        base_url=f"{relay_for_matrix.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {API_KEYS['acme']}"}
+    ) as admin:
+        for missing in API_PERMISSIONS:
+            body = {"permissions": [p.value for p in API_PERMISSIONS if p is not missing]}
+            made[missing.value] = admin.post(f"/tokens/lacks-{missing.value}", json=body).json()["token"]
+        body = {"permissions": [p.value for p in API_PERMISSIONS], "appNames": ["other-app"]}
+        made["other-app"] = admin.post("/tokens/other-app", json=body).json()["token"]
+    return made
+
+
+@pytest.fixture(scope="module")
+def relay_for_matrix(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> RelayProcess:
+
+    postgres = request.getfixturevalue("postgres")
+    relay = RelayProcess(tmp_path_factory.mktemp("matrix"), postgres.create_database("matrix"), relay_yaml(free_port()))
+    relay.start()
+    request.addfinalizer(relay.stop)
+    return relay
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(MATRIX), ids=lambda v: str(v))
+def test_the_route_answers_each_kind_of_caller_as_documented(
+    relay_for_matrix: RelayProcess, keys: dict[str, str], method: str, path: str
+) -> None:
+    relay, rule = relay_for_matrix, MATRIX[(method, path)]
+    url = fill(path)
+    admin = call(relay, method, url, API_KEYS["acme"])
+    assert admin not in (401, 403), f"admin got {admin}"
+    if rule.permission is None:
+        assert call(relay, method, url, None) not in (401, 403)
+        return
+    assert call(relay, method, url, None) == 401
+    assert call(relay, method, url, "not-a-key") == 401
+    assert call(relay, method, url, keys[rule.permission.value]) == 403, "a key lacking the permission"
+    if rule.org:
+        assert call(relay, method, url, API_KEYS["globex"]) == 403, "another org's key"
+    if rule.app:
+        assert call(relay, method, url, keys["other-app"]) == 403, "a key scoped to another app"
