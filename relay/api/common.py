@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
+from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 
 
 class ApiError(Exception):
