@@ -127,7 +127,13 @@ class Hub:
             await _deny(scope, send, 503, "busy", "too many pending handshakes, retry later")
             return
         conn = ExecutorConnection(self, grant.org, app, client, receive, send, scope)
-        await conn.run()
+        # The slot is taken here, before any await, so that simultaneous handshakes cannot
+        # all pass the check; the connection gives it back once past executor_info.
+        self.pending_handshakes += 1
+        try:
+            await conn.run()
+        finally:
+            conn.end_handshake()
 
     # -- used by the connections ------------------------------------------
 
@@ -186,6 +192,7 @@ class ExecutorConnection:
         self._loop = asyncio.get_running_loop()
         self._waiting: dict[str, asyncio.Future[Frame]] = {}
         self._closed = False
+        self._handshaking = True  # holds one of the hub's pending_handshakes
         self.key: ExecutorKey | None = None
         self.epoch = 0
 
@@ -199,11 +206,10 @@ class ExecutorConnection:
         if first["type"] != "websocket.connect":
             return
         await self._send({"type": "websocket.accept"})
-        self.hub.pending_handshakes += 1
         try:
             info = await self._handshake()
         finally:
-            self.hub.pending_handshakes -= 1
+            self.end_handshake()
         if info is None:
             self._fail_waiting()
             return
@@ -226,6 +232,12 @@ class ExecutorConnection:
             self.hub.detach(self)
             self._fail_waiting()
             await self._record_lost()
+
+    def end_handshake(self) -> None:
+        """Give back the pending-handshake slot taken for this connection (once)."""
+        if self._handshaking:
+            self._handshaking = False
+            self.hub.pending_handshakes -= 1
 
     async def request(self, request: Request, timeout: float) -> Frame:
         """Send ``request`` and return the reply's frame (read it with :func:`relay.net.wire.reply_to`)."""
