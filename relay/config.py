@@ -36,6 +36,10 @@ class ServerConfig(_Model):
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # Connections accepted but not yet past executor_info; beyond it, 503.
     max_pending_handshakes: int = Field(default=10_000, ge=1)
+    # HTTP request bodies beyond it get 413 (routes may have a larger limit, relay/net/guard.py).
+    max_request_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    # HTTP requests in progress (not WebSockets, not /healthz or /readyz); beyond it, 503.
+    max_concurrent_requests: int = Field(default=200, ge=1)
 
 
 class DatabaseConfig(_Model):

@@ -29,7 +29,9 @@ def relay(start_relay: StartRelay) -> RelayProcess:
 def test_401_without_a_valid_api_key(relay: RelayProcess, headers: dict[str, str]) -> None:
     resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=headers)
     assert resp.status_code == 401
-    assert resp.json()["error"]["code"] == "unauthorized"
+    # Refused before the route, by the request guard, as a problem (RFC 9457).
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert resp.json()["status"] == 401
 
 
 def test_a_conductor_key_is_not_an_api_key(relay: RelayProcess) -> None:

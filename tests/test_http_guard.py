@@ -5,9 +5,14 @@ would not do what an attacker does."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import select
+import socket
 from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
@@ -18,10 +23,14 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import open_socket
 from harness.waiting import assert_eventually
+from relay.net.guard import BodyLimit, bearer_key, body_limit
 from tests.prom import sample
 
+MiB = 1024 * 1024
+CAP = 2  # maxConcurrentRequests
 HANDSHAKE_CAP = 5  # maxPendingHandshakes
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+PROBLEM_KEYS = {"type", "title", "status", "detail"}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +39,7 @@ def relay(
 ) -> Iterator[RelayProcess]:
     """One Relay with tight limits for the whole module (each start costs seconds)."""
     config = relay_yaml(free_port(), handshake=2.0)
-    config["server"].update(maxPendingHandshakes=HANDSHAKE_CAP)
+    config["server"].update(maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
     relay = RelayProcess(tmp_path_factory.mktemp("guard"), postgres.create_database("relay"), config)
     failed_before = request.session.testsfailed
     relay.start()
@@ -38,6 +47,149 @@ def relay(
     relay.stop()
     if request.session.testsfailed > failed_before:
         print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+# -- raw HTTP ---------------------------------------------------------------------------------
+
+
+def connect(relay: RelayProcess, timeout: float = 5) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", relay.port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def head(method: str, path: str, *headers: str) -> bytes:
+    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: relay", *headers, "", ""]).encode()
+
+
+def response(sock: socket.socket, method: str = "PATCH") -> tuple[http.client.HTTPResponse, bytes]:
+    resp = http.client.HTTPResponse(sock, method=method)
+    resp.begin()
+    return resp, resp.read()
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def pump(sock: socket.socket, total: int, piece: bytes) -> int:
+    """Send ``piece`` until ``total`` bytes are sent or the peer stops taking them; bytes sent."""
+    sent = 0
+    try:
+        while sent < total:
+            sock.sendall(piece)
+            sent += len(piece)
+    except OSError:  # reset or broken pipe: Relay closed the connection
+        pass
+    return sent
+
+
+def assert_problem(resp: http.client.HTTPResponse | httpx.Response, body: bytes, status: int) -> dict[str, object]:
+    assert resp.status == status if isinstance(resp, http.client.HTTPResponse) else resp.status_code == status
+    assert resp.headers["content-type"] == "application/problem+json"
+    problem = json.loads(body)
+    assert PROBLEM_KEYS <= problem.keys() and problem["type"] == "about:blank" and problem["status"] == status
+    return dict(problem)
+
+
+def rss(relay: RelayProcess) -> int:
+    assert relay.proc is not None
+    return psutil.Process(relay.proc.pid).memory_info().rss
+
+
+# -- requests that cost nothing until authenticated ----------------------------------------------
+
+
+def test_an_unauthenticated_64_mib_body_is_refused_before_it_is_sent(relay: RelayProcess) -> None:
+    path = "/v2/orgs/acme/apps/ledger"
+    for _ in range(3):  # warm up whatever a first request loads
+        httpx.patch(f"{relay.http}{path}", json={"executorTimeoutSecs": 30})
+    before = rss(relay)
+    sent = []
+    for framing in ("Content-Length: 67108864", "Transfer-Encoding: chunked"):
+        with connect(relay) as sock:
+            sock.sendall(head("PATCH", path, "Content-Type: application/json", framing))
+            # The answer comes before a byte of the body has left: Relay cannot have read it.
+            resp, body = response(sock)
+            assert_problem(resp, body, 401)
+            assert resp.headers["www-authenticate"] == "Bearer"
+            assert resp.headers["connection"] == "close"
+            piece = b"[" * MiB if framing.startswith("Content") else chunk(b"[" * MiB)
+            sent.append(pump(sock, 64 * MiB, piece))
+    growth = rss(relay) - before
+    print(f"RSS growth after two unauthenticated 64 MiB requests: {growth / MiB:.2f} MiB; sent {sent}")
+    assert growth < 16 * MiB
+    assert all(n < 64 * MiB for n in sent), "Relay went on reading the body of a refused request"
+
+
+def test_unauthenticated_requests_under_v2_and_conductor_v2_get_401_problems(relay: RelayProcess) -> None:
+    for path in ("/v2/orgs/acme/apps", "/conductor/v2/orgs/acme/apps", "/v2/anything"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEYS["acme"]}):
+            resp = httpx.get(f"{relay.http}{path}", headers=headers)
+            assert_problem(resp, resp.content, 401)
+            assert resp.json()["title"] == "Unauthorized"
+    # A valid key of another org passes the guard; the route refuses it (403).
+    resp = httpx.get(f"{relay.http}/v2/orgs/globex/apps", headers=ADMIN)
+    assert resp.status_code == 403
+
+
+def test_an_authenticated_body_over_the_limit_gets_413(relay: RelayProcess) -> None:
+    path = "/v2/orgs/acme/apps/ledger"
+    auth = f"Authorization: Bearer {API_KEYS['acme']}"
+    with connect(relay) as sock:
+        sock.sendall(head("PATCH", path, auth, "Content-Type: application/json", f"Content-Length: {2 * MiB}"))
+        resp, body = response(sock)  # at once, on the length alone
+    problem = assert_problem(resp, body, 413)
+    assert problem["maxBytes"] == MiB
+
+    with connect(relay) as sock:
+        sock.sendall(head("PATCH", path, auth, "Content-Type: application/json", "Transfer-Encoding: chunked"))
+        sent = 0
+        while not select.select([sock], [], [], 0)[0] and sent < 16 * MiB:
+            if not pump(sock, 1, chunk(b" " * 65536)):
+                break
+            sent += 65536
+        resp, body = response(sock)
+    assert_problem(resp, body, 413)
+    assert MiB < sent < 16 * MiB, sent  # answered once past the limit (give or take socket buffers)
+
+    with relay.api() as api:  # a body within the limit is served as before
+        small = api.patch("/apps/ledger", json={"executorTimeoutSecs": 31})
+        assert small.status_code == 200, small.text
+        assert small.json()["executorTimeoutSecs"] == 31
+        padded = b'{"executorTimeoutSecs": 30}'.ljust(MiB)
+        at_limit = api.patch("/apps/ledger", content=padded, headers={"Content-Type": "application/json"})
+        assert at_limit.status_code == 200, at_limit.text
+
+
+def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(relay: RelayProcess) -> None:
+    body = json.dumps({"executorTimeoutSecs": 30}).encode().ljust(200)
+    slow = [connect(relay) for _ in range(CAP)]
+    try:
+        for sock in slow:  # in progress until their bodies end
+            sock.sendall(
+                head("PATCH", "/v2/orgs/acme/apps/ledger", f"Authorization: Bearer {API_KEYS['acme']}",
+                     "Content-Type: application/json", f"Content-Length: {len(body)}") + body[:10]
+            )  # fmt: skip
+
+        def refused() -> httpx.Response | None:
+            resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN)
+            return resp if resp.status_code == 503 else None
+
+        resp = assert_eventually(refused, 5, what="a third request refused")
+        assert resp is not None
+        assert_problem(resp, resp.content, 503)
+        assert resp.headers["retry-after"] == "1"
+        assert httpx.get(f"{relay.http}/readyz").status_code == 200
+        assert httpx.get(f"{relay.http}/healthz").status_code == 200
+        for sock in slow:
+            sock.sendall(body[10:])
+            answer, text = response(sock)
+            assert answer.status == 200, text
+    finally:
+        for sock in slow:
+            sock.close()
+    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
 
 
 # -- executors' handshakes ----------------------------------------------------------------------
@@ -67,3 +219,27 @@ def test_simultaneous_handshakes_cannot_overshoot_the_pending_cap(relay: RelayPr
         return sample(httpx.get(f"{relay.http}/metrics", headers=ADMIN).text, "relay_pending_handshakes")
 
     assert_eventually(lambda: pending() == 0, 5, what="every slot given back")
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_body_limits_by_route_pattern() -> None:
+    table = (
+        BodyLimit("/v2/orgs/*/apps/*/workflows/import", 64 * MiB),
+        BodyLimit("/v2/orgs/*/apps/*/workflows", 2 * MiB),
+    )
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/import", MiB, table) == 64 * MiB
+    assert body_limit("/conductor/v2/orgs/acme/apps/ledger/workflows/import", MiB, table) == 64 * MiB
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/abc/cancel", MiB, table) == 2 * MiB
+    assert body_limit("/v2/orgs/acme/apps/ledger", MiB, table) == MiB
+    assert body_limit("/v2/orgs//apps/ledger/workflows/import", MiB, table) == MiB  # "*" is one whole segment
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/import", MiB) == MiB  # no table: the default
+
+
+def test_bearer_key() -> None:
+    assert bearer_key("Bearer abc") == "abc"
+    assert bearer_key("bearer  abc ") == "abc"
+    assert bearer_key("Basic abc") == ""
+    assert bearer_key("abc") == ""
+    assert bearer_key("") == ""
