@@ -40,6 +40,9 @@ class ServerConfig(_Model):
     max_request_body_bytes: int = Field(default=1024 * 1024, ge=1)
     # HTTP requests in progress (not WebSockets, not /healthz or /readyz); beyond it, 503.
     max_concurrent_requests: int = Field(default=200, ge=1)
+    # A connection whose request headers are not complete this long after it opened
+    # (or after its previous response) is closed: a slow client cannot hold it.
+    header_timeout_secs: float = Field(default=10.0, gt=0)
 
 
 class DatabaseConfig(_Model):

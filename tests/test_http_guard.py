@@ -9,6 +9,7 @@ import http.client
 import json
 import select
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -21,7 +22,7 @@ from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
-from harness.simulated import open_socket
+from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
 from relay.net.guard import BodyLimit, bearer_key, body_limit
 from tests.prom import sample
@@ -39,7 +40,7 @@ def relay(
 ) -> Iterator[RelayProcess]:
     """One Relay with tight limits for the whole module (each start costs seconds)."""
     config = relay_yaml(free_port(), handshake=2.0)
-    config["server"].update(maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
+    config["server"].update(headerTimeoutSecs=1, maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
     relay = RelayProcess(tmp_path_factory.mktemp("guard"), postgres.create_database("relay"), config)
     failed_before = request.session.testsfailed
     relay.start()
@@ -82,6 +83,19 @@ def pump(sock: socket.socket, total: int, piece: bytes) -> int:
     except OSError:  # reset or broken pipe: Relay closed the connection
         pass
     return sent
+
+
+def closed_within(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """Everything the peer sends until it closes, and when it closed (seconds from now)."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while data := sock.recv(65536):
+            received += data
+    except ConnectionResetError:  # closed with some of what the client sent unread
+        pass
+    return received, time.monotonic() - start
 
 
 def assert_problem(resp: http.client.HTTPResponse | httpx.Response, body: bytes, status: int) -> dict[str, object]:
@@ -190,6 +204,52 @@ def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(
         for sock in slow:
             sock.close()
     assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+
+
+# -- slow clients ------------------------------------------------------------------------------
+
+
+def test_a_client_that_never_finishes_its_headers_is_closed(relay: RelayProcess) -> None:
+    with connect(relay) as partial, connect(relay) as idle:
+        partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        assert httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}  # others are served meanwhile
+        received, after = closed_within(partial, 3)
+        assert received.startswith(b"HTTP/1.1 408 ")
+        assert after < 2.0  # headerTimeoutSecs is 1
+        received, _ = closed_within(idle, 3)
+        assert received == b""  # nothing asked, nothing answered: just closed
+
+    with connect(relay) as keep_alive:  # the deadline runs again after each response
+        keep_alive.sendall(head("GET", "/healthz"))
+        resp, body = response(keep_alive, "GET")
+        assert resp.status == 200 and json.loads(body) == {"status": "ok"}
+        answered = time.monotonic()
+        keep_alive.sendall(b"GET /healthz HTTP/1.1\r\n")
+        received, _ = closed_within(keep_alive, 3)
+        assert received.startswith(b"HTTP/1.1 408 ")
+        assert 0.8 < time.monotonic() - answered < 2.0
+
+
+def test_headers_over_the_size_limit_get_431(relay: RelayProcess) -> None:
+    with connect(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: ")
+        time.sleep(0.1)  # the request has begun on Relay's side
+        pump(sock, 1024 * 1024, b"a" * 16384)
+        received, _ = closed_within(sock, 3)
+    assert received.startswith(b"HTTP/1.1 431 ")
+
+
+def test_an_executor_handshake_outlives_the_header_deadline(relay: RelayProcess) -> None:
+    async def connect_executor() -> None:
+        ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+        await asyncio.sleep(1.5)  # past headerTimeoutSecs: only HTTP requests have that deadline
+        await asyncio.wait_for(await ws.ping(), 2)
+        assert await off_loop(relay.state_of, "acme", "ledger", executor_id) == "HEALTHY"
+        await ws.close()
+
+    asyncio.run(connect_executor())
 
 
 # -- executors' handshakes ----------------------------------------------------------------------
