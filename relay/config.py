@@ -43,6 +43,8 @@ class ServerConfig(_Model):
     # A connection whose request headers are not complete this long after it opened
     # (or after its previous response) is closed: a slow client cannot hold it.
     header_timeout_secs: float = Field(default=10.0, gt=0)
+    # /metrics without a key (it names every org and app); otherwise a key with metric.read.
+    public_metrics: bool = False
 
 
 class DatabaseConfig(_Model):

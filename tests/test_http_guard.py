@@ -10,15 +10,16 @@ import json
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import psutil
+import psycopg
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
-from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
@@ -26,6 +27,8 @@ from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
 from relay.net.guard import BodyLimit, bearer_key, body_limit
 from tests.prom import sample
+
+StartRelay = Callable[..., RelayProcess]
 
 MiB = 1024 * 1024
 CAP = 2  # maxConcurrentRequests
@@ -39,7 +42,7 @@ def relay(
     postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[RelayProcess]:
     """One Relay with tight limits for the whole module (each start costs seconds)."""
-    config = relay_yaml(free_port(), handshake=2.0)
+    config = relay_yaml(free_port(), handshake=2.0, instanceLeaseSecs=1.0)
     config["server"].update(headerTimeoutSecs=1, maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
     relay = RelayProcess(tmp_path_factory.mktemp("guard"), postgres.create_database("relay"), config)
     failed_before = request.session.testsfailed
@@ -279,6 +282,104 @@ def test_simultaneous_handshakes_cannot_overshoot_the_pending_cap(relay: RelayPr
         return sample(httpx.get(f"{relay.http}/metrics", headers=ADMIN).text, "relay_pending_handshakes")
 
     assert_eventually(lambda: pending() == 0, 5, what="every slot given back")
+
+
+# -- what the open endpoints give away -------------------------------------------------------------
+
+
+def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
+    healthz = httpx.get(f"{relay.http}/healthz")
+    assert healthz.json() == {"status": "ok"}
+    readyz = httpx.get(f"{relay.http}/readyz")
+    assert readyz.json() == {"status": "ready"}
+    for resp in (healthz, readyz):
+        assert resp.headers["x-content-type-options"] == "nosniff"
+        assert resp.headers["referrer-policy"] == "no-referrer"
+
+    # Hold the lease row so that renewals wait: the lease (1 s here) runs out, /readyz turns 503.
+    with psycopg.connect(relay.database_url) as conn:
+        conn.execute("SELECT 1 FROM relay_instances WHERE instance_id = %s FOR UPDATE", (relay.instance_id,))
+
+        def not_ready() -> httpx.Response | None:
+            resp = httpx.get(f"{relay.http}/readyz", timeout=5)
+            return resp if resp.status_code == 503 else None
+
+        unready = assert_eventually(not_ready, 5, what="/readyz 503 without the lease")
+        conn.rollback()
+    assert unready is not None
+    problem = assert_problem(unready, unready.content, 503)
+    assert problem == {"type": "about:blank", "title": "Service Unavailable", "status": 503, "detail": "not ready"}
+    assert relay.instance_id not in unready.text
+    assert_eventually(lambda: httpx.get(f"{relay.http}/readyz").status_code == 200, 5)
+
+
+def test_metrics_need_a_key_with_metric_read(relay: RelayProcess) -> None:
+    url = f"{relay.http}/metrics"
+    resp = httpx.get(url)
+    assert_problem(resp, resp.content, 401)
+    assert "acme" not in resp.text
+    resp = httpx.get(url, headers={"Authorization": f"Bearer {CONDUCTOR_KEYS['acme']}"})
+    assert_problem(resp, resp.content, 403)
+    assert "metric.read" in resp.json()["detail"]
+    for key in (API_KEYS["acme"], VIEWER_KEYS["acme"], API_KEYS["globex"]):
+        resp = httpx.get(url, headers={"Authorization": f"Bearer {key}"})
+        assert resp.status_code == 200
+        assert sample(resp.text, "relay_lease_held") is not None
+
+
+def test_public_metrics_need_no_key(start_relay: StartRelay) -> None:
+    config = relay_yaml(free_port())
+    config["server"]["publicMetrics"] = True
+    relay = start_relay(config)
+    resp = httpx.get(f"{relay.http}/metrics")
+    assert resp.status_code == 200 and sample(resp.text, "relay_lease_held") == 1
+
+
+def test_no_docs_pages_but_the_openapi_document(relay: RelayProcess) -> None:
+    assert httpx.get(f"{relay.http}/docs").status_code == 404
+    assert httpx.get(f"{relay.http}/redoc").status_code == 404
+    assert httpx.get(f"{relay.http}/openapi.json").json()["info"]["title"] == "Relay"
+
+
+def test_the_dashboard_runs_under_a_strict_content_security_policy(relay: RelayProcess) -> None:
+    page = httpx.get(f"{relay.http}/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert "<style>" not in page.text and "<script>" not in page.text  # nothing inline: CSP would block it
+    assert '<script src="/static/dashboard.js"' in page.text
+    assert '<link rel="stylesheet" href="/static/dashboard.css">' in page.text
+
+    script = httpx.get(f"{relay.http}/static/dashboard.js")
+    assert script.status_code == 200
+    assert script.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert "/v2/orgs/" in script.text and "Authorization" in script.text
+    styles = httpx.get(f"{relay.http}/static/dashboard.css")
+    assert styles.status_code == 200 and styles.headers["content-type"].startswith("text/css")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../config.py",
+        "/static/%2e%2e/config.py",
+        "/static/..%2fconfig.py",
+        "/static/%2e%2e%2fconfig.py",
+        "/static/..%2f..%2fpyproject.toml",
+        "/static/..",
+        "/static/dashboard.html",
+        "/static/",
+    ],
+)
+def test_static_files_cannot_be_reached_around(relay: RelayProcess, path: str) -> None:
+    with connect(relay) as sock:  # raw, so that no client normalizes the path first
+        sock.sendall(head("GET", path))
+        resp, body = response(sock, "GET")
+    assert resp.status == 404, body
+    assert b"ServerConfig" not in body and b"[project]" not in body and b"<html" not in body
 
 
 # -- pure parts ---------------------------------------------------------------------------------

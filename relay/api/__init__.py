@@ -24,7 +24,8 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
 
 def build_api(ctx: ApiContext, lifespan: Lifespan | None = None) -> FastAPI:
-    api = FastAPI(title="Relay", version=ctx.version, lifespan=lifespan)
+    # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
+    api = FastAPI(title="Relay", version=ctx.version, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
     for module in (ops, apps, executors, recoveries, audit):
         api.include_router(module.router)
