@@ -224,7 +224,7 @@ class RelayServer(ServerProcess):
         return (await http.get(f"http://127.0.0.1:{self.port}/readyz")).status_code == 200
 
     async def held(self, http: httpx.AsyncClient) -> int:
-        resp = await http.get(f"http://127.0.0.1:{self.port}/metrics")
+        resp = await http.get(f"http://127.0.0.1:{self.port}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
         resp.raise_for_status()
         match = re.search(r"^relay_connections ([0-9.e+]+)$", resp.text, re.MULTILINE)
         if match is None:

@@ -221,7 +221,8 @@ async def measure(relay: RelayProcess, path: str, concurrency: int, requests: in
 
 
 def relayed_total(relay: RelayProcess) -> int:
-    for line in httpx.get(f"{relay.http}/metrics", timeout=5, trust_env=False).text.splitlines():
+    headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    for line in httpx.get(f"{relay.http}/metrics", headers=headers, timeout=5, trust_env=False).text.splitlines():
         if line.startswith("relay_requests_relayed_total "):
             return int(float(line.split()[1]))
     raise BenchError(f"{relay.instance_id} exposes no relay_requests_relayed_total")

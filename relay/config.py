@@ -38,6 +38,15 @@ class ServerConfig(_Model):
     max_pending_handshakes: int = Field(default=10_000, ge=1)
     # Executor sockets one key may hold open on one instance; beyond it, 429.
     max_sockets_per_key: int = Field(default=10_000, ge=1)
+    # HTTP request bodies beyond it get 413 (routes may have a larger limit, relay/net/guard.py).
+    max_request_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    # HTTP requests in progress (not WebSockets, not /healthz or /readyz); beyond it, 503.
+    max_concurrent_requests: int = Field(default=200, ge=1)
+    # A connection whose request headers are not complete this long after it opened
+    # (or after its previous response) is closed: a slow client cannot hold it.
+    header_timeout_secs: float = Field(default=10.0, gt=0)
+    # /metrics without a key (it names every org and app); otherwise a key with metric.read.
+    public_metrics: bool = False
 
 
 class DatabaseConfig(_Model):

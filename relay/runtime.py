@@ -27,6 +27,7 @@ from relay.domain.adoption import Adopter
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
 from relay.metrics import Metrics
+from relay.net.guard import HttpGuard
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
@@ -166,7 +167,11 @@ class Runtime:
             await self.stop()
 
     def asgi(self) -> RelayApp:
-        return RelayApp(self.hub, build_api(self.api_context(), self.lifespan))
+        # The guard looks each key up when a request comes, in the key ring of that moment.
+        api = HttpGuard(
+            build_api(self.api_context(), self.lifespan), self.config.server, lambda key: self.keyring.lookup(key)
+        )
+        return RelayApp(self.hub, api)
 
 
 class _Stopped(Exception):

@@ -5,6 +5,11 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.keys import API_KEYS
+
+# /metrics wants a key with metric.read.
+AUTH = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+
 
 def sample(text: str, name: str, **labels: str) -> float | None:
     """The value of the sample ``name`` with exactly these labels, None if there is none."""
@@ -16,4 +21,4 @@ def sample(text: str, name: str, **labels: str) -> float | None:
 
 
 def scrape(base_url: str, name: str, **labels: str) -> float | None:
-    return sample(httpx.get(f"{base_url}/metrics", timeout=5).text, name, **labels)
+    return sample(httpx.get(f"{base_url}/metrics", headers=AUTH, timeout=5).text, name, **labels)

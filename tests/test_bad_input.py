@@ -18,7 +18,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
-from tests.prom import sample
+from tests.prom import AUTH, sample
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -223,7 +223,7 @@ def test_flood_of_connection_attempts_leaves_others_alone(
         record = api.get(f"/apps/ledger/executors/{newcomer}").json()
     assert record["executorId"] == newcomer  # a well-behaved newcomer got through mid-flood
     assert_bystander_untouched(relay, ex, connected_at)
-    metrics = httpx.get(f"{relay.http}/metrics").text
+    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH).text
     assert sample(metrics, "relay_hub_events_total", kind="rejected_bad_key") == 300
     assert sample(metrics, "relay_hub_events_total", kind="rejected_handshake_timeout") == 100
 

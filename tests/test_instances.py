@@ -20,6 +20,7 @@ from harness.ports import free_port
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
+from tests.prom import AUTH
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -58,7 +59,7 @@ def relay_workflow(relay: RelayProcess, workflow_id_like: str) -> list[tuple[str
 
 
 def metric(relay: RelayProcess, name: str) -> float:
-    for line in httpx.get(f"{relay.http}/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"no metric {name}")

@@ -18,7 +18,7 @@ from harness.relay import RelayProcess, audit_actions
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.core.peers import Peer, order_peers
-from tests.prom import sample
+from tests.prom import AUTH, sample
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -166,7 +166,7 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     assert_eventually(blocked, 10)
     with relay.api() as api:
         assert api.get("/apps/ledger/recoveries").json()[0]["status"] == "awaiting_operator"
-    metrics = httpx.get(f"{relay.http}/metrics").text
+    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH).text
     blocked = sample(metrics, "relay_executors_blocked", org="acme", app="ledger", reason="version_upgrade_not_allowed")
     assert blocked == 1
     time.sleep(1.0)

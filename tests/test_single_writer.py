@@ -31,6 +31,7 @@ from harness.simulated import SimulatedPeer, handshake, open_socket
 from harness.waiting import assert_eventually
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Peer, order_peers
+from tests.prom import AUTH
 
 WRITERS = Path(__file__).resolve().parent / "writers"
 StartRelay = Callable[..., RelayProcess]
@@ -46,7 +47,7 @@ def write_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def applied_events(relay: RelayProcess) -> Counter[str]:
-    text = httpx.get(f"{relay.http}/metrics", timeout=5).text
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
     return Counter(
         {
             s.labels["event"]: int(s.value)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
+from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100

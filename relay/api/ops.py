@@ -1,22 +1,49 @@
-"""What operators and their tools poll: health, readiness, metrics, and the dashboard page."""
+"""What operators and their tools poll: health, readiness, metrics, and the dashboard page.
+
+The probes are open and say nothing but their status (who may reach them is
+not known). ``/metrics`` names every org and app, so it needs a key with
+``metric.read`` unless ``server.publicMetrics`` opens it.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from relay.api.common import Ctx, error_response
+from relay.api.common import Ctx, problem
+from relay.auth import Permission
+from relay.net.guard import bearer_key
 
 router = APIRouter()
-DASHBOARD = Path(__file__).resolve().parents[1] / "static" / "dashboard.html"
+STATIC = Path(__file__).resolve().parents[1] / "static"
+DASHBOARD = STATIC / "dashboard.html"
+# The dashboard's script and styles are files of its own, so that no inline code needs allowing.
+DASHBOARD_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "x-frame-options": "DENY",
+}
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9]+)$")
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-async def dashboard() -> str:
+async def dashboard() -> HTMLResponse:
     """A single page that reads the API with the key the operator types in."""
-    return DASHBOARD.read_text(encoding="utf-8")
+    return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"), headers=DASHBOARD_HEADERS)
+
+
+@router.get("/static/{name}", include_in_schema=False)
+async def static(name: str) -> Response:
+    """The dashboard's own files: a flat folder, by name, of the types listed."""
+    match = STATIC_NAME.match(name)
+    path = STATIC / name
+    if match is None or match.group(1) not in STATIC_TYPES or not path.is_file():
+        return problem(404, f"no static file {name!r}")
+    return Response(path.read_bytes(), media_type=STATIC_TYPES[match.group(1)])
 
 
 @router.get("/healthz")
@@ -25,15 +52,27 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(ctx: Ctx) -> JSONResponse:
-    if not await ctx.db.ping():
-        return error_response(503, "database_unreachable", "the database does not answer")
-    if not ctx.lease.held:
-        why = "taken over by another instance" if ctx.lease.fenced else "not renewed in time"
-        return error_response(503, "lease_not_held", f"instance {ctx.instance_id}: lease {why}")
-    return JSONResponse({"status": "ready", "instance": ctx.instance_id, "leaseEpoch": ctx.lease.epoch})
+async def readyz(ctx: Ctx) -> Response:
+    """Ready: the database answers and this instance holds its lease.
+
+    Why not is not said here (anybody may ask): the log has the failed renewals,
+    and ``relay_lease_held`` in ``/metrics``.
+    """
+    if not await ctx.db.ping() or not ctx.lease.held:
+        return problem(503, "not ready")
+    return JSONResponse({"status": "ready"})
 
 
 @router.get("/metrics")
-async def metrics(ctx: Ctx) -> Response:
+async def metrics(request: Request, ctx: Ctx) -> Response:
+    if not ctx.config.server.public_metrics:
+        grant = ctx.keyring.lookup(bearer_key(request.headers.get("authorization", "")))
+        if grant is None:
+            return problem(
+                401,
+                "a key with metric.read is required: Authorization: Bearer <key>",
+                headers={"www-authenticate": "Bearer"},
+            )
+        if not grant.allows(Permission.METRIC_READ):
+            return problem(403, "this key lacks the permission metric.read")
     return Response(await ctx.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")

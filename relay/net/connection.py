@@ -65,6 +65,7 @@ class ExecutorConnection:
         self._loop = asyncio.get_running_loop()
         self._waiting: dict[str, asyncio.Future[Frame]] = {}
         self._closed = False
+        self._handshaking = True  # holds one of the hub's pending_handshakes
         self.key: ExecutorKey | None = None
         self.epoch = 0
         self.attached_at: float | None = None  # loop time its record was written
@@ -74,6 +75,12 @@ class ExecutorConnection:
         """How log lines name this connection: the executor id once known."""
         return str(self.key) if self.key else printable(f"{self.org}/{self.app} from {self.client}")
 
+    def end_handshake(self) -> None:
+        """Give back the pending-handshake slot the hub took for this connection (once)."""
+        if self._handshaking:
+            self._handshaking = False
+            self.hub.pending_handshakes -= 1
+
     def attached_for(self) -> float:
         return 0.0 if self.attached_at is None else self._loop.time() - self.attached_at
 
@@ -82,11 +89,10 @@ class ExecutorConnection:
         if first["type"] != "websocket.connect":
             return
         await self._send({"type": "websocket.accept"})
-        self.hub.pending_handshakes += 1
         try:
             info = await self._handshake()
         finally:
-            self.hub.pending_handshakes -= 1
+            self.end_handshake()
         if info is None:
             self._drop_waiting()
             return

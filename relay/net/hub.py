@@ -145,10 +145,14 @@ class Hub:
             await _deny(scope, send, 404, "unknown_app", "no such app, and apps are not registered automatically")
             return
         conn = ExecutorConnection(self, grant, app, client, receive, send, scope)
+        # The slots are taken here, before any await, so that simultaneous handshakes cannot
+        # all pass the checks; the connection gives the handshake's back once past executor_info.
+        self.pending_handshakes += 1
         self.sockets_by_key[grant.key_id] += 1
         try:
             await conn.run()
         finally:
+            conn.end_handshake()
             self.sockets_by_key[grant.key_id] -= 1
             if self.sockets_by_key[grant.key_id] <= 0:
                 del self.sockets_by_key[grant.key_id]

@@ -9,6 +9,7 @@ import uvicorn
 
 from relay.config import RelayConfig
 from relay.net.connection import Receive, Scope, Send
+from relay.net.httpproto import RelayHttpProtocol
 from relay.net.wsproto import RelayWebSocketProtocol
 
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -29,10 +30,15 @@ class RelayApp:
 
 
 def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
+    class HttpProtocol(RelayHttpProtocol):
+        header_timeout_secs = config.server.header_timeout_secs
+
     return uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
+        # httptools, as uvicorn would pick by itself, with a deadline for request headers.
+        http=HttpProtocol,
         ws=RelayWebSocketProtocol,
         ws_max_size=config.server.max_frame_bytes,
         # The hub runs keepalive itself, through RelayWebSocketProtocol.

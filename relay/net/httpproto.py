@@ -1,0 +1,106 @@
+"""uvicorn's HTTP protocol (httptools) with a deadline and a size limit on request headers.
+
+uvicorn waits for request headers as long as a client cares to send them: a
+client that sends ``GET / HTTP/1.1\\r\\nHost: x\\r\\n`` and then nothing holds a
+connection forever (slowloris), and one that sends an endless header makes it
+grow without bound. This subclass closes a connection whose request headers
+are not complete ``header_timeout_secs`` after it opened, or after the previous
+response on a keep-alive connection (with 408 if the client had begun a
+request), and answers 431 to headers over :data:`MAX_HEADER_BYTES`.
+
+The deadline ends with the headers: a WebSocket handshake is handed over to
+:class:`relay.net.wsproto.RelayWebSocketProtocol` once they are read, and a
+request body is the guard's business (:mod:`relay.net.guard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from relay.problem import PROBLEM_JSON, problem
+
+log = logging.getLogger("relay.http")
+
+# Request line and headers together; uvicorn's h11 protocol allows 16 KiB, nginx 32 KiB.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class RelayHttpProtocol(HttpToolsProtocol):
+    header_timeout_secs = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._in_headers = False  # a request has begun and its headers are not complete
+        self._header_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        already_in_headers = self._in_headers
+        super().data_received(data)
+        if self._in_headers and already_in_headers:
+            # Only chunks wholly inside the headers are counted: one that began the request
+            # may also hold the end of the previous one. The bound stays finite either way.
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                log.debug("closed a connection from %s: request headers over %d bytes", self.client, MAX_HEADER_BYTES)
+                self._refuse(431, f"request headers over {MAX_HEADER_BYTES} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._header_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_header_deadline()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        next_request_ready = bool(self.pipeline)
+        super().on_response_complete()
+        if not next_request_ready and not self.transport.is_closing():
+            self._arm_header_deadline()
+
+    # -- internals ---------------------------------------------------------
+
+    def _arm_header_deadline(self) -> None:
+        self._cancel_header_deadline()
+        self._header_deadline = self.loop.call_later(self.header_timeout_secs, self._headers_too_slow)
+
+    def _cancel_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.transport.is_closing():
+            return
+        log.debug("closed a connection from %s: no request headers within %gs", self.client, self.header_timeout_secs)
+        if self._in_headers:
+            self._refuse(408, f"request headers not complete within {self.header_timeout_secs:g}s")
+        else:
+            self.transport.close()  # idle: nothing was asked, nothing to answer
+
+    def _refuse(self, status: int, detail: str) -> None:
+        """Answer with a problem (RFC 9457) and close, as uvicorn answers a request it cannot parse."""
+        response = problem(status, detail)
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {PROBLEM_JSON}\r\n"
+            f"content-length: {len(response.body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + bytes(response.body))
+        self.transport.close()

@@ -1,0 +1,33 @@
+"""RFC 9457 problem details: how Relay's HTTP errors are written.
+
+``{"type": "about:blank", "title": <reason phrase>, "status": n, "detail": "..."}``
+as ``application/problem+json``; extension members (``errors`` on a 422, say)
+are passed as keyword arguments. Used below the routes (the request guard) as
+well as by them, so it depends on nothing but Starlette.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from starlette.responses import Response
+
+PROBLEM_JSON = "application/problem+json"
+
+
+def problem(status: int, detail: str, *, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
+    """An error response in the problem details format; ``extra`` adds members to the body."""
+    body = {"type": "about:blank", "title": _title(status), "status": status, "detail": detail, **extra}
+    return Response(
+        json.dumps(body, separators=(",", ":")).encode(), status_code=status, headers=headers, media_type=PROBLEM_JSON
+    )
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

@@ -1,0 +1,406 @@
+"""Hostile HTTP: what a request costs before it is authenticated, slow clients, and what the
+open endpoints give away. A real Relay, real sockets; raw ones where a well-behaved client
+would not do what an attacker does."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import select
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import psutil
+import psycopg
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import InvalidStatus
+
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, off_loop, open_socket
+from harness.waiting import assert_eventually
+from relay.net.guard import BodyLimit, bearer_key, body_limit
+from tests.prom import sample
+
+StartRelay = Callable[..., RelayProcess]
+
+MiB = 1024 * 1024
+CAP = 2  # maxConcurrentRequests
+HANDSHAKE_CAP = 5  # maxPendingHandshakes
+ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+PROBLEM_KEYS = {"type", "title", "status", "detail"}
+
+
+@pytest.fixture(scope="module")
+def relay(
+    postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RelayProcess]:
+    """One Relay with tight limits for the whole module (each start costs seconds)."""
+    config = relay_yaml(free_port(), handshake=2.0, instanceLeaseSecs=1.0)
+    config["server"].update(headerTimeoutSecs=1, maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
+    relay = RelayProcess(tmp_path_factory.mktemp("guard"), postgres.create_database("relay"), config)
+    failed_before = request.session.testsfailed
+    relay.start()
+    yield relay
+    relay.stop()
+    if request.session.testsfailed > failed_before:
+        print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+# -- raw HTTP ---------------------------------------------------------------------------------
+
+
+def connect(relay: RelayProcess, timeout: float = 5) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", relay.port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def head(method: str, path: str, *headers: str) -> bytes:
+    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: relay", *headers, "", ""]).encode()
+
+
+def response(sock: socket.socket, method: str = "PATCH") -> tuple[http.client.HTTPResponse, bytes]:
+    resp = http.client.HTTPResponse(sock, method=method)
+    resp.begin()
+    return resp, resp.read()
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def pump(sock: socket.socket, total: int, piece: bytes) -> int:
+    """Send ``piece`` until ``total`` bytes are sent or the peer stops taking them; bytes sent."""
+    sent = 0
+    try:
+        while sent < total:
+            sock.sendall(piece)
+            sent += len(piece)
+    except OSError:  # reset or broken pipe: Relay closed the connection
+        pass
+    return sent
+
+
+def closed_within(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """Everything the peer sends until it closes, and when it closed (seconds from now)."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while data := sock.recv(65536):
+            received += data
+    except ConnectionResetError:  # closed with some of what the client sent unread
+        pass
+    return received, time.monotonic() - start
+
+
+def assert_problem(resp: http.client.HTTPResponse | httpx.Response, body: bytes, status: int) -> dict[str, object]:
+    assert resp.status == status if isinstance(resp, http.client.HTTPResponse) else resp.status_code == status
+    assert resp.headers["content-type"] == "application/problem+json"
+    problem = json.loads(body)
+    assert PROBLEM_KEYS <= problem.keys() and problem["type"] == "about:blank" and problem["status"] == status
+    return dict(problem)
+
+
+def rss(relay: RelayProcess) -> int:
+    assert relay.proc is not None
+    return psutil.Process(relay.proc.pid).memory_info().rss
+
+
+# -- requests that cost nothing until authenticated ----------------------------------------------
+
+
+def test_an_unauthenticated_64_mib_body_is_refused_before_it_is_sent(relay: RelayProcess) -> None:
+    path = "/v2/orgs/acme/apps/ledger"
+    for _ in range(3):  # warm up whatever a first request loads
+        httpx.patch(f"{relay.http}{path}", json={"executorTimeoutSecs": 30})
+    before = rss(relay)
+    sent = []
+    for framing in ("Content-Length: 67108864", "Transfer-Encoding: chunked"):
+        with connect(relay) as sock:
+            sock.sendall(head("PATCH", path, "Content-Type: application/json", framing))
+            # The answer comes before a byte of the body has left: Relay cannot have read it.
+            resp, body = response(sock)
+            assert_problem(resp, body, 401)
+            assert resp.headers["www-authenticate"] == "Bearer"
+            assert resp.headers["connection"] == "close"
+            piece = b"[" * MiB if framing.startswith("Content") else chunk(b"[" * MiB)
+            sent.append(pump(sock, 64 * MiB, piece))
+    growth = rss(relay) - before
+    print(f"RSS growth after two unauthenticated 64 MiB requests: {growth / MiB:.2f} MiB; sent {sent}")
+    assert growth < 16 * MiB
+    assert all(n < 64 * MiB for n in sent), "Relay went on reading the body of a refused request"
+
+
+def test_unauthenticated_requests_under_v2_and_conductor_v2_get_401_problems(relay: RelayProcess) -> None:
+    for path in ("/v2/orgs/acme/apps", "/conductor/v2/orgs/acme/apps", "/v2/anything"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEYS["acme"]}):
+            resp = httpx.get(f"{relay.http}{path}", headers=headers)
+            assert_problem(resp, resp.content, 401)
+            assert resp.json()["title"] == "Unauthorized"
+    # A valid key of another org passes the guard; the route refuses it (403).
+    resp = httpx.get(f"{relay.http}/v2/orgs/globex/apps", headers=ADMIN)
+    assert resp.status_code == 403
+
+
+def test_an_authenticated_body_over_the_limit_gets_413(relay: RelayProcess) -> None:
+    path = "/v2/orgs/acme/apps/ledger"
+    auth = f"Authorization: Bearer {API_KEYS['acme']}"
+    with connect(relay) as sock:
+        sock.sendall(head("PATCH", path, auth, "Content-Type: application/json", f"Content-Length: {2 * MiB}"))
+        resp, body = response(sock)  # at once, on the length alone
+    problem = assert_problem(resp, body, 413)
+    assert problem["maxBytes"] == MiB
+
+    with connect(relay) as sock:
+        sock.sendall(head("PATCH", path, auth, "Content-Type: application/json", "Transfer-Encoding: chunked"))
+        sent = 0
+        while not select.select([sock], [], [], 0)[0] and sent < 16 * MiB:
+            if not pump(sock, 1, chunk(b" " * 65536)):
+                break
+            sent += 65536
+        resp, body = response(sock)
+    assert_problem(resp, body, 413)
+    assert MiB < sent < 16 * MiB, sent  # answered once past the limit (give or take socket buffers)
+
+    with relay.api() as api:  # a body within the limit is served as before
+        small = api.patch("/apps/ledger", json={"executorTimeoutSecs": 31})
+        assert small.status_code == 200, small.text
+        assert small.json()["executorTimeoutSecs"] == 31
+        padded = b'{"executorTimeoutSecs": 30}'.ljust(MiB)
+        at_limit = api.patch("/apps/ledger", content=padded, headers={"Content-Type": "application/json"})
+        assert at_limit.status_code == 200, at_limit.text
+
+
+def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(relay: RelayProcess) -> None:
+    body = json.dumps({"executorTimeoutSecs": 30}).encode().ljust(200)
+    slow = [connect(relay) for _ in range(CAP)]
+    try:
+        for sock in slow:  # in progress until their bodies end
+            sock.sendall(
+                head("PATCH", "/v2/orgs/acme/apps/ledger", f"Authorization: Bearer {API_KEYS['acme']}",
+                     "Content-Type: application/json", f"Content-Length: {len(body)}") + body[:10]
+            )  # fmt: skip
+
+        def refused() -> httpx.Response | None:
+            resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN)
+            return resp if resp.status_code == 503 else None
+
+        resp = assert_eventually(refused, 5, what="a third request refused")
+        assert resp is not None
+        assert_problem(resp, resp.content, 503)
+        assert resp.headers["retry-after"] == "1"
+        assert httpx.get(f"{relay.http}/readyz").status_code == 200
+        assert httpx.get(f"{relay.http}/healthz").status_code == 200
+        for sock in slow:
+            sock.sendall(body[10:])
+            answer, text = response(sock)
+            assert answer.status == 200, text
+    finally:
+        for sock in slow:
+            sock.close()
+    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+
+
+# -- slow clients ------------------------------------------------------------------------------
+
+
+def test_a_client_that_never_finishes_its_headers_is_closed(relay: RelayProcess) -> None:
+    with connect(relay) as partial, connect(relay) as idle:
+        partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        assert httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}  # others are served meanwhile
+        received, after = closed_within(partial, 3)
+        assert received.startswith(b"HTTP/1.1 408 ")
+        assert after < 2.0  # headerTimeoutSecs is 1
+        received, _ = closed_within(idle, 3)
+        assert received == b""  # nothing asked, nothing answered: just closed
+
+    with connect(relay) as keep_alive:  # the deadline runs again after each response
+        keep_alive.sendall(head("GET", "/healthz"))
+        resp, body = response(keep_alive, "GET")
+        assert resp.status == 200 and json.loads(body) == {"status": "ok"}
+        answered = time.monotonic()
+        keep_alive.sendall(b"GET /healthz HTTP/1.1\r\n")
+        received, _ = closed_within(keep_alive, 3)
+        assert received.startswith(b"HTTP/1.1 408 ")
+        assert 0.8 < time.monotonic() - answered < 2.0
+
+
+def test_headers_over_the_size_limit_get_431(relay: RelayProcess) -> None:
+    with connect(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: ")
+        time.sleep(0.1)  # the request has begun on Relay's side
+        pump(sock, 1024 * 1024, b"a" * 16384)
+        received, _ = closed_within(sock, 3)
+    assert received.startswith(b"HTTP/1.1 431 ")
+
+
+def test_an_executor_handshake_outlives_the_header_deadline(relay: RelayProcess) -> None:
+    async def connect_executor() -> None:
+        ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+        await asyncio.sleep(1.5)  # past headerTimeoutSecs: only HTTP requests have that deadline
+        await asyncio.wait_for(await ws.ping(), 2)
+        assert await off_loop(relay.state_of, "acme", "ledger", executor_id) == "HEALTHY"
+        await ws.close()
+
+    asyncio.run(connect_executor())
+
+
+# -- executors' handshakes ----------------------------------------------------------------------
+
+
+def test_simultaneous_handshakes_cannot_overshoot_the_pending_cap(relay: RelayProcess) -> None:
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    async def attempt() -> ClientConnection | int:
+        try:
+            return await open_socket(url)  # and never answer executor_info
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    async def crowd() -> tuple[int, list[int]]:
+        results = await asyncio.gather(*(attempt() for _ in range(3 * HANDSHAKE_CAP)))
+        accepted = [r for r in results if isinstance(r, ClientConnection)]
+        for ws in accepted:
+            await ws.close()
+        return len(accepted), [r for r in results if isinstance(r, int)]
+
+    accepted, refused = asyncio.run(crowd())
+    assert 1 <= accepted <= HANDSHAKE_CAP
+    assert refused == [503] * (3 * HANDSHAKE_CAP - accepted)
+
+    def pending() -> float | None:
+        return sample(httpx.get(f"{relay.http}/metrics", headers=ADMIN).text, "relay_pending_handshakes")
+
+    assert_eventually(lambda: pending() == 0, 5, what="every slot given back")
+
+
+# -- what the open endpoints give away -------------------------------------------------------------
+
+
+def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
+    healthz = httpx.get(f"{relay.http}/healthz")
+    assert healthz.json() == {"status": "ok"}
+    readyz = httpx.get(f"{relay.http}/readyz")
+    assert readyz.json() == {"status": "ready"}
+    for resp in (healthz, readyz):
+        assert resp.headers["x-content-type-options"] == "nosniff"
+        assert resp.headers["referrer-policy"] == "no-referrer"
+
+    # Hold the lease row so that renewals wait: the lease (1 s here) runs out, /readyz turns 503.
+    with psycopg.connect(relay.database_url) as conn:
+        conn.execute("SELECT 1 FROM relay_instances WHERE instance_id = %s FOR UPDATE", (relay.instance_id,))
+
+        def not_ready() -> httpx.Response | None:
+            resp = httpx.get(f"{relay.http}/readyz", timeout=5)
+            return resp if resp.status_code == 503 else None
+
+        unready = assert_eventually(not_ready, 5, what="/readyz 503 without the lease")
+        conn.rollback()
+    assert unready is not None
+    problem = assert_problem(unready, unready.content, 503)
+    assert problem == {"type": "about:blank", "title": "Service Unavailable", "status": 503, "detail": "not ready"}
+    assert relay.instance_id not in unready.text
+    assert_eventually(lambda: httpx.get(f"{relay.http}/readyz").status_code == 200, 5)
+
+
+def test_metrics_need_a_key_with_metric_read(relay: RelayProcess) -> None:
+    url = f"{relay.http}/metrics"
+    resp = httpx.get(url)
+    assert_problem(resp, resp.content, 401)
+    assert "acme" not in resp.text
+    resp = httpx.get(url, headers={"Authorization": f"Bearer {CONDUCTOR_KEYS['acme']}"})
+    assert_problem(resp, resp.content, 403)
+    assert "metric.read" in resp.json()["detail"]
+    for key in (API_KEYS["acme"], VIEWER_KEYS["acme"], API_KEYS["globex"]):
+        resp = httpx.get(url, headers={"Authorization": f"Bearer {key}"})
+        assert resp.status_code == 200
+        assert sample(resp.text, "relay_lease_held") is not None
+
+
+def test_public_metrics_need_no_key(start_relay: StartRelay) -> None:
+    config = relay_yaml(free_port())
+    config["server"]["publicMetrics"] = True
+    relay = start_relay(config)
+    resp = httpx.get(f"{relay.http}/metrics")
+    assert resp.status_code == 200 and sample(resp.text, "relay_lease_held") == 1
+
+
+def test_no_docs_pages_but_the_openapi_document(relay: RelayProcess) -> None:
+    assert httpx.get(f"{relay.http}/docs").status_code == 404
+    assert httpx.get(f"{relay.http}/redoc").status_code == 404
+    assert httpx.get(f"{relay.http}/openapi.json").json()["info"]["title"] == "Relay"
+
+
+def test_the_dashboard_runs_under_a_strict_content_security_policy(relay: RelayProcess) -> None:
+    page = httpx.get(f"{relay.http}/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert "<style>" not in page.text and "<script>" not in page.text  # nothing inline: CSP would block it
+    assert '<script src="/static/dashboard.js"' in page.text
+    assert '<link rel="stylesheet" href="/static/dashboard.css">' in page.text
+
+    script = httpx.get(f"{relay.http}/static/dashboard.js")
+    assert script.status_code == 200
+    assert script.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert "/v2/orgs/" in script.text and "Authorization" in script.text
+    styles = httpx.get(f"{relay.http}/static/dashboard.css")
+    assert styles.status_code == 200 and styles.headers["content-type"].startswith("text/css")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../config.py",
+        "/static/%2e%2e/config.py",
+        "/static/..%2fconfig.py",
+        "/static/%2e%2e%2fconfig.py",
+        "/static/..%2f..%2fpyproject.toml",
+        "/static/..",
+        "/static/dashboard.html",
+        "/static/",
+    ],
+)
+def test_static_files_cannot_be_reached_around(relay: RelayProcess, path: str) -> None:
+    with connect(relay) as sock:  # raw, so that no client normalizes the path first
+        sock.sendall(head("GET", path))
+        resp, body = response(sock, "GET")
+    assert resp.status == 404, body
+    assert b"ServerConfig" not in body and b"[project]" not in body and b"<html" not in body
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_body_limits_by_route_pattern() -> None:
+    table = (
+        BodyLimit("/v2/orgs/*/apps/*/workflows/import", 64 * MiB),
+        BodyLimit("/v2/orgs/*/apps/*/workflows", 2 * MiB),
+    )
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/import", MiB, table) == 64 * MiB
+    assert body_limit("/conductor/v2/orgs/acme/apps/ledger/workflows/import", MiB, table) == 64 * MiB
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/abc/cancel", MiB, table) == 2 * MiB
+    assert body_limit("/v2/orgs/acme/apps/ledger", MiB, table) == MiB
+    assert body_limit("/v2/orgs//apps/ledger/workflows/import", MiB, table) == MiB  # "*" is one whole segment
+    assert body_limit("/v2/orgs/acme/apps/ledger/workflows/import", MiB) == MiB  # no table: the default
+
+
+def test_bearer_key() -> None:
+    assert bearer_key("Bearer abc") == "abc"
+    assert bearer_key("bearer  abc ") == "abc"
+    assert bearer_key("Basic abc") == ""
+    assert bearer_key("abc") == ""
+    assert bearer_key("") == ""
