@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay import __version__
@@ -33,28 +33,29 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(_: Request, exc: ApiError) -> Response:
         return error_response(exc.status, exc.code, exc.message)
 
     @api.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+    async def _not_found(_: Request, exc: NotFound) -> Response:
         return error_response(404, "not_found", str(exc))
 
     @api.exception_handler(Conflict)
-    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+    async def _conflict(_: Request, exc: Conflict) -> Response:
         return error_response(409, exc.code, str(exc))
 
     @api.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return error_response(422, "invalid_request", "; ".join(parts))
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        errors = [{"location": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors)
+        return error_response(422, "invalid_request", detail, errors=errors)
 
     @api.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
         return error_response(exc.status_code, "http_error", str(exc.detail))
 
     @api.exception_handler(DatabaseError)
-    async def _db(_: Request, exc: DatabaseError) -> JSONResponse:
+    async def _db(_: Request, exc: DatabaseError) -> Response:
         return error_response(503, "database_unavailable", str(exc))
 
     return api

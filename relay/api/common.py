@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
@@ -26,8 +26,10 @@ class ApiError(Exception):
         self.message = message
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def error_response(status: int, code: str, message: str, **extra: Any) -> Response:
+    """An RFC 9457 problem (``type``, ``title``, ``status``, ``detail``), carrying also the
+    ``{"error": {"code", "message"}}`` member that Relay's errors had before 0.3 (deprecated)."""
+    return problem(status, message, error={"code": code, "message": message}, **extra)
 
 
 def iso(ts: datetime | None) -> str | None:
