@@ -46,11 +46,11 @@ class Tokens:
     async def create(
         self, org: str, name: str, apps: list[str] | None, permissions: list[Permission] | None, creator: KeyGrant
     ) -> Created:
-        """A new key with at most the creator's powers over the API: its permissions and apps default to
-        the creator's and may not exceed them (a key that may create keys cannot mint a stronger one).
-        ``websocket.connect`` is the exception: any key that may write keys may give it, since making
-        keys for executors is what an operator's key is for (and an executor key has no API power)."""
-        wanted = frozenset(permissions) if permissions is not None else creator.permissions
+        """A new key with at most the creator's powers over the API: its permissions and apps may not
+        exceed the creator's (a key that may create keys cannot mint a stronger one). As with DBOS
+        Conductor, no permissions given means ``websocket.connect`` (a key for executors), which any
+        key that may write keys may give; no apps means every app (the creator's, if it has a list)."""
+        wanted = frozenset(permissions) if permissions is not None else frozenset({Permission.WEBSOCKET_CONNECT})
         grantable = creator.permissions | {Permission.WEBSOCKET_CONNECT}
         if not wanted <= grantable:
             missing = ", ".join(sorted(p.value for p in wanted - grantable))
