@@ -8,7 +8,10 @@ version gets the SDK's ``recovery`` frame; a peer on the latest version (only
 where allowed) gets each PENDING workflow cancelled and rewound onto its
 version. Success is verified with ``exist_pending_workflows`` before the
 record is deleted; a failure moves on to the next candidate after the
-policy's backoff (``DBOS.sleep``).
+policy's backoff (``DBOS.sleep``). What an executor answers can fail an attempt, never the
+workflow: a step that talks to executors turns any exception but database
+trouble into a failed outcome with its reason (:func:`relay_step`'s
+``on_error``).
 
 Every step is safe to run twice (a crash between a step's action and its
 checkpoint repeats it): recovery frames are idempotent, database changes are
@@ -31,7 +34,7 @@ from dbos import DBOS
 from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
 from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.peers import BlockedReason, Mode, Peer
-from relay.errors import ExecutorRequestError
+from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
 from relay_protocol import (
     CancelReply,
@@ -55,6 +58,7 @@ from relay_protocol import (
     WorkflowSteps,
     clean_text,
 )
+from relay_protocol.limits import has_unstorable
 from workflows.services import dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.recovery")
@@ -104,6 +108,11 @@ def _failed(error: str) -> Outcome:
     return {"ok": False, "error": clean_text(error)}
 
 
+def _step_failed(exc: Exception) -> Outcome:
+    """A step that asks an executor raised: the attempt fails with the reason."""
+    return _failed(f"{type(exc).__name__}: {exc}")
+
+
 async def _ask(ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float) -> R | str:
     """The peer's reply, through whichever instance holds its socket; the reason as a string if there
     is none, or if it carries an error."""
@@ -148,13 +157,20 @@ async def _latest_version(ref: RecoveryRef, peers: list[tuple[str, str]], timeou
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
     running = {v for _, v in peers}
     for peer, _ in peers:
-        reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
-        if isinstance(reply, str):
+        try:
+            reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
+            if isinstance(reply, str):
+                log.info("recovery %s: no versions from %s: %s", ref.rid, peer, reply)
+                continue
+            ranked = sorted(
+                (v for v in reply.output if v.version_name in running),
+                key=lambda v: (v.version_timestamp, v.created_at),
+            )
+        except DatabaseError:
+            raise
+        except Exception as exc:  # one peer's odd answer costs that peer, not the recovery
+            log.warning("recovery %s: reading %s's versions failed: %s: %s", ref.rid, peer, type(exc).__name__, exc)
             continue
-        ranked = sorted(
-            (v for v in reply.output if v.version_name in running),
-            key=lambda v: (v.version_timestamp, v.created_at),
-        )
         if ranked:
             return ranked[-1].version_name
     return None
@@ -182,7 +198,7 @@ async def dispatch(ref: RecoveryRef, plan: Dispatch) -> bool:
     return await services().recoveries.dispatch(ref, plan, dedupe_key())
 
 
-@relay_step("relay.recover_same_version")
+@relay_step("relay.recover_same_version", on_error=_step_failed)
 async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
     reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), RecoveryReply, timeout)
     if isinstance(reply, str):
@@ -192,7 +208,7 @@ async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeou
     return {"ok": True}
 
 
-@relay_step("relay.list_pending")
+@relay_step("relay.list_pending", on_error=_step_failed)
 async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
     body = ListWorkflowsBody(
         executor_id=ref.key.executor_id,
@@ -204,10 +220,15 @@ async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float
     reply = await _ask(ref, peer, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
-    return {"ok": True, "ids": [w.workflow_id for w in reply.output]}
+    ids = [w.workflow_id for w in reply.output]
+    # Ids are remembered across attempts (_Moves): one that no request can carry would
+    # fail every later attempt too, so the whole listing is refused.
+    if any(not w or has_unstorable(w) for w in ids):
+        return _failed(f"list_workflows: {peer} listed a workflow id that is empty or holds NUL")
+    return {"ok": True, "ids": ids}
 
 
-@relay_step("relay.move_workflow")
+@relay_step("relay.move_workflow", on_error=_step_failed)
 async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: str, timeout: float) -> Outcome:
     """Cancel a PENDING workflow, then rewind it onto ``target`` from its first unfinished step."""
     steps = await _ask(ref, peer, ListStepsRequest(workflow_id=workflow_id, load_output=False), ListStepsReply, timeout)
@@ -241,7 +262,7 @@ def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
     return max(done, default=0) + 1
 
 
-@relay_step("relay.verify")
+@relay_step("relay.verify", on_error=_step_failed)
 async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
     reply = await _ask(ref, peer, query, ExistPendingWorkflowsReply, timeout)
