@@ -1,4 +1,4 @@
-"""Peers are not trusted: a bad reply is a failed attempt.
+"""Peers are not trusted: a lie is caught by another executor, a bad reply is a failed attempt.
 
 A real Relay and real DBOS 3.2 executors, with a simulated peer (harness/simulated.py)
 ranked first for the dead executor, so that the recovery asks it before the honest one.
@@ -74,6 +74,35 @@ def recovered_by(relay: RelayProcess, relay_db: str, evidence_db: str, victim: s
     assert recovery["status"] == "succeeded"
     assert workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS"
     return dict(recovery)
+
+
+def test_a_lying_peer_is_caught_by_an_honest_executor_and_the_recovery_fails_over(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, relay_db: str
+) -> None:
+    relay = start_relay(grace=0.5, recoveryAckTimeoutSecs=3.0, failoverBackoffInitialSecs=0.3)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    honest = start_executor(relay.conductor_url, env=env)
+    victim = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "3"})
+    with SimulatedPeer(peer_url(relay), ranked_before(victim.executor_id, honest.executor_id), "lie") as liar:
+        for ex in (honest.executor_id, liar.executor_id):
+            assert_eventually(lambda ex=ex: relay.state_of("acme", "ledger", ex) == "HEALTHY", 10)
+        victim.kill()
+        recovery = recovered_by(relay, relay_db, evidence_db, victim.executor_id, honest.executor_id)
+        assert liar.recovery_requests == 1
+    # The liar's "success" was checked with the honest executor, which saw the workflows still PENDING.
+    audit = audit_of(relay, victim.executor_id)
+    assert in_order([(e["action"], e["peerExecutorId"]) for e in audit], [
+        ("executor.dead", None),
+        ("recovery.dispatched", liar.executor_id),
+        ("recovery.failed", liar.executor_id),
+        ("recovery.failover", honest.executor_id),
+        ("recovery.dispatched", honest.executor_id),
+        ("recovery.succeeded", honest.executor_id),
+        ("executor.deleted", honest.executor_id),
+    ])  # fmt: skip
+    failed = next(e for e in audit if e["action"] == "recovery.failed")
+    assert "still PENDING" in failed["detail"]["error"] and honest.executor_id in failed["detail"]["error"]
+    assert [a["outcome"] for a in recovery["attempts"]] == ["failed", "succeeded"]
 
 
 def test_a_nul_byte_in_a_peers_error_is_a_failed_attempt_and_the_next_peer_recovers(

@@ -7,8 +7,10 @@ or the API), or dispatch to the chosen peer. A peer on the dead executor's
 version gets the SDK's ``recovery`` frame; a peer on the latest version (only
 where allowed) gets each PENDING workflow cancelled and rewound onto its
 version. Success is verified with ``exist_pending_workflows`` before the
-record is deleted; a failure moves on to the next candidate after the
-policy's backoff (``DBOS.sleep``). What an executor answers can fail an attempt, never the
+record is deleted, asked of another executor of the app than the one that
+recovered whenever one answers (:func:`relay.core.peers.verifiers`); a
+failure moves on to the next candidate after the policy's backoff
+(``DBOS.sleep``). What an executor answers can fail an attempt, never the
 workflow: a step that talks to executors turns any exception but database
 trouble into a failed outcome with its reason (:func:`relay_step`'s
 ``on_error``).
@@ -19,9 +21,10 @@ guarded events of the lifecycle table, audit entries carry a dedupe key.
 
 Upgrades: the workflow's name, its steps' names, their order and their
 outputs' shapes are those of Relay 0.2.0, so a recovery that release started
-finishes under this one. Step outputs are checkpointed with pickle, so they
-are plain dicts (typed below as TypedDicts) rather than classes whose module
-path would be baked into old checkpoints.
+finishes under this one (a key added to an output since is optional and read
+with ``.get``: a 0.2.0 checkpoint lacks it). Step outputs are checkpointed
+with pickle, so they are plain dicts (typed below as TypedDicts) rather than
+classes whose module path would be baked into old checkpoints.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dbos import DBOS
 
 from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
 from relay.core.ids import ExecutorKey, RecoveryRef
-from relay.core.peers import BlockedReason, Mode, Peer
+from relay.core.peers import BlockedReason, Mode, Peer, verifiers
 from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
 from relay_protocol import (
@@ -87,6 +90,7 @@ class Outcome(TypedDict):
     ok: bool
     error: NotRequired[str]
     ids: NotRequired[list[str]]  # relay.list_pending: the PENDING workflows found
+    verifier: NotRequired[str]  # relay.verify: the executor whose answer passed (not in 0.2.0's)
 
 
 def facts_of(record: FactsRecord) -> Facts:
@@ -113,12 +117,15 @@ def _step_failed(exc: Exception) -> Outcome:
     return _failed(f"{type(exc).__name__}: {exc}")
 
 
-async def _ask(ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float) -> R | str:
+async def _ask(
+    ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float, *, await_connection: bool = True
+) -> R | str:
     """The peer's reply, through whichever instance holds its socket; the reason as a string if there
-    is none, or if it carries an error."""
+    is none, or if it carries an error. With ``await_connection``, a peer not connected anywhere right
+    now (reconnecting after a restart of an instance) is waited for, within ``timeout``."""
     key = ExecutorKey(ref.key.org, ref.key.app, peer)
     try:
-        reply = await services().ask(key, request, expected, timeout, await_connection=True)
+        reply = await services().ask(key, request, expected, timeout, await_connection=await_connection)
     except ExecutorRequestError as exc:
         return str(exc)
     if reply.error_message:
@@ -264,13 +271,27 @@ def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
 
 @relay_step("relay.verify", on_error=_step_failed)
 async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
+    """Nothing of the dead executor's left PENDING after ``peer``'s recovery (contract rule 4)?
+
+    Asked of another healthy executor of the app first (a peer that lies
+    about its recovery cannot vouch for itself while another one answers);
+    the first usable answer decides. ``peer`` itself is asked only when no
+    other executor answers.
+    """
+    svc = services()
+    healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app)]
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
-    reply = await _ask(ref, peer, query, ExistPendingWorkflowsReply, timeout)
-    if isinstance(reply, str):
-        return _failed(reply)
-    if reply.exist:
-        return _failed("verification failed: workflows of the dead executor are still PENDING")
-    return {"ok": True}
+    unanswered: list[str] = []
+    for verifier in verifiers(ref.key.executor_id, version, peer, healthy):
+        # Another executor that has just gone is not waited for: the next one is asked.
+        reply = await _ask(ref, verifier, query, ExistPendingWorkflowsReply, timeout, await_connection=verifier == peer)
+        if isinstance(reply, str):
+            unanswered.append(f"{verifier}: {reply}")
+            continue
+        if reply.exist:
+            return _failed(f"verification failed: {verifier} sees workflows of the dead executor still PENDING")
+        return {"ok": True, "verifier": verifier}
+    return _failed("verification failed: no executor answered (" + "; ".join(unanswered) + ")")
 
 
 @relay_step("relay.fail_attempt")
@@ -279,8 +300,8 @@ async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) ->
 
 
 @relay_step("relay.succeed")
-async def succeed(ref: RecoveryRef, attempt: int, peer: str) -> bool:
-    return await services().recoveries.succeed(ref, attempt, peer, dedupe_key())
+async def succeed(ref: RecoveryRef, attempt: int, peer: str, verifier: str | None = None) -> bool:
+    return await services().recoveries.succeed(ref, attempt, peer, dedupe_key(), verifier)
 
 
 @relay_step("relay.abandon")
@@ -352,7 +373,7 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
             return "abandoned"
         result = await _attempt(ref, decision, version, facts.ack_timeout, moves)
         if result["ok"]:
-            await succeed(ref, decision.attempt, decision.peer.executor_id)
+            await succeed(ref, decision.attempt, decision.peer.executor_id, result.get("verifier"))
             return "succeeded"
         await fail_attempt(ref, decision.attempt, decision.peer.executor_id, result.get("error", "failed"))
         await DBOS.sleep_async(policy.failed(decision, facts))

@@ -122,8 +122,13 @@ class RecoveryStore:
             detail = {"attempt": attempt, "error": error, "recoveryId": ref.rid}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
 
-    async def succeed(self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str) -> bool:
-        """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted."""
+    async def succeed(
+        self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str, verified_by: str | None = None
+    ) -> bool:
+        """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted.
+
+        ``verified_by``: the executor whose answer showed nothing left PENDING.
+        """
         async with self.db.fenced() as conn:
             deleted = await self.executors.apply(ref.key, E.RECOVERED, epoch=ref.epoch, conn=conn)
             await conn.execute(
@@ -132,7 +137,9 @@ class RecoveryStore:
                 (ref.rid, attempt),
             )
             await self._status(conn, ref.rid, "succeeded", None)
-            detail = {"attempt": attempt, "recoveryId": ref.rid}
+            detail: dict[str, object] = {"attempt": attempt, "recoveryId": ref.rid}
+            if verified_by is not None:
+                detail["verifiedBy"] = verified_by
             await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
