@@ -49,6 +49,9 @@ class LivenessConfig(_Model):
     failover_backoff_initial_secs: float = Field(default=1.0, gt=0)
     failover_backoff_max_secs: float = Field(default=30.0, gt=0)
     instance_lease_secs: float = Field(default=15.0, gt=0)
+    # How often each instance's repair sweep looks for executors it owns whose grace
+    # period or recovery workflow is not running (ended in ERROR, cancelled, never started).
+    repair_interval_secs: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> LivenessConfig:

@@ -15,6 +15,10 @@ workflow: a step that talks to executors turns any exception but database
 trouble into a failed outcome with its reason (:func:`relay_step`'s
 ``on_error``).
 
+A death may take several runs of this workflow (:mod:`relay.core.ids`): the
+repair sweep or an operator starts a new one when a run ended without
+finishing, and the new run's first step marks the earlier ones superseded.
+
 Every step is safe to run twice (a crash between a step's action and its
 checkpoint repeats it): recovery frames are idempotent, database changes are
 guarded events of the lifecycle table, audit entries carry a dedupe key.
@@ -135,7 +139,7 @@ async def _ask(
 
 @relay_step("relay.open_recovery")
 async def open_recovery(ref: RecoveryRef, trigger: str) -> str | None:
-    return await services().recoveries.open(ref, trigger)
+    return await services().recoveries.open(ref, trigger, dedupe_key())
 
 
 @relay_step("relay.gather")
