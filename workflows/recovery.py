@@ -66,7 +66,7 @@ from relay_protocol import (
     clean_text,
 )
 from relay_protocol.limits import has_unstorable
-from workflows.services import dedupe_key, relay_step, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.recovery")
 
@@ -349,7 +349,7 @@ async def _attempt(ref: RecoveryRef, plan: Dispatch, version: str, timeout: floa
     return result
 
 
-@DBOS.workflow(name="relay.recover")
+@DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
     rid = DBOS.workflow_id
     assert rid is not None

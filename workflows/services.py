@@ -39,6 +39,13 @@ log = logging.getLogger("relay.workflows")
 # workflow changes in a way that cannot replay an older run's history.
 WORKFLOWS_VERSION = "relay-workflows-1"
 
+# DBOS moves a workflow it has recovered more than ``max_recovery_attempts`` times
+# (default 100) to MAX_RECOVERY_ATTEMPTS_EXCEEDED: a dead letter, never run again.
+# Relay's grace periods and waiting recoveries are meant to be resumed at every
+# restart of Relay, however many there are, so their limit is out of reach (DBOS
+# takes any int, or None for no limit; a number keeps the setting explicit).
+MAX_RECOVERY_ATTEMPTS = 1_000_000_000
+
 
 R = TypeVar("R", bound=Reply)
 
