@@ -86,17 +86,36 @@ def _dead_were_handled(h: History) -> list[str]:
 
 
 def _audit_is_complete(h: History) -> list[str]:
+    """Every deletion has, since the executor's previous deletion (one life, which may have taken
+    several recovery runs), its ``executor.dead``, and the ``recovery.dispatched`` and
+    ``recovery.succeeded`` of the very run that deleted it (by ``recoveryId``, when the entries
+    name it). An executor that died more than once, or whose recovery took a second run, is
+    checked life by life and run by run, not against its whole history."""
     problems = []
-    seen: dict[str, set[str]] = {}
+    life: dict[str, list[dict[str, Any]]] = {}
     for entry in h.audit:
-        executor, action = entry["executorId"], entry["action"]
-        before = seen.setdefault(executor or "", set())
+        executor, action = entry["executorId"] or "", entry["action"]
+        before = life.setdefault(executor, [])
         if action == "executor.deleted":
-            for needed in ("executor.dead", "recovery.dispatched", "recovery.succeeded"):
-                if needed not in before:
-                    problems.append(f"executor {executor} was deleted without {needed} before it in the audit log")
-        before.add(action)
+            run = _recovery_id(entry)
+            if not any(e["action"] == "executor.dead" for e in before):
+                problems.append(f"executor {executor} was deleted without executor.dead before it in the audit log")
+            for needed in ("recovery.dispatched", "recovery.succeeded"):
+                if not any(e["action"] == needed and (run is None or _recovery_id(e) in (run, None)) for e in before):
+                    which = f" of {run}" if run else ""
+                    problems.append(
+                        f"executor {executor} was deleted without {needed}{which} before it in the audit log"
+                    )
+            life[executor] = []  # a later death of the same executor id is a new life
+            continue
+        before.append(entry)
     return problems
+
+
+def _recovery_id(entry: dict[str, Any]) -> str | None:
+    detail = entry.get("detail") or {}
+    rid = detail.get("recoveryId")
+    return rid if isinstance(rid, str) else None
 
 
 def _instances_adopted_once(h: History) -> list[str]:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,21 +49,49 @@ async def handshake(ws: ClientConnection, executor_id: str | None = None, versio
     return executor_id
 
 
-class SimulatedPeer:
-    """A peer in its own thread that misbehaves on ``recovery``: it closes its
-    socket (``"close"``) or never answers (``"silent"``). Other requests get an
-    error reply, as an SDK answers a request it cannot serve."""
+# What a peer that lies answers: it recovered (it did nothing), and nothing is left PENDING.
+LIES: dict[str, dict[str, Any]] = {
+    "recovery": {"success": True},
+    "exist_pending_workflows": {"exist": False},
+}
 
-    def __init__(self, url: str, executor_id: str, on_recovery: str, version: str = "v1") -> None:
+
+class SimulatedPeer:
+    """A peer in its own thread that misbehaves on ``recovery``.
+
+    ``on_recovery``: ``"close"`` closes its socket, ``"silent"`` never answers,
+    ``"lie"`` answers ``success: true`` and then ``exist: false`` to
+    ``exist_pending_workflows`` without having recovered anything, and
+    ``"answer"`` sends what ``replies`` gives for it. ``replies`` maps a
+    message type to the fields of its reply (besides ``type`` and
+    ``request_id``), sent as they are, however wrong. Any other request gets
+    an error reply, as an SDK answers a request it cannot serve.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        executor_id: str,
+        on_recovery: str,
+        version: str = "v1",
+        replies: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        if on_recovery not in ("close", "silent", "lie", "answer"):
+            raise ValueError(f"unknown behaviour {on_recovery!r}")
         self.url = url
         self.executor_id = executor_id
         self.on_recovery = on_recovery
         self.version = version
-        self.recovery_requests = 0
+        self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
+        self.requests: Counter[str] = Counter()
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),), daemon=True)
         self._ws: ClientConnection | None = None
+
+    @property
+    def recovery_requests(self) -> int:
+        return self.requests["recovery"]
 
     def __enter__(self) -> SimulatedPeer:
         self._thread.start()
@@ -83,14 +112,15 @@ class SimulatedPeer:
         try:
             async for frame in ws:
                 request = json.loads(frame)
-                if request["type"] == "recovery":
-                    self.recovery_requests += 1
-                    if self.on_recovery == "close":
-                        await ws.close()
-                        return
+                kind = request["type"]
+                self.requests[kind] += 1
+                if kind == "recovery" and self.on_recovery == "close":
+                    await ws.close()
+                    return
+                if kind == "recovery" and self.on_recovery == "silent":
                     continue
-                await ws.send(json.dumps({"type": request["type"], "request_id": request["request_id"],
-                                          "error_message": "not supported by the simulated peer"}))  # fmt: skip
+                fields = self.replies.get(kind, {"error_message": "not supported by the simulated peer"})
+                await ws.send(json.dumps({"type": kind, "request_id": request["request_id"], **fields}))
         except ConnectionClosed:
             return
 

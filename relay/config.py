@@ -63,6 +63,9 @@ class LivenessConfig(_Model):
     # How often an instance compares its open sockets with the rows it owns (a lost
     # disconnection is recorded then; a socket another connection replaced is closed).
     socket_check_secs: float = Field(default=10.0, gt=0)
+    # How often each instance's repair sweep looks for executors it owns whose grace
+    # period or recovery workflow is not running (ended in ERROR, cancelled, never started).
+    repair_interval_secs: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> LivenessConfig:

@@ -123,3 +123,63 @@ def test_schedules_are_reproducible_and_leave_a_peer() -> None:
             assert fault.duration > profile.lease_secs  # long enough for an adoption
     for earlier, later in itertools.pairwise(a):
         assert later.at >= earlier.at + earlier.duration  # one fault at a time
+
+
+def run_entries(executor: str, *steps: tuple[str, str | None]) -> list[dict[str, object]]:
+    """Audit entries ``(action, recoveryId)`` in order, one second apart."""
+    return [
+        {"executorId": executor, "action": a, "at": f"2026-11-30T00:01:{i:02d}Z", "peerExecutorId": None,
+         "detail": {} if rid is None else {"recoveryId": rid}}
+        for i, (a, rid) in enumerate(steps)
+    ]  # fmt: skip
+
+
+R1, R2 = "recovery:acme:ledger:e1:7", "recovery:acme:ledger:e1:7:2"
+
+
+def test_a_recovery_finished_by_its_second_run_passes() -> None:
+    h = sound()
+    h.audit = run_entries(
+        "e1",
+        ("executor.dead", None),
+        ("recovery.dispatched", R1),
+        ("recovery.failed", R1),
+        ("recovery.restarted", R2),
+        ("recovery.dispatched", R2),
+        ("recovery.succeeded", R2),
+        ("executor.deleted", R2),
+    )
+    assert check(h) == []
+
+
+def test_a_deletion_by_a_run_that_never_dispatched_is_rejected() -> None:
+    """Run 1 dispatched and succeeded without deleting; run 2 deleted without doing either itself."""
+    h = sound()
+    h.audit = run_entries(
+        "e1",
+        ("executor.dead", None),
+        ("recovery.dispatched", R1),
+        ("recovery.succeeded", R1),
+        ("recovery.restarted", R2),
+        ("executor.deleted", R2),
+    )
+    assert check(h) == [
+        f"executor e1 was deleted without recovery.dispatched of {R2} before it in the audit log",
+        f"executor e1 was deleted without recovery.succeeded of {R2} before it in the audit log",
+    ]
+
+
+def test_each_life_of_an_executor_needs_its_own_death_and_recovery() -> None:
+    """An executor paused past its grace period is recovered, comes back, and is deleted again:
+    its first life's entries do not vouch for the second."""
+    first_life = [("executor.dead", None), ("recovery.dispatched", R1), ("recovery.succeeded", R1),
+                  ("executor.deleted", R1)]  # fmt: skip
+    h = sound()
+    h.audit = run_entries("e1", *first_life, ("executor.deleted", "recovery:acme:ledger:e1:9"))
+    problems = check(h)
+    assert "executor e1 was deleted without executor.dead before it in the audit log" in problems
+    assert len(problems) == 3
+    third = "recovery:acme:ledger:e1:9"
+    h.audit = run_entries("e1", *first_life, ("executor.dead", None), ("recovery.dispatched", third),
+                          ("recovery.succeeded", third), ("executor.deleted", third))  # fmt: skip
+    assert check(h) == []

@@ -21,7 +21,7 @@ from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Mode, Peer
-from relay.errors import Fenced
+from relay.errors import DatabaseError, Fenced
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.db import Database
@@ -145,6 +145,7 @@ async def _fenced_writes(url: str) -> None:
             assert await snapshot() == before, name
         assert not await lease.renew()
         assert lease.fenced
+        await lease.stop()
     finally:
         await db.close()
 
@@ -168,6 +169,7 @@ async def _held_for(url: str) -> None:
         assert not lease.held and lease.held_for() == 0.0
         assert await lease.renew()  # nobody adopted it: back, but only just
         assert lease.held and lease.held_for() < 0.1
+        await lease.stop()
     finally:
         await db.close()
 
@@ -176,3 +178,72 @@ def test_a_lease_regained_after_a_gap_counts_as_held_only_since_then(postgres: P
     # Adoption waits until an instance has held its lease for a whole lease period, so that a
     # database outage that expired every lease does not make the instances adopt each other.
     asyncio.run(_held_for(postgres.create_database("held")))
+
+
+async def _renewals_with_the_pool_exhausted(url: str) -> None:
+    db = Database(url, min_size=1, max_size=2)
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "busy-test", 0.6)
+        await lease.acquire()
+        lease.start()
+        release = asyncio.Event()
+
+        async def hold_a_connection() -> None:
+            async with db.connection():
+                await release.wait()
+
+        holders = [asyncio.create_task(hold_a_connection()) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert db.pool.get_stats().get("pool_available", 0) == 0  # every pooled connection is taken
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher:
+
+            async def renewed_at() -> Any:
+                cur = await watcher.execute("SELECT renewed_at FROM relay_instances WHERE instance_id = 'busy-test'")
+                row = await cur.fetchone()
+                assert row is not None
+                return row[0]
+
+            before = await renewed_at()
+            held = []
+            for _ in range(20):  # two seconds: more than three leases
+                await asyncio.sleep(0.1)
+                held.append(lease.held)
+            assert all(held), held
+            assert await renewed_at() > before
+        release.set()
+        await asyncio.gather(*holders)
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_the_lease_is_renewed_while_the_pool_is_exhausted(postgres: Postgres) -> None:
+    asyncio.run(_renewals_with_the_pool_exhausted(postgres.create_database("busy")))
+
+
+async def _a_stuck_renewal_gives_way(url: str) -> None:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "stuck-test", 1.2)
+        await lease.acquire()
+        async with await psycopg.AsyncConnection.connect(url) as blocker:
+            # Another session holds the lease row (a long transaction, a lock): the renewal's UPDATE waits.
+            await blocker.execute("SELECT 1 FROM relay_instances WHERE instance_id = 'stuck-test' FOR UPDATE")
+            started = time.monotonic()
+            with pytest.raises(DatabaseError):
+                await asyncio.wait_for(lease.renew(), 2.0)
+            assert time.monotonic() - started < lease.lease_secs / 3  # its statement timed out within the period
+            await blocker.rollback()
+        assert await lease.renew()  # on a new connection
+        assert lease.held
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_renewal_stuck_on_a_lock_times_out_within_the_renewal_period(postgres: Postgres) -> None:
+    asyncio.run(_a_stuck_renewal_gives_way(postgres.create_database("stuck")))

@@ -1,4 +1,4 @@
-"""Relay's own DBOS application: launching it, starting and messaging its workflows, the sweep.
+"""Relay's own DBOS application: launching it, starting and messaging its workflows, the repair sweep.
 
 The engine is what the rest of Relay knows of its durable workflows: the
 hub's :class:`relay.net.hub.HubEvents` (connections and disconnections) and
@@ -8,6 +8,15 @@ Hub events are queued and handled by a few workers, so a thousand executors
 dropping at once (a network split, a load balancer restart) is a queue to
 work through, not a thousand concurrent demands on the database pool. A
 failed event is retried until it succeeds.
+
+The repair sweep (:meth:`Engine.repair`), at start-up and every
+``repairIntervalSecs``, makes sure that every executor this instance owns
+that is not HEALTHY has its workflow running: a grace period for a
+DISCONNECTED one, a recovery for a DEAD or RECOVERING one. A workflow can
+end without finishing its job (in ERROR, cancelled by an operator with
+DBOS's tools, dead-lettered by DBOS), or never have been started (a crash
+between two writes); without the sweep its executor would stay where it is
+for good.
 """
 
 from __future__ import annotations
@@ -21,9 +30,11 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
 
-from relay.core.ids import ExecutorKey, grace_id, recovery_id
+from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.errors import DatabaseError
 from relay.store.apps import AppStore
-from relay.store.executors import ExecutorStore
+from relay.store.executors import ExecutorStore, Unfinished
 from relay.store.recoveries import RecoveryStore
 from workflows import services as wf_services
 from workflows.grace import RECONNECTED_TOPIC, grace_period
@@ -34,6 +45,10 @@ log = logging.getLogger("relay.durable")
 
 EVENT_WORKERS = 8
 DEFAULT_GRACE_SECS = 60.0
+# DBOS statuses of a workflow that still runs, or will: it needs no replacement.
+LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
+# Workflow ids looked up in one query by the repair sweep.
+SWEEP_BATCH = 200
 
 _Event = tuple[str, ExecutorKey, int, int | None]
 
@@ -54,6 +69,7 @@ class Engine:
         self.apps = apps
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
+        self._repairing: asyncio.Task[None] | None = None
         # Apps that may have a recovery waiting for a peer or an operator, so that
         # a connect to any other app costs no query. Filled at start-up, by a
         # recovery before it records itself blocked, and every few seconds from
@@ -91,8 +107,10 @@ class Engine:
     # -- the event queue ---------------------------------------------------------------
 
     def start_workers(self, retention_interval_secs: float) -> None:
+        """The event workers, the periodic repair sweep (once DBOS has launched) and the retention schedule."""
         self._workers = [asyncio.create_task(self._work()) for _ in range(EVENT_WORKERS)]
         self._workers.append(asyncio.create_task(self._schedule_retention(retention_interval_secs)))
+        self._repairing = asyncio.create_task(self._repair_every(wf_services.services().liveness.repair_interval_secs))
 
     async def _schedule_retention(self, interval: float) -> None:
         """Start this interval's retention job (every instance asks; DBOS runs each id once)."""
@@ -105,10 +123,12 @@ class Engine:
             await asyncio.sleep(interval - time.time() % interval + 0.5)
 
     async def stop_workers(self) -> None:
-        for task in self._workers:
+        tasks = [*self._workers, *([self._repairing] if self._repairing else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = []
+        self._repairing = None
 
     async def _work(self) -> None:
         handlers: dict[str, Callable[[ExecutorKey, int, int | None], Awaitable[None]]] = {
@@ -149,9 +169,17 @@ class Engine:
     # -- Durable ------------------------------------------------------------------------
 
     async def start_recovery(self, key: ExecutorKey, epoch: int, trigger: str) -> str:
-        rid = recovery_id(key, epoch)
-        await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
+        """The death's recovery: the run that is live, or else a new run started now; returns its id."""
+        rid, live = await self.current_recovery(key, epoch)
+        if not live:
+            await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
         return rid
+
+    async def current_recovery(self, key: ExecutorKey, epoch: int) -> tuple[str, bool]:
+        """The id of the death's live recovery run and True; or, when no run is live, the id
+        the next run takes (run 1's if there was none) and False."""
+        latest, live = (await self._latest_runs([(key, epoch)]))[(key, epoch)]
+        return (recovery_id(key, epoch, latest), True) if live else (recovery_id(key, epoch, latest + 1), False)
 
     async def end_grace(self, key: ExecutorKey, epoch: int, reason: str) -> None:
         await _send(grace_id(key, epoch), {"reason": reason}, RECONNECTED_TOPIC)
@@ -170,19 +198,113 @@ class Engine:
 
     async def take_over(self, instances: list[str]) -> None:
         """Hand the pending DBOS workflows of ``instances`` to DBOS's recovery (idempotent),
-        then start the grace periods still missing."""
+        then repair what is still missing."""
         handles = await asyncio.to_thread(DBOS._recover_pending_workflows, instances)
         log.info("instance %s: recovering %d workflows of %s", self.instance_id, len(handles), instances)
         await self.sweep()
 
+    # -- the repair sweep -------------------------------------------------------------------
+
     async def sweep(self) -> None:
-        """Every DISCONNECTED executor this instance owns gets its grace period (idempotent);
-        every app with a waiting recovery is noted for wake-ups."""
+        """The repair sweep, at once (start-up, shutdown, adoption)."""
+        await self.repair()
+
+    async def _repair_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.repair()
+            except DatabaseError as exc:
+                log.warning("instance %s: the repair sweep failed: %s", self.instance_id, exc)
+            except Exception:
+                log.exception("instance %s: the repair sweep failed", self.instance_id)
+
+    async def repair(self) -> None:
+        """Every executor this instance owns that is not HEALTHY gets its workflow running (idempotent).
+
+        - DISCONNECTED, and no grace period for that epoch: one is started (it
+          waits the app's whole grace period from now).
+        - DISCONNECTED, and its grace period ended without declaring it DEAD (cancelled,
+          in ERROR, dead-lettered): once the grace period has passed since the
+          disconnection, it is declared DEAD here, as the grace period would have
+          (GRACE_EXPIRED, audited), and its recovery is started.
+        - DEAD or RECOVERING, no recovery run live and no grace period live (which
+          would start it): a new recovery run is started.
+
+        Also notes every app with a waiting recovery, for wake-ups.
+        """
         await self.refresh_blocked()
-        for key, epoch in await self.executors.disconnected_of_instance(self.instance_id):
-            # Most already have theirs (resumed by DBOS, or recovered from an adopted instance).
-            if await DBOS.get_workflow_status_async(grace_id(key, epoch)) is None:
+        rows = await self.executors.needing_timers(self.instance_id)
+        for start in range(0, len(rows), SWEEP_BATCH):
+            batch = rows[start : start + SWEEP_BATCH]
+            graces = await _statuses([grace_id(r.key, r.epoch) for r in batch])
+            deaths = [(r.key, r.epoch) for r in batch if r.state is not ExecutorState.DISCONNECTED]
+            runs = await self._latest_runs(deaths)
+            for row in batch:
+                try:
+                    await self._repair_one(
+                        row, graces.get(grace_id(row.key, row.epoch)), runs.get((row.key, row.epoch))
+                    )
+                except DatabaseError as exc:
+                    log.warning("executor %s: repair failed (%s); the next sweep tries again", row.key, exc)
+
+    async def _repair_one(self, row: Unfinished, grace: str | None, run: tuple[int, bool] | None) -> None:
+        key, epoch = row.key, row.epoch
+        if grace in LIVE:
+            return  # it will declare the executor dead, or has, and start its recovery
+        if row.state is ExecutorState.DISCONNECTED:
+            if grace is None:
                 await self._start_grace(key, epoch)
+            elif row.grace_over:
+                log.warning("executor %s: its grace period ended (%s) without declaring it dead; declaring it now",
+                            key, grace)  # fmt: skip
+                dedupe = f"repair:{grace_id(key, epoch)}:dead"
+                if await self.recoveries.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe):
+                    await self.start_recovery(key, epoch, "repair")
+            return
+        latest, live = run or (0, False)
+        if live or not await self.executors.still_dead(key, epoch):
+            # Still dead, read after the run's status: a run that had ended cannot have
+            # deleted the record since (one that ended just before the rows were read could).
+            return
+        log.warning("executor %s is %s with no recovery running (%s); starting run %d",
+                    key, row.state.value, f"run {latest} ended" if latest else "none started", latest + 1)  # fmt: skip
+        await self.start_recovery(key, epoch, "repair")
+
+    async def _latest_runs(
+        self, deaths: list[tuple[ExecutorKey, int]]
+    ) -> dict[tuple[ExecutorKey, int], tuple[int, bool]]:
+        """For each death: its latest recovery run (0: none yet) and whether that run is live.
+
+        Runs are found among DBOS's workflows and in the recoveries table (a run
+        whose DBOS record was garbage-collected still holds its number).
+        """
+        if not deaths:
+            return {}
+        found = await DBOS.list_workflows_async(
+            workflow_id_prefix=[recovery_id(key, epoch) for key, epoch in deaths],
+            load_input=False,
+            load_output=False,
+        )
+        recorded = await self.recoveries.latest_runs(deaths)
+        result: dict[tuple[ExecutorKey, int], tuple[int, bool]] = {}
+        for key, epoch in deaths:
+            statuses = {
+                run: status.status
+                for status in found
+                if (run := recovery_run(key, epoch, status.workflow_id)) is not None
+            }
+            latest = max([*statuses, recorded.get((key, epoch), 0)])
+            result[(key, epoch)] = (latest, statuses.get(latest) in LIVE)
+        return result
+
+
+async def _statuses(workflow_ids: list[str]) -> dict[str, str]:
+    """The DBOS status of each of these workflows that exists."""
+    if not workflow_ids:
+        return {}
+    found = await DBOS.list_workflows_async(workflow_ids=workflow_ids, load_input=False, load_output=False)
+    return {status.workflow_id: status.status for status in found}
 
 
 async def _send(workflow_id: str, message: dict[str, Any], topic: str) -> None:
@@ -193,8 +315,8 @@ async def _send(workflow_id: str, message: dict[str, Any], topic: str) -> None:
 
 
 async def _start(workflow_id: str, fn: Any, *args: Any) -> None:
-    # A workflow id names the disconnection or death it is for: starting it
-    # twice (a retry, the start-up sweep) finds the first one. It runs as a
-    # task on Relay's loop.
+    # A workflow id names the disconnection or death (and run) it is for: starting
+    # it twice (a retry, the repair sweep, two instances at once) finds the first
+    # one. It runs as a task on Relay's loop.
     with SetWorkflowID(workflow_id):
         await DBOS.start_workflow_async(fn, *args)

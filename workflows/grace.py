@@ -18,7 +18,7 @@ from dbos import DBOS, SetWorkflowID
 from relay.core.ids import ExecutorKey, recovery_id
 from relay.core.lifecycle import ExecutorEvent
 from workflows.recovery import recover
-from workflows.services import dedupe_key, relay_step, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
 
 RECONNECTED_TOPIC = "reconnected"
 
@@ -29,7 +29,7 @@ async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool
     return await services().recoveries.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe_key())
 
 
-@DBOS.workflow(name="relay.grace_period")
+@DBOS.workflow(name="relay.grace_period", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def grace_period(org: str, app: str, executor_id: str, epoch: int, timeout_secs: float) -> str:
     woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)
     if woken is not None:

@@ -7,8 +7,17 @@ or the API), or dispatch to the chosen peer. A peer on the dead executor's
 version gets the SDK's ``recovery`` frame; a peer on the latest version (only
 where allowed) gets each PENDING workflow cancelled and rewound onto its
 version. Success is verified with ``exist_pending_workflows`` before the
-record is deleted; a failure moves on to the next candidate after the
-policy's backoff (``DBOS.sleep``).
+record is deleted, asked of another executor of the app than the one that
+recovered whenever one answers (:func:`relay.core.peers.verifiers`); a
+failure moves on to the next candidate after the policy's backoff
+(``DBOS.sleep``). What an executor answers can fail an attempt, never the
+workflow: a step that talks to executors turns any exception but database
+trouble into a failed outcome with its reason (:func:`relay_step`'s
+``on_error``).
+
+A death may take several runs of this workflow (:mod:`relay.core.ids`): the
+repair sweep or an operator starts a new one when a run ended without
+finishing, and the new run's first step marks the earlier ones superseded.
 
 Every step is safe to run twice (a crash between a step's action and its
 checkpoint repeats it): recovery frames are idempotent, database changes are
@@ -16,9 +25,10 @@ guarded events of the lifecycle table, audit entries carry a dedupe key.
 
 Upgrades: the workflow's name, its steps' names, their order and their
 outputs' shapes are those of Relay 0.2.0, so a recovery that release started
-finishes under this one. Step outputs are checkpointed with pickle, so they
-are plain dicts (typed below as TypedDicts) rather than classes whose module
-path would be baked into old checkpoints.
+finishes under this one (a key added to an output since is optional and read
+with ``.get``: a 0.2.0 checkpoint lacks it). Step outputs are checkpointed
+with pickle, so they are plain dicts (typed below as TypedDicts) rather than
+classes whose module path would be baked into old checkpoints.
 """
 
 from __future__ import annotations
@@ -30,8 +40,8 @@ from dbos import DBOS
 
 from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
 from relay.core.ids import ExecutorKey, RecoveryRef
-from relay.core.peers import BlockedReason, Mode, Peer
-from relay.errors import ExecutorRequestError
+from relay.core.peers import BlockedReason, Mode, Peer, verifiers
+from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
 from relay_protocol import (
     CancelReply,
@@ -55,7 +65,8 @@ from relay_protocol import (
     WorkflowSteps,
     clean_text,
 )
-from workflows.services import dedupe_key, relay_step, services
+from relay_protocol.limits import has_unstorable
+from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.recovery")
 
@@ -83,6 +94,7 @@ class Outcome(TypedDict):
     ok: bool
     error: NotRequired[str]
     ids: NotRequired[list[str]]  # relay.list_pending: the PENDING workflows found
+    verifier: NotRequired[str]  # relay.verify: the executor whose answer passed (not in 0.2.0's)
 
 
 def facts_of(record: FactsRecord) -> Facts:
@@ -104,12 +116,20 @@ def _failed(error: str) -> Outcome:
     return {"ok": False, "error": clean_text(error)}
 
 
-async def _ask(ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float) -> R | str:
+def _step_failed(exc: Exception) -> Outcome:
+    """A step that asks an executor raised: the attempt fails with the reason."""
+    return _failed(f"{type(exc).__name__}: {exc}")
+
+
+async def _ask(
+    ref: RecoveryRef, peer: str, request: Request, expected: type[R], timeout: float, *, await_connection: bool = True
+) -> R | str:
     """The peer's reply, through whichever instance holds its socket; the reason as a string if there
-    is none, or if it carries an error."""
+    is none, or if it carries an error. With ``await_connection``, a peer not connected anywhere right
+    now (reconnecting after a restart of an instance) is waited for, within ``timeout``."""
     key = ExecutorKey(ref.key.org, ref.key.app, peer)
     try:
-        reply = await services().ask(key, request, expected, timeout, await_connection=True)
+        reply = await services().ask(key, request, expected, timeout, await_connection=await_connection)
     except ExecutorRequestError as exc:
         return str(exc)
     if reply.error_message:
@@ -119,7 +139,7 @@ async def _ask(ref: RecoveryRef, peer: str, request: Request, expected: type[R],
 
 @relay_step("relay.open_recovery")
 async def open_recovery(ref: RecoveryRef, trigger: str) -> str | None:
-    return await services().recoveries.open(ref, trigger)
+    return await services().recoveries.open(ref, trigger, dedupe_key())
 
 
 @relay_step("relay.gather")
@@ -148,13 +168,20 @@ async def _latest_version(ref: RecoveryRef, peers: list[tuple[str, str]], timeou
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
     running = {v for _, v in peers}
     for peer, _ in peers:
-        reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
-        if isinstance(reply, str):
+        try:
+            reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
+            if isinstance(reply, str):
+                log.info("recovery %s: no versions from %s: %s", ref.rid, peer, reply)
+                continue
+            ranked = sorted(
+                (v for v in reply.output if v.version_name in running),
+                key=lambda v: (v.version_timestamp, v.created_at),
+            )
+        except DatabaseError:
+            raise
+        except Exception as exc:  # one peer's odd answer costs that peer, not the recovery
+            log.warning("recovery %s: reading %s's versions failed: %s: %s", ref.rid, peer, type(exc).__name__, exc)
             continue
-        ranked = sorted(
-            (v for v in reply.output if v.version_name in running),
-            key=lambda v: (v.version_timestamp, v.created_at),
-        )
         if ranked:
             return ranked[-1].version_name
     return None
@@ -182,7 +209,7 @@ async def dispatch(ref: RecoveryRef, plan: Dispatch) -> bool:
     return await services().recoveries.dispatch(ref, plan, dedupe_key())
 
 
-@relay_step("relay.recover_same_version")
+@relay_step("relay.recover_same_version", on_error=_step_failed)
 async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
     reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), RecoveryReply, timeout)
     if isinstance(reply, str):
@@ -192,7 +219,7 @@ async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeou
     return {"ok": True}
 
 
-@relay_step("relay.list_pending")
+@relay_step("relay.list_pending", on_error=_step_failed)
 async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
     body = ListWorkflowsBody(
         executor_id=ref.key.executor_id,
@@ -204,10 +231,15 @@ async def list_pending(ref: RecoveryRef, peer: str, version: str, timeout: float
     reply = await _ask(ref, peer, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
-    return {"ok": True, "ids": [w.workflow_id for w in reply.output]}
+    ids = [w.workflow_id for w in reply.output]
+    # Ids are remembered across attempts (_Moves): one that no request can carry would
+    # fail every later attempt too, so the whole listing is refused.
+    if any(not w or has_unstorable(w) for w in ids):
+        return _failed(f"list_workflows: {peer} listed a workflow id that is empty or holds NUL")
+    return {"ok": True, "ids": ids}
 
 
-@relay_step("relay.move_workflow")
+@relay_step("relay.move_workflow", on_error=_step_failed)
 async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: str, timeout: float) -> Outcome:
     """Cancel a PENDING workflow, then rewind it onto ``target`` from its first unfinished step."""
     steps = await _ask(ref, peer, ListStepsRequest(workflow_id=workflow_id, load_output=False), ListStepsReply, timeout)
@@ -241,15 +273,29 @@ def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
     return max(done, default=0) + 1
 
 
-@relay_step("relay.verify")
+@relay_step("relay.verify", on_error=_step_failed)
 async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> Outcome:
+    """Nothing of the dead executor's left PENDING after ``peer``'s recovery (contract rule 4)?
+
+    Asked of another healthy executor of the app first (a peer that lies
+    about its recovery cannot vouch for itself while another one answers);
+    the first usable answer decides. ``peer`` itself is asked only when no
+    other executor answers.
+    """
+    svc = services()
+    healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app)]
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
-    reply = await _ask(ref, peer, query, ExistPendingWorkflowsReply, timeout)
-    if isinstance(reply, str):
-        return _failed(reply)
-    if reply.exist:
-        return _failed("verification failed: workflows of the dead executor are still PENDING")
-    return {"ok": True}
+    unanswered: list[str] = []
+    for verifier in verifiers(ref.key.executor_id, version, peer, healthy):
+        # Another executor that has just gone is not waited for: the next one is asked.
+        reply = await _ask(ref, verifier, query, ExistPendingWorkflowsReply, timeout, await_connection=verifier == peer)
+        if isinstance(reply, str):
+            unanswered.append(f"{verifier}: {reply}")
+            continue
+        if reply.exist:
+            return _failed(f"verification failed: {verifier} sees workflows of the dead executor still PENDING")
+        return {"ok": True, "verifier": verifier}
+    return _failed("verification failed: no executor answered (" + "; ".join(unanswered) + ")")
 
 
 @relay_step("relay.fail_attempt")
@@ -258,8 +304,8 @@ async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) ->
 
 
 @relay_step("relay.succeed")
-async def succeed(ref: RecoveryRef, attempt: int, peer: str) -> bool:
-    return await services().recoveries.succeed(ref, attempt, peer, dedupe_key())
+async def succeed(ref: RecoveryRef, attempt: int, peer: str, verifier: str | None = None) -> bool:
+    return await services().recoveries.succeed(ref, attempt, peer, dedupe_key(), verifier)
 
 
 @relay_step("relay.abandon")
@@ -303,7 +349,7 @@ async def _attempt(ref: RecoveryRef, plan: Dispatch, version: str, timeout: floa
     return result
 
 
-@DBOS.workflow(name="relay.recover")
+@DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
@@ -331,7 +377,7 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
             return "abandoned"
         result = await _attempt(ref, decision, version, facts.ack_timeout, moves)
         if result["ok"]:
-            await succeed(ref, decision.attempt, decision.peer.executor_id)
+            await succeed(ref, decision.attempt, decision.peer.executor_id, result.get("verifier"))
             return "succeeded"
         await fail_attempt(ref, decision.attempt, decision.peer.executor_id, result.get("error", "failed"))
         await DBOS.sleep_async(policy.failed(decision, facts))

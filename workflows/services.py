@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
+import psycopg
 from dbos import DBOS
 
 from relay.config import LivenessConfig, RetentionConfig
@@ -31,10 +33,19 @@ from relay_protocol import Reply, Request
 T = TypeVar("T")
 P = ParamSpec("P")
 
+log = logging.getLogger("relay.workflows")
+
 # Every Relay instance must register its workflows under the same application
 # version, or one instance could not recover another's. Change it only when a
 # workflow changes in a way that cannot replay an older run's history.
 WORKFLOWS_VERSION = "relay-workflows-1"
+
+# DBOS moves a workflow it has recovered more than ``max_recovery_attempts`` times
+# (default 100) to MAX_RECOVERY_ATTEMPTS_EXCEEDED: a dead letter, never run again.
+# Relay's grace periods and waiting recoveries are meant to be resumed at every
+# restart of Relay, however many there are, so their limit is out of reach (DBOS
+# takes any int, or None for no limit; a number keeps the setting explicit).
+MAX_RECOVERY_ATTEMPTS = 1_000_000_000
 
 
 R = TypeVar("R", bound=Reply)
@@ -84,25 +95,49 @@ def services() -> Services:
 
 
 def _database_trouble(exc: BaseException) -> bool:
-    return isinstance(exc, DatabaseError)
+    """Worth retrying: PostgreSQL unreachable or busy, the lease not held. Not a statement
+    refused for the data in it (NUL in a text, say), which fails the same way every time."""
+    return isinstance(exc, DatabaseError) and not isinstance(exc.__cause__, psycopg.DataError)
 
 
-def relay_step(name: str) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]:
+@overload
+def relay_step(name: str) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]: ...
+
+
+@overload
+def relay_step(
+    name: str, *, on_error: Callable[[Exception], T]
+) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]: ...
+
+
+def relay_step(
+    name: str, *, on_error: Callable[[Exception], Any] | None = None
+) -> Callable[[Callable[P, Coroutine[Any, Any, Any]]], Callable[P, Coroutine[Any, Any, Any]]]:
     """A DBOS step whose body runs on Relay's loop and that outlives a database outage.
 
     Retries: without them, one failed query would end the workflow in ERROR
-    and strand its executor (about an hour of retries in all). Requests to
-    executors report failure as values instead, so only database trouble is
-    retried. The body sees the step's DBOS context (``DBOS.workflow_id``,
+    and strand its executor (about an hour of retries in all). Only database
+    trouble is retried. A step that talks to executors gives ``on_error``:
+    any other exception of its body (a reply Relay did not expect, a bug in
+    reading one) becomes ``on_error(exc)``, its result, so that what an
+    executor sends can fail an attempt but never end the workflow in ERROR.
+    The body sees the step's DBOS context (``DBOS.workflow_id``,
     ``DBOS.step_id``): the hop copies the context along.
     """
 
-    def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    def decorate(fn: Callable[P, Coroutine[Any, Any, Any]]) -> Callable[P, Coroutine[Any, Any, Any]]:
         @functools.wraps(fn)
-        async def on_relay_loop(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await services().on_loop(fn(*args, **kwargs))
+        async def on_relay_loop(*args: P.args, **kwargs: P.kwargs) -> Any:
+            svc = services()
+            try:
+                return await svc.on_loop(fn(*args, **kwargs))
+            except Exception as exc:
+                if on_error is None or _database_trouble(exc):
+                    raise
+                log.warning("step %s of %s failed: %s: %s", name, DBOS.workflow_id, type(exc).__name__, exc)
+                return on_error(exc)
 
-        step: Callable[P, Coroutine[Any, Any, T]] = DBOS.step(
+        step: Callable[P, Coroutine[Any, Any, Any]] = DBOS.step(
             name=name,
             retries_allowed=True,
             interval_seconds=0.5,

@@ -1,4 +1,10 @@
-"""Recoveries of dead executors, with their attempts."""
+"""Recoveries of dead executors, with their attempts.
+
+One row per run of a recovery workflow: a death whose first run ended without
+finishing has a second run (id ``...:{epoch}:2``), and so on. A list shows
+every run, oldest first; any run, of this release or an earlier one, can be
+read by its id.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ def recovery_json(row: RecoveryRow) -> dict[str, Any]:
     return {
         "recoveryId": row.id,
         "executorId": row.executor_id,
+        "run": row.run,
         "applicationVersion": row.application_version,
         "trigger": row.trigger,
         "status": row.status,

@@ -1,12 +1,20 @@
 """Names of things: an executor's key, and the ids of Relay's workflows for it.
 
 The workflow ids are durable: DBOS finds a workflow by its id, so starting one
-twice (a retry, the start-up sweep) finds the first one. Changing a format
+twice (a retry, the repair sweep) finds the first one. Changing a format
 strands the workflows already running under the old one.
+
+A death may need more than one run of its recovery workflow: a run that ended
+without finishing (in ERROR, cancelled, dead-lettered by DBOS) is followed by
+a new one. The first run keeps the id Relay 0.2.0 gave it,
+``recovery:{org}:{app}:{executor}:{epoch}``, so that grace periods started by
+that release start the same workflow and its rows stay readable; run ``n``
+(2, 3, ...) is ``recovery:{org}:{app}:{executor}:{epoch}:{n}``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -31,9 +39,32 @@ def grace_id(key: ExecutorKey, epoch: int) -> str:
     return f"grace:{key.org}:{key.app}:{key.executor_id}:{epoch}"
 
 
-def recovery_id(key: ExecutorKey, epoch: int) -> str:
-    """The recovery workflow's id, also the API's ``recoveryId``: one recovery per death."""
-    return f"recovery:{key.org}:{key.app}:{key.executor_id}:{epoch}"
+def recovery_id(key: ExecutorKey, epoch: int, run: int = 1) -> str:
+    """The id of run ``run`` of a death's recovery workflow, also the API's ``recoveryId``."""
+    if run < 1:
+        raise ValueError(f"recovery runs count from 1, not {run}")
+    first = f"recovery:{key.org}:{key.app}:{key.executor_id}:{epoch}"
+    return first if run == 1 else f"{first}:{run}"
+
+
+_RUN_SUFFIX = re.compile(r":([1-9][0-9]*)")
+
+
+def recovery_run(key: ExecutorKey, epoch: int, rid: str) -> int | None:
+    """The run of this death's recovery that ``rid`` names; None if it names none of them.
+
+    Read against the known executor and epoch, never by splitting the id: an
+    executor id may itself contain colons and digits.
+    """
+    first = recovery_id(key, epoch)
+    if rid == first:
+        return 1
+    if not rid.startswith(first):
+        return None
+    match = _RUN_SUFFIX.fullmatch(rid, len(first))
+    if match is None or int(match.group(1)) < 2:
+        return None
+    return int(match.group(1))
 
 
 @dataclass(frozen=True)
@@ -43,6 +74,11 @@ class RecoveryRef:
     key: ExecutorKey
     epoch: int
     rid: str
+
+    @property
+    def run(self) -> int:
+        """Which run of this death's recovery it is (1 for an id of another form)."""
+        return recovery_run(self.key, self.epoch, self.rid) or 1
 
     @classmethod
     def of(cls, key: ExecutorKey, epoch: int, rid: str | None = None) -> RecoveryRef:

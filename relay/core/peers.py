@@ -85,6 +85,24 @@ def _next(dead_executor_id: str, candidates: list[Peer], tried: frozenset[str], 
     return Choice(None, mode=mode, exhausted=True)
 
 
+def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, healthy: list[Peer]) -> list[str]:
+    """Whom to ask, in turn, whether the dead executor's workflows are still PENDING after
+    ``recovering_peer`` said it recovered them (contract rule 4).
+
+    Any executor of the app can answer (it queries the app's system database),
+    so the peer that recovered is asked last: every other healthy executor
+    comes first, those on the dead executor's version before the others, in
+    rendezvous order. A peer that lies about its recovery is then checked by
+    another executor whenever the app has one that answers; only when none
+    does is the recovering peer's own word taken.
+    """
+    others = [p for p in healthy if p.executor_id not in (dead_executor_id, recovering_peer)]
+    others.sort(
+        key=lambda p: (p.application_version != dead_version, rank(dead_executor_id, p.executor_id), p.executor_id)
+    )
+    return [*(p.executor_id for p in others), recovering_peer]
+
+
 def backoff(attempt: int, initial: float, maximum: float) -> float:
     """Seconds to wait before attempt ``attempt`` + 1 (attempts count from 1)."""
     if attempt < 1:

@@ -6,9 +6,9 @@ tells the durable layer (grace periods, recoveries) what changed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from relay.core.ids import ExecutorKey, recovery_id
+from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
 from relay.errors import Conflict, NotFound
@@ -18,8 +18,16 @@ from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 
 
+class RecoveryRuns(Durable, Protocol):
+    """What an operator's recovery needs of the durable layer besides :class:`Durable`."""
+
+    async def current_recovery(self, key: ExecutorKey, epoch: int) -> tuple[str, bool]:
+        """The id of the death's live recovery run and True; else the id of its next run and False."""
+        ...
+
+
 class Operator:
-    def __init__(self, db: Database, apps: AppStore, executors: ExecutorStore, durable: Durable) -> None:
+    def __init__(self, db: Database, apps: AppStore, executors: ExecutorStore, durable: RecoveryRuns) -> None:
         self.db = db
         self.apps = apps
         self.executors = executors
@@ -41,7 +49,8 @@ class Operator:
         return after
 
     async def recover(self, key: ExecutorKey, actor: str, to_latest_version: bool) -> str:
-        """An operator's recovery: skips the rest of a grace period, or nudges a waiting one.
+        """An operator's recovery: skips the rest of a grace period, nudges a running recovery, or
+        starts a new run of one that ended without finishing; returns the run's id.
 
         Refused for a HEALTHY executor: recovering it would re-run the workflows it is running.
         """
@@ -52,7 +61,7 @@ class Operator:
             raise Conflict(
                 "executor_healthy", "the executor is connected; recovering it would re-run workflows it is running"
             )
-        rid = recovery_id(key, rec.epoch)
+        rid, live = await self.durable.current_recovery(key, rec.epoch)
         async with self.db.fenced() as conn:
             if rec.state is ExecutorState.DISCONNECTED:
                 event = ExecutorEvent.DECLARED_DEAD
@@ -60,10 +69,15 @@ class Operator:
                     raise Conflict("state_changed", "the executor's state changed meanwhile; look again")
                 dead = f"manual:{key}:{rec.epoch}:dead"
                 await audit_executor(conn, key, "executor.dead", dead, detail={"epoch": rec.epoch}, actor=actor)
-            detail = {"recoveryId": rid, "toLatestVersion": to_latest_version}
+            detail = {"recoveryId": rid, "toLatestVersion": to_latest_version, "newRun": not live}
             await audit_executor(conn, key, "recovery.manual_requested", None, detail=detail, actor=actor)
-        await self.durable.start_recovery(key, rec.epoch, "operator")
+        if not live:
+            # The id named above, unless another start (the repair sweep, the grace period's
+            # deadline) took it first: then it is that one's run, and it is live.
+            await self.durable.start_recovery(key, rec.epoch, "operator")
         if rec.state is ExecutorState.DISCONNECTED:
             await self.durable.end_grace(key, rec.epoch, "operator recovery")
+        # A new run reads the message when it first waits (an operator's permission to move
+        # onto the latest version reaches it so).
         await self.durable.wake_recovery(rid, {"reason": "operator", "toLatestVersion": to_latest_version})
         return rid

@@ -71,6 +71,17 @@ class ExecutorRecord:
         )
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """An executor that is not HEALTHY, as the repair sweep sees it."""
+
+    key: ExecutorKey
+    state: ExecutorState
+    epoch: int
+    # Its disconnection is older than the app's grace period (the app's value now).
+    grace_over: bool
+
+
 # What an event sets besides the state (the state itself comes from the table).
 _EFFECTS: dict[ExecutorEvent, str] = {
     E.LOST: ", disconnected_at = now()",
@@ -478,6 +489,26 @@ class ExecutorStore:
                 (instance,),
             )
             return [(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in await cur.fetchall()]
+
+    async def needing_timers(self, instance: str) -> list[Unfinished]:
+        """Executors this instance owns that are not HEALTHY: each needs a grace period
+        (DISCONNECTED) or a recovery (DEAD, RECOVERING) running, which the repair sweep checks."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT e.org, e.app, e.executor_id, e.state, e.epoch,
+                          COALESCE(e.disconnected_at + make_interval(secs => a.executor_timeout_secs) <= now(), true)
+                              AS grace_over
+                   FROM executors e LEFT JOIN apps a ON a.org = e.org AND a.name = e.app
+                   WHERE e.relay_instance = %s AND e.state <> 'HEALTHY'
+                   ORDER BY e.org, e.app, e.executor_id""",
+                (instance,),
+            )
+            rows = await cur.fetchall()
+        return [
+            Unfinished(ExecutorKey(r["org"], r["app"], r["executor_id"]), ExecutorState(r["state"]), int(r["epoch"]),
+                       bool(r["grace_over"]))
+            for r in rows
+        ]  # fmt: skip
 
     async def count_blocked(self) -> dict[tuple[str, str, str], int]:
         """DEAD executors waiting, per (org, app, blocked reason), for /metrics."""

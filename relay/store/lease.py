@@ -8,6 +8,14 @@ renewal succeeds only while the row's ``lease_epoch`` is still this
 instance's: an instance that adopts an expired lease raises the epoch, and
 the old holder then knows it was fenced out.
 
+The lease has a connection of its own, opened when it is acquired and opened
+again after a failure, not one of the pool's: a pool kept busy by a burst of
+work (a mass disconnection, slow API requests) would otherwise hold up the
+renewal until the lease ran out, and the instance would be adopted while
+perfectly alive. Its statements time out well within the renewal period
+(:data:`STATEMENT_SHARE` of it), so a renewal stuck on a lock or a dead
+connection gives way to the next one in time.
+
 Every write bound to what this instance owns goes through
 :meth:`relay.store.db.Database.fenced`, which checks the same row in the same
 transaction: the lease, not this process's belief, decides. When a renewal
@@ -20,11 +28,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
 
 from relay.errors import DatabaseError
 from relay.store.db import Database
 
 log = logging.getLogger("relay.lease")
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+# Renewals come every third of the lease; a statement of the lease's own
+# connection may take this share of that period, connecting at most all of it.
+STATEMENT_SHARE = 0.75
 
 
 class Lease:
@@ -37,7 +55,51 @@ class Lease:
         self._valid_until = 0.0
         self._held_since = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._conn: Conn | None = None
         self.on_fenced: Callable[[], None] | None = None
+
+    @property
+    def renew_every(self) -> float:
+        return self.lease_secs / 3
+
+    async def _connection(self) -> Conn:
+        """The lease's own connection, opened if it is not (first use, or after a failure)."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        timeout_ms = max(1, int(self.renew_every * STATEMENT_SHARE * 1000))
+        try:
+            conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(self.db.url, autocommit=True, row_factory=dict_row),
+                self.renew_every,
+            )
+            await conn.execute(f"SET statement_timeout = {timeout_ms}")
+        except (psycopg.Error, TimeoutError) as exc:
+            raise DatabaseError(f"lease connection: {exc or type(exc).__name__}") from exc
+        self._conn = conn
+        return conn
+
+    async def _execute(
+        self, query: str, params: dict[str, Any] | tuple[Any, ...]
+    ) -> psycopg.AsyncCursor[dict[str, Any]]:
+        """One statement on the lease's connection; a failure closes it (the next use opens a new one)."""
+        conn = await self._connection()
+        try:
+            return await conn.execute(query, params)
+        except psycopg.Error as exc:
+            await self._drop()
+            raise DatabaseError(f"lease: {exc}") from exc
+        except BaseException:
+            # Cancelled mid-statement: the connection's state is unknown.
+            await self._drop()
+            raise
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except psycopg.Error as exc:
+                log.debug("closing the lease's connection: %s", exc)
 
     @property
     def held(self) -> bool:
@@ -55,18 +117,17 @@ class Lease:
     async def acquire(self) -> int:
         """Take this instance's lease at start-up, with a new epoch."""
         sent = asyncio.get_running_loop().time()
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                """INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
-                                                    renewed_at)
-                   VALUES (%(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now())
-                   ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
-                       lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
-                       adopted_by = NULL, adopted_at = NULL
-                   RETURNING lease_epoch""",
-                {"id": self.instance_id, "secs": self.lease_secs},
-            )
-            row = await cur.fetchone()
+        cur = await self._execute(
+            """INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
+                                                renewed_at)
+               VALUES (%(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now())
+               ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
+                   lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
+                   adopted_by = NULL, adopted_at = NULL
+               RETURNING lease_epoch""",
+            {"id": self.instance_id, "secs": self.lease_secs},
+        )
+        row = await cur.fetchone()
         assert row is not None
         self.epoch = int(row["lease_epoch"])
         self.fenced = False
@@ -78,13 +139,12 @@ class Lease:
 
     async def renew(self) -> bool:
         sent = asyncio.get_running_loop().time()
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                """UPDATE relay_instances SET lease_expires_at = now() + make_interval(secs => %s),
-                          renewed_at = now()
-                   WHERE instance_id = %s AND lease_epoch = %s""",
-                (self.lease_secs, self.instance_id, self.epoch),
-            )
+        cur = await self._execute(
+            """UPDATE relay_instances SET lease_expires_at = now() + make_interval(secs => %s),
+                      renewed_at = now()
+               WHERE instance_id = %s AND lease_epoch = %s""",
+            (self.lease_secs, self.instance_id, self.epoch),
+        )
         if cur.rowcount != 1:
             if not self.fenced:
                 log.error("instance %s lost its lease (epoch %s): another instance adopted it, or a second "
@@ -105,18 +165,24 @@ class Lease:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.epoch is not None and not self.fenced:
-            # Stopping cleanly: the lease ends now rather than when it would run out.
-            async with self.db.connection() as conn:
-                await conn.execute(
+        try:
+            if self.epoch is not None and not self.fenced:
+                # Stopping cleanly: the lease ends now rather than when it would run out.
+                await self._execute(
                     """UPDATE relay_instances SET lease_expires_at = now()
                        WHERE instance_id = %s AND lease_epoch = %s""",
                     (self.instance_id, self.epoch),
                 )
+        finally:
+            await self._drop()
 
     async def _keep(self) -> None:
+        # On a fixed beat from the last renewal sent, however long a renewal took.
+        loop = asyncio.get_running_loop()
+        beat = loop.time()
         while not self.fenced:
-            await asyncio.sleep(self.lease_secs / 3)
+            beat = max(beat + self.renew_every, loop.time())
+            await asyncio.sleep(beat - loop.time())
             try:
                 await self.renew()
             except DatabaseError as exc:

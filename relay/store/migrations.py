@@ -160,6 +160,21 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
     (
+        6,
+        """
+        -- A death may need several runs of its recovery workflow: one that ended without
+        -- finishing (in ERROR, cancelled, dead-lettered) is followed by a new run. Run 1 keeps
+        -- the id of earlier releases (recovery:{org}:{app}:{executor}:{epoch}), run n > 1 adds
+        -- ":{n}". Rows written before this migration are first runs.
+        ALTER TABLE recoveries ADD COLUMN run integer NOT NULL DEFAULT 1 CHECK (run >= 1);
+        CREATE UNIQUE INDEX recoveries_runs ON recoveries (org, app, executor_id, epoch, run);
+        -- A run started by the repair sweep says so.
+        ALTER TABLE recoveries DROP CONSTRAINT recoveries_trigger_check;
+        ALTER TABLE recoveries ADD CONSTRAINT recoveries_trigger_check
+            CHECK (trigger IN ('grace_period', 'operator', 'repair'));
+        """,
+    ),
+    (
         7,
         """
         -- Keys as DBOS Conductor has them (the tokens API): a permanent id that a rename

@@ -35,6 +35,7 @@ class RecoveryRow:
     executor_id: str
     application_version: str
     epoch: int
+    run: int
     trigger: str
     status: str
     error: str | None
@@ -62,8 +63,14 @@ class RecoveryStore:
             await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
             return True
 
-    async def open(self, ref: RecoveryRef, trigger: str) -> str | None:
-        """Create the recovery row (once); returns the dead executor's version, None if it is gone."""
+    async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
+        """Create the recovery row (once); returns the dead executor's version, None if it is gone.
+
+        A later run (``ref.run`` > 1) takes over from the runs before it, whose
+        workflows ended without finishing: their rows are marked ``failed``
+        (they would otherwise say ``dispatching`` or ``waiting_for_peer``
+        forever), and ``recovery.restarted`` is audited.
+        """
         async with self.db.fenced() as conn:
             version = await self.executors.version_of(conn, ref.key)
             if version is None:
@@ -71,12 +78,47 @@ class RecoveryStore:
                 row = await cur.fetchone()
                 return None if row is None else str(row["application_version"])
             key = ref.key
-            await conn.execute(
-                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING""",
-                (ref.rid, key.org, key.app, key.executor_id, version, ref.epoch, trigger),
+            cur = await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger, status)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING""",
+                (ref.rid, key.org, key.app, key.executor_id, version, ref.epoch, ref.run, trigger),
             )
+            if cur.rowcount == 1 and ref.run > 1:
+                await self._take_over(conn, ref, trigger, dedupe)
             return version
+
+    async def _take_over(self, conn: Conn, ref: RecoveryRef, trigger: str, dedupe: str | None) -> None:
+        key = ref.key
+        cur = await conn.execute(
+            """UPDATE recoveries SET status = 'failed', error = %s, updated_at = now()
+               WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s AND run < %s
+                 AND status NOT IN ('succeeded', 'failed')
+               RETURNING id""",
+            (f"its workflow ended without finishing; run {ref.run} took over",
+             key.org, key.app, key.executor_id, ref.epoch, ref.run),
+        )  # fmt: skip
+        ended = sorted(str(r["id"]) for r in await cur.fetchall())
+        detail = {"recoveryId": ref.rid, "run": ref.run, "trigger": trigger, "endedRuns": ended}
+        await audit_executor(conn, key, "recovery.restarted", dedupe, detail=detail)
+
+    async def latest_runs(self, deaths: list[tuple[ExecutorKey, int]]) -> dict[tuple[ExecutorKey, int], int]:
+        """The highest run recorded for each of these deaths (a run's row is written by its first step)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT r.org, r.app, r.executor_id, r.epoch, max(r.run) AS run
+                   FROM recoveries r
+                   JOIN unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS d(org, app, executor_id, epoch)
+                     ON r.org = d.org AND r.app = d.app AND r.executor_id = d.executor_id AND r.epoch = d.epoch
+                   GROUP BY r.org, r.app, r.executor_id, r.epoch""",
+                (
+                    [k.org for k, _ in deaths],
+                    [k.app for k, _ in deaths],
+                    [k.executor_id for k, _ in deaths],
+                    [e for _, e in deaths],
+                ),
+            )
+            rows = await cur.fetchall()
+        return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])): int(r["run"]) for r in rows}
 
     async def set_blocked(self, ref: RecoveryRef, reason: str, status: str, dedupe: str) -> None:
         async with self.db.fenced() as conn:
@@ -122,8 +164,13 @@ class RecoveryStore:
             detail = {"attempt": attempt, "error": error, "recoveryId": ref.rid}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
 
-    async def succeed(self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str) -> bool:
-        """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted."""
+    async def succeed(
+        self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str, verified_by: str | None = None
+    ) -> bool:
+        """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted.
+
+        ``verified_by``: the executor whose answer showed nothing left PENDING.
+        """
         async with self.db.fenced() as conn:
             deleted = await self.executors.apply(ref.key, E.RECOVERED, epoch=ref.epoch, conn=conn)
             await conn.execute(
@@ -132,7 +179,9 @@ class RecoveryStore:
                 (ref.rid, attempt),
             )
             await self._status(conn, ref.rid, "succeeded", None)
-            detail = {"attempt": attempt, "recoveryId": ref.rid}
+            detail: dict[str, object] = {"attempt": attempt, "recoveryId": ref.rid}
+            if verified_by is not None:
+                detail["verifiedBy"] = verified_by
             await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
@@ -163,7 +212,7 @@ class RecoveryStore:
                    FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
                    WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
                      AND (%s::text IS NULL OR r.executor_id = %s)
-                   GROUP BY r.id ORDER BY r.created_at, r.id LIMIT %s OFFSET %s""",
+                   GROUP BY r.id ORDER BY r.created_at, r.run, r.id LIMIT %s OFFSET %s""",
                 (org, app, rid, rid, executor_id, executor_id, limit, offset),
             )
             rows = await cur.fetchall()

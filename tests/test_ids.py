@@ -1,0 +1,57 @@
+"""Workflow ids and recovery runs, and who verifies a recovery: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.core.ids import ExecutorKey, RecoveryRef, recovery_id, recovery_run
+from relay.core.peers import Peer, order_peers, verifiers
+
+KEY = ExecutorKey("acme", "ledger", "ex-1")
+
+
+def test_the_first_run_keeps_the_id_of_earlier_releases_and_later_runs_add_their_number() -> None:
+    assert recovery_id(KEY, 1000007) == "recovery:acme:ledger:ex-1:1000007"  # 0.2.0's id
+    assert recovery_id(KEY, 1000007, 1) == recovery_id(KEY, 1000007)
+    assert recovery_id(KEY, 1000007, 2) == "recovery:acme:ledger:ex-1:1000007:2"
+    with pytest.raises(ValueError):
+        recovery_id(KEY, 1000007, 0)
+    for run in (1, 2, 3, 17):
+        rid = recovery_id(KEY, 1000007, run)
+        assert recovery_run(KEY, 1000007, rid) == run
+        assert RecoveryRef(KEY, 1000007, rid).run == run
+
+
+def test_an_id_of_another_death_or_form_is_no_run_of_this_one() -> None:
+    first = recovery_id(KEY, 1000007)
+    for other in (
+        recovery_id(KEY, 1000008),
+        recovery_id(ExecutorKey("acme", "ledger", "ex-10"), 1000007),
+        first + ":1",  # run 1 never has a suffix
+        first + ":02",
+        first + ":x",
+        first + "0",  # epoch 10000070, not a run
+        first + ":2:3",
+        "grace:acme:ledger:ex-1:1000007",
+    ):
+        assert recovery_run(KEY, 1000007, other) is None, other
+    assert RecoveryRef(KEY, 1000007, "r1").run == 1  # any other id counts as a first run
+
+
+def test_an_executor_id_with_colons_and_digits_is_read_against_the_known_epoch() -> None:
+    odd = ExecutorKey("acme", "ledger", "host:42")
+    assert recovery_run(odd, 1000001, recovery_id(odd, 1000001, 3)) == 3
+    assert recovery_run(odd, 1000001, recovery_id(odd, 1000001)) == 1
+
+
+def test_a_recovery_is_verified_by_another_executor_first_and_its_own_peer_last() -> None:
+    healthy = [Peer("dead", "v1"), Peer("p", "v1"), Peer("a", "v1"), Peer("b", "v1"), Peer("new", "v2")]
+    order = verifiers("dead", "v1", "p", healthy)
+    assert order[-1] == "p" and order.count("p") == 1
+    assert "dead" not in order
+    # The dead executor's version first, in rendezvous order; other versions after.
+    assert order[:2] == [q.executor_id for q in order_peers("dead", [Peer("a", "v1"), Peer("b", "v1")])]
+    assert order[2] == "new"
+    # Alone: the recovering peer answers for itself.
+    assert verifiers("dead", "v1", "p", [Peer("p", "v1")]) == ["p"]
+    assert verifiers("dead", "v1", "p", []) == ["p"]
