@@ -25,7 +25,7 @@ from relay.errors import DatabaseError, Fenced
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.db import Database
-from relay.store.executors import ExecutorStore
+from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from relay_protocol import ExecutorInfoReply
@@ -100,8 +100,8 @@ async def _fenced_writes(url: str) -> None:
         info = ExecutorInfoReply(
             request_id="r", executor_id="ex-1", application_version="v1", hostname="host", language="python"
         )
-        epoch, _ = await executors.connected("acme", "ledger", info, "fence-test")
         key = ExecutorKey("acme", "ledger", "ex-1")
+        epoch = (await executors.connected(Handshake(key, info, "fence-test", "key"))).epoch
         ref = RecoveryRef(key, epoch, "r1")
         assert await executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance="fence-test")
         dead = ExecutorEvent.GRACE_EXPIRED
@@ -114,7 +114,7 @@ async def _fenced_writes(url: str) -> None:
 
         writes = {
             "declare_dead": lambda: store.declare_dead(key, epoch, dead, "relay", "d1"),
-            "connected": lambda: executors.connected("acme", "ledger", info, "fence-test"),
+            "connected": lambda: executors.connected(Handshake(key, info, "fence-test", "key")),
             "lost": lambda: executors.apply(key, ExecutorEvent.LOST, epoch=epoch),
             "disconnect_instance": lambda: executors.instance_lost("fence-test"),
             "open": lambda: store.open(ref, "operator"),

@@ -69,9 +69,9 @@ def test_old_records_and_finished_relay_workflows_are_pruned_and_nothing_live(st
         for rid, status in (("old-finished", "succeeded"), ("old-running", "waiting_for_peer")):
             conn.execute(
                 """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status,
-                                          updated_at) VALUES (%s, 'acme', 'ledger', 'x', 'v1', 1, 'operator', %s,
+                                          updated_at) VALUES (%s, 'acme', 'ledger', %s, 'v1', 1, 'operator', %s,
                                           now() - interval '1 hour')""",
-                (rid, status),
+                (rid, f"x-{rid}", status),
             )
         conn.execute("INSERT INTO executor_ids (org, app, executor_id, key_id, last_seen_at) VALUES "
                      "('acme', 'ledger', 'forgotten', 'k', now() - interval '1 hour')")  # fmt: skip
@@ -116,6 +116,7 @@ async def _batch_with_a_bad_row(url: str) -> tuple[list[object], list[str]]:
         async with db.connection() as conn:
             cur = await conn.execute("SELECT executor_id FROM executors ORDER BY executor_id")
             stored = [str(r["executor_id"]) for r in await cur.fetchall()]
+        await lease.stop()
         return results, stored
     finally:
         await db.close()
