@@ -41,6 +41,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import info_reply
+from harness.waiting import assert_eventually
 from relay_protocol import (
     ExecutorInfoReply,
     ListWorkflowsReply,
@@ -158,8 +159,9 @@ class LogWatch:
 class Fuzz:
     """A running Relay with its honest executor, and what each example needs to talk to them."""
 
-    def __init__(self, relay: RelayProcess, honest_id: str, honest_connected_at: str) -> None:
+    def __init__(self, relay: RelayProcess, honest_id: str, honest_connected_at: str, lease_epoch: int) -> None:
         self.relay = relay
+        self.lease_epoch = lease_epoch
         self.honest_id = honest_id
         self.honest_connected_at = honest_connected_at
         self.url = websocket_url(relay.port)
@@ -205,6 +207,7 @@ class Fuzz:
         assert self.relay.proc is not None and self.relay.proc.poll() is None, f"Relay exited: {self.log_tail()}"
         ready = await self.api.get(f"{self.relay.http}/readyz")
         assert ready.status_code == 200, f"/readyz: {ready.status_code} {ready.text}"
+        assert ready.json()["leaseEpoch"] == self.lease_epoch, f"the lease was taken again: {ready.text}"
         honest = await self.record(self.honest_id)
         assert honest is not None and honest["state"] == "HEALTHY", f"the honest executor: {honest}"
         assert honest["connectedAt"] == self.honest_connected_at, "the honest executor's socket was disturbed"
@@ -322,14 +325,16 @@ def fuzz(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         relay.start()
         honest = ExecutorProcess(workdir, postgres.create_database("sys"), relay.conductor_url)
-        record = None
-        for _ in range(200):
-            record = relay.executor("acme", "ledger", honest.executor_id)
-            if record is not None and record["state"] == "HEALTHY":
-                break
-            asyncio.run(asyncio.sleep(0.05))
-        assert record is not None and record["state"] == "HEALTHY", record
-        fuzz = Fuzz(relay, honest.executor_id, record["connectedAt"])
+        honest_id = honest.executor_id
+
+        def honest_healthy() -> dict[str, Any] | None:
+            record = relay.executor("acme", "ledger", honest_id)
+            return record if record is not None and record["state"] == "HEALTHY" else None
+
+        record = assert_eventually(honest_healthy, 10, what="the honest executor HEALTHY")
+        assert record is not None
+        lease_epoch = httpx.get(f"{relay.http}/readyz", timeout=5).json()["leaseEpoch"]
+        fuzz = Fuzz(relay, honest_id, record["connectedAt"], lease_epoch)
         yield fuzz
     finally:
         if fuzz is not None:
