@@ -4,6 +4,7 @@
 - :mod:`harness.relay`: ``relay serve`` in a subprocess and its configuration;
 - :mod:`harness.executors`: real DBOS executors (:mod:`harness.executor_app`) in subprocesses;
 - :mod:`harness.simulated`: a hand-written executor for protocol fuzzing and load;
+- :mod:`harness.fuzzing`: an executor that sends exactly the frames a test scripts, valid or not;
 - :mod:`harness.proxy` and :mod:`harness.balancer`: a TCP proxy that cuts connections and a
   TCP load balancer in front of several Relay instances;
 - :mod:`harness.keys`, :mod:`harness.ports`, :mod:`harness.waiting`: the test keys, free
