@@ -14,8 +14,11 @@ only these::
     │   ├── ExecutorTimeout        no reply within the timeout
     │   ├── ExecutorGone           the socket closed while the request was out
     │   ├── ExecutorBadReply       the reply broke the protocol (wrong shape or types)
-    │   └── ExecutorRefused        the reply carried only an error
-    │       └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
+    │   ├── ExecutorRefused        the reply carried only an error
+    │   │   └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
+    │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
+    │   └── NoAnswer               none of the app's executors answered (the API's 502)
+    ├── TooManyRequests        an app already has its cap of requests in flight (429)
     └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
         ├── NotFound               no such app, executor or recovery
         └── Conflict               the state does not allow it (a HEALTHY executor), or changed meanwhile
@@ -75,6 +78,18 @@ class ExecutorRefused(ExecutorRequestError):
 
 class UnsupportedMessage(ExecutorRefused):
     """The executor's SDK does not know the message ("Unknown message type")."""
+
+
+class NoHealthyExecutor(ExecutorRequestError):
+    """The app has no healthy executor connected to any live instance."""
+
+
+class NoAnswer(ExecutorRequestError):
+    """None of the app's healthy executors answered in time."""
+
+
+class TooManyRequests(RelayError):
+    """An app has as many requests in flight to its executors as Relay allows."""
 
 
 class ActionRefused(RelayError):

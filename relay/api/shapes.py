@@ -1,0 +1,285 @@
+"""DBOS Conductor's API shapes, and their translation from the protocol's replies, in one place.
+
+Field names and types are Conductor's (its OpenAPI document, which ``dbos-mcp``
+and ``dbosctl`` read): camelCase, times as ISO 8601 in UTC. The executors'
+replies carry times as epoch milliseconds (in strings, in some messages) and
+PascalCase keys; nothing else in Relay reads them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from relay_protocol import (
+    ApplicationVersionOutput,
+    EventOutput,
+    NotificationOutput,
+    QueueOutput,
+    ScheduleOutput,
+    StepAggregateOutput,
+    StreamEntryOutput,
+    WorkflowAggregateOutput,
+    WorkflowsOutput,
+    WorkflowSteps,
+)
+
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def ms_iso(value: str | int | None) -> str | None:
+    """Epoch milliseconds (a number, or a number in a string) as ISO 8601 UTC; None if absent or not a number."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(int(value) / 1000, UTC).isoformat().replace("+00:00", "Z")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+
+
+def _int(value: str | int | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def sdk_time(value: datetime) -> str:
+    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: no ``Z``, six fraction digits)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+
+
+class Workflow(Shape):
+    workflowId: str
+    status: str | None
+    workflowName: str | None
+    workflowClass: str | None
+    workflowConfig: str | None
+    user: str | None
+    assumedRole: str | None
+    roles: str | None
+    input: str | None
+    output: str | None
+    error: str | None
+    createdAt: str | None
+    updatedAt: str | None
+    queueName: str | None
+    appVersion: str | None
+    executorId: str | None
+    timeoutMs: int | None
+    deadline: str | None
+    deduplicationId: str | None
+    priority: int
+    queuePartitionKey: str | None
+    forkedFrom: str | None
+    parentWorkflowId: str | None
+    dequeuedAt: str | None
+    wasForkedFrom: bool
+    delayUntil: str | None
+    completedAt: str | None
+    attributes: str | None
+    scheduleName: str | None
+    applicationName: str | None
+
+
+def workflow(w: WorkflowsOutput) -> Workflow:
+    return Workflow(
+        workflowId=w.workflow_id,
+        status=w.status,
+        workflowName=w.workflow_name,
+        workflowClass=w.workflow_class_name,
+        workflowConfig=w.workflow_config_name,
+        user=w.authenticated_user,
+        assumedRole=w.assumed_role,
+        roles=w.authenticated_roles,
+        input=w.input,
+        output=w.output,
+        error=w.error,
+        createdAt=ms_iso(w.created_at),
+        updatedAt=ms_iso(w.updated_at),
+        queueName=w.queue_name,
+        appVersion=w.application_version,
+        executorId=w.executor_id,
+        timeoutMs=_int(w.workflow_timeout_ms),
+        deadline=ms_iso(w.workflow_deadline_epoch_ms),
+        deduplicationId=w.deduplication_id,
+        priority=_int(w.priority) or 0,
+        queuePartitionKey=w.queue_partition_key,
+        forkedFrom=w.forked_from,
+        parentWorkflowId=w.parent_workflow_id,
+        dequeuedAt=ms_iso(w.dequeued_at),
+        wasForkedFrom=w.was_forked_from,
+        delayUntil=ms_iso(w.delay_until_epoch_ms),
+        completedAt=ms_iso(w.completed_at),
+        attributes=w.attributes,
+        scheduleName=w.schedule_name,
+        applicationName=w.application_name,
+    )
+
+
+class Step(Shape):
+    stepId: int
+    stepName: str
+    output: str | None
+    error: str | None
+    childWorkflowId: str | None
+    startedAt: str | None
+    completedAt: str | None
+
+
+def step(s: WorkflowSteps) -> Step:
+    return Step(
+        stepId=s.function_id,
+        stepName=s.function_name,
+        output=s.output,
+        error=s.error,
+        childWorkflowId=s.child_workflow_id,
+        startedAt=ms_iso(s.started_at_epoch_ms),
+        completedAt=ms_iso(s.completed_at_epoch_ms),
+    )
+
+
+class Event(Shape):
+    key: str
+    value: str | None
+
+
+def event(e: EventOutput) -> Event:
+    return Event(key=e.key, value=e.value)
+
+
+class Notification(Shape):
+    topic: str | None
+    message: str | None
+    createdAt: str | None
+    consumed: bool
+
+
+def notification(n: NotificationOutput) -> Notification:
+    return Notification(topic=n.topic, message=n.message, createdAt=ms_iso(n.created_at_epoch_ms), consumed=n.consumed)
+
+
+class StreamEntry(Shape):
+    key: str
+    values: list[str]
+
+
+def stream(s: StreamEntryOutput) -> StreamEntry:
+    return StreamEntry(key=s.key, values=list(s.values))
+
+
+class WorkflowAggregate(Shape):
+    group: dict[str, str | None]
+    count: int | None = None
+    minCreatedAt: str | None = None
+    maxQueueWaitMs: int | None = None
+    maxTotalLatencyMs: int | None = None
+
+
+def workflow_aggregate(a: WorkflowAggregateOutput) -> dict[str, Any]:
+    row = WorkflowAggregate(
+        group=dict(a.group),
+        count=a.count,
+        minCreatedAt=ms_iso(a.min_created_at),
+        maxQueueWaitMs=a.max_queue_wait_ms,
+        maxTotalLatencyMs=a.max_total_latency_ms,
+    )
+    return row.model_dump(exclude_none=True, exclude={"group"}) | {"group": row.group}  # selected members only
+
+
+class StepAggregate(Shape):
+    group: dict[str, str | None]
+    count: int | None = None
+    maxDurationMs: int | None = None
+
+
+def step_aggregate(a: StepAggregateOutput) -> dict[str, Any]:
+    row = StepAggregate(group=dict(a.group), count=a.count, maxDurationMs=a.max_duration_ms)
+    return row.model_dump(exclude_none=True, exclude={"group"}) | {"group": row.group}
+
+
+class Queue(Shape):
+    name: str
+    concurrency: int | None
+    workerConcurrency: int | None
+    rateLimitMax: int | None
+    rateLimitPeriodSecs: float | None
+    priorityEnabled: bool
+    partitionQueue: bool
+    pollingIntervalSecs: float
+    applicationName: str | None
+
+
+def queue(q: QueueOutput) -> Queue:
+    return Queue(
+        name=q.name,
+        concurrency=q.concurrency,
+        workerConcurrency=q.worker_concurrency,
+        rateLimitMax=q.rate_limit_max,
+        rateLimitPeriodSecs=q.rate_limit_period_sec,
+        priorityEnabled=q.priority_enabled,
+        partitionQueue=q.partition_queue,
+        pollingIntervalSecs=q.polling_interval_sec,
+        applicationName=q.application_name,
+    )
+
+
+class Schedule(Shape):
+    scheduleId: str
+    scheduleName: str
+    workflowName: str
+    workflowClass: str | None
+    cronExpression: str
+    status: str
+    context: str | None
+    lastFiredAt: str | None
+    automaticBackfill: bool
+    cronTimezone: str | None
+    applicationName: str | None
+
+
+def schedule(s: ScheduleOutput) -> Schedule:
+    return Schedule(
+        scheduleId=s.schedule_id,
+        scheduleName=s.schedule_name,
+        workflowName=s.workflow_name,
+        workflowClass=s.workflow_class_name,
+        cronExpression=s.schedule,
+        status=s.status,
+        context=s.context,
+        lastFiredAt=s.last_fired_at,
+        automaticBackfill=s.automatic_backfill,
+        cronTimezone=s.cron_timezone,
+        applicationName=s.application_name,
+    )
+
+
+class ApplicationVersion(Shape):
+    versionId: str
+    versionName: str
+    versionTimestamp: str | None
+    createdAt: str | None
+
+
+def version(v: ApplicationVersionOutput) -> ApplicationVersion:
+    return ApplicationVersion(
+        versionId=v.version_id,
+        versionName=v.version_name,
+        versionTimestamp=ms_iso(v.version_timestamp),
+        createdAt=ms_iso(v.created_at),
+    )
+
+
+class WorkflowIdOut(Shape):
+    workflowId: str
+
+
+class WorkflowIdsOut(Shape):
+    workflowIds: list[str]
+
+
+class SerializedWorkflow(Shape):
+    serializedWorkflow: str
