@@ -29,6 +29,7 @@ from relay.domain.tokens import Tokens
 from relay.metrics import Metrics
 from relay.net.guard import HttpGuard
 from relay.net.hub import Hub
+from relay.net.paths import PathKeeper
 from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
 from relay.store.apps import AppStore
@@ -171,7 +172,7 @@ class Runtime:
         api = HttpGuard(
             build_api(self.api_context(), self.lifespan), self.config.server, lambda key: self.keyring.lookup(key)
         )
-        return RelayApp(self.hub, api)
+        return RelayApp(self.hub, PathKeeper(api))
 
 
 class _Stopped(Exception):

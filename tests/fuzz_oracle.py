@@ -1,10 +1,7 @@
-"""What Relay must do with the frames a fuzzing executor sends, and the Relay bugs known to
-break it.
+"""What Relay must do with the frames a fuzzing executor sends.
 
 The oracle reads each frame as Relay's documented behaviour says it will (``expect_handshake``,
-``expect_answer``), with relay_protocol itself deciding what is a well-formed reply. The known
-bugs are those the xfail tests of test_fuzz_frames.py report; the fuzzing passes over them in
-exactly the forms described here so that it goes on finding other problems.
+``expect_answer``), with relay_protocol itself deciding what is a well-formed reply.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from harness.fuzzing import Ending, wire_size
@@ -141,59 +137,4 @@ LOG_PROBLEM = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (ERROR|CRITICAL) |\[\s*(ERROR|CRITICAL)\]|Traceback|Exception in ASGI"
 )
 
-# --- Known Relay bugs ------------------------------------------------------------------------
-#
-# Each has an xfail test in test_fuzz_frames.py. Passed over in exactly these forms: their log
-# lines, and the API's 500 for a reply that carries what sets them off.
-_ASGI_TRACEBACK = r".* ERROR uvicorn\.error: Exception in ASGI application\nTraceback \(most recent call last\):\n"
-KNOWN_BUGS = [
-    # test_a_failed_handshake_logs_no_error
-    re.compile(
-        r".* ERROR asyncio: Future exception was never retrieved\n"
-        r"future: <Future finished exception=ExecutorGone\("
-        r"'executor acme/ledger from 127\.0\.0\.1:\d+ disconnected'\)>\n"
-        r"relay\.errors\.ExecutorGone: executor acme/ledger from 127\.0\.0\.1:\d+ disconnected\n"
-    ),
-    # test_a_listed_workflow_with_a_lone_surrogate_is_no_500
-    re.compile(
-        _ASGI_TRACEBACK + r"(?:  .*\n)+"
-        r"pydantic_core\._pydantic_core\.PydanticSerializationError: Error serializing to JSON: "
-        r"UnicodeEncodeError: 'utf-8' codec can't encode "
-        r"(?:character '\\ud[89a-f][0-9a-f]{2}' in position \d+|characters in position \d+-\d+): "
-        r"surrogates not allowed\n"
-    ),
-    # test_a_listed_workflow_created_far_in_the_future_is_no_500
-    re.compile(
-        _ASGI_TRACEBACK + r"(?:  .*\n)+"
-        r'  File "[^"\n]*relay/api/common\.py", line \d+, in epoch_ms_iso\n(?:  .*\n)+'
-        r"OSError: \[Errno 75\] Value too large for defined data type\n"
-    ),
-]
 SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def known_listing_bug(answer: ListWorkflowsReply) -> str | None:
-    """The known Relay bug that makes the API answer 500 to a listing with this reply, if any."""
-    for w in answer.output:
-        shown = (w.workflow_id, w.status, w.workflow_name, w.queue_name, w.application_version, w.executor_id)
-        if any(value is not None and SURROGATE.search(value) for value in shown):
-            return "a lone surrogate in a listed workflow"
-        if any(_fromtimestamp_fails(value) for value in (w.created_at, w.updated_at)):
-            return "a listed workflow's time out of the platform's range"
-    return None
-
-
-def _fromtimestamp_fails(epoch_ms: str | None) -> bool:
-    """Whether Relay's reading of a time (relay.api.common.epoch_ms_iso) meets an OSError, which
-    it does not catch."""
-    try:
-        seconds = int(str(epoch_ms)) / 1000
-    except (ValueError, OverflowError):
-        return False
-    try:
-        datetime.fromtimestamp(seconds, UTC)
-    except OSError:
-        return True
-    except (ValueError, OverflowError):
-        return False
-    return False

@@ -12,7 +12,7 @@ What Relay does with the frames is predicted (tests/fuzz_oracle.py) and checked:
 close code, the executor's record, the API's status and body. After every example Relay still
 runs, ``/readyz`` is 200 (its lease is held), the honest executor is HEALTHY with the
 ``connectedAt`` it had at the start, no API call answered 500, and Relay's log has no error and
-no traceback. The Relay bugs this found are xfail tests at the end.
+no traceback. The Relay bugs this found, since fixed, are tests at the end.
 
 Derandomized and sized for about a minute on two cores; ``RELAY_FUZZ_EXAMPLES=N`` runs N
 examples of each position instead.
@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
@@ -71,15 +72,14 @@ from tests.fuzz_oracle import (
     CLOSE_BAD_HANDSHAKE,
     CLOSE_LOST,
     CLOSE_TOO_BIG,
-    KNOWN_BUGS,
     LOG_PROBLEM,
     MAX_FRAME_BYTES,
+    SURROGATE,
     Expected,
     ends_as,
     expect_answer,
     expect_handshake,
     frame_of,
-    known_listing_bug,
     outcomes,
     same_json,
     too_big,
@@ -123,9 +123,11 @@ VALID_ANSWER = {
 # --- The running Relay, the honest executor, and the checks after every example ------------
 
 
-def addressable(executor_id: str) -> bool:
-    """Whether the API can take this executor id in a URL path."""
-    return "/" not in executor_id
+def lease_epoch(relay: RelayProcess) -> int:
+    """The epoch of the instance's lease (``/readyz`` tells only whether it is held)."""
+    with psycopg.connect(relay.database_url) as conn:
+        row = conn.execute("SELECT lease_epoch FROM relay_instances WHERE instance_id = %s", (relay.instance_id,))
+        return int(row.fetchone()[0])  # type: ignore[index]
 
 
 def url_segment(executor_id: str) -> str:
@@ -142,8 +144,7 @@ class LogWatch:
         self.offset = 0
 
     def problems(self, since_start: bool = False) -> list[str]:
-        """Error and traceback lines written since the last look (or since the start), but for
-        :data:`KNOWN_BUGS`."""
+        """Error and traceback lines written since the last look (or since the start)."""
         with open(self.path, "rb") as log:
             log.seek(0 if since_start else self.offset)
             data = log.read()
@@ -151,8 +152,6 @@ class LogWatch:
         if not since_start:
             self.offset += len(data)
         text = data.decode(errors="replace")
-        for known in KNOWN_BUGS:
-            text = known.sub("", text)
         return [line for line in text.splitlines() if LOG_PROBLEM.search(line)]
 
 
@@ -169,8 +168,6 @@ class Fuzz:
         self.runner = asyncio.Runner()
         self.api = self._client()
         self.responses: list[tuple[str, int]] = []
-        self.excused_500s = 0  # API answers of 500 in this example that are a known bug's
-        self.known_bugs: Counter[str] = Counter()
         self.endings: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
         self.connected_at: dict[str, str] = {}  # the last connectedAt of each fuzzing executor id
@@ -196,7 +193,6 @@ class Fuzz:
     def run(self, example: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """One example, then the checks that must hold after any example."""
         self.responses.clear()
-        self.excused_500s = 0
         self.runner.run(self._checked(example))
 
     async def _checked(self, example: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -207,12 +203,12 @@ class Fuzz:
         assert self.relay.proc is not None and self.relay.proc.poll() is None, f"Relay exited: {self.log_tail()}"
         ready = await self.api.get(f"{self.relay.http}/readyz")
         assert ready.status_code == 200, f"/readyz: {ready.status_code} {ready.text}"
-        assert ready.json()["leaseEpoch"] == self.lease_epoch, f"the lease was taken again: {ready.text}"
+        assert lease_epoch(self.relay) == self.lease_epoch, "the lease was taken again"
         honest = await self.record(self.honest_id)
         assert honest is not None and honest["state"] == "HEALTHY", f"the honest executor: {honest}"
         assert honest["connectedAt"] == self.honest_connected_at, "the honest executor's socket was disturbed"
         errors = [(call, status) for call, status in self.responses if status == 500]
-        assert len(errors) == self.excused_500s, f"API calls answered 500: {errors}"
+        assert not errors, f"API calls answered 500: {errors}"
         problems = self.log.problems()
         assert not problems, "Relay logged:\n" + "\n".join(problems)
 
@@ -222,20 +218,12 @@ class Fuzz:
     # -- records --------------------------------------------------------------------------
 
     async def record(self, executor_id: str, *, search_listing: bool = True) -> dict[str, Any] | None:
-        """The executor's record, or None. An id with a "/" cannot be named in a URL (see
-        test_an_executor_id_with_a_slash_can_be_looked_up): it is looked for in the listing,
-        unless ``search_listing`` is false."""
-        if addressable(executor_id):
-            resp = await self.api.get(f"/apps/ledger/executors/{url_segment(executor_id)}")
-            assert resp.status_code in (200, 404), f"GET executor {executor_id!r}: {resp.status_code} {resp.text[:300]}"
-            found: dict[str, Any] | None = resp.json() if resp.status_code == 200 else None
-            assert found is None or found["executorId"] == executor_id, found
-            return found
-        if not search_listing:
-            return None
-        listing = await self.api.get("/apps/ledger/executors")
-        assert listing.status_code == 200, listing.text
-        return next((r for r in listing.json() if r["executorId"] == executor_id), None)
+        """The executor's record, or None (any id can be named in a URL, "/" included)."""
+        resp = await self.api.get(f"/apps/ledger/executors/{url_segment(executor_id)}")
+        assert resp.status_code in (200, 404), f"GET executor {executor_id!r}: {resp.status_code} {resp.text[:300]}"
+        found: dict[str, Any] | None = resp.json() if resp.status_code == 200 else None
+        assert found is None or found["executorId"] == utf8(executor_id), found
+        return found
 
     async def connection(self, executor_id: str, state: str, previous: str | None) -> dict[str, Any]:
         """The record of a connection newer than ``previous`` (a connectedAt), once in ``state``."""
@@ -333,8 +321,7 @@ def fuzz(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
         record = assert_eventually(honest_healthy, 10, what="the honest executor HEALTHY")
         assert record is not None
-        lease_epoch = httpx.get(f"{relay.http}/readyz", timeout=5).json()["leaseEpoch"]
-        fuzz = Fuzz(relay, honest_id, record["connectedAt"], lease_epoch)
+        fuzz = Fuzz(relay, honest_id, record["connectedAt"], lease_epoch(relay))
         yield fuzz
     finally:
         if fuzz is not None:
@@ -348,8 +335,6 @@ def finish(fuzz: Fuzz, position: str, required_endings: set[str], required_statu
     """After a position's run: the honest executor still answers requests, the whole log is
     clean, and (in the default run) the examples reached every outcome they are meant to."""
     print(f"\n{position}: sockets {dict(fuzz.endings)}; API statuses {dict(fuzz.statuses)}")
-    if fuzz.known_bugs:
-        print(f"{position}: known Relay bugs met (see the xfail tests): {dict(fuzz.known_bugs)}")
 
     async def honest_answers() -> None:
         resp = await fuzz.api.get(f"/apps/ledger/executors/{fuzz.honest_id}/workflows")
@@ -361,7 +346,6 @@ def finish(fuzz: Fuzz, position: str, required_endings: set[str], required_statu
     endings, statuses = set(fuzz.endings), set(fuzz.statuses)
     fuzz.endings.clear()
     fuzz.statuses.clear()
-    fuzz.known_bugs.clear()
     if examples(0) == 0:  # a full run, not one with RELAY_FUZZ_EXAMPLES
         seen = {ending.replace(f"closed {CLOSE_LOST}", f"closed {CLOSE_TOO_BIG}") for ending in endings}
         assert required_endings <= seen, f"endings seen: {endings}"
@@ -372,8 +356,13 @@ def listing(workflows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [(w["workflowId"], w["status"], w["name"], w["executorId"]) for w in workflows]
 
 
+def utf8(value: str | None) -> str | None:
+    """What the API's JSON shows of a string: lone surrogates replaced by U+FFFD."""
+    return None if value is None else SURROGATE.sub("\ufffd", value)
+
+
 def listing_of(answer: ListWorkflowsReply) -> list[tuple[Any, ...]]:
-    return [(w.workflow_id, w.status, w.workflow_name, w.executor_id) for w in answer.output]
+    return [(utf8(w.workflow_id), utf8(w.status), utf8(w.workflow_name), utf8(w.executor_id)) for w in answer.output]
 
 
 async def answer_and_check(fuzz: Fuzz, fuzzer: FuzzingExecutor, executor_id: str, plan: Sequence[Any]) -> Ending:
@@ -383,13 +372,6 @@ async def answer_and_check(fuzz: Fuzz, fuzzer: FuzzingExecutor, executor_id: str
     closing = any(p.close is not None for p in possible)
     ending = await fuzzer.ending(SLACK_SECS if closing else 0)
     matching = [p for p in possible if p.status == response.status_code and ends_as(ending, p.close)]
-    if not matching and response.status_code == 500:
-        bugs = [known_listing_bug(p.reply) for p in possible if p.reply is not None and ends_as(ending, p.close)]
-        bug = next((bug for bug in bugs if bug is not None), None)
-        if bug is not None:
-            fuzz.known_bugs[bug] += 1
-            fuzz.excused_500s += 1
-            return ending
     assert matching, (
         f"API {response.status_code} and socket {ending}, expected one of "
         f"{[(p.status, p.close or 'open') for p in possible]}: {response.text[:500]}"
@@ -515,10 +497,8 @@ async def handshake_example(fuzz: Fuzz, plan: list[Any], after: list[Any]) -> No
                                                info.language, info.dbos_version)  # fmt: skip
             assert same_json(record["metadata"], info.executor_metadata), (record["metadata"], info.executor_metadata)
             ending = await send_unsolicited(fuzzer, after)
-            if ending.open and addressable(info.executor_id):
+            if ending.open:
                 await still_served(fuzz, fuzzer, info.executor_id)
-            elif ending.open:
-                fuzz.known_bugs["an executor id with a '/' (no API call can name it)"] += 1
         fuzz.ended(ending)
     finally:
         await fuzz.hang_up(fuzzer, accepted)
@@ -617,16 +597,9 @@ def test_fuzzed_unsolicited_frames(fuzz: Fuzz) -> None:
     finish(fuzz, "unsolicited", {"open", "closed 1009"}, {200})
 
 
-# --- Relay bugs found by the fuzzing ----------------------------------------------------------
+# --- Relay bugs the fuzzing found, each fixed: kept as tests ----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: a handshake that fails before executor_info is answered (a malformed or binary "
-    "first frame: 4400; no reply: 4408; the executor hanging up) fails the executor_info future in "
-    "_fail_waiting and nobody awaits it, so asyncio logs 'ERROR asyncio: Future exception was never "
-    "retrieved' with an ExecutorGone for every such connection",
-)
 def test_a_failed_handshake_logs_no_error(fuzz: Fuzz) -> None:
     async def bad_handshake() -> None:
         fuzzer = await FuzzingExecutor.connect(fuzz.url)
@@ -660,35 +633,17 @@ def listed(fuzz: Fuzz, workflow: dict[str, Any]) -> httpx.Response:
     return fuzz.runner.run(ask())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: relay_protocol passes lone surrogates through in WorkflowsOutput (free text), "
-    "and GET .../executors/{id}/workflows puts them in its JSON answer, which cannot be encoded as "
-    "UTF-8: PydanticSerializationError, 500 Internal Server Error",
-)
 def test_a_listed_workflow_with_a_lone_surrogate_is_no_500(fuzz: Fuzz) -> None:
     response = listed(fuzz, {"WorkflowUUID": "\ud800"})
     assert response.status_code in (200, 502), response.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: relay.api.common.epoch_ms_iso catches ValueError and OverflowError but not the "
-    "OSError (EOVERFLOW) that datetime.fromtimestamp raises for some times out of range, such as "
-    "CreatedAt '99999999999999999999': GET .../executors/{id}/workflows answers 500",
-)
 def test_a_listed_workflow_created_far_in_the_future_is_no_500(fuzz: Fuzz) -> None:
     response = listed(fuzz, {"WorkflowUUID": "wf-1", "CreatedAt": "99999999999999999999"})
     assert response.status_code == 200, response.text
     assert response.json()[0]["createdAt"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: an executor id with NUL in a URL path (GET .../executors/%00) reaches PostgreSQL, "
-    "whose error becomes 503 database_unavailable, though the database is fine and no such executor "
-    "can exist (a NUL is refused at the handshake)",
-)
 def test_an_executor_id_with_nul_in_a_url_is_a_client_error(fuzz: Fuzz) -> None:
     async def ask() -> httpx.Response:
         return await fuzz.api.get("/apps/ledger/executors/%00")
@@ -697,13 +652,6 @@ def test_an_executor_id_with_nul_in_a_url_is_a_client_error(fuzz: Fuzz) -> None:
     assert response.status_code == 404, response.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: the handshake accepts an executor id with a '/' (relay_protocol allows any name), "
-    "but no API route can name it: in GET .../executors/host%2F1 (and .../workflows, .../recover) the id "
-    "is decoded into two path segments that no route matches (404), so such an executor can be neither "
-    "read, nor asked, nor recovered through the API",
-)
 def test_an_executor_id_with_a_slash_can_be_looked_up(fuzz: Fuzz) -> None:
     async def connect_and_look() -> int:
         fuzzer = await FuzzingExecutor.connect(fuzz.url)
@@ -719,12 +667,6 @@ def test_an_executor_id_with_a_slash_can_be_looked_up(fuzz: Fuzz) -> None:
     assert fuzz.runner.run(connect_and_look()) == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Relay bug: executor ids and application versions (any text but NUL, from whoever holds a "
-    "conductor key) go into Relay's log lines as they are ('executor %s connected (version %s, ...)'), "
-    "so a newline in one writes a line of the executor's choosing into the log",
-)
 def test_an_executor_id_cannot_write_its_own_log_lines(fuzz: Fuzz) -> None:
     forger = "x\nFORGED: a line of the executor's choosing"
 

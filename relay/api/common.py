@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
+from pydantic import AfterValidator
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
@@ -49,8 +51,16 @@ def epoch_ms_iso(value: object) -> str | None:
     """The SDK sends workflow times as epoch milliseconds in a string."""
     try:
         return iso(datetime.fromtimestamp(int(str(value)) / 1000, UTC))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, OSError):
         return None
+
+
+def _decode(value: str) -> str:
+    return unquote(value)
+
+
+# A path parameter that may hold any character, '/' included (relay.net.paths keeps it escaped).
+PathId = Annotated[str, AfterValidator(_decode)]
 
 
 def context(request: Request) -> ApiContext:

@@ -9,7 +9,20 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from relay.api.apps import app_or_404
-from relay.api.common import DEFAULT_PAGE, MAX_PAGE, Admin, ApiError, Caller, Ctx, Page, actor, epoch_ms_iso, iso
+from relay.api.common import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    Admin,
+    ApiError,
+    Caller,
+    Ctx,
+    Page,
+    PathId,
+    actor,
+    epoch_ms_iso,
+    iso,
+)
+from relay.api.shapes import utf8_json
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
 from relay.errors import (
@@ -60,7 +73,7 @@ async def get_executors(
 
 
 @router.get("/{executor_id}")
-async def get_executor(org: str, app: str, executor_id: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
+async def get_executor(org: str, app: str, executor_id: PathId, ctx: Ctx, _: Caller) -> dict[str, Any]:
     rec = await ctx.executors.get(ExecutorKey(org, app, executor_id))
     if rec is None:
         raise ApiError(404, "not_found", f"no executor {executor_id!r} in {org}/{app}")
@@ -69,7 +82,7 @@ async def get_executor(org: str, app: str, executor_id: str, ctx: Ctx, _: Caller
 
 @router.post("/{executor_id}/recover", status_code=202)
 async def post_recover(
-    org: str, app: str, executor_id: str, ctx: Ctx, who: Admin, body: RecoverRequest | None = None
+    org: str, app: str, executor_id: PathId, ctx: Ctx, who: Admin, body: RecoverRequest | None = None
 ) -> dict[str, str]:
     """An operator's recovery: skips the rest of a grace period, or unblocks a waiting one."""
     body = body or RecoverRequest()
@@ -82,7 +95,7 @@ async def post_recover(
 async def get_executor_workflows(
     org: str,
     app: str,
-    executor_id: str,
+    executor_id: PathId,
     ctx: Ctx,
     _: Caller,
     status: Annotated[str | None, Query(pattern="^[A-Z_]+$")] = None,
@@ -104,16 +117,19 @@ async def get_executor_workflows(
         raise ApiError(502, "executor_gone", str(exc)) from exc
     if reply.error_message:
         raise ApiError(502, "executor_error", clean_text(reply.error_message))
-    return [
-        {
-            "workflowId": w.workflow_id,
-            "status": w.status,
-            "name": w.workflow_name,
-            "queueName": w.queue_name,
-            "applicationVersion": w.application_version,
-            "executorId": w.executor_id,
-            "createdAt": epoch_ms_iso(w.created_at),
-            "updatedAt": epoch_ms_iso(w.updated_at),
-        }
-        for w in reply.output
-    ]
+    rows: list[dict[str, Any]] = utf8_json(
+        [
+            {
+                "workflowId": w.workflow_id,
+                "status": w.status,
+                "name": w.workflow_name,
+                "queueName": w.queue_name,
+                "applicationVersion": w.application_version,
+                "executorId": w.executor_id,
+                "createdAt": epoch_ms_iso(w.created_at),
+                "updatedAt": epoch_ms_iso(w.updated_at),
+            }
+            for w in reply.output
+        ]
+    )
+    return rows

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, Page, iso, iso_text
+from relay.api.common import ApiError, Caller, Ctx, Page, PathId, iso, iso_text
 from relay.store.recoveries import RecoveryRow
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
@@ -59,7 +59,7 @@ async def get_recoveries(
 
 
 @router.get("/{recovery_id}")
-async def get_recovery(org: str, app: str, recovery_id: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
+async def get_recovery(org: str, app: str, recovery_id: PathId, ctx: Ctx, _: Caller) -> dict[str, Any]:
     rows = await ctx.recoveries.get(org, app, rid=recovery_id)
     if not rows:
         raise ApiError(404, "not_found", f"no recovery {recovery_id!r} in {org}/{app}")

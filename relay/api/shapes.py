@@ -8,10 +8,12 @@ PascalCase keys; nothing else in Relay reads them.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
 from relay_protocol import (
     ApplicationVersionOutput,
     EventOutput,
@@ -25,9 +27,27 @@ from relay_protocol import (
     WorkflowSteps,
 )
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_json(value: Any) -> Any:
+    """Lone surrogates (which an executor may send as JSON escapes) replaced: JSON answers must be UTF-8."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {utf8_json(k): utf8_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utf8_json(v) for v in value]
+    return value
+
 
 class Shape(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _utf8(cls, value: Any) -> Any:
+        return utf8_json(value)
 
 
 def ms_iso(value: str | int | None) -> str | None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from relay.api.common import Ctx, Page, actor, iso, permitted
+from relay.api.common import Ctx, Page, PathId, actor, iso, permitted
 from relay.auth import KeyGrant, Permission
 from relay.store.keys import TokenRecord
 
@@ -68,12 +68,12 @@ async def create_token(
 
 
 @router.patch("/{token_name}")
-async def rename_token(org: str, token_name: str, body: RenameToken, ctx: Ctx, who: Writer) -> dict[str, Any]:
+async def rename_token(org: str, token_name: PathId, body: RenameToken, ctx: Ctx, who: Writer) -> dict[str, Any]:
     return token_json(await ctx.tokens.rename(org, token_name, body.newName, actor(who)))
 
 
 @router.delete("/{token_name}", status_code=204)
-async def delete_token(org: str, token_name: str, ctx: Ctx, who: Writer) -> Response:
+async def delete_token(org: str, token_name: PathId, ctx: Ctx, who: Writer) -> Response:
     """Refused at once by every instance (within about a second); the sockets it opened are closed."""
     await ctx.tokens.delete(org, token_name, actor(who))
     return Response(status_code=204)

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from relay_protocol import Reply, Request
-
 from relay.core.ids import ExecutorKey
 from relay.errors import (
     ExecutorBadReply,
@@ -32,6 +30,7 @@ from relay.errors import (
 )
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
+from relay_protocol import Reply, Request
 
 log = logging.getLogger("relay.gateway")
 R = TypeVar("R", bound=Reply)

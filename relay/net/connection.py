@@ -114,7 +114,9 @@ class ExecutorConnection:
             return
         self.attached_at = self._loop.time()
         self.hub.counters["handshakes"] += 1
-        log.info("executor %s connected (version %s, epoch %d)", self.name, info.application_version, self.epoch)
+        log.info(
+            "executor %s connected (version %s, epoch %d)", self.name, printable(info.application_version), self.epoch
+        )
         try:
             await self._serve()
         finally:
