@@ -36,6 +36,16 @@ class ServerConfig(_Model):
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # Connections accepted but not yet past executor_info; beyond it, 503.
     max_pending_handshakes: int = Field(default=10_000, ge=1)
+    # Requests about an app's workflows go to its executors: each executor gets this long to
+    # answer before the next is asked, within a deadline for the whole request (Conductor's
+    # clients give up at 30 s); at most this many requests per app are in flight (beyond: 429).
+    executor_request_timeout_secs: float = Field(default=5.0, gt=0)
+    executor_request_deadline_secs: float = Field(default=25.0, gt=0)
+    max_executor_requests_per_app: int = Field(default=32, ge=1)
+    # The largest reply relayed between instances (through the database); a larger one is a 502.
+    max_relayed_reply_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The largest body of POST .../workflows/import (an exported workflow, children included).
+    max_import_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     # Executor sockets one key may hold open on one instance; beyond it, 429.
     max_sockets_per_key: int = Field(default=10_000, ge=1)
     # HTTP request bodies beyond it get 413 (routes may have a larger limit, relay/net/guard.py).

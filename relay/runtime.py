@@ -24,10 +24,11 @@ from relay.api import ApiContext, build_api
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
 from relay.metrics import Metrics
-from relay.net.guard import HttpGuard
+from relay.net.guard import BodyLimit, HttpGuard
 from relay.net.hub import Hub
 from relay.net.paths import PathKeeper
 from relay.net.router import Router
@@ -64,9 +65,16 @@ class Runtime:
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
-        self.router = Router(self.db, self.executors, self.hub, instance_id)
+        self.router = Router(self.db, self.executors, self.hub, instance_id, config.server.max_relayed_reply_bytes)
         self.hub.elsewhere = self.router
         self.tokens = Tokens(self.db, self.keys, self.keyring, self.hub)
+        server = config.server
+        limits = GatewayLimits(
+            server.executor_request_timeout_secs,
+            server.executor_request_deadline_secs,
+            server.max_executor_requests_per_app,
+        )
+        self.gateway = ExecutorGateway(self.executors, self.router, limits)
         self.adopter = Adopter(InstanceStore(self.db, self.executors), self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
@@ -83,6 +91,7 @@ class Runtime:
             recoveries=self.recoveries,
             audit=self.audit,
             router=self.router,
+            gateway=self.gateway,
             operator=self.operator,
             keys=self.keys,
             tokens=self.tokens,
@@ -169,8 +178,13 @@ class Runtime:
 
     def asgi(self) -> RelayApp:
         # The guard looks each key up when a request comes, in the key ring of that moment.
+        # An exported workflow (its children included) comes back through import: a larger body.
+        limits = (BodyLimit("/v2/orgs/*/apps/*/workflows/import", self.config.server.max_import_bytes),)
         api = HttpGuard(
-            build_api(self.api_context(), self.lifespan), self.config.server, lambda key: self.keyring.lookup(key)
+            build_api(self.api_context(), self.lifespan),
+            self.config.server,
+            lambda key: self.keyring.lookup(key),
+            limits,
         )
         return RelayApp(self.hub, PathKeeper(api))
 

@@ -59,15 +59,27 @@ def test_a_viewer_can_read(relay: RelayProcess) -> None:
 def test_apps_from_the_config_with_their_settings(relay: RelayProcess) -> None:
     with relay.api() as api:
         apps = api.get("/apps").json()
-        assert apps == [
-            {
-                "org": "acme",
-                "name": "ledger",
-                "executorTimeoutSecs": 30.0,
-                "recoverToLatestVersion": False,
-                "executors": {"HEALTHY": 0, "DISCONNECTED": 0, "DEAD": 0, "RECOVERING": 0},
-            }
-        ]
+        assert len(apps) == 1
+        relays_own = {
+            k: apps[0][k] for k in ("org", "name", "executorTimeoutSecs", "recoverToLatestVersion", "executors")
+        }
+        assert relays_own == {
+            "org": "acme",
+            "name": "ledger",
+            "executorTimeoutSecs": 30.0,
+            "recoverToLatestVersion": False,
+            "executors": {"HEALTHY": 0, "DISCONNECTED": 0, "DEAD": 0, "RECOVERING": 0},
+        }
+        # Conductor's Application members, beside Relay's own.
+        conductors = {k: apps[0][k] for k in ("id", "orgId", "status", "language", "privateMode", "dbosCloud")}
+        assert conductors == {
+            "id": "ledger",
+            "orgId": "acme",
+            "status": "UNAVAILABLE",  # no executor connected
+            "language": None,
+            "privateMode": False,
+            "dbosCloud": False,
+        }
         assert api.get("/apps/ledger").json() == apps[0]
 
 

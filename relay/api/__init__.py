@@ -16,10 +16,18 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay import __version__
-from relay.api import apps, audit, executors, ops, recoveries, tokens
+from relay.api import apps, audit, executors, ops, queues, recoveries, schedules, tokens, versions, workflows
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
-from relay.errors import Conflict, DatabaseError, NotFound
+from relay.errors import (
+    Conflict,
+    DatabaseError,
+    ExecutorRequestError,
+    NoHealthyExecutor,
+    NotFound,
+    TooManyRequests,
+    UnsupportedMessage,
+)
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
@@ -29,12 +37,28 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    for module in (ops, apps, executors, recoveries, audit, tokens):
+    for module in (ops, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> Response:
         return error_response(exc.status, exc.code, exc.message)
+
+    @api.exception_handler(NoHealthyExecutor)
+    async def _no_executor(_: Request, exc: NoHealthyExecutor) -> Response:
+        return error_response(503, "no_healthy_executor", str(exc))
+
+    @api.exception_handler(UnsupportedMessage)
+    async def _unsupported(_: Request, exc: UnsupportedMessage) -> Response:
+        return error_response(501, "not_supported_by_executor", str(exc))
+
+    @api.exception_handler(ExecutorRequestError)
+    async def _no_answer(_: Request, exc: ExecutorRequestError) -> Response:
+        return error_response(502, "no_executor_answered", str(exc))
+
+    @api.exception_handler(TooManyRequests)
+    async def _too_many(_: Request, exc: TooManyRequests) -> Response:
+        return error_response(429, "too_many_requests", str(exc), headers={"Retry-After": "1"})
 
     @api.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> Response:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from relay.api.common import Admin, ApiError, Caller, Ctx, Page, actor
+from relay.api.common import Admin, ApiError, Caller, Ctx, Page, actor, iso
+from relay.core.lifecycle import ExecutorState
+from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(prefix="/v2/orgs/{org}")
@@ -22,11 +24,23 @@ class AppSettings(BaseModel):
 
 
 def app_json(app: AppRecord) -> dict[str, Any]:
+    """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
+    with Relay's own members beside it (``org``, ``executors`` by state, ``recoverToLatestVersion``)."""
     return {
-        "org": app.org,
+        "id": app.name,
         "name": app.name,
+        "orgId": app.org,
+        "status": "AVAILABLE" if app.counts[ExecutorState.HEALTHY] else "UNAVAILABLE",
+        "language": min(app.languages) if app.languages else None,
+        "gcTimeThresholdMs": None,
+        "gcRowsThreshold": None,
+        "globalTimeoutMs": None,
+        "privateMode": False,
+        "dbosCloud": False,
+        "org": app.org,
         **app.settings(),
         "executors": {state.value: n for state, n in app.counts.items()},
+        "createdAt": iso(app.created_at),
     }
 
 
@@ -47,6 +61,28 @@ async def get_apps(org: str, ctx: Ctx, who: Caller, page: Page) -> list[dict[str
 @router.get("/apps/{app}")
 async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
     return app_json(await app_or_404(ctx, org, app))
+
+
+class RegisterApp(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    privateMode: bool = False  # Relay never stores application data: accepted, and nothing to change
+
+
+@router.put("/apps/{app}", status_code=204, response_class=Response)
+async def register_app(org: str, app: str, ctx: Ctx, who: Admin, body: RegisterApp | None = None) -> Response:
+    """Register an app before its executors connect (with ``autoRegisterApps: false``, the way to admit one)."""
+    if not valid_app_name(app):
+        raise ApiError(422, "invalid_request", "an app name is 1 to 256 printable characters")
+    await ctx.operator.register_app(org, app, actor(who))
+    return Response(status_code=204)
+
+
+@router.delete("/apps/{app}", status_code=204, response_class=Response)
+async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
+    """Forget an app; 409 while the registry holds any of its executors."""
+    await ctx.operator.delete_app(org, app, actor(who))
+    return Response(status_code=204)
 
 
 @router.patch("/apps/{app}")

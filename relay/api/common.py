@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
@@ -14,6 +17,8 @@ from pydantic import AfterValidator
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
+from relay.store.audit import AuditEntry
+from relay_protocol import Reply, clean_text
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
@@ -118,3 +123,36 @@ Admin = Annotated[KeyGrant, Depends(admin)]
 
 def actor(grant: KeyGrant) -> str:
     return f"api:{grant.name}"
+
+
+R = TypeVar("R", bound=Reply)
+# How the SDK words "there is no such thing" in its error replies.
+_NOT_FOUND = re.compile(r"non-existent|not found|does not exist", re.IGNORECASE)
+
+
+def answered(reply: R, *, success: bool = False) -> R:
+    """``reply``, if the executor did what was asked; an :class:`ApiError` if it says it failed
+    (404 when what the request names does not exist, 502 otherwise). With ``success``, the
+    reply's ``success`` must be true too."""
+    if reply.error_message:
+        text = clean_text(reply.error_message, 2000)
+        if _NOT_FOUND.search(text):
+            raise ApiError(404, "not_found", text.splitlines()[0])
+        raise ApiError(502, "executor_error", text)
+    if success and not getattr(reply, "success", True):
+        raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")
+    return reply
+
+
+@asynccontextmanager
+async def audited(
+    ctx: ApiContext, org: str, app: str, action: str, who: str, detail: dict[str, Any]
+) -> AsyncIterator[None]:
+    """Audit a change made through an executor, with its result, whether it worked or not."""
+    try:
+        yield
+    except Exception as exc:
+        failed = {**detail, "result": "failure", "error": clean_text(str(exc), 500)}
+        await ctx.audit.write(org, app, AuditEntry(action, who, detail=failed))
+        raise
+    await ctx.audit.write(org, app, AuditEntry(action, who, detail={**detail, "result": "success"}))

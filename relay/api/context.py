@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
+from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
 from relay.net.router import Router
@@ -35,6 +36,7 @@ class ApiContext:
     recoveries: RecoveryStore
     audit: AuditStore
     router: Router
+    gateway: ExecutorGateway
     operator: Operator
     keys: KeyStore
     tokens: Tokens

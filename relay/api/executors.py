@@ -45,8 +45,19 @@ class RecoverRequest(BaseModel):
 
 
 def executor_json(rec: ExecutorRecord) -> dict[str, Any]:
+    """Conductor's Executor (``appId``, ``appVersion``, ``status``, ``createdAt``, ``updatedAt``...), with
+    Relay's own members beside it (``state``, ``relayInstance``, ``blockedReason``...). Conductor's
+    ``status`` has no RECOVERING: a recovering executor is DEAD there."""
+    changed = [t for t in (rec.connected_at, rec.disconnected_at, rec.dead_at) if t is not None]
     return {
         "executorId": rec.key.executor_id,
+        "appId": rec.key.app,
+        "appVersion": rec.application_version,
+        "status": "DEAD" if rec.state is ExecutorState.RECOVERING else rec.state.value,
+        "hostId": None,
+        "executorMetadata": rec.metadata,
+        "createdAt": iso(rec.first_seen_at or rec.connected_at),
+        "updatedAt": iso(max(changed)),
         "org": rec.key.org,
         "app": rec.key.app,
         "state": rec.state.value,

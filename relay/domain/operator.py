@@ -33,6 +33,23 @@ class Operator:
         self.executors = executors
         self.durable = durable
 
+    async def register_app(self, org: str, app: str, actor: str) -> bool:
+        """Register an app ahead of its executors; False if it was registered already."""
+        async with self.db.transaction() as conn:
+            created = await self.apps.register(conn, org, app)
+            if created:
+                await write_audit(conn, org, app, AuditEntry("application.create", actor))
+        return created
+
+    async def delete_app(self, org: str, app: str, actor: str) -> None:
+        """Forget an app; refused while the registry holds any executor of it."""
+        async with self.db.transaction() as conn:
+            if await self.apps.get(org, app, conn) is None:
+                raise NotFound(f"no app {app!r} in org {org!r}")
+            if not await self.apps.delete(conn, org, app):
+                raise Conflict("app_has_executors", f"app {app!r} still has executors in the registry")
+            await write_audit(conn, org, app, AuditEntry("application.delete", actor))
+
     async def update_settings(self, org: str, app: str, changes: dict[str, Any], actor: str) -> AppRecord:
         """Change an app's settings (snake_case column names); a running grace period keeps its value."""
         async with self.db.transaction() as conn:

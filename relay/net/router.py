@@ -30,6 +30,7 @@ import psycopg
 from relay.core.ids import ExecutorKey
 from relay.errors import (
     DatabaseError,
+    ExecutorBadReply,
     ExecutorGone,
     ExecutorNotConnected,
     ExecutorRequestError,
@@ -58,6 +59,7 @@ _ERRORS: dict[str, type[ExecutorRequestError]] = {
     "not_connected": ExecutorNotConnected,
     "timeout": ExecutorTimeout,
     "gone": ExecutorGone,
+    "too_large": ExecutorBadReply,
 }
 
 
@@ -74,8 +76,11 @@ def _error_kind(exc: ExecutorRequestError) -> str:
 
 
 class Router:
-    def __init__(self, db: Database, executors: ExecutorStore, hub: Hub, instance_id: str) -> None:
+    def __init__(
+        self, db: Database, executors: ExecutorStore, hub: Hub, instance_id: str, max_reply_bytes: int = 64 << 20
+    ) -> None:
         self.db = db
+        self.max_reply_bytes = max_reply_bytes
         self.executors = executors
         self.hub = hub
         self.instance_id = instance_id
@@ -300,14 +305,21 @@ class Router:
                 return  # another notification or poll claimed it, or the requester withdrew it
             key = ExecutorKey(row["org"], row["app"], row["executor_id"])
             request = parse_request(json.loads(row["request"]))
-            reply: Frame | None = None
+            text: str | None = None
             kind: str | None = None
             error: str | None = None
             try:
-                reply = await self.hub.request(key, request, float(row["left"]))
+                text = json.dumps(await self.hub.request(key, request, float(row["left"])))
                 self.relayed += 1
             except ExecutorRequestError as exc:
                 kind, error = _error_kind(exc), str(exc)
+            if text is not None and len(text) > self.max_reply_bytes:
+                # A reply travels through the database once; beyond this, ask for less (a page).
+                kind, error, text = (
+                    "too_large",
+                    f"the reply of executor {key} is over {self.max_reply_bytes} bytes",
+                    None,
+                )
             async with self.db.connection() as conn:
                 await conn.execute(
                     """WITH u AS (
@@ -315,7 +327,7 @@ class Router:
                            WHERE id = %s RETURNING id)
                        SELECT pg_notify(%s, id::text) FROM u""",
                     (
-                        None if reply is None else json.dumps(reply),
+                        text,
                         kind,
                         error,
                         rpc_id,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -27,6 +28,8 @@ class AppRecord:
     executor_timeout_secs: float
     recover_to_latest_version: bool
     counts: dict[ExecutorState, int]
+    created_at: datetime | None = None
+    languages: set[str] = field(default_factory=set)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -96,10 +99,10 @@ class AppStore:
                        SELECT * FROM apps WHERE org = %s AND (%s::text IS NULL OR name = %s)
                          AND (%s::text[] IS NULL OR name = ANY(%s))
                        ORDER BY name LIMIT %s OFFSET %s)
-                   SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version,
-                          e.state, count(e.executor_id) AS n
+                   SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
+                          e.state, count(e.executor_id) AS n, max(e.language) AS language
                    FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
-                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, e.state
+                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at, e.state
                    ORDER BY a.name""",
                 (org, app, app, names, names, limit, offset),
             )
@@ -114,15 +117,37 @@ class AppStore:
                     executor_timeout_secs=row["executor_timeout_secs"],
                     recover_to_latest_version=row["recover_to_latest_version"],
                     counts={s: 0 for s in ExecutorState},
+                    created_at=row["created_at"],
                 )
                 apps[row["name"]] = record
             if row["state"] is not None:
                 record.counts[ExecutorState(row["state"])] = int(row["n"])
+                if row["language"]:
+                    record.languages.add(row["language"])
         return list(apps.values())
 
     async def get(self, org: str, app: str, conn: Conn | None = None) -> AppRecord | None:
         apps = await self.list_apps(org, app, conn)
         return apps[0] if apps else None
+
+    async def register(self, conn: Conn, org: str, app: str) -> bool:
+        """An app registered ahead of its executors (``PUT``); False if it was there already."""
+        cur = await conn.execute(
+            """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
+               ON CONFLICT DO NOTHING""",
+            (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
+        )
+        return cur.rowcount == 1
+
+    @staticmethod
+    async def delete(conn: Conn, org: str, app: str) -> bool:
+        """Forget an app that has no executor in the registry; False if it has one (or does not exist)."""
+        cur = await conn.execute(
+            """DELETE FROM apps a WHERE org = %s AND name = %s
+               AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.org = a.org AND e.app = a.name)""",
+            (org, app),
+        )
+        return cur.rowcount == 1
 
     @staticmethod
     async def update(conn: Conn, org: str, app: str, changes: dict[str, Any]) -> bool:

@@ -65,6 +65,11 @@ class AuditStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    async def write(self, org: str, app: str | None, entry: AuditEntry) -> None:
+        """An entry on its own, for an API action (bound to no instance's ownership)."""
+        async with self.db.transaction() as conn:
+            await write_audit(conn, org, app, entry)
+
     async def record(self, org: str, app: str | None, entry: AuditEntry) -> None:
         """An entry on its own, fenced: written by a workflow step of this instance."""
         async with self.db.fenced() as conn:

@@ -51,6 +51,7 @@ class ExecutorRecord:
     dead_at: datetime | None
     relay_instance: str
     blocked_reason: str | None
+    first_seen_at: datetime | None = None  # when Relay first saw this executor id
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ExecutorRecord:
@@ -68,6 +69,7 @@ class ExecutorRecord:
             dead_at=row["dead_at"],
             relay_instance=row["relay_instance"],
             blocked_reason=row["blocked_reason"],
+            first_seen_at=row.get("first_seen_at"),
         )
 
 
@@ -93,6 +95,9 @@ _EFFECTS: dict[ExecutorEvent, str] = {
 }
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED)
+
+_WITH_FIRST_SEEN = """e.*, i.first_seen_at FROM executors e LEFT JOIN executor_ids i
+    ON i.org = e.org AND i.app = e.app AND i.executor_id = e.executor_id"""
 
 CONNECT_BATCH = 500
 
@@ -415,7 +420,7 @@ class ExecutorStore:
     async def get(self, key: ExecutorKey) -> ExecutorRecord | None:
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                "SELECT * FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
+                f"SELECT {_WITH_FIRST_SEEN} WHERE e.org = %s AND e.app = %s AND e.executor_id = %s",
                 (key.org, key.app, key.executor_id),
             )
             row = await cur.fetchone()
@@ -426,9 +431,9 @@ class ExecutorStore:
     ) -> list[ExecutorRecord]:
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT * FROM executors WHERE org = %s AND app = %s
-                   AND (%s::text IS NULL OR state = %s) ORDER BY connected_at, executor_id
-                   LIMIT %s OFFSET %s""",
+                f"""SELECT {_WITH_FIRST_SEEN} WHERE e.org = %s AND e.app = %s
+                    AND (%s::text IS NULL OR e.state = %s) ORDER BY e.connected_at, e.executor_id
+                    LIMIT %s OFFSET %s""",
                 (org, app, state.value if state else None, state.value if state else None, limit, offset),
             )
             rows = await cur.fetchall()

@@ -1,0 +1,120 @@
+"""An app's schedules (DBOS's cron-like scheduled workflows), through its executors."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict
+
+from relay.api import shapes
+from relay.api.common import Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
+from relay.api.shapes import sdk_time
+from relay_protocol import (
+    BackfillScheduleReply,
+    BackfillScheduleRequest,
+    GetScheduleReply,
+    GetScheduleRequest,
+    ListSchedulesBody,
+    ListSchedulesReply,
+    ListSchedulesRequest,
+    PauseScheduleReply,
+    PauseScheduleRequest,
+    ResumeScheduleReply,
+    ResumeScheduleRequest,
+    TriggerScheduleReply,
+    TriggerScheduleRequest,
+)
+
+router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
+
+
+class BackfillIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    startTime: datetime
+    endTime: datetime
+
+
+@router.get("", response_model=list[shapes.Schedule])
+async def list_schedules(
+    org: str,
+    app: str,
+    ctx: Ctx,
+    _: Caller,
+    status: str | None = None,
+    workflowName: str | None = None,
+    scheduleNamePrefix: str | None = None,
+    loadContext: bool = False,
+) -> list[shapes.Schedule]:
+    body = ListSchedulesBody(
+        status=status, workflow_name=workflowName, schedule_name_prefix=scheduleNamePrefix, load_context=loadContext
+    )
+    reply = answered(await ctx.gateway.ask(org, app, lambda: ListSchedulesRequest(body=body), ListSchedulesReply))
+    return [shapes.schedule(s) for s in reply.output]
+
+
+@router.get("/{schedule_name}", response_model=shapes.Schedule)
+async def get_schedule(
+    org: str,
+    app: str,
+    schedule_name: PathId,
+    ctx: Ctx,
+    _: Caller,
+    loadContext: bool = False,
+) -> shapes.Schedule:
+    def ask() -> GetScheduleRequest:
+        return GetScheduleRequest(schedule_name=schedule_name, load_context=loadContext)
+
+    reply = answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply))
+    if reply.output is None:
+        raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
+    return shapes.schedule(reply.output)
+
+
+@router.post("/{schedule_name}/pause", status_code=204, response_class=Response)
+async def pause_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, who: Admin) -> Response:
+    def ask() -> PauseScheduleRequest:
+        return PauseScheduleRequest(schedule_name=schedule_name)
+
+    async with audited(ctx, org, app, "schedule.pause", actor(who), {"scheduleName": schedule_name}):
+        answered(await ctx.gateway.ask(org, app, ask, PauseScheduleReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/{schedule_name}/resume", status_code=204, response_class=Response)
+async def resume_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, who: Admin) -> Response:
+    def ask() -> ResumeScheduleRequest:
+        return ResumeScheduleRequest(schedule_name=schedule_name)
+
+    async with audited(ctx, org, app, "schedule.resume", actor(who), {"scheduleName": schedule_name}):
+        answered(await ctx.gateway.ask(org, app, ask, ResumeScheduleReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/{schedule_name}/trigger", status_code=201, response_model=shapes.WorkflowIdOut)
+async def trigger_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, who: Admin) -> shapes.WorkflowIdOut:
+    """Run the scheduled workflow now. Never retried: each trigger starts a new workflow."""
+    request = TriggerScheduleRequest(schedule_name=schedule_name)
+    detail = {"scheduleName": schedule_name}
+    async with audited(ctx, org, app, "schedule.trigger", actor(who), detail):
+        reply = answered(await ctx.gateway.ask(org, app, lambda: request, TriggerScheduleReply, repeatable=False))
+        if reply.workflow_id is None:
+            raise ApiError(502, "executor_error", "the executor started no workflow")
+    return shapes.WorkflowIdOut(workflowId=reply.workflow_id)
+
+
+@router.post("/{schedule_name}/backfill", response_model=shapes.WorkflowIdsOut)
+async def backfill_schedule(
+    org: str, app: str, schedule_name: PathId, body: BackfillIn, ctx: Ctx, who: Admin
+) -> shapes.WorkflowIdsOut:
+    """Enqueue the runs the schedule would have made between the two times (ids per time: safe to repeat)."""
+    start, end = sdk_time(body.startTime), sdk_time(body.endTime)
+
+    def ask() -> BackfillScheduleRequest:
+        return BackfillScheduleRequest(schedule_name=schedule_name, start=start, end=end)
+
+    detail = {"scheduleName": schedule_name, "startTime": start, "endTime": end}
+    async with audited(ctx, org, app, "schedule.backfill", actor(who), detail):
+        reply = answered(await ctx.gateway.ask(org, app, ask, BackfillScheduleReply))
+    return shapes.WorkflowIdsOut(workflowIds=reply.workflow_ids)

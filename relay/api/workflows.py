@@ -1,0 +1,558 @@
+"""An app's workflows, as DBOS Conductor's API serves them: asked of a healthy executor of the app.
+
+Reads need ``application.read``; changes ``application.write`` and are audited.
+Export and import carry a pickled payload that the executor unpickles, so
+both need ``application.write``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay.api import shapes
+from relay.api.common import MAX_PAGE, Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
+from relay.api.shapes import sdk_time
+from relay_protocol import (
+    CancelReply,
+    CancelRequest,
+    DeleteReply,
+    DeleteRequest,
+    ExportWorkflowReply,
+    ExportWorkflowRequest,
+    ForkFromFailureBody,
+    ForkFromFailureReply,
+    ForkFromFailureRequest,
+    ForkWorkflowBody,
+    ForkWorkflowReply,
+    ForkWorkflowRequest,
+    GetStepAggregatesBody,
+    GetStepAggregatesReply,
+    GetStepAggregatesRequest,
+    GetWorkflowAggregatesBody,
+    GetWorkflowAggregatesReply,
+    GetWorkflowAggregatesRequest,
+    GetWorkflowEventsReply,
+    GetWorkflowEventsRequest,
+    GetWorkflowNotificationsReply,
+    GetWorkflowNotificationsRequest,
+    GetWorkflowReply,
+    GetWorkflowRequest,
+    GetWorkflowStreamsReply,
+    GetWorkflowStreamsRequest,
+    ImportWorkflowReply,
+    ImportWorkflowRequest,
+    ListStepsReply,
+    ListStepsRequest,
+    ListWorkflowsBody,
+    ListWorkflowsReply,
+    ListWorkflowsRequest,
+    ResumeReply,
+    ResumeRequest,
+)
+
+router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
+Names = list[Annotated[str, Field(max_length=4096)]] | None
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkflowSearch(Body):
+    """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
+
+    workflowIds: Names = None
+    workflowName: Names = None
+    workflowIdPrefix: Names = None
+    status: Names = None
+    queueName: Names = None
+    scheduleName: Names = None
+    user: Names = None
+    executorId: Names = None
+    appVersion: Names = None
+    parentWorkflowId: Names = None
+    forkedFrom: Names = None
+    startTime: datetime | None = None
+    endTime: datetime | None = None
+    completedAfter: datetime | None = None
+    completedBefore: datetime | None = None
+    dequeuedAfter: datetime | None = None
+    dequeuedBefore: datetime | None = None
+    hasParent: bool | None = None
+    wasForkedFrom: bool | None = None
+    queuesOnly: bool = False
+    loadInput: bool = False
+    loadOutput: bool = False
+    sortDesc: bool = False
+    limit: int | None = Field(default=None, ge=1, le=MAX_PAGE)
+    offset: int | None = Field(default=None, ge=0)
+    attributes: dict[str, Any] | None = None
+
+    def body(self) -> ListWorkflowsBody:
+        def when(value: datetime | None) -> str | None:
+            return sdk_time(value) if value is not None else None
+
+        return ListWorkflowsBody(
+            workflow_uuids=self.workflowIds,
+            workflow_name=self.workflowName,
+            workflow_id_prefix=self.workflowIdPrefix,
+            status=self.status,
+            queue_name=self.queueName,
+            schedule_name=self.scheduleName,
+            authenticated_user=self.user,
+            executor_id=self.executorId,
+            application_version=self.appVersion,
+            parent_workflow_id=self.parentWorkflowId,
+            forked_from=self.forkedFrom,
+            start_time=when(self.startTime),
+            end_time=when(self.endTime),
+            completed_after=when(self.completedAfter),
+            completed_before=when(self.completedBefore),
+            dequeued_after=when(self.dequeuedAfter),
+            dequeued_before=when(self.dequeuedBefore),
+            has_parent=self.hasParent,
+            was_forked_from=self.wasForkedFrom,
+            queues_only=self.queuesOnly,
+            # The Python SDK loads inputs and outputs unless told not to: always say which.
+            load_input=self.loadInput,
+            load_output=self.loadOutput,
+            sort_desc=self.sortDesc,
+            limit=self.limit if self.limit is not None else MAX_PAGE,
+            offset=self.offset,
+            attributes=self.attributes,
+        )
+
+
+async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[shapes.Workflow]:
+    body = search.body()
+    reply = await ctx.gateway.ask(org, app, lambda: ListWorkflowsRequest(body=body), ListWorkflowsReply)
+    return [shapes.workflow(w) for w in answered(reply).output]
+
+
+@router.get("/workflows", response_model=list[shapes.Workflow])
+async def list_workflows(
+    org: str,
+    app: str,
+    ctx: Ctx,
+    _: Caller,
+    status: str | None = None,
+    workflowName: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    sortDesc: bool = False,
+    loadInput: bool = False,
+    loadOutput: bool = False,
+) -> list[shapes.Workflow]:
+    search = WorkflowSearch(
+        status=[status] if status else None,
+        workflowName=[workflowName] if workflowName else None,
+        limit=limit,
+        offset=offset,
+        sortDesc=sortDesc,
+        loadInput=loadInput,
+        loadOutput=loadOutput,
+    )
+    return await _list(ctx, org, app, search)
+
+
+@router.post("/workflows/search", response_model=list[shapes.Workflow])
+async def search_workflows(
+    org: str, app: str, ctx: Ctx, _: Caller, search: WorkflowSearch | None = None
+) -> list[shapes.Workflow]:
+    return await _list(ctx, org, app, search or WorkflowSearch())
+
+
+class WorkflowAggregates(Body):
+    groupByStatus: bool = False
+    groupByWorkflowName: bool = False
+    groupByQueueName: bool = False
+    groupByExecutorId: bool = False
+    groupByAppVersion: bool = False
+    groupByApplicationName: bool = False
+    selectCount: bool = False
+    selectMinCreatedAt: bool = False
+    selectMaxQueueWaitMs: bool = False
+    selectMaxTotalLatencyMs: bool = False
+    hasParent: bool | None = None
+    wasForkedFrom: bool | None = None
+    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    status: Names = None
+    workflowName: Names = None
+    appVersion: Names = None
+    executorId: Names = None
+    queueName: Names = None
+    workflowIdPrefix: Names = None
+    workflowIds: Names = None
+    forkedFrom: Names = None
+    parentWorkflowId: Names = None
+    user: Names = None
+    scheduleName: Names = None
+    startTime: datetime | None = None
+    endTime: datetime | None = None
+    completedAfter: datetime | None = None
+    completedBefore: datetime | None = None
+    dequeuedAfter: datetime | None = None
+    dequeuedBefore: datetime | None = None
+    attributes: dict[str, Any] | None = None
+
+
+def _when(value: datetime | None) -> str | None:
+    return sdk_time(value) if value is not None else None
+
+
+@router.post("/workflows/aggregates")
+async def workflow_aggregates(
+    org: str, app: str, ctx: Ctx, _: Caller, query: WorkflowAggregates | None = None
+) -> list[dict[str, Any]]:
+    q = query or WorkflowAggregates()
+    body = GetWorkflowAggregatesBody(
+        group_by_status=q.groupByStatus,
+        group_by_name=q.groupByWorkflowName,
+        group_by_queue_name=q.groupByQueueName,
+        group_by_executor_id=q.groupByExecutorId,
+        group_by_application_version=q.groupByAppVersion,
+        group_by_application_name=q.groupByApplicationName,
+        select_count=q.selectCount,
+        select_min_created_at=q.selectMinCreatedAt,
+        select_max_queue_wait_ms=q.selectMaxQueueWaitMs,
+        select_max_total_latency_ms=q.selectMaxTotalLatencyMs,
+        time_bucket_size_ms=q.timeBucketSizeMs,
+        status=q.status,
+        name=q.workflowName,
+        app_version=q.appVersion,
+        executor_id=q.executorId,
+        queue_name=q.queueName,
+        workflow_id_prefix=q.workflowIdPrefix,
+        workflow_ids=q.workflowIds,
+        forked_from=q.forkedFrom,
+        parent_workflow_id=q.parentWorkflowId,
+        user=q.user,
+        schedule_name=q.scheduleName,
+        start_time=_when(q.startTime),
+        end_time=_when(q.endTime),
+        completed_after=_when(q.completedAfter),
+        completed_before=_when(q.completedBefore),
+        dequeued_after=_when(q.dequeuedAfter),
+        dequeued_before=_when(q.dequeuedBefore),
+        was_forked_from=q.wasForkedFrom,
+        has_parent=q.hasParent,
+        attributes=q.attributes,
+    )
+    reply = await ctx.gateway.ask(org, app, lambda: GetWorkflowAggregatesRequest(body=body), GetWorkflowAggregatesReply)
+    return [shapes.workflow_aggregate(a) for a in answered(reply).output]
+
+
+class StepAggregates(Body):
+    groupByFunctionName: bool = False
+    groupByStatus: bool = False
+    selectCount: bool = False
+    selectMaxDurationMs: bool = False
+    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    status: Names = None
+    stepName: Names = None
+    workflowIdPrefix: Names = None
+    completedAfter: datetime | None = None
+    completedBefore: datetime | None = None
+
+
+@router.post("/steps/aggregates")
+async def step_aggregates(
+    org: str, app: str, ctx: Ctx, _: Caller, query: StepAggregates | None = None
+) -> list[dict[str, Any]]:
+    q = query or StepAggregates()
+    body = GetStepAggregatesBody(
+        group_by_function_name=q.groupByFunctionName,
+        group_by_status=q.groupByStatus,
+        select_count=q.selectCount,
+        select_max_duration_ms=q.selectMaxDurationMs,
+        time_bucket_size_ms=q.timeBucketSizeMs,
+        status=q.status,
+        function_name=q.stepName,
+        workflow_id_prefix=q.workflowIdPrefix,
+        completed_after=_when(q.completedAfter),
+        completed_before=_when(q.completedBefore),
+    )
+    reply = await ctx.gateway.ask(org, app, lambda: GetStepAggregatesRequest(body=body), GetStepAggregatesReply)
+    return [shapes.step_aggregate(a) for a in answered(reply).output]
+
+
+# -- one workflow ------------------------------------------------------------------------------
+
+
+class CancelIn(Body):
+    cancelChildren: bool = False
+
+
+class ResumeIn(Body):
+    queueName: str | None = Field(default=None, max_length=4096)
+
+
+class ForkIn(Body):
+    startStep: int = Field(default=1, ge=0)
+    appVersion: str | None = Field(default=None, max_length=4096)
+    newWorkflowId: str | None = Field(default=None, min_length=1, max_length=4096)
+    queueName: str | None = Field(default=None, max_length=4096)
+    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+
+
+class SerializedIn(Body):
+    serializedWorkflow: str
+
+
+@router.post("/workflows/import", status_code=201, response_class=Response)
+async def import_workflow(org: str, app: str, body: SerializedIn, ctx: Ctx, who: Admin) -> Response:
+    """Import a workflow exported by ``GET .../export``. Never retried: an import is not safe to repeat."""
+    request = ImportWorkflowRequest(serialized_workflow=body.serializedWorkflow)
+    async with audited(ctx, org, app, "workflow.import", actor(who), {}):
+        answered(await ctx.gateway.ask(org, app, lambda: request, ImportWorkflowReply, repeatable=False))
+    return Response(status_code=201)
+
+
+@router.get("/workflows/{workflow_id}", response_model=shapes.Workflow)
+async def get_workflow(
+    org: str,
+    app: str,
+    workflow_id: PathId,
+    ctx: Ctx,
+    _: Caller,
+    loadInput: bool = False,
+    loadOutput: bool = False,
+) -> shapes.Workflow:
+    def ask() -> GetWorkflowRequest:
+        return GetWorkflowRequest(workflow_id=workflow_id, load_input=loadInput, load_output=loadOutput)
+
+    reply = answered(await ctx.gateway.ask(org, app, ask, GetWorkflowReply))
+    if reply.output is None:
+        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+    return shapes.workflow(reply.output)
+
+
+@router.get("/workflows/{workflow_id}/steps", response_model=list[shapes.Step])
+async def list_steps(
+    org: str,
+    app: str,
+    workflow_id: PathId,
+    ctx: Ctx,
+    _: Caller,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+    offset: Annotated[int | None, Query(ge=0)] = None,
+    loadOutput: bool = False,
+) -> list[shapes.Step]:
+    def ask() -> ListStepsRequest:
+        return ListStepsRequest(workflow_id=workflow_id, load_output=loadOutput, limit=limit, offset=offset)
+
+    reply = answered(await ctx.gateway.ask(org, app, ask, ListStepsReply))
+    return [shapes.step(s) for s in reply.output or []]
+
+
+@router.get("/workflows/{workflow_id}/events", response_model=list[shapes.Event])
+async def workflow_events(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.Event]:
+    reply = await ctx.gateway.ask(
+        org, app, lambda: GetWorkflowEventsRequest(workflow_id=workflow_id), GetWorkflowEventsReply
+    )
+    return [shapes.event(e) for e in answered(reply).events or []]
+
+
+@router.get("/workflows/{workflow_id}/notifications", response_model=list[shapes.Notification])
+async def workflow_notifications(
+    org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller
+) -> list[shapes.Notification]:
+    reply = await ctx.gateway.ask(
+        org, app, lambda: GetWorkflowNotificationsRequest(workflow_id=workflow_id), GetWorkflowNotificationsReply
+    )
+    return [shapes.notification(n) for n in answered(reply).notifications or []]
+
+
+@router.get("/workflows/{workflow_id}/streams", response_model=list[shapes.StreamEntry])
+async def workflow_streams(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.StreamEntry]:
+    reply = await ctx.gateway.ask(
+        org, app, lambda: GetWorkflowStreamsRequest(workflow_id=workflow_id), GetWorkflowStreamsReply
+    )
+    return [shapes.stream(s) for s in answered(reply).streams or []]
+
+
+@router.get("/workflows/{workflow_id}/export", response_model=shapes.SerializedWorkflow)
+async def export_workflow(
+    org: str,
+    app: str,
+    workflow_id: PathId,
+    ctx: Ctx,
+    who: Admin,
+    exportChildren: bool = False,
+) -> shapes.SerializedWorkflow:
+    """The workflow (and its children, if asked) as an opaque blob for ``POST .../workflows/import``."""
+
+    def ask() -> ExportWorkflowRequest:
+        return ExportWorkflowRequest(workflow_id=workflow_id, export_children=exportChildren)
+
+    reply = answered(await ctx.gateway.ask(org, app, ask, ExportWorkflowReply))
+    if reply.serialized_workflow is None:
+        raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
+    return shapes.SerializedWorkflow(serializedWorkflow=reply.serialized_workflow)
+
+
+@router.post("/workflows/{workflow_id}/cancel", status_code=204, response_class=Response)
+async def cancel_workflow(
+    org: str, app: str, workflow_id: PathId, ctx: Ctx, who: Admin, body: CancelIn | None = None
+) -> Response:
+    children = (body or CancelIn()).cancelChildren
+
+    def ask() -> CancelRequest:
+        return CancelRequest(workflow_id=workflow_id, cancel_children=children)
+
+    async with audited(ctx, org, app, "workflow.cancel", actor(who), {"workflowIds": [workflow_id]}):
+        answered(await ctx.gateway.ask(org, app, ask, CancelReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/workflows/{workflow_id}/resume", status_code=204, response_class=Response)
+async def resume_workflow(
+    org: str, app: str, workflow_id: PathId, ctx: Ctx, who: Admin, body: ResumeIn | None = None
+) -> Response:
+    queue = (body or ResumeIn()).queueName
+
+    def ask() -> ResumeRequest:
+        return ResumeRequest(workflow_id=workflow_id, queue_name=queue)
+
+    async with audited(ctx, org, app, "workflow.resume", actor(who), {"workflowIds": [workflow_id]}):
+        answered(await ctx.gateway.ask(org, app, ask, ResumeReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/workflows/{workflow_id}/fork", status_code=201, response_model=shapes.WorkflowIdOut)
+async def fork_workflow(
+    org: str, app: str, workflow_id: PathId, ctx: Ctx, who: Admin, body: ForkIn | None = None
+) -> shapes.WorkflowIdOut:
+    """Fork from a step. The new workflow's id is chosen before the first executor is asked (Relay
+    draws one if the caller gave none), so asking another executor after a timeout cannot fork twice."""
+    fork = body or ForkIn()
+    new_id = fork.newWorkflowId or str(uuid.uuid4())
+    spec = ForkWorkflowBody(
+        workflow_id=workflow_id,
+        start_step=fork.startStep,
+        application_version=fork.appVersion,
+        new_workflow_id=new_id,
+        queue_name=fork.queueName,
+        queue_partition_key=fork.queuePartitionKey,
+    )
+    detail = {"workflowIds": [workflow_id], "newWorkflowId": new_id, "startStep": fork.startStep}
+    async with audited(ctx, org, app, "workflow.fork", actor(who), detail):
+        reply = answered(await ctx.gateway.ask(org, app, lambda: ForkWorkflowRequest(body=spec), ForkWorkflowReply))
+    return shapes.WorkflowIdOut(workflowId=reply.new_workflow_id or new_id)
+
+
+@router.delete("/workflows/{workflow_id}", status_code=204, response_class=Response)
+async def delete_workflow(
+    org: str,
+    app: str,
+    workflow_id: PathId,
+    ctx: Ctx,
+    who: Admin,
+    deleteChildren: bool = False,
+) -> Response:
+    def ask() -> DeleteRequest:
+        return DeleteRequest(workflow_id=workflow_id, delete_children=deleteChildren)
+
+    async with audited(ctx, org, app, "workflow.delete", actor(who), {"workflowIds": [workflow_id]}):
+        answered(await ctx.gateway.ask(org, app, ask, DeleteReply), success=True)
+    return Response(status_code=204)
+
+
+# -- several workflows ---------------------------------------------------------------------------
+
+Ids = Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(min_length=1, max_length=MAX_PAGE)]
+
+
+class BulkCancel(Body):
+    workflowIds: Ids
+    cancelChildren: bool = False
+
+
+class BulkResume(Body):
+    workflowIds: Ids
+    queueName: str | None = Field(default=None, max_length=4096)
+
+
+class BulkDelete(Body):
+    workflowIds: Ids
+    deleteChildren: bool = False
+
+
+class BulkForkFromFailure(Body):
+    workflowIds: Ids
+    appVersion: str | None = Field(default=None, max_length=4096)
+    queueName: str | None = Field(default=None, max_length=4096)
+    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+    fromLastFailure: bool = False
+    fromLastStep: bool = False
+    fromStep: int | None = Field(default=None, ge=0)
+    fromStepName: str | None = Field(default=None, max_length=4096)
+
+
+@router.post("/workflows/bulk-cancel", status_code=204, response_class=Response)
+async def bulk_cancel(org: str, app: str, body: BulkCancel, ctx: Ctx, who: Admin) -> Response:
+    ids = body.workflowIds
+
+    def ask() -> CancelRequest:
+        return CancelRequest(workflow_id=ids[0], workflow_ids=ids, cancel_children=body.cancelChildren)
+
+    async with audited(ctx, org, app, "workflow.bulk_cancel", actor(who), {"workflowIds": ids}):
+        answered(await ctx.gateway.ask(org, app, ask, CancelReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/workflows/bulk-resume", status_code=204, response_class=Response)
+async def bulk_resume(org: str, app: str, body: BulkResume, ctx: Ctx, who: Admin) -> Response:
+    ids = body.workflowIds
+
+    def ask() -> ResumeRequest:
+        return ResumeRequest(workflow_id=ids[0], workflow_ids=ids, queue_name=body.queueName)
+
+    async with audited(ctx, org, app, "workflow.bulk_resume", actor(who), {"workflowIds": ids}):
+        answered(await ctx.gateway.ask(org, app, ask, ResumeReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/workflows/bulk-delete", status_code=204, response_class=Response)
+async def bulk_delete(org: str, app: str, body: BulkDelete, ctx: Ctx, who: Admin) -> Response:
+    ids = body.workflowIds
+
+    def ask() -> DeleteRequest:
+        return DeleteRequest(workflow_id=ids[0], workflow_ids=ids, delete_children=body.deleteChildren)
+
+    async with audited(ctx, org, app, "workflow.bulk_delete", actor(who), {"workflowIds": ids}):
+        answered(await ctx.gateway.ask(org, app, ask, DeleteReply), success=True)
+    return Response(status_code=204)
+
+
+@router.post("/workflows/bulk-fork-from-failure", response_model=shapes.WorkflowIdsOut)
+async def bulk_fork_from_failure(
+    org: str, app: str, body: BulkForkFromFailure, ctx: Ctx, who: Admin
+) -> shapes.WorkflowIdsOut:
+    """Fork each workflow from its failure (or the step named). Never retried: each fork draws new ids."""
+    chosen = [body.fromLastFailure, body.fromLastStep, body.fromStep is not None, body.fromStepName is not None]
+    if sum(chosen) != 1:
+        raise ApiError(
+            422, "invalid_request", "give exactly one of fromLastFailure, fromLastStep, fromStep, fromStepName"
+        )
+    spec = ForkFromFailureBody(
+        workflow_ids=body.workflowIds,
+        application_version=body.appVersion,
+        queue_name=body.queueName,
+        queue_partition_key=body.queuePartitionKey,
+        from_last_failure=body.fromLastFailure,
+        from_last_step=body.fromLastStep,
+        from_step=body.fromStep,
+        from_step_name=body.fromStepName,
+    )
+    request = ForkFromFailureRequest(body=spec)
+    detail: dict[str, Any] = {"workflowIds": body.workflowIds}
+    async with audited(ctx, org, app, "workflow.bulk_fork_from_failure", actor(who), detail):
+        reply = answered(await ctx.gateway.ask(org, app, lambda: request, ForkFromFailureReply, repeatable=False))
+        detail["forkedWorkflowIds"] = reply.forked_workflow_ids or []
+    return shapes.WorkflowIdsOut(workflowIds=reply.forked_workflow_ids or [])
