@@ -42,11 +42,13 @@ def await_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> str | Non
 
 
 class ExecutorProcess:
-    """A real DBOS application (harness/executor_app.py) in a subprocess."""
+    """A real DBOS application in a subprocess: harness/executor_app.py, or another ``module``
+    that takes the same settings (harness/workflow_app.py)."""
 
     def __init__(
         self, workdir: Path, sysdb_url: str, conductor_url: str, org: str = "acme", app: str = "ledger",
         version: str = "v1", sleepers: int = 0, key: str | None = None, env: dict[str, str] | None = None,
+        module: str = "harness.executor_app",
     ) -> None:  # fmt: skip
         self.org = org
         self.app = app
@@ -63,7 +65,7 @@ class ExecutorProcess:
         }
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.executor_app"],
+            [sys.executable, "-m", module],
             stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
         )  # fmt: skip
         self.executor_id = self._wait_ready()
