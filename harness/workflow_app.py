@@ -72,8 +72,8 @@ def job(n: int) -> int:
 
 
 @DBOS.workflow()
-def tick(when: datetime, context: Any) -> str:
-    return f"{when.isoformat()} {context}"
+def tick(when: datetime, context: Any) -> None:
+    add(int(when.timestamp()), 0)
 
 
 @DBOS.workflow()
@@ -96,6 +96,7 @@ def seed() -> None:
     except RuntimeError:
         pass
     serial = DBOS.retrieve_queue("serial")
+    assert serial is not None
     for n in range(3):
         with SetWorkflowID(f"queued-{n}"):
             serial.enqueue(job, n)
