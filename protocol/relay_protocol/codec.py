@@ -9,21 +9,35 @@ directions, so a message that encodes also decodes.
 
 Decoding ignores keys it does not know (a newer peer may send more); a field
 without a default must be present; a field with one may be left out.
+
+Each annotation is worked out once per rule and direction into a converter,
+a function that checks one value and returns it decoded (or encoded), and each
+dataclass into the list of its fields with their converters: a listing of a
+hundred workflows is a few thousand values, and looking at their annotations
+again for every one of them cost more than checking them. Values that need
+neither a check nor a change (free text, null, booleans: most of a reply) are
+handed over without a call, and the path of a value that fails is put
+together only then (see :class:`~relay_protocol.checks.Invalid`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
+import functools
 import types
-from collections.abc import Mapping
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
+from relay_protocol.checks import Invalid, check_free_json, describe, finite, json_kind, text_check
 from relay_protocol.errors import ProtocolError
-from relay_protocol.limits import MAX_JSON_DEPTH, NAME, Rule, field_rule, has_unstorable, wire_name
+from relay_protocol.limits import NAME, Rule, field_rule, wire_name
+
+__all__ = ["FieldSpec", "check_string", "decode", "encode", "field_specs", "json_kind"]
 
 T = TypeVar("T")
+
+#: Checks one value and returns it decoded or encoded, or raises Invalid.
+Converter = Callable[[Any], Any]
 
 _NONE = type(None)
 
@@ -64,224 +78,337 @@ def _read_fields(cls: type) -> tuple[FieldSpec, ...]:
     )
 
 
-class _Invalid(Exception):
-    """A value that breaks its field; becomes a ProtocolError at the public entry points."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(problem)
-        self.path = path
-        self.problem = problem
-
-
-def _protocol_error(context: str, exc: _Invalid) -> ProtocolError:
-    where = f"{exc.path}: " if exc.path else ""
-    return ProtocolError(f"{context}: {where}{exc.problem}", path=exc.path or None)
+def _protocol_error(context: str, exc: Invalid) -> ProtocolError:
+    path = exc.path
+    where = f"{path}: " if path else ""
+    return ProtocolError(f"{context}: {where}{exc.problem}", path=path or None)
 
 
 def decode(cls: type[T], data: object, context: str) -> T:
     """An instance of dataclass ``cls`` from JSON value ``data``; ``context`` leads any error message."""
     try:
-        return _decode_struct(cls, data, "")
-    except _Invalid as exc:
+        return cast(T, _decoder(cls)(data))
+    except Invalid as exc:
         raise _protocol_error(context, exc) from None
 
 
 def encode(obj: object, context: str) -> dict[str, Any]:
     """The JSON object for dataclass instance ``obj``, checked as :func:`decode` would check it."""
     try:
-        return _encode_struct(obj, "")
-    except _Invalid as exc:
+        return _encoder(type(obj))(obj)
+    except Invalid as exc:
         raise _protocol_error(context, exc) from None
 
 
 def check_string(value: object, rule: Rule, context: str, path: str) -> str:
     """``value`` if it is a string that ``rule`` allows, else a ProtocolError."""
     try:
-        return _convert(value, str, rule, path, decoding=True)  # type: ignore[no-any-return]
-    except _Invalid as exc:
-        raise _protocol_error(context, exc) from None
+        return cast(str, _string(rule)(value))
+    except Invalid as exc:
+        raise _protocol_error(context, exc.at(path)) from None
 
 
-def json_kind(value: object) -> str:
-    """The JSON name of a decoded value's type, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (str, int, float, list)):
-        return type(value).__name__
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
+# --- Dataclasses ---
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+class _Decoder:
+    """Turns JSON objects into instances of one dataclass.
+
+    Its fields are worked out on the first call, not when it is made, so that
+    a dataclass may contain itself (its converter then finds this decoder).
+    """
+
+    def __init__(self, cls: type) -> None:
+        self._cls = cls
+        # (name, wire, passes unchanged, converter, required)
+        self._fields: tuple[tuple[str, str, frozenset[type], Converter, bool], ...] | None = None
+
+    def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter, bool], ...]:
+        self._fields = tuple(
+            (
+                spec.name,
+                spec.wire,
+                _passes(spec.annotation, spec.rule),
+                _converter(spec.annotation, spec.rule, True),
+                spec.required,
+            )
+            for spec in field_specs(self._cls)
+        )
+        return self._fields
+
+    def __call__(self, data: Any) -> Any:
+        fields = self._fields
+        if fields is None:
+            fields = self._prepare()
+        if type(data) is not dict and not isinstance(data, Mapping):
+            raise Invalid(f"expected object, got {json_kind(data)}")
+        values: dict[str, Any] = {}
+        for name, wire, passes, convert, required in fields:
+            if wire in data:
+                value = data[wire]
+                if type(value) not in passes:
+                    try:
+                        value = convert(value)
+                    except Invalid as exc:
+                        exc.in_field(wire)
+                        raise
+                values[name] = value
+            elif required:
+                raise Invalid("required field missing").in_field(wire)
+        return self._cls(**values)
 
 
-def _decode_struct(cls: type[T], data: object, path: str) -> T:
-    if not isinstance(data, Mapping):
-        raise _Invalid(path, f"expected object, got {json_kind(data)}")
-    kwargs: dict[str, Any] = {}
-    for spec in field_specs(cls):
-        where = _join(path, spec.wire)
-        if spec.wire in data:
-            kwargs[spec.name] = _convert(data[spec.wire], spec.annotation, spec.rule, where, decoding=True)
-        elif spec.required:
-            raise _Invalid(where, "required field missing")
-    return cls(**kwargs)
+class _Encoder:
+    """Turns instances of one dataclass into JSON objects (see :class:`_Decoder` on laziness)."""
+
+    def __init__(self, cls: type) -> None:
+        self._cls = cls
+        self._fields: tuple[tuple[str, str, frozenset[type], Converter], ...] | None = None
+
+    def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter], ...]:
+        self._fields = tuple(
+            (spec.name, spec.wire, _passes(spec.annotation, spec.rule), _converter(spec.annotation, spec.rule, False))
+            for spec in field_specs(self._cls)
+        )
+        return self._fields
+
+    def __call__(self, obj: Any) -> dict[str, Any]:
+        fields = self._fields
+        if fields is None:
+            fields = self._prepare()
+        encoded: dict[str, Any] = {}
+        for name, wire, passes, convert in fields:
+            value = getattr(obj, name)
+            if type(value) not in passes:
+                try:
+                    value = convert(value)
+                except Invalid as exc:
+                    exc.in_field(wire)
+                    raise
+            encoded[wire] = value
+        return encoded
 
 
-def _encode_struct(obj: object, path: str) -> dict[str, Any]:
-    return {
-        spec.wire: _convert(getattr(obj, spec.name), spec.annotation, spec.rule, _join(path, spec.wire), decoding=False)
-        for spec in field_specs(type(obj))
-    }
+_DECODERS: dict[type, _Decoder] = {}
+_ENCODERS: dict[type, _Encoder] = {}
 
 
-def _convert(value: Any, tp: Any, rule: Rule, path: str, *, decoding: bool) -> Any:
-    """``value`` checked against annotation ``tp``: decoded to Python, or encoded to JSON."""
+def _decoder(cls: type) -> _Decoder:
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        decoder = _DECODERS[cls] = _Decoder(cls)
+    return decoder
+
+
+def _encoder(cls: type) -> _Encoder:
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        encoder = _ENCODERS[cls] = _Encoder(cls)
+    return encoder
+
+
+# --- Annotations ---
+
+
+def _converter(tp: Any, rule: Rule, decoding: bool) -> Converter:
+    """The converter of annotation ``tp`` under ``rule``: to Python if ``decoding``, else to JSON.
+
+    Made once per field, when its dataclass is first met, and not cached by
+    annotation: unions compare as sets (``int | float == float | int``), yet
+    the order of their members decides what a value becomes.
+    """
     origin = get_origin(tp)
     if origin is Union or origin is types.UnionType:
-        return _convert_union(value, tp, rule, path, decoding)
+        return _union(get_args(tp), rule, decoding)
     if tp is Any:
-        _check_free_json(value, rule, path)
-        return value
-    if not _matches(value, tp, decoding):
-        raise _Invalid(path, f"expected {_describe(tp)}, got {json_kind(value)}")
+        return _free_json(rule)
     if tp is str:
-        _check_text(value, rule, path)
-        return value
+        return _string(rule)
     if tp is bool:
-        return value
+        return _boolean
     if tp is int:
-        if not rule.int_min <= value <= rule.int_max:
-            raise _Invalid(path, f"integer out of range [{rule.int_min}, {rule.int_max}]")
-        return value
+        return _integer(rule)
     if tp is float:
-        return _finite(value, path)
+        return _number
     if origin is list:
-        (item_tp,) = get_args(tp)
-        return [_convert(item, item_tp, rule, f"{path}[{i}]", decoding=decoding) for i, item in enumerate(value)]
+        return _list(get_args(tp)[0], rule, decoding)
     if origin is dict:
-        return _convert_dict(value, get_args(tp)[1], rule, path, decoding)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_struct(tp, value, path) if decoding else _encode_struct(value, path)
-    raise TypeError(f"relay_protocol cannot convert {tp!r} (at {path})")  # a bug in a message definition
+        return _dict(get_args(tp)[1], rule, decoding)
+    if _is_dataclass(tp):
+        return _decoder(tp) if decoding else _struct_encoder(tp)
+    return _refuse(describe(tp))  # nothing matches an annotation the codec does not know
 
 
-def _convert_union(value: Any, tp: Any, rule: Rule, path: str, decoding: bool) -> Any:
-    members = get_args(tp)
-    if value is None and _NONE in members:
-        return None
-    for member in members:
-        if member is not _NONE and _matches(value, member, decoding):
-            return _convert(value, member, rule, path, decoding=decoding)
-    raise _Invalid(path, f"expected {_describe(tp)}, got {json_kind(value)}")
+def _passes(tp: Any, rule: Rule) -> frozenset[type]:
+    """The exact types whose values ``tp``'s converter returns as they are, with no check that can fail.
+
+    Such values skip the converter call. A str or a bool goes to the first
+    member of a union that takes it, which is itself or ``Any`` (free JSON, checked).
+    """
+    union = get_origin(tp) in (Union, types.UnionType)
+    members = get_args(tp) if union else (tp,)
+    passes: set[type] = {_NONE} if union and _NONE in members else set()
+    for kind in (str, bool):
+        taker = next((member for member in members if member is kind or member is Any), None)
+        if taker is kind and (kind is bool or text_check(rule) is None):
+            passes.add(kind)
+    return frozenset(passes)
 
 
-def _convert_dict(value: dict[Any, Any], item_tp: Any, rule: Rule, path: str, decoding: bool) -> dict[str, Any]:
+def _matcher(tp: Any, decoding: bool) -> Callable[[Any], bool]:
+    """Whether a value has the JSON kind of union member ``tp`` (its contents are checked after)."""
+    if tp is str:
+        return lambda value: isinstance(value, str)
+    if tp is bool:
+        return lambda value: isinstance(value, bool)
+    if tp is int:
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is Any:
+        return lambda value: True
+    origin = get_origin(tp)
+    if origin is list:
+        return lambda value: isinstance(value, list)
+    if origin is dict:
+        return lambda value: isinstance(value, dict)
+    if _is_dataclass(tp):
+        return (lambda value: isinstance(value, Mapping)) if decoding else (lambda value: isinstance(value, tp))
+    return lambda value: False
+
+
+def _is_dataclass(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _union(members: tuple[Any, ...], rule: Rule, decoding: bool) -> Converter:
+    expected = " or ".join(describe(member) for member in members)
+    takes_none = _NONE in members
+    choices = tuple((_matcher(tp, decoding), _converter(tp, rule, decoding)) for tp in members if tp is not _NONE)
+
+    def convert(value: Any) -> Any:
+        if value is None and takes_none:
+            return None
+        for matches, member in choices:
+            if matches(value):
+                return member(value)
+        raise Invalid(f"expected {expected}, got {json_kind(value)}")
+
+    return convert
+
+
+def _free_json(rule: Rule) -> Converter:
+    def convert(value: Any) -> Any:
+        check_free_json(value, rule)
+        return value
+
+    return convert
+
+
+@functools.cache  # rules compare by value, and equal rules check alike
+def _string(rule: Rule) -> Converter:
+    check = text_check(rule)
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, str):
+            raise Invalid(f"expected str, got {json_kind(value)}")
+        if check is not None:
+            check(value)
+        return value
+
+    return convert
+
+
+def _boolean(value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise Invalid(f"expected bool, got {json_kind(value)}")
+    return value
+
+
+def _integer(rule: Rule) -> Converter:
+    low, high = rule.int_min, rule.int_max
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Invalid(f"expected int, got {json_kind(value)}")
+        if not low <= value <= high:
+            raise Invalid(f"integer out of range [{low}, {high}]")
+        return value
+
+    return convert
+
+
+def _number(value: Any) -> Any:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise Invalid(f"expected number, got {json_kind(value)}")
+    return finite(value)
+
+
+def _list(item_tp: Any, rule: Rule, decoding: bool) -> Converter:
+    passes, item = _passes(item_tp, rule), _converter(item_tp, rule, decoding)
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, list):
+            raise Invalid(f"expected list, got {json_kind(value)}")
+        converted = []
+        for i, element in enumerate(value):
+            try:
+                converted.append(element if type(element) in passes else item(element))
+            except Invalid as exc:
+                exc.at(f"[{i}]")
+                raise
+        return converted
+
+    return convert
+
+
+def _dict(item_tp: Any, rule: Rule, decoding: bool) -> Converter:
     if item_tp is Any:
-        _check_free_json(value, rule, path)
-        return value
-    converted: dict[str, Any] = {}
-    for key, item in value.items():
-        where = f"{path}[{str(key)[:40]!r}]"
-        if not isinstance(key, str):
-            raise _Invalid(where, f"expected a str key, got {json_kind(key)}")
-        _check_text(key, rule, where)
-        converted[key] = _convert(item, item_tp, rule, where, decoding=decoding)
-    return converted
+        return _free_json_object(rule)
+    check_key, passes, item = text_check(rule), _passes(item_tp, rule), _converter(item_tp, rule, decoding)
 
-
-def _matches(value: Any, tp: Any, decoding: bool) -> bool:
-    """Whether ``value`` has the JSON kind of ``tp`` (its contents are checked after)."""
-    if tp is str:
-        return isinstance(value, str)
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is Any:
-        return True
-    origin = get_origin(tp)
-    if origin is list:
-        return isinstance(value, list)
-    if origin is dict:
-        return isinstance(value, dict)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return isinstance(value, Mapping) if decoding else isinstance(value, tp)
-    return False
-
-
-def _describe(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        return " or ".join(_describe(member) for member in get_args(tp))
-    names = {str: "str", int: "int", float: "number", bool: "bool", _NONE: "null", Any: "any JSON"}
-    if tp in names:
-        return names[tp]
-    if origin is list:
-        return "list"
-    return "object"
-
-
-def _check_text(text: str, rule: Rule, path: str) -> None:
-    if rule.max_len is not None and len(text) > rule.max_len:
-        raise _Invalid(path, f"longer than {rule.max_len} characters ({len(text)})")
-    if len(text) < rule.min_len:
-        raise _Invalid(path, "must not be empty" if rule.min_len == 1 else f"shorter than {rule.min_len} characters")
-    if rule.strict and has_unstorable(text):
-        what = "NUL (\\x00)" if "\x00" in text else "a lone surrogate"
-        raise _Invalid(path, f"contains {what}, which PostgreSQL cannot store")
-
-
-def _finite(number: int | float, path: str) -> float:
-    try:
-        result = float(number)
-    except OverflowError:
-        raise _Invalid(path, "number out of range") from None
-    if not math.isfinite(result):
-        raise _Invalid(path, "expected a finite number")
-    return result
-
-
-def _check_free_json(value: Any, rule: Rule, path: str) -> None:
-    """Free JSON (executor_metadata, attributes): JSON types only, storable strings, bounded depth and size."""
-    stack: list[tuple[Any, tuple[str, ...], int]] = [(value, (), 0)]
-    while stack:
-        item, keys, depth = stack.pop()
-        if isinstance(item, str):
-            if rule.strict and has_unstorable(item):
-                raise _Invalid(_free_path(path, keys), "contains NUL (\\x00) or a lone surrogate")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise _Invalid(_free_path(path, keys), "expected a finite number")
-        elif item is None or isinstance(item, int):  # bool is an int
-            pass
-        elif isinstance(item, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                raise _Invalid(_free_path(path, keys), f"nested deeper than {MAX_JSON_DEPTH}")
-            if isinstance(item, list):
-                stack.extend((child, (*keys, f"[{i}]"), depth + 1) for i, child in enumerate(item))
-                continue
-            for key, child in item.items():
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise Invalid(f"expected object, got {json_kind(value)}")
+        converted: dict[str, Any] = {}
+        for key, element in value.items():
+            try:
                 if not isinstance(key, str):
-                    raise _Invalid(_free_path(path, keys), f"expected str keys, got {json_kind(key)}")
-                if rule.strict and has_unstorable(key):
-                    raise _Invalid(_free_path(path, keys), "a key contains NUL (\\x00) or a lone surrogate")
-                stack.append((child, (*keys, f".{key[:40]}"), depth + 1))
-        else:
-            raise _Invalid(_free_path(path, keys), f"{type(item).__name__} is not a JSON value")
-    try:
-        size = len(json.dumps(value))
-    except (ValueError, RecursionError) as exc:
-        raise _Invalid(path, f"not serialisable as JSON: {exc}") from None
-    if size > rule.max_json_bytes:
-        raise _Invalid(path, f"{size} bytes as JSON, more than {rule.max_json_bytes}")
+                    raise Invalid(f"expected a str key, got {json_kind(key)}")
+                if check_key is not None:
+                    check_key(key)
+                converted[key] = element if type(element) in passes else item(element)
+            except Invalid as exc:
+                exc.at(f"[{str(key)[:40]!r}]")
+                raise
+        return converted
+
+    return convert
 
 
-def _free_path(path: str, keys: tuple[str, ...]) -> str:
-    return path + "".join(keys)
+def _free_json_object(rule: Rule) -> Converter:
+    """``dict[str, Any]``: an object of free JSON, kept as it is (not copied)."""
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise Invalid(f"expected object, got {json_kind(value)}")
+        check_free_json(value, rule)
+        return value
+
+    return convert
+
+
+def _struct_encoder(cls: type) -> Converter:
+    def convert(value: Any) -> Any:
+        if not isinstance(value, cls):
+            raise Invalid(f"expected object, got {json_kind(value)}")
+        return _encoder(type(value))(value)  # a subclass encodes its own fields, as at the top
+
+    return convert
+
+
+def _refuse(expected: str) -> Converter:
+    def convert(value: Any) -> Any:
+        raise Invalid(f"expected {expected}, got {json_kind(value)}")
+
+    return convert
