@@ -626,6 +626,60 @@ def test_a_field_can_override_its_limit() -> None:
         decode(Tag, {"Code": "abcd"}, "tag")
 
 
+def test_the_order_of_a_union_decides_what_a_value_becomes() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class IntFirst:
+        x: int | float
+
+    @dataclasses.dataclass(frozen=True)
+    class FloatFirst:
+        x: float | int  # equal to int | float as an annotation: converters must not be shared
+
+    assert type(decode(IntFirst, {"x": 1}, "a").x) is int
+    assert type(decode(FloatFirst, {"x": 1}, "b").x) is float
+    with pytest.raises(p.ProtocolError, match=r"^b: x: expected number or int, got str$"):
+        decode(FloatFirst, {"x": "1"}, "b")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Tree:
+    name: str
+    children: list[_Tree] = dataclasses.field(default_factory=list)
+
+
+def test_a_dataclass_may_contain_itself() -> None:
+    tree = decode(_Tree, {"name": "a", "children": [{"name": "b"}, {"name": "c", "children": []}]}, "tree")
+    assert tree == _Tree(name="a", children=[_Tree(name="b"), _Tree(name="c")])
+    assert encode(tree, "tree") == {
+        "name": "a",
+        "children": [{"name": "b", "children": []}, {"name": "c", "children": []}],
+    }
+    with pytest.raises(p.ProtocolError, match=r"^tree: children\[0\]\.children\[0\]: expected object, got int$"):
+        decode(_Tree, {"name": "a", "children": [{"name": "b", "children": [1]}]}, "tree")
+
+
+def test_decoded_instances_are_those_the_class_builds() -> None:
+    decoded = p.ListQueuesRequest.from_frame({"type": "list_queues", "request_id": "r"})
+    built = p.ListQueuesRequest(request_id="r")
+    assert decoded == built and hash(decoded) == hash(built) and vars(decoded) == vars(built)
+    assert list(vars(decoded)) == list(vars(built))  # fields in order, defaults included
+    assert decoded.body is not p.ListQueuesRequest.from_frame({"type": "list_queues", "request_id": "r"}).body
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.request_id = "s"  # type: ignore[misc]
+
+
+def test_a_dataclass_that_does_more_in_init_is_called() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Shouting:
+        word: str
+        times: dataclasses.InitVar[int] = 1
+
+        def __post_init__(self, times: int) -> None:
+            object.__setattr__(self, "word", self.word.upper() * times)
+
+    assert decode(Shouting, {"word": "hey"}, "shout") == Shouting(word="HEY")
+
+
 def test_clean_text() -> None:
     assert p.clean_text("a\x00b\tc\nd\re\x1bf\ud800g") == "a\ufffdb\tc\nd\ufffde\ufffdf\ufffdg"
     assert p.clean_text("x" * 5000) == "x" * 4096

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from relay_protocol.checks import Invalid, check_free_json, describe, finite, json_kind, text_check
+from relay_protocol.construct import Construction, construction
 from relay_protocol.errors import ProtocolError
 from relay_protocol.limits import NAME, Rule, field_rule, wire_name
 
@@ -120,10 +121,12 @@ class _Decoder:
 
     def __init__(self, cls: type) -> None:
         self._cls = cls
-        # (name, wire, passes unchanged, converter, required)
-        self._fields: tuple[tuple[str, str, frozenset[type], Converter, bool], ...] | None = None
+        # (name, wire, passes unchanged, converter, required, default factory or None)
+        self._fields: tuple[tuple[str, str, frozenset[type], Converter, bool, Callable[[], Any] | None], ...] = ()
+        self._construction: Construction | None = None
 
-    def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter, bool], ...]:
+    def _prepare(self) -> Construction:
+        made = construction(self._cls)
         self._fields = tuple(
             (
                 spec.name,
@@ -131,19 +134,20 @@ class _Decoder:
                 _passes(spec.annotation, spec.rule),
                 _converter(spec.annotation, spec.rule, True),
                 spec.required,
+                made.factories.get(spec.name),
             )
             for spec in field_specs(self._cls)
         )
-        return self._fields
+        self._construction = made
+        return made
 
     def __call__(self, data: Any) -> Any:
-        fields = self._fields
-        if fields is None:
-            fields = self._prepare()
+        build, start, _ = self._construction or self._prepare()
         if type(data) is not dict and not isinstance(data, Mapping):
             raise Invalid(f"expected object, got {json_kind(data)}")
-        values: dict[str, Any] = {}
-        for name, wire, passes, convert, required in fields:
+        values = start.copy()  # fields in order, defaults in place: only those found are set below
+        left_out: list[tuple[str, Callable[[], Any]]] = []
+        for name, wire, passes, convert, required, factory in self._fields:
             if wire in data:
                 value = data[wire]
                 if type(value) not in passes:
@@ -155,7 +159,11 @@ class _Decoder:
                 values[name] = value
             elif required:
                 raise Invalid("required field missing").in_field(wire)
-        return self._cls(**values)
+            elif factory is not None:
+                left_out.append((name, factory))
+        for name, factory in left_out:  # once every field has passed, as __init__ would
+            values[name] = factory()
+        return build(values)
 
 
 class _Encoder:
