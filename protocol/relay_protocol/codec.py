@@ -10,14 +10,15 @@ directions, so a message that encodes also decodes.
 Decoding ignores keys it does not know (a newer peer may send more); a field
 without a default must be present; a field with one may be left out.
 
-Each annotation is worked out once per rule and direction into a converter,
-a function that checks one value and returns it decoded (or encoded), and each
-dataclass into the list of its fields with their converters: a listing of a
-hundred workflows is a few thousand values, and looking at their annotations
-again for every one of them cost more than checking them. Values that need
-neither a check nor a change (free text, null, booleans: most of a reply) are
-handed over without a call, and the path of a value that fails is put
-together only then (see :class:`~relay_protocol.checks.Invalid`).
+Each dataclass is worked out once, when first met, into the list of its
+fields, each with a converter made from its annotation and rule: a function
+that checks one value and returns it decoded (or encoded). A listing of a
+hundred workflows is a few thousand values, and reading their annotations
+again for each one cost more than checking them. Values that need neither a
+check nor a change (free text, null, booleans: most of a reply) are handed
+over without a call; the path of a value that fails is put together only
+then (see :class:`~relay_protocol.checks.Invalid`); instances are built as
+:mod:`relay_protocol.construct` says.
 """
 
 from __future__ import annotations

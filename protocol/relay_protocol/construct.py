@@ -8,8 +8,9 @@ it its fields in one dictionary (defaults included, in field order, as the
 ``__init__`` leaves them). That is the case when all of these hold, checked
 once per class by :func:`direct`:
 
-- the class itself is a frozen dataclass whose ``__init__`` is the generated
-  one (none written by hand in the class body or in a subclass);
+- the class itself went through ``@dataclass(frozen=True)`` (it is not merely
+  a subclass of a dataclass) and kept the ``__init__`` that wrote, not one of
+  its own from the class body;
 - the ``__init__`` takes exactly the fields: no ``InitVar``, no ``init=False``
   field;
 - there is no ``__post_init__``, no ``__new__`` and no ``__slots__`` anywhere
