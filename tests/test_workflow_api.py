@@ -364,6 +364,12 @@ def test_a_workflow_by_id_and_404_for_an_unknown_one(world: World) -> None:
             assert [summary(got)] == db_workflows(world, "workflow_uuid = %s", workflow_id)
             assert ms(got["updatedAt"]) is not None
         assert ok(api.get(f"{LEDGER}/workflows/done-1-child"))["parentWorkflowId"] == "done-1"
+        # Conductor's getWorkflow takes no loadInput/loadOutput: a workflow comes with its input, output, error.
+        done = ok(api.get(f"{LEDGER}/workflows/done-1"))
+        assert (done["input"], done["output"]) == ("{'args': (1, 30.0), 'kwargs': {}}", "TOTAL 2 2 hello")
+        assert "failed on purpose with 3" in ok(api.get(f"{LEDGER}/workflows/failed-1"))["error"]
+        bare = ok(api.get(f"{LEDGER}/workflows/done-1", params={"loadInput": "false", "loadOutput": "false"}))
+        assert (bare["input"], bare["output"]) == (None, None)  # Relay's own: leave them out when asked to
         body = problem(api.get(f"{LEDGER}/workflows/no-such-workflow"), 404)
         assert "no-such-workflow" in body["detail"]
 
@@ -385,6 +391,10 @@ def test_the_steps_of_a_workflow_page_by_page(world: World) -> None:
         assert {s["childWorkflowId"] for s in steps} >= {"done-1-child"}
         page = ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"limit": 3, "offset": 2}))
         assert [row(s) for s in page] == db[2:5]
+        # Conductor's listWorkflowSteps takes no loadOutput: steps come with their outputs.
+        assert [(s["stepName"], s["output"]) for s in steps[:2]] == [("add", "2"), ("shout", "TOTAL 2")]
+        bare = ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"loadOutput": "false"}))
+        assert [s["output"] for s in bare] == [None] * len(db)
         assert ok(api.get(f"{LEDGER}/workflows/no-such-workflow/steps")) == []
 
 
