@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from relay_protocol import unknown_type_reply
+
 T = TypeVar("T")
 
 
@@ -65,7 +67,10 @@ class SimulatedPeer:
     ``"answer"`` sends what ``replies`` gives for it. ``replies`` maps a
     message type to the fields of its reply (besides ``type`` and
     ``request_id``), sent as they are, however wrong. Any other request gets
-    an error reply, as an SDK answers a request it cannot serve.
+    what ``others`` says: ``"error"`` an error reply, as an SDK answers a
+    request it cannot serve; ``"silent"`` no answer at all (an executor that
+    hangs, its socket still answering pings); ``"unknown"`` the SDK's reply to
+    a message type it does not know (an older SDK).
     """
 
     def __init__(
@@ -75,12 +80,16 @@ class SimulatedPeer:
         on_recovery: str,
         version: str = "v1",
         replies: dict[str, dict[str, Any]] | None = None,
+        others: str = "error",
     ) -> None:
         if on_recovery not in ("close", "silent", "lie", "answer"):
             raise ValueError(f"unknown behaviour {on_recovery!r}")
+        if others not in ("error", "silent", "unknown"):
+            raise ValueError(f"unknown behaviour {others!r}")
         self.url = url
         self.executor_id = executor_id
         self.on_recovery = on_recovery
+        self.others = others
         self.version = version
         self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
         self.requests: Counter[str] = Counter()
@@ -119,8 +128,16 @@ class SimulatedPeer:
                     return
                 if kind == "recovery" and self.on_recovery == "silent":
                     continue
-                fields = self.replies.get(kind, {"error_message": "not supported by the simulated peer"})
-                await ws.send(json.dumps({"type": kind, "request_id": request["request_id"], **fields}))
+                if kind in self.replies:
+                    reply = {"type": kind, "request_id": request["request_id"], **self.replies[kind]}
+                elif self.others == "silent":
+                    continue
+                elif self.others == "unknown":
+                    reply = unknown_type_reply(kind, request["request_id"])
+                else:
+                    error = {"error_message": "not supported by the simulated peer"}
+                    reply = {"type": kind, "request_id": request["request_id"], **error}
+                await ws.send(json.dumps(reply))
         except ConnectionClosed:
             return
 

@@ -320,9 +320,12 @@ async def get_workflow(
     workflow_id: PathId,
     ctx: Ctx,
     _: Caller,
-    loadInput: bool = False,
-    loadOutput: bool = False,
+    loadInput: bool = True,
+    loadOutput: bool = True,
 ) -> shapes.Workflow:
+    """One workflow with its input, output and error, as Conductor's getWorkflow (which takes no
+    parameters) has it; ``loadInput=false``/``loadOutput=false`` leave them out (Relay's own)."""
+
     def ask() -> GetWorkflowRequest:
         return GetWorkflowRequest(workflow_id=workflow_id, load_input=loadInput, load_output=loadOutput)
 
@@ -341,8 +344,10 @@ async def list_steps(
     _: Caller,
     limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
     offset: Annotated[int | None, Query(ge=0)] = None,
-    loadOutput: bool = False,
+    loadOutput: bool = True,
 ) -> list[shapes.Step]:
+    """The workflow's steps with their outputs, as Conductor's listWorkflowSteps (no loadOutput there)."""
+
     def ask() -> ListStepsRequest:
         return ListStepsRequest(workflow_id=workflow_id, load_output=loadOutput, limit=limit, offset=offset)
 

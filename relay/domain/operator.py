@@ -17,6 +17,10 @@ from relay.store.audit import AuditEntry, audit_executor, write_audit
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 
+# What the workflow API's entries say of a change that was made (relay.api.common.audited);
+# the apps' entries say it too, for a reader that filters on it.
+SUCCEEDED = {"result": "success"}
+
 
 class RecoveryRuns(Durable, Protocol):
     """What an operator's recovery needs of the durable layer besides :class:`Durable`."""
@@ -38,7 +42,7 @@ class Operator:
         async with self.db.transaction() as conn:
             created = await self.apps.register(conn, org, app)
             if created:
-                await write_audit(conn, org, app, AuditEntry("application.create", actor))
+                await write_audit(conn, org, app, AuditEntry("application.create", actor, detail=SUCCEEDED))
         return created
 
     async def delete_app(self, org: str, app: str, actor: str) -> None:
@@ -48,7 +52,7 @@ class Operator:
                 raise NotFound(f"no app {app!r} in org {org!r}")
             if not await self.apps.delete(conn, org, app):
                 raise Conflict("app_has_executors", f"app {app!r} still has executors in the registry")
-            await write_audit(conn, org, app, AuditEntry("application.delete", actor))
+            await write_audit(conn, org, app, AuditEntry("application.delete", actor, detail=SUCCEEDED))
 
     async def update_settings(self, org: str, app: str, changes: dict[str, Any], actor: str) -> AppRecord:
         """Change an app's settings (snake_case column names); a running grace period keeps its value."""

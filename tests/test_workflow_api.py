@@ -1,0 +1,896 @@
+"""Conductor's v2 workflow API, served through the app's executors: every route against real
+DBOS 3.2 executors (harness/workflow_app.py), each answer checked against what the executors'
+system database holds (read here directly; Relay never reads it).
+
+One world for the module: two Relay instances on one database, and two executors of the app
+``ledger`` (versions v1 and v2, the first one seeding the fixtures) connected to instance 1.
+Instance 1 has the default limits; instance 2 tight ones (1 s per executor, 2 requests in
+flight per app), so the serving tests (503, failover, 502, 501, 429) ask instance 2, with
+simulated executors of apps of their own. Reads come first in the file; the changes after
+them make workflows of their own (forks) or say which fixture they change.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, LiteralString
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
+from tests.prom import scrape
+
+APP_MODULE = "harness.workflow_app"
+LEDGER = "/apps/ledger"
+ODD_IDS = ["odd/steps", "odd?x=1", "odd#frag"]
+# Instance 2's limits (see the module's docstring).
+PER_EXECUTOR_SECS = 1.0
+DEADLINE_SECS = 5.0
+IN_FLIGHT_CAP = 2
+SLACK_SECS = 1.5
+
+
+@dataclass
+class World:
+    postgres: Postgres
+    workdir: Path
+    sysdb: str
+    r1: RelayProcess
+    r2: RelayProcess
+    seeder: ExecutorProcess  # v1: created the fixtures
+    other: ExecutorProcess  # v2
+
+    def api(self, relay: RelayProcess | None = None) -> httpx.Client:
+        return (relay or self.r1).api("acme")
+
+
+def healthy(relay: RelayProcess, app: str, executor_id: str) -> bool:
+    return relay.state_of("acme", app, executor_id) == "HEALTHY"
+
+
+@pytest.fixture(scope="module")
+def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workdir = tmp_path_factory.mktemp("workflow-api")
+    relay_db = postgres.create_database("relay")
+    sysdb = postgres.create_database("sys")
+    tight = relay_yaml(free_port())
+    tight["server"].update(
+        executorRequestTimeoutSecs=PER_EXECUTOR_SECS,
+        executorRequestDeadlineSecs=DEADLINE_SECS,
+        maxExecutorRequestsPerApp=IN_FLIGHT_CAP,
+    )
+    relays = [
+        RelayProcess(workdir, relay_db, relay_yaml(free_port()), "relay-1"),
+        RelayProcess(workdir, relay_db, tight, "relay-2"),
+    ]
+    executors: list[ExecutorProcess] = []
+    try:
+        r1, r2 = (relay.start() for relay in relays)
+        seed = {"RELAY_TEST_SEED": "1"}
+        executors.append(ExecutorProcess(workdir, sysdb, r1.conductor_url, module=APP_MODULE, env=seed))
+        executors.append(ExecutorProcess(workdir, sysdb, r1.conductor_url, module=APP_MODULE, version="v2"))
+        for executor in executors:
+            assert_eventually(lambda: healthy(r2, "ledger", executor.executor_id), 10)  # noqa: B023
+        # The reads want a database that holds still: the queued jobs run soon after seeding, and the
+        # schedule is paused (in the database, as DBOS pauses one) lest it start a run on the hour.
+        assert_eventually(lambda: not query(sysdb, "SELECT 1 FROM dbos.workflow_status WHERE status = 'ENQUEUED'"), 20)
+        with psycopg.connect(sysdb) as conn:
+            conn.execute("UPDATE dbos.workflow_schedules SET status = 'PAUSED'")
+        yield World(postgres, workdir, sysdb, r1, r2, *executors)
+    finally:
+        for executor in executors:
+            executor.stop()
+        for relay in relays:
+            relay.stop()
+
+
+@pytest.fixture(autouse=True)
+def logs_on_failure(request: pytest.FixtureRequest, world: World) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for relay in (world.r1, world.r2):
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+# -- reading the system database, and the API's answers -------------------------------------------
+
+
+def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql, params).fetchall())
+
+
+def ms(text: str | None) -> int | None:
+    """An API time (ISO 8601, UTC) as the epoch milliseconds the system database holds."""
+    return None if text is None else round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def iso(epoch_ms: float) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+def unpickled(value: str) -> str:
+    """A value DBOS stored (serialization py_pickle), as the executor shows it."""
+    return str(pickle.loads(base64.b64decode(value)))
+
+
+def ok(resp: httpx.Response, status: int = 200) -> Any:
+    assert resp.status_code == status, f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text}"
+    return resp.json() if resp.content else None
+
+
+def problem(resp: httpx.Response, status: int) -> dict[str, Any]:
+    """An RFC 9457 problem with this status, as Conductor answers errors."""
+    assert resp.status_code == status, f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text}"
+    assert resp.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = resp.json()
+    assert body["status"] == status
+    assert body["title"] and isinstance(body["title"], str)
+    assert body["detail"] and isinstance(body["detail"], str)
+    return body
+
+
+# What a workflow is in both: the API's item and the row of dbos.workflow_status.
+WORKFLOW_COLUMNS: LiteralString = """workflow_uuid, status, name, queue_name, executor_id, application_version,
+    parent_workflow_id, forked_from, created_at, completed_at"""
+
+
+def summary(w: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        w["workflowId"], w["status"], w["workflowName"], w["queueName"], w["executorId"], w["appVersion"],
+        w["parentWorkflowId"], w["forkedFrom"], ms(w["createdAt"]), ms(w["completedAt"]),
+    )  # fmt: skip
+
+
+def db_workflows(world: World, where: LiteralString = "TRUE", *params: Any) -> list[tuple[Any, ...]]:
+    return query(world.sysdb, "SELECT " + WORKFLOW_COLUMNS + " FROM dbos.workflow_status WHERE " + where, *params)
+
+
+def db_status(world: World, workflow_id: str) -> str | None:
+    rows = query(world.sysdb, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)
+    return str(rows[0][0]) if rows else None
+
+
+def created_times(world: World, desc: bool = False) -> list[int]:
+    rows = query(world.sysdb, "SELECT created_at FROM dbos.workflow_status ORDER BY created_at")
+    times = [int(r[0]) for r in rows]
+    return times[::-1] if desc else times
+
+
+def audit(world: World, app: str, action: str, **detail: Any) -> list[dict[str, Any]]:
+    """The app's audit entries for ``action`` whose detail has these members."""
+    with world.api() as api:
+        entries: list[dict[str, Any]] = ok(api.get("/audit", params={"app": app, "limit": 10_000}))
+    return [e for e in entries if e["action"] == action and all(e["detail"].get(k) == v for k, v in detail.items())]
+
+
+def audited_once(world: World, app: str, action: str, result: str = "success", **detail: Any) -> dict[str, Any]:
+    """The one entry for ``action`` with this result and detail, by the admin key."""
+    (entry,) = audit(world, app, action, result=result, **detail)
+    assert (entry["actor"], entry["app"]) == ("api:ops", app)
+    return entry
+
+
+def fork(world: World, source: str, new_id: str, start_step: int, settle: str | None = "SUCCESS") -> str:
+    """Fork through the API; wait until the fork is in ``settle`` (None: do not wait)."""
+    with world.api() as api:
+        body = ok(api.post(f"{LEDGER}/workflows/{quote(source, safe='')}/fork",
+                           json={"newWorkflowId": new_id, "startStep": start_step}), 201)  # fmt: skip
+    assert body == {"workflowId": new_id}
+    if settle is not None:
+        assert_eventually(lambda: db_status(world, new_id) == settle, 20, what=f"{new_id} {settle}")
+    return new_id
+
+
+# -- apps and executors, in Conductor's shapes ----------------------------------------------------
+
+
+def test_apps_and_executors_in_conductors_shapes(world: World) -> None:
+    with world.api() as api:
+        apps = {a["name"]: a for a in ok(api.get("/apps"))}
+        ledger = apps["ledger"]
+        assert {k: ledger[k] for k in ("name", "status", "language", "executorTimeoutSecs")} == {
+            "name": "ledger",
+            "status": "AVAILABLE",
+            "language": "python",
+            "executorTimeoutSecs": 30,
+        }
+        assert ok(api.get(LEDGER)) == ledger
+        executors = {e["executorId"]: e for e in ok(api.get(f"{LEDGER}/executors"))}
+    assert set(executors) == {world.seeder.executor_id, world.other.executor_id}
+    assert {e["executorId"]: e["appVersion"] for e in executors.values()} == {
+        world.seeder.executor_id: "v1",
+        world.other.executor_id: "v2",
+    }
+    for e in executors.values():
+        assert (e["status"], e["state"], e["relayInstance"]) == ("HEALTHY", "HEALTHY", "relay-1")
+        assert (e["language"], e["dbosVersion"], e["executorMetadata"]) == ("python", "3.2.0", None)
+        assert e["hostname"]
+        assert ms(e["createdAt"]) is not None and ms(e["updatedAt"]) is not None
+        assert ms(e["updatedAt"]) >= ms(e["createdAt"])  # type: ignore[operator]
+
+
+# -- workflows: lists and searches ----------------------------------------------------------------
+
+
+def test_the_workflow_list_is_what_the_system_database_holds(world: World) -> None:
+    with world.api() as api:
+        listed = ok(api.get(f"{LEDGER}/workflows"))
+        assert sorted(map(summary, listed)) == sorted(db_workflows(world))
+        assert [ms(w["createdAt"]) for w in listed] == created_times(world)  # oldest first
+        # Inputs and outputs only when asked.
+        assert all(w["input"] is None and w["output"] is None for w in listed)
+        loaded = {w["workflowId"]: w for w in ok(api.get(f"{LEDGER}/workflows", params={"loadInput": "true"}))}
+        assert loaded["done-1"]["input"] == "{'args': (1, 30.0), 'kwargs': {}}"
+        assert loaded["done-1"]["output"] is None
+        loaded = {w["workflowId"]: w for w in ok(api.get(f"{LEDGER}/workflows", params={"loadOutput": "true"}))}
+        assert loaded["done-1"]["output"] == "TOTAL 2 2 hello"
+        assert loaded["done-1"]["input"] is None
+        assert "failed on purpose with 3" in loaded["failed-1"]["error"]
+
+        errors = ok(api.get(f"{LEDGER}/workflows", params={"status": "ERROR"}))
+        assert sorted(map(summary, errors)) == sorted(db_workflows(world, "status = 'ERROR'"))
+        assert [w["workflowId"] for w in errors] == ["failed-1"]
+        children = ok(api.get(f"{LEDGER}/workflows", params={"workflowName": "child"}))
+        assert sorted(map(summary, children)) == sorted(db_workflows(world, "name = 'child'"))
+        assert len(children) == 2
+
+        page = ok(api.get(f"{LEDGER}/workflows", params={"limit": 3, "offset": 2}))
+        assert [ms(w["createdAt"]) for w in page] == created_times(world)[2:5]
+        newest = ok(api.get(f"{LEDGER}/workflows", params={"sortDesc": "true", "limit": 4}))
+        assert [ms(w["createdAt"]) for w in newest] == created_times(world, desc=True)[:4]
+
+
+def test_each_search_filter_finds_what_the_system_database_finds(world: World) -> None:
+    seeder, other = world.seeder.executor_id, world.other.executor_id
+    (done_at,), (failed_at,) = (
+        query(world.sysdb, "SELECT created_at FROM dbos.workflow_status WHERE workflow_uuid = %s", w)[0]
+        for w in ("done-1", "failed-1")
+    )
+    narrowing: list[tuple[dict[str, Any], LiteralString, tuple[Any, ...]]] = [
+        ({"workflowIds": ["done-1", "failed-1", "no-such"]}, "workflow_uuid = ANY(%s)", (["done-1", "failed-1"],)),
+        ({"status": ["ERROR", "PENDING"]}, "status = ANY(%s)", (["ERROR", "PENDING"],)),
+        ({"workflowName": ["parent", "failing"]}, "name = ANY(%s)", (["parent", "failing"],)),
+        ({"queueName": ["serial"]}, "queue_name = 'serial'", ()),
+        ({"parentWorkflowId": ["done-1"]}, "parent_workflow_id = 'done-1'", ()),
+        ({"workflowIdPrefix": ["odd"]}, "workflow_uuid LIKE 'odd%%'", ()),
+        # Half a millisecond out on each side: the SDK compares whole milliseconds, bounds included.
+        (
+            {"startTime": iso(done_at - 0.5), "endTime": iso(failed_at + 0.5)},
+            "created_at BETWEEN %s AND %s",
+            (done_at, failed_at),
+        ),
+        ({"status": ["SUCCESS"], "workflowName": ["odd"]}, "status = 'SUCCESS' AND name = 'odd'", ()),
+    ]
+    # The seeder (v1) ran every workflow so far, the v2 executor none: all, or nothing.
+    whole: list[tuple[dict[str, Any], LiteralString, tuple[Any, ...], bool]] = [
+        ({"executorId": [seeder]}, "executor_id = %s", (seeder,), True),
+        ({"executorId": [other]}, "executor_id = %s", (other,), False),
+        ({"appVersion": ["v1"]}, "application_version = 'v1'", (), True),
+        ({"appVersion": ["v2"]}, "application_version = 'v2'", (), False),
+    ]
+    everything = sorted(db_workflows(world))
+    with world.api() as api:
+        for body, where, params in narrowing:
+            found = ok(api.post(f"{LEDGER}/workflows/search", json=body))
+            expected = sorted(db_workflows(world, where, *params))
+            assert sorted(map(summary, found)) == expected, body
+            assert expected and expected != everything, f"{body} selects nothing or everything"
+        for body, where, params, selects_all in whole:
+            found = ok(api.post(f"{LEDGER}/workflows/search", json=body))
+            assert sorted(map(summary, found)) == sorted(db_workflows(world, where, *params)), body
+            assert sorted(map(summary, found)) == (everything if selects_all else []), body
+        assert sorted(map(summary, ok(api.post(f"{LEDGER}/workflows/search")))) == everything  # no body
+        page = ok(api.post(f"{LEDGER}/workflows/search", json={"sortDesc": True, "limit": 3, "offset": 1}))
+        assert [ms(w["createdAt"]) for w in page] == created_times(world, desc=True)[1:4]
+        asc = ok(api.post(f"{LEDGER}/workflows/search", json={"limit": 2, "offset": 3}))
+        assert [ms(w["createdAt"]) for w in asc] == created_times(world)[3:5]
+        # Unknown members are refused, as Conductor's additionalProperties: false has it.
+        problem(api.post(f"{LEDGER}/workflows/search", json={"workflowID": ["done-1"]}), 422)
+
+
+def test_workflow_and_step_aggregates_count_what_the_system_database_holds(world: World) -> None:
+    with world.api() as api:
+        by_status = ok(api.post(f"{LEDGER}/workflows/aggregates", json={"groupByStatus": True, "selectCount": True}))
+        db = query(world.sysdb, "SELECT status, count(*) FROM dbos.workflow_status GROUP BY status")
+        assert {a["group"]["status"]: a["count"] for a in by_status} == dict(db)
+        # Only the members selected.
+        assert all(set(a) == {"group", "count"} for a in by_status)
+
+        body = {"groupByWorkflowName": True, "groupByAppVersion": True, "selectCount": True, "selectMinCreatedAt": True}
+        by_name = ok(api.post(f"{LEDGER}/workflows/aggregates", json=body))
+        db = query(
+            world.sysdb,
+            "SELECT name, application_version, count(*), min(created_at) FROM dbos.workflow_status GROUP BY 1, 2",
+        )
+        assert {
+            (a["group"]["name"], a["group"]["application_version"]): (a["count"], ms(a["minCreatedAt"]))
+            for a in by_name
+        } == {(n, v): (c, m) for n, v, c, m in db}
+
+        filtered = ok(
+            api.post(
+                f"{LEDGER}/workflows/aggregates",
+                json={"groupByStatus": True, "selectCount": True, "workflowName": ["child"]},
+            )
+        )
+        assert [(a["group"], a["count"]) for a in filtered] == [({"status": "SUCCESS"}, 2)]
+
+        steps = ok(api.post(f"{LEDGER}/steps/aggregates", json={"groupByFunctionName": True, "selectCount": True}))
+        db = query(world.sysdb, "SELECT function_name, count(*) FROM dbos.operation_outputs GROUP BY 1")
+        assert {a["group"]["function_name"]: a["count"] for a in steps} == dict(db)
+        adds = ok(
+            api.post(
+                f"{LEDGER}/steps/aggregates",
+                json={"groupByStatus": True, "selectCount": True, "selectMaxDurationMs": True, "stepName": ["add"]},
+            )
+        )
+        (longest,) = query(
+            world.sysdb,
+            """SELECT max(completed_at_epoch_ms - started_at_epoch_ms) FROM dbos.operation_outputs
+               WHERE function_name = 'add'""",
+        )[0]
+        assert [(a["group"], a["count"], a["maxDurationMs"]) for a in adds] == [
+            ({"status": "SUCCESS"}, query(world.sysdb, "SELECT count(*) FROM dbos.operation_outputs "
+                                                       "WHERE function_name = 'add'")[0][0], longest)
+        ]  # fmt: skip
+
+
+# -- one workflow ---------------------------------------------------------------------------------
+
+
+def test_a_workflow_by_id_and_404_for_an_unknown_one(world: World) -> None:
+    with world.api() as api:
+        for workflow_id in ("done-1", "done-1-child", "failed-1", "waiting-1"):
+            got = ok(api.get(f"{LEDGER}/workflows/{workflow_id}"))
+            assert [summary(got)] == db_workflows(world, "workflow_uuid = %s", workflow_id)
+            assert ms(got["updatedAt"]) is not None
+        assert ok(api.get(f"{LEDGER}/workflows/done-1-child"))["parentWorkflowId"] == "done-1"
+        # Conductor's getWorkflow takes no loadInput/loadOutput: a workflow comes with its input, output, error.
+        done = ok(api.get(f"{LEDGER}/workflows/done-1"))
+        assert (done["input"], done["output"]) == ("{'args': (1, 30.0), 'kwargs': {}}", "TOTAL 2 2 hello")
+        assert "failed on purpose with 3" in ok(api.get(f"{LEDGER}/workflows/failed-1"))["error"]
+        bare = ok(api.get(f"{LEDGER}/workflows/done-1", params={"loadInput": "false", "loadOutput": "false"}))
+        assert (bare["input"], bare["output"]) == (None, None)  # Relay's own: leave them out when asked to
+        body = problem(api.get(f"{LEDGER}/workflows/no-such-workflow"), 404)
+        assert "no-such-workflow" in body["detail"]
+
+
+def test_the_steps_of_a_workflow_page_by_page(world: World) -> None:
+    db = query(
+        world.sysdb,
+        """SELECT function_id, function_name, child_workflow_id, started_at_epoch_ms, completed_at_epoch_ms
+           FROM dbos.operation_outputs WHERE workflow_uuid = 'done-1' ORDER BY function_id""",
+    )
+    assert len(db) >= 6
+
+    def row(s: dict[str, Any]) -> tuple[Any, ...]:
+        return (s["stepId"], s["stepName"], s["childWorkflowId"], ms(s["startedAt"]), ms(s["completedAt"]))
+
+    with world.api() as api:
+        steps = ok(api.get(f"{LEDGER}/workflows/done-1/steps"))
+        assert [row(s) for s in steps] == db
+        assert {s["childWorkflowId"] for s in steps} >= {"done-1-child"}
+        page = ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"limit": 3, "offset": 2}))
+        assert [row(s) for s in page] == db[2:5]
+        # Conductor's listWorkflowSteps takes no loadOutput: steps come with their outputs.
+        assert [(s["stepName"], s["output"]) for s in steps[:2]] == [("add", "2"), ("shout", "TOTAL 2")]
+        bare = ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"loadOutput": "false"}))
+        assert [s["output"] for s in bare] == [None] * len(db)
+        assert ok(api.get(f"{LEDGER}/workflows/no-such-workflow/steps")) == []
+
+
+def test_events_notifications_and_streams_of_a_workflow(world: World) -> None:
+    with world.api() as api:
+        events = ok(api.get(f"{LEDGER}/workflows/done-1/events"))
+        notifications = ok(api.get(f"{LEDGER}/workflows/done-1/notifications"))
+        streams = ok(api.get(f"{LEDGER}/workflows/done-1/streams"))
+        for route in ("events", "notifications", "streams"):
+            assert ok(api.get(f"{LEDGER}/workflows/no-such-workflow/{route}")) == []
+    db_events = query(world.sysdb, "SELECT key, value FROM dbos.workflow_events WHERE workflow_uuid = 'done-1'")
+    assert events == [{"key": k, "value": unpickled(v)} for k, v in db_events]
+    assert events == [{"key": "progress", "value": "step 2"}]
+
+    db_notes = query(
+        world.sysdb,
+        """SELECT topic, message, created_at_epoch_ms, consumed FROM dbos.notifications
+           WHERE destination_uuid = 'done-1' ORDER BY created_at_epoch_ms""",
+    )
+    assert [(n["topic"], n["message"], ms(n["createdAt"]), n["consumed"]) for n in notifications] == [
+        (topic, unpickled(message), at, consumed) for topic, message, at, consumed in db_notes
+    ]
+    assert [(n["topic"], n["message"], n["consumed"]) for n in notifications] == [("go", "hello", True)]
+
+    db_streams = query(
+        world.sysdb, """SELECT key, value FROM dbos.streams WHERE workflow_uuid = 'done-1' ORDER BY key, "offset" """
+    )
+    assert streams == [{"key": "log", "values": [unpickled(v) for _, v in db_streams]}]
+    assert streams == [{"key": "log", "values": ["first", "second"]}]
+
+
+@pytest.mark.parametrize("workflow_id", ODD_IDS)
+def test_a_percent_encoded_id_names_one_workflow(world: World, workflow_id: str) -> None:
+    encoded = quote(workflow_id, safe="")
+    with world.api() as api:
+        got = ok(api.get(f"{LEDGER}/workflows/{encoded}"))
+        assert [summary(got)] == db_workflows(world, "workflow_uuid = %s", workflow_id)
+        steps = ok(api.get(f"{LEDGER}/workflows/{encoded}/steps"))
+        db = query(
+            world.sysdb,
+            "SELECT function_id, function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s",
+            workflow_id,
+        )
+        assert [(s["stepId"], s["stepName"]) for s in steps] == db == [(1, "shout")]
+        assert ok(api.get(f"{LEDGER}/workflows/{encoded}/events")) == []
+        # The unencoded path is another workflow (``odd``, which does not exist), or its steps.
+        assert api.get(f"{LEDGER}/workflows/odd").status_code == 404
+        if workflow_id == "odd/steps":
+            assert ok(api.get(f"{LEDGER}/workflows/{workflow_id}")) == []  # the steps of "odd": none
+
+
+# -- queues, schedules, versions: reads ---------------------------------------------------------
+
+
+def test_queues_as_the_system_database_declares_them(world: World) -> None:
+    db = query(
+        world.sysdb,
+        """SELECT name, concurrency, worker_concurrency, rate_limit_max, rate_limit_period_sec, priority_enabled,
+                  partition_queue, polling_interval_sec, application_name FROM dbos.queues ORDER BY name""",
+    )
+    fields = ("name", "concurrency", "workerConcurrency", "rateLimitMax", "rateLimitPeriodSecs", "priorityEnabled",
+              "partitionQueue", "pollingIntervalSecs", "applicationName")  # fmt: skip
+    with world.api() as api:
+        queues = ok(api.get(f"{LEDGER}/queues"))
+        assert [tuple(q[f] for f in fields) for q in queues] == db
+        assert [set(q) for q in queues] == [set(fields)]  # Conductor's Queue, nothing more
+        serial = ok(api.get(f"{LEDGER}/queues/serial"))
+        assert serial == queues[0]
+        assert (serial["name"], serial["concurrency"]) == ("serial", 1)
+        assert "no-such-queue" in problem(api.get(f"{LEDGER}/queues/no-such-queue"), 404)["detail"]
+
+
+def test_schedules_as_the_system_database_holds_them(world: World) -> None:
+    ((schedule_id, workflow_name, cron, status, backfill, tz, app, context),) = query(
+        world.sysdb,
+        """SELECT schedule_id, workflow_name, schedule, status, automatic_backfill, cron_timezone, application_name,
+                  context FROM dbos.workflow_schedules WHERE schedule_name = 'every-hour'""",
+    )
+    with world.api() as api:
+        (listed,) = ok(api.get(f"{LEDGER}/schedules"))
+        assert {k: listed[k] for k in ("scheduleId", "scheduleName", "workflowName", "cronExpression", "status",
+                                       "automaticBackfill", "cronTimezone", "applicationName")} == {
+            "scheduleId": schedule_id, "scheduleName": "every-hour", "workflowName": workflow_name,
+            "cronExpression": cron, "status": status, "automaticBackfill": backfill, "cronTimezone": tz,
+            "applicationName": app,
+        }  # fmt: skip
+        assert (workflow_name, cron) == ("tick", "0 * * * *")
+        assert listed["context"] is None  # only when asked
+        assert ok(api.get(f"{LEDGER}/schedules/every-hour")) == listed
+        with_context = ok(api.get(f"{LEDGER}/schedules/every-hour", params={"loadContext": "true"}))
+        assert with_context["context"] == unpickled(context) == "ctx"
+        assert ok(api.get(f"{LEDGER}/schedules", params={"workflowName": "tick"})) == [listed]
+        assert ok(api.get(f"{LEDGER}/schedules", params={"scheduleNamePrefix": "every"})) == [listed]
+        assert ok(api.get(f"{LEDGER}/schedules", params={"workflowName": "job"})) == []
+        assert "no-such-schedule" in problem(api.get(f"{LEDGER}/schedules/no-such-schedule"), 404)["detail"]
+
+
+def versions_in_db(sysdb: str) -> dict[str, tuple[str, int, int]]:
+    rows = query(sysdb, "SELECT version_name, version_id, version_timestamp, created_at FROM dbos.application_versions")
+    return {name: (vid, stamp, created) for name, vid, stamp, created in rows}
+
+
+def test_versions_as_the_system_database_records_them(world: World) -> None:
+    with world.api() as api:
+        versions = ok(api.get(f"{LEDGER}/versions"))
+    assert {
+        v["versionName"]: (v["versionId"], ms(v["versionTimestamp"]), ms(v["createdAt"])) for v in versions
+    } == versions_in_db(world.sysdb)
+    assert {v["versionName"] for v in versions} == {"v1", "v2"}
+
+
+# -- the /conductor prefix, and another instance ------------------------------------------------
+
+
+def test_every_route_is_served_under_the_conductor_prefix_too(world: World) -> None:
+    """A client whose base URL is ``http://host:port/conductor``, as for DBOS's managed Conductor."""
+    headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    app = "/v2/orgs/acme/apps/ledger"
+    with httpx.Client(base_url=f"{world.r1.http}/conductor", headers=headers, timeout=10) as conductor:
+        with world.api() as api:
+            assert ok(conductor.get("/v2/orgs/acme/apps")) == ok(api.get("/apps"))
+        odd = ok(conductor.get(f"{app}/workflows/odd%2Fsteps"))
+        assert [summary(odd)] == db_workflows(world, "workflow_uuid = 'odd/steps'")
+        assert [s["stepName"] for s in ok(conductor.get(f"{app}/workflows/odd%2Fsteps/steps"))] == ["shout"]
+        named = ok(conductor.get(f"{app}/workflows", params={"workflowName": "odd"}))
+        assert sorted(w["workflowId"] for w in named) == sorted(ODD_IDS)
+        assert ok(conductor.post(f"{app}/workflows/search", json={"workflowIdPrefix": ["odd"]})) == named
+
+        # A change, by encoded ids both ways: fork odd?x=1 into "fork/of?odd#1", then delete that.
+        new_id = "fork/of?odd#1"
+        created = ok(conductor.post(f"{app}/workflows/odd%3Fx%3D1/fork", json={"newWorkflowId": new_id}), 201)
+        assert created == {"workflowId": new_id}
+        assert_eventually(lambda: db_status(world, new_id) == "SUCCESS", 20)
+        assert db_workflows(world, "workflow_uuid = %s", new_id)[0][7] == "odd?x=1"  # forked_from
+        assert ok(conductor.get(f"{app}/workflows/{quote(new_id, safe='')}"))["forkedFrom"] == "odd?x=1"
+        assert ok(conductor.delete(f"{app}/workflows/{quote(new_id, safe='')}"), 204) is None
+        assert db_status(world, new_id) is None
+        problem(conductor.get(f"{app}/workflows/{quote(new_id, safe='')}"), 404)
+    audited_once(world, "ledger", "workflow.fork", workflowIds=["odd?x=1"], newWorkflowId=new_id)
+    audited_once(world, "ledger", "workflow.delete", workflowIds=[new_id])
+
+
+def relayed(relay: RelayProcess) -> float:
+    return scrape(relay.http, "relay_requests_relayed_total") or 0.0
+
+
+def test_a_route_is_served_through_the_instance_holding_the_executors_socket(world: World) -> None:
+    """The executors hold sockets on instance 1; the API is asked on instance 2."""
+    before = relayed(world.r1), relayed(world.r2)
+    with world.api(world.r2) as api:
+        for e in ok(api.get(f"{LEDGER}/executors")):
+            assert e["relayInstance"] == "relay-1"
+        got = ok(api.get(f"{LEDGER}/workflows/done-1"))
+        assert [summary(got)] == db_workflows(world, "workflow_uuid = 'done-1'")
+        listed = ok(api.get(f"{LEDGER}/workflows", params={"workflowName": "odd"}))
+        assert sorted(map(summary, listed)) == sorted(db_workflows(world, "name = 'odd'"))
+        created = ok(api.post(f"{LEDGER}/workflows/done-1/fork", json={"newWorkflowId": "via-2", "startStep": 10}), 201)
+    assert created == {"workflowId": "via-2"}
+    assert_eventually(lambda: db_status(world, "via-2") == "SUCCESS", 20)
+    assert relayed(world.r1) >= before[0] + 3  # instance 1 sent each request over the executor's socket
+    assert relayed(world.r2) == before[1]
+
+
+# -- changes -------------------------------------------------------------------------------------
+
+
+def test_cancel_then_resume_a_waiting_workflow(world: World) -> None:
+    """Changes waiting-1: CANCELLED, then queued again and running (it waits for a message again)."""
+    with world.api() as api:
+        assert db_status(world, "waiting-1") == "PENDING"
+        assert ok(api.post(f"{LEDGER}/workflows/waiting-1/cancel"), 204) is None
+        assert db_status(world, "waiting-1") == "CANCELLED"
+        assert ok(api.get(f"{LEDGER}/workflows/waiting-1"))["status"] == "CANCELLED"
+        assert ok(api.post(f"{LEDGER}/workflows/waiting-1/resume", json={}), 204) is None
+        assert db_status(world, "waiting-1") in ("ENQUEUED", "PENDING")
+        assert_eventually(lambda: db_status(world, "waiting-1") == "PENDING", 20)
+        # Resuming what does not exist: 404, and the attempt is audited as a failure.
+        body = problem(api.post(f"{LEDGER}/workflows/no-such-workflow/resume"), 404)
+        assert "no-such-workflow" in body["detail"]
+    audited_once(world, "ledger", "workflow.cancel", workflowIds=["waiting-1"])
+    audited_once(world, "ledger", "workflow.resume", workflowIds=["waiting-1"])
+    failed = audited_once(world, "ledger", "workflow.resume", "failure", workflowIds=["no-such-workflow"])
+    assert failed["detail"]["error"]
+
+
+def test_fork_with_a_given_id_and_with_one_relay_draws(world: World) -> None:
+    fork(world, "done-1", "done-1-fork", start_step=10)
+    ((status, forked_from, steps),) = query(
+        world.sysdb,
+        """SELECT status, forked_from,
+                  (SELECT count(*) FROM dbos.operation_outputs o WHERE o.workflow_uuid = w.workflow_uuid)
+           FROM dbos.workflow_status w WHERE workflow_uuid = 'done-1-fork'""",
+    )
+    assert (status, forked_from) == ("SUCCESS", "done-1")
+    assert steps >= 9  # the steps before step 10, copied
+    with world.api() as api:
+        assert ok(api.get(f"{LEDGER}/workflows/done-1"))["wasForkedFrom"] is True
+        drawn = ok(api.post(f"{LEDGER}/workflows/done-1/fork", json={"startStep": 10}), 201)["workflowId"]
+        assert uuid.UUID(drawn)  # Relay drew it before asking (a retry cannot fork twice)
+        assert_eventually(lambda: db_status(world, drawn) == "SUCCESS", 20)
+        got = ok(api.get(f"{LEDGER}/workflows/{drawn}"))
+        assert (got["forkedFrom"], got["workflowName"]) == ("done-1", "parent")
+        # Forking what does not exist.
+        problem(api.post(f"{LEDGER}/workflows/no-such-workflow/fork", json={}), 404)
+    audited_once(world, "ledger", "workflow.fork", workflowIds=["done-1"], newWorkflowId="done-1-fork", startStep=10)
+    audited_once(world, "ledger", "workflow.fork", workflowIds=["done-1"], newWorkflowId=drawn)
+    audited_once(world, "ledger", "workflow.fork", "failure", workflowIds=["no-such-workflow"])
+
+
+def forked_with_child(world: World, new_id: str) -> str:
+    """A fork of done-1 from step 6: it starts a child of its own, then waits for a message;
+    cancelled once the child is there, so that nothing runs when it is deleted."""
+    fork(world, "done-1", new_id, start_step=6, settle=None)
+    child = f"{new_id}-child"
+    assert_eventually(lambda: db_status(world, child) == "SUCCESS", 20)
+    with world.api() as api:
+        ok(api.post(f"{LEDGER}/workflows/{new_id}/cancel"), 204)
+    assert db_status(world, new_id) == "CANCELLED"
+    return child
+
+
+def test_delete_a_workflow_with_or_without_its_children(world: World) -> None:
+    kept_child = forked_with_child(world, "delete-alone")
+    gone_child = forked_with_child(world, "delete-all")
+    with world.api() as api:
+        assert ok(api.delete(f"{LEDGER}/workflows/delete-alone"), 204) is None
+        assert ok(api.delete(f"{LEDGER}/workflows/delete-all", params={"deleteChildren": "true"}), 204) is None
+        problem(api.get(f"{LEDGER}/workflows/delete-alone"), 404)
+    assert db_status(world, "delete-alone") is None
+    assert db_status(world, kept_child) == "SUCCESS"
+    assert db_status(world, "delete-all") is None
+    assert db_status(world, gone_child) is None
+    assert (
+        query(
+            world.sysdb,
+            "SELECT 1 FROM dbos.operation_outputs WHERE workflow_uuid = ANY(%s)",
+            ["delete-alone", "delete-all", gone_child],
+        )
+        == []
+    )
+    audited_once(world, "ledger", "workflow.delete", workflowIds=["delete-alone"])
+    audited_once(world, "ledger", "workflow.delete", workflowIds=["delete-all"])
+
+
+def test_export_then_import_brings_a_deleted_workflow_back(world: World) -> None:
+    fork(world, "done-1", "exported-1", start_step=10)
+    row_sql: LiteralString = """SELECT w.status, w.name, w.created_at, w.forked_from,
+        (SELECT count(*) FROM dbos.operation_outputs o WHERE o.workflow_uuid = w.workflow_uuid)
+        FROM dbos.workflow_status w WHERE workflow_uuid = 'exported-1'"""
+    before = query(world.sysdb, row_sql)
+    with world.api() as api:
+        exported = ok(api.get(f"{LEDGER}/workflows/exported-1/export", params={"exportChildren": "true"}))
+        assert set(exported) == {"serializedWorkflow"} and exported["serializedWorkflow"]
+        ok(api.delete(f"{LEDGER}/workflows/exported-1"), 204)
+        assert query(world.sysdb, row_sql) == []
+        imported = api.post(f"{LEDGER}/workflows/import", json=exported)
+        assert (imported.status_code, imported.content) == (201, b"")
+        assert query(world.sysdb, row_sql) == before
+        assert ok(api.get(f"{LEDGER}/workflows/exported-1"))["status"] == "SUCCESS"
+        # Imported again: the executor refuses (the workflow is there), and nobody tries it twice.
+        problem(api.post(f"{LEDGER}/workflows/import", json=exported), 502)
+        problem(api.get(f"{LEDGER}/workflows/no-such-workflow/export"), 404)
+    assert len(audit(world, "ledger", "workflow.import")) == 2
+    audited_once(world, "ledger", "workflow.import", "success")
+    audited_once(world, "ledger", "workflow.import", "failure")
+
+
+def test_bulk_cancel_resume_and_delete(world: World) -> None:
+    """Forks of done-1 from step 7 (they wait for a message, PENDING) are the workflows changed."""
+    ids = [fork(world, "done-1", f"bulk-{n}", start_step=7, settle="PENDING") for n in range(3)]
+    with world.api() as api:
+        ok(api.post(f"{LEDGER}/workflows/bulk-cancel", json={"workflowIds": ids}), 204)
+        assert [db_status(world, i) for i in ids] == ["CANCELLED"] * 3
+        ok(api.post(f"{LEDGER}/workflows/bulk-resume", json={"workflowIds": ids}), 204)
+        assert {db_status(world, i) for i in ids} <= {"ENQUEUED", "PENDING"}
+        assert_eventually(lambda: [db_status(world, i) for i in ids] == ["PENDING"] * 3, 20)
+        ok(api.post(f"{LEDGER}/workflows/bulk-delete", json={"workflowIds": ids, "deleteChildren": True}), 204)
+        assert [db_status(world, i) for i in ids] == [None] * 3
+        problem(api.post(f"{LEDGER}/workflows/bulk-cancel", json={"workflowIds": []}), 422)
+        problem(api.post(f"{LEDGER}/workflows/bulk-delete", json={}), 422)
+    for action in ("workflow.bulk_cancel", "workflow.bulk_resume", "workflow.bulk_delete"):
+        audited_once(world, "ledger", action, workflowIds=ids)
+
+
+def test_bulk_fork_from_failure(world: World) -> None:
+    with world.api() as api:
+        body = {"workflowIds": ["failed-1"], "fromLastFailure": True}
+        (forked,) = ok(api.post(f"{LEDGER}/workflows/bulk-fork-from-failure", json=body))["workflowIds"]
+        assert_eventually(lambda: db_status(world, forked) == "ERROR", 20)  # it fails again, as the original did
+        ((name, forked_from),) = query(
+            world.sysdb, "SELECT name, forked_from FROM dbos.workflow_status WHERE workflow_uuid = %s", forked
+        )
+        assert (name, forked_from) == ("failing", "failed-1")
+        # Exactly one of the from* members.
+        for wrong in ({}, {"fromLastFailure": True, "fromStep": 1}, {"fromLastStep": True, "fromStepName": "add"}):
+            resp = api.post(f"{LEDGER}/workflows/bulk-fork-from-failure", json={"workflowIds": ["failed-1"], **wrong})
+            assert "exactly one" in problem(resp, 422)["detail"]
+    entry = audited_once(world, "ledger", "workflow.bulk_fork_from_failure", workflowIds=["failed-1"])
+    assert entry["detail"]["forkedWorkflowIds"] == [forked]
+
+
+def test_pause_resume_trigger_and_backfill_a_schedule(world: World) -> None:
+    def schedule_status() -> str:
+        return str(
+            query(world.sysdb, "SELECT status FROM dbos.workflow_schedules WHERE schedule_name = 'every-hour'")[0][0]
+        )
+
+    with world.api() as api:
+        assert schedule_status() == "PAUSED"  # since the module began
+        ok(api.post(f"{LEDGER}/schedules/every-hour/resume"), 204)
+        assert schedule_status() == "ACTIVE"
+        assert ok(api.get(f"{LEDGER}/schedules/every-hour"))["status"] == "ACTIVE"
+        ok(api.post(f"{LEDGER}/schedules/every-hour/pause"), 204)
+        assert schedule_status() == "PAUSED"
+
+        triggered = ok(api.post(f"{LEDGER}/schedules/every-hour/trigger"), 201)["workflowId"]
+        ((name, schedule_name),) = query(
+            world.sysdb, "SELECT name, schedule_name FROM dbos.workflow_status WHERE workflow_uuid = %s", triggered
+        )
+        assert (name, schedule_name) == ("tick", "every-hour")
+
+        window = {"startTime": "2026-01-01T10:30:00Z", "endTime": "2026-01-01T13:00:00Z"}
+        first = ok(api.post(f"{LEDGER}/schedules/every-hour/backfill", json=window))["workflowIds"]
+        assert len(first) == 2  # 11:00 and 12:00
+        assert [r[0] for r in query(world.sysdb, "SELECT workflow_uuid FROM dbos.workflow_status "
+                                    "WHERE workflow_uuid = ANY(%s) ORDER BY 1", first)] == sorted(first)  # fmt: skip
+        ticks = query(world.sysdb, "SELECT count(*) FROM dbos.workflow_status WHERE name = 'tick'")
+        again = ok(api.post(f"{LEDGER}/schedules/every-hour/backfill", json=window))["workflowIds"]
+        assert again == first
+        assert query(world.sysdb, "SELECT count(*) FROM dbos.workflow_status WHERE name = 'tick'") == ticks
+
+        problem(api.post(f"{LEDGER}/schedules/no-such-schedule/trigger"), 404)
+        problem(api.post(f"{LEDGER}/schedules/every-hour/backfill", json={"startTime": window["startTime"]}), 422)
+    audited_once(world, "ledger", "schedule.pause", scheduleName="every-hour")
+    audited_once(world, "ledger", "schedule.resume", scheduleName="every-hour")
+    audited_once(world, "ledger", "schedule.trigger", scheduleName="every-hour")
+    audited_once(world, "ledger", "schedule.trigger", "failure", scheduleName="no-such-schedule")
+    assert len(audit(world, "ledger", "schedule.backfill", scheduleName="every-hour", result="success")) == 2
+
+
+def test_set_the_latest_version(world: World) -> None:
+    """v2 connected last, so it is the latest; setting v1 makes v1's timestamp the newest."""
+    stamps = {name: stamp for name, (_, stamp, _) in versions_in_db(world.sysdb).items()}
+    assert stamps["v2"] > stamps["v1"]
+    with world.api() as api:
+        ok(api.patch(f"{LEDGER}/versions/latest", json={"versionName": "v1"}), 204)
+        stamps = {name: stamp for name, (_, stamp, _) in versions_in_db(world.sysdb).items()}
+        assert stamps["v1"] > stamps["v2"]
+        latest = max(ok(api.get(f"{LEDGER}/versions")), key=lambda v: ms(v["versionTimestamp"]) or 0)
+        assert latest["versionName"] == "v1"
+        problem(api.patch(f"{LEDGER}/versions/latest", json={}), 422)
+    audited_once(world, "ledger", "application.set_latest_version", versionName="v1")
+
+
+# -- apps: register and delete --------------------------------------------------------------------
+
+
+def test_register_an_app_list_it_and_delete_it(world: World) -> None:
+    with world.api() as api:
+        assert ok(api.put("/apps/ghost-app"), 204) is None
+        assert ok(api.put("/apps/ghost-app", json={"privateMode": False}), 204) is None  # again: nothing new
+        apps = {a["name"]: a for a in ok(api.get("/apps"))}
+        ghost = apps["ghost-app"]
+        assert (ghost["status"], ghost["language"], ghost["executorTimeoutSecs"]) == ("UNAVAILABLE", None, 60)
+        assert apps["ledger"]["status"] == "AVAILABLE"
+        assert ok(api.get("/apps/ghost-app/executors")) == []
+        # An app with executors in the registry stays.
+        assert "executors" in problem(api.delete(LEDGER), 409)["detail"]
+        assert ok(api.get(LEDGER))["name"] == "ledger"
+        assert ok(api.delete("/apps/ghost-app"), 204) is None
+        problem(api.get("/apps/ghost-app"), 404)
+        assert "ghost-app" not in {a["name"] for a in ok(api.get("/apps"))}
+        problem(api.delete("/apps/ghost-app"), 404)
+    # With their result, as every other change the API makes (application.set_latest_version...).
+    audited_once(world, "ghost-app", "application.create")
+    audited_once(world, "ghost-app", "application.delete")
+
+
+# -- serving: 503, failover, 502, 501, 429 (asked of instance 2) ---------------------------------
+
+
+def executor_url(relay: RelayProcess, app: str) -> str:
+    return f"ws://127.0.0.1:{relay.port}/websocket/{app}/{CONDUCTOR_KEYS['acme']}"
+
+
+def test_503_when_the_app_has_no_healthy_executor(world: World) -> None:
+    with world.api(world.r2) as api:
+        ok(api.put("/apps/no-executors"), 204)
+        for method, path in (
+            ("GET", "/workflows"),
+            ("GET", "/workflows/done-1"),
+            ("GET", "/queues"),
+            ("GET", "/schedules"),
+            ("GET", "/versions"),
+            ("POST", "/workflows/done-1/cancel"),
+        ):
+            body = problem(api.request(method, f"/apps/no-executors{path}"), 503)
+            assert "no healthy executor" in body["detail"], path
+    failed = audited_once(world, "no-executors", "workflow.cancel", "failure", workflowIds=["done-1"])
+    assert "no healthy executor" in failed["detail"]["error"]
+
+
+def test_a_read_moves_on_when_an_executor_does_not_answer_and_a_trigger_does_not(world: World) -> None:
+    """App ``failover``: a silent executor and a real one (its own system database). The executors
+    are asked in turn, so of two requests in a row one asks the silent one first."""
+    sysdb = world.postgres.create_database("sys")
+    real = ExecutorProcess(world.workdir, sysdb, world.r2.conductor_url, app="failover", version="vf",
+                           module=APP_MODULE)  # fmt: skip
+    try:
+        with SimulatedPeer(executor_url(world.r2, "failover"), f"silent-{uuid.uuid4()}", "silent",
+                           others="silent") as silent, world.api(world.r2) as api:  # fmt: skip
+            for executor_id in (real.executor_id, silent.executor_id):
+                assert_eventually(lambda: healthy(world.r2, "failover", executor_id), 10)  # noqa: B023
+            expected = versions_in_db(sysdb)
+            waited, quick = [], []
+            for _ in range(4):
+                asked = silent.requests["list_application_versions"]
+                started = time.monotonic()
+                versions = ok(api.get("/apps/failover/versions"))
+                took = time.monotonic() - started
+                # The real executor's answer, whoever was asked first.
+                assert {v["versionName"]: (v["versionId"], ms(v["versionTimestamp"]), ms(v["createdAt"]))
+                        for v in versions} == expected  # fmt: skip
+                (waited if silent.requests["list_application_versions"] > asked else quick).append(took)
+                if waited and quick:
+                    break
+            assert waited and quick, (waited, quick)
+            assert all(PER_EXECUTOR_SECS <= t < PER_EXECUTOR_SECS + SLACK_SECS for t in waited), waited
+            assert all(t < PER_EXECUTOR_SECS for t in quick), quick
+
+            # A trigger is never retried: the one that met the silent executor first ends there, 502.
+            asked = silent.requests["trigger_schedule"]
+            answers = [api.post("/apps/failover/schedules/no-such-schedule/trigger") for _ in range(2)]
+            assert sorted(r.status_code for r in answers) == [404, 502]
+            assert silent.requests["trigger_schedule"] == asked + 1
+            for resp in answers:
+                problem(resp, resp.status_code)
+    finally:
+        real.stop()
+    assert len(audit(world, "failover", "schedule.trigger", result="failure")) == 2
+
+
+def get(relay: RelayProcess, path: str) -> httpx.Response:
+    """A GET on a client of its own (for requests made from several threads at once)."""
+    with relay.api("acme") as api:
+        return api.get(path)
+
+
+def test_502_when_no_executor_answers_and_429_beyond_the_requests_in_flight(world: World) -> None:
+    url = executor_url(world.r2, "hung")
+    with (
+        SimulatedPeer(url, f"hung-{uuid.uuid4()}", "silent", others="silent") as first,
+        SimulatedPeer(url, f"hung-{uuid.uuid4()}", "silent", others="silent") as second,
+        world.api(world.r2) as api,
+    ):
+        peers = (first, second)
+        for peer in peers:
+            assert_eventually(lambda: healthy(world.r2, "hung", peer.executor_id), 10)  # noqa: B023
+        started = time.monotonic()
+        body = problem(api.get("/apps/hung/workflows"), 502)
+        took = time.monotonic() - started
+        assert 2 * PER_EXECUTOR_SECS <= took < 2 * PER_EXECUTOR_SECS + SLACK_SECS, took
+        assert "no executor of app 'hung' answered" in body["detail"]
+        assert [p.requests["list_workflows"] for p in peers] == [1, 1]  # each asked once
+
+        # Two requests in flight (each waits on both silent executors): a third is refused at once.
+        with ThreadPoolExecutor(IN_FLIGHT_CAP) as pool:
+            held = [pool.submit(get, world.r2, "/apps/hung/queues") for _ in range(IN_FLIGHT_CAP)]
+            assert_eventually(lambda: sum(p.requests["list_queues"] for p in peers) >= IN_FLIGHT_CAP, 5)
+            started = time.monotonic()
+            refused = api.get("/apps/hung/workflows/done-1")
+            assert time.monotonic() - started < PER_EXECUTOR_SECS
+            problem(refused, 429)
+            assert refused.headers["retry-after"] == "1"
+            for future in held:
+                problem(future.result(), 502)
+        # The cap counts requests in flight, not requests made: with them gone, the app is asked again.
+        assert [p.requests["get_workflow"] for p in peers] == [0, 0]
+        problem(api.get("/apps/hung/workflows/done-1"), 502)
+        assert [p.requests["get_workflow"] for p in peers] == [1, 1]
+
+
+def test_501_when_the_executors_sdk_does_not_know_the_message(world: World) -> None:
+    url = executor_url(world.r2, "old-sdk")
+    with SimulatedPeer(url, f"old-{uuid.uuid4()}", "silent", others="unknown") as old, world.api(world.r2) as api:
+        assert_eventually(lambda: healthy(world.r2, "old-sdk", old.executor_id), 10)
+        for method, path, message in (
+            ("GET", "/workflows", "list_workflows"),
+            ("GET", "/queues/serial", "get_queue"),
+            ("POST", "/workflows/done-1/cancel", "cancel"),
+        ):
+            body = problem(api.request(method, f"/apps/old-sdk{path}"), 501)
+            assert f"does not know the message {message}" in body["detail"], body
+            assert "Unknown message type" in body["detail"]
+    audited_once(world, "old-sdk", "workflow.cancel", "failure", workflowIds=["done-1"])
+    # Its only executor gone, the app has none healthy: 503.
+    assert_eventually(lambda: not healthy(world.r2, "old-sdk", old.executor_id), 10)
+    with world.api(world.r2) as api:
+        problem(api.get("/apps/old-sdk/workflows"), 503)
