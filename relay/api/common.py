@@ -135,13 +135,22 @@ def answered(reply: R, *, success: bool = False) -> R:
     (404 when what the request names does not exist, 502 otherwise). With ``success``, the
     reply's ``success`` must be true too."""
     if reply.error_message:
-        text = clean_text(reply.error_message, 2000)
-        if _NOT_FOUND.search(text):
-            raise ApiError(404, "not_found", text.splitlines()[0])
-        raise ApiError(502, "executor_error", text)
+        detail = sdk_error(reply.error_message)
+        raise ApiError(404 if _NOT_FOUND.search(detail) else 502, "executor_error", detail)
     if success and not getattr(reply, "success", True):
         raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")
     return reply
+
+
+def sdk_error(text: str) -> str:
+    """What the SDK's error reply says, without its traceback: what it was doing, and the exception
+    (``Exception encountered when ...: Traceback ... <ExceptionClass>: <message>``)."""
+    lines = [line.strip() for line in clean_text(text, 20_000).splitlines() if line.strip()]
+    if not lines:
+        return "the executor reported an error"
+    context = lines[0].removesuffix("Traceback (most recent call last):").rstrip(": ")
+    last = lines[-1]
+    return context if last == lines[0] else f"{context}: {last}"[:2000]
 
 
 @asynccontextmanager

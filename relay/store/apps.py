@@ -32,8 +32,10 @@ class AppRecord:
     languages: set[str] = field(default_factory=set)
 
     def settings(self) -> dict[str, Any]:
+        timeout = self.executor_timeout_secs
         return {
-            "executorTimeoutSecs": self.executor_timeout_secs,
+            # Conductor's clients read an integer (an int64 in its schema); Relay allows fractions.
+            "executorTimeoutSecs": int(timeout) if timeout.is_integer() else timeout,
             "recoverToLatestVersion": self.recover_to_latest_version,
         }
 
