@@ -75,7 +75,8 @@ class Runtime:
             server.max_executor_requests_per_app,
         )
         self.gateway = ExecutorGateway(self.executors, self.router, limits)
-        self.adopter = Adopter(InstanceStore(self.db, self.executors), self.lease, self.engine)
+        self.instances = InstanceStore(self.db, self.executors)
+        self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
 
@@ -94,6 +95,7 @@ class Runtime:
             gateway=self.gateway,
             operator=self.operator,
             keys=self.keys,
+            instances=self.instances,
             tokens=self.tokens,
             lease=self.lease,
             metrics=self.metrics.render,

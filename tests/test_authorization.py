@@ -37,6 +37,7 @@ class Rule:
 
 
 PUBLIC = Rule(None, org=False)
+MEMBER = Rule(None)  # any valid key of the org
 READ, WRITE = Rule(P.APPLICATION_READ, app=True), Rule(P.APPLICATION_WRITE, app=True)
 
 MATRIX: dict[tuple[str, str], Rule] = {
@@ -46,6 +47,8 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
+    ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
+    ("GET", "/v2/orgs/{org}/instances"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/apps"): Rule(P.APPLICATION_READ),
     ("GET", "/v2/orgs/{org}/apps/{app}"): READ,
     ("PATCH", "/v2/orgs/{org}/apps/{app}"): WRITE,
@@ -159,6 +162,7 @@ def keys(relay_for_matrix: RelayProcess) -> dict[str, str]:
             made[missing.value] = admin.post(f"/tokens/lacks-{missing.value}", json=body).json()["token"]
         body = {"permissions": [p.value for p in API_PERMISSIONS], "appNames": ["other-app"]}
         made["other-app"] = admin.post("/tokens/other-app", json=body).json()["token"]
+        made["websocket-only"] = admin.post("/tokens/websocket-only", json=None).json()["token"]
     return made
 
 
@@ -180,8 +184,14 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
     url = fill(path, **OVERRIDES.get((method, path), {}))
     admin = call(relay, method, url, API_KEYS["acme"])
     assert admin not in (401, 403), f"admin got {admin}"
-    if rule.permission is None:
+    if rule.permission is None and not rule.org:
         assert call(relay, method, url, None) not in (401, 403)
+        return
+    if rule.permission is None:  # any key of the org: one without any permission of the API too
+        assert call(relay, method, url, None) == 401
+        assert call(relay, method, url, "not-a-key") == 401
+        assert call(relay, method, url, API_KEYS["globex"]) == 403, "another org's key"
+        assert call(relay, method, url, keys["websocket-only"]) not in (401, 403)
         return
     assert call(relay, method, url, None) == 401
     assert call(relay, method, url, "not-a-key") == 401

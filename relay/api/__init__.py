@@ -16,7 +16,19 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay import __version__
-from relay.api import apps, audit, executors, ops, queues, recoveries, schedules, tokens, versions, workflows
+from relay.api import (
+    apps,
+    audit,
+    executors,
+    ops,
+    org,
+    queues,
+    recoveries,
+    schedules,
+    tokens,
+    versions,
+    workflows,
+)
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
 from relay.errors import (
@@ -37,7 +49,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    for module in (ops, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
+    for module in (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)

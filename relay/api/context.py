@@ -19,6 +19,7 @@ from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay.store.instances import InstanceStore
 from relay.store.keys import KeyStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
@@ -39,6 +40,7 @@ class ApiContext:
     gateway: ExecutorGateway
     operator: Operator
     keys: KeyStore
+    instances: InstanceStore
     tokens: Tokens
     lease: Lease
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance

@@ -14,6 +14,7 @@ lease's epoch, so exactly one survivor wins:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
@@ -80,6 +81,18 @@ class InstanceStore:
                 )
                 await write_audit(conn, org, None, entry)
         return Adoption(instance, new_epoch, inherited, dropped, per_org)
+
+    async def list_with_executors(self, org: str) -> list[dict[str, Any]]:
+        """Every instance's lease, and how many of ``org``'s executors name it."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT i.*, i.lease_expires_at > now() AS live,
+                          (SELECT count(*) FROM executors e WHERE e.org = %s AND e.relay_instance = i.instance_id)
+                              AS executors
+                   FROM relay_instances i ORDER BY i.instance_id""",
+                (org,),
+            )
+            return list(await cur.fetchall())
 
     async def adopted_by(self, adopter: str) -> list[str]:
         """The instances ``adopter`` took over (and that have not started again since)."""

@@ -1,0 +1,78 @@
+"""What the console needs to know about the caller and about Relay itself."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from relay.api.common import ApiError, Ctx, authenticated, iso, permitted
+from relay.auth import KeyGrant, Permission
+
+router = APIRouter(prefix="/v2/orgs/{org}", tags=["org"])
+
+
+def _member(request: Request, org: str) -> KeyGrant:
+    grant = authenticated(request)
+    if grant.org != org:
+        raise ApiError(403, "forbidden", f"this API key has no access to org {org!r}")
+    return grant
+
+
+def _org_reader(request: Request, org: str) -> KeyGrant:
+    return permitted(request, org, Permission.ORGANIZATION_READ)
+
+
+Member = Annotated[KeyGrant, Depends(_member)]
+OrgReader = Annotated[KeyGrant, Depends(_org_reader)]
+
+
+class WhoAmI(BaseModel):
+    org: str
+    tokenName: str
+    permissions: list[str]
+    appNames: list[str] | None  # None: every app of the org
+
+
+class Instance(BaseModel):
+    instanceId: str
+    live: bool
+    leaseEpoch: int
+    leaseExpiresAt: str | None
+    startedAt: str | None
+    renewedAt: str | None
+    adoptedBy: str | None
+    adoptedAt: str | None
+    executors: int  # this org's executors whose records name the instance
+
+
+@router.get("/whoami", response_model=WhoAmI)
+async def whoami(org: str, who: Member) -> WhoAmI:
+    """The calling key: its permissions and apps (the console shows only what it may do)."""
+    return WhoAmI(
+        org=who.org,
+        tokenName=who.name,
+        permissions=sorted(p.value for p in who.permissions),
+        appNames=sorted(who.apps) if who.apps is not None else None,
+    )
+
+
+@router.get("/instances", response_model=list[Instance])
+async def instances(org: str, ctx: Ctx, _: OrgReader) -> list[Instance]:
+    """Relay's instances and their leases, with how many of this org's executors each holds."""
+    rows = await ctx.instances.list_with_executors(org)
+    return [
+        Instance(
+            instanceId=r["instance_id"],
+            live=bool(r["live"]),
+            leaseEpoch=int(r["lease_epoch"]),
+            leaseExpiresAt=iso(r["lease_expires_at"]),
+            startedAt=iso(r["started_at"]),
+            renewedAt=iso(r["renewed_at"]),
+            adoptedBy=r["adopted_by"],
+            adoptedAt=iso(r["adopted_at"]),
+            executors=int(r["executors"]),
+        )
+        for r in rows
+    ]
