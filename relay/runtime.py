@@ -24,6 +24,7 @@ from relay.api import ApiContext, build_api
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.events import EventHub
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -35,6 +36,7 @@ from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
+from relay.store.changes import ChangeStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
@@ -78,6 +80,7 @@ class Runtime:
         self.instances = InstanceStore(self.db, self.executors)
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
+        self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
 
     def api_context(self) -> ApiContext:
@@ -98,6 +101,7 @@ class Runtime:
             instances=self.instances,
             tokens=self.tokens,
             lease=self.lease,
+            events=self.events,
             metrics=self.metrics.render,
         )
 
@@ -136,9 +140,11 @@ class Runtime:
         await self.engine.sweep()
         self.adopter.start()
         self.tokens.start()
+        self.events.start()
         self.hub.start()
 
     async def stop(self) -> None:
+        await self.events.stop()
         await self.hub.stop()
         await self.tokens.stop()
         await self.adopter.stop()

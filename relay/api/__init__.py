@@ -19,6 +19,7 @@ from relay import __version__
 from relay.api import (
     apps,
     audit,
+    events,
     executors,
     ops,
     org,
@@ -37,6 +38,7 @@ from relay.errors import (
     ExecutorRequestError,
     NoHealthyExecutor,
     NotFound,
+    StreamsExhausted,
     TooManyRequests,
     UnsupportedMessage,
 )
@@ -49,7 +51,8 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    for module in (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
+    modules = (ops, org, events, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions)
+    for module in modules:
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)
@@ -71,6 +74,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(TooManyRequests)
     async def _too_many(_: Request, exc: TooManyRequests) -> Response:
         return error_response(429, "too_many_requests", str(exc), headers={"Retry-After": "1"})
+
+    @api.exception_handler(StreamsExhausted)
+    async def _streams(_: Request, exc: StreamsExhausted) -> Response:
+        return error_response(503, "too_many_streams", str(exc), headers={"Retry-After": "5"})
 
     @api.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> Response:

@@ -40,6 +40,8 @@ def app_json(app: AppRecord) -> dict[str, Any]:
         "org": app.org,
         **app.settings(),
         "executors": {state.value: n for state, n in app.counts.items()},
+        "executorsByVersion": app.versions,
+        "blocked": app.blocked,
         "createdAt": iso(app.created_at),
     }
 

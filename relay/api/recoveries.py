@@ -20,6 +20,39 @@ router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
 
 
 def recovery_json(row: RecoveryRow) -> dict[str, Any]:
+    """The run, its attempts and its timeline: the times come from the audit entries of the run
+    (``executor.dead`` of its death, then per attempt ``recovery.dispatched``, ``recovery.failed``
+    or ``recovery.succeeded`` with the executor that verified, and ``executor.deleted``)."""
+    history = row.history
+
+    def first(action: str, attempt: int | None = None) -> dict[str, Any] | None:
+        for entry in history:
+            if entry["action"] == action and (attempt is None or entry["detail"].get("attempt") == attempt):
+                return entry
+        return None
+
+    def at(entry: dict[str, Any] | None) -> str | None:
+        return iso(entry["at"]) if entry is not None else None
+
+    attempts = []
+    for a in row.attempts:
+        n = a["attempt"]
+        dispatched, succeeded = first("recovery.dispatched", n), first("recovery.succeeded", n)
+        ended = succeeded or first("recovery.failed", n)
+        attempts.append(
+            {
+                "attempt": n,
+                "peerExecutorId": a["peerExecutorId"],
+                "mode": a["mode"],
+                "outcome": a["outcome"],
+                "error": a["error"],
+                "at": iso_text(a["at"]),
+                "dispatchedAt": at(dispatched),
+                "endedAt": at(ended),
+                "verifiedBy": succeeded["detail"].get("verifiedBy") if succeeded is not None else None,
+                "deletedAt": at(first("executor.deleted", n)),
+            }
+        )
     return {
         "recoveryId": row.id,
         "executorId": row.executor_id,
@@ -30,16 +63,18 @@ def recovery_json(row: RecoveryRow) -> dict[str, Any]:
         "error": row.error,
         "createdAt": iso(row.created_at),
         "updatedAt": iso(row.updated_at),
-        "attempts": [
+        "deadAt": at(first("executor.dead")),
+        "deletedAt": at(first("executor.deleted")),
+        "attempts": attempts,
+        "timeline": [
             {
-                "attempt": a["attempt"],
-                "peerExecutorId": a["peerExecutorId"],
-                "mode": a["mode"],
-                "outcome": a["outcome"],
-                "error": a["error"],
-                "at": iso_text(a["at"]),
+                "at": iso(e["at"]),
+                "action": e["action"],
+                "peerExecutorId": e["peer_executor_id"],
+                "attempt": e["detail"].get("attempt"),
+                "detail": e["detail"],
             }
-            for a in row.attempts
+            for e in history
         ],
     }
 
