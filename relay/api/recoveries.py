@@ -87,9 +87,13 @@ async def get_recoveries(
     _: Caller,
     page: Page,
     executor_id: Annotated[str | None, Query(alias="executorId")] = None,
+    sortDesc: bool = False,
 ) -> list[dict[str, Any]]:
+    """Oldest first (newest first with ``sortDesc=true``)."""
     await app_or_404(ctx, org, app)
-    rows = await ctx.recoveries.get(org, app, executor_id=executor_id, limit=page.limit, offset=page.offset)
+    rows = await ctx.recoveries.get(
+        org, app, executor_id=executor_id, limit=page.limit, offset=page.offset, newest_first=sortDesc
+    )
     return [recovery_json(r) for r in rows]
 
 

@@ -205,17 +205,19 @@ class RecoveryStore:
         executor_id: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        newest_first: bool = False,
     ) -> list[RecoveryRow]:
+        order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT r.*, COALESCE(json_agg(json_build_object(
+                f"""SELECT r.*, COALESCE(json_agg(json_build_object(
                           'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
                           'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
                           FILTER (WHERE a.attempt IS NOT NULL), '[]') AS attempts
                    FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
                    WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
                      AND (%s::text IS NULL OR r.executor_id = %s)
-                   GROUP BY r.id ORDER BY r.created_at, r.run, r.id LIMIT %s OFFSET %s""",
+                   GROUP BY r.id ORDER BY r.created_at {order}, r.run {order}, r.id {order} LIMIT %s OFFSET %s""",
                 (org, app, rid, rid, executor_id, executor_id, limit, offset),
             )
             rows = await cur.fetchall()
