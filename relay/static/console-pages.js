@@ -18,7 +18,7 @@ const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 1
 
 // A page: a heading and controls mounted once, and a data region read again on refresh.
 function basePage({section, title, heading, intro, controls, load, relevant}) {
-  const region = h("div", {"aria-live": "off"});
+  const region = h("div", {class: "data", "aria-busy": "true"});
   const status = h("p", {class: "note", role: "status"});
   return {
     section, title, relevant,
@@ -28,7 +28,13 @@ function basePage({section, title, heading, intro, controls, load, relevant}) {
     async refresh() {
       const focusKey = document.activeElement && region.contains(document.activeElement)
         ? document.activeElement.dataset.focusKey || document.activeElement.getAttribute("href") : null;
-      const content = await load();
+      region.setAttribute("aria-busy", "true");
+      let content;
+      try {
+        content = await load();
+      } finally {
+        region.setAttribute("aria-busy", "false");
+      }
       region.replaceChildren(...[content].flat(Infinity).filter(Boolean));
       status.textContent = "";
       if (focusKey) {
@@ -151,6 +157,11 @@ function step(cls, title, at, ...more) {
 
 function recoveryCard(app, r) {
   const items = [step("bad", "DEAD", r.deadAt, h("span", {class: "note"}, ` executor declared dead (${r.trigger.replaceAll("_", " ")})`))];
+  const waits = {"recovery.waiting_for_peer": "Waiting for a healthy peer", "recovery.awaiting_operator": "Waiting for an operator (version upgrade not allowed)"};
+  const firstDispatch = r.attempts.length ? r.attempts[0].dispatchedAt : null;
+  for (const t of r.timeline || []) {
+    if (waits[t.action] && (!firstDispatch || t.at <= firstDispatch)) items.push(step("warn", waits[t.action], t.at));
+  }
   for (const a of r.attempts) {
     items.push(step("info", `Attempt ${a.attempt}: dispatched`, a.dispatchedAt || (a.outcome === "dispatched" ? a.at : null)));
     items.push(step("info", "Peer", null, " ", h("span", {class: "id"}, a.peerExecutorId), ` (${a.mode.replaceAll("_", " ")})`));
@@ -164,7 +175,7 @@ function recoveryCard(app, r) {
       items.push(step("warn", "Waiting for the peer's answer", null));
     }
   }
-  if (r.status === "waiting_for_peer" || r.status === "awaiting_operator") {
+  if ((r.status === "waiting_for_peer" || r.status === "awaiting_operator") && r.attempts.length) {
     items.push(step("bad", r.status === "waiting_for_peer" ? "Blocked: no healthy peer" : "Blocked: awaiting an operator", r.updatedAt));
   }
   return h("section", {class: "recovery", "aria-labelledby": `rec-${r.recoveryId}`, "data-recovery": r.recoveryId},
@@ -351,8 +362,8 @@ function workflowPage(ctx, app, workflowId) {
           badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
           h("span", {class: "when"}, when(s.startedAt), s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
           s.childWorkflowId ? [" · child ", link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId)] : "",
-          ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId),
-            "aria-label": `Fork from step ${s.stepId} (${s.stepName})`}, "Fork from here…")] : "",
+          ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
+            "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
           showData && s.output ? h("pre", {}, s.output) : null,
           s.error ? h("pre", {}, s.error) : null))) : h("p", {class: "note"}, "No step recorded yet."),
         steps.length === stepsLimit || stepsOffset ? pager("Step pages", {offset: stepsOffset, limit: stepsLimit, shown: steps.length,

@@ -106,17 +106,21 @@ async function show() {
 }
 
 let timer = null;
-let running = null;
-let again = false;
 
+// One refresh of a page at a time; a change that comes meanwhile reads it once more afterwards.
 async function refreshPage(page) {
   if (page !== current) return;
-  if (running) { again = true; return; }
-  running = page.refresh().catch((err) => page.fail ? page.fail(err) : console.error(err));
-  await running;
-  running = null;
-  page.loadedOnce = true;
-  if (again && page === current) { again = false; await refreshPage(page); }
+  if (page.running) { page.again = true; return; }
+  page.running = true;
+  try {
+    await page.refresh();
+  } catch (err) {
+    if (page.fail) page.fail(err); else console.error(err);
+  } finally {
+    page.running = false;
+    page.loadedOnce = true;
+  }
+  if (page.again && page === current) { page.again = false; await refreshPage(page); }
 }
 
 function scheduleRefresh() {
