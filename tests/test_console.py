@@ -46,6 +46,7 @@ class World:
     ledger: ExecutorProcess
     payments: ExecutorProcess
     browser: Browser
+    started: list[ExecutorProcess]  # every executor the module started, to stop at its end
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
             # The seeded queue's jobs run just after seeding: let the database hold still.
             enqueued: LiteralString = "SELECT 1 FROM dbos.workflow_status WHERE status = 'ENQUEUED'"
             assert_eventually(lambda: not query(sysdb, enqueued), 20)
-            yield World(workdir, relay, sysdb, paysys, *executors, browser)
+            yield World(workdir, relay, sysdb, paysys, *executors, browser, executors)
     finally:
         for e in executors:
             e.stop()
@@ -179,7 +180,7 @@ def test_a_killed_executor_goes_disconnected_dead_and_recovered_on_the_page_with
     page.go_back()
 
     peer = ExecutorProcess(world.workdir, world.paysys, world.relay.conductor_url, app="payments")
-    world.payments = peer  # stopped by the fixture
+    world.started.append(peer)  # stopped by the fixture
     expect(page.locator(f'tbody tr[data-state="HEALTHY"]:has([data-executor="{peer.executor_id}"])')).to_be_visible()
     expect(page.locator("tbody tr[data-state]")).to_have_count(1, timeout=10_000)  # the dead one recovered: deleted
     assert world.relay.executor("acme", "payments", victim.executor_id) is None
