@@ -40,7 +40,9 @@ class Tail:
                 del self._gaps[number]
                 fresh.append(number)
             elif number > self.top:
-                for missing in range(self.top + 1, min(number, self.top + 1 + self.max_gaps)):
+                # After a long jump only the numbers just below the new one are awaited: a late
+                # transaction took its number shortly before the rows that committed first.
+                for missing in range(max(self.top + 1, number - self.max_gaps), number):
                     self._gaps[missing] = now
                 self.top = number
                 fresh.append(number)
