@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from harness.browser import axe_violations, chromium, screenshot, sign_in, watch
+from harness.browser import axe_violations, chromium, chromium_path, screenshot, sign_in, watch
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.ports import free_port
@@ -121,6 +121,21 @@ def states_on_page(page: Page) -> list[str]:
     return list(page.eval_on_selector_all("tbody tr[data-state]", "rows => rows.map(r => r.dataset.state)"))
 
 
+def test_without_chromium_the_browser_tests_fail_saying_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Never a skip: no Chromium is an error that says what to install (./test.sh installs it as root)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("RELAY_CHROMIUM", raising=False)
+    with pytest.raises(RuntimeError, match=r"apt-get install -y chromium"):
+        chromium_path()
+    monkeypatch.setenv("RELAY_CHROMIUM", str(tmp_path / "no-such-chromium"))
+    with pytest.raises(RuntimeError, match="RELAY_CHROMIUM"):
+        chromium_path()
+    monkeypatch.setenv("RELAY_CHROMIUM", "/usr/bin/chromium")
+    assert chromium_path() == "/usr/bin/chromium"
+
+
 # -- signing in --------------------------------------------------------------------------------------
 
 
@@ -157,7 +172,13 @@ def test_a_killed_executor_goes_disconnected_dead_and_recovered_on_the_page_with
     admin(page, world)
     victim = world.payments
     go(page, "#/apps/payments/executors")
-    expect(page.locator(f'tbody tr[data-state="HEALTHY"]:has([data-executor="{victim.executor_id}"])')).to_be_visible()
+    healthy = page.locator(f'tbody tr[data-state="HEALTHY"]:has([data-executor="{victim.executor_id}"])')
+    expect(healthy).to_be_visible()
+    record = world.relay.executor("acme", "payments", victim.executor_id)
+    assert record is not None
+    cells = healthy.locator("td").all_inner_texts()  # state, version, host, instance, since, recoveries
+    assert cells[1:4] == [record["applicationVersion"], record["hostname"], "relay-1"], cells
+    assert healthy.locator("time").get_attribute("datetime") == record["connectedAt"]  # since it connected
     page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
 
     os.kill(victim.proc.pid, signal.SIGKILL)  # a real kill -9 of the executor process
@@ -171,6 +192,8 @@ def test_a_killed_executor_goes_disconnected_dead_and_recovered_on_the_page_with
     assert time.monotonic() - killed >= GRACE_SECS - 0.5, "declared dead before its grace period ran out"
     expect(dead).to_contain_text("blocked: no healthy peer")
     assert seen_disconnected < GRACE_SECS
+    to_recoveries = dead.get_by_role("link", name="Recoveries")
+    assert to_recoveries.get_attribute("href") == f"#/apps/payments/recoveries?executor={victim.executor_id}"
     screenshot(page, "executors")
 
     page.get_by_role("link", name="Apps", exact=True).first.click()  # the overview highlights it
@@ -237,6 +260,7 @@ def test_workflows_are_listed_a_page_at_a_time_and_filtered_as_the_system_databa
 
 def test_a_workflow_shows_its_steps_as_a_timeline_its_child_and_its_data_on_demand(world: World, page: Page) -> None:
     admin(page, world)
+    watched = watch(page)
     go(page, "#/apps/ledger/workflows/done-1")
     steps = page.get_by_role("list", name="Steps (", exact=False)
     rows = query(
@@ -255,6 +279,8 @@ def test_a_workflow_shows_its_steps_as_a_timeline_its_child_and_its_data_on_dema
     page.get_by_role("button", name="Show inputs and outputs").click()
     expect(page.get_by_role("heading", name="Output")).to_be_visible()
     expect(page.locator("pre").nth(1)).to_contain_text("TOTAL 2 2 hello")  # what parent(1, ...) returned
+    reads = [q for method, path, q, _ in watched.requests if path.endswith("/workflows/done-1")]
+    assert [(q["loadInput"], q["loadOutput"]) for q in reads] == [(["false"], ["false"]), (["true"], ["true"])]
     screenshot(page, "workflow")
 
     page.get_by_role("link", name="done-1-child").first.click()  # to the child, and its parent link back
@@ -287,6 +313,16 @@ def test_cancel_asks_for_confirmation_and_the_workflow_is_cancelled_in_the_syste
     expect(page.get_by_role("button", name="Cancel…")).to_have_count(0)
     with world.relay.api() as api:
         entries = api.get("/audit", params={"app": "ledger", "action": "workflow.cancel"}).json()
+    assert [e["detail"]["workflowIds"] for e in entries] == [["waiting-1"]]
+
+    # And resumed, again behind a confirmation: queued again, then running (waiting for its message).
+    page.get_by_role("button", name="Resume…").click()
+    page.get_by_role("dialog", name="Resume this workflow?").get_by_role("button", name="Resume workflow").click()
+    resumed = ("ENQUEUED", "PENDING")
+    assert_eventually(lambda: status_in_db(world.sysdb, "waiting-1") in resumed, 10, what="waiting-1 resumed")
+    expect(page.get_by_role("button", name="Cancel…")).to_be_visible()
+    with world.relay.api() as api:
+        entries = api.get("/audit", params={"app": "ledger", "action": "workflow.resume"}).json()
     assert [e["detail"]["workflowIds"] for e in entries] == [["waiting-1"]]
 
 
@@ -324,6 +360,21 @@ def test_a_read_only_key_sees_no_cancel_resume_or_fork(world: World, page: Page)
         expect(page.locator("button", has_text="Fork")).to_have_count(0)
 
 
+def test_the_console_polls_nothing_when_nothing_changes(world: World, page: Page) -> None:
+    """The old dashboard read every app's executors every 5 s; the console reads a page once and again
+    only when the event stream says something on it changed."""
+    admin(page, world)
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    watched = watch(page)
+    for route in ("#/", "#/apps/ledger/executors"):
+        go(page, route)
+        expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+        shown = len(watched.requests)
+        page.wait_for_timeout(6_000)  # longer than the old dashboard's period
+        assert watched.requests[shown:] == [], f"{route} read again with nothing changed"
+    assert all(not path.endswith("/events") for _, path, _, _ in watched.requests)  # one stream, from sign-in
+
+
 # -- the other pages, and accessibility ------------------------------------------------------------
 
 
@@ -336,6 +387,21 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
     rows = page.locator("tbody tr")
     expect(rows).to_have_count(1)
     expect(rows).to_contain_text("executor.dead")
+    dead_one = rows.locator("td").nth(2).inner_text()
+    page.get_by_label("Action").select_option("")
+    page.get_by_label("Executor id").fill(dead_one)
+    page.get_by_role("button", name="Filter").click()
+    with world.relay.api() as api:
+        expected = api.get("/audit", params={"app": "payments", "executorId": dead_one, "limit": 100}).json()
+    expect(rows).to_have_count(len(expected))
+    assert len(expected) >= 3 and {e["executorId"] for e in expected} == {dead_one}  # dead, recovery..., deleted
+    page.get_by_label("Since").fill("2999-01-01T00:00")  # nothing yet
+    page.get_by_role("button", name="Filter").click()
+    expect(page.get_by_text("No entry matches.")).to_be_visible()
+    page.get_by_label("Since").fill("2000-01-01T00:00")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(len(expected))
+    assert "2000-01-01" in page.evaluate("location.hash")  # the filters are in the address, to share
 
     go(page, "#/apps/ledger/queues")
     expect(page.get_by_role("row", name="serial")).to_contain_text("1")
@@ -380,8 +446,9 @@ def test_the_sign_in_page_has_no_serious_accessibility_violations_and_works_from
     page.keyboard.type(API_KEYS["acme"])
     page.keyboard.press("Enter")
     expect(page.get_by_role("heading", name="Apps", exact=True)).to_be_visible()
-    page.evaluate("document.activeElement.blur()")
-    page.keyboard.press("Tab")  # the skip link comes first, and is visible when focused
+    # The skip link comes first, before the main navigation, and is visible when focused.
+    page.get_by_role("navigation", name="Main").get_by_role("link").first.focus()
+    page.keyboard.press("Shift+Tab")
     skip = page.get_by_role("link", name="Skip to content")
     expect(skip).to_be_focused()
     assert skip.bounding_box() is not None and skip.bounding_box()["x"] >= 0  # type: ignore[index]

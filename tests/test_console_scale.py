@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -100,6 +100,22 @@ def scale(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
         relay.stop()
 
 
+def first_page(
+    sysdb: str, version: str, executor: str | None = None, window: tuple[int, int] | None = None
+) -> list[str]:
+    """The ids of the newest 50 workflows of this version (executor, created in this window), as the
+    console's first page lists them."""
+    sql: LiteralString = """
+        SELECT workflow_uuid FROM dbos.workflow_status
+        WHERE application_version = %(version)s AND (%(executor)s::text IS NULL OR executor_id = %(executor)s)
+          AND (%(lo)s::bigint IS NULL OR created_at BETWEEN %(lo)s AND %(hi)s)
+        ORDER BY created_at DESC LIMIT 50"""
+    lo, hi = window or (None, None)
+    with psycopg.connect(sysdb) as conn:
+        rows = conn.execute(sql, {"version": version, "executor": executor, "lo": lo, "hi": hi}).fetchall()
+    return [r[0] for r in rows]
+
+
 def limit_of(path: str, query: dict[str, list[str]], body: Any) -> int | None:
     if isinstance(body, dict) and "limit" in body:
         return int(body["limit"])
@@ -111,7 +127,7 @@ def limit_of(path: str, query: dict[str, list[str]], body: Any) -> int | None:
 def test_every_console_request_is_paged_and_the_pages_show_their_first_page(scale: Scale) -> None:
     relay = scale.relay
     with chromium() as browser:
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC")
         page = context.new_page()
         watched = watch(page)
         responses: list[Response] = []
@@ -153,6 +169,31 @@ def test_every_console_request_is_paged_and_the_pages_show_their_first_page(scal
         expect(listed).to_have_count(50)
         visit("#/apps/ledger/workflows?status=ERROR&name=report", "tbody tr", "workflows ERROR")
         expect(listed).to_have_count(50)
+        # The time window, version and executor filters, through the form, against the system database.
+        form = page.get_by_role("form", name="Filter workflows")
+        form.get_by_label("Status").select_option("")
+        form.get_by_label("Workflow name").fill("")
+        form.get_by_label("Created from").fill("2023-11-14T22:20")  # seed 400 (the page runs in UTC)
+        form.get_by_label("Created until").fill("2023-11-14T22:25")  # seed 700
+        form.get_by_label("App version").fill("v2")
+        form.get_by_role("button", name="Search").click()
+        window = (1_700_000_400_000, 1_700_000_700_000)
+        expected = first_page(scale.sysdb, "v2", window=window)
+        expect(listed.first).to_have_text(expected[0])
+        assert listed.all_inner_texts() == expected and len(expected) == 50
+        form.get_by_label("Executor id").fill("seeded-0401")  # seeds 400, 1400, ...: only 400 in the window
+        form.get_by_role("button", name="Search").click()
+        expect(listed).to_have_count(1)
+        assert listed.all_inner_texts() == first_page(scale.sysdb, "v2", "seeded-0401", window) == ["seed-000400"]
+        form.get_by_label("Created from").fill("")
+        form.get_by_label("Created until").fill("")
+        form.get_by_role("button", name="Search").click()  # the executor's v2 workflows at any time
+        expect(listed).to_have_count(34)  # g = 400 + 1000 k with g % 3 == 1: k = 0, 3, ..., 99
+        assert listed.all_inner_texts() == first_page(scale.sysdb, "v2", "seeded-0401")
+        search = [b for _, path, _, b in watched.requests if path.endswith("/workflows/search")][-2]
+        assert search["appVersion"] == ["v2"] and search["executorId"] == ["seeded-0401"]
+        assert (search["startTime"], search["endTime"]) == ("2023-11-14T22:20:00.000Z", "2023-11-14T22:25:00.000Z")
+
         visit("#/apps/ledger/workflows/seed-000123", "dl.facts", "workflow")
         expect(page.locator("dl.facts")).to_contain_text("CANCELLED")  # 123 % 4 == 3
 
