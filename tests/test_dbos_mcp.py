@@ -255,6 +255,44 @@ def test_one_workflow_its_steps_and_its_events(world: World) -> None:
     assert not missing["ok"] and missing["status"] == 404
 
 
+def test_one_workflow_comes_with_its_input_output_and_error(world: World) -> None:
+    """Conductor's getWorkflow takes no loadInput/loadOutput: dbos-mcp's get_workflow "always returns" them."""
+    from dbos._serialization import DefaultSerializer, deserialize_value
+
+    def stored(workflow_id: str) -> dict[str, str | None]:
+        """The workflow's input, output and error as the executor writes them in text (DBOS 3.2
+        keeps them in tables of their own)."""
+        [row] = sysdb.rows(
+            "SELECT i.inputs, o.output, o.error, s.serialization FROM dbos.workflow_status s"
+            " JOIN dbos.workflow_input i USING (workflow_uuid) JOIN dbos.workflow_output o USING (workflow_uuid)"
+            " WHERE workflow_uuid = %s",
+            workflow_id,
+        )
+        return {
+            name: None if row[column] is None else str(deserialize_value(row[column], row["serialization"], serializer))
+            for name, column in (("input", "inputs"), ("output", "output"), ("error", "error"))
+        }
+
+    driver, sysdb, _, _ = world
+    serializer = DefaultSerializer()
+    for workflow_id in ("done-1", "failed-1"):
+        got = driver.call("get_workflow", application_name=APP, workflow_id=workflow_id)
+        assert {k: got[k] for k in ("input", "output", "error")} == stored(workflow_id)
+    done = driver.call("get_workflow", application_name=APP, workflow_id="done-1")
+    assert (done["input"], done["output"], done["error"]) == (
+        "{'args': (1, 30.0), 'kwargs': {}}",
+        "TOTAL 2 2 hello",
+        None,
+    )
+    failed = driver.call("get_workflow", application_name=APP, workflow_id="failed-1")
+    assert (failed["status"], failed["output"], failed["error"]) == ("ERROR", None, "failed on purpose with 3")
+    # A list leaves them out unless asked.
+    listed = driver.call("list_workflows", application_name=APP, workflow_uuids=["done-1"])["workflows"]
+    assert [(w["input"], w["output"]) for w in listed] == [(None, None)]
+    listed = driver.call("list_workflows", application_name=APP, workflow_uuids=["done-1"], load_output=True)
+    assert [w["output"] for w in listed["workflows"]] == ["TOTAL 2 2 hello"]
+
+
 def test_versions(world: World) -> None:
     driver, sysdb, _, _ = world
     versions = driver.call("list_application_versions", application_name=APP)

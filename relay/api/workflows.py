@@ -320,9 +320,13 @@ async def get_workflow(
     workflow_id: PathId,
     ctx: Ctx,
     _: Caller,
-    loadInput: bool = False,
-    loadOutput: bool = False,
+    loadInput: bool = True,
+    loadOutput: bool = True,
 ) -> shapes.Workflow:
+    """One workflow, with its input, output and error: Conductor's getWorkflow has no parameters to
+    ask for them, and its clients (dbos-mcp's ``get_workflow``) expect them. ``loadInput=false`` and
+    ``loadOutput=false`` leave them out."""
+
     def ask() -> GetWorkflowRequest:
         return GetWorkflowRequest(workflow_id=workflow_id, load_input=loadInput, load_output=loadOutput)
 
