@@ -14,6 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from relay import __version__
 from relay.api import apps, audit, executors, ops, queues, recoveries, schedules, tokens, versions, workflows
@@ -75,14 +77,29 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(422, "invalid_request", detail, errors=errors)
 
     @api.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, "http_error", str(exc.detail))
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: with the methods the resource has, from every route of its path
+            headers["Allow"] = ", ".join(allowed_methods(api, request.scope))
+        return error_response(exc.status_code, "http_error", str(exc.detail), headers=headers or None)
 
     @api.exception_handler(DatabaseError)
     async def _db(_: Request, exc: DatabaseError) -> Response:
         return error_response(503, "database_unavailable", str(exc))
 
     return api
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(api: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route of ``api`` serves at the scope's path (several routes may share one)."""
+    return [
+        method
+        for method in METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in api.router.routes)
+    ]
 
 
 __all__ = ["ApiContext", "AsyncIterator", "build_api"]
