@@ -52,3 +52,11 @@ def test_a_method_not_allowed_says_which_are(api: httpx.Client, method: str, pat
     assert resp.status_code == 405, resp.text
     assert resp.headers["content-type"] == "application/problem+json"
     assert resp.headers["allow"] == allowed, "RFC 9110: a 405 lists the methods of the resource"
+
+
+@pytest.mark.parametrize("path", ["/apps", "/apps/ledger/executors", "/apps/ledger/recoveries", "/tokens", "/audit"])
+def test_an_offset_past_a_bigint_is_refused(api: httpx.Client, path: str) -> None:
+    assert api.get(f"/v2/orgs/acme{path}", params={"offset": 2**63 - 1}).status_code == 200
+    resp = api.get(f"/v2/orgs/acme{path}", params={"offset": 2**63})
+    assert resp.status_code == 422, resp.text  # not 503 "database error: bigint out of range"
+    assert resp.json()["errors"][0]["location"] == "query.offset"

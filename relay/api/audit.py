@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import ApiError, Ctx, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, iso, permitted
 from relay.auth import KeyGrant, Permission
 
 router = APIRouter(prefix="/v2/orgs/{org}")
@@ -29,7 +29,7 @@ async def get_audit(
     executor_id: Annotated[str | None, Query(alias="executorId")] = None,
     since: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[dict[str, Any]]:
     if who.apps is not None and (app is None or app not in who.apps):
         # A key scoped to apps reads the entries of one of its apps, never the org's whole log.

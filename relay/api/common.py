@@ -23,6 +23,8 @@ from relay_protocol import Reply, clean_text
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+# An offset is a PostgreSQL bigint, in Relay's database and in the executors'.
+MAX_OFFSET = 2**63 - 1
 
 
 class ApiError(Exception):
@@ -110,7 +112,8 @@ class Paging:
 
 
 def paging(
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE, offset: Annotated[int, Query(ge=0)] = 0
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Paging:
     return Paging(limit, offset)
 
