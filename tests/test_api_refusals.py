@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -29,6 +30,15 @@ def relay(
     relay.stop()
     if request.session.testsfailed > failed_before:
         print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def executor(relay: RelayProcess, postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real executor of ``ledger``, so that requests reach as far as they can."""
+    workdir, sysdb = tmp_path_factory.mktemp("refusals-executor"), postgres.create_database("sys")
+    executor = ExecutorProcess(workdir, sysdb, relay.conductor_url, module="harness.workflow_app")
+    yield executor.executor_id
+    executor.stop()
 
 
 @pytest.fixture
@@ -60,3 +70,41 @@ def test_an_offset_past_a_bigint_is_refused(api: httpx.Client, path: str) -> Non
     resp = api.get(f"/v2/orgs/acme{path}", params={"offset": 2**63})
     assert resp.status_code == 422, resp.text  # not 503 "database error: bigint out of range"
     assert resp.json()["errors"][0]["location"] == "query.offset"
+
+
+Json = dict[str, object]
+TOO_BIG = 2**63
+TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "params"),
+    [
+        ("GET", "/workflows", None, {"offset": TOO_BIG}),
+        ("GET", "/workflows/abc/steps", None, {"offset": TOO_BIG}),
+        ("POST", "/workflows/search", {"offset": TOO_BIG}, None),
+        ("POST", "/workflows/search", {"workflowName": ["a\u0000b"]}, None),
+        ("POST", "/workflows/search", {"workflowIds": [TOO_LONG]}, None),
+        ("POST", "/workflows/search", {"attributes": {"k": "\u0000"}}, None),
+        ("POST", "/workflows/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
+        ("POST", "/steps/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
+        ("POST", "/workflows/abc/fork", {"startStep": TOO_BIG}, None),
+        ("POST", "/workflows/abc/resume", {"queueName": TOO_LONG}, None),
+        ("POST", "/workflows/bulk-cancel", {"workflowIds": ["a\u0000"]}, None),
+        ("POST", "/workflows/bulk-fork-from-failure", {"workflowIds": ["a"], "fromStep": TOO_BIG}, None),
+        ("GET", f"/workflows/{TOO_LONG}", None, None),
+        ("GET", f"/schedules/{TOO_LONG}", None, None),
+        ("PATCH", "/versions/latest", {"versionName": TOO_LONG}, None),
+    ],
+)
+def test_what_the_protocol_cannot_carry_is_refused(
+    api: httpx.Client,
+    executor: str,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+    params: dict[str, int] | None,
+) -> None:
+    resp = api.request(method, f"/v2/orgs/acme/apps/ledger{path}", json=body, params=params)
+    assert resp.status_code == 422, resp.text  # not 500: the request never leaves Relay
+    assert resp.headers["content-type"] == "application/problem+json"

@@ -28,6 +28,7 @@ from relay.errors import (
     NoHealthyExecutor,
     NotFound,
     TooManyRequests,
+    UnsendableRequest,
     UnsupportedMessage,
 )
 
@@ -57,6 +58,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(ExecutorRequestError)
     async def _no_answer(_: Request, exc: ExecutorRequestError) -> Response:
         return error_response(502, "no_executor_answered", str(exc))
+
+    @api.exception_handler(UnsendableRequest)
+    async def _unsendable(_: Request, exc: UnsendableRequest) -> Response:
+        return error_response(422, "invalid_request", str(exc))
 
     @api.exception_handler(TooManyRequests)
     async def _too_many(_: Request, exc: TooManyRequests) -> Response:

@@ -12,19 +12,26 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
+from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
-from relay_protocol import Reply, clean_text
+from relay_protocol import INT64_MAX, MAX_NAME_LEN, Reply, clean_text
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 # An offset is a PostgreSQL bigint, in Relay's database and in the executors'.
-MAX_OFFSET = 2**63 - 1
+MAX_OFFSET = INT64_MAX
+INT32_MAX = 2**31 - 1
+
+# A name the protocol carries to an executor (a workflow id, a queue, a version...): at most
+# MAX_NAME_LEN characters, and no NUL, which PostgreSQL cannot store.
+Name = Annotated[str, Field(max_length=MAX_NAME_LEN, pattern="^[^\x00]*$")]
+NonEmptyName = Annotated[Name, Field(min_length=1)]
 
 
 class ApiError(Exception):
@@ -154,6 +161,8 @@ async def audited(
     """Audit a change made through an executor, with its result, whether it worked or not."""
     try:
         yield
+    except UnsendableRequest:
+        raise  # refused before it was tried, as an invalid request is: nothing happened to audit
     except Exception as exc:
         failed = {**detail, "result": "failure", "error": clean_text(str(exc), 500)}
         await ctx.audit.write(org, app, AuditEntry(action, who, detail=failed))

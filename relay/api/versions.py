@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from relay.api import shapes
-from relay.api.common import Admin, Caller, Ctx, actor, answered, audited
+from relay.api.common import Admin, Caller, Ctx, NonEmptyName, actor, answered, audited
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"
 class LatestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    versionName: str = Field(min_length=1, max_length=4096)
+    versionName: NonEmptyName
 
 
 @router.get("", response_model=list[shapes.ApplicationVersion])

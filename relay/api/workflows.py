@@ -15,9 +15,24 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from relay.api import shapes
-from relay.api.common import MAX_PAGE, Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
+from relay.api.common import (
+    INT32_MAX,
+    MAX_OFFSET,
+    MAX_PAGE,
+    Admin,
+    ApiError,
+    Caller,
+    Ctx,
+    Name,
+    NonEmptyName,
+    PathId,
+    actor,
+    answered,
+    audited,
+)
 from relay.api.shapes import sdk_time
 from relay_protocol import (
+    INT64_MAX,
     CancelReply,
     CancelRequest,
     DeleteReply,
@@ -56,7 +71,7 @@ from relay_protocol import (
 )
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
-Names = list[Annotated[str, Field(max_length=4096)]] | None
+Names = list[Name] | None
 
 
 class Body(BaseModel):
@@ -90,7 +105,7 @@ class WorkflowSearch(Body):
     loadOutput: bool = False
     sortDesc: bool = False
     limit: int | None = Field(default=None, ge=1, le=MAX_PAGE)
-    offset: int | None = Field(default=None, ge=0)
+    offset: int | None = Field(default=None, ge=0, le=MAX_OFFSET)
     attributes: dict[str, Any] | None = None
 
     def body(self) -> ListWorkflowsBody:
@@ -143,7 +158,7 @@ async def list_workflows(
     status: str | None = None,
     workflowName: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
     loadInput: bool = False,
     loadOutput: bool = False,
@@ -180,7 +195,7 @@ class WorkflowAggregates(Body):
     selectMaxTotalLatencyMs: bool = False
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
-    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    timeBucketSizeMs: int | None = Field(default=None, ge=1, le=INT64_MAX)
     status: Names = None
     workflowName: Names = None
     appVersion: Names = None
@@ -252,7 +267,7 @@ class StepAggregates(Body):
     groupByStatus: bool = False
     selectCount: bool = False
     selectMaxDurationMs: bool = False
-    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    timeBucketSizeMs: int | None = Field(default=None, ge=1, le=INT64_MAX)
     status: Names = None
     stepName: Names = None
     workflowIdPrefix: Names = None
@@ -289,15 +304,15 @@ class CancelIn(Body):
 
 
 class ResumeIn(Body):
-    queueName: str | None = Field(default=None, max_length=4096)
+    queueName: Name | None = None
 
 
 class ForkIn(Body):
-    startStep: int = Field(default=1, ge=0)
-    appVersion: str | None = Field(default=None, max_length=4096)
-    newWorkflowId: str | None = Field(default=None, min_length=1, max_length=4096)
-    queueName: str | None = Field(default=None, max_length=4096)
-    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+    startStep: int = Field(default=1, ge=0, le=INT32_MAX)
+    appVersion: Name | None = None
+    newWorkflowId: NonEmptyName | None = None
+    queueName: Name | None = None
+    queuePartitionKey: Name | None = None
 
 
 class SerializedIn(Body):
@@ -344,7 +359,7 @@ async def list_steps(
     ctx: Ctx,
     _: Caller,
     limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
-    offset: Annotated[int | None, Query(ge=0)] = None,
+    offset: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
     loadOutput: bool = False,
 ) -> list[shapes.Step]:
     def ask() -> ListStepsRequest:
@@ -469,7 +484,7 @@ async def delete_workflow(
 
 # -- several workflows ---------------------------------------------------------------------------
 
-Ids = Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(min_length=1, max_length=MAX_PAGE)]
+Ids = Annotated[list[NonEmptyName], Field(min_length=1, max_length=MAX_PAGE)]
 
 
 class BulkCancel(Body):
@@ -479,7 +494,7 @@ class BulkCancel(Body):
 
 class BulkResume(Body):
     workflowIds: Ids
-    queueName: str | None = Field(default=None, max_length=4096)
+    queueName: Name | None = None
 
 
 class BulkDelete(Body):
@@ -489,13 +504,13 @@ class BulkDelete(Body):
 
 class BulkForkFromFailure(Body):
     workflowIds: Ids
-    appVersion: str | None = Field(default=None, max_length=4096)
-    queueName: str | None = Field(default=None, max_length=4096)
-    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+    appVersion: Name | None = None
+    queueName: Name | None = None
+    queuePartitionKey: Name | None = None
     fromLastFailure: bool = False
     fromLastStep: bool = False
-    fromStep: int | None = Field(default=None, ge=0)
-    fromStepName: str | None = Field(default=None, max_length=4096)
+    fromStep: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    fromStepName: Name | None = None
 
 
 @router.post("/workflows/bulk-cancel", status_code=204, response_class=Response)
