@@ -1,10 +1,13 @@
 """Requests the HTTP API must refuse by itself, as a client's mistake (4xx), rather than pass them
-on to the database or an executor and answer 5xx. Found by fuzzing the OpenAPI document
+on to the database or an executor and answer 5xx; and requests it must pass on in a form the
+executor reads. Found by fuzzing the OpenAPI document
 (tests/test_openapi_fuzz.py); each case here is one it found."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -14,6 +17,7 @@ from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from relay.api.shapes import sdk_time
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
 
@@ -108,3 +112,32 @@ def test_what_the_protocol_cannot_carry_is_refused(
     resp = api.request(method, f"/v2/orgs/acme/apps/ledger{path}", json=body, params=params)
     assert resp.status_code == 422, resp.text  # not 500: the request never leaves Relay
     assert resp.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"startTime": "0001-01-01T00:00:00Z"}, 200),  # the executor read "1-01-01T..." and failed: 502
+        ({"startTime": "0999-12-31T23:00:00+01:00", "endTime": "9999-12-31T23:59:59Z"}, 200),
+        ({"startTime": "0001-01-01T00:00:00+01:00"}, 422),  # year 0 in UTC: a 500 before
+        ({"endTime": "9999-12-31T23:59:59-01:00"}, 422),  # year 10000
+    ],
+)
+def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
+    api: httpx.Client, executor: str, body: Json, status: int
+) -> None:
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/search", json=body)
+    assert resp.status_code == status, resp.text
+    if status == 422:
+        assert "out of range once in UTC" in resp.json()["detail"]
+
+
+def test_sdk_time_is_what_python_3_10_reads() -> None:
+    for when in (
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(999, 12, 31, 23, 59, 59, 5, tzinfo=UTC),
+        datetime(2026, 5, 1, 12, 0, tzinfo=timezone(timedelta(hours=2))),
+    ):
+        text = sdk_time(when)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", text), text
+        assert datetime.fromisoformat(text) == when

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict
 
 from relay.api import shapes
 from relay.api.common import Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
-from relay.api.shapes import sdk_time
+from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
     BackfillScheduleRequest,
@@ -32,8 +30,8 @@ router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedule
 class BackfillIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    startTime: datetime
-    endTime: datetime
+    startTime: UtcTime
+    endTime: UtcTime
 
 
 @router.get("", response_model=list[shapes.Schedule])

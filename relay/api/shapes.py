@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from relay_protocol import (
     ApplicationVersionOutput,
@@ -67,9 +67,22 @@ def _int(value: str | int | None) -> int | None:
         return None
 
 
+def utc(value: datetime) -> datetime:
+    """``value`` in UTC; ValueError (a 422, in a request) if UTC takes it past the years 1 to 9999."""
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, OSError) as exc:
+        raise ValueError("out of range once in UTC (the years 1 to 9999)") from exc
+
+
+# A time in a request: any offset, read as the same instant in UTC.
+UtcTime = Annotated[datetime, AfterValidator(utc)]
+
+
 def sdk_time(value: datetime) -> str:
-    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: no ``Z``, six fraction digits)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: four-digit year, six fraction
+    digits, ``+00:00`` rather than ``Z``)."""
+    return utc(value).isoformat(timespec="microseconds")
 
 
 class Workflow(Shape):

@@ -30,7 +30,7 @@ from relay.api.common import (
     answered,
     audited,
 )
-from relay.api.shapes import sdk_time
+from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     INT64_MAX,
     CancelReply,
@@ -92,12 +92,12 @@ class WorkflowSearch(Body):
     appVersion: Names = None
     parentWorkflowId: Names = None
     forkedFrom: Names = None
-    startTime: datetime | None = None
-    endTime: datetime | None = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
-    dequeuedAfter: datetime | None = None
-    dequeuedBefore: datetime | None = None
+    startTime: UtcTime | None = None
+    endTime: UtcTime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
+    dequeuedAfter: UtcTime | None = None
+    dequeuedBefore: UtcTime | None = None
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
     queuesOnly: bool = False
@@ -207,12 +207,12 @@ class WorkflowAggregates(Body):
     parentWorkflowId: Names = None
     user: Names = None
     scheduleName: Names = None
-    startTime: datetime | None = None
-    endTime: datetime | None = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
-    dequeuedAfter: datetime | None = None
-    dequeuedBefore: datetime | None = None
+    startTime: UtcTime | None = None
+    endTime: UtcTime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
+    dequeuedAfter: UtcTime | None = None
+    dequeuedBefore: UtcTime | None = None
     attributes: dict[str, Any] | None = None
 
 
@@ -271,8 +271,8 @@ class StepAggregates(Body):
     status: Names = None
     stepName: Names = None
     workflowIdPrefix: Names = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
 
 
 @router.post("/steps/aggregates")
