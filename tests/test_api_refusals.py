@@ -5,6 +5,7 @@ executor reads. Found by fuzzing the OpenAPI document
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -141,3 +142,22 @@ def test_sdk_time_is_what_python_3_10_reads() -> None:
         text = sdk_time(when)
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", text), text
         assert datetime.fromisoformat(text) == when
+
+
+@pytest.mark.parametrize("path", ["/workflows/aggregates", "/steps/aggregates"])
+def test_an_aggregate_groups_by_something(api: httpx.Client, executor: str, path: str) -> None:
+    for nothing in (None, {}, {"selectCount": True}):
+        resp = api.post(f"/v2/orgs/acme/apps/ledger{path}", json=nothing)
+        assert resp.status_code == 422, resp.text  # the SDK's ValueError: a 502, with its traceback, before
+        assert "nothing to group by" in resp.json()["detail"]
+    resp = api.post(f"/v2/orgs/acme/apps/ledger{path}", json={"timeBucketSizeMs": 60_000})
+    assert resp.status_code == 200, resp.text  # a time bucket is a group
+
+
+@pytest.mark.parametrize(
+    "serialized", ["0", "not base64!", base64.b64encode(b"a pickle, but not gzipped").decode(), ""]
+)
+def test_an_import_is_what_an_export_gives(api: httpx.Client, executor: str, serialized: str) -> None:
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json={"serializedWorkflow": serialized})
+    assert resp.status_code == 422, resp.text  # the executor failed to unpack it: a 502, before
+    assert resp.json()["errors"][0]["location"] == "body.serializedWorkflow"

@@ -7,12 +7,14 @@ both need ``application.write``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from relay.api import shapes
 from relay.api.common import (
@@ -215,9 +217,20 @@ class WorkflowAggregates(Body):
     dequeuedBefore: UtcTime | None = None
     attributes: dict[str, Any] | None = None
 
+    def groups(self) -> bool:
+        return self.timeBucketSizeMs is not None or any(
+            (self.groupByStatus, self.groupByWorkflowName, self.groupByQueueName, self.groupByExecutorId,
+             self.groupByAppVersion, self.groupByApplicationName)
+        )  # fmt: skip
+
 
 def _when(value: datetime | None) -> str | None:
     return sdk_time(value) if value is not None else None
+
+
+def _ungrouped(by: str) -> ApiError:
+    """The SDK refuses an aggregate with nothing to group by (a ValueError, which would be a 502)."""
+    return ApiError(422, "invalid_request", f"nothing to group by: give timeBucketSizeMs or set one of {by}")
 
 
 @router.post("/workflows/aggregates")
@@ -225,6 +238,9 @@ async def workflow_aggregates(
     org: str, app: str, ctx: Ctx, _: Caller, query: WorkflowAggregates | None = None
 ) -> list[dict[str, Any]]:
     q = query or WorkflowAggregates()
+    if not q.groups():
+        raise _ungrouped("groupByStatus, groupByWorkflowName, groupByQueueName, groupByExecutorId, groupByAppVersion, "
+                         "groupByApplicationName")  # fmt: skip
     body = GetWorkflowAggregatesBody(
         group_by_status=q.groupByStatus,
         group_by_name=q.groupByWorkflowName,
@@ -274,12 +290,17 @@ class StepAggregates(Body):
     completedAfter: UtcTime | None = None
     completedBefore: UtcTime | None = None
 
+    def groups(self) -> bool:
+        return self.timeBucketSizeMs is not None or self.groupByFunctionName or self.groupByStatus
+
 
 @router.post("/steps/aggregates")
 async def step_aggregates(
     org: str, app: str, ctx: Ctx, _: Caller, query: StepAggregates | None = None
 ) -> list[dict[str, Any]]:
     q = query or StepAggregates()
+    if not q.groups():
+        raise _ungrouped("groupByFunctionName, groupByStatus")
     body = GetStepAggregatesBody(
         group_by_function_name=q.groupByFunctionName,
         group_by_status=q.groupByStatus,
@@ -315,8 +336,22 @@ class ForkIn(Body):
     queuePartitionKey: Name | None = None
 
 
+def exported(text: str) -> str:
+    """``text``, if it is what an export gives: gzip in base64 (the executor unpickles what that holds)."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    if not raw.startswith(GZIP_MAGIC):
+        raise ValueError("not an exported workflow: an export is gzip in base64")
+    return text
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 class SerializedIn(Body):
-    serializedWorkflow: str
+    serializedWorkflow: Annotated[str, AfterValidator(exported)]
 
 
 @router.post("/workflows/import", status_code=201, response_class=Response)
