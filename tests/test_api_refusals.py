@@ -39,9 +39,11 @@ def relay(
 
 @pytest.fixture(scope="module")
 def executor(relay: RelayProcess, postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One real executor of ``ledger``, so that requests reach as far as they can."""
+    """One real executor of ``ledger`` (with harness/workflow_app.py's workflows), so that requests
+    reach as far as they can."""
     workdir, sysdb = tmp_path_factory.mktemp("refusals-executor"), postgres.create_database("sys")
-    executor = ExecutorProcess(workdir, sysdb, relay.conductor_url, module="harness.workflow_app")
+    env = {"RELAY_TEST_SEED": "1"}
+    executor = ExecutorProcess(workdir, sysdb, relay.conductor_url, module="harness.workflow_app", env=env)
     yield executor.executor_id
     executor.stop()
 
@@ -161,3 +163,13 @@ def test_an_import_is_what_an_export_gives(api: httpx.Client, executor: str, ser
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json={"serializedWorkflow": serialized})
     assert resp.status_code == 422, resp.text  # the executor failed to unpack it: a 502, before
     assert resp.json()["errors"][0]["location"] == "body.serializedWorkflow"
+
+
+def test_importing_a_workflow_that_exists_is_a_conflict(api: httpx.Client, executor: str) -> None:
+    exported = api.get("/v2/orgs/acme/apps/ledger/workflows/done-1/export")
+    assert exported.status_code == 200, exported.text
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json=exported.json())
+    assert resp.status_code == 409, resp.text  # the executor's UniqueViolation: a 502 with its traceback, before
+    assert resp.json()["detail"] == "DETAIL:  Key (workflow_uuid)=(done-1) already exists."
+    forked = api.post("/v2/orgs/acme/apps/ledger/workflows/failed-1/fork", json={"newWorkflowId": "done-1"})
+    assert forked.status_code == 409, forked.text

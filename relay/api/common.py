@@ -138,16 +138,21 @@ def actor(grant: KeyGrant) -> str:
 R = TypeVar("R", bound=Reply)
 # How the SDK words "there is no such thing" in its error replies.
 _NOT_FOUND = re.compile(r"non-existent|not found|does not exist", re.IGNORECASE)
+# And "that is there already" (PostgreSQL's, through the SDK: importing a workflow that exists).
+_EXISTS = re.compile(r"already exists", re.IGNORECASE)
 
 
 def answered(reply: R, *, success: bool = False) -> R:
     """``reply``, if the executor did what was asked; an :class:`ApiError` if it says it failed
-    (404 when what the request names does not exist, 502 otherwise). With ``success``, the
-    reply's ``success`` must be true too."""
+    (404 when what the request names does not exist, 409 when what it would create exists already,
+    502 otherwise). With ``success``, the reply's ``success`` must be true too."""
     if reply.error_message:
         text = clean_text(reply.error_message, 2000)
         if _NOT_FOUND.search(text):
             raise ApiError(404, "not_found", text.splitlines()[0])
+        exists = [line.strip() for line in text.splitlines() if _EXISTS.search(line)]
+        if exists:
+            raise ApiError(409, "conflict", exists[-1])
         raise ApiError(502, "executor_error", text)
     if success and not getattr(reply, "success", True):
         raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")
