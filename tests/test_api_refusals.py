@@ -173,3 +173,13 @@ def test_importing_a_workflow_that_exists_is_a_conflict(api: httpx.Client, execu
     assert resp.json()["detail"] == "DETAIL:  Key (workflow_uuid)=(done-1) already exists."
     forked = api.post("/v2/orgs/acme/apps/ledger/workflows/failed-1/fork", json={"newWorkflowId": "done-1"})
     assert forked.status_code == 409, forked.text
+
+
+@pytest.mark.parametrize("count", [1, 400])
+def test_resuming_workflows_that_do_not_exist_is_a_404_however_many(
+    api: httpx.Client, executor: str, count: int
+) -> None:
+    ids = [f"nope-{i}" for i in range(count)]
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-resume", json={"workflowIds": ids})
+    assert resp.status_code == 404, resp.text  # 400 ids: 502, the error cut before it said "non-existent"
+    assert "non-existent target workflow id: nope-0" in resp.json()["detail"].lower()  # the exception, not "Traceback"

@@ -147,13 +147,16 @@ def answered(reply: R, *, success: bool = False) -> R:
     (404 when what the request names does not exist, 409 when what it would create exists already,
     502 otherwise). With ``success``, the reply's ``success`` must be true too."""
     if reply.error_message:
-        text = clean_text(reply.error_message, 2000)
-        if _NOT_FOUND.search(text):
-            raise ApiError(404, "not_found", text.splitlines()[0])
-        exists = [line.strip() for line in text.splitlines() if _EXISTS.search(line)]
+        # Read whole: the first lines of a bulk action's error name every workflow, and the
+        # exception that says what went wrong comes last.
+        lines = reply.error_message.splitlines()
+        missing = [line for line in lines if _NOT_FOUND.search(line)]
+        if missing:
+            raise ApiError(404, "not_found", clean_text(missing[-1].strip(), 1000))
+        exists = [line for line in lines if _EXISTS.search(line)]
         if exists:
-            raise ApiError(409, "conflict", exists[-1])
-        raise ApiError(502, "executor_error", text)
+            raise ApiError(409, "conflict", clean_text(exists[-1].strip(), 1000))
+        raise ApiError(502, "executor_error", clean_text(reply.error_message, 2000))
     if success and not getattr(reply, "success", True):
         raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")
     return reply
