@@ -183,3 +183,10 @@ def test_resuming_workflows_that_do_not_exist_is_a_404_however_many(
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-resume", json={"workflowIds": ids})
     assert resp.status_code == 404, resp.text  # 400 ids: 502, the error cut before it said "non-existent"
     assert "non-existent target workflow id: nope-0" in resp.json()["detail"].lower()  # the exception, not "Traceback"
+
+
+def test_forking_from_a_step_name_the_workflow_lacks_is_a_404(api: httpx.Client, executor: str) -> None:
+    body = {"workflowIds": ["done-1"], "fromStepName": "no-such-step"}
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-fork-from-failure", json=body)
+    assert resp.status_code == 404, resp.text  # 502, before
+    assert resp.json()["detail"] == "Exception: Workflow done-1 has no step named 'no-such-step'"

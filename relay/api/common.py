@@ -137,7 +137,7 @@ def actor(grant: KeyGrant) -> str:
 
 R = TypeVar("R", bound=Reply)
 # How the SDK words "there is no such thing" in its error replies.
-_NOT_FOUND = re.compile(r"non-existent|not found|does not exist", re.IGNORECASE)
+_NOT_FOUND = re.compile(r"non-existent|not found|does not exist|has no step named", re.IGNORECASE)
 # And "that is there already" (PostgreSQL's, through the SDK: importing a workflow that exists).
 _EXISTS = re.compile(r"already exists", re.IGNORECASE)
 
