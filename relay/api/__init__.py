@@ -21,6 +21,7 @@ from relay import __version__
 from relay.api import apps, audit, executors, ops, queues, recoveries, schedules, tokens, versions, workflows
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
+from relay.api.document import PROBLEMS, finish
 from relay.errors import (
     Conflict,
     DatabaseError,
@@ -41,7 +42,15 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
     for module in (ops, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
-        api.include_router(module.router)
+        api.include_router(module.router, responses=PROBLEMS)
+    generate = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            api.openapi_schema = finish(generate())
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to amend its document
 
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> Response:

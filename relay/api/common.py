@@ -12,20 +12,22 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
-from relay_protocol import INT64_MAX, MAX_NAME_LEN, Reply, clean_text
+from relay_protocol import MAX_NAME_LEN, Reply, clean_text
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-# An offset is a PostgreSQL bigint, in Relay's database and in the executors'.
-MAX_OFFSET = INT64_MAX
+# An offset is a PostgreSQL bigint, in Relay's database and in the executors'; the document bounds
+# it (and other large integers) at the largest integer every JSON client reads exactly.
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_OFFSET = MAX_SAFE_INTEGER
 INT32_MAX = 2**31 - 1
 
 # A name the protocol carries to an executor (a workflow id, a queue, a version...): at most
@@ -110,6 +112,44 @@ def caller(request: Request, org: str) -> KeyGrant:
 
 def admin(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.APPLICATION_WRITE)
+
+
+def _given(value: Any) -> Any:
+    if value is None:
+        raise ValueError("leave it out rather than null")
+    return value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# An optional member of a body that, when given, is not null: ``Annotated[T | SkipJsonSchema[None], Given]
+# = optional()`` is Optional[T] in Python and plain T, not required, in the document.
+Given = BeforeValidator(_given)
+
+
+def optional() -> Any:
+    return Field(default=None, json_schema_extra=_no_default)
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 3, or 3.0; not "3", nor true (a body is strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After the field's constraints: ``Annotated[int, Field(ge=0), JsonInteger]`` (the other way round,
+# pydantic cannot write the constraints in the document as JSON Schema).
+JsonInteger = BeforeValidator(_json_integer)
+
+
+class Body(BaseModel):
+    """A request body: members the document does not list are refused, and JSON types are taken
+    as they are (``0`` is not ``false``, ``"5"`` is not ``5``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,14 @@ async def readyz(ctx: Ctx) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(request: Request, ctx: Ctx) -> Response:
     if not ctx.config.server.public_metrics:
         grant = ctx.keyring.lookup(bearer_key(request.headers.get("authorization", "")))
@@ -75,4 +82,4 @@ async def metrics(request: Request, ctx: Ctx) -> Response:
             )
         if not grant.allows(Permission.METRIC_READ):
             return problem(403, "this key lacks the permission metric.read")
-    return Response(await ctx.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(await ctx.metrics(), media_type=PROMETHEUS_TEXT)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict
 
 from relay.api import shapes
-from relay.api.common import Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, PathId, actor, answered, audited
 from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
@@ -27,9 +26,7 @@ from relay_protocol import (
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
 
 
-class BackfillIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BackfillIn(Body):
     startTime: UtcTime
     endTime: UtcTime
 

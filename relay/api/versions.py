@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict
 
 from relay.api import shapes
-from relay.api.common import Admin, Caller, Ctx, NonEmptyName, actor, answered, audited
+from relay.api.common import Admin, Body, Caller, Ctx, NonEmptyName, actor, answered, audited
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -17,9 +16,7 @@ from relay_protocol import (
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"])
 
 
-class LatestIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class LatestIn(Body):
     versionName: NonEmptyName
 
 

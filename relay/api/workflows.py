@@ -14,17 +14,20 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from relay.api import shapes
 from relay.api.common import (
     INT32_MAX,
     MAX_OFFSET,
     MAX_PAGE,
+    MAX_SAFE_INTEGER,
     Admin,
     ApiError,
+    Body,
     Caller,
     Ctx,
+    JsonInteger,
     Name,
     NonEmptyName,
     PathId,
@@ -34,7 +37,6 @@ from relay.api.common import (
 )
 from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
-    INT64_MAX,
     CancelReply,
     CancelRequest,
     DeleteReply,
@@ -76,10 +78,6 @@ router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
 
 
-class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class WorkflowSearch(Body):
     """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
 
@@ -106,8 +104,8 @@ class WorkflowSearch(Body):
     loadInput: bool = False
     loadOutput: bool = False
     sortDesc: bool = False
-    limit: int | None = Field(default=None, ge=1, le=MAX_PAGE)
-    offset: int | None = Field(default=None, ge=0, le=MAX_OFFSET)
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE), JsonInteger] | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET), JsonInteger] | None = None
     attributes: dict[str, Any] | None = None
 
     def body(self) -> ListWorkflowsBody:
@@ -184,7 +182,30 @@ async def search_workflows(
     return await _list(ctx, org, app, search or WorkflowSearch())
 
 
+def at_least_one(*flags: str, number: str | None = None) -> dict[str, Any]:
+    """The schema of "one of these booleans true, or ``number`` given" (what the SDK needs to group by)."""
+    ways: list[dict[str, Any]] = [{"required": [flag], "properties": {flag: {"const": True}}} for flag in flags]
+    if number is not None:
+        ways.append({"required": [number], "properties": {number: {"type": "integer"}}})
+    return {"anyOf": ways}
+
+
+WORKFLOW_GROUPS = (
+    "groupByStatus",
+    "groupByWorkflowName",
+    "groupByQueueName",
+    "groupByExecutorId",
+    "groupByAppVersion",
+    "groupByApplicationName",
+)
+
+
 class WorkflowAggregates(Body):
+    """Groups by one or more members (``timeBucketSizeMs`` groups by time); selects the count unless
+    told what else."""
+
+    model_config = ConfigDict(json_schema_extra=at_least_one(*WORKFLOW_GROUPS, number="timeBucketSizeMs"))
+
     groupByStatus: bool = False
     groupByWorkflowName: bool = False
     groupByQueueName: bool = False
@@ -197,7 +218,7 @@ class WorkflowAggregates(Body):
     selectMaxTotalLatencyMs: bool = False
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
-    timeBucketSizeMs: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
     workflowName: Names = None
     appVersion: Names = None
@@ -218,10 +239,7 @@ class WorkflowAggregates(Body):
     attributes: dict[str, Any] | None = None
 
     def groups(self) -> bool:
-        return self.timeBucketSizeMs is not None or any(
-            (self.groupByStatus, self.groupByWorkflowName, self.groupByQueueName, self.groupByExecutorId,
-             self.groupByAppVersion, self.groupByApplicationName)
-        )  # fmt: skip
+        return self.timeBucketSizeMs is not None or any(getattr(self, flag) for flag in WORKFLOW_GROUPS)
 
 
 def _when(value: datetime | None) -> str | None:
@@ -233,14 +251,12 @@ def _ungrouped(by: str) -> ApiError:
     return ApiError(422, "invalid_request", f"nothing to group by: give timeBucketSizeMs or set one of {by}")
 
 
-@router.post("/workflows/aggregates")
+@router.post("/workflows/aggregates", response_model=list[shapes.WorkflowAggregate], response_model_exclude_none=True)
 async def workflow_aggregates(
-    org: str, app: str, ctx: Ctx, _: Caller, query: WorkflowAggregates | None = None
-) -> list[dict[str, Any]]:
-    q = query or WorkflowAggregates()
+    org: str, app: str, q: WorkflowAggregates, ctx: Ctx, _: Caller
+) -> list[shapes.WorkflowAggregate]:
     if not q.groups():
-        raise _ungrouped("groupByStatus, groupByWorkflowName, groupByQueueName, groupByExecutorId, groupByAppVersion, "
-                         "groupByApplicationName")  # fmt: skip
+        raise _ungrouped(", ".join(WORKFLOW_GROUPS))
     body = GetWorkflowAggregatesBody(
         group_by_status=q.groupByStatus,
         group_by_name=q.groupByWorkflowName,
@@ -279,11 +295,17 @@ async def workflow_aggregates(
 
 
 class StepAggregates(Body):
+    """Groups by one or both members (``timeBucketSizeMs`` groups by time)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=at_least_one("groupByFunctionName", "groupByStatus", number="timeBucketSizeMs")
+    )
+
     groupByFunctionName: bool = False
     groupByStatus: bool = False
     selectCount: bool = False
     selectMaxDurationMs: bool = False
-    timeBucketSizeMs: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
     stepName: Names = None
     workflowIdPrefix: Names = None
@@ -294,11 +316,8 @@ class StepAggregates(Body):
         return self.timeBucketSizeMs is not None or self.groupByFunctionName or self.groupByStatus
 
 
-@router.post("/steps/aggregates")
-async def step_aggregates(
-    org: str, app: str, ctx: Ctx, _: Caller, query: StepAggregates | None = None
-) -> list[dict[str, Any]]:
-    q = query or StepAggregates()
+@router.post("/steps/aggregates", response_model=list[shapes.StepAggregate], response_model_exclude_none=True)
+async def step_aggregates(org: str, app: str, q: StepAggregates, ctx: Ctx, _: Caller) -> list[shapes.StepAggregate]:
     if not q.groups():
         raise _ungrouped("groupByFunctionName, groupByStatus")
     body = GetStepAggregatesBody(
@@ -329,7 +348,7 @@ class ResumeIn(Body):
 
 
 class ForkIn(Body):
-    startStep: int = Field(default=1, ge=0, le=INT32_MAX)
+    startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 1
     appVersion: Name | None = None
     newWorkflowId: NonEmptyName | None = None
     queueName: Name | None = None
@@ -538,13 +557,26 @@ class BulkDelete(Body):
 
 
 class BulkForkFromFailure(Body):
+    """Each workflow forked from exactly one of: its last failure, its last step, a step number, a step name."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["fromLastFailure"], "properties": {"fromLastFailure": {"const": True}}},
+                {"required": ["fromLastStep"], "properties": {"fromLastStep": {"const": True}}},
+                {"required": ["fromStep"], "properties": {"fromStep": {"type": "integer"}}},
+                {"required": ["fromStepName"], "properties": {"fromStepName": {"type": "string"}}},
+            ]
+        }
+    )
+
     workflowIds: Ids
     appVersion: Name | None = None
     queueName: Name | None = None
     queuePartitionKey: Name | None = None
     fromLastFailure: bool = False
     fromLastStep: bool = False
-    fromStep: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    fromStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] | None = None
     fromStepName: Name | None = None
 
 
