@@ -38,7 +38,7 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
 def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastAPI:
     """The HTTP API; ``ctx`` is what its handlers reach (None only to read the route table)."""
-    # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
+    # FastAPI's /docs and /redoc load scripts from a CDN: /docs is Relay's own (relay.api.ops), and no /redoc.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
     for module in (ops, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
