@@ -6,6 +6,7 @@ executor reads. Found by fuzzing the OpenAPI document
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -192,3 +193,28 @@ def test_forking_from_a_step_name_the_workflow_lacks_is_a_404(api: httpx.Client,
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-fork-from-failure", json=body)
     assert resp.status_code == 404, resp.text  # 502, before
     assert resp.json()["detail"] == "Exception: Workflow done-1 has no step named 'no-such-step'"
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/apps/ledger/workflows", {"status": "a\x00b"}),  # a 500: the handler's own model refused it
+        ("/apps/ledger/workflows", {"workflowName": "\x00"}),
+        ("/apps/ledger/schedules", {"workflowName": "\x00"}),
+        ("/apps/ledger/recoveries", {"executorId": "\x00"}),  # a 500: PostgreSQL refused it
+        ("/audit", {"executorId": "\x00"}),
+        ("/audit", {"app": "ledger\x00"}),
+    ],
+)
+def test_a_nul_in_a_query_is_refused(api: httpx.Client, executor: str, path: str, params: dict[str, str]) -> None:
+    resp = api.get(f"/v2/orgs/acme{path}", params=params)
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("app", ["a\x00", "\udc00"])
+@pytest.mark.parametrize("name", ["odd-app", "ops"])  # "ops": taken by relay.yaml's key
+def test_a_key_for_an_app_name_postgresql_cannot_store_is_refused(api: httpx.Client, name: str, app: str) -> None:
+    body, headers = json.dumps({"appNames": [app]}).encode(), {"content-type": "application/json"}
+    resp = api.post(f"/v2/orgs/acme/tokens/{name}", content=body, headers=headers)
+    assert resp.status_code == 422, resp.text  # 503 "database error", before

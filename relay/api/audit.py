@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, QueryName, iso, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 
@@ -37,8 +37,8 @@ async def get_audit(
     org: str,
     ctx: Ctx,
     who: Reader,
-    app: str | None = None,
-    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
+    app: QueryName | None = None,
+    executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
     since: Rfc3339 | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,

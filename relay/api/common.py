@@ -20,6 +20,7 @@ from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
 from relay_protocol import MAX_NAME_LEN, Reply, clean_text
+from relay_protocol.limits import has_unstorable
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
@@ -32,8 +33,21 @@ INT32_MAX = 2**31 - 1
 
 # A name the protocol carries to an executor (a workflow id, a queue, a version...): at most
 # MAX_NAME_LEN characters, and no NUL, which PostgreSQL cannot store.
-Name = Annotated[str, Field(max_length=MAX_NAME_LEN, pattern="^[^\x00]*$")]
+NO_NUL = r"^[^\x00]*$"
+
+
+def storable(text: str) -> str:
+    """``text``, if PostgreSQL can store it: no NUL (the document's pattern says so) and no lone
+    surrogate (which JSON's ``\\udc00`` can make, and no pattern can say)."""
+    if has_unstorable(text):
+        raise ValueError("contains NUL or a lone surrogate, which PostgreSQL cannot store")
+    return text
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
 NonEmptyName = Annotated[Name, Field(min_length=1)]
+# The same in a query string.
+QueryName = Annotated[str, Query(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
 
 
 class ApiError(Exception):

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, Page, PathId, iso, iso_text
+from relay.api.common import ApiError, Caller, Ctx, Page, PathId, QueryName, iso, iso_text
 from relay.api.shapes import Shape, one_of
 from relay.store.recoveries import RecoveryRow
 
@@ -74,7 +74,7 @@ async def get_recoveries(
     ctx: Ctx,
     _: Caller,
     page: Page,
-    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
+    executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
 ) -> list[Recovery]:
     await app_or_404(ctx, org, app)
     rows = await ctx.recoveries.get(org, app, executor_id=executor_id, limit=page.limit, offset=page.offset)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from relay.api import shapes
-from relay.api.common import Admin, ApiError, Body, Caller, Ctx, PathId, actor, answered, audited
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, PathId, QueryName, actor, answered, audited
 from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
@@ -37,9 +37,9 @@ async def list_schedules(
     app: str,
     ctx: Ctx,
     _: Caller,
-    status: str | None = None,
-    workflowName: str | None = None,
-    scheduleNamePrefix: str | None = None,
+    status: QueryName | None = None,
+    workflowName: QueryName | None = None,
+    scheduleNamePrefix: QueryName | None = None,
     loadContext: bool = False,
 ) -> list[shapes.Schedule]:
     body = ListSchedulesBody(

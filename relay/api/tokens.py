@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import Field, Strict
+from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import Body, Ctx, Page, PathId, actor, iso, permitted
+from relay.api.common import NO_NUL, Body, Ctx, Page, PathId, actor, iso, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.store.keys import TokenRecord
@@ -28,8 +28,13 @@ Reader = Annotated[KeyGrant, Depends(_reader)]
 Writer = Annotated[KeyGrant, Depends(_writer)]
 
 
+AppName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]
+
+
 class CreateToken(Body):
-    appNames: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = None
+    appNames: (
+        list[Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]] | None
+    ) = None
     permissions: list[Annotated[Permission, Strict(False)]] | None = None  # by value
 
 
