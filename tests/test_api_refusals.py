@@ -124,8 +124,9 @@ def test_what_the_protocol_cannot_carry_is_refused(
     [
         ({"startTime": "0001-01-01T00:00:00Z"}, 200),  # the executor read "1-01-01T..." and failed: 502
         ({"startTime": "0999-12-31T23:00:00+01:00", "endTime": "9999-12-31T23:59:59Z"}, 200),
-        ({"startTime": "0001-01-01T00:00:00+01:00"}, 422),  # year 0 in UTC: a 500 before
-        ({"endTime": "9999-12-31T23:59:59-01:00"}, 422),  # year 10000
+        ({"startTime": "0001-01-01T00:00:00+01:00"}, 200),  # year 0 in UTC: a 500 before; the first time
+        ({"endTime": "9999-12-31T23:59:59-01:00"}, 200),  # year 10000: the last time
+        ({"startTime": 0}, 422),  # RFC 3339, not seconds
     ],
 )
 def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
@@ -133,8 +134,6 @@ def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
 ) -> None:
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/search", json=body)
     assert resp.status_code == status, resp.text
-    if status == 422:
-        assert "out of range once in UTC" in resp.json()["detail"]
 
 
 def test_sdk_time_is_what_python_3_10_reads() -> None:

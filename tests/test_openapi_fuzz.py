@@ -112,6 +112,12 @@ def relay_schema(target: Target) -> Any:
                 "checks": {"allow_header_conformance": {"enabled": False}},
             },
             {
+                # Free JSON (attributes) may not hold NUL, which PostgreSQL cannot store; no schema can say
+                # so at every depth, so the fuzzer's valid requests have none.
+                "include-path-regex": "/workflows/(search|aggregates)$",
+                "generation": {"allow-x00": False},
+            },
+            {
                 # Valid JSON is not a valid export (gzip of a pickle, in base64): the fuzzer cannot make one.
                 "include-path-regex": "/workflows/import$",
                 "checks": {"positive_data_acceptance": {"enabled": False}},
@@ -163,14 +169,17 @@ def test_every_operation_keeps_to_its_document(target: Target) -> None:
     found: dict[str, None] = {}  # in order, once each
     tested: set[str] = set()
     stop = None
+    cases = 0
     for event in schemathesis.engine.from_schema(schema).execute():
         if isinstance(event, events.FatalError):
             raise event.exception
         if isinstance(event, events.ScenarioFinished) and event.status != Status.SKIP:
             tested.add(event.recorder.label)
+            cases += len(event.recorder.cases)
         found.update(dict.fromkeys(failures_of(event)))
         if isinstance(event, events.EngineFinished):
             stop = event.stop_reason
+    print(f"{len(tested)} operations tested, {cases} cases; the run {stop}")
     assert not found, f"{len(found)} failures (seed {schema.config.seed}):\n" + "\n".join(found)
     if stop is StopReason.COMPLETED:
         assert len(tested) >= 45, f"only {len(tested)} operations were tested: {sorted(tested)}"

@@ -73,11 +73,13 @@ def _int(value: str | int | None) -> int | None:
 
 
 def utc(value: datetime) -> datetime:
-    """``value`` in UTC; ValueError (a 422, in a request) if UTC takes it past the years 1 to 9999."""
+    """``value`` in UTC. A time that UTC takes past the years 1 to 9999 (0001-01-01T00:30+01:00)
+    is the first or the last time there is: as a bound of a filter or a window, it leaves out
+    nothing that could exist."""
     try:
         return value.astimezone(UTC)
-    except (OverflowError, OSError) as exc:
-        raise ValueError("out of range once in UTC (the years 1 to 9999)") from exc
+    except (OverflowError, OSError):
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d")
