@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -138,26 +139,25 @@ def world(
 ) -> Iterator[tuple[McpDriver, SystemDatabase, ExecutorProcess, RelayProcess]]:
     python = mcp_python()
     workdir = tmp_path_factory.mktemp("mcp")
-    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port())).start()
-    sysdb = SystemDatabase(postgres.create_database("sys"))
-    env = {"RELAY_TEST_SEED": "1"}
-    executor = ExecutorProcess(workdir, sysdb.url, relay.conductor_url, module="harness.workflow_app", env=env)
-    driver = McpDriver(python, f"{relay.http}/conductor/v2", API_KEYS["acme"], "acme", workdir / "driver.log")
     failed_before = request.session.testsfailed
-    try:
-        # The fixtures settle: the queue drains and the waiting workflow's child finishes.
-        assert_eventually(
-            lambda: not sysdb.workflows(status=["ENQUEUED", "PENDING"], names=["job", "child"]), 30, what="settled"
-        )
+    with ExitStack() as stack:
+        relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port())).start()
+        stack.callback(relay.stop)
+        sysdb = SystemDatabase(postgres.create_database("sys"))
+        env = {"RELAY_TEST_SEED": "1"}
+        executor = ExecutorProcess(workdir, sysdb.url, relay.conductor_url, module="harness.workflow_app", env=env)
+        stack.callback(executor.stop)
+        driver = McpDriver(python, f"{relay.http}/conductor/v2", API_KEYS["acme"], "acme", workdir / "driver.log")
+        stack.callback(driver.close)
         # A run of the hourly schedule must not land between a tool's answer and the check.
         driver.call("pause_schedule", application_name=APP, schedule_name="every-hour")
         paused = sysdb.rows("SELECT status FROM dbos.workflow_schedules WHERE schedule_name = 'every-hour'")
         assert paused == [{"status": "PAUSED"}]
+        # The fixtures settle: the queue drains, the waiting workflow's child finishes (and any run
+        # of the schedule that started before the pause).
+        settling = ["job", "child", "tick"]
+        assert_eventually(lambda: not sysdb.workflows(["ENQUEUED", "PENDING"], settling), 30, what="settled")
         yield driver, sysdb, executor, relay
-    finally:
-        driver.close()
-        executor.stop()
-        relay.stop()
         if request.session.testsfailed > failed_before:
             print(f"--- driver ---\n{(workdir / 'driver.log').read_text(errors='replace')[-4000:]}")
             print(f"--- relay ---\n{relay.log()[-6000:]}")
