@@ -94,7 +94,16 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-@router.get("/events", response_class=Response)
+@router.get(
+    "/events",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "A stream that does not end by itself: `ready`, then `executor` and `audit` events",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
 async def events(org: str, request: Request, ctx: Ctx, who: Caller) -> Response:
     """Server-sent events: executors that change state and new audit entries (see the module)."""
     digest = hash_key(bearer_key(request.headers.get("authorization", "")))

@@ -13,13 +13,51 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, Page, PathId, iso, iso_text
+from relay.api.common import ApiError, Caller, Ctx, Page, PathId, QueryName, iso, iso_text
+from relay.api.shapes import Shape, one_of
 from relay.store.recoveries import RecoveryRow
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
 
 
-def recovery_json(row: RecoveryRow) -> dict[str, Any]:
+class RecoveryAttempt(Shape):
+    attempt: int
+    peerExecutorId: str
+    mode: str
+    outcome: str = one_of("dispatched", "succeeded", "failed")
+    error: str | None
+    at: str | None
+    dispatchedAt: str | None
+    endedAt: str | None
+    verifiedBy: str | None
+    deletedAt: str | None
+
+
+class TimelineEntry(Shape):
+    at: str | None
+    action: str
+    peerExecutorId: str | None
+    attempt: int | None
+    detail: dict[str, Any]
+
+
+class Recovery(Shape):
+    recoveryId: str
+    executorId: str
+    run: int
+    applicationVersion: str
+    trigger: str = one_of("grace_period", "operator", "repair")
+    status: str = one_of("dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed")
+    error: str | None
+    createdAt: str | None
+    updatedAt: str | None
+    deadAt: str | None
+    deletedAt: str | None
+    attempts: list[RecoveryAttempt]
+    timeline: list[TimelineEntry]
+
+
+def recovery(row: RecoveryRow) -> Recovery:
     """The run, its attempts and its timeline: the times come from the audit entries of the run
     (``executor.dead`` of its death, then per attempt ``recovery.dispatched``, ``recovery.failed``
     or ``recovery.succeeded`` with the executor that verified, and ``executor.deleted``)."""
@@ -40,43 +78,43 @@ def recovery_json(row: RecoveryRow) -> dict[str, Any]:
         dispatched, succeeded = first("recovery.dispatched", n), first("recovery.succeeded", n)
         ended = succeeded or first("recovery.failed", n)
         attempts.append(
-            {
-                "attempt": n,
-                "peerExecutorId": a["peerExecutorId"],
-                "mode": a["mode"],
-                "outcome": a["outcome"],
-                "error": a["error"],
-                "at": iso_text(a["at"]),
-                "dispatchedAt": at(dispatched),
-                "endedAt": at(ended),
-                "verifiedBy": succeeded["detail"].get("verifiedBy") if succeeded is not None else None,
-                "deletedAt": at(first("executor.deleted", n)),
-            }
+            RecoveryAttempt(
+                attempt=n,
+                peerExecutorId=a["peerExecutorId"],
+                mode=a["mode"],
+                outcome=a["outcome"],
+                error=a["error"],
+                at=iso_text(a["at"]),
+                dispatchedAt=at(dispatched),
+                endedAt=at(ended),
+                verifiedBy=succeeded["detail"].get("verifiedBy") if succeeded is not None else None,
+                deletedAt=at(first("executor.deleted", n)),
+            )
         )
-    return {
-        "recoveryId": row.id,
-        "executorId": row.executor_id,
-        "run": row.run,
-        "applicationVersion": row.application_version,
-        "trigger": row.trigger,
-        "status": row.status,
-        "error": row.error,
-        "createdAt": iso(row.created_at),
-        "updatedAt": iso(row.updated_at),
-        "deadAt": at(first("executor.dead")),
-        "deletedAt": at(first("executor.deleted")),
-        "attempts": attempts,
-        "timeline": [
-            {
-                "at": iso(e["at"]),
-                "action": e["action"],
-                "peerExecutorId": e["peer_executor_id"],
-                "attempt": e["detail"].get("attempt"),
-                "detail": e["detail"],
-            }
+    return Recovery(
+        recoveryId=row.id,
+        executorId=row.executor_id,
+        run=row.run,
+        applicationVersion=row.application_version,
+        trigger=row.trigger,
+        status=row.status,
+        error=row.error,
+        createdAt=iso(row.created_at),
+        updatedAt=iso(row.updated_at),
+        deadAt=at(first("executor.dead")),
+        deletedAt=at(first("executor.deleted")),
+        attempts=attempts,
+        timeline=[
+            TimelineEntry(
+                at=iso(e["at"]),
+                action=e["action"],
+                peerExecutorId=e["peer_executor_id"],
+                attempt=e["detail"].get("attempt"),
+                detail=e["detail"],
+            )
             for e in history
         ],
-    }
+    )
 
 
 @router.get("")
@@ -86,20 +124,20 @@ async def get_recoveries(
     ctx: Ctx,
     _: Caller,
     page: Page,
-    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
+    executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
     sortDesc: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Recovery]:
     """Oldest first (newest first with ``sortDesc=true``)."""
     await app_or_404(ctx, org, app)
     rows = await ctx.recoveries.get(
         org, app, executor_id=executor_id, limit=page.limit, offset=page.offset, newest_first=sortDesc
     )
-    return [recovery_json(r) for r in rows]
+    return [recovery(r) for r in rows]
 
 
 @router.get("/{recovery_id}")
-async def get_recovery(org: str, app: str, recovery_id: PathId, ctx: Ctx, _: Caller) -> dict[str, Any]:
+async def get_recovery(org: str, app: str, recovery_id: PathId, ctx: Ctx, _: Caller) -> Recovery:
     rows = await ctx.recoveries.get(org, app, rid=recovery_id)
     if not rows:
         raise ApiError(404, "not_found", f"no recovery {recovery_id!r} in {org}/{app}")
-    return recovery_json(rows[0])
+    return recovery(rows[0])
