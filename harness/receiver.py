@@ -38,12 +38,15 @@ class WebhookReceiver:
         self._lock = threading.Lock()
         self.fail_until = 0.0
         self.fail_status = 503
+        self.refused_prefix: str | None = None  # POSTs to paths starting with it are answered 400, always
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 status = receiver.fail_status if time.time() < receiver.fail_until else 200
+                if receiver.refused_prefix is not None and self.path.startswith(receiver.refused_prefix):
+                    status = 400
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with receiver._lock:
                     receiver._deliveries.append(Delivery(time.time(), self.path, headers, body, status))

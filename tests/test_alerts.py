@@ -111,6 +111,87 @@ def test_a_dead_executor_is_one_signed_delivery_per_rule(
         assert "/hooks/" not in relay.log() and "token=" not in relay.log()
 
 
+def test_a_flapping_executor_pages_once_per_repeat_interval_and_a_refused_delivery_fails(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """One executor declared dead twice (paused past its grace period, back, then killed): a new key
+    per death for a rule with no repeat interval, one alert in all for a rule with a long one, and a
+    receiver that answers 400 gets one attempt per death, each ending in ``alert.failed``."""
+    with WebhookReceiver() as receiver:
+        receiver.refused_prefix = "/refused"
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/every"), "minIntervalSecs": 0},
+            {"kind": "ExecutorDead", "webhook": receiver.url("/damped"), "minIntervalSecs": 600},
+            {"kind": "ExecutorDead", "webhook": receiver.url("/refused"), "minIntervalSecs": 0},
+        ]
+        relay = start_relay(alert_config(free_port(), rules))
+        peer = start_executor(relay.conductor_url)
+        flapping = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", flapping.executor_id) == "HEALTHY", 10)
+        flapping.pause()
+        assert_eventually(lambda: len(deaths(relay)) == 1, 15, what="the first death")
+        flapping.resume()
+        assert_eventually(lambda: relay.state_of("acme", "ledger", flapping.executor_id) == "HEALTHY", 15)
+        flapping.kill()
+        assert_eventually(lambda: len(deaths(relay)) == 2, 15, what="the second death")
+
+        def arrived(path: str) -> list[Delivery]:
+            return [d for d in receiver.deliveries("ExecutorDead") if d.path == path]
+
+        assert_eventually(lambda: len(arrived("/every")) >= 2 and len(audit(relay, "alert.failed")) >= 2, 20)
+        died = deaths(relay)
+        assert {(d.payload["executorId"], d.payload["epoch"]) for d in arrived("/every")} == died
+        assert len({d.payload["idempotencyKey"] for d in arrived("/every")}) == 2, "a second death is a new alert"
+        (damped,) = arrived("/damped")  # the second death came well within its minIntervalSecs
+        assert (damped.payload["executorId"], damped.payload["epoch"]) in died
+        refused = arrived("/refused")
+        assert len(refused) == 2 and not any(d.accepted for d in refused), "a 400 is not tried again"
+        failed = audit(relay, "alert.failed")
+        assert len(failed) == 2 and all(e["detail"]["attempts"] == 1 and "400" in e["detail"]["error"] for e in failed)
+        assert all("/refused" not in json.dumps(e) for e in failed)
+        assert scrape(relay.http, "relay_alerts_failed_total", kind="ExecutorDead") == 2
+        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 3
+
+
+def test_a_delivery_outlives_the_instance_that_started_it(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The instance holding a death's delivery (waiting out a failing receiver) is killed: the
+    instance that adopts it finishes the delivery, with the same key, and alerts the adoption."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url(), "secret": YAML_SECRET, "minIntervalSecs": 0},
+            {"kind": "InstanceAdopted", "webhook": receiver.url()},
+        ]
+        configs = [alert_config(free_port(), rules) for _ in range(2)]
+        for config in configs:
+            config["liveness"]["instanceLeaseSecs"] = 1.5
+        r1, r2 = (start_relay(config, instance_id=f"relay-{n}") for n, config in enumerate(configs, 1))
+        executor = start_executor(r1.conductor_url)
+        assert_eventually(lambda: r2.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)
+        receiver.fail_for(600)
+        executor.kill()
+        assert_eventually(lambda: receiver.deliveries("ExecutorDead", accepted=False), 15, what="a refused delivery")
+        r1.signal(signal.SIGKILL)
+        assert r1.proc is not None
+        r1.proc.wait()
+        adopted = assert_eventually(lambda: audit(r2, "relay.instance_adopted"), 15, what="the adoption")
+        receiver.fail_until = 0.0
+        (death,) = deaths(r2)
+        keys = assert_eventually(lambda: keys_by_death(receiver).get(death), 20, what="the death's delivery")
+        assert len(keys) == 1 and all(signed(d, YAML_SECRET) for d in receiver.deliveries("ExecutorDead"))
+
+        def sent_deaths() -> list[dict[str, Any]]:
+            return [e for e in audit(r2, "alert.sent") if e["detail"]["kind"] == "ExecutorDead"]
+
+        (sent,) = assert_eventually(sent_deaths, 10)
+        assert sent["detail"]["attempts"] >= 2
+        (adoption,) = assert_eventually(lambda: receiver.payloads("InstanceAdopted"), 15, what="InstanceAdopted")
+        assert adoption["instance"] == "relay-1" and adoption["app"] == "ledger"
+        assert adoption["epoch"] == str(adopted[0]["detail"]["leaseEpoch"])
+
+
 def test_deliveries_outlive_a_failing_receiver_and_a_killed_relay(
     start_relay: StartRelay, start_executor: StartExecutor
 ) -> None:
