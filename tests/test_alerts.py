@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 
 from harness.executors import ExecutorProcess
-from harness.keys import VIEWER_KEYS
+from harness.keys import CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.receiver import Delivery, WebhookReceiver
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from tests.prom import scrape
 
@@ -235,6 +236,33 @@ def test_deliveries_outlive_a_failing_receiver_and_a_killed_relay(
         assert attempts_of_first >= 2, "the first death's delivery went on trying after the restart"
         sent = assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 2 and audit(relay, "alert.sent"), 10)
         assert all(entry["detail"]["attempts"] >= 2 for entry in sent)
+
+
+def test_a_recovery_failing_again_and_again_is_one_alert_at_its_threshold(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The only peer answers every ``recovery`` with a failure: RecoveryFailed fires once its
+    second attempt has failed, and the attempts after it are the same alert (one key)."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "RecoveryFailed", "attempts": 2, "webhook": receiver.url(), "minIntervalSecs": 0}]
+        config = alert_config(free_port(), rules, grace=0.5)
+        config["liveness"].update(
+            recoveryAckTimeoutSecs=1.5, failoverBackoffInitialSecs=0.3, failoverBackoffMaxSecs=0.6
+        )
+        relay = start_relay(config)
+        dying = start_executor(relay.conductor_url)
+        url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        refusal = {"recovery": {"success": False, "error_message": "disk full"}}
+        with SimulatedPeer(url, "refusing-peer", "answer", replies=refusal) as peer:
+            assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+            dying.kill()
+            assert_eventually(lambda: len(audit(relay, "recovery.failed")) >= 3, 30, what="three failed attempts")
+            (alert,) = assert_eventually(lambda: receiver.payloads("RecoveryFailed"), 10, what="RecoveryFailed")
+        assert alert["executorId"] == dying.executor_id and "disk full" in alert["message"]
+        assert alert["metadata"]["failed_attempts"] == "2", "fired at its threshold, not before nor later"
+        (death,) = deaths(relay)
+        assert alert["epoch"] == death[1]
+        assert len({p["idempotencyKey"] for p in receiver.payloads("RecoveryFailed")}) == 1
 
 
 def received(evidence_db: str, name: str) -> list[dict[str, Any]]:
