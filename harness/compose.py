@@ -6,8 +6,9 @@ doing what compose and the image builds would do, read from the files themselves
 - **Build.** Each ``build:`` service's Dockerfile is replayed into a folder standing for the
   image's file system: its ``COPY`` instructions copy from the build context (less what
   ``.dockerignore`` leaves out), and its ``pip install`` of local folders is run offline into
-  the image's own site folder. Packages named in a requirements file must already be installed
-  in this environment in a matching version (there is no index to install them from). Other
+  the image's own site folder, seen by the image's own ``python`` (see :class:`Image`).
+  Packages named in a requirements file must already be installed in this environment in a
+  matching version (there is no index to install them from). Other
   ``RUN`` lines (``useradd``) set up the operating system and are left out.
 - **Run.** Each service's command (``command``, else the image's ``CMD``, after its
   ``ENTRYPOINT``) runs with the image's ``ENV`` and the service's ``environment``, in the
@@ -18,7 +19,7 @@ doing what compose and the image builds would do, read from the files themselves
   become ``127.0.0.1:<free port>``, ``0.0.0.0`` becomes ``127.0.0.1``, a value that is exactly
   the service's own container port becomes its free port, a volume's path in the container
   becomes its folder here, and services whose image is ``postgres`` are not started: URLs to
-  them point at a database made by the caller. ``python`` is this interpreter.
+  them point at a database made by the caller. ``python`` is the image's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
+import venv
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -144,7 +147,10 @@ def _ignored(context: Path) -> Callable[[str, list[str]], set[str]]:
 
 @dataclass
 class Image:
-    """A built image: its file system under ``root``, its packages in ``site``."""
+    """A built image: its file system under ``root``, the packages it installed in ``site``, and
+    its own ``python``: a virtual environment that sees ``site`` first, then this environment's
+    installed packages, but not this checkout's editable installs (whose hooks only the
+    environment's own .pth files set up), so a package the Dockerfile left out is missing."""
 
     recipe: Recipe
     root: Path
@@ -153,12 +159,27 @@ class Image:
     def site(self) -> Path:
         return self.root / "_site"
 
+    @property
+    def python(self) -> Path:
+        return self.root / "_python" / "bin" / "python"
+
     def path(self, container_path: str) -> Path:
         return self.root / container_path.lstrip("/")
+
+    def make_python(self) -> None:
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(self.root / "_python")
+        found = subprocess.run(
+            [str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+        lines = [str(self.site), *ours]
+        (Path(found.stdout.strip()) / "_image.pth").write_text("\n".join(lines) + "\n")
 
 
 def build(recipe: Recipe, context: Path, root: Path) -> Image:
     image = Image(recipe, root)
+    image.make_python()
     ignore = _ignored(context)
     for sources, destination in recipe.copies:
         target = image.path(destination)
@@ -316,10 +337,11 @@ class ComposeRun:
     def argv(self, service: Service, argv: list[str]) -> list[str]:
         local = [self.localize(service, arg) for arg in argv]
         site_bin = service.image.site / "bin" if service.image else None
+        python = str(service.image.python) if service.image else sys.executable
         if site_bin is not None and (site_bin / local[0]).exists():
-            return [sys.executable, str(site_bin / local[0]), *local[1:]]
+            return [python, str(site_bin / local[0]), *local[1:]]
         if local[0] in ("python", "python3"):
-            return [sys.executable, *local[1:]]
+            return [python, *local[1:]]
         found = shutil.which(local[0], path=str(Path(sys.executable).parent)) or shutil.which(local[0])
         if found is None:
             raise ComposeError(f"{service.name}: command {local[0]!r} not found here")
@@ -345,8 +367,6 @@ class ComposeRun:
         env["HOME"] = str(home)
         if service.image is not None:
             env.update(service.image.recipe.env)
-            if service.image.site.exists():
-                env["PYTHONPATH"] = str(service.image.site)
         declared = service.spec.get("environment", {})
         if isinstance(declared, list):
             declared = dict(item.split("=", 1) for item in declared)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,12 +25,13 @@ import httpx
 import pytest
 import yaml
 
-from harness.compose import compose_up
+from harness.compose import ComposeError, build, compose_up, read_dockerfile
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
 from relay.config import parse_config
 from tests.deploy_checks import (
     COMPOSE_FILE,
+    ROOT,
     compose_problems,
     compose_schema_errors,
     k8s_problems,
@@ -219,6 +220,34 @@ def test_k8s_checks_catch_a_manifest_left_out_of_the_kustomization() -> None:
     assert any("kustomization.yaml lists" in p for p in k8s_problems(kustomization, documents))
 
 
+# --- the images, built as their Dockerfiles say ---
+
+
+def test_a_dockerfile_that_leaves_a_package_out_builds_an_image_that_cannot_run(tmp_path: Path) -> None:
+    """The replay really builds from what the Dockerfile copies (the compose run uses the real one)."""
+    broken = tmp_path / "Dockerfile"
+    text = (ROOT / "Dockerfile").read_text()
+    assert "COPY workflows ./workflows\n" in text
+    broken.write_text(text.replace("COPY workflows ./workflows\n", ""))
+    image = build(read_dockerfile(broken), ROOT, tmp_path / "image")
+    imported = subprocess.run(
+        [str(image.python), "-c", "import relay.runtime"], cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert imported.returncode != 0 and "No module named 'workflows'" in imported.stderr, imported.stderr
+
+
+def test_an_image_whose_files_are_missing_or_whose_requirements_are_not_met_does_not_build(tmp_path: Path) -> None:
+    context = tmp_path / "app"
+    shutil.copytree(ROOT / "deploy" / "sample-app", context)
+    (context / "requirements.txt").write_text("dbos>=3.3\n")
+    with pytest.raises(ComposeError, match=r"dbos>=3.3 wanted, 3\.2"):
+        build(read_dockerfile(context / "Dockerfile"), context, tmp_path / "image1")
+    (context / "requirements.txt").write_text("dbos>=3.2,<3.3\n")
+    (context / "app.py").unlink()
+    with pytest.raises(ComposeError, match=r"COPY app\.py: no such file"):
+        build(read_dockerfile(context / "Dockerfile"), context, tmp_path / "image2")
+
+
 # --- the compose example, run ---
 
 
@@ -244,11 +273,12 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
         try:
             run.wait_healthy(sample, 60)
             # Relay runs from what its Dockerfile built, not from this checkout.
+            assert relay.image is not None
             where = subprocess.run(
-                [sys.executable, "-c", "import relay, workflows; print(relay.__file__, workflows.__file__)"],
+                [str(relay.image.python), "-c", "import relay, workflows; print(relay.__file__, workflows.__file__)"],
                 env=run.environment(relay), cwd=tmp_path, capture_output=True, text=True, check=True,
             ).stdout.split()  # fmt: skip
-            assert relay.image is not None and all(Path(p).is_relative_to(relay.image.site) for p in where), where
+            assert all(Path(p).is_relative_to(relay.image.site) for p in where), where
 
             (relay_port,) = relay.ports
             (app_port,) = sample.ports
@@ -274,8 +304,9 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
             workflow_id = order.json()["workflowId"]
 
             def finished(workflow_id: str) -> Doc | None:
-                workflow: Doc = api.get(f"/workflows/{workflow_id}").raise_for_status().json()
-                return workflow if workflow["status"] == "SUCCESS" else None
+                response = api.get(f"/workflows/{workflow_id}")
+                workflow: Doc = response.json() if response.status_code == 200 else {}
+                return workflow if workflow.get("status") == "SUCCESS" else None
 
             workflow = assert_eventually(lambda: finished(workflow_id), 30, what="the order workflow SUCCESS")
             assert workflow["workflowName"] == "process_order" and "done" in (workflow["output"] or "")
