@@ -360,7 +360,7 @@ class ComposeRun:
     def environment(self, service: Service) -> dict[str, str]:
         path = [str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
         if service.image is not None:
-            path.insert(0, str(service.image.site / "bin"))
+            path[:0] = [str(service.image.site / "bin"), str(service.image.python.parent)]
         env = {"PATH": ":".join(path), "LANG": "C.UTF-8"}
         home = self.workdir / service.name / "home"
         home.mkdir(parents=True, exist_ok=True)
@@ -448,8 +448,12 @@ class ComposeRun:
 
         def healthy() -> bool:
             if service.proc is not None and service.proc.poll() is not None:
-                raise AssertionError(f"{service.name} exited with {service.proc.returncode}:\n{service.log()}")
-            return subprocess.run(check, env=env, capture_output=True, timeout=10).returncode == 0
+                # Not an AssertionError, which assert_eventually would wait out.
+                raise RuntimeError(f"{service.name} exited with {service.proc.returncode}:\n{service.log()}")
+            try:
+                return subprocess.run(check, env=env, capture_output=True, timeout=10).returncode == 0
+            except subprocess.TimeoutExpired:
+                return False
 
         try:
             assert_eventually(healthy, timeout, interval=0.2, what=f"{service.name} healthy")

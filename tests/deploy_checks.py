@@ -21,7 +21,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from harness.compose import build_context, container_ports, is_postgres, read_dockerfile
+from harness.compose import Service, build_context, container_ports, is_postgres, read_dockerfile
 from relay.api import build_api
 from relay.cli import _parser as relay_cli_parser
 from relay.config import RelayConfig, parse_config
@@ -267,10 +267,7 @@ def compose_problems(document: dict[str, Any], compose_dir: Path = COMPOSE_FILE.
 
 
 def _depends(spec: dict[str, Any]) -> dict[str, str]:
-    deps = spec.get("depends_on", {})
-    if isinstance(deps, list):
-        return {d: "service_started" for d in deps}
-    return {d: str(v.get("condition", "service_started")) for d, v in deps.items()}
+    return Service("", spec).depends_on
 
 
 def _app_problems(
@@ -297,7 +294,7 @@ def _app_problems(
         problems.append(f"{name}: conductor_url {conductor.geturl()} is not ws://{relay}:{port}/")
     problems += conductor_key_problems(name, env[settings["conductor_key"]], env[settings["name"]], config)
     problems += _database_problems(name, env[settings["system_database_url"]], services)
-    if "service_healthy" != _depends(spec).get(relay):
+    if _depends(spec).get(relay) != "service_healthy":
         problems.append(f"{name}: should wait for {relay} to be healthy")
     for url in _urls(_healthcheck_argv(spec)):
         if (url.port or 80) not in container_ports(spec, None):
