@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
+import referencing
 import yaml
 
 from harness.compose import Service, build_context, container_ports, is_postgres, read_dockerfile
@@ -42,9 +43,11 @@ URL_IN_TEXT = re.compile(r"https?://[^\s'\"]+")
 # --- schemas ---
 
 
-def compose_schema_errors(document: dict[str, Any]) -> list[str]:
-    schema = json.loads(COMPOSE_SCHEMA.read_text())
-    validator = jsonschema.Draft7Validator(schema)
+def compose_schema_errors(document: dict[str, Any], schema_file: Path = COMPOSE_SCHEMA) -> list[str]:
+    schema = json.loads(schema_file.read_text())
+    # An empty registry, which retrieves nothing: a $ref outside the vendored file is an error,
+    # never a download (jsonschema's default registry would fetch it).
+    validator = jsonschema.Draft7Validator(schema, registry=referencing.Registry())
     return [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(document)]
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import shutil
+import socket
 import subprocess
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+import referencing.exceptions
 import yaml
 
 from harness.compose import ComposeError, build, compose_up, read_dockerfile
@@ -31,6 +35,7 @@ from harness.waiting import assert_eventually
 from relay.config import parse_config
 from tests.deploy_checks import (
     COMPOSE_FILE,
+    COMPOSE_SCHEMA,
     ROOT,
     compose_problems,
     compose_schema_errors,
@@ -83,6 +88,30 @@ def test_k8s_schemas_catch_a_misspelled_field_and_a_wrong_type() -> None:
     sts["spec"]["replicas"] = "three"
     errors = k8s_schema_errors([sts])
     assert errors and all("spec.replicas" in e for e in errors), errors
+
+
+def test_schema_validation_needs_no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The schemas are read from files (vendored, or shipped in kubernetes-validate)."""
+    tried: list[object] = []
+
+    def no_network(*args: object, **_: object) -> None:
+        tried.append(args)
+        raise OSError("no network in this test")
+
+    for name in ("getaddrinfo", "create_connection"):
+        monkeypatch.setattr(socket, name, no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    _, documents = load_k8s()
+    assert compose_schema_errors(compose()) == [] and k8s_schema_errors(documents) == []
+    # A reference outside the vendored compose schema is an error, not a download (with
+    # warnings as errors, jsonschema's warning before a download would hide one: let it pass).
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    schema["properties"]["name"] = {"$ref": "https://example.com/name.json"}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    with warnings.catch_warnings(), pytest.raises(referencing.exceptions.Unresolvable):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        compose_schema_errors(compose(), tmp_path / "schema.json")
+    assert tried == []
 
 
 # --- what the files must agree on ---
@@ -267,8 +296,14 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
     app_env = document["services"]["sample-app"]["environment"]
     run_dir = tmp_path / "compose"
     run_dir.mkdir()
+    # As the postgres image does, only POSTGRES_DB exists at first; DBOS creates its own.
+    created = document["services"]["postgres"]["environment"]["POSTGRES_DB"]
+
+    def database(name: str) -> str:
+        return postgres.create_database(name) if name == created else postgres.reserve_database(name)
+
     with ExitStack() as stack:
-        run = stack.enter_context(compose_up(COMPOSE_FILE, run_dir, lambda name: postgres.create_database(name)))
+        run = stack.enter_context(compose_up(COMPOSE_FILE, run_dir, database))
         relay, sample = run.services["relay"], run.services["sample-app"]
         try:
             run.wait_healthy(sample, 60)
