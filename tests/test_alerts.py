@@ -347,12 +347,15 @@ def test_rules_through_the_api(start_relay: StartRelay) -> None:
             ({"ruleType": "ExecutorDead", "ruleMetadata": {"count": 3}}, "body.ruleMetadata.count"),
             ({"ruleType": "SlowQueue", "ruleMetadata": {"nope": 1}}, "body.ruleMetadata.nope"),
             ({"ruleType": "UnresponsiveApplication"}, "body.receivingAppName"),
-            ({"ruleType": "ExecutorDead", "receivingAppName": "no-such-app"}, "body.receivingAppName"),
+            ({"ruleType": "ExecutorDead", "minIntervalSecs": False}, "body.minIntervalSecs"),
+            ({"ruleType": "ExecutorDead", "secret": "short"}, "body.secret"),
             ({"ruleType": "Nope"}, "body.ruleType"),
         ]:
             refused = create(body)
             assert refused.status_code == 422 and refused.json()["errors"][0]["location"] == where, refused.text
 
+        missing = create({"ruleType": "ExecutorDead", "receivingAppName": "no-such-app"})
+        assert missing.status_code == 404 and "no-such-app" in missing.json()["detail"]
         made = create({"ruleType": "WorkflowFailure", "minIntervalSecs": 60,
                        "ruleMetadata": {"workflow_name": "*", "threshold": 5, "period_secs": 600}})  # fmt: skip
         assert made.status_code == 201, made.text

@@ -8,13 +8,26 @@ log). The secret is in the answer to the ``POST`` that made it, once.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, Strict, ValidationError
 
-from relay.api.common import Admin, ApiError, Caller, Ctx, Page, PathId, actor, error_response, iso
+from relay.api.common import (
+    NO_NUL,
+    Admin,
+    ApiError,
+    Body,
+    Caller,
+    Ctx,
+    JsonInteger,
+    Page,
+    PathId,
+    actor,
+    error_response,
+    iso,
+)
 from relay.config import AlertRuleConfig
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 from relay.domain.alerts import destination_of
@@ -33,18 +46,40 @@ BODY_FIELDS = {
 }
 
 
-class CreateAlertingRule(BaseModel):
+Positive = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1), JsonInteger]
+Name = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
+
+
+class RuleMetadata(Body):
+    """A rule's parameters, by Relay's names or Conductor's (``workflow_name``, ``threshold``,
+    ``period_secs``, ``queue_name``, ``threshold_secs``); each kind takes its own (README "Alerts")."""
+
+    workflowName: Name | None = None
+    workflow_name: Name | None = None
+    count: Count | None = None
+    threshold: Count | None = None
+    windowSecs: Positive | None = None
+    period_secs: Positive | None = None
+    queueName: Name | None = None
+    queue_name: Name | None = None
+    thresholdSecs: Positive | None = None
+    threshold_secs: Positive | None = None
+    forSecs: Annotated[float, Field(ge=0)] | None = None
+    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
+    attempts: Count | None = None
+
+
+class CreateAlertingRule(Body):
     """Conductor's ``CreateAlertInputBody`` (``ruleType``, ``ruleMetadata``, ``minIntervalSecs``,
     ``receivingAppName``) and Relay's ``webhook``, ``secret`` (else one is made) and ``format``."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    ruleType: Kind
-    ruleMetadata: dict[str, Any] | None = None
-    minIntervalSecs: float | None = Field(default=None, ge=0)
-    receivingAppName: str | None = None
-    webhook: str | None = None
-    secret: str | None = None
+    ruleType: Annotated[Kind, Strict(False)]  # by value
+    ruleMetadata: RuleMetadata | None = None
+    minIntervalSecs: Annotated[float, Field(ge=0)] | None = None
+    receivingAppName: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)] | None = None
+    webhook: Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)] | None = None
+    secret: Annotated[str, Field(min_length=16, max_length=256, pattern=NO_NUL)] | None = None
     format: Literal["json", "slack"] = "json"
 
 
@@ -89,7 +124,8 @@ def _rule_fields(body: CreateAlertingRule) -> tuple[dict[str, Any], list[dict[st
             fields[name] = value
     errors = []
     aliases = CONDUCTOR_PARAMS.get(body.ruleType, {})
-    for key, value in (body.ruleMetadata or {}).items():
+    given = body.ruleMetadata.model_dump(exclude_none=True) if body.ruleMetadata else {}
+    for key, value in given.items():
         name = aliases.get(key, key)
         if name not in PARAMS[body.ruleType]:
             takes = ", ".join(PARAMS[body.ruleType]) or "no parameters"
@@ -118,7 +154,8 @@ async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: Page) -> lis
 
 @router.post("", status_code=201)
 async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, who: Admin) -> Response:
-    """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations)."""
+    """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations), 404 when
+    its receiving app does not exist."""
     fields, errors = _rule_fields(body)
     if errors:
         return _invalid(errors)

@@ -62,7 +62,8 @@ class AlertRules:
         self.sender = sender
 
     async def refusal(self, org: str, app: str, rule: AlertRuleConfig) -> tuple[str, str] | None:
-        """(where, why) a rule cannot be created for ``app``; None if it can. Raises NotFound for no app."""
+        """(where, why) a rule cannot be created for ``app``; None if it can. Raises NotFound for no app
+        (``app`` or the receiving one)."""
         if not await self.apps.exists(org, app):
             raise NotFound(f"no app {app!r} in org {org!r}")
         if rule.webhook is not None:
@@ -73,7 +74,7 @@ class AlertRules:
             why = "an app with no executor cannot take an alert about itself: give a webhook or another app"
             return "body.receivingAppName", why
         if not await self.apps.exists(org, receiver):
-            return "body.receivingAppName", f"no app {receiver!r} in org {org!r}"
+            raise NotFound(f"no app {receiver!r} in org {org!r} to receive the alerts")
         return None
 
     async def create(self, org: str, app: str, rule: AlertRuleConfig, actor: str) -> Created:
