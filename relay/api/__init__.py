@@ -51,6 +51,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     api.state.context = ctx
     for module in (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
         api.include_router(module.router)
+    api.include_router(org.caller_router)
 
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> Response:
