@@ -9,6 +9,7 @@ when Relay stops, on SIGTERM and on SIGINT alike.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -30,7 +31,10 @@ from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
-from relay.config import load_config
+from relay.config import RelayConfig, load_config
+from relay.domain.firstrun import FirstKeys, ensure_first_keys
+from relay.store.db import Database
+from relay.store.keys import KeyStore
 
 SECRET = re.compile(r"relay_[A-Za-z0-9_-]{43}")
 
@@ -217,6 +221,33 @@ def test_two_instances_starting_together_on_an_empty_database_make_one_pair_of_k
             me = api.get("/whoami").json()
         assert (me["org"], me["tokenName"], me["appNames"]) == ("default", "admin", None)
         assert_conductor_key_connects(relay.port, conductor)
+
+
+def test_of_several_instances_deciding_at_once_exactly_one_makes_the_keys(postgres: Postgres) -> None:
+    """The decision itself, raced: the processes above mostly reach it one after the other (the
+    migrations' lock spaces them), so here four stores on their own connections reach it together."""
+    url = postgres.create_database("firstrace")
+
+    async def race() -> list[FirstKeys | None]:
+        dbs = [Database(url, min_size=1, max_size=1) for _ in range(4)]
+        for db in dbs:
+            await db.open()
+        try:
+            await dbs[0].migrate()
+            return list(await asyncio.gather(*(ensure_first_keys(KeyStore(db), RelayConfig()) for db in dbs)))
+        finally:
+            for db in dbs:
+                await db.close()
+
+    results = asyncio.run(race())
+    made = [r for r in results if r is not None and r.made]
+    assert len(made) == 1 and made[0].admin_key and made[0].conductor_key
+    assert all(r is not None and r.kept == ("default/admin", "default/conductor") for r in results if r not in made)
+    rows = generated_rows(url)
+    assert [(r[1], r[2]) for r in rows] == [
+        ("admin", sha(made[0].admin_key)),
+        ("conductor", sha(made[0].conductor_key)),
+    ]
 
 
 def assert_conductor_key_connects(port: int, key: str) -> None:
