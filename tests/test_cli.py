@@ -177,6 +177,8 @@ def test_whoami_and_apps_as_tables_and_as_the_apis_json(world: World, cli: Cli) 
     me = ok(cli("whoami"))
     assert "org:         acme" in me.out and "key:         ops" in me.out
     assert ok(cli("whoami", "--json")).json() == api_json(world, "GET", "/whoami")
+    # A base URL ending in /conductor, as for DBOS's managed Conductor, works as well.
+    assert ok(cli("whoami", "--json", url=f"{world.relay.http}/conductor/")).json()["org"] == "acme"
 
     (row,) = ok(cli("apps")).table()
     assert row["APP"] == "ledger" and row["STATUS"] == "AVAILABLE" and row["HEALTHY"] == "1"
