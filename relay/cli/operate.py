@@ -64,7 +64,12 @@ def _since(executor: dict[str, Any]) -> str | None:
 
 @click.command()
 @click.argument("app")
-@click.option("--state", type=click.Choice(STATES, case_sensitive=False), help="Only executors in this state.")
+@click.option(
+    "--state",
+    type=click.Choice(STATES, case_sensitive=False),
+    metavar="STATE",
+    help=f"Only executors in this state: {', '.join(STATES)}.",
+)
 @limit_option
 @offset_option
 @api_command

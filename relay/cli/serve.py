@@ -71,7 +71,11 @@ def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
 @click.option("--host", help="Address to listen on (overrides server.host).")
 @click.option("--port", type=int, help="Port to listen on (overrides server.port).")
 @click.option("--database-url", help="PostgreSQL URL  [default: $RELAY_DATABASE_URL, else embedded in $RELAY_HOME]")
-@click.option("--log-level", default=lambda: os.environ.get("RELAY_LOG_LEVEL", "INFO"), show_default="INFO")
+@click.option(
+    "--log-level",
+    default=lambda: os.environ.get("RELAY_LOG_LEVEL", "INFO"),
+    help="DEBUG, INFO, WARNING or ERROR  [default: $RELAY_LOG_LEVEL, else INFO]",
+)
 def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
     """Run Relay. With no org configured, the first start makes the org "default" and prints its keys once."""
     logging.basicConfig(
