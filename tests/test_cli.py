@@ -14,6 +14,7 @@ tests that change things make workflows of their own (forks) or executors of the
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -38,6 +39,8 @@ from relay.cli import main
 from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 APP_MODULE = "harness.workflow_app"
+# The module (relay.cli.workflows, as an attribute, is its click group).
+workflow_commands = importlib.import_module("relay.cli.workflows")
 
 
 @dataclass
@@ -307,7 +310,7 @@ def test_workflows_get_and_steps(world: World, cli: Cli) -> None:
     assert ok(cli("workflows", "steps", "ledger", "odd/steps", "--json")).json()[0]["stepName"].endswith("shout")
 
 
-def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli) -> None:
+def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     # Forks of the waiting workflow from its first step wait too: PENDING workflows of our own.
     forked = ok(cli("workflows", "fork", "ledger", "waiting-1", "--from-step", "1", "--new-id", "cli-a"))
     assert forked.out.strip() == "forked waiting-1 from step 1: cli-a"
@@ -329,8 +332,12 @@ def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli) -
     refused = cli("workflows", "resume", "ledger", *filters)
     assert refused.code == EXIT_USAGE and "select 2 workflows; give --yes" in refused.err
     assert db_status(world, "cli-a") == "CANCELLED"
-    resumed = ok(cli("workflows", "resume", "ledger", *filters, "--yes", "--json")).json()
-    assert resumed == {"action": "resume", "workflowIds": ["cli-a", "cli-b"]}
+    # Read a page at a time (one workflow a page here), with the count so far on stderr.
+    monkeypatch.setattr(workflow_commands, "SEARCH_PAGE", 1)
+    resumed_run = ok(cli("workflows", "resume", "ledger", *filters, "--yes", "--json"))
+    assert resumed_run.json() == {"action": "resume", "workflowIds": ["cli-a", "cli-b"]}
+    assert "selecting the workflows to resume: 1 so far\n" in resumed_run.err
+    assert "selecting the workflows to resume: 2 so far\n" in resumed_run.err
     for workflow_id in ("cli-a", "cli-b"):
         assert_eventually(lambda: db_status(world, workflow_id) == "PENDING", 20, what=f"{workflow_id} resumed")  # noqa: B023
     nothing = ok(cli("workflows", "resume", "ledger", "--prefix", "no-such-", "--yes"))

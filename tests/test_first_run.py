@@ -39,8 +39,13 @@ from relay.store.keys import KeyStore
 SECRET = re.compile(r"relay_[A-Za-z0-9_-]{43}")
 
 
+# The command ./run.sh ends in: the console script pip installs next to the interpreter.
+RELAY_SCRIPT = Path(sys.executable).with_name("relay")
+
+
 class Serve:
-    """``relay serve --port P`` and whatever else is given, stdout and stderr each in a file."""
+    """``relay serve --port P`` and whatever else is given, stdout and stderr each in a file; run as
+    ./run.sh runs it, through the ``relay`` console script (``run.sh`` itself also installs, once)."""
 
     def __init__(self, workdir: Path, *args: str, home: Path | None = None, instance_id: str = "relay-1") -> None:
         self.port = free_port()
@@ -62,7 +67,7 @@ class Serve:
         out = open(self.workdir / f"{self.name}-{self.runs}.out", "wb")
         err = open(self.workdir / f"{self.name}-{self.runs}.err", "wb")
         with out, err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "serve", *self.args],
+            self.proc = subprocess.Popen([str(RELAY_SCRIPT), "serve", *self.args],
                                          stdout=out, stderr=err, env=self.env, cwd=self.workdir)  # fmt: skip
         return self
 

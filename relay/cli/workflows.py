@@ -2,7 +2,8 @@
 
 ``list`` takes Conductor's filters (``POST .../workflows/search``). ``cancel`` and
 ``resume`` take workflow ids, or filters that select them (all of the matches,
-read first, then changed in batches through the bulk routes, with a progress bar);
+read first, a page at a time, with a count on stderr, then changed in batches through the bulk
+routes, with a progress bar);
 a selection by filters asks for confirmation, or ``--yes``.
 """
 
@@ -181,6 +182,8 @@ def _select(api: Api, app: str, ids: Sequence[str], filters: dict[str, Any], ver
         selected += [w["workflowId"] for w in page]
         if len(page) < SEARCH_PAGE:
             break
+        # A selection of several pages takes a while: say how far it has come.
+        click.echo(f"selecting the workflows to {verb}: {len(selected)} so far", err=True)
     if selected and not yes:
         if not sys.stdin.isatty():
             raise CliError(f"the filters select {len(selected)} workflows; give --yes to {verb} them", EXIT_USAGE)
