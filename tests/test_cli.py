@@ -180,6 +180,10 @@ def test_whoami_and_apps_as_tables_and_as_the_apis_json(world: World, cli: Cli) 
     me = ok(cli("whoami"))
     assert "org:         acme" in me.out and "key:         ops" in me.out
     assert ok(cli("whoami", "--json")).json() == api_json(world, "GET", "/whoami")
+    # --url and --key given as options: they win over RELAY_URL (here nobody listens) and need no RELAY_API_KEY.
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    flags = ok(cli("whoami", "--json", "--url", world.relay.http, "--key", API_KEYS["acme"], key=None, url=nowhere))
+    assert flags.json()["org"] == "acme"
     # A base URL ending in /conductor, as for DBOS's managed Conductor, works as well.
     assert ok(cli("whoami", "--json", url=f"{world.relay.http}/conductor/")).json()["org"] == "acme"
 
