@@ -55,6 +55,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     api.state.context = ctx
     for module in (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
         api.include_router(module.router, responses=PROBLEMS)
+    api.include_router(org.caller_router, responses=PROBLEMS)
     generate = api.openapi
 
     def openapi() -> dict[str, Any]:
