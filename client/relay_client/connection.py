@@ -76,7 +76,7 @@ class Connection:
         self.executor_id = handlers.identity.executor_id
         self.handlers = handlers
         self._url = websocket_url(base_url, app, key)
-        self._shown_url = websocket_url(base_url, app, "***")  # the key is never logged
+        self._shown_url = websocket_url(base_url, app, "") + "***"  # the key is never logged
         self._ssl = ssl_context
         self._max_concurrent = max_concurrent_requests
         self._send_queue_size = send_queue_size
