@@ -290,7 +290,7 @@ def test_retention_collects_times_out_and_skips_a_round_while_one_runs(
     h: Handlers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with SetWorkflowID("old-waiter"):
-        waiting = DBOS.start_workflow(app.waiter, 30.0)
+        waiting = DBOS.start_workflow(app.waiter, 5.0)  # its thread outlives the cancel: keep it short
     with SetWorkflowID("old-done"):
         DBOS.start_workflow(app.adder, 10).get_result()
     done = DBOS.get_workflow_status("old-done")
