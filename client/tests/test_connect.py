@@ -8,6 +8,9 @@ connection and records what the client answers and how the socket ends.
 from __future__ import annotations
 
 import json
+import shutil
+import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -29,12 +32,13 @@ from relay_client.handlers import Handlers, Identity
 class FakeRelay:
     """Accepts executors on ``/websocket/{app}/{key}``, asks executor_info, keeps what happens."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
+        self.scheme = "wss" if tls else "ws"
         self.paths: list[str] = []
         self.infos: list[dict[str, object]] = []
         self.close_codes: list[int | None] = []
         self.connected_at: list[float] = []
-        self._server: Server = serve(self._handle, "127.0.0.1", port)
+        self._server: Server = serve(self._handle, "127.0.0.1", port, ssl=tls)
         self.port: int = self._server.socket.getsockname()[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -59,7 +63,7 @@ class FakeRelay:
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
+        return f"{self.scheme}://127.0.0.1:{self.port}/"
 
 
 def eventually(condition: object, timeout: float = 5.0) -> None:
@@ -173,3 +177,45 @@ def test_reconnects_within_two_seconds_of_relay_coming_back(relay: FakeRelay) ->
             assert back.infos[0]["executor_id"] == "e2"  # the same executor, reconnecting
         finally:
             back.stop()
+
+
+def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA of our own and a certificate it signed for 127.0.0.1: (the CA's file, the server's context)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=relay-client test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(folder / "server.pem", folder / "server.key")
+    return folder / "ca.pem", server
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+def test_wss_with_a_ca_of_ones_own(tmp_path: Path, fresh_dbos: str) -> None:
+    ca_file, server_tls = make_certificates(tmp_path)
+    relay = FakeRelay(tls=server_tls)
+    try:
+        with pytest.raises(ValueError, match="wss://"):
+            relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest", ca_file=str(ca_file))
+        # The system's CAs do not know ours: no connection.
+        identity = Identity(executor_id="e3", application_version="v1")
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as untrusting:
+            untrusting.start()
+            assert not untrusting.wait_connected(1.5)
+        # ca_file trusts it; so does an ssl_context built on it.
+        with relay_client.connect(relay.url, key="k", app="clienttest", ca_file=str(ca_file)):
+            eventually(lambda: len(relay.infos) == 1)
+        context = ssl.create_default_context(cafile=str(ca_file))
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity), ssl_context=context) as c:
+            c.start()
+            eventually(lambda: len(relay.infos) == 2)
+        assert [info["executor_id"] for info in relay.infos] == [fresh_dbos, "e3"]
+    finally:
+        relay.stop()
