@@ -180,18 +180,17 @@ class Handlers:
             return _dumps(
                 ErrorReply(type=frame["type"], request_id=frame["request_id"], error_message=str(exc)).to_frame()
             )
-        return self.dispatch(request).to_json()
+        return self.respond(request)
 
-    def dispatch(self, request: Request) -> Reply:
+    def respond(self, request: Request) -> str:
+        """The reply's text: the handler's reply, or its failure reply if it raised or cannot be sent."""
         handler = ROUTES[request.type]
         try:
-            reply = handler.handle(self, request)
-            reply.to_frame()  # a reply that cannot be sent is a failure too
-            return reply
+            return handler.handle(self, request).to_json()
         except Exception:
             message = f"{handler.context(request)}: {traceback.format_exc()}"
             log.error(message)
-            return handler.failed(request, message)
+            return handler.failed(request, message).to_json()
 
 
 def _dumps(frame: dict[str, Any]) -> str:
