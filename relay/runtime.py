@@ -24,6 +24,7 @@ from relay.api import ApiContext, build_api
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.alerts import AlertRules, AlertSender, ConditionObserver
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
@@ -34,6 +35,8 @@ from relay.net.hub import Hub
 from relay.net.paths import PathKeeper
 from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
+from relay.net.webhook import WebhookSender
+from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.db import Database
@@ -43,8 +46,9 @@ from relay.store.keys import KeyStore, grants_from_config
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
+from workflows.alerts import AlertLoops
 from workflows.engine import Engine
-from workflows.services import Services
+from workflows.services import AlertServices, Services
 
 log = logging.getLogger("relay")
 
@@ -87,6 +91,10 @@ class Runtime:
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+        self.alert_store = AlertStore(self.db)
+        self.webhooks = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, f"relay/{__version__}")
+        self.alert_rules = AlertRules(self.db, self.alert_store, self.apps, self.webhooks)
+        self.alert_loops = AlertLoops(self.alert_store, config.alerts, lambda: self.lease.held)
 
     def api_context(self) -> ApiContext:
         return ApiContext(
@@ -107,6 +115,7 @@ class Runtime:
             tokens=self.tokens,
             lease=self.lease,
             metrics=self.metrics.render,
+            alert_rules=self.alert_rules,
         )
 
     def _services(self, loop: asyncio.AbstractEventLoop) -> Services:
@@ -121,12 +130,19 @@ class Runtime:
             retention_settings=self.config.retention,
             note_blocked=self.engine.note_blocked,
             loop=loop,
+            alerts=AlertServices(
+                self.alert_store,
+                ConditionObserver(self.alert_store, self.gateway),
+                AlertSender(self.alert_store, self.gateway, self.webhooks),
+                self.config.alerts,
+            ),
         )
 
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
         await self.apps.sync_config(self.config)
+        await self.alert_store.sync_config(self.config)
         await self.keys.sync_config(self.config)
         first = await ensure_first_keys(self.keys, self.config)
         if first is not None and self.announce is not None:
@@ -143,6 +159,7 @@ class Runtime:
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
         self.engine.start_workers(self.config.retention.interval_secs)
+        self.alert_loops.start()
         await self.adopter.resume_adopted()
         await self.engine.sweep()
         self.adopter.start()
@@ -158,6 +175,7 @@ class Runtime:
             await self.executors.instance_lost(self.instance_id)
             await self.engine.sweep()
         finally:
+            await self.alert_loops.stop()
             await self.engine.stop_workers()
             await self.router.stop()
             await asyncio.to_thread(self.engine.destroy)

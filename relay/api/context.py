@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
+from relay.domain.alerts import AlertRules
 from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -44,3 +45,4 @@ class ApiContext:
     tokens: Tokens
     lease: Lease
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    alert_rules: AlertRules
