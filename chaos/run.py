@@ -7,7 +7,8 @@ cut one executor off while it keeps running) to a TCP load balancer (round
 robin, skipping instances whose /readyz fails) in front of
 ``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
 Processes, proxies, the balancer and PostgreSQL come from ``harness/``, the
-same ones the integration tests use.
+same ones the integration tests use. With ``client``, the executors are the
+same application on dbos 3.4 using relay_client (harness/client_venv.py).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import psycopg
 from chaos.checker import History, check, figures
 from chaos.schedule import Fault, Profile
 from harness.balancer import TcpBalancer
+from harness.client_venv import client_python
 from harness.executors import await_ready
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.proxy import TcpProxy
+from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess, list_all, relay_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,26 +56,42 @@ class Slot:
 
 
 class Fleet:
-    def __init__(self, profile: Profile, seed: int, workdir: Path) -> None:
+    def __init__(self, profile: Profile, seed: int, workdir: Path, client: bool = False) -> None:
         self.profile = profile
         self.seed = seed
         self.workdir = workdir
+        self.client = client
+        self.python = str(client_python()) if client else sys.executable
         self.pg = Postgres()
         self.sysdb = self.pg.create_database("chaos_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
         relay_db = self.pg.create_database("chaos_relay")
+        # Every death must reach it as exactly one ExecutorDead idempotency key (the checker).
+        self.receiver = WebhookReceiver().__enter__()
         self.relays = [
-            RelayProcess(workdir, relay_db, relay_yaml(
-                free_port(), grace=profile.grace_secs,
-                pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
-                recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
-                instanceLeaseSecs=profile.lease_secs,
-            ), instance_id=f"relay-{i + 1}")
+            RelayProcess(workdir, relay_db, self._config(), instance_id=f"relay-{i + 1}")
             for i in range(profile.relay_instances)
-        ]  # fmt: skip
+        ]
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         self.slots: list[Slot] = []
         self.until = 0.0
+
+    def _config(self) -> dict[str, Any]:
+        profile = self.profile
+        config = relay_yaml(
+            free_port(), grace=profile.grace_secs,
+            pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
+            recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
+            instanceLeaseSecs=profile.lease_secs,
+        )  # fmt: skip
+        config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.5,
+                            "retryInitialSecs": 0.5, "retryMaxSecs": 2.0}  # fmt: skip
+        rule = {"kind": "ExecutorDead", "webhook": self.receiver.url(), "minIntervalSecs": 0}
+        config["orgs"][0]["apps"][0]["alerts"] = [rule]
+        return config
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return self.receiver.payloads("ExecutorDead")
 
     def revive(self) -> list[dict[str, Any]]:
         """The process manager's part: start again any instance that exited outside a fault
@@ -108,10 +127,11 @@ class Fleet:
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
             "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
+            **({"CHAOS_CLIENT": "1"} if self.client else {}),
         }  # fmt: skip
         log = open(self.workdir / f"executor-{slot.index}-{len(slot.ids)}.log", "wb")
         slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
+            [self.python, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
         )
         log.close()
         executor_id = await_ready(slot.proc)
@@ -132,6 +152,7 @@ class Fleet:
         self.balancer.__exit__(None, None, None)
         for relay in self.relays:
             relay.stop()
+        self.receiver.__exit__(None, None, None)
         self.pg.close()
 
 
@@ -202,7 +223,15 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
-    return History(workflows, outcomes, steps, audit, registry, faults)
+    return History(workflows, outcomes, steps, audit, registry, faults, fleet.alerts())
+
+
+def alerted(fleet: Fleet) -> bool:
+    """Whether every death in the audit log has reached the receiver (for the wait before gathering)."""
+    with fleet.relay.api() as api:
+        audit = api.get("/audit", params={"limit": 10_000}).json()
+    died = {(e["executorId"], str(e["detail"].get("epoch"))) for e in audit if e["action"] == "executor.dead"}
+    return died <= {(p.get("executorId"), str(p.get("epoch"))) for p in fleet.alerts()}
 
 
 def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
@@ -224,11 +253,11 @@ def settled(fleet: Fleet) -> bool:
     return row is not None and row[0] == 0
 
 
-def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[str, Any]:
+def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
     started = time.time()
-    fleet = Fleet(profile, seed, workdir)
+    fleet = Fleet(profile, seed, workdir, client)
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     try:
@@ -246,6 +275,9 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
             time.sleep(1.0)
         unplanned += fleet.revive()
         time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
+        deadline = time.time() + 15.0  # and the last deaths' alerts arrive
+        while time.time() < deadline and not alerted(fleet):
+            time.sleep(0.5)
         history = gather(fleet, done)
         stuck = unfinished(fleet)
     finally:
@@ -253,6 +285,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
     violations = check(history)
     result = {
         "seed": seed,
+        "client": client,
         "profile": profile.to_json(),
         "schedule": [f.to_json() for f in schedule],
         "faults": done,
@@ -264,7 +297,8 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
         "duration_secs": round(time.time() - started, 1),
         "workdir": str(workdir),
     }
-    (out / f"run-{profile.name}-{seed}.json").write_text(json.dumps(result, indent=2))
+    name = f"run-{profile.name}-{seed}{'-client' if client else ''}.json"
+    (out / name).write_text(json.dumps(result, indent=2))
     return result
 
 

@@ -11,14 +11,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from relay.core.alerts import Kind
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
 from relay.store.lease import Lease
+
+# Alerts delivered, and given up after their last attempt, by this instance (workflows/alerts.py).
+ALERTS_SENT = Counter("relay_alerts_sent", "Alerts this instance delivered, by kind.", ["kind"], registry=None)
+ALERTS_FAILED = Counter(
+    "relay_alerts_failed", "Alerts this instance gave up delivering, by kind.", ["kind"], registry=None
+)
+for _kind in Kind:  # every kind from 0, so a scraper sees the series before the first alert
+    ALERTS_SENT.labels(_kind.value)
+    ALERTS_FAILED.labels(_kind.value)
 
 
 @dataclass
@@ -39,6 +49,8 @@ class Metrics(Collector):
         self._snapshot = _Snapshot()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self.registry.register(ALERTS_SENT)
+        self.registry.register(ALERTS_FAILED)
 
     async def render(self) -> bytes:
         self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +24,9 @@ from relay.api import ApiContext, build_api
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.alerts import AlertRules, AlertSender, ConditionObserver
 from relay.domain.events import EventHub
+from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -34,6 +36,8 @@ from relay.net.hub import Hub
 from relay.net.paths import PathKeeper
 from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
+from relay.net.webhook import WebhookSender
+from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.changes import ChangeStore
@@ -44,17 +48,25 @@ from relay.store.keys import KeyStore, grants_from_config
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
+from workflows.alerts import AlertLoops
 from workflows.engine import Engine
-from workflows.services import Services
+from workflows.services import AlertServices, Services
 
 log = logging.getLogger("relay")
 
 EXIT_FENCED = 3
 
 
+Announce = Callable[[FirstKeys], None]
+
+
 class Runtime:
-    def __init__(self, config: RelayConfig, database_url: str, instance_id: str) -> None:
+    def __init__(
+        self, config: RelayConfig, database_url: str, instance_id: str, announce: Announce | None = None
+    ) -> None:
         self.config = config
+        # Told what the first start found or made (the command line prints it), when no org is configured.
+        self.announce = announce
         self.instance_id = instance_id
         self.db = Database(database_url)
         self.apps = AppStore(self.db)
@@ -82,6 +94,10 @@ class Runtime:
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+        self.alert_store = AlertStore(self.db)
+        self.webhooks = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, f"relay/{__version__}")
+        self.alert_rules = AlertRules(self.db, self.alert_store, self.apps, self.webhooks)
+        self.alert_loops = AlertLoops(self.alert_store, config.alerts, lambda: self.lease.held)
 
     def api_context(self) -> ApiContext:
         return ApiContext(
@@ -103,6 +119,7 @@ class Runtime:
             lease=self.lease,
             events=self.events,
             metrics=self.metrics.render,
+            alert_rules=self.alert_rules,
         )
 
     def _services(self, loop: asyncio.AbstractEventLoop) -> Services:
@@ -117,13 +134,23 @@ class Runtime:
             retention_settings=self.config.retention,
             note_blocked=self.engine.note_blocked,
             loop=loop,
+            alerts=AlertServices(
+                self.alert_store,
+                ConditionObserver(self.alert_store, self.gateway),
+                AlertSender(self.alert_store, self.gateway, self.webhooks),
+                self.config.alerts,
+            ),
         )
 
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
         await self.apps.sync_config(self.config)
+        await self.alert_store.sync_config(self.config)
         await self.keys.sync_config(self.config)
+        first = await ensure_first_keys(self.keys, self.config)
+        if first is not None and self.announce is not None:
+            self.announce(first)  # at once: a start that fails later must not lose the secrets it made
         await self.tokens.refresh()
         await self.lease.acquire()
         self.lease.start()
@@ -136,6 +163,7 @@ class Runtime:
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
         self.engine.start_workers(self.config.retention.interval_secs)
+        self.alert_loops.start()
         await self.adopter.resume_adopted()
         await self.engine.sweep()
         self.adopter.start()
@@ -153,6 +181,7 @@ class Runtime:
             await self.executors.instance_lost(self.instance_id)
             await self.engine.sweep()
         finally:
+            await self.alert_loops.stop()
             await self.engine.stop_workers()
             await self.router.stop()
             await asyncio.to_thread(self.engine.destroy)
@@ -205,9 +234,9 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped
 
 
-def serve(config: RelayConfig, database_url: str, instance_id: str) -> None:
+def serve(config: RelayConfig, database_url: str, instance_id: str, announce: Announce | None = None) -> None:
     """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
-    runtime = Runtime(config, database_url, instance_id)
+    runtime = Runtime(config, database_url, instance_id, announce)
     server = uvicorn.Server(uvicorn_config(runtime.asgi(), config))
     log.info("relay instance %s starting", instance_id)
     # uvicorn re-raises the signal that stopped it once it is done; turn that

@@ -34,10 +34,12 @@ class Rule:
     permission: Permission | None  # None: public
     org: bool = True  # the path names an org
     app: bool = False  # the path names an app
+    any_key: bool = False  # with neither permission nor org: any valid key, of any org
 
 
 PUBLIC = Rule(None, org=False)
 MEMBER = Rule(None)  # any valid key of the org
+ANY_KEY = Rule(None, org=False, any_key=True)
 READ, WRITE = Rule(P.APPLICATION_READ, app=True), Rule(P.APPLICATION_WRITE, app=True)
 
 MATRIX: dict[tuple[str, str], Rule] = {
@@ -49,6 +51,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
+    ("GET", "/v2/whoami"): ANY_KEY,
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
     ("GET", "/v2/orgs/{org}/events"): Rule(P.APPLICATION_READ),
     ("GET", "/v2/orgs/{org}/instances"): Rule(P.ORGANIZATION_READ),
@@ -93,6 +96,9 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("POST", "/v2/orgs/{org}/apps/{app}/schedules/{schedule_name}/backfill"): WRITE,
     ("GET", "/v2/orgs/{org}/apps/{app}/versions"): READ,
     ("PATCH", "/v2/orgs/{org}/apps/{app}/versions/latest"): WRITE,
+    ("GET", "/v2/orgs/{org}/apps/{app}/alerting-rules"): READ,
+    ("POST", "/v2/orgs/{org}/apps/{app}/alerting-rules"): WRITE,
+    ("DELETE", "/v2/orgs/{org}/apps/{app}/alerting-rules/{rule_id}"): WRITE,
     ("GET", "/v2/orgs/{org}/audit"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/tokens"): Rule(P.TOKEN_READ),
     ("POST", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
@@ -109,6 +115,7 @@ VALUES = {
     "workflow_id": "no/such?workflow#",
     "queue_name": "no-queue",
     "schedule_name": "no-schedule",
+    "rule_id": "no-rule",
 }
 # Paths whose admin call would change what the other routes are tried on.
 OVERRIDES = {("DELETE", "/v2/orgs/{org}/apps/{app}"): {"app": "matrix-app"}}
@@ -189,6 +196,12 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
     url = fill(path, **OVERRIDES.get((method, path), {}))
     admin = call(relay, method, url, API_KEYS["acme"])
     assert admin not in (401, 403), f"admin got {admin}"
+    if rule.any_key:
+        assert call(relay, method, url, None) == 401
+        assert call(relay, method, url, "not-a-key") == 401
+        assert call(relay, method, url, API_KEYS["globex"]) not in (401, 403), "another org's key"
+        assert call(relay, method, url, keys["websocket-only"]) not in (401, 403)
+        return
     if rule.permission is None and not rule.org:
         assert call(relay, method, url, None) not in (401, 403)
         return

@@ -20,9 +20,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 import psycopg
 from dbos import DBOS
 
-from relay.config import LivenessConfig, RetentionConfig
+from relay.config import AlertsConfig, LivenessConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
+from relay.domain.alerts import AlertSender, ConditionObserver
 from relay.errors import DatabaseError
+from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.executors import ExecutorStore
@@ -60,6 +62,16 @@ class Ask(Protocol):
 
 
 @dataclass(frozen=True)
+class AlertServices:
+    """What the alert workflows reach (workflows/alerts.py)."""
+
+    store: AlertStore
+    observer: ConditionObserver
+    sender: AlertSender
+    settings: AlertsConfig
+
+
+@dataclass(frozen=True)
 class Services:
     executors: ExecutorStore
     recoveries: RecoveryStore
@@ -72,6 +84,7 @@ class Services:
     # A recovery about to wait tells the engine its app may have one waiting (for wake-ups).
     note_blocked: Callable[[str, str], None]
     loop: asyncio.AbstractEventLoop
+    alerts: AlertServices
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from relay.auth import KeyRing
 from relay.config import RelayConfig
+from relay.domain.alerts import AlertRules
 from relay.domain.events import EventHub
 from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
@@ -46,3 +47,4 @@ class ApiContext:
     lease: Lease
     events: EventHub  # the console's live updates
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    alert_rules: AlertRules
