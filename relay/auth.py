@@ -85,6 +85,10 @@ class KeyRing:
         # timing reveals at most something about a hash, not about a key.
         return self._grants.get(hash_key(key))
 
+    def grant_of_digest(self, digest: str) -> KeyGrant | None:
+        """The grant of the key whose SHA-256 is ``digest``, if it is still valid."""
+        return self._grants.get(digest)
+
     def items(self) -> list[tuple[str, KeyGrant]]:
         return list(self._grants.items())
 

@@ -62,6 +62,13 @@ class ServerConfig(_Model):
     header_timeout_secs: float = Field(default=10.0, gt=0)
     # /metrics without a key (it names every org and app); otherwise a key with metric.read.
     public_metrics: bool = False
+    # GET /v2/orgs/{org}/events (the console's live updates): how often each instance reads what
+    # changed (only while a stream is open), how often an idle stream gets a heartbeat, and how
+    # many streams one key, and all keys together, may hold open on one instance (beyond: 429, 503).
+    event_poll_secs: float = Field(default=0.5, gt=0)
+    event_heartbeat_secs: float = Field(default=15.0, gt=0)
+    max_event_streams_per_key: int = Field(default=8, ge=1)
+    max_event_streams: int = Field(default=256, ge=1)
 
 
 class DatabaseConfig(_Model):

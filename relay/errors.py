@@ -19,7 +19,9 @@ only these::
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
     ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)
-    ├── TooManyRequests        an app already has its cap of requests in flight (429)
+    ├── TooManyRequests        an app already has its cap of requests in flight, or a key its
+    │                          cap of event streams (429)
+    ├── StreamsExhausted       this instance serves as many event streams as it allows (503)
     └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
         ├── NotFound               no such app, executor or recovery
         └── Conflict               the state does not allow it (a HEALTHY executor), or changed meanwhile
@@ -95,7 +97,12 @@ class UnsendableRequest(RelayError):
 
 
 class TooManyRequests(RelayError):
-    """An app has as many requests in flight to its executors as Relay allows."""
+    """An app has as many requests in flight to its executors as Relay allows (or a key as many
+    event streams open)."""
+
+
+class StreamsExhausted(RelayError):
+    """This instance serves as many event streams (the console's live updates) as it allows."""
 
 
 class ActionRefused(RelayError):

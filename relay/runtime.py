@@ -25,6 +25,7 @@ from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
 from relay.domain.alerts import AlertRules, AlertSender, ConditionObserver
+from relay.domain.events import EventHub
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
@@ -39,6 +40,7 @@ from relay.net.webhook import WebhookSender
 from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
+from relay.store.changes import ChangeStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
@@ -90,6 +92,7 @@ class Runtime:
         self.instances = InstanceStore(self.db, self.executors)
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
+        self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
         self.alert_store = AlertStore(self.db)
         self.webhooks = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, f"relay/{__version__}")
@@ -114,6 +117,7 @@ class Runtime:
             instances=self.instances,
             tokens=self.tokens,
             lease=self.lease,
+            events=self.events,
             metrics=self.metrics.render,
             alert_rules=self.alert_rules,
         )
@@ -164,9 +168,11 @@ class Runtime:
         await self.engine.sweep()
         self.adopter.start()
         self.tokens.start()
+        self.events.start()
         self.hub.start()
 
     async def stop(self) -> None:
+        await self.events.stop()
         await self.hub.stop()
         await self.tokens.stop()
         await self.adopter.stop()

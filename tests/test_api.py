@@ -136,11 +136,11 @@ def test_health_ready_and_metrics(relay: RelayProcess) -> None:
     asyncio.run(connect())
 
 
-def test_dashboard_page_is_served(relay: RelayProcess) -> None:
+def test_console_page_is_served(relay: RelayProcess) -> None:
     resp = httpx.get(f"{relay.http}/")
     assert resp.status_code == 200
     assert "text/html" in resp.headers["content-type"]
-    script = httpx.get(f"{relay.http}/static/dashboard.js")  # its script is a file of its own (CSP)
+    script = httpx.get(f"{relay.http}/static/console-api.js")  # its scripts are files of their own (CSP)
     assert "/v2/orgs/" in script.text and "Authorization" in script.text
 
 

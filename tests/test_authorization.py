@@ -53,6 +53,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
     ("GET", "/v2/whoami"): ANY_KEY,
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
+    ("GET", "/v2/orgs/{org}/events"): Rule(P.APPLICATION_READ),
     ("GET", "/v2/orgs/{org}/instances"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/apps"): Rule(P.APPLICATION_READ),
     ("GET", "/v2/orgs/{org}/apps/{app}"): READ,
@@ -110,7 +111,7 @@ VALUES = {
     "executor_id": "nobody",
     "recovery_id": "none",
     "token_name": "matrix-x",
-    "name": "dashboard.js",
+    "name": "console.js",
     "workflow_id": "no/such?workflow#",
     "queue_name": "no-queue",
     "schedule_name": "no-schedule",
@@ -156,7 +157,9 @@ def call(relay: RelayProcess, method: str, path: str, key: str | None) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     body = {} if method in ("POST", "PATCH") else None
     with httpx.Client(base_url=relay.http, headers=headers, timeout=10) as client:
-        return client.request(method, path, json=body).status_code
+        # Streamed: the status is all that is read (the event stream's body never ends).
+        with client.stream(method, path, json=body) as resp:
+            return resp.status_code
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from relay.api import (
     alerts,
     apps,
     audit,
+    events,
     executors,
     ops,
     org,
@@ -41,6 +42,7 @@ from relay.errors import (
     ExecutorRequestError,
     NoHealthyExecutor,
     NotFound,
+    StreamsExhausted,
     TooManyRequests,
     UnsendableRequest,
     UnsupportedMessage,
@@ -54,7 +56,21 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # FastAPI's /docs and /redoc load scripts from a CDN: /docs is Relay's own (relay.api.ops), and no /redoc.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    modules = (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions, alerts)
+    modules = (
+        ops,
+        org,
+        events,
+        apps,
+        executors,
+        recoveries,
+        audit,
+        tokens,
+        workflows,
+        queues,
+        schedules,
+        versions,
+        alerts,
+    )
     for module in modules:
         api.include_router(module.router, responses=PROBLEMS)
     api.include_router(org.caller_router, responses=PROBLEMS)
@@ -90,6 +106,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(TooManyRequests)
     async def _too_many(_: Request, exc: TooManyRequests) -> Response:
         return error_response(429, "too_many_requests", str(exc), headers={"Retry-After": "1"})
+
+    @api.exception_handler(StreamsExhausted)
+    async def _streams(_: Request, exc: StreamsExhausted) -> Response:
+        return error_response(503, "too_many_streams", str(exc), headers={"Retry-After": "5"})
 
     @api.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> Response:

@@ -31,7 +31,8 @@ class AppSettings(Body):
 
 class Application(Shape):
     """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
-    with Relay's own members beside it (``org``, ``executors`` by state, ``recoverToLatestVersion``).
+    with Relay's own members beside it (``org``, ``executors`` by state and by version, ``blocked`` by reason,
+    ``recoverToLatestVersion``).
     Relay keeps no workflow history, so the retention settings are null; ``executorTimeoutSecs``
     may have a fraction of a second."""
 
@@ -49,6 +50,8 @@ class Application(Shape):
     executorTimeoutSecs: float
     recoverToLatestVersion: bool
     executors: dict[ExecutorState, int]
+    executorsByVersion: dict[str, dict[str, int]]
+    blocked: dict[str, int]
     createdAt: str | None
 
 
@@ -68,6 +71,8 @@ def application(app: AppRecord) -> Application:
         executorTimeoutSecs=app.executor_timeout_secs,
         recoverToLatestVersion=app.recover_to_latest_version,
         executors=dict(app.counts),
+        executorsByVersion=app.versions,
+        blocked=app.blocked,
         createdAt=iso(app.created_at),
     )
 

@@ -40,13 +40,16 @@ async def get_audit(
     app: QueryName | None = None,
     executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
     since: Rfc3339 | None = None,
+    action: QueryName | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    sortDesc: bool = False,
 ) -> list[AuditEntry]:
+    """Oldest first (newest first with ``sortDesc=true``), filtered by app, executor, action and time."""
     if who.apps is not None and (app is None or app not in who.apps):
         # A key scoped to apps reads the entries of one of its apps, never the org's whole log.
         raise ApiError(403, "forbidden", "a key scoped to apps must name one of its apps: ?app=...")
-    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset)
+    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset, action, sortDesc)
     return [
         AuditEntry(
             id=r["id"],

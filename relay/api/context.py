@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.alerts import AlertRules
+from relay.domain.events import EventHub
 from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -44,5 +45,6 @@ class ApiContext:
     instances: InstanceStore
     tokens: Tokens
     lease: Lease
+    events: EventHub  # the console's live updates
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance
     alert_rules: AlertRules

@@ -1,4 +1,4 @@
-"""What operators and their tools poll: health, readiness, metrics; the dashboard and the API browser.
+"""What operators and their tools poll: health, readiness, metrics; the console and the API browser.
 
 The probes are open and say nothing but their status (who may reach them is
 not known). ``/metrics`` names every org and app, so it needs a key with
@@ -20,9 +20,10 @@ from relay.net.guard import bearer_key
 
 router = APIRouter()
 STATIC = Path(__file__).resolve().parents[1] / "static"
-DASHBOARD = STATIC / "dashboard.html"
-# The dashboard's script and styles are files of its own, so that no inline code needs allowing.
-DASHBOARD_HEADERS = {
+CONSOLE = STATIC / "console.html"
+# The console's scripts (ES modules) and styles are files of their own, so that no inline code
+# needs allowing; they reach nothing but this origin.
+CONSOLE_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "x-frame-options": "DENY",
@@ -44,14 +45,14 @@ DOCS_HEADERS = {
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-async def dashboard() -> HTMLResponse:
-    """A single page that reads the API with the key the operator types in."""
-    return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"), headers=DASHBOARD_HEADERS)
+async def console() -> HTMLResponse:
+    """The operator console: a single page that reads the API with the key the operator types in."""
+    return HTMLResponse(CONSOLE.read_text(encoding="utf-8"), headers=CONSOLE_HEADERS)
 
 
 @router.get("/static/{name}", include_in_schema=False)
 async def static(name: str) -> Response:
-    """The dashboard's own files: a flat folder, by name, of the types listed."""
+    """The console's own files: a flat folder, by name, of the types listed."""
     match = STATIC_NAME.match(name)
     path = STATIC / name
     if match is None or match.group(1) not in STATIC_TYPES or not path.is_file():

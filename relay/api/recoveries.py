@@ -8,7 +8,7 @@ read by its id.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -27,6 +27,18 @@ class RecoveryAttempt(Shape):
     outcome: str = one_of("dispatched", "succeeded", "failed")
     error: str | None
     at: str | None
+    dispatchedAt: str | None
+    endedAt: str | None
+    verifiedBy: str | None
+    deletedAt: str | None
+
+
+class TimelineEntry(Shape):
+    at: str | None
+    action: str
+    peerExecutorId: str | None
+    attempt: int | None
+    detail: dict[str, Any]
 
 
 class Recovery(Shape):
@@ -39,10 +51,46 @@ class Recovery(Shape):
     error: str | None
     createdAt: str | None
     updatedAt: str | None
+    deadAt: str | None
+    deletedAt: str | None
     attempts: list[RecoveryAttempt]
+    timeline: list[TimelineEntry]
 
 
 def recovery(row: RecoveryRow) -> Recovery:
+    """The run, its attempts and its timeline: the times come from the audit entries of the run
+    (``executor.dead`` of its death, then per attempt ``recovery.dispatched``, ``recovery.failed``
+    or ``recovery.succeeded`` with the executor that verified, and ``executor.deleted``)."""
+    history = row.history
+
+    def first(action: str, attempt: int | None = None) -> dict[str, Any] | None:
+        for entry in history:
+            if entry["action"] == action and (attempt is None or entry["detail"].get("attempt") == attempt):
+                return entry
+        return None
+
+    def at(entry: dict[str, Any] | None) -> str | None:
+        return iso(entry["at"]) if entry is not None else None
+
+    attempts = []
+    for a in row.attempts:
+        n = a["attempt"]
+        dispatched, succeeded = first("recovery.dispatched", n), first("recovery.succeeded", n)
+        ended = succeeded or first("recovery.failed", n)
+        attempts.append(
+            RecoveryAttempt(
+                attempt=n,
+                peerExecutorId=a["peerExecutorId"],
+                mode=a["mode"],
+                outcome=a["outcome"],
+                error=a["error"],
+                at=iso_text(a["at"]),
+                dispatchedAt=at(dispatched),
+                endedAt=at(ended),
+                verifiedBy=succeeded["detail"].get("verifiedBy") if succeeded is not None else None,
+                deletedAt=at(first("executor.deleted", n)),
+            )
+        )
     return Recovery(
         recoveryId=row.id,
         executorId=row.executor_id,
@@ -53,16 +101,18 @@ def recovery(row: RecoveryRow) -> Recovery:
         error=row.error,
         createdAt=iso(row.created_at),
         updatedAt=iso(row.updated_at),
-        attempts=[
-            RecoveryAttempt(
-                attempt=a["attempt"],
-                peerExecutorId=a["peerExecutorId"],
-                mode=a["mode"],
-                outcome=a["outcome"],
-                error=a["error"],
-                at=iso_text(a["at"]),
+        deadAt=at(first("executor.dead")),
+        deletedAt=at(first("executor.deleted")),
+        attempts=attempts,
+        timeline=[
+            TimelineEntry(
+                at=iso(e["at"]),
+                action=e["action"],
+                peerExecutorId=e["peer_executor_id"],
+                attempt=e["detail"].get("attempt"),
+                detail=e["detail"],
             )
-            for a in row.attempts
+            for e in history
         ],
     )
 
@@ -75,9 +125,13 @@ async def get_recoveries(
     _: Caller,
     page: Page,
     executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
+    sortDesc: bool = False,
 ) -> list[Recovery]:
+    """Oldest first (newest first with ``sortDesc=true``)."""
     await app_or_404(ctx, org, app)
-    rows = await ctx.recoveries.get(org, app, executor_id=executor_id, limit=page.limit, offset=page.offset)
+    rows = await ctx.recoveries.get(
+        org, app, executor_id=executor_id, limit=page.limit, offset=page.offset, newest_first=sortDesc
+    )
     return [recovery(r) for r in rows]
 
 

@@ -14,7 +14,9 @@ in this order, each refusal sent at once and without reading the body:
    further and answered 413.
 3. ``server.maxConcurrentRequests`` requests already in progress: 503 with
    ``Retry-After``. The probes (``/healthz``, ``/readyz``) are not counted, so
-   that a load balancer still sees an overloaded instance alive.
+   that a load balancer still sees an overloaded instance alive, nor the
+   console's event streams (``/v2/orgs/{org}/events``), which last as long as
+   a console is open and have caps of their own (:mod:`relay.domain.events`).
 
 Every response gets ``X-Content-Type-Options: nosniff`` and
 ``Referrer-Policy: no-referrer``. Refusals are problem details (RFC 9457).
@@ -31,6 +33,7 @@ from starlette.responses import Response
 from relay.auth import KeyGrant
 from relay.config import ServerConfig
 from relay.net.connection import Message, Receive, Scope, Send
+from relay.net.httpproto import EVENT_STREAM
 from relay.net.server import Asgi
 from relay.problem import problem
 
@@ -113,7 +116,7 @@ class HttpGuard:
             await refusal(scope, receive, send)
             return
         exchange = _Exchange(scope, receive, send, limit)
-        if path in PROBES:
+        if path in PROBES or EVENT_STREAM.match(path):
             await exchange.run(self.app)
             return
         if self.in_progress >= self.max_in_progress:

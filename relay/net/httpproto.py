@@ -8,6 +8,10 @@ are not complete ``header_timeout_secs`` after it opened, or after the previous
 response on a keep-alive connection (with 408 if the client had begun a
 request), and answers 431 to headers over :data:`MAX_HEADER_BYTES`.
 
+At shutdown, uvicorn lets requests in progress finish before the application's
+own shutdown; an event stream (the console's live updates) never finishes by
+itself, so its connection is closed (the console opens a new stream elsewhere).
+
 The deadline ends with the headers: a WebSocket handshake is handed over to
 :class:`relay.net.wsproto.RelayWebSocketProtocol` once they are read, and a
 request body is the guard's business (:mod:`relay.net.guard`).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -28,6 +33,8 @@ log = logging.getLogger("relay.http")
 
 # Request line and headers together; uvicorn's h11 protocol allows 16 KiB, nginx 32 KiB.
 MAX_HEADER_BYTES = 64 * 1024
+# The console's event streams (relay/api/events.py), under /v2 or /conductor/v2.
+EVENT_STREAM = re.compile(r"^(/conductor)?/v2/orgs/[^/]+/events$")
 
 
 class RelayHttpProtocol(HttpToolsProtocol):
@@ -73,6 +80,13 @@ class RelayHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not next_request_ready and not self.transport.is_closing():
             self._arm_header_deadline()
+
+    def shutdown(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and EVENT_STREAM.match(cycle.scope["path"]):
+            self.transport.close()  # the stream's receive() now answers http.disconnect
+            return
+        super().shutdown()
 
     # -- internals ---------------------------------------------------------
 

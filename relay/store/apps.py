@@ -30,6 +30,9 @@ class AppRecord:
     counts: dict[ExecutorState, int]
     created_at: datetime | None = None
     languages: set[str] = field(default_factory=set)
+    # Executors by application version and state, and those blocked by reason (the console's overview).
+    versions: dict[str, dict[str, int]] = field(default_factory=dict)
+    blocked: dict[str, int] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         timeout = self.executor_timeout_secs
@@ -109,6 +112,14 @@ class AppStore:
                 (org, app, app, names, names, limit, offset),
             )
             rows = await cur.fetchall()
+            names_on_page = sorted({row["name"] for row in rows})
+            cur = await c.execute(
+                """SELECT app, application_version, state, blocked_reason, count(*) AS n FROM executors
+                   WHERE org = %s AND app = ANY(%s::text[])
+                   GROUP BY app, application_version, state, blocked_reason""",
+                (org, names_on_page),
+            )
+            detail = await cur.fetchall()
         apps: dict[str, AppRecord] = {}
         for row in rows:
             record = apps.get(row["name"])
@@ -126,6 +137,13 @@ class AppStore:
                 record.counts[ExecutorState(row["state"])] = int(row["n"])
                 if row["language"]:
                     record.languages.add(row["language"])
+        for row in detail:
+            record = apps[row["app"]]
+            by_state = record.versions.setdefault(row["application_version"], {})
+            by_state[row["state"]] = by_state.get(row["state"], 0) + int(row["n"])
+            if row["blocked_reason"] is not None:
+                reason = row["blocked_reason"]
+                record.blocked[reason] = record.blocked.get(reason, 0) + int(row["n"])
         return list(apps.values())
 
     async def get(self, org: str, app: str, conn: Conn | None = None) -> AppRecord | None:

@@ -76,14 +76,24 @@ class AuditStore:
             await write_audit(conn, org, app, entry)
 
     async def list_entries(
-        self, org: str, app: str | None, executor_id: str | None, since: datetime | None, limit: int, offset: int = 0
+        self,
+        org: str,
+        app: str | None,
+        executor_id: str | None,
+        since: datetime | None,
+        limit: int,
+        offset: int = 0,
+        action: str | None = None,
+        newest_first: bool = False,
     ) -> list[dict[str, Any]]:
+        order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
+                f"""SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
                    FROM audit_log WHERE org = %s AND (%s::text IS NULL OR app = %s)
                    AND (%s::text IS NULL OR executor_id = %s) AND (%s::timestamptz IS NULL OR at >= %s)
-                   ORDER BY id LIMIT %s OFFSET %s""",
-                (org, app, app, executor_id, executor_id, since, since, limit, offset),
+                   AND (%s::text IS NULL OR action = %s)
+                   ORDER BY id {order} LIMIT %s OFFSET %s""",
+                (org, app, app, executor_id, executor_id, since, since, action, action, limit, offset),
             )
             return list(await cur.fetchall())

@@ -283,4 +283,23 @@ MIGRATIONS: list[tuple[int, str]] = [
         INSERT INTO alert_cursor (id, last_id) SELECT 1, coalesce(max(id), 0) FROM audit_log;
         """,
     ),
+    (
+        9,
+        """
+        -- The console's live updates (GET /v2/orgs/{org}/events) tail the audit log by id and
+        -- the executors table by this number: every insert or update of a row takes the next one.
+        CREATE SEQUENCE executor_changes;
+        ALTER TABLE executors ADD COLUMN change_seq bigint NOT NULL DEFAULT nextval('executor_changes');
+        CREATE FUNCTION relay_executor_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            NEW.change_seq := nextval('executor_changes');
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER executors_changed BEFORE UPDATE ON executors
+            FOR EACH ROW EXECUTE FUNCTION relay_executor_changed();
+        CREATE INDEX executors_by_change ON executors (change_seq);
+        -- A recovery's timeline, and the audit log of one executor, without reading the org's whole log.
+        CREATE INDEX audit_by_executor ON audit_log (org, app, executor_id, id);
+        """,
+    ),
 ]

@@ -10,7 +10,7 @@ audit entries already there, by their dedupe key) and reports the same result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +42,8 @@ class RecoveryRow:
     created_at: datetime
     updated_at: datetime
     attempts: list[dict[str, Any]]
+    # The audit entries of this run, oldest first, and the executor.dead of its death: its timeline.
+    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RecoveryStore:
@@ -124,7 +126,8 @@ class RecoveryStore:
         async with self.db.fenced() as conn:
             await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
             await self._status(conn, ref.rid, status, None)
-            await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail={"reason": reason})
+            detail = {"reason": reason, "recoveryId": ref.rid}
+            await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
 
     async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
@@ -202,21 +205,51 @@ class RecoveryStore:
         executor_id: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        newest_first: bool = False,
     ) -> list[RecoveryRow]:
+        order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT r.*, COALESCE(json_agg(json_build_object(
+                f"""SELECT r.*, COALESCE(json_agg(json_build_object(
                           'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
                           'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
                           FILTER (WHERE a.attempt IS NOT NULL), '[]') AS attempts
                    FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
                    WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
                      AND (%s::text IS NULL OR r.executor_id = %s)
-                   GROUP BY r.id ORDER BY r.created_at, r.run, r.id LIMIT %s OFFSET %s""",
+                   GROUP BY r.id ORDER BY r.created_at {order}, r.run {order}, r.id {order} LIMIT %s OFFSET %s""",
                 (org, app, rid, rid, executor_id, executor_id, limit, offset),
             )
             rows = await cur.fetchall()
-        return [RecoveryRow(**row) for row in rows]
+            history = await self._history(conn, org, app, rows)
+        return [RecoveryRow(**row, history=history.get(row["id"], [])) for row in rows]
+
+    @staticmethod
+    async def _history(conn: Conn, org: str, app: str, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """Each run's audit entries (those naming its ``recoveryId``) and the ``executor.dead`` of its
+        death (by epoch), oldest first: the times of its timeline. An index scan per executor."""
+        if not rows:
+            return {}
+        cur = await conn.execute(
+            """SELECT id, at, action, peer_executor_id, detail FROM audit_log
+               WHERE org = %s AND app = %s AND executor_id = ANY(%s::text[])
+                 AND (detail->>'recoveryId' = ANY(%s::text[])
+                      OR (action = 'executor.dead' AND detail->>'epoch' = ANY(%s::text[])))
+               ORDER BY id""",
+            (org, app, sorted({r["executor_id"] for r in rows}), [r["id"] for r in rows],
+             sorted({str(r["epoch"]) for r in rows})),
+        )  # fmt: skip
+        entries = await cur.fetchall()
+        history: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            epoch = str(row["epoch"])
+            history[row["id"]] = [
+                e
+                for e in entries
+                if e["detail"].get("recoveryId") == row["id"]
+                or (e["action"] == "executor.dead" and str(e["detail"].get("epoch")) == epoch)
+            ]
+        return history
 
     async def blocked_in_app(self, org: str, app: str) -> list[str]:
         """Ids of this app's recoveries that wait for a peer or an operator."""

@@ -1,0 +1,194 @@
+"""Live updates for the console: what changed, pushed to the streams of ``GET /v2/orgs/{org}/events``.
+
+One poller per instance, running only while a stream is open on it, reads
+what changed since its last look (new audit entries, changed executors: see
+:mod:`relay.store.changes`), so changes made through any instance reach every
+console. Each change goes to the streams whose key may see it: its org, one of
+its apps if the key is scoped to apps, audit entries only with
+``organization.read``.
+
+Streams are bounded: a key may hold ``server.maxEventStreamsPerKey`` on one
+instance and all keys together ``server.maxEventStreams``. A stream that does
+not keep up (its queue is full) is ended, and so is every stream of a key
+that was deleted; a console then starts a new one and reads its page again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+
+from relay.auth import KeyGrant, KeyRing, Permission
+from relay.config import ServerConfig
+from relay.core.tail import Tail
+from relay.errors import DatabaseError, StreamsExhausted, TooManyRequests
+from relay.store.changes import ChangeStore
+
+log = logging.getLogger("relay.events")
+
+QUEUE_SIZE = 1000  # changes waiting for one slow stream; beyond it the stream is ended
+BATCH = 1000  # rows read per table per poll
+GAP_WAIT_SECS = 5.0  # how long a number jumped over is awaited (relay.core.tail)
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # "executor" or "audit"
+    org: str
+    app: str | None
+    data: dict[str, Any]
+
+
+END = None  # put on a stream's queue to end it
+
+
+@dataclass(eq=False)
+class Stream:
+    grant: KeyGrant
+    digest: str  # the key's SHA-256: the stream ends when the key is no longer valid
+    queue: asyncio.Queue[Change | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    ended: str | None = None  # why the stream was ended, if it was
+
+    def wants(self, change: Change) -> bool:
+        grant = self.grant
+        if change.org != grant.org:
+            return False
+        if change.kind == "audit" and Permission.ORGANIZATION_READ not in grant.permissions:
+            return False
+        if grant.apps is None:
+            return True
+        return change.app is not None and change.app in grant.apps
+
+    def end(self, reason: str) -> None:
+        if self.ended is not None:
+            return
+        self.ended = reason
+        while True:  # make room for the end mark: what is left unsent no longer matters
+            try:
+                self.queue.put_nowait(END)
+                return
+            except asyncio.QueueFull:
+                self.queue.get_nowait()
+
+
+class EventHub:
+    def __init__(self, changes: ChangeStore, keyring: KeyRing, server: ServerConfig) -> None:
+        self.changes = changes
+        self.keyring = keyring
+        self.poll_secs = server.event_poll_secs
+        self.heartbeat_secs = server.event_heartbeat_secs
+        self.max_per_key = server.max_event_streams_per_key
+        self.max_streams = server.max_event_streams
+        self.streams: set[Stream] = set()
+        self._per_key: Counter[str] = Counter()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._audit: Tail | None = None
+        self._executors: Tail | None = None
+
+    # -- streams -------------------------------------------------------------------------
+
+    def open(self, grant: KeyGrant, digest: str) -> Stream:
+        """A new stream for this key; :class:`TooManyRequests` past the key's share,
+        :class:`StreamsExhausted` past the instance's."""
+        if self._per_key[grant.key_id] >= self.max_per_key:
+            raise TooManyRequests(f"this key already has {self.max_per_key} event streams open on this instance")
+        if len(self.streams) >= self.max_streams:
+            raise StreamsExhausted(f"this instance already serves {self.max_streams} event streams")
+        stream = Stream(grant, digest)
+        self.streams.add(stream)
+        self._per_key[grant.key_id] += 1
+        self._wake.set()
+        return stream
+
+    def close(self, stream: Stream) -> None:
+        if stream in self.streams:
+            self.streams.discard(stream)
+            self._per_key[stream.grant.key_id] -= 1
+            if self._per_key[stream.grant.key_id] <= 0:
+                del self._per_key[stream.grant.key_id]
+
+    # -- the poller ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        for stream in list(self.streams):
+            stream.end("shutdown")
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            if not self.streams:
+                self._audit = self._executors = None  # nobody listens: nothing to read until somebody does
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self.poll()
+            except DatabaseError as exc:
+                log.warning("cannot read what changed for the event streams: %s", exc)
+            await asyncio.sleep(self.poll_secs)
+
+    async def poll(self) -> None:
+        """One look at what changed; each change to the streams that may see it."""
+        self._drop_revoked()
+        if self._audit is None or self._executors is None:
+            audit_head, executors_head = await self.changes.heads()
+            self._audit = Tail(audit_head, GAP_WAIT_SECS)
+            self._executors = Tail(executors_head, GAP_WAIT_SECS)
+            return
+        now = time.monotonic()
+        changes: list[Change] = []
+        rows = await self.changes.executors_after(self._executors.top, self._executors.gaps, BATCH)
+        by_seq = {int(r["change_seq"]): r for r in rows}
+        for seq in self._executors.seen(by_seq, now):
+            changes.append(executor_change(by_seq[seq]))
+        rows = await self.changes.audit_after(self._audit.top, self._audit.gaps, BATCH)
+        by_id = {int(r["id"]): r for r in rows}
+        for entry_id in self._audit.seen(by_id, now):
+            changes.append(audit_change(by_id[entry_id]))
+        for change in changes:
+            for stream in list(self.streams):
+                if stream.ended is None and stream.wants(change):
+                    try:
+                        stream.queue.put_nowait(change)
+                    except asyncio.QueueFull:
+                        stream.end("overflow")
+
+    def _drop_revoked(self) -> None:
+        for stream in list(self.streams):
+            if self.keyring.grant_of_digest(stream.digest) is None:
+                stream.end("key deleted")
+
+
+def executor_change(row: dict[str, Any]) -> Change:
+    data = {
+        "app": row["app"],
+        "executorId": row["executor_id"],
+        "state": row["state"],
+        "blockedReason": row["blocked_reason"],
+        "relayInstance": row["relay_instance"],
+    }
+    return Change("executor", str(row["org"]), str(row["app"]), data)
+
+
+def audit_change(row: dict[str, Any]) -> Change:
+    at = row["at"]
+    data = {
+        "id": int(row["id"]),
+        "at": at.astimezone(UTC).isoformat().replace("+00:00", "Z") if at is not None else None,
+        "app": row["app"],
+        "action": row["action"],
+        "executorId": row["executor_id"],
+        "peerExecutorId": row["peer_executor_id"],
+    }
+    return Change("audit", str(row["org"]), row["app"], data)

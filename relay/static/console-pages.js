@@ -1,0 +1,508 @@
+// The console's pages. Each reads one page of what it lists (limit and offset, never everything),
+// says which live events concern it, and reads again only its own data when one comes.
+
+import {api, enc} from "/static/console-api.js";
+import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, table, when} from "/static/console-ui.js";
+
+const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
+const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];
+const PAGE = 50;
+const AUDIT_PAGE = 100;
+
+const link = (parts, text, params) => {
+  const q = params ? new URLSearchParams(Object.entries(params).filter(([, v]) => v)).toString() : "";
+  return h("a", {href: `#/${parts.map((p) => encodeURIComponent(p)).join("/")}${q ? `?${q}` : ""}`}, text);
+};
+const id = (text) => h("span", {class: "id"}, text ?? "");
+const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
+
+// A page: a heading and controls mounted once, and a data region read again on refresh.
+function basePage({section, title, heading, intro, controls, load, relevant}) {
+  const region = h("div", {class: "data", "aria-busy": "true"});
+  const status = h("p", {class: "note", role: "status"});
+  return {
+    section, title, relevant,
+    mount(main) {
+      main.append(...[heading || h("h1", {}, title), intro, controls, status, region].filter(Boolean));
+    },
+    async refresh() {
+      const focusKey = document.activeElement && region.contains(document.activeElement)
+        ? document.activeElement.dataset.focusKey || document.activeElement.getAttribute("href") : null;
+      region.setAttribute("aria-busy", "true");
+      let content;
+      try {
+        content = await load();
+      } finally {
+        region.setAttribute("aria-busy", "false");
+      }
+      region.replaceChildren(...[content].flat(Infinity).filter(Boolean));
+      status.textContent = "";
+      if (focusKey) {
+        const again = [...region.querySelectorAll("[data-focus-key], a[href]")]
+          .find((el) => (el.dataset.focusKey || el.getAttribute("href")) === focusKey);
+        if (again) again.focus();
+      }
+    },
+    fail(err) {
+      status.className = "alert";
+      status.setAttribute("role", "alert");
+      status.textContent = problemText(err);
+    },
+  };
+}
+
+// -- apps -------------------------------------------------------------------------------------------
+
+function appsPage(ctx) {
+  const offset = offsetOf(ctx.route.params);
+  return basePage({
+    section: "apps", title: "Apps",
+    intro: h("p", {class: "note"}, "Executors of each app by state and version; apps with a blocked recovery come first in red."),
+    relevant: (name) => name === "executor" || name === "audit",
+    async load() {
+      const apps = await api("/apps", {params: {limit: PAGE, offset}});
+      const blocked = (a) => Object.values(a.blocked || {}).reduce((x, y) => x + y, 0);
+      const rows = [...apps].sort((a, b) => (blocked(b) > 0) - (blocked(a) > 0));
+      return [
+        table("Apps", [
+          ["App", (a) => link(["apps", a.name], a.name)],
+          ["Status", (a) => badge(a.status, a.status === "AVAILABLE" ? "Available" : "Unavailable")],
+          ...STATES.map((s) => [s[0] + s.slice(1).toLowerCase(), (a) => {
+            const n = a.executors[s] || 0;
+            return n ? link(["apps", a.name, "executors"], String(n), {state: s}) : "0";
+          }, {num: true}]),
+          ["Versions", (a) => {
+            const versions = Object.entries(a.executorsByVersion || {});
+            if (!versions.length) return h("span", {class: "note"}, "none connected");
+            return h("ul", {class: "versions"}, versions.map(([v, byState]) => h("li", {},
+              h("span", {class: "id"}, v), ": ",
+              Object.entries(byState).map(([s, n]) => `${n} ${s.toLowerCase()}`).join(", "))));
+          }],
+          ["Blocked recoveries", (a) => {
+            const n = blocked(a);
+            if (!n) return "none";
+            return h("span", {}, badge("blocked", `${n} blocked`), " ",
+              Object.entries(a.blocked).map(([r, k]) => `${r.replaceAll("_", " ")} (${k})`).join(", "), " ",
+              link(["apps", a.name, "recoveries"], "see recoveries"));
+          }],
+          ["Grace period", (a) => `${a.executorTimeoutSecs} s`, {num: true}],
+        ], rows, {rowAttrs: (a) => (blocked(a) ? {class: "blocked-row"} : {}), empty: "No apps yet: connect an executor."}),
+        pager("Apps pages", {offset, limit: PAGE, shown: apps.length, go: (o) => ctx.go([], {offset: o})}),
+      ];
+    },
+  });
+}
+
+function appHeader(ctx, app, tab, title) {
+  const tabs = [["executors", "Executors"], ["recoveries", "Recoveries"], ["workflows", "Workflows"], ["queues", "Queues"], ["schedules", "Schedules"]];
+  return h("div", {},
+    h("p", {class: "crumbs"}, link([], "Apps"), " › ", h("span", {class: "id"}, app)),
+    h("h1", {}, title),
+    h("nav", {class: "tabs", "aria-label": `App ${app}`}, h("ul", {}, tabs.map(([key, label]) =>
+      h("li", {}, h("a", {href: `#/apps/${encodeURIComponent(app)}/${key}`, "aria-current": key === tab ? "page" : null}, label))))));
+}
+
+// -- executors --------------------------------------------------------------------------------------
+
+function since(e) {
+  if (e.state === "HEALTHY") return e.connectedAt;
+  if (e.state === "DISCONNECTED") return e.disconnectedAt;
+  return e.deadAt || e.disconnectedAt;
+}
+
+function executorsPage(ctx, app) {
+  const params = ctx.route.params;
+  const state = STATES.includes(params.get("state")) ? params.get("state") : "";
+  const offset = offsetOf(params);
+  const select = h("select", {id: "state-filter", name: "state"},
+    h("option", {value: ""}, "Any state"), STATES.map((s) => h("option", {value: s, selected: s === state}, s)));
+  const controls = h("form", {class: "filters", "aria-label": "Filter executors"},
+    h("label", {for: "state-filter"}, "State", select), h("button", {type: "submit"}, "Filter"));
+  controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "executors"], {state: select.value}); });
+  return basePage({
+    section: "apps", title: `Executors of ${app}`,
+    heading: appHeader(ctx, app, "executors", `Executors of ${app}`), controls,
+    relevant: (name, data) => data.app === app,
+    async load() {
+      const [info, executors] = await Promise.all([
+        api(`/apps/${enc(app)}`),
+        api(`/apps/${enc(app)}/executors`, {params: {state, limit: PAGE, offset}}),
+      ]);
+      const total = state ? info.executors[state] : Object.values(info.executors).reduce((x, y) => x + y, 0);
+      return [
+        table(`Executors of ${app}${state ? ` in state ${state}` : ""}`, [
+          ["Executor", (e) => h("span", {class: "id", "data-executor": e.executorId}, e.executorId)],
+          ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "")],
+          ["Version", (e) => id(e.applicationVersion)],
+          ["Host", (e) => e.hostname || ""],
+          ["Relay instance", (e) => id(e.relayInstance)],
+          ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when"}, ago(since(e))))],
+          ["Recoveries", (e) => e.state === "HEALTHY" ? "" : link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId})],
+        ], executors, {
+          rowAttrs: (e) => ({"data-state": e.state, class: e.blockedReason ? "blocked-row" : null}),
+          empty: state ? `No executor of ${app} is ${state}.` : `No executor of ${app} is in the registry (recovered ones are deleted; see Recoveries).`,
+        }),
+        pager("Executor pages", {offset, limit: PAGE, shown: executors.length, total,
+          go: (o) => ctx.go(["apps", app, "executors"], {state, offset: o})}),
+      ];
+    },
+  });
+}
+
+// -- recoveries -------------------------------------------------------------------------------------
+
+function step(cls, title, at, ...more) {
+  return h("li", {class: cls}, h("span", {class: "step-title"}, title), at ? [" ", h("span", {class: "when"}, when(at))] : "", ...more);
+}
+
+function recoveryCard(app, r) {
+  const items = [step("bad", "DEAD", r.deadAt, h("span", {class: "note"}, ` executor declared dead (${r.trigger.replaceAll("_", " ")})`))];
+  const waits = {"recovery.waiting_for_peer": "Waiting for a healthy peer", "recovery.awaiting_operator": "Waiting for an operator (version upgrade not allowed)"};
+  const firstDispatch = r.attempts.length ? r.attempts[0].dispatchedAt : null;
+  for (const t of r.timeline || []) {
+    if (waits[t.action] && (!firstDispatch || t.at <= firstDispatch)) items.push(step("warn", waits[t.action], t.at));
+  }
+  for (const a of r.attempts) {
+    items.push(step("info", `Attempt ${a.attempt}: dispatched`, a.dispatchedAt || (a.outcome === "dispatched" ? a.at : null)));
+    items.push(step("info", "Peer", null, " ", h("span", {class: "id"}, a.peerExecutorId), ` (${a.mode.replaceAll("_", " ")})`));
+    if (a.outcome === "succeeded") {
+      items.push(step("ok", "Verified", a.endedAt || a.at, a.verifiedBy ? [" by ", h("span", {class: "id"}, a.verifiedBy)] : "",
+        h("span", {class: "note"}, ` ${duration(a.dispatchedAt, a.endedAt)} after dispatch`)));
+      if (a.deletedAt) items.push(step("ok", "Deleted", a.deletedAt, h("span", {class: "note"}, ` ${duration(r.deadAt, a.deletedAt)} after DEAD`)));
+    } else if (a.outcome === "failed") {
+      items.push(step("bad", "Failed", a.endedAt || a.at, a.error ? `: ${a.error}` : ""));
+    } else {
+      items.push(step("warn", "Waiting for the peer's answer", null));
+    }
+  }
+  if ((r.status === "waiting_for_peer" || r.status === "awaiting_operator") && r.attempts.length) {
+    items.push(step("bad", r.status === "waiting_for_peer" ? "Blocked: no healthy peer" : "Blocked: awaiting an operator", r.updatedAt));
+  }
+  return h("section", {class: "recovery", "aria-labelledby": `rec-${r.recoveryId}`, "data-recovery": r.recoveryId},
+    h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", h("span", {class: "id"}, r.executorId), ` · run ${r.run} `, badge(r.status, r.status.replaceAll("_", " "))),
+    h("p", {class: "note"}, `Version ${r.applicationVersion} · started `, when(r.createdAt), r.error ? ` · ${r.error}` : ""),
+    h("ol", {class: "timeline", "aria-label": `Timeline of recovery run ${r.run} of ${r.executorId}`}, items));
+}
+
+function recoveriesPage(ctx, app) {
+  const params = ctx.route.params;
+  const executor = params.get("executor") || "";
+  const offset = offsetOf(params);
+  const input = h("input", {id: "rec-executor", name: "executor", value: executor, size: 40});
+  const controls = h("form", {class: "filters", "aria-label": "Filter recoveries"},
+    h("label", {for: "rec-executor"}, "Executor id", input), h("button", {type: "submit"}, "Filter"));
+  controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "recoveries"], {executor: input.value.trim()}); });
+  const limit = 20;
+  return basePage({
+    section: "apps", title: `Recoveries of ${app}`,
+    heading: appHeader(ctx, app, "recoveries", `Recoveries of ${app}`), controls,
+    relevant: (name, data) => data.app === app && (name === "audit" || data.state !== "HEALTHY"),
+    async load() {
+      const rows = await api(`/apps/${enc(app)}/recoveries`, {params: {executorId: executor, limit, offset, sortDesc: true}});
+      return [
+        rows.length ? rows.map((r) => recoveryCard(app, r)) : h("p", {class: "note"}, "No recovery yet."),
+        pager("Recovery pages", {offset, limit, shown: rows.length, go: (o) => ctx.go(["apps", app, "recoveries"], {executor, offset: o})}),
+      ];
+    },
+  });
+}
+
+// -- workflows --------------------------------------------------------------------------------------
+
+const FILTERS = [
+  ["status", "Status"], ["name", "Workflow name"], ["queue", "Queue"], ["from", "Created from"],
+  ["to", "Created until"], ["version", "App version"], ["executor", "Executor id"],
+];
+
+function workflowSearch(params, offset) {
+  const iso = (v) => (v ? new Date(v).toISOString() : undefined);
+  const list = (v) => (v ? [v] : undefined);
+  return {
+    status: list(params.get("status")), workflowName: list(params.get("name")), queueName: list(params.get("queue")),
+    appVersion: list(params.get("version")), executorId: list(params.get("executor")),
+    startTime: iso(params.get("from")), endTime: iso(params.get("to")),
+    limit: PAGE, offset, sortDesc: true, loadInput: false, loadOutput: false,
+  };
+}
+
+function workflowsTable(app, rows, caption) {
+  return table(caption, [
+    ["Workflow", (w) => link(["apps", app, "workflows", w.workflowId], w.workflowId)],
+    ["Name", (w) => w.workflowName || ""],
+    ["Status", (w) => badge(w.status)],
+    ["Queue", (w) => w.queueName || ""],
+    ["Version", (w) => id(w.appVersion)],
+    ["Executor", (w) => id(w.executorId)],
+    ["Created", (w) => when(w.createdAt)],
+    ["Updated", (w) => when(w.updatedAt)],
+  ], rows, {empty: "No workflow matches."});
+}
+
+function workflowsPage(ctx, app) {
+  const params = ctx.route.params;
+  const offset = offsetOf(params);
+  const fields = {};
+  const controls = h("form", {class: "filters", "aria-label": "Filter workflows"},
+    FILTERS.map(([key, label]) => {
+      const fid = `wf-${key}`;
+      let input;
+      if (key === "status") {
+        input = h("select", {id: fid, name: key}, h("option", {value: ""}, "Any status"),
+          WORKFLOW_STATUSES.map((s) => h("option", {value: s, selected: params.get(key) === s}, s)));
+      } else {
+        input = h("input", {id: fid, name: key, type: key === "from" || key === "to" ? "datetime-local" : "text", value: params.get(key) || "", size: key === "executor" ? 36 : 16});
+      }
+      fields[key] = input;
+      return h("label", {for: fid}, label, input);
+    }),
+    h("button", {type: "submit"}, "Search"));
+  controls.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    ctx.go(["apps", app, "workflows"], Object.fromEntries(Object.entries(fields).map(([k, el]) => [k, el.value.trim()])));
+  });
+  return basePage({
+    section: "apps", title: `Workflows of ${app}`,
+    heading: appHeader(ctx, app, "workflows", `Workflows of ${app}`),
+    intro: h("p", {class: "note"}, `Newest first, ${PAGE} at a time, asked of a healthy executor of the app.`),
+    controls,
+    relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
+    async load() {
+      const rows = await api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: workflowSearch(params, offset)});
+      const keep = Object.fromEntries(FILTERS.map(([k]) => [k, params.get(k) || ""]));
+      return [
+        workflowsTable(app, rows, `Workflows of ${app}`),
+        pager("Workflow pages", {offset, limit: PAGE, shown: rows.length, go: (o) => ctx.go(["apps", app, "workflows"], {...keep, offset: o})}),
+      ];
+    },
+  });
+}
+
+function workflowPage(ctx, app, workflowId) {
+  const base = `/apps/${enc(app)}/workflows/${enc(workflowId)}`;
+  let showData = false;
+  const stepsLimit = 100;
+  const stepsOffset = offsetOf(ctx.route.params);
+
+  async function act(kind, body) {
+    const verb = {cancel: "Cancelled", resume: "Resumed", fork: "Forked"}[kind];
+    try {
+      const out = await api(`${base}/${kind}`, {method: "POST", body});
+      if (kind === "fork" && out && out.workflowId) {
+        announce(`${verb} ${workflowId} as ${out.workflowId}`);
+        ctx.go(["apps", app, "workflows", out.workflowId]);
+        return;
+      }
+      announce(`${verb} ${workflowId}`);
+      await page.refresh();
+      const msg = document.getElementById("action-status");
+      if (msg) msg.textContent = `${verb} ${workflowId}.`;
+    } catch (err) {
+      const msg = document.getElementById("action-status");
+      if (msg) { msg.className = "alert"; msg.textContent = problemText(err); }
+    }
+  }
+
+  async function confirmCancel() {
+    const ok = await confirmDialog({title: "Cancel this workflow?", danger: true, confirm: "Cancel workflow",
+      body: `Workflow ${workflowId} stops at its next step and is marked CANCELLED. It can be resumed later.`});
+    if (ok) await act("cancel", {});
+  }
+  async function confirmResume() {
+    const ok = await confirmDialog({title: "Resume this workflow?", confirm: "Resume workflow",
+      body: `Workflow ${workflowId} is queued again and continues from its last completed step.`});
+    if (ok) await act("resume", {});
+  }
+  async function confirmFork(stepId) {
+    const values = await confirmDialog({title: "Fork this workflow?", confirm: "Fork workflow",
+      body: `A new workflow starts from a copy of ${workflowId}: the steps before the one you choose are not run again.`,
+      fields: [{name: "startStep", label: "Start from step", type: "number", min: 0, value: stepId, required: true},
+               {name: "newWorkflowId", label: "New workflow id (optional)"}]});
+    if (values) {
+      const body = {startStep: parseInt(values.startStep, 10) || 0};
+      if (values.newWorkflowId && values.newWorkflowId.trim()) body.newWorkflowId = values.newWorkflowId.trim();
+      await act("fork", body);
+    }
+  }
+
+  const page = basePage({
+    section: "apps", title: `Workflow ${workflowId}`,
+    heading: h("div", {},
+      h("p", {class: "crumbs"}, link([], "Apps"), " › ", link(["apps", app, "workflows"], app), " › workflows"),
+      h("h1", {}, "Workflow ", h("span", {class: "id"}, workflowId))),
+    relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
+    async load() {
+      const [w, steps, children] = await Promise.all([
+        api(base, {params: {loadInput: showData, loadOutput: showData}}),
+        api(`${base}/steps`, {params: {limit: stepsLimit, offset: stepsOffset, loadOutput: showData}}),
+        api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: 0, loadInput: false, loadOutput: false}}),
+      ]);
+      const active = w.status === "PENDING" || w.status === "ENQUEUED";
+      const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
+        active ? h("button", {type: "button", class: "danger", "data-focus-key": "cancel", onclick: confirmCancel}, "Cancel…") : null,
+        !active && w.status !== "SUCCESS" ? h("button", {type: "button", "data-focus-key": "resume", onclick: confirmResume}, "Resume…") : null,
+        h("button", {type: "button", class: "secondary", "data-focus-key": "fork", onclick: () => confirmFork(1)}, "Fork…")) : null;
+      const facts = [
+        ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
+        ["Executor", id(w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
+        ["Completed", when(w.completedAt)],
+        ["Parent", w.parentWorkflowId ? link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId) : null],
+        ["Forked from", w.forkedFrom ? link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom) : null],
+        ["Error", w.error ? h("code", {}, w.error) : null],
+      ].filter(([, v]) => v);
+      const toggle = h("button", {type: "button", class: "secondary", "aria-pressed": String(showData), "data-focus-key": "toggle-data",
+        onclick: async () => { showData = !showData; await page.refresh(); }}, showData ? "Hide inputs and outputs" : "Show inputs and outputs");
+      return [
+        actions, h("p", {id: "action-status", role: "status", class: "note"}),
+        h("dl", {class: "facts"}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+        toggle,
+        showData ? h("div", {}, h("h2", {}, "Input"), h("pre", {}, w.input ?? "(none)"), h("h2", {}, "Output"), h("pre", {}, w.output ?? "(none)")) : null,
+        h("h2", {id: "steps-title"}, `Steps (${steps.length}${steps.length === stepsLimit ? "+" : ""})`),
+        steps.length ? h("ol", {class: "timeline", "aria-labelledby": "steps-title"}, steps.map((s) => h("li", {class: s.error ? "bad" : s.completedAt ? "ok" : "warn", "data-step": s.stepId},
+          h("span", {class: "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
+          badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
+          h("span", {class: "when"}, when(s.startedAt), s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
+          s.childWorkflowId ? [" · child ", link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId)] : "",
+          ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
+            "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
+          showData && s.output ? h("pre", {}, s.output) : null,
+          s.error ? h("pre", {}, s.error) : null))) : h("p", {class: "note"}, "No step recorded yet."),
+        steps.length === stepsLimit || stepsOffset ? pager("Step pages", {offset: stepsOffset, limit: stepsLimit, shown: steps.length,
+          go: (o) => ctx.go(["apps", app, "workflows", workflowId], {offset: o})}) : null,
+        h("h2", {}, "Children"),
+        workflowsTable(app, children, `Child workflows of ${workflowId}`),
+      ];
+    },
+  });
+  return page;
+}
+
+// -- queues and schedules ---------------------------------------------------------------------------
+
+function queuesPage(ctx, app) {
+  return basePage({
+    section: "apps", title: `Queues of ${app}`, heading: appHeader(ctx, app, "queues", `Queues of ${app}`),
+    intro: h("p", {class: "note"}, "As the app's executors declare them."),
+    relevant: () => false,
+    async load() {
+      const queues = await api(`/apps/${enc(app)}/queues`);
+      return table(`Queues of ${app}`, [
+        ["Queue", (q) => link(["apps", app, "workflows"], q.name, {queue: q.name})],
+        ["Concurrency", (q) => q.concurrency ?? "unlimited", {num: true}],
+        ["Per worker", (q) => q.workerConcurrency ?? "unlimited", {num: true}],
+        ["Rate limit", (q) => (q.rateLimitMax ? `${q.rateLimitMax} per ${q.rateLimitPeriodSecs} s` : "none")],
+        ["Priority", (q) => (q.priorityEnabled ? "yes" : "no")],
+        ["Partitioned", (q) => (q.partitionQueue ? "yes" : "no")],
+      ], queues, {empty: "This app declares no queue."});
+    },
+  });
+}
+
+function schedulesPage(ctx, app) {
+  return basePage({
+    section: "apps", title: `Schedules of ${app}`, heading: appHeader(ctx, app, "schedules", `Schedules of ${app}`),
+    relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("schedule."),
+    async load() {
+      const schedules = await api(`/apps/${enc(app)}/schedules`);
+      return table(`Schedules of ${app}`, [
+        ["Schedule", (s) => s.scheduleName],
+        ["Workflow", (s) => link(["apps", app, "workflows"], s.workflowName, {name: s.workflowName})],
+        ["Cron", (s) => h("code", {}, s.cronExpression)],
+        ["Status", (s) => badge(s.status)],
+        ["Last fired", (s) => when(s.lastFiredAt)],
+      ], schedules, {empty: "This app has no schedule."});
+    },
+  });
+}
+
+// -- audit and instances ----------------------------------------------------------------------------
+
+const ACTIONS = ["executor.dead", "recovery.dispatched", "recovery.succeeded", "recovery.failed", "recovery.failover",
+  "recovery.waiting_for_peer", "recovery.awaiting_operator", "recovery.manual_requested", "executor.deleted",
+  "settings.updated", "relay.instance_adopted", "workflow.cancel", "workflow.resume", "workflow.fork",
+  "token.created", "token.deleted"];
+
+function auditPage(ctx) {
+  const params = ctx.route.params;
+  const offset = offsetOf(params);
+  const scoped = ctx.who.appNames !== null;
+  const fields = {
+    app: h("input", {id: "au-app", name: "app", value: params.get("app") || (scoped ? ctx.who.appNames[0] || "" : ""), required: scoped}),
+    executorId: h("input", {id: "au-executor", name: "executorId", value: params.get("executorId") || "", size: 36}),
+    action: h("select", {id: "au-action", name: "action"}, h("option", {value: ""}, "Any action"),
+      ACTIONS.map((a) => h("option", {value: a, selected: params.get("action") === a}, a))),
+    since: h("input", {id: "au-since", name: "since", type: "datetime-local", value: params.get("since") || ""}),
+  };
+  const labels = {app: "App", executorId: "Executor id", action: "Action", since: "Since"};
+  const controls = h("form", {class: "filters", "aria-label": "Filter the audit log"},
+    Object.entries(fields).map(([k, el]) => h("label", {for: el.id}, labels[k], el)), h("button", {type: "submit"}, "Filter"));
+  controls.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    ctx.go(["audit"], Object.fromEntries(Object.entries(fields).map(([k, el]) => [k, el.value.trim()])));
+  });
+  return basePage({
+    section: "audit", title: "Audit log", controls,
+    intro: h("p", {class: "note"}, `Newest first, ${AUDIT_PAGE} entries at a time.`),
+    relevant: (name, data) => name === "audit" && offset === 0 && (!fields.app.value || data.app === fields.app.value),
+    async load() {
+      const q = {app: fields.app.value.trim(), executorId: params.get("executorId"), action: params.get("action"),
+        since: params.get("since") ? new Date(params.get("since")).toISOString() : undefined,
+        limit: AUDIT_PAGE, offset, sortDesc: true};
+      if (scoped && !q.app) return h("p", {class: "note"}, "This key is limited to apps: name one of them.");
+      const rows = await api("/audit", {params: q});
+      return [
+        table("Audit entries", [
+          ["Time", (e) => when(e.at)], ["App", (e) => (e.app ? link(["apps", e.app], e.app) : "")],
+          ["Action", (e) => h("code", {}, e.action)],
+          ["Executor", (e) => (e.executorId && e.app ? link(["apps", e.app, "recoveries"], e.executorId, {executor: e.executorId}) : id(e.executorId))],
+          ["Peer", (e) => id(e.peerExecutorId)], ["Actor", (e) => e.actor],
+          ["Detail", (e) => h("code", {}, JSON.stringify(e.detail))],
+        ], rows, {empty: "No entry matches."}),
+        pager("Audit pages", {offset, limit: AUDIT_PAGE, shown: rows.length,
+          go: (o) => ctx.go(["audit"], {...Object.fromEntries(Object.entries(fields).map(([k, el]) => [k, el.value.trim()])), offset: o})}),
+      ];
+    },
+  });
+}
+
+function instancesPage() {
+  return basePage({
+    section: "instances", title: "Relay instances",
+    intro: h("p", {class: "note"}, "Every instance on this database, its lease, and how many of this org's executors it holds."),
+    relevant: (name, data) => name === "audit" ? data.action === "relay.instance_adopted" : true,
+    async load() {
+      const rows = await api("/instances");
+      return table("Relay instances", [
+        ["Instance", (i) => id(i.instanceId)],
+        ["Lease", (i) => badge(i.live ? "live" : "expired", i.live ? "live" : "expired")],
+        ["Epoch", (i) => i.leaseEpoch, {num: true}],
+        ["Expires", (i) => when(i.leaseExpiresAt)],
+        ["Renewed", (i) => when(i.renewedAt)],
+        ["Started", (i) => when(i.startedAt)],
+        ["Adopted by", (i) => (i.adoptedBy ? h("span", {}, id(i.adoptedBy), " ", when(i.adoptedAt)) : "")],
+        ["Executors", (i) => i.executors, {num: true}],
+      ], rows, {empty: "No instance has started on this database."});
+    },
+  });
+}
+
+function notFound(parts) {
+  return basePage({section: "", title: "Not found", relevant: () => false,
+    async load() { return h("p", {}, `No page at /${parts.join("/")}. `, link([], "Back to the apps")); }});
+}
+
+export function pageFor(route, ctx) {
+  const [first, app, tab, workflowId] = route.parts;
+  if (!first) return appsPage(ctx);
+  if (first === "audit") return auditPage(ctx);
+  if (first === "instances") return instancesPage(ctx);
+  if (first === "apps" && !app) return appsPage(ctx);
+  if (first === "apps") {
+    if (!tab || tab === "executors") return executorsPage(ctx, app);
+    if (tab === "recoveries") return recoveriesPage(ctx, app);
+    if (tab === "workflows" && workflowId !== undefined) return workflowPage(ctx, app, workflowId);
+    if (tab === "workflows") return workflowsPage(ctx, app);
+    if (tab === "queues") return queuesPage(ctx, app);
+    if (tab === "schedules") return schedulesPage(ctx, app);
+  }
+  return notFound(route.parts);
+}

@@ -1,0 +1,110 @@
+// Small DOM helpers for the console: elements built with textContent (never innerHTML, so
+// nothing an executor or a caller sends can become markup), tables, pagers, dialogs, times.
+
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") el.className = value;
+    else if (name.startsWith("on") && typeof value === "function") el.addEventListener(name.slice(2), value);
+    else if (name === "dataset") Object.assign(el.dataset, value);
+    else el.setAttribute(name, value === true ? "" : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+export function badge(value, label) {
+  return h("span", {class: `badge ${value || ""}`}, label ?? value ?? "");
+}
+
+export function when(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return String(iso);
+  return h("time", {datetime: iso, title: iso}, d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"));
+}
+
+export function ago(iso) {
+  if (!iso) return "";
+  const secs = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (secs < 90) return `${Math.round(secs)} s ago`;
+  if (secs < 5400) return `${Math.round(secs / 60)} min ago`;
+  if (secs < 172800) return `${Math.round(secs / 3600)} h ago`;
+  return `${Math.round(secs / 86400)} days ago`;
+}
+
+export function duration(fromIso, toIso) {
+  if (!fromIso || !toIso) return "";
+  const ms = new Date(toIso).getTime() - new Date(fromIso).getTime();
+  if (!Number.isFinite(ms)) return "";
+  return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+}
+
+// A table: columns are [header, cell(row) => node, {num: true}?]; an empty list says so.
+export function table(caption, columns, rows, {rowAttrs, empty = "Nothing to show."} = {}) {
+  if (!rows.length) return h("p", {class: "note"}, empty);
+  return h("table", {},
+    h("caption", {}, caption),
+    h("thead", {}, h("tr", {}, columns.map(([head, , opts]) => h("th", {scope: "col", class: opts?.num ? "num" : null}, head)))),
+    h("tbody", {}, rows.map((row) => h("tr", rowAttrs ? rowAttrs(row) : {},
+      columns.map(([, cell, opts], i) => i === 0
+        ? h("th", {scope: "row", class: opts?.num ? "num" : null}, cell(row))
+        : h("td", {class: opts?.num ? "num" : null}, cell(row)))))));
+}
+
+// Previous/next for a page of `limit` at `offset`; `total` when known, else "more" when the page was full.
+export function pager(label, {offset, limit, shown, total, go}) {
+  const first = shown ? offset + 1 : 0;
+  const last = offset + shown;
+  const more = total !== undefined && total !== null ? last < total : shown === limit;
+  const range = total !== undefined && total !== null ? `${first}–${last} of ${total}` : `${first}–${last}`;
+  return h("nav", {class: "pager", "aria-label": label},
+    h("button", {type: "button", class: "secondary", disabled: offset === 0, onclick: () => go(Math.max(0, offset - limit))}, "Previous page"),
+    h("span", {}, shown ? `Showing ${range}` : "No rows"),
+    h("button", {type: "button", class: "secondary", disabled: !more, onclick: () => go(offset + limit)}, "Next page"));
+}
+
+// A modal confirmation: resolves with the form's values, or null if dismissed. Focus goes to the
+// first field (or the confirm button) and back to what had it when the dialog closes.
+export function confirmDialog({title, body, confirm, danger = false, fields = []}) {
+  return new Promise((resolve) => {
+    const opener = document.activeElement;
+    const titleId = `dlg-${Math.random().toString(36).slice(2)}`;
+    const form = h("form", {method: "dialog"},
+      h("h2", {id: titleId}, title),
+      h("p", {}, body),
+      fields.map((f) => h("label", {}, f.label, h("input", {name: f.name, type: f.type || "text", value: f.value ?? "", min: f.min, required: f.required}))),
+      h("div", {class: "actions"},
+        h("button", {type: "submit", value: "confirm", class: danger ? "danger" : null}, confirm),
+        h("button", {type: "submit", value: "cancel", class: "secondary", formnovalidate: true}, "Keep it as it is")));
+    const dialog = h("dialog", {"aria-labelledby": titleId}, form);
+    document.body.append(dialog);
+    dialog.addEventListener("close", () => {
+      const values = Object.fromEntries(new FormData(form).entries());
+      const ok = dialog.returnValue === "confirm";
+      dialog.remove();
+      if (opener && opener.isConnected) opener.focus();
+      resolve(ok ? values : null);
+    });
+    dialog.showModal();
+    (form.querySelector("input") || form.querySelector("button")).focus();
+  });
+}
+
+export function announce(text) {
+  const region = document.getElementById("announce");
+  region.textContent = "";
+  setTimeout(() => { region.textContent = text; }, 30);
+}
+
+export function problemText(err) {
+  return err && err.message ? err.message : String(err);
+}

@@ -1,0 +1,186 @@
+// The console: sign-in, hash routing, and live updates. Each page reads only what it shows (one
+// page of a list at a time) and reads it again when the event stream says something it shows
+// changed; nothing is polled.
+
+import {api, readEvents, session} from "/static/console-api.js";
+import {h, problemText} from "/static/console-ui.js";
+import {pageFor} from "/static/console-pages.js";
+
+const main = document.getElementById("main");
+const live = document.getElementById("live");
+let current = null;   // the page shown
+let who = null;       // GET /whoami of the key signed in
+let stream = null;    // AbortController of the event stream
+
+function parseRoute() {
+  const raw = location.hash.replace(/^#/, "") || "/";
+  const [path, search = ""] = raw.split("?");
+  const parts = path.split("/").filter(Boolean).map((p) => {
+    try { return decodeURIComponent(p); } catch { return p; }
+  });
+  return {parts, params: new URLSearchParams(search)};
+}
+
+export function go(parts, params = {}) {
+  const path = "/" + parts.map((p) => encodeURIComponent(p)).join("/");
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
+  const text = q.toString();
+  location.hash = `#${path}${text ? `?${text}` : ""}`;
+}
+
+function signInForm(message) {
+  document.getElementById("nav").hidden = true;
+  document.getElementById("session").hidden = true;
+  const error = h("p", {id: "signin-error", class: message ? "alert" : null, role: "alert"}, message || "");
+  const org = h("input", {id: "org", name: "org", required: true, autocomplete: "organization", value: session.org || "", "aria-describedby": "signin-help"});
+  const key = h("input", {id: "key", name: "key", type: "password", required: true, autocomplete: "off"});
+  const form = h("form", {class: "signin", "aria-labelledby": "signin-title"},
+    h("label", {for: "org"}, "Organization", org),
+    h("label", {for: "key"}, "API key", key),
+    h("p", {id: "signin-help", class: "note"},
+      "The key is kept in this tab only (sessionStorage) and sent to this Relay as a bearer token."),
+    h("button", {type: "submit"}, "Sign in"),
+    error);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      const me = await api("/whoami", {org: org.value.trim(), key: key.value.trim()});
+      session.save(me.org, key.value.trim());
+      who = me;
+      startSession();
+    } catch (err) {
+      error.className = "alert";
+      error.textContent = err.status === 401 ? "This key is not valid here." : problemText(err);
+    }
+  });
+  main.replaceChildren(h("h1", {id: "signin-title", tabindex: "-1"}, "Sign in to Relay"), form);
+  document.title = "Sign in · Relay console";
+  (session.org ? key : org).focus();
+}
+
+function startSession() {
+  document.getElementById("nav").hidden = false;
+  document.getElementById("session").hidden = false;
+  const writes = who.permissions.includes("application.write") ? "" : " · read-only";
+  document.getElementById("who").textContent = `${who.tokenName} in ${who.org}${writes}`;
+  startStream();
+  if (!location.hash || location.hash === "#") location.hash = "#/";
+  else show();
+}
+
+function signOut() {
+  session.clear();
+  who = null;
+  if (stream) stream.abort();
+  stream = null;
+  current = null;
+  setLive(null);
+  history.replaceState(null, "", location.pathname);
+  signInForm();
+}
+
+function setLive(state) {
+  live.className = `live ${state === "on" ? "on" : state ? "off" : ""}`;
+  live.textContent = state === "on" ? "Live" : state === "off" ? "Reconnecting…" : "";
+}
+
+// -- pages --------------------------------------------------------------------------------------
+
+async function show() {
+  if (!who) return;
+  const route = parseRoute();
+  const ctx = {who, canWrite: who.permissions.includes("application.write"), go, route};
+  const page = pageFor(route, ctx);
+  current = page;
+  for (const a of document.querySelectorAll("[data-nav]")) {
+    if (a.dataset.nav === page.section) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  document.title = `${page.title} · Relay console`;
+  main.replaceChildren();
+  page.mount(main);
+  const heading = main.querySelector("h1");
+  if (heading) { heading.tabIndex = -1; heading.focus({preventScroll: true}); }
+  await refreshPage(page);
+}
+
+let timer = null;
+
+// One refresh of a page at a time; a change that comes meanwhile reads it once more afterwards.
+async function refreshPage(page) {
+  if (page !== current) return;
+  if (page.running) { page.again = true; return; }
+  page.running = true;
+  try {
+    await page.refresh();
+  } catch (err) {
+    if (page.fail) page.fail(err); else console.error(err);
+  } finally {
+    page.running = false;
+    page.loadedOnce = true;
+  }
+  if (page.again && page === current) { page.again = false; await refreshPage(page); }
+}
+
+function scheduleRefresh() {
+  if (timer) return;
+  timer = setTimeout(() => {
+    timer = null;
+    if (document.querySelector("dialog[open]")) { scheduleRefresh(); return; }  // not under an open dialog
+    refreshPage(current);
+  }, 250);
+}
+
+// -- live updates -------------------------------------------------------------------------------
+
+async function startStream() {
+  if (stream) stream.abort();
+  const controller = new AbortController();
+  stream = controller;
+  let backoff = 1000;
+  while (stream === controller) {
+    let opened = false;
+    try {
+      await readEvents((name, data) => {
+        if (name === "ready") {
+          opened = true;
+          backoff = 1000;
+          setLive("on");
+          if (current && current.loadedOnce) scheduleRefresh();  // what changed while the stream was down
+        } else if (name === "end") {
+          setLive("off");
+        } else if (current && current.relevant && current.relevant(name, data)) {
+          scheduleRefresh();
+        }
+      }, controller.signal);
+    } catch (err) {
+      if (controller.signal.aborted) return;
+      if (err.status === 401) { signOut(); return; }
+    }
+    if (stream !== controller) return;
+    setLive("off");
+    await new Promise((resolve) => setTimeout(resolve, opened ? 500 : backoff));
+    backoff = Math.min(backoff * 2, 10000);
+  }
+}
+
+// -- start --------------------------------------------------------------------------------------
+
+document.getElementById("signout").addEventListener("click", signOut);
+document.getElementById("skip").addEventListener("click", (ev) => {
+  ev.preventDefault();  // the hash is the router's: move focus instead
+  main.focus();
+});
+window.addEventListener("hashchange", show);
+
+(async () => {
+  if (!session.key) { signInForm(); return; }
+  try {
+    who = await api("/whoami");
+    startSession();
+  } catch (err) {
+    session.clear();
+    signInForm(err.status === 401 ? "Your key is no longer valid; sign in again." : problemText(err));
+  }
+})();

@@ -1,0 +1,462 @@
+"""The operator console in a real browser (Debian's Chromium, driven by Playwright) against a real
+Relay with real DBOS 3.2 executors: what an operator sees and does, checked against what Relay's
+API and the apps' system databases hold.
+
+One world for the module (each start costs seconds): one Relay, the app ``ledger`` served by a
+seeded harness/workflow_app.py executor (workflows with steps, a child, one waiting, one failed),
+and the app ``payments`` with one harness/executor_app.py executor holding sleeping workflows, the
+one that is killed with SIGKILL. Screenshots of the main pages go to docs/screenshots/ (the README
+shows two of them). The tests run in file order: the kill comes first, while ``payments`` has a
+single executor.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from harness.browser import axe_violations, chromium, chromium_path, screenshot, sign_in, watch
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, VIEWER_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
+
+expect.set_options(timeout=10_000)
+GRACE_SECS = 3.0  # payments: long enough to see DISCONNECTED on the page, short for the test
+APP_MODULE = "harness.workflow_app"
+
+
+@dataclass
+class World:
+    workdir: Path
+    relay: RelayProcess
+    sysdb: str  # ledger's system database
+    paysys: str  # payments' system database
+    ledger: ExecutorProcess
+    payments: ExecutorProcess
+    browser: Browser
+    started: list[ExecutorProcess]  # every executor the module started, to stop at its end
+
+
+@pytest.fixture(scope="module")
+def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workdir = tmp_path_factory.mktemp("console")
+    config = relay_yaml(free_port())
+    config["server"].update(eventPollSecs=0.2)
+    config["orgs"][0]["apps"].append({"name": "payments", "executorTimeoutSecs": GRACE_SECS})
+    relay = RelayProcess(workdir, postgres.create_database("relay"), config)
+    sysdb, paysys = postgres.create_database("sys"), postgres.create_database("pay")
+    executors: list[ExecutorProcess] = []
+    try:
+        with chromium() as browser:  # first: without a browser there is nothing to test
+            relay.start()
+            executors.append(ExecutorProcess(workdir, sysdb, relay.conductor_url, module=APP_MODULE,
+                                             env={"RELAY_TEST_SEED": "1"}))  # fmt: skip
+            executors.append(ExecutorProcess(workdir, paysys, relay.conductor_url, app="payments", sleepers=2))
+            for e in executors:
+                assert_eventually(lambda: relay.state_of("acme", e.app, e.executor_id) == "HEALTHY", 10)  # noqa: B023
+            # The seeded queue's jobs run just after seeding: let the database hold still.
+            enqueued: LiteralString = "SELECT 1 FROM dbos.workflow_status WHERE status = 'ENQUEUED'"
+            assert_eventually(lambda: not query(sysdb, enqueued), 20)
+            yield World(workdir, relay, sysdb, paysys, *executors, browser, executors)
+    finally:
+        for e in executors:
+            e.stop()
+        relay.stop()
+
+
+@pytest.fixture
+def page(world: World, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A fresh browser context (its own sessionStorage) for each test; its console errors fail the test."""
+    context = world.browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    watched = watch(page)
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        shot = world.workdir / f"failed-{request.node.name[:60]}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"--- the page: {shot}; its errors: {watched.errors}")
+        print(f"--- relay log ---\n{world.relay.log()[-5000:]}")
+    context.close()
+    if report is not None and report.failed:
+        return
+    if report is not None and report.passed:
+        assert not [e for e in watched.errors if "Content Security Policy" in e], watched.errors
+        assert not [e for e in watched.errors if e.startswith("uncaught")], watched.errors
+
+
+def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql, params).fetchall())
+
+
+def status_in_db(url: str, workflow_id: str) -> str | None:
+    rows = query(url, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)
+    return str(rows[0][0]) if rows else None
+
+
+def admin(page: Page, world: World) -> None:
+    sign_in(page, world.relay.http, "acme", API_KEYS["acme"])
+
+
+def go(page: Page, hash_route: str) -> None:
+    """Follow a route inside the console, as a link would (no reload: the hash changes)."""
+    page.evaluate("route => { location.hash = route; }", hash_route)
+
+
+def states_on_page(page: Page) -> list[str]:
+    return list(page.eval_on_selector_all("tbody tr[data-state]", "rows => rows.map(r => r.dataset.state)"))
+
+
+def test_without_chromium_the_browser_tests_fail_saying_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Never a skip: no Chromium is an error that says what to install (./test.sh installs it as root)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("RELAY_CHROMIUM", raising=False)
+    with pytest.raises(RuntimeError, match=r"apt-get install -y chromium"):
+        chromium_path()
+    monkeypatch.setenv("RELAY_CHROMIUM", str(tmp_path / "no-such-chromium"))
+    with pytest.raises(RuntimeError, match="RELAY_CHROMIUM"):
+        chromium_path()
+    monkeypatch.setenv("RELAY_CHROMIUM", "/usr/bin/chromium")
+    assert chromium_path() == "/usr/bin/chromium"
+
+
+# -- signing in --------------------------------------------------------------------------------------
+
+
+def test_sign_in_with_a_key_shows_the_apps_and_sign_out_forgets_the_key(world: World, page: Page) -> None:
+    page.goto(f"{world.relay.http}/")
+    page.get_by_label("Organization").fill("acme")
+    page.get_by_label("API key").fill("not-a-key")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("not valid")
+
+    admin(page, world)
+    expect(page.locator("#who")).to_have_text("ops in acme")
+    expect(page.locator("#live")).to_have_text("Live")  # the event stream is open
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.get_by_role("row", name="ledger")).to_contain_text("Available")
+    expect(page.get_by_role("row", name="payments")).to_contain_text("v1: 1 healthy")
+    assert page.evaluate("sessionStorage.getItem('relay.key')") == API_KEYS["acme"]
+    screenshot(page, "apps")
+
+    page.reload()  # the key is kept for the tab
+    expect(page.get_by_role("heading", name="Apps", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in to Relay")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('relay.key')") is None
+
+
+# -- an executor's death and recovery, live -----------------------------------------------------------
+
+
+def test_a_killed_executor_goes_disconnected_dead_and_recovered_on_the_page_without_a_reload(
+    world: World, page: Page
+) -> None:
+    admin(page, world)
+    victim = world.payments
+    go(page, "#/apps/payments/executors")
+    healthy = page.locator(f'tbody tr[data-state="HEALTHY"]:has([data-executor="{victim.executor_id}"])')
+    expect(healthy).to_be_visible()
+    record = world.relay.executor("acme", "payments", victim.executor_id)
+    assert record is not None
+    cells = healthy.locator("td").all_inner_texts()  # state, version, host, instance, since, recoveries
+    assert cells[1:4] == [record["applicationVersion"], record["hostname"], "relay-1"], cells
+    assert healthy.locator("time").get_attribute("datetime") == record["connectedAt"]  # since it connected
+    page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
+
+    os.kill(victim.proc.pid, signal.SIGKILL)  # a real kill -9 of the executor process
+    victim.proc.wait()
+    killed = time.monotonic()
+    expect(page.locator('tbody tr[data-state="DISCONNECTED"]')).to_be_visible(timeout=GRACE_SECS * 1000)
+    seen_disconnected = time.monotonic() - killed
+    # Its only peer is gone: DEAD, and blocked until an executor of the app connects.
+    dead = page.locator('tbody tr[data-state="DEAD"]')
+    expect(dead).to_be_visible(timeout=(GRACE_SECS + 5) * 1000)
+    assert time.monotonic() - killed >= GRACE_SECS - 0.5, "declared dead before its grace period ran out"
+    expect(dead).to_contain_text("blocked: no healthy peer")
+    assert seen_disconnected < GRACE_SECS
+    to_recoveries = dead.get_by_role("link", name="Recoveries")
+    assert to_recoveries.get_attribute("href") == f"#/apps/payments/recoveries?executor={victim.executor_id}"
+    screenshot(page, "executors")
+
+    page.get_by_role("link", name="Apps", exact=True).first.click()  # the overview highlights it
+    blocked_row = page.get_by_role("row", name="payments")
+    expect(blocked_row).to_have_class("blocked-row")
+    expect(blocked_row).to_contain_text("1 blocked")
+    page.go_back()
+
+    peer = ExecutorProcess(world.workdir, world.paysys, world.relay.conductor_url, app="payments")
+    world.started.append(peer)  # stopped by the fixture
+    expect(page.locator(f'tbody tr[data-state="HEALTHY"]:has([data-executor="{peer.executor_id}"])')).to_be_visible()
+    expect(page.locator("tbody tr[data-state]")).to_have_count(1, timeout=10_000)  # the dead one recovered: deleted
+    assert world.relay.executor("acme", "payments", victim.executor_id) is None
+    assert page.evaluate("window.__sameDocument") is True
+
+    page.get_by_role("link", name="Recoveries").click()
+    card = page.locator(f'section.recovery:has-text("{victim.executor_id}")')
+    expect(card).to_contain_text("succeeded")
+    timeline = card.get_by_role("list")
+    labels = ["DEAD", "Waiting for a healthy peer", "Attempt 1: dispatched", "Peer", "Verified", "Deleted"]
+    expect(timeline.locator(".step-title")).to_have_text(labels)
+    expect(timeline).to_contain_text(peer.executor_id)
+    with world.relay.api() as api:
+        (recovery,) = api.get("/apps/payments/recoveries", params={"executorId": victim.executor_id}).json()
+    attempt = recovery["attempts"][-1]
+    assert attempt["peerExecutorId"] == peer.executor_id and attempt["outcome"] == "succeeded"
+    (waited,) = [t["at"] for t in recovery["timeline"] if t["action"] == "recovery.waiting_for_peer"]
+    times = [recovery["deadAt"], waited, attempt["dispatchedAt"], attempt["endedAt"], attempt["deletedAt"]]
+    shown = timeline.locator("time").evaluate_all("ts => ts.map(t => t.getAttribute('datetime'))")
+    assert shown == times  # each step with its time, from the recovery's audit entries
+    assert times == sorted(times)
+    screenshot(page, "recovery")
+
+
+# -- workflows -------------------------------------------------------------------------------------
+
+
+def test_workflows_are_listed_a_page_at_a_time_and_filtered_as_the_system_database_has_them(
+    world: World, page: Page
+) -> None:
+    admin(page, world)
+    watched = watch(page)
+    go(page, "#/apps/ledger/workflows")
+    listed = page.locator("tbody tr")
+    expected = query(world.sysdb, "SELECT workflow_uuid FROM dbos.workflow_status")
+    expect(listed).to_have_count(len(expected))
+    assert set(listed.locator("th").all_inner_texts()) == {r[0] for r in expected}
+    screenshot(page, "workflows")
+
+    page.get_by_label("Status").select_option("ERROR")
+    page.get_by_role("button", name="Search").click()
+    errors = {r[0] for r in query(world.sysdb, "SELECT workflow_uuid FROM dbos.workflow_status WHERE status = 'ERROR'")}
+    expect(listed).to_have_count(len(errors))
+    assert set(listed.locator("th").all_inner_texts()) == errors == {"failed-1"}
+
+    go(page, "#/apps/ledger/workflows?queue=serial&name=job")
+    expect(listed).to_have_count(3)
+    assert set(listed.locator("th").all_inner_texts()) == {"queued-0", "queued-1", "queued-2"}
+    searches = [body for method, path, _, body in watched.requests if path.endswith("/workflows/search")]
+    assert searches and all(body["limit"] == 50 and body["offset"] == 0 for body in searches)
+    assert {"status": ["ERROR"]}.items() <= searches[-2].items()
+    assert searches[-1]["queueName"] == ["serial"] and searches[-1]["workflowName"] == ["job"]
+
+
+def test_a_workflow_shows_its_steps_as_a_timeline_its_child_and_its_data_on_demand(world: World, page: Page) -> None:
+    admin(page, world)
+    watched = watch(page)
+    go(page, "#/apps/ledger/workflows/done-1")
+    steps = page.get_by_role("list", name="Steps (", exact=False)
+    rows = query(
+        world.sysdb,
+        "SELECT function_id, function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+        "done-1",
+    )
+    expect(steps.locator(":scope > li")).to_have_count(len(rows))
+    titles = steps.locator(".step-title").all_inner_texts()
+    assert titles == [f"Step {n}: {name}" for n, name in rows]
+    expect(steps).to_contain_text("child done-1-child")
+    children = page.get_by_role("table", name="Child workflows of done-1")
+    expect(children.locator("tbody tr")).to_have_count(1)
+    expect(children).to_contain_text("done-1-child")
+    expect(page.locator("pre")).to_have_count(0)  # inputs and outputs only when asked
+    page.get_by_role("button", name="Show inputs and outputs").click()
+    expect(page.get_by_role("heading", name="Output")).to_be_visible()
+    expect(page.locator("pre").nth(1)).to_contain_text("TOTAL 2 2 hello")  # what parent(1, ...) returned
+    reads = [q for method, path, q, _ in watched.requests if path.endswith("/workflows/done-1")]
+    assert [(q["loadInput"], q["loadOutput"]) for q in reads] == [(["false"], ["false"]), (["true"], ["true"])]
+    screenshot(page, "workflow")
+
+    page.get_by_role("link", name="done-1-child").first.click()  # to the child, and its parent link back
+    expect(page.get_by_role("heading", name="Workflow done-1-child")).to_be_visible()
+    expect(page.get_by_role("link", name="done-1", exact=True)).to_be_visible()
+
+
+def test_cancel_asks_for_confirmation_and_the_workflow_is_cancelled_in_the_system_database(
+    world: World, page: Page
+) -> None:
+    admin(page, world)
+    assert status_in_db(world.sysdb, "waiting-1") == "PENDING"
+    go(page, "#/apps/ledger/workflows/waiting-1")
+    cancel = page.get_by_role("button", name="Cancel…")
+    cancel.click()
+    dialog = page.get_by_role("dialog", name="Cancel this workflow?")
+    expect(dialog).to_be_visible()
+    assert page.evaluate("document.activeElement.closest('dialog') !== null"), "focus is not in the dialog"
+    assert axe_violations(page) == []
+    dialog.get_by_role("button", name="Keep it as it is").click()
+    expect(dialog).to_have_count(0)
+    assert page.evaluate("document.activeElement.textContent") == "Cancel…", "focus did not return to the button"
+    assert status_in_db(world.sysdb, "waiting-1") == "PENDING"
+
+    page.keyboard.press("Enter")  # the focused button, from the keyboard
+    page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+    assert_eventually(lambda: status_in_db(world.sysdb, "waiting-1") == "CANCELLED", 10, what="waiting-1 CANCELLED")
+    expect(page.locator("dl.facts")).to_contain_text("CANCELLED")
+    expect(page.get_by_role("button", name="Resume…")).to_be_visible()
+    expect(page.get_by_role("button", name="Cancel…")).to_have_count(0)
+    with world.relay.api() as api:
+        entries = api.get("/audit", params={"app": "ledger", "action": "workflow.cancel"}).json()
+    assert [e["detail"]["workflowIds"] for e in entries] == [["waiting-1"]]
+
+    # And resumed, again behind a confirmation: queued again, then running (waiting for its message).
+    page.get_by_role("button", name="Resume…").click()
+    page.get_by_role("dialog", name="Resume this workflow?").get_by_role("button", name="Resume workflow").click()
+    resumed = ("ENQUEUED", "PENDING")
+    assert_eventually(lambda: status_in_db(world.sysdb, "waiting-1") in resumed, 10, what="waiting-1 resumed")
+    expect(page.get_by_role("button", name="Cancel…")).to_be_visible()
+    with world.relay.api() as api:
+        entries = api.get("/audit", params={"app": "ledger", "action": "workflow.resume"}).json()
+    assert [e["detail"]["workflowIds"] for e in entries] == [["waiting-1"]]
+
+
+def test_fork_from_a_step_makes_the_fork_in_the_system_database(world: World, page: Page) -> None:
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/done-1")
+    page.get_by_role("button", name="Fork from here… (step 3: DBOS.setEvent)").click()
+    dialog = page.get_by_role("dialog", name="Fork this workflow?")
+    expect(dialog.get_by_label("Start from step")).to_have_value("3")
+    dialog.get_by_label("New workflow id (optional)").fill("done-1-fork-console")
+    dialog.get_by_role("button", name="Fork workflow").click()
+    expect(page.get_by_role("heading", name="Workflow done-1-fork-console")).to_be_visible()  # the console goes to it
+
+    fork = "done-1-fork-console"
+    rows = query(world.sysdb, "SELECT forked_from FROM dbos.workflow_status WHERE workflow_uuid = %s", fork)
+    assert rows == [("done-1",)]
+    copied = query(
+        world.sysdb,
+        "SELECT function_id FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id < 3",
+        "done-1-fork-console",
+    )
+    assert sorted(r[0] for r in copied) == [1, 2], "the steps before the fork's start are copied, not run again"
+    expect(page.locator("dl.facts")).to_contain_text("done-1")  # "Forked from"
+
+
+def test_a_read_only_key_sees_no_cancel_resume_or_fork(world: World, page: Page) -> None:
+    sign_in(page, world.relay.http, "acme", VIEWER_KEYS["acme"])
+    expect(page.locator("#who")).to_contain_text("read-only")
+    for workflow in ("done-1", "failed-1", "queued-0"):
+        go(page, f"#/apps/ledger/workflows/{workflow}")
+        expect(page.get_by_role("heading", name=f"Workflow {workflow}")).to_be_visible()
+        expect(page.locator("ol.timeline > li").first).to_be_visible()
+        for name in ("Cancel…", "Resume…", "Fork…", "Fork from here…"):
+            expect(page.get_by_role("button", name=name)).to_have_count(0)
+        expect(page.locator("button", has_text="Fork")).to_have_count(0)
+
+
+def test_the_console_polls_nothing_when_nothing_changes(world: World, page: Page) -> None:
+    """The old dashboard read every app's executors every 5 s; the console reads a page once and again
+    only when the event stream says something on it changed."""
+    admin(page, world)
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    watched = watch(page)
+    go(page, "#/apps/ledger/executors")
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    go(page, "#/")  # the page the old dashboard polled
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    expect(page.get_by_role("row", name="ledger")).to_be_visible()
+    shown = len(watched.requests)
+    page.wait_for_timeout(6_000)  # longer than the old dashboard's period
+    assert watched.requests[shown:] == [], "the apps read again with nothing changed"
+    assert [path for _, path, _, _ in watched.requests] == [
+        "/v2/orgs/acme/apps/ledger",
+        "/v2/orgs/acme/apps/ledger/executors",
+        "/v2/orgs/acme/apps",
+    ]  # each page once; no app's executors but the one page asked
+
+
+# -- the other pages, and accessibility ------------------------------------------------------------
+
+
+def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
+    admin(page, world)
+    go(page, "#/audit?app=payments")
+    expect(page.get_by_role("table", name="Audit entries")).to_contain_text("executor.deleted")
+    page.get_by_label("Action").select_option("executor.dead")
+    page.get_by_role("button", name="Filter").click()
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text("executor.dead")
+    dead_one = rows.locator("td").nth(2).inner_text()
+    page.get_by_label("Action").select_option("")
+    page.get_by_label("Executor id").fill(dead_one)
+    page.get_by_role("button", name="Filter").click()
+    with world.relay.api() as api:
+        expected = api.get("/audit", params={"app": "payments", "executorId": dead_one, "limit": 100}).json()
+    expect(rows).to_have_count(len(expected))
+    assert len(expected) >= 3 and {e["executorId"] for e in expected} == {dead_one}  # dead, recovery..., deleted
+    page.get_by_label("Since").fill("2999-01-01T00:00")  # nothing yet
+    page.get_by_role("button", name="Filter").click()
+    expect(page.get_by_text("No entry matches.")).to_be_visible()
+    page.get_by_label("Since").fill("2000-01-01T00:00")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(len(expected))
+    assert "2000-01-01" in page.evaluate("location.hash")  # the filters are in the address, to share
+
+    go(page, "#/apps/ledger/queues")
+    expect(page.get_by_role("row", name="serial")).to_contain_text("1")
+    go(page, "#/apps/ledger/schedules")
+    expect(page.get_by_role("row", name="every-hour")).to_contain_text("0 * * * *")
+    go(page, "#/instances")
+    instance = page.get_by_role("row", name="relay-1")
+    expect(instance).to_contain_text("live")
+    screenshot(page, "instances")
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "#/",
+        "#/apps/ledger/executors",
+        "#/apps/payments/recoveries",
+        "#/apps/ledger/workflows",
+        "#/apps/ledger/workflows/done-1",
+        "#/apps/ledger/queues",
+        "#/apps/ledger/schedules",
+        "#/audit",
+        "#/instances",
+    ],
+)
+def test_the_main_pages_have_no_serious_accessibility_violations(world: World, page: Page, route: str) -> None:
+    admin(page, world)
+    go(page, route)
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)  # its data is shown
+    expect(page.locator("main h1")).to_be_focused()  # focus moves to the new page's heading
+    assert axe_violations(page) == []
+
+
+def test_the_sign_in_page_has_no_serious_accessibility_violations_and_works_from_the_keyboard(
+    world: World, page: Page
+) -> None:
+    page.goto(f"{world.relay.http}/")
+    expect(page.get_by_label("Organization")).to_be_focused()
+    assert axe_violations(page) == []
+    page.keyboard.type("acme")
+    page.keyboard.press("Tab")
+    page.keyboard.type(API_KEYS["acme"])
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Apps", exact=True)).to_be_visible()
+    # The skip link comes first, before the main navigation, and is visible when focused.
+    page.get_by_role("navigation", name="Main").get_by_role("link").first.focus()
+    page.keyboard.press("Shift+Tab")
+    skip = page.get_by_role("link", name="Skip to content")
+    expect(skip).to_be_focused()
+    assert skip.bounding_box() is not None and skip.bounding_box()["x"] >= 0  # type: ignore[index]
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()

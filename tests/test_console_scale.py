@@ -1,0 +1,225 @@
+"""The console at scale: 100,000 workflows in an app's system database and 1,000 executors in Relay's
+registry (both seeded directly with SQL), one real DBOS executor connected so that the workflow
+pages are served. Every request the console makes is recorded: each list is asked a page at a
+time (a limit no larger than the console's page), no answer holds more rows than asked, and each
+page shows its first page.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from playwright.sync_api import Response, expect
+
+from harness.browser import chromium, sign_in, watch
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
+
+WORKFLOWS = 100_000
+EXECUTORS = 1_000  # seeded, besides the real one
+RECOVERIES = 300
+AUDIT = 5_000
+PAGE_BOUND = 100
+DASH = "\N{EN DASH}"  # as the pager writes ranges  # no console request may ask for more rows than this
+# Requests that are not lists, or lists bounded by what an app declares: no limit to check.
+UNPAGED = ("/whoami", "/events", "/apps/ledger", "/instances", "/queues", "/schedules")
+
+SEED_EXECUTORS = """
+INSERT INTO executors (org, app, executor_id, state, application_version, hostname, language, dbos_version,
+                       connected_at, disconnected_at, dead_at, relay_instance, blocked_reason)
+SELECT 'acme', 'ledger', 'seeded-' || lpad(g::text, 4, '0'),
+       CASE WHEN g %% 10 < 7 THEN 'HEALTHY' WHEN g %% 10 < 9 THEN 'DISCONNECTED' ELSE 'DEAD' END,
+       'v' || (g %% 3 + 1), 'host-' || (g %% 50), 'python', '3.2.0',
+       now() - make_interval(secs => g), CASE WHEN g %% 10 >= 7 THEN now() END,
+       CASE WHEN g %% 10 = 9 THEN now() END,
+       -- an instance that never ran here: nobody adopts its executors or asks them anything
+       'relay-seeded', CASE WHEN g %% 10 = 9 THEN 'no_healthy_peer' END
+FROM generate_series(1, %s) AS g
+"""
+SEED_RECOVERIES = """
+INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger, status, error)
+SELECT 'recovery:acme:ledger:gone-' || g || ':' || g, 'acme', 'ledger', 'gone-' || g, 'v1', g, 1, 'grace_period',
+       'succeeded', NULL
+FROM generate_series(1, %s) AS g
+"""
+SEED_AUDIT = """
+INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+SELECT 'acme', 'ledger', 'executor.dead', 'gone-' || g, 'relay', jsonb_build_object('epoch', g)
+FROM generate_series(1, %s) AS g
+"""
+SEED_WORKFLOWS = """
+INSERT INTO dbos.workflow_status (workflow_uuid, status, name, executor_id, created_at, updated_at,
+                                  application_version, queue_name, completed_at)
+SELECT 'seed-' || lpad(g::text, 6, '0'),
+       (ARRAY['SUCCESS', 'SUCCESS', 'ERROR', 'CANCELLED'])[g %% 4 + 1],
+       (ARRAY['checkout', 'refund', 'report'])[g %% 3 + 1],
+       'seeded-' || lpad((g %% 1000 + 1)::text, 4, '0'),
+       1700000000000 + g * 1000, 1700000000000 + g * 1000 + 500,
+       'v' || (g %% 3 + 1), CASE WHEN g %% 5 = 0 THEN 'serial' END, 1700000000000 + g * 1000 + 500
+FROM generate_series(1, %s) AS g
+"""
+
+
+@dataclass
+class Scale:
+    relay: RelayProcess
+    sysdb: str
+    executor: ExecutorProcess
+
+
+@pytest.fixture(scope="module")
+def scale(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
+    workdir = tmp_path_factory.mktemp("scale")
+    relay_db, sysdb = postgres.create_database("relay"), postgres.create_database("sys")
+    relay = RelayProcess(workdir, relay_db, relay_yaml(free_port()))
+    executor: ExecutorProcess | None = None
+    try:
+        relay.start()
+        executor = ExecutorProcess(workdir, sysdb, relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)  # type: ignore[union-attr]
+        with psycopg.connect(relay_db) as conn:
+            conn.execute(SEED_EXECUTORS, (EXECUTORS,))
+            conn.execute(SEED_RECOVERIES, (RECOVERIES,))
+            conn.execute(SEED_AUDIT, (AUDIT,))
+        with psycopg.connect(sysdb) as conn:
+            conn.execute(SEED_WORKFLOWS, (WORKFLOWS,))
+            conn.execute("ANALYZE dbos.workflow_status")
+        yield Scale(relay, sysdb, executor)
+    finally:
+        if executor is not None:
+            executor.stop()
+        relay.stop()
+
+
+def first_page(
+    sysdb: str, version: str, executor: str | None = None, window: tuple[int, int] | None = None
+) -> list[str]:
+    """The ids of the newest 50 workflows of this version (executor, created in this window), as the
+    console's first page lists them."""
+    sql: LiteralString = """
+        SELECT workflow_uuid FROM dbos.workflow_status
+        WHERE application_version = %(version)s AND (%(executor)s::text IS NULL OR executor_id = %(executor)s)
+          AND (%(lo)s::bigint IS NULL OR created_at BETWEEN %(lo)s AND %(hi)s)
+        ORDER BY created_at DESC LIMIT 50"""
+    lo, hi = window or (None, None)
+    with psycopg.connect(sysdb) as conn:
+        rows = conn.execute(sql, {"version": version, "executor": executor, "lo": lo, "hi": hi}).fetchall()
+    return [r[0] for r in rows]
+
+
+def limit_of(path: str, query: dict[str, list[str]], body: Any) -> int | None:
+    if isinstance(body, dict) and "limit" in body:
+        return int(body["limit"])
+    if "limit" in query:
+        return int(query["limit"][0])
+    return None
+
+
+def test_every_console_request_is_paged_and_the_pages_show_their_first_page(scale: Scale) -> None:
+    relay = scale.relay
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC")
+        page = context.new_page()
+        watched = watch(page)
+        responses: list[Response] = []
+        page.on("response", lambda r: responses.append(r) if "/v2/" in r.url and "/events" not in r.url else None)
+        expect.set_options(timeout=15_000)
+        timings: dict[str, float] = {}
+
+        def visit(route: str, ready: str, name: str) -> None:
+            start = time.monotonic()
+            page.evaluate("route => { location.hash = route; }", route)
+            expect(page.locator(ready).first).to_be_visible()
+            expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+            timings[name] = time.monotonic() - start
+
+        sign_in(page, relay.http, "acme", API_KEYS["acme"])
+        expect(page.get_by_role("row", name="ledger")).to_contain_text("701")  # 700 seeded HEALTHY and the real one
+        expect(page.get_by_role("row", name="ledger")).to_contain_text("100 blocked")
+
+        visit("#/apps/ledger/executors", "tbody tr[data-state]", "executors")
+        rows = page.locator("tbody tr[data-state]")
+        expect(rows).to_have_count(50)
+        expect(page.get_by_text(f"Showing 1{DASH}50 of 1001")).to_be_visible()
+        page.get_by_role("button", name="Next page").click()
+        expect(page.get_by_text(f"Showing 51{DASH}100 of 1001")).to_be_visible()
+        expect(rows).to_have_count(50)
+        visit("#/apps/ledger/executors?state=DEAD", "tbody tr[data-state=DEAD]", "executors DEAD")
+        expect(page.get_by_text(f"Showing 1{DASH}50 of 100")).to_be_visible()
+        expect(page.locator("tbody tr[data-state=DEAD]")).to_have_count(50)
+
+        visit("#/apps/ledger/recoveries", "section.recovery", "recoveries")
+        expect(page.locator("section.recovery")).to_have_count(20)
+
+        visit("#/apps/ledger/workflows", "tbody tr", "workflows")
+        listed = page.locator("tbody tr th")
+        expect(listed).to_have_count(50)
+        assert listed.first.inner_text() == f"seed-{WORKFLOWS:06d}"  # newest first
+        page.get_by_role("button", name="Next page").click()
+        expect(listed.first).to_have_text(f"seed-{WORKFLOWS - 50:06d}")
+        expect(listed).to_have_count(50)
+        visit("#/apps/ledger/workflows?status=ERROR&name=report", "tbody tr", "workflows ERROR")
+        expect(listed).to_have_count(50)
+        # The time window, version and executor filters, through the form, against the system database.
+        form = page.get_by_role("form", name="Filter workflows")
+        form.get_by_label("Status").select_option("")
+        form.get_by_label("Workflow name").fill("")
+        form.get_by_label("Created from").fill("2023-11-14T22:20")  # seed 400 (the page runs in UTC)
+        form.get_by_label("Created until").fill("2023-11-14T22:25")  # seed 700
+        form.get_by_label("App version").fill("v2")
+        form.get_by_role("button", name="Search").click()
+        window = (1_700_000_400_000, 1_700_000_700_000)
+        expected = first_page(scale.sysdb, "v2", window=window)
+        expect(listed.first).to_have_text(expected[0])
+        assert listed.all_inner_texts() == expected and len(expected) == 50
+        form.get_by_label("Executor id").fill("seeded-0401")  # seeds 400, 1400, ...: only 400 in the window
+        form.get_by_role("button", name="Search").click()
+        expect(listed).to_have_count(1)
+        assert listed.all_inner_texts() == first_page(scale.sysdb, "v2", "seeded-0401", window) == ["seed-000400"]
+        form.get_by_label("Created from").fill("")
+        form.get_by_label("Created until").fill("")
+        form.get_by_role("button", name="Search").click()  # the executor's v2 workflows at any time
+        expect(listed).to_have_count(34)  # g = 400 + 1000 k with g % 3 == 1: k = 0, 3, ..., 99
+        assert listed.all_inner_texts() == first_page(scale.sysdb, "v2", "seeded-0401")
+        search = [b for _, path, _, b in watched.requests if path.endswith("/workflows/search")][-2]
+        assert search["appVersion"] == ["v2"] and search["executorId"] == ["seeded-0401"]
+        assert (search["startTime"], search["endTime"]) == ("2023-11-14T22:20:00.000Z", "2023-11-14T22:25:00.000Z")
+
+        visit("#/apps/ledger/workflows/seed-000123", "dl.facts", "workflow")
+        expect(page.locator("dl.facts")).to_contain_text("CANCELLED")  # 123 % 4 == 3
+
+        visit("#/audit", "tbody tr", "audit")
+        expect(page.locator("tbody tr")).to_have_count(100)
+        visit("#/instances", "tbody tr", "instances")
+        visit("#/", "tbody tr", "apps")
+
+        for response in responses:
+            response.finished()
+        sizes = {}
+        for response in responses:
+            body = response.json() if response.ok and response.status != 204 else None
+            if isinstance(body, list):
+                sizes[response.url] = len(body)
+        context.close()
+
+    print("time to each page's first page (s):", {k: round(v, 2) for k, v in timings.items()})
+    assert watched.requests, "no request recorded"
+    unpaged = []
+    for method, path, query, body in watched.requests:
+        if path.endswith(UNPAGED) or ("/workflows/seed-" in path and not path.endswith("/steps")):
+            continue
+        limit = limit_of(path, query, body)
+        if limit is None or limit > PAGE_BOUND:
+            unpaged.append((method, path, query, body))
+    assert unpaged == [], "requests without a page bound"
+    assert sizes and max(sizes.values()) <= PAGE_BOUND, sizes
+    assert max(timings.values()) < 10, timings

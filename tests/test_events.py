@@ -1,0 +1,258 @@
+"""``GET /v2/orgs/{org}/events``, the console's live updates, against real Relays: what arrives, from
+which instance, to which key; and what the new surface costs a hostile or careless client (caps per
+key and per instance, heartbeats, a deleted key, a stopping instance). Real sockets throughout.
+
+Two instances on one database: instance 1 with tight caps, instance 2 to make changes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, off_loop, open_socket
+
+PER_KEY = 2
+PER_INSTANCE = 4
+HEARTBEAT_SECS = 0.5
+ADMIN = API_KEYS["acme"]
+
+
+@dataclass
+class Pair:
+    r1: RelayProcess  # tight caps
+    r2: RelayProcess
+    database: str
+
+
+@pytest.fixture(scope="module")
+def pair(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    workdir = tmp_path_factory.mktemp("events")
+    database = postgres.create_database("relay")
+    tight = relay_yaml(free_port())
+    tight["server"].update(
+        eventPollSecs=0.1,
+        eventHeartbeatSecs=HEARTBEAT_SECS,
+        maxEventStreamsPerKey=PER_KEY,
+        maxEventStreams=PER_INSTANCE,
+        maxConcurrentRequests=3,
+    )
+    relays = [
+        RelayProcess(workdir, database, tight, "relay-1"),
+        RelayProcess(workdir, database, relay_yaml(free_port()), "relay-2"),
+    ]
+    try:
+        for relay in relays:
+            relay.start()
+        yield Pair(relays[0], relays[1], database)
+    finally:
+        for relay in relays:
+            relay.stop()
+
+
+@dataclass
+class Stream:
+    """One SSE stream read in a thread: its status, its events as (name, data), its comment lines."""
+
+    relay: RelayProcess
+    key: str
+    org: str = "acme"
+    status: int | None = None
+    events: queue.Queue[tuple[str, Any]] = field(default_factory=queue.Queue)
+    comments: queue.Queue[str] = field(default_factory=queue.Queue)
+    ended: threading.Event = field(default_factory=threading.Event)
+    _opened: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def open(self) -> Stream:
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self._opened.wait(10), "no answer to the stream's request"
+        return self
+
+    def _read(self) -> None:
+        url = f"{self.relay.http}/v2/orgs/{self.org}/events"
+        try:
+            with httpx.stream("GET", url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30) as resp:
+                self.status = resp.status_code
+                self._opened.set()
+                if resp.status_code != 200:
+                    return
+                name = "message"
+                for line in resp.iter_lines():
+                    if self._stop.is_set():
+                        return
+                    if line.startswith(":"):
+                        self.comments.put(line)
+                    elif line.startswith("event:"):
+                        name = line[6:].strip()
+                    elif line.startswith("data:"):
+                        self.events.put((name, json.loads(line[5:])))
+        except httpx.HTTPError:
+            pass
+        finally:
+            self._opened.set()
+            self.ended.set()
+
+    def next(self, wanted: Any, timeout: float = 10) -> dict[str, Any]:
+        """The first event (name, data) for which ``wanted(name, data)`` holds, skipping others."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, "no such event in time"
+            name, data = self.events.get(timeout=remaining)
+            if wanted(name, data):
+                return {"event": name, **data}
+
+    def drain(self) -> list[tuple[str, Any]]:
+        got = []
+        while not self.events.empty():
+            got.append(self.events.get_nowait())
+        return got
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+@pytest.fixture
+def streams() -> Iterator[list[Stream]]:
+    opened: list[Stream] = []
+    yield opened
+    for stream in opened:
+        stream.close()
+    for stream in opened:  # the reader notices at its next line: a heartbeat at the latest
+        assert stream.ended.wait(HEARTBEAT_SECS * 4), "a stream still open"
+
+
+def open_stream(streams: list[Stream], relay: RelayProcess, key: str, org: str = "acme") -> Stream:
+    stream = Stream(relay, key, org).open()
+    streams.append(stream)
+    if stream.status == 200:
+        stream.next(lambda name, _: name == "ready")
+    return stream
+
+
+def make_key(relay: RelayProcess, name: str, permissions: list[str], apps: list[str] | None = None) -> str:
+    with relay.api() as api:
+        body: dict[str, Any] = {"permissions": permissions}
+        if apps is not None:
+            body["appNames"] = apps
+        resp = api.post(f"/tokens/{name}", json=body)
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["token"])
+
+
+def patch_grace(relay: RelayProcess, secs: float) -> None:
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"executorTimeoutSecs": secs}).status_code == 200
+
+
+def test_changes_made_through_another_instance_arrive_as_events(pair: Pair, streams: list[Stream]) -> None:
+    stream = open_stream(streams, pair.r1, ADMIN)
+    patch_grace(pair.r2, 31)
+    entry = stream.next(lambda name, d: name == "audit" and d["action"] == "settings.updated")
+    assert entry["app"] == "ledger" and entry["id"] > 0 and entry["at"].endswith("Z")
+
+    async def connect_and_leave() -> str:
+        ws = await open_socket(f"ws://127.0.0.1:{pair.r2.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        seen = await off_loop(stream.next, lambda n, d: n == "executor" and d["executorId"] == executor_id)
+        assert seen["state"] == "HEALTHY" and seen["relayInstance"] == "relay-2" and seen["app"] == "ledger"
+        await ws.close()
+        return executor_id
+
+    executor_id = asyncio.run(connect_and_leave())
+    left = stream.next(lambda n, d: n == "executor" and d["executorId"] == executor_id)
+    assert left["state"] == "DISCONNECTED"
+
+
+def test_a_stream_carries_only_what_its_key_may_see(pair: Pair, streams: list[Stream]) -> None:
+    admin = open_stream(streams, pair.r1, ADMIN)
+    elsewhere = open_stream(
+        streams, pair.r1, make_key(pair.r1, "ev-other-app", ["application.read", "organization.read"], ["other"])
+    )
+    no_audit = open_stream(streams, pair.r1, make_key(pair.r1, "ev-app-read", ["application.read"]))
+    patch_grace(pair.r2, 32)
+    admin.next(lambda n, d: n == "audit" and d["action"] == "settings.updated" and d["app"] == "ledger")
+    # The token.created entries above are the org's (no app): not for a key scoped to apps either.
+    time.sleep(3 * 0.1 + HEARTBEAT_SECS)  # several polls after the admin's stream got it
+    assert elsewhere.drain() == []
+    assert [e for e in no_audit.drain() if e[0] == "audit"] == []
+
+    assert open_stream(streams, pair.r1, API_KEYS["globex"]).status == 403  # another org's key
+    assert open_stream(streams, pair.r1, API_KEYS["globex"], org="globex").status == 200  # its own org
+    assert open_stream(streams, pair.r1, make_key(pair.r1, "ev-tokens", ["token.read"])).status == 403
+    assert open_stream(streams, pair.r1, "not-a-key").status == 401
+    resp = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", timeout=5)  # no key: refused before the route
+    assert resp.status_code == 401 and resp.headers["content-type"] == "application/problem+json"
+
+
+def test_streams_are_capped_per_key_and_per_instance_and_leave_the_api_answering(
+    pair: Pair, streams: list[Stream]
+) -> None:
+    first = [open_stream(streams, pair.r1, ADMIN) for _ in range(PER_KEY)]
+    over = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5)
+    assert over.status_code == 429 and over.headers["content-type"] == "application/problem+json"
+    viewer = make_key(pair.r1, "ev-cap", ["application.read"])
+    more = [open_stream(streams, pair.r1, viewer) for _ in range(PER_INSTANCE - PER_KEY)]
+    assert all(s.status == 200 for s in first + more)
+    third = make_key(pair.r1, "ev-cap-2", ["application.read"])
+    full = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {third}"}, timeout=5)
+    assert full.status_code == 503 and full.headers["retry-after"]
+    # Open streams are not requests in progress: with more of them than maxConcurrentRequests (3),
+    # the API still answers.
+    with pair.r1.api() as api:
+        for _ in range(5):
+            assert api.get("/apps").status_code == 200
+
+    first[0].close()  # a client that leaves frees its place at once
+    deadline = time.monotonic() + 5
+    while True:
+        again = open_stream(streams, pair.r1, ADMIN)
+        if again.status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert again.status == 200
+
+
+def test_an_idle_stream_gets_heartbeats(pair: Pair, streams: list[Stream]) -> None:
+    stream = open_stream(streams, pair.r1, ADMIN)
+    start = time.monotonic()
+    assert stream.comments.get(timeout=HEARTBEAT_SECS * 4) == ": heartbeat"
+    assert stream.comments.get(timeout=HEARTBEAT_SECS * 4) == ": heartbeat"
+    assert time.monotonic() - start < HEARTBEAT_SECS * 4
+
+
+def test_deleting_a_key_ends_its_streams(pair: Pair, streams: list[Stream]) -> None:
+    key = make_key(pair.r1, "ev-doomed", ["application.read"])
+    stream = open_stream(streams, pair.r1, key)
+    with pair.r2.api() as api:  # deleted through the other instance
+        assert api.delete("/tokens/ev-doomed").status_code == 204
+    end = stream.next(lambda n, _: n == "end", timeout=10)
+    assert end["reason"] == "key deleted"
+    assert stream.ended.wait(5), "the stream was not closed"
+    assert open_stream(streams, pair.r1, key).status == 401
+
+
+def test_a_stopping_instance_closes_its_streams_at_once(pair: Pair, streams: list[Stream]) -> None:
+    """The module's last test: it stops instance 2."""
+    stream = open_stream(streams, pair.r2, ADMIN)
+    start = time.monotonic()
+    pair.r2.stop()
+    stopped = time.monotonic() - start
+    assert stream.ended.wait(5)
+    assert pair.r2.proc is not None and pair.r2.proc.returncode == 0
+    # uvicorn waits up to 5 s for responses in progress; a stream is not left to run that out.
+    assert stopped < 3, f"stopping took {stopped:.1f}s"
