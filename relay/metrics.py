@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
@@ -39,10 +40,13 @@ class Metrics(Collector):
         self._snapshot = _Snapshot()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self._app_figures: list[AppFiguresCollector] = []
 
-    async def render(self) -> bytes:
+    async def render(self, view: ScrapeView = EVERYTHING) -> bytes:
         self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
-        return generate_latest(self.registry)
+        for figures in self._app_figures:
+            await figures.refresh(view)
+        return generate_latest(_Seen(self.registry, view))
 
     def collect(self) -> Iterator[Metric]:
         yield _gauge("relay_connections", "Executor sockets open on this instance.", len(self.hub.connections))
@@ -100,3 +104,29 @@ def _labelled(
     for labels, value in sorted(samples):
         family.add_metric(list(labels), value)
     return family
+
+
+# -- The recovery pipeline and the apps' figures (README "Metrics") -------------------------------
+
+
+def add_collectors(metrics: Metrics, collectors: Iterable[Collector]) -> None:
+    """Register collectors of figures kept elsewhere (the recovery pipeline's histograms and counters)."""
+    for collector in collectors:
+        metrics.registry.register(collector)
+
+
+def add_app_figures(metrics: Metrics, figures: AppFiguresCollector) -> None:
+    """Serve the apps' stored figures; they are read from the database before each scrape."""
+    metrics.registry.register(figures)
+    metrics._app_figures.append(figures)
+
+
+class _Seen:
+    """The registry as one scrape may see it (:class:`ScrapeView`): its families filtered by name."""
+
+    def __init__(self, registry: CollectorRegistry, view: ScrapeView) -> None:
+        self.registry = registry
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.registry.collect() if self.view.shows_family(family.name))

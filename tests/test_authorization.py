@@ -90,6 +90,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("POST", "/v2/orgs/{org}/apps/{app}/schedules/{schedule_name}/backfill"): WRITE,
     ("GET", "/v2/orgs/{org}/apps/{app}/versions"): READ,
     ("PATCH", "/v2/orgs/{org}/apps/{app}/versions/latest"): WRITE,
+    ("GET", "/v2/orgs/{org}/apps/{app}/metrics"): Rule(P.METRIC_READ, app=True),
     ("GET", "/v2/orgs/{org}/audit"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/tokens"): Rule(P.TOKEN_READ),
     ("POST", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),

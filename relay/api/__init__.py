@@ -20,6 +20,7 @@ from relay.api import (
     apps,
     audit,
     executors,
+    metrics,
     ops,
     org,
     queues,
@@ -49,7 +50,8 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    for module in (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions):
+    modules = (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions, metrics)
+    for module in modules:
         api.include_router(module.router)
 
     @api.exception_handler(ApiError)

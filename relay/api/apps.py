@@ -14,6 +14,8 @@ from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(prefix="/v2/orgs/{org}")
+# Thresholds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
+MAX_MS = 2**53
 
 
 class AppSettings(BaseModel):
@@ -21,6 +23,19 @@ class AppSettings(BaseModel):
 
     executor_timeout_secs: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
     recover_to_latest_version: bool | None = None
+    # Retention of the app's workflows (Conductor's settings); null turns one off.
+    gc_time_threshold_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gc_rows_threshold: int | None = Field(default=None, gt=0, le=MAX_MS)
+    global_timeout_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
+
+    def changes(self) -> dict[str, Any]:
+        """The settings given (snake_case): the retention ones also when null (off); the others
+        only when not null, since they cannot be off."""
+        given = self.model_dump(exclude_unset=True)
+        for name in ("executor_timeout_secs", "recover_to_latest_version"):
+            if name in given and given[name] is None:
+                raise ApiError(422, "invalid_request", f"{to_camel(name)} cannot be null")
+        return given
 
 
 def app_json(app: AppRecord) -> dict[str, Any]:
@@ -32,9 +47,6 @@ def app_json(app: AppRecord) -> dict[str, Any]:
         "orgId": app.org,
         "status": "AVAILABLE" if app.counts[ExecutorState.HEALTHY] else "UNAVAILABLE",
         "language": min(app.languages) if app.languages else None,
-        "gcTimeThresholdMs": None,
-        "gcRowsThreshold": None,
-        "globalTimeoutMs": None,
         "privateMode": False,
         "dbosCloud": False,
         "org": app.org,
@@ -67,6 +79,10 @@ class RegisterApp(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     privateMode: bool = False  # Relay never stores application data: accepted, and nothing to change
+    # Relay's addition to Conductor's body: the retention settings, set as PATCH sets them.
+    gcTimeThresholdMs: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gcRowsThreshold: int | None = Field(default=None, gt=0, le=MAX_MS)
+    globalTimeoutMs: int | None = Field(default=None, gt=0, le=MAX_MS)
 
 
 @router.put("/apps/{app}", status_code=204, response_class=Response)
@@ -75,6 +91,11 @@ async def register_app(org: str, app: str, ctx: Ctx, who: Admin, body: RegisterA
     if not valid_app_name(app):
         raise ApiError(422, "invalid_request", "an app name is 1 to 256 printable characters")
     await ctx.operator.register_app(org, app, actor(who))
+    if body is not None:
+        given = body.model_dump(exclude_unset=True, exclude={"privateMode"})
+        if given:
+            changes = AppSettings.model_validate(given).changes()
+            await ctx.operator.update_settings(org, app, changes, actor(who))
     return Response(status_code=204)
 
 
@@ -88,7 +109,12 @@ async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
 @router.patch("/apps/{app}")
 async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Admin) -> dict[str, Any]:
     """Change an app's settings; a grace period already running keeps the value it started with."""
-    changes = settings.model_dump(exclude_none=True)
+    changes = settings.changes()
     if not changes:
-        raise ApiError(422, "invalid_request", "nothing to change: give executorTimeoutSecs or recoverToLatestVersion")
+        raise ApiError(
+            422,
+            "invalid_request",
+            "nothing to change: give executorTimeoutSecs, recoverToLatestVersion, gcTimeThresholdMs, "
+            "gcRowsThreshold or globalTimeoutMs",
+        )
     return app_json(await ctx.operator.update_settings(org, app, changes, actor(who)))

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from relay.appmetrics import ScrapeView
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
 from relay.net.router import Router
+from relay.store.appfigures import AppFiguresStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.db import Database
@@ -43,4 +45,5 @@ class ApiContext:
     instances: InstanceStore
     tokens: Tokens
     lease: Lease
-    metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    metrics: Callable[[ScrapeView], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    figures: AppFiguresStore  # the apps' stored figures (GET .../apps/{app}/metrics)
