@@ -8,6 +8,7 @@ just before the registry is collected.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -41,12 +42,16 @@ class Metrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._app_figures: list[AppFiguresCollector] = []
+        # One scrape at a time: the collectors hold what the scrape read and the view (the key's org)
+        # it is seen through until it is written, so concurrent scrapes must not interleave.
+        self._scraping = asyncio.Lock()
 
     async def render(self, view: ScrapeView = EVERYTHING) -> bytes:
-        self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
-        for figures in self._app_figures:
-            await figures.refresh(view)
-        return generate_latest(_Seen(self.registry, view))
+        async with self._scraping:
+            self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
+            for figures in self._app_figures:
+                await figures.refresh(view)
+            return generate_latest(_Seen(self.registry, view))
 
     def collect(self) -> Iterator[Metric]:
         yield _gauge("relay_connections", "Executor sockets open on this instance.", len(self.hub.connections))
