@@ -12,8 +12,9 @@ import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
@@ -46,12 +47,15 @@ class Metrics(Collector):
         # it is seen through until it is written, so concurrent scrapes must not interleave.
         self._scraping = asyncio.Lock()
 
-    async def render(self, view: ScrapeView = EVERYTHING) -> bytes:
+    async def render(self, view: ScrapeView = EVERYTHING, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics when ``accept`` asks for it (as DBOS
+        Conductor's documented scrapes do), else Prometheus text."""
+        encoder, content_type = choose_encoder(accept)
         async with self._scraping:
             self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
             for figures in self._app_figures:
                 await figures.refresh(view)
-            return generate_latest(_Seen(self.registry, view))
+            return encoder(_Seen(self.registry, view)), content_type
 
     def collect(self) -> Iterator[Metric]:
         yield _gauge("relay_connections", "Executor sockets open on this instance.", len(self.hub.connections))

@@ -18,6 +18,7 @@ import httpx
 import psycopg
 import pytest
 from dbos import DBOSClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -225,6 +226,13 @@ def test_app_figures_match_the_system_database_on_every_instance(
     assert_eventually(lambda: point_in_time(scrape(r1)) == {k: pytest.approx(v) for k, v in expected.items()}, 5)
     # Any instance serves them, whichever computed them.
     assert point_in_time(scrape(r2)) == point_in_time(scrape(r1))
+    # OpenMetrics to a scraper that asks for it, as Conductor's documentation scrapes.
+    resp = httpx.get(f"{r1.http}/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}",
+                     "Accept": "application/openmetrics-text"}, timeout=5)  # fmt: skip
+    assert resp.headers["content-type"].startswith("application/openmetrics-text") and resp.text.endswith("# EOF\n")
+    opened = {(s.name.removeprefix(PREFIX), tuple(sorted(s.labels.items()))): s.value
+              for f in openmetrics_families(resp.text) for s in f.samples if s.name.startswith(PREFIX)}  # fmt: skip
+    assert {k: v for k, v in opened.items() if k in expected} == {k: pytest.approx(v) for k, v in expected.items()}
 
     # What a scrape shows: the key's org, Conductor's filters, Relay's or the apps' families.
     assert not samples(scrape(r1, API_KEYS["globex"]), PREFIX)

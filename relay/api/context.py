@@ -45,5 +45,5 @@ class ApiContext:
     instances: InstanceStore
     tokens: Tokens
     lease: Lease
-    metrics: Callable[[ScrapeView], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    metrics: Callable[[ScrapeView, str], Awaitable[tuple[bytes, str]]]  # this instance's exposition, its type
     figures: AppFiguresStore  # the apps' stored figures (GET .../apps/{app}/metrics)

@@ -95,4 +95,5 @@ async def metrics(request: Request, ctx: Ctx) -> Response:
         return frozenset(values) if values else None
 
     view = ScrapeView(orgs, apps, given("applications"), given("workflow_names"), given("metrics"), scope)
-    return Response(await ctx.metrics(view), media_type="text/plain; version=0.0.4; charset=utf-8")
+    body, content_type = await ctx.metrics(view, request.headers.get("accept", ""))
+    return Response(body, media_type=content_type)
