@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e ./protocol -e '.[test]'
-.venv/bin/ruff check relay workflows tests bench chaos harness protocol
-.venv/bin/ruff format --check relay workflows tests bench chaos harness protocol
-.venv/bin/mypy relay workflows chaos bench harness protocol/relay_protocol
+.venv/bin/ruff check relay workflows tests bench chaos harness protocol deploy
+.venv/bin/ruff format --check relay workflows tests bench chaos harness protocol deploy
+.venv/bin/mypy relay workflows chaos bench harness protocol/relay_protocol deploy
 .venv/bin/python -m pytest "$@"
 # A plain run (CI's) is also gated by chaos: every recorded run that once found
 # a bug is replayed, then one fresh seeded run of the ci profile.

@@ -48,6 +48,13 @@ class Postgres:
         self._created.append(name)
         return self.url_of(name)
 
+    def reserve_database(self, prefix: str) -> str:
+        """The URL of a database with a fresh name that is not created here (whoever connects
+        creates it, as DBOS does its system database); dropped at :meth:`close` like the others."""
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        self._created.append(name)
+        return self.url_of(name)
+
     def url_of(self, database: str) -> str:
         return urlsplit(self.admin_url)._replace(path=f"/{database}").geturl()
 

@@ -18,6 +18,7 @@ only these::
     │   │   └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
+    ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)
     ├── TooManyRequests        an app already has its cap of requests in flight (429)
     └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
         ├── NotFound               no such app, executor or recovery
@@ -86,6 +87,11 @@ class NoHealthyExecutor(ExecutorRequestError):
 
 class NoAnswer(ExecutorRequestError):
     """None of the app's healthy executors answered in time."""
+
+
+class UnsendableRequest(RelayError):
+    """A request built from an API call breaks the protocol's limits (a NUL in a name, a name
+    longer than the protocol carries, an integer past a bigint): the caller's mistake."""
 
 
 class TooManyRequests(RelayError):

@@ -43,6 +43,8 @@ READ, WRITE = Rule(P.APPLICATION_READ, app=True), Rule(P.APPLICATION_WRITE, app=
 MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/"): PUBLIC,
     ("GET", "/static/{name}"): PUBLIC,
+    ("GET", "/static/swagger/{name}"): PUBLIC,
+    ("GET", "/docs"): PUBLIC,
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,

@@ -7,8 +7,6 @@ period and recovery once.
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 from dbos._dbos import _get_or_create_dbos_registry
 from dbos._registrations import get_func_info
@@ -40,8 +38,9 @@ def test_a_waiting_recovery_resumed_after_many_restarts_is_not_dead_lettered(
     with psycopg.connect(relay_db, autocommit=True) as conn:
         conn.execute("UPDATE dbos.workflow_status SET recovery_attempts = 5000 WHERE workflow_uuid = %s", (first,))
     relay.start()
-    time.sleep(1.0)
-    assert dbos_status(relay_db, first) == "PENDING"
+    # DBOS's startup recovery puts the queued run back as ENQUEUED, and the queue takes it again
+    # (PENDING); a dead-lettered run would be MAX_RECOVERY_ATTEMPTS_EXCEEDED from the start.
+    assert_eventually(lambda: dbos_status(relay_db, first) == "PENDING", 20)
     peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
     outcomes = assert_eventually(lambda: (o := Evidence(evidence_db).outcomes()) and len(o) >= JOBS and o, 40)
     assert set(outcomes.values()) == {peer.executor_id}

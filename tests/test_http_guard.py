@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import select
 import socket
 import time
@@ -335,10 +336,34 @@ def test_public_metrics_need_no_key(start_relay: StartRelay) -> None:
     assert resp.status_code == 200 and sample(resp.text, "relay_lease_held") == 1
 
 
-def test_no_docs_pages_but_the_openapi_document(relay: RelayProcess) -> None:
-    assert httpx.get(f"{relay.http}/docs").status_code == 404
-    assert httpx.get(f"{relay.http}/redoc").status_code == 404
+def test_the_api_browser_loads_everything_from_relay_under_a_strict_policy(relay: RelayProcess) -> None:
+    page = httpx.get(f"{relay.http}/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = dict(part.strip().split(" ", 1) for part in page.headers["content-security-policy"].split(";"))
+    assert csp["default-src"] == "'none'" and csp["frame-ancestors"] == "'none'"
+    for directive in ("script-src", "style-src", "connect-src"):
+        assert csp[directive] == "'self'", directive  # no other origin, no inline code, no eval
+    assert csp["img-src"] == "'self' data:"
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "<script>" not in page.text and "<style" not in page.text and " style=" not in page.text
+    references = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sorted(references) == [
+        "/static/docs.js",
+        "/static/swagger/swagger-ui-bundle.js",
+        "/static/swagger/swagger-ui.css",
+    ]
+    assert "//" not in page.text.replace("<!doctype html>", ""), "no URL of another origin"
+
+    types = {".js": ("text/javascript", "application/javascript"), ".css": ("text/css",)}
+    for path in references:
+        resp = httpx.get(f"{relay.http}{path}")
+        assert resp.status_code == 200, path
+        assert resp.headers["content-type"].split(";")[0] in types[path[path.rindex(".") :]], path
+        assert resp.headers["x-content-type-options"] == "nosniff"
+    script = httpx.get(f"{relay.http}/static/docs.js").text
+    assert '"/openapi.json"' in script and "validatorUrl: null" in script
     assert httpx.get(f"{relay.http}/openapi.json").json()["info"]["title"] == "Relay"
+    assert httpx.get(f"{relay.http}/redoc").status_code == 404
 
 
 def test_the_dashboard_runs_under_a_strict_content_security_policy(relay: RelayProcess) -> None:
@@ -372,6 +397,12 @@ def test_the_dashboard_runs_under_a_strict_content_security_policy(relay: RelayP
         "/static/..",
         "/static/dashboard.html",
         "/static/",
+        "/static/swagger/README.md",
+        "/static/swagger/LICENSE",
+        "/static/swagger/../dashboard.html",
+        "/static/swagger/..%2f..%2fconfig.py",
+        "/static/swagger/%2e%2e%2f%2e%2e%2fpyproject.toml",
+        "/static/swagger%2fswagger-ui.css",
     ],
 )
 def test_static_files_cannot_be_reached_around(relay: RelayProcess, path: str) -> None:

@@ -257,6 +257,7 @@ def test_app_figures_match_the_system_database_on_every_instance(
     with r1.api() as api:
         assert api.get("/apps/ledger/metrics", params={"startTime": since}).status_code == 422
         metrics = api.get("/apps/ledger/metrics", params={"startTime": since, "endTime": until}).json()
+        assert api.get("/apps/ledger/metrics", params={"startTime": until, "endTime": since}).json() == []
     jobs = [m for m in metrics if m["timeBucket"] == datetime.fromtimestamp(start_ms / 1000, UTC).isoformat()
             .replace("+00:00", "Z") and m["metricType"] == "workflow_count" and m["metricName"] == "job"]  # fmt: skip
     # By workflow name, whatever the queue.

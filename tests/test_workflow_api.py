@@ -654,8 +654,8 @@ def test_export_then_import_brings_a_deleted_workflow_back(world: World) -> None
         assert (imported.status_code, imported.content) == (201, b"")
         assert query(world.sysdb, row_sql) == before
         assert ok(api.get(f"{LEDGER}/workflows/exported-1"))["status"] == "SUCCESS"
-        # Imported again: the executor refuses (the workflow is there), and nobody tries it twice.
-        problem(api.post(f"{LEDGER}/workflows/import", json=exported), 502)
+        # Imported again: the executor refuses (the workflow is there, a 409), and nobody tries it twice.
+        assert "already exists" in problem(api.post(f"{LEDGER}/workflows/import", json=exported), 409)["detail"]
         problem(api.get(f"{LEDGER}/workflows/no-such-workflow/export"), 404)
     assert len(audit(world, "ledger", "workflow.import")) == 2
     audited_once(world, "ledger", "workflow.import", "success")

@@ -14,6 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from relay import __version__
 from relay.api import (
@@ -32,6 +34,7 @@ from relay.api import (
 )
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
+from relay.api.document import PROBLEMS, finish
 from relay.errors import (
     Conflict,
     DatabaseError,
@@ -39,6 +42,7 @@ from relay.errors import (
     NoHealthyExecutor,
     NotFound,
     TooManyRequests,
+    UnsendableRequest,
     UnsupportedMessage,
 )
 
@@ -47,12 +51,20 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
 def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastAPI:
     """The HTTP API; ``ctx`` is what its handlers reach (None only to read the route table)."""
-    # No /docs or /redoc: their pages load scripts from a CDN, on the dashboard's origin.
+    # FastAPI's /docs and /redoc load scripts from a CDN: /docs is Relay's own (relay.api.ops), and no /redoc.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
     modules = (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions, metrics)
     for module in modules:
-        api.include_router(module.router)
+        api.include_router(module.router, responses=PROBLEMS)
+    generate = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            api.openapi_schema = finish(generate())
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to amend its document
 
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> Response:
@@ -69,6 +81,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(ExecutorRequestError)
     async def _no_answer(_: Request, exc: ExecutorRequestError) -> Response:
         return error_response(502, "no_executor_answered", str(exc))
+
+    @api.exception_handler(UnsendableRequest)
+    async def _unsendable(_: Request, exc: UnsendableRequest) -> Response:
+        return error_response(422, "invalid_request", str(exc))
 
     @api.exception_handler(TooManyRequests)
     async def _too_many(_: Request, exc: TooManyRequests) -> Response:
@@ -89,14 +105,29 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(422, "invalid_request", detail, errors=errors)
 
     @api.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, "http_error", str(exc.detail))
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: with the methods the resource has, from every route of its path
+            headers["Allow"] = ", ".join(allowed_methods(api, request.scope))
+        return error_response(exc.status_code, "http_error", str(exc.detail), headers=headers or None)
 
     @api.exception_handler(DatabaseError)
     async def _db(_: Request, exc: DatabaseError) -> Response:
         return error_response(503, "database_unavailable", str(exc))
 
     return api
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(api: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route of ``api`` serves at the scope's path (several routes may share one)."""
+    return [
+        method
+        for method in METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in api.router.routes)
+    ]
 
 
 __all__ = ["ApiContext", "AsyncIterator", "build_api"]

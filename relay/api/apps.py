@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
 
-from relay.api.common import Admin, ApiError, Caller, Ctx, Page, actor, iso
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, Given, JsonInteger, Page, actor, iso, optional
+from relay.api.shapes import Shape
 from relay.core.lifecycle import ExecutorState
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
@@ -16,44 +18,65 @@ from relay.store.apps import AppRecord
 router = APIRouter(prefix="/v2/orgs/{org}")
 # Thresholds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
 MAX_MS = 2**53
+# A retention setting: a positive integer, or null (off).
+Threshold = Annotated[int, Field(gt=0, le=MAX_MS), JsonInteger] | None
 
 
-class AppSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel)
+class AppSettings(Body):
+    """Either setting or both; what is left out stays as it is."""
 
-    executor_timeout_secs: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
-    recover_to_latest_version: bool | None = None
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, json_schema_extra={"minProperties": 1})
+
+    executor_timeout_secs: Annotated[Annotated[float, Field(gt=0, le=7 * 24 * 3600)] | SkipJsonSchema[None], Given] = (
+        optional()
+    )
+    recover_to_latest_version: Annotated[bool | SkipJsonSchema[None], Given] = optional()
     # Retention of the app's workflows (Conductor's settings); null turns one off.
-    gc_time_threshold_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
-    gc_rows_threshold: int | None = Field(default=None, gt=0, le=MAX_MS)
-    global_timeout_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gc_time_threshold_ms: Threshold = optional()
+    gc_rows_threshold: Threshold = optional()
+    global_timeout_ms: Threshold = optional()
 
     def changes(self) -> dict[str, Any]:
-        """The settings given (snake_case): the retention ones also when null (off); the others
-        only when not null, since they cannot be off."""
-        given = self.model_dump(exclude_unset=True)
-        for name in ("executor_timeout_secs", "recover_to_latest_version"):
-            if name in given and given[name] is None:
-                raise ApiError(422, "invalid_request", f"{to_camel(name)} cannot be null")
-        return given
+        """The settings given (snake_case): the retention ones also when null (off)."""
+        return self.model_dump(exclude_unset=True)
 
 
-def app_json(app: AppRecord) -> dict[str, Any]:
+class Application(Shape):
     """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
-    with Relay's own members beside it (``org``, ``executors`` by state, ``recoverToLatestVersion``)."""
-    return {
-        "id": app.name,
-        "name": app.name,
-        "orgId": app.org,
-        "status": "AVAILABLE" if app.counts[ExecutorState.HEALTHY] else "UNAVAILABLE",
-        "language": min(app.languages) if app.languages else None,
-        "privateMode": False,
-        "dbosCloud": False,
-        "org": app.org,
+    with Relay's own members beside it (``org``, ``executors`` by state, ``recoverToLatestVersion``).
+    The retention settings are null when off; ``executorTimeoutSecs`` may have a fraction of a second."""
+
+    id: str
+    name: str
+    orgId: str
+    status: Literal["AVAILABLE", "UNAVAILABLE"]
+    language: str | None
+    gcTimeThresholdMs: int | None
+    gcRowsThreshold: int | None
+    globalTimeoutMs: int | None
+    privateMode: bool
+    dbosCloud: bool
+    org: str
+    executorTimeoutSecs: float
+    recoverToLatestVersion: bool
+    executors: dict[ExecutorState, int]
+    createdAt: str | None
+
+
+def application(app: AppRecord) -> Application:
+    return Application(
+        id=app.name,
+        name=app.name,
+        orgId=app.org,
+        status="AVAILABLE" if app.counts[ExecutorState.HEALTHY] else "UNAVAILABLE",
+        language=min(app.languages) if app.languages else None,
+        privateMode=False,
+        dbosCloud=False,
+        org=app.org,
         **app.settings(),
-        "executors": {state.value: n for state, n in app.counts.items()},
-        "createdAt": iso(app.created_at),
-    }
+        executors=dict(app.counts),
+        createdAt=iso(app.created_at),
+    )
 
 
 async def app_or_404(ctx: Ctx, org: str, app: str) -> AppRecord:
@@ -64,25 +87,23 @@ async def app_or_404(ctx: Ctx, org: str, app: str) -> AppRecord:
 
 
 @router.get("/apps")
-async def get_apps(org: str, ctx: Ctx, who: Caller, page: Page) -> list[dict[str, Any]]:
+async def get_apps(org: str, ctx: Ctx, who: Caller, page: Page) -> list[Application]:
     """The org's apps, or those a key scoped to apps may see."""
     apps = await ctx.apps.list_apps(org, limit=page.limit, offset=page.offset, among=who.apps)
-    return [app_json(a) for a in apps]
+    return [application(a) for a in apps]
 
 
 @router.get("/apps/{app}")
-async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> dict[str, Any]:
-    return app_json(await app_or_404(ctx, org, app))
+async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> Application:
+    return application(await app_or_404(ctx, org, app))
 
 
-class RegisterApp(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RegisterApp(Body):
     privateMode: bool = False  # Relay never stores application data: accepted, and nothing to change
     # Relay's addition to Conductor's body: the retention settings, set as PATCH sets them.
-    gcTimeThresholdMs: int | None = Field(default=None, gt=0, le=MAX_MS)
-    gcRowsThreshold: int | None = Field(default=None, gt=0, le=MAX_MS)
-    globalTimeoutMs: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gcTimeThresholdMs: Threshold = optional()
+    gcRowsThreshold: Threshold = optional()
+    globalTimeoutMs: Threshold = optional()
 
 
 @router.put("/apps/{app}", status_code=204, response_class=Response)
@@ -107,7 +128,7 @@ async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
 
 
 @router.patch("/apps/{app}")
-async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Admin) -> dict[str, Any]:
+async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Admin) -> Application:
     """Change an app's settings; a grace period already running keeps the value it started with."""
     changes = settings.changes()
     if not changes:
@@ -117,4 +138,4 @@ async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Ad
             "nothing to change: give executorTimeoutSecs, recoverToLatestVersion, gcTimeThresholdMs, "
             "gcRowsThreshold or globalTimeoutMs",
         )
-    return app_json(await ctx.operator.update_settings(org, app, changes, actor(who)))
+    return application(await ctx.operator.update_settings(org, app, changes, actor(who)))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import ApiError, Ctx, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, QueryName, iso, permitted
+from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 
 router = APIRouter(prefix="/v2/orgs/{org}")
@@ -20,32 +20,44 @@ def _reader(request: Request, org: str) -> KeyGrant:
 Reader = Annotated[KeyGrant, Depends(_reader)]
 
 
+class AuditEntry(Shape):
+    id: int
+    at: str | None
+    org: str
+    app: str | None
+    action: str
+    executorId: str | None
+    peerExecutorId: str | None
+    actor: str
+    detail: dict[str, Any]
+
+
 @router.get("/audit")
 async def get_audit(
     org: str,
     ctx: Ctx,
     who: Reader,
-    app: str | None = None,
-    executor_id: Annotated[str | None, Query(alias="executorId")] = None,
-    since: datetime | None = None,
+    app: QueryName | None = None,
+    executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
+    since: Rfc3339 | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> list[dict[str, Any]]:
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> list[AuditEntry]:
     if who.apps is not None and (app is None or app not in who.apps):
         # A key scoped to apps reads the entries of one of its apps, never the org's whole log.
         raise ApiError(403, "forbidden", "a key scoped to apps must name one of its apps: ?app=...")
     rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset)
     return [
-        {
-            "id": r["id"],
-            "at": iso(r["at"]),
-            "org": r["org"],
-            "app": r["app"],
-            "action": r["action"],
-            "executorId": r["executor_id"],
-            "peerExecutorId": r["peer_executor_id"],
-            "actor": r["actor"],
-            "detail": r["detail"],
-        }
+        AuditEntry(
+            id=r["id"],
+            at=iso(r["at"]),
+            org=r["org"],
+            app=r["app"],
+            action=r["action"],
+            executorId=r["executor_id"],
+            peerExecutorId=r["peer_executor_id"],
+            actor=r["actor"],
+            detail=r["detail"],
+        )
         for r in rows
     ]

@@ -12,17 +12,42 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
+from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
-from relay_protocol import Reply, clean_text
+from relay_protocol import MAX_NAME_LEN, Reply, clean_text
+from relay_protocol.limits import has_unstorable
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+# An offset is a PostgreSQL bigint, in Relay's database and in the executors'; the document bounds
+# it (and other large integers) at the largest integer every JSON client reads exactly.
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_OFFSET = MAX_SAFE_INTEGER
+INT32_MAX = 2**31 - 1
+
+# A name the protocol carries to an executor (a workflow id, a queue, a version...): at most
+# MAX_NAME_LEN characters, and no NUL, which PostgreSQL cannot store.
+NO_NUL = r"^[^\x00]*$"
+
+
+def storable(text: str) -> str:
+    """``text``, if PostgreSQL can store it: no NUL (the document's pattern says so) and no lone
+    surrogate (which JSON's ``\\udc00`` can make, and no pattern can say)."""
+    if has_unstorable(text):
+        raise ValueError("contains NUL or a lone surrogate, which PostgreSQL cannot store")
+    return text
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
+NonEmptyName = Annotated[Name, Field(min_length=1)]
+# The same in a query string.
+QueryName = Annotated[str, Query(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
 
 
 class ApiError(Exception):
@@ -103,6 +128,44 @@ def admin(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.APPLICATION_WRITE)
 
 
+def _given(value: Any) -> Any:
+    if value is None:
+        raise ValueError("leave it out rather than null")
+    return value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# An optional member of a body that, when given, is not null: ``Annotated[T | SkipJsonSchema[None], Given]
+# = optional()`` is Optional[T] in Python and plain T, not required, in the document.
+Given = BeforeValidator(_given)
+
+
+def optional() -> Any:
+    return Field(default=None, json_schema_extra=_no_default)
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 3, or 3.0; not "3", nor true (a body is strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After the field's constraints: ``Annotated[int, Field(ge=0), JsonInteger]`` (the other way round,
+# pydantic cannot write the constraints in the document as JSON Schema).
+JsonInteger = BeforeValidator(_json_integer)
+
+
+class Body(BaseModel):
+    """A request body: members the document does not list are refused, and JSON types are taken
+    as they are (``0`` is not ``false``, ``"5"`` is not ``5``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 @dataclass(frozen=True)
 class Paging:
     limit: int
@@ -110,7 +173,8 @@ class Paging:
 
 
 def paging(
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE, offset: Annotated[int, Query(ge=0)] = 0
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Paging:
     return Paging(limit, offset)
 
@@ -127,16 +191,26 @@ def actor(grant: KeyGrant) -> str:
 
 R = TypeVar("R", bound=Reply)
 # How the SDK words "there is no such thing" in its error replies.
-_NOT_FOUND = re.compile(r"non-existent|not found|does not exist", re.IGNORECASE)
+_NOT_FOUND = re.compile(r"non-existent|not found|does not exist|has no step named", re.IGNORECASE)
+# And "that is there already" (PostgreSQL's, through the SDK: importing a workflow that exists).
+_EXISTS = re.compile(r"already exists", re.IGNORECASE)
 
 
 def answered(reply: R, *, success: bool = False) -> R:
     """``reply``, if the executor did what was asked; an :class:`ApiError` if it says it failed
-    (404 when what the request names does not exist, 502 otherwise). With ``success``, the
-    reply's ``success`` must be true too."""
+    (404 when what the request names does not exist, 409 when what it would create exists already,
+    502 otherwise). With ``success``, the reply's ``success`` must be true too."""
     if reply.error_message:
-        detail = sdk_error(reply.error_message)
-        raise ApiError(404 if _NOT_FOUND.search(detail) else 502, "executor_error", detail)
+        # Read whole: the first lines of a bulk action's error name every workflow, and the
+        # exception that says what went wrong comes last.
+        lines = reply.error_message.splitlines()
+        missing = [line for line in lines if _NOT_FOUND.search(line)]
+        if missing:
+            raise ApiError(404, "not_found", clean_text(missing[-1].strip(), 1000))
+        exists = [line for line in lines if _EXISTS.search(line)]
+        if exists:
+            raise ApiError(409, "conflict", clean_text(exists[-1].strip(), 1000))
+        raise ApiError(502, "executor_error", sdk_error(reply.error_message))
     if success and not getattr(reply, "success", True):
         raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")
     return reply
@@ -160,6 +234,8 @@ async def audited(
     """Audit a change made through an executor, with its result, whether it worked or not."""
     try:
         yield
+    except UnsendableRequest:
+        raise  # refused before it was tried, as an invalid request is: nothing happened to audit
     except Exception as exc:
         failed = {**detail, "result": "failure", "error": clean_text(str(exc), 500)}
         await ctx.audit.write(org, app, AuditEntry(action, who, detail=failed))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 from pydantic.alias_generators import to_camel
 
 from relay.api.apps import app_or_404
@@ -14,6 +14,7 @@ from relay.api.common import (
     MAX_PAGE,
     Admin,
     ApiError,
+    Body,
     Caller,
     Ctx,
     Page,
@@ -22,7 +23,7 @@ from relay.api.common import (
     epoch_ms_iso,
     iso,
 )
-from relay.api.shapes import utf8_json
+from relay.api.shapes import Shape, one_of
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
 from relay.errors import (
@@ -38,68 +39,110 @@ from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsR
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/executors")
 
 
-class RecoverRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel)
+class RecoverRequest(Body):
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel)
 
     to_latest_version: bool = False
 
 
-def executor_json(rec: ExecutorRecord) -> dict[str, Any]:
+class Executor(Shape):
     """Conductor's Executor (``appId``, ``appVersion``, ``status``, ``createdAt``, ``updatedAt``...), with
     Relay's own members beside it (``state``, ``relayInstance``, ``blockedReason``...). Conductor's
     ``status`` has no RECOVERING: a recovering executor is DEAD there."""
+
+    executorId: str
+    appId: str
+    appVersion: str
+    status: str = one_of("HEALTHY", "DISCONNECTED", "DEAD")
+    hostId: str | None
+    executorMetadata: dict[str, Any] | None
+    createdAt: str | None
+    updatedAt: str | None
+    org: str
+    app: str
+    state: ExecutorState
+    applicationVersion: str
+    hostname: str | None
+    language: str | None
+    dbosVersion: str | None
+    metadata: dict[str, Any] | None
+    connectedAt: str | None
+    disconnectedAt: str | None
+    deadAt: str | None
+    relayInstance: str
+    blockedReason: str | None
+
+
+def executor(rec: ExecutorRecord) -> Executor:
     changed = [t for t in (rec.connected_at, rec.disconnected_at, rec.dead_at) if t is not None]
-    return {
-        "executorId": rec.key.executor_id,
-        "appId": rec.key.app,
-        "appVersion": rec.application_version,
-        "status": "DEAD" if rec.state is ExecutorState.RECOVERING else rec.state.value,
-        "hostId": None,
-        "executorMetadata": rec.metadata,
-        "createdAt": iso(rec.first_seen_at or rec.connected_at),
-        "updatedAt": iso(max(changed)),
-        "org": rec.key.org,
-        "app": rec.key.app,
-        "state": rec.state.value,
-        "applicationVersion": rec.application_version,
-        "hostname": rec.hostname,
-        "language": rec.language,
-        "dbosVersion": rec.dbos_version,
-        "metadata": rec.metadata,
-        "connectedAt": iso(rec.connected_at),
-        "disconnectedAt": iso(rec.disconnected_at),
-        "deadAt": iso(rec.dead_at),
-        "relayInstance": rec.relay_instance,
-        "blockedReason": rec.blocked_reason,
-    }
+    return Executor(
+        executorId=rec.key.executor_id,
+        appId=rec.key.app,
+        appVersion=rec.application_version,
+        status="DEAD" if rec.state is ExecutorState.RECOVERING else rec.state.value,
+        hostId=None,
+        executorMetadata=rec.metadata,
+        createdAt=iso(rec.first_seen_at or rec.connected_at),
+        updatedAt=iso(max(changed)),
+        org=rec.key.org,
+        app=rec.key.app,
+        state=rec.state,
+        applicationVersion=rec.application_version,
+        hostname=rec.hostname,
+        language=rec.language,
+        dbosVersion=rec.dbos_version,
+        metadata=rec.metadata,
+        connectedAt=iso(rec.connected_at),
+        disconnectedAt=iso(rec.disconnected_at),
+        deadAt=iso(rec.dead_at),
+        relayInstance=rec.relay_instance,
+        blockedReason=rec.blocked_reason,
+    )
+
+
+class RecoveryStarted(Shape):
+    recoveryId: str
+
+
+class ExecutorWorkflow(Shape):
+    """One of an executor's workflows, as the executor lists them (Relay's own shape)."""
+
+    workflowId: str
+    status: str | None
+    name: str | None
+    queueName: str | None
+    applicationVersion: str | None
+    executorId: str | None
+    createdAt: str | None
+    updatedAt: str | None
 
 
 @router.get("")
 async def get_executors(
     org: str, app: str, ctx: Ctx, _: Caller, page: Page, state: ExecutorState | None = None
-) -> list[dict[str, Any]]:
+) -> list[Executor]:
     await app_or_404(ctx, org, app)
     executors = await ctx.executors.list_executors(org, app, state, page.limit, page.offset)
-    return [executor_json(e) for e in executors]
+    return [executor(e) for e in executors]
 
 
 @router.get("/{executor_id}")
-async def get_executor(org: str, app: str, executor_id: PathId, ctx: Ctx, _: Caller) -> dict[str, Any]:
+async def get_executor(org: str, app: str, executor_id: PathId, ctx: Ctx, _: Caller) -> Executor:
     rec = await ctx.executors.get(ExecutorKey(org, app, executor_id))
     if rec is None:
         raise ApiError(404, "not_found", f"no executor {executor_id!r} in {org}/{app}")
-    return executor_json(rec)
+    return executor(rec)
 
 
 @router.post("/{executor_id}/recover", status_code=202)
 async def post_recover(
     org: str, app: str, executor_id: PathId, ctx: Ctx, who: Admin, body: RecoverRequest | None = None
-) -> dict[str, str]:
+) -> RecoveryStarted:
     """An operator's recovery: skips the rest of a grace period, or unblocks a waiting one."""
     body = body or RecoverRequest()
     key = ExecutorKey(org, app, executor_id)
     rid = await ctx.operator.recover(key, actor(who), body.to_latest_version)
-    return {"recoveryId": rid}
+    return RecoveryStarted(recoveryId=rid)
 
 
 @router.get("/{executor_id}/workflows")
@@ -111,7 +154,7 @@ async def get_executor_workflows(
     _: Caller,
     status: Annotated[str | None, Query(pattern="^[A-Z_]+$")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-) -> list[dict[str, Any]]:
+) -> list[ExecutorWorkflow]:
     """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
     key = ExecutorKey(org, app, executor_id)
     body = ListWorkflowsBody(executor_id=executor_id, status=status, limit=limit, load_input=False, load_output=False)
@@ -128,19 +171,16 @@ async def get_executor_workflows(
         raise ApiError(502, "executor_gone", str(exc)) from exc
     if reply.error_message:
         raise ApiError(502, "executor_error", clean_text(reply.error_message))
-    rows: list[dict[str, Any]] = utf8_json(
-        [
-            {
-                "workflowId": w.workflow_id,
-                "status": w.status,
-                "name": w.workflow_name,
-                "queueName": w.queue_name,
-                "applicationVersion": w.application_version,
-                "executorId": w.executor_id,
-                "createdAt": epoch_ms_iso(w.created_at),
-                "updatedAt": epoch_ms_iso(w.updated_at),
-            }
-            for w in reply.output
-        ]
-    )
-    return rows
+    return [
+        ExecutorWorkflow(
+            workflowId=w.workflow_id,
+            status=w.status,
+            name=w.workflow_name,
+            queueName=w.queue_name,
+            applicationVersion=w.application_version,
+            executorId=w.executor_id,
+            createdAt=epoch_ms_iso(w.created_at),
+            updatedAt=epoch_ms_iso(w.updated_at),
+        )
+        for w in reply.output
+    ]

@@ -12,12 +12,13 @@ reports itself. Relay stores the counts of each window of the figures job
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Ctx, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, iso, permitted
+from relay.api.shapes import Shape, utc
 from relay.auth import KeyGrant, Permission
 from relay.store.appfigures import granularity
 
@@ -25,6 +26,17 @@ router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}")
 
 DEFAULT_METRICS = 10_000
 MAX_METRICS = 100_000
+
+
+class Metric(Shape):
+    """Conductor's ``Metric``: a count of one type and name in one time bucket."""
+
+    appId: str
+    metricType: str
+    metricName: str
+    value: int
+    timeBucket: str
+    granularity: int
 
 
 def metric_reader(request: Request, org: str) -> KeyGrant:
@@ -40,24 +52,25 @@ async def list_metrics(
     startTime: datetime,
     endTime: datetime,
     limit: Annotated[int, Query(ge=1, le=MAX_METRICS)] = DEFAULT_METRICS,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> list[dict[str, Any]]:
-    """``Metric[]`` of ``[startTime, endTime)``, by time bucket, type and name."""
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> list[Metric]:
+    """``Metric[]`` of ``[startTime, endTime)`` (none when it is empty), by time bucket, type and name."""
     if startTime.tzinfo is None or endTime.tzinfo is None:
         raise ApiError(422, "invalid_request", "startTime and endTime need a time zone (Z or an offset)")
-    if endTime <= startTime:
-        raise ApiError(422, "invalid_request", "endTime must be after startTime")
+    startTime, endTime = utc(startTime), utc(endTime)
     await app_or_404(ctx, org, app)
+    if endTime <= startTime:
+        return []  # an empty range
     window = granularity(ctx.config.metrics.app_figures_window_secs)
     rows = await ctx.figures.metric_counts(org, app, startTime, endTime, window, limit, offset)
     return [
-        {
-            "appId": app,
-            "metricType": row["metric_type"],
-            "metricName": row["metric_name"],
-            "value": int(row["value"]),
-            "timeBucket": iso(row["time_bucket"]),
-            "granularity": int(row["granularity"]),
-        }
+        Metric(
+            appId=app,
+            metricType=row["metric_type"],
+            metricName=row["metric_name"],
+            value=int(row["value"]),
+            timeBucket=iso(row["time_bucket"]) or "",
+            granularity=int(row["granularity"]),
+        )
         for row in rows
     ]

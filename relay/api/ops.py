@@ -1,4 +1,4 @@
-"""What operators and their tools poll: health, readiness, metrics, and the dashboard page.
+"""What operators and their tools poll: health, readiness, metrics; the dashboard and the API browser.
 
 The probes are open and say nothing but their status (who may reach them is
 not known). ``/metrics`` names every org and app, so it needs a key with
@@ -7,6 +7,7 @@ not known). ``/metrics`` names every org and app, so it needs a key with
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -30,6 +31,18 @@ DASHBOARD_HEADERS = {
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9]+)$")
 
+# /docs: Swagger UI, vendored in static/swagger/ (its README says from where), started by
+# static/docs.js. It needs nothing from another origin, no inline script and no eval; the icons
+# of its stylesheet are data: URIs.
+DOCS = STATIC / "docs.html"
+SWAGGER = STATIC / "swagger"
+SWAGGER_FILES = frozenset({"swagger-ui-bundle.js", "swagger-ui.css"})
+DOCS_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "x-frame-options": "DENY",
+}
+
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def dashboard() -> HTMLResponse:
@@ -45,6 +58,25 @@ async def static(name: str) -> Response:
     if match is None or match.group(1) not in STATIC_TYPES or not path.is_file():
         return problem(404, f"no static file {name!r}")
     return Response(path.read_bytes(), media_type=STATIC_TYPES[match.group(1)])
+
+
+@router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+async def docs() -> HTMLResponse:
+    """The API browser: Swagger UI on /openapi.json. Trying a call needs a key ("Authorize")."""
+    return HTMLResponse(DOCS.read_text(encoding="utf-8"), headers=DOCS_HEADERS)
+
+
+@router.get("/static/swagger/{name}", include_in_schema=False)
+async def swagger(name: str) -> Response:
+    """Swagger UI's two files, by name, and nothing else of that folder."""
+    if name not in SWAGGER_FILES:
+        return problem(404, f"no static file {name!r}")
+    return Response(_swagger_file(name), media_type=STATIC_TYPES[Path(name).suffix])
+
+
+@functools.cache
+def _swagger_file(name: str) -> bytes:
+    return (SWAGGER / name).read_bytes()
 
 
 @router.get("/healthz")
@@ -64,7 +96,19 @@ async def readyz(ctx: Ctx) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+EXPOSITION = {"schema": {"type": "string"}}
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text, or OpenMetrics to Accept: application/openmetrics-text",
+            "content": {"text/plain": EXPOSITION, "application/openmetrics-text": EXPOSITION},
+        }
+    },
+)
 async def metrics(request: Request, ctx: Ctx) -> Response:
     """Relay's own figures of this instance, and the apps' figures (``dbos_conductor_v1_*``) of the
     key's org and apps (every org's with ``publicMetrics``).

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict
 
 from relay.api import shapes
-from relay.api.common import Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
-from relay.api.shapes import sdk_time
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, PathId, QueryName, actor, answered, audited
+from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
     BackfillScheduleRequest,
@@ -29,11 +26,9 @@ from relay_protocol import (
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
 
 
-class BackfillIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    startTime: datetime
-    endTime: datetime
+class BackfillIn(Body):
+    startTime: UtcTime
+    endTime: UtcTime
 
 
 @router.get("", response_model=list[shapes.Schedule])
@@ -42,9 +37,9 @@ async def list_schedules(
     app: str,
     ctx: Ctx,
     _: Caller,
-    status: str | None = None,
-    workflowName: str | None = None,
-    scheduleNamePrefix: str | None = None,
+    status: QueryName | None = None,
+    workflowName: QueryName | None = None,
+    scheduleNamePrefix: QueryName | None = None,
     loadContext: bool = False,
 ) -> list[shapes.Schedule]:
     body = ListSchedulesBody(

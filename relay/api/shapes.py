@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 
 from relay_protocol import (
     ApplicationVersionOutput,
@@ -41,6 +41,11 @@ def utf8_json(value: Any) -> Any:
     return value
 
 
+def one_of(*values: str) -> Any:
+    """A string field whose schema lists the values it takes (the code passes plain ``str``)."""
+    return Field(json_schema_extra={"enum": list(values)})
+
+
 class Shape(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,9 +72,37 @@ def _int(value: str | int | None) -> int | None:
         return None
 
 
+def utc(value: datetime) -> datetime:
+    """``value`` in UTC. A time that UTC takes past the years 1 to 9999 (0001-01-01T00:30+01:00)
+    is the first or the last time there is: as a bound of a filter or a window, it leaves out
+    nothing that could exist."""
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, OSError):
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d")
+
+
+def rfc3339(value: Any) -> Any:
+    """Only a date and a time, as RFC 3339 writes them: not a number of seconds, which pydantic
+    would otherwise take for a time."""
+    if isinstance(value, datetime) or (isinstance(value, str) and _RFC3339.match(value)):
+        return value
+    raise ValueError("expected an RFC 3339 date-time, such as 2026-01-31T12:00:00Z")
+
+
+# A time in a query: RFC 3339.
+Rfc3339 = Annotated[datetime, BeforeValidator(rfc3339)]
+# A time in a request body (strict otherwise): RFC 3339, any offset, read as the same instant in UTC.
+UtcTime = Annotated[datetime, Strict(False), BeforeValidator(rfc3339), AfterValidator(utc)]
+
+
 def sdk_time(value: datetime) -> str:
-    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: no ``Z``, six fraction digits)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: four-digit year, six fraction
+    digits, ``+00:00`` rather than ``Z``)."""
+    return utc(value).isoformat(timespec="microseconds")
 
 
 class Workflow(Shape):
@@ -199,15 +232,16 @@ class WorkflowAggregate(Shape):
     maxTotalLatencyMs: int | None = None
 
 
-def workflow_aggregate(a: WorkflowAggregateOutput) -> dict[str, Any]:
-    row = WorkflowAggregate(
+def workflow_aggregate(a: WorkflowAggregateOutput) -> WorkflowAggregate:
+    """Served with ``response_model_exclude_none``: the members not selected are left out, not null
+    (a null inside ``group`` stays: exclusion does not reach into a dict)."""
+    return WorkflowAggregate(
         group=dict(a.group),
         count=a.count,
         minCreatedAt=ms_iso(a.min_created_at),
         maxQueueWaitMs=a.max_queue_wait_ms,
         maxTotalLatencyMs=a.max_total_latency_ms,
     )
-    return row.model_dump(exclude_none=True, exclude={"group"}) | {"group": row.group}  # selected members only
 
 
 class StepAggregate(Shape):
@@ -216,9 +250,8 @@ class StepAggregate(Shape):
     maxDurationMs: int | None = None
 
 
-def step_aggregate(a: StepAggregateOutput) -> dict[str, Any]:
-    row = StepAggregate(group=dict(a.group), count=a.count, maxDurationMs=a.max_duration_ms)
-    return row.model_dump(exclude_none=True, exclude={"group"}) | {"group": row.group}
+def step_aggregate(a: StepAggregateOutput) -> StepAggregate:
+    return StepAggregate(group=dict(a.group), count=a.count, maxDurationMs=a.max_duration_ms)
 
 
 class Queue(Shape):

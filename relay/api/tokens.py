@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import Ctx, Page, PathId, actor, iso, permitted
+from relay.api.common import NO_NUL, Body, Ctx, Page, PathId, actor, iso, permitted, storable
+from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.store.keys import TokenRecord
 
@@ -27,49 +28,67 @@ Reader = Annotated[KeyGrant, Depends(_reader)]
 Writer = Annotated[KeyGrant, Depends(_writer)]
 
 
-class CreateToken(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    appNames: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = None
-    permissions: list[Permission] | None = None
+AppName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]
 
 
-class RenameToken(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CreateToken(Body):
+    appNames: (
+        list[Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]] | None
+    ) = None
+    permissions: list[Annotated[Permission, Strict(False)]] | None = None  # by value
 
+
+class RenameToken(Body):
     newName: TokenName
 
 
-def token_json(record: TokenRecord) -> dict[str, Any]:
-    return {
-        "tokenName": record.name,
+class Token(Shape):
+    """Conductor's Token (``tokenName``, ``appIds``, ``permissions``, ``createdAt``), with Relay's
+    ``appNames`` (null: every app) and ``source`` (``config`` for relay.yaml's keys)."""
+
+    tokenName: str
+    appIds: list[str]
+    appNames: list[str] | None
+    permissions: list[Permission]
+    createdAt: str | None
+    source: str = one_of("config", "api", "generated")
+
+
+class TokenCreated(Shape):
+    token: str
+    tokenName: str
+
+
+def token(record: TokenRecord) -> Token:
+    return Token(
+        tokenName=record.name,
         # Conductor names apps by id; Relay's apps are known by name, so both carry the names.
-        "appIds": record.apps or [],
-        "appNames": record.apps,
-        "permissions": [p.value for p in record.permissions],
-        "createdAt": iso(record.created_at),
-        "source": record.source,
-    }
+        appIds=record.apps or [],
+        appNames=record.apps,
+        permissions=record.permissions,
+        createdAt=iso(record.created_at),
+        source=record.source,
+    )
 
 
 @router.get("")
-async def list_tokens(org: str, ctx: Ctx, _: Reader, page: Page) -> list[dict[str, Any]]:
-    return [token_json(t) for t in await ctx.keys.list_tokens(org, page.limit, page.offset)]
+async def list_tokens(org: str, ctx: Ctx, _: Reader, page: Page) -> list[Token]:
+    return [token(t) for t in await ctx.keys.list_tokens(org, page.limit, page.offset)]
 
 
 @router.post("/{token_name}", status_code=201)
 async def create_token(
     org: str, token_name: TokenName, ctx: Ctx, who: Writer, body: CreateToken | None = None
-) -> dict[str, str]:
+) -> TokenCreated:
     """A new key; its secret is in this answer and nowhere else (Relay keeps only its SHA-256)."""
     body = body or CreateToken()
     created = await ctx.tokens.create(org, token_name, body.appNames, body.permissions, who)
-    return {"token": created.secret, "tokenName": created.record.name}
+    return TokenCreated(token=created.secret, tokenName=created.record.name)
 
 
 @router.patch("/{token_name}")
-async def rename_token(org: str, token_name: PathId, body: RenameToken, ctx: Ctx, who: Writer) -> dict[str, Any]:
-    return token_json(await ctx.tokens.rename(org, token_name, body.newName, actor(who)))
+async def rename_token(org: str, token_name: PathId, body: RenameToken, ctx: Ctx, who: Writer) -> Token:
+    return token(await ctx.tokens.rename(org, token_name, body.newName, actor(who)))
 
 
 @router.delete("/{token_name}", status_code=204)

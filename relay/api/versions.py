@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from relay.api import shapes
-from relay.api.common import Admin, Caller, Ctx, actor, answered, audited
+from relay.api.common import Admin, Body, Caller, Ctx, NonEmptyName, actor, answered, audited
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -17,10 +16,8 @@ from relay_protocol import (
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"])
 
 
-class LatestIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    versionName: str = Field(min_length=1, max_length=4096)
+class LatestIn(Body):
+    versionName: NonEmptyName
 
 
 @router.get("", response_model=list[shapes.ApplicationVersion])

@@ -7,16 +7,36 @@ both need ``application.write``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from relay.api import shapes
-from relay.api.common import MAX_PAGE, Admin, ApiError, Caller, Ctx, PathId, actor, answered, audited
-from relay.api.shapes import sdk_time
+from relay.api.common import (
+    INT32_MAX,
+    MAX_OFFSET,
+    MAX_PAGE,
+    MAX_SAFE_INTEGER,
+    Admin,
+    ApiError,
+    Body,
+    Caller,
+    Ctx,
+    JsonInteger,
+    Name,
+    NonEmptyName,
+    PathId,
+    QueryName,
+    actor,
+    answered,
+    audited,
+)
+from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     CancelReply,
     CancelRequest,
@@ -56,11 +76,7 @@ from relay_protocol import (
 )
 
 router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
-Names = list[Annotated[str, Field(max_length=4096)]] | None
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+Names = list[Name] | None
 
 
 class WorkflowSearch(Body):
@@ -77,20 +93,20 @@ class WorkflowSearch(Body):
     appVersion: Names = None
     parentWorkflowId: Names = None
     forkedFrom: Names = None
-    startTime: datetime | None = None
-    endTime: datetime | None = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
-    dequeuedAfter: datetime | None = None
-    dequeuedBefore: datetime | None = None
+    startTime: UtcTime | None = None
+    endTime: UtcTime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
+    dequeuedAfter: UtcTime | None = None
+    dequeuedBefore: UtcTime | None = None
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
     queuesOnly: bool = False
     loadInput: bool = False
     loadOutput: bool = False
     sortDesc: bool = False
-    limit: int | None = Field(default=None, ge=1, le=MAX_PAGE)
-    offset: int | None = Field(default=None, ge=0)
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE), JsonInteger] | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET), JsonInteger] | None = None
     attributes: dict[str, Any] | None = None
 
     def body(self) -> ListWorkflowsBody:
@@ -140,10 +156,10 @@ async def list_workflows(
     app: str,
     ctx: Ctx,
     _: Caller,
-    status: str | None = None,
-    workflowName: str | None = None,
+    status: QueryName | None = None,
+    workflowName: QueryName | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
     loadInput: bool = False,
     loadOutput: bool = False,
@@ -167,7 +183,30 @@ async def search_workflows(
     return await _list(ctx, org, app, search or WorkflowSearch())
 
 
+def at_least_one(*flags: str, number: str | None = None) -> dict[str, Any]:
+    """The schema of "one of these booleans true, or ``number`` given" (what the SDK needs to group by)."""
+    ways: list[dict[str, Any]] = [{"required": [flag], "properties": {flag: {"const": True}}} for flag in flags]
+    if number is not None:
+        ways.append({"required": [number], "properties": {number: {"type": "integer"}}})
+    return {"anyOf": ways}
+
+
+WORKFLOW_GROUPS = (
+    "groupByStatus",
+    "groupByWorkflowName",
+    "groupByQueueName",
+    "groupByExecutorId",
+    "groupByAppVersion",
+    "groupByApplicationName",
+)
+
+
 class WorkflowAggregates(Body):
+    """Groups by one or more members (``timeBucketSizeMs`` groups by time); selects the count unless
+    told what else."""
+
+    model_config = ConfigDict(json_schema_extra=at_least_one(*WORKFLOW_GROUPS, number="timeBucketSizeMs"))
+
     groupByStatus: bool = False
     groupByWorkflowName: bool = False
     groupByQueueName: bool = False
@@ -180,7 +219,7 @@ class WorkflowAggregates(Body):
     selectMaxTotalLatencyMs: bool = False
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
-    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
     workflowName: Names = None
     appVersion: Names = None
@@ -192,24 +231,33 @@ class WorkflowAggregates(Body):
     parentWorkflowId: Names = None
     user: Names = None
     scheduleName: Names = None
-    startTime: datetime | None = None
-    endTime: datetime | None = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
-    dequeuedAfter: datetime | None = None
-    dequeuedBefore: datetime | None = None
+    startTime: UtcTime | None = None
+    endTime: UtcTime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
+    dequeuedAfter: UtcTime | None = None
+    dequeuedBefore: UtcTime | None = None
     attributes: dict[str, Any] | None = None
+
+    def groups(self) -> bool:
+        return self.timeBucketSizeMs is not None or any(getattr(self, flag) for flag in WORKFLOW_GROUPS)
 
 
 def _when(value: datetime | None) -> str | None:
     return sdk_time(value) if value is not None else None
 
 
-@router.post("/workflows/aggregates")
+def _ungrouped(by: str) -> ApiError:
+    """The SDK refuses an aggregate with nothing to group by (a ValueError, which would be a 502)."""
+    return ApiError(422, "invalid_request", f"nothing to group by: give timeBucketSizeMs or set one of {by}")
+
+
+@router.post("/workflows/aggregates", response_model=list[shapes.WorkflowAggregate], response_model_exclude_none=True)
 async def workflow_aggregates(
-    org: str, app: str, ctx: Ctx, _: Caller, query: WorkflowAggregates | None = None
-) -> list[dict[str, Any]]:
-    q = query or WorkflowAggregates()
+    org: str, app: str, q: WorkflowAggregates, ctx: Ctx, _: Caller
+) -> list[shapes.WorkflowAggregate]:
+    if not q.groups():
+        raise _ungrouped(", ".join(WORKFLOW_GROUPS))
     body = GetWorkflowAggregatesBody(
         group_by_status=q.groupByStatus,
         group_by_name=q.groupByWorkflowName,
@@ -248,23 +296,31 @@ async def workflow_aggregates(
 
 
 class StepAggregates(Body):
+    """Groups by one or both members (``timeBucketSizeMs`` groups by time)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=at_least_one("groupByFunctionName", "groupByStatus", number="timeBucketSizeMs")
+    )
+
     groupByFunctionName: bool = False
     groupByStatus: bool = False
     selectCount: bool = False
     selectMaxDurationMs: bool = False
-    timeBucketSizeMs: int | None = Field(default=None, ge=1)
+    timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
     stepName: Names = None
     workflowIdPrefix: Names = None
-    completedAfter: datetime | None = None
-    completedBefore: datetime | None = None
+    completedAfter: UtcTime | None = None
+    completedBefore: UtcTime | None = None
+
+    def groups(self) -> bool:
+        return self.timeBucketSizeMs is not None or self.groupByFunctionName or self.groupByStatus
 
 
-@router.post("/steps/aggregates")
-async def step_aggregates(
-    org: str, app: str, ctx: Ctx, _: Caller, query: StepAggregates | None = None
-) -> list[dict[str, Any]]:
-    q = query or StepAggregates()
+@router.post("/steps/aggregates", response_model=list[shapes.StepAggregate], response_model_exclude_none=True)
+async def step_aggregates(org: str, app: str, q: StepAggregates, ctx: Ctx, _: Caller) -> list[shapes.StepAggregate]:
+    if not q.groups():
+        raise _ungrouped("groupByFunctionName, groupByStatus")
     body = GetStepAggregatesBody(
         group_by_function_name=q.groupByFunctionName,
         group_by_status=q.groupByStatus,
@@ -289,19 +345,33 @@ class CancelIn(Body):
 
 
 class ResumeIn(Body):
-    queueName: str | None = Field(default=None, max_length=4096)
+    queueName: Name | None = None
 
 
 class ForkIn(Body):
-    startStep: int = Field(default=1, ge=0)
-    appVersion: str | None = Field(default=None, max_length=4096)
-    newWorkflowId: str | None = Field(default=None, min_length=1, max_length=4096)
-    queueName: str | None = Field(default=None, max_length=4096)
-    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+    startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 1
+    appVersion: Name | None = None
+    newWorkflowId: NonEmptyName | None = None
+    queueName: Name | None = None
+    queuePartitionKey: Name | None = None
+
+
+def exported(text: str) -> str:
+    """``text``, if it is what an export gives: gzip in base64 (the executor unpickles what that holds)."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    if not raw.startswith(GZIP_MAGIC):
+        raise ValueError("not an exported workflow: an export is gzip in base64")
+    return text
+
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class SerializedIn(Body):
-    serializedWorkflow: str
+    serializedWorkflow: Annotated[str, AfterValidator(exported)]
 
 
 @router.post("/workflows/import", status_code=201, response_class=Response)
@@ -343,7 +413,7 @@ async def list_steps(
     ctx: Ctx,
     _: Caller,
     limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
-    offset: Annotated[int | None, Query(ge=0)] = None,
+    offset: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
     loadOutput: bool = True,
 ) -> list[shapes.Step]:
     """The workflow's steps with their outputs, as Conductor's listWorkflowSteps (no loadOutput there)."""
@@ -470,7 +540,7 @@ async def delete_workflow(
 
 # -- several workflows ---------------------------------------------------------------------------
 
-Ids = Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(min_length=1, max_length=MAX_PAGE)]
+Ids = Annotated[list[NonEmptyName], Field(min_length=1, max_length=MAX_PAGE)]
 
 
 class BulkCancel(Body):
@@ -480,7 +550,7 @@ class BulkCancel(Body):
 
 class BulkResume(Body):
     workflowIds: Ids
-    queueName: str | None = Field(default=None, max_length=4096)
+    queueName: Name | None = None
 
 
 class BulkDelete(Body):
@@ -489,14 +559,27 @@ class BulkDelete(Body):
 
 
 class BulkForkFromFailure(Body):
+    """Each workflow forked from exactly one of: its last failure, its last step, a step number, a step name."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["fromLastFailure"], "properties": {"fromLastFailure": {"const": True}}},
+                {"required": ["fromLastStep"], "properties": {"fromLastStep": {"const": True}}},
+                {"required": ["fromStep"], "properties": {"fromStep": {"type": "integer"}}},
+                {"required": ["fromStepName"], "properties": {"fromStepName": {"type": "string"}}},
+            ]
+        }
+    )
+
     workflowIds: Ids
-    appVersion: str | None = Field(default=None, max_length=4096)
-    queueName: str | None = Field(default=None, max_length=4096)
-    queuePartitionKey: str | None = Field(default=None, max_length=4096)
+    appVersion: Name | None = None
+    queueName: Name | None = None
+    queuePartitionKey: Name | None = None
     fromLastFailure: bool = False
     fromLastStep: bool = False
-    fromStep: int | None = Field(default=None, ge=0)
-    fromStepName: str | None = Field(default=None, max_length=4096)
+    fromStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] | None = None
+    fromStepName: Name | None = None
 
 
 @router.post("/workflows/bulk-cancel", status_code=204, response_class=Response)

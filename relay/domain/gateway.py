@@ -26,10 +26,12 @@ from relay.errors import (
     NoAnswer,
     NoHealthyExecutor,
     TooManyRequests,
+    UnsendableRequest,
     UnsupportedMessage,
 )
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
+from relay_protocol import ProtocolError as WireError
 from relay_protocol import Reply, Request
 
 log = logging.getLogger("relay.gateway")
@@ -63,7 +65,12 @@ class ExecutorGateway:
     ) -> R:
         """The reply of one healthy executor of the app to the request ``make()`` builds (a new
         request id per executor tried). Raises :class:`NoHealthyExecutor` (the API's 503),
-        :class:`NoAnswer` (502), :class:`UnsupportedMessage` (501), :class:`TooManyRequests` (429)."""
+        :class:`NoAnswer` (502), :class:`UnsupportedMessage` (501), :class:`TooManyRequests` (429),
+        :class:`UnsendableRequest` (422) before any executor is asked."""
+        try:
+            make().to_frame()
+        except WireError as exc:
+            raise UnsendableRequest(str(exc)) from exc
         slot = (org, app)
         if self._in_flight.get(slot, 0) >= self.limits.in_flight_per_app:
             raise TooManyRequests(f"app {app!r} has {self.limits.in_flight_per_app} requests in flight already")

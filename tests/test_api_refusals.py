@@ -1,0 +1,219 @@
+"""Requests the HTTP API must refuse by itself, as a client's mistake (4xx), rather than pass them
+on to the database or an executor and answer 5xx; and requests it must pass on in a form the
+executor reads. Found by fuzzing the OpenAPI document
+(tests/test_openapi_fuzz.py); each case here is one it found."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from relay.api.shapes import sdk_time
+
+ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+
+
+@pytest.fixture(scope="module")
+def relay(
+    postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RelayProcess]:
+    workdir, database = tmp_path_factory.mktemp("refusals"), postgres.create_database("relay")
+    relay = RelayProcess(workdir, database, relay_yaml(free_port()))
+    failed_before = request.session.testsfailed
+    relay.start()
+    yield relay
+    relay.stop()
+    if request.session.testsfailed > failed_before:
+        print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def executor(relay: RelayProcess, postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real executor of ``ledger`` (with harness/workflow_app.py's workflows), so that requests
+    reach as far as they can."""
+    workdir, sysdb = tmp_path_factory.mktemp("refusals-executor"), postgres.create_database("sys")
+    env = {"RELAY_TEST_SEED": "1"}
+    executor = ExecutorProcess(workdir, sysdb, relay.conductor_url, module="harness.workflow_app", env=env)
+    yield executor.executor_id
+    executor.stop()
+
+
+@pytest.fixture
+def api(relay: RelayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=relay.http, headers=ADMIN, timeout=10) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("TRACE", "/healthz", "GET"),
+        ("POST", "/v2/orgs/acme/apps", "GET"),
+        ("GET", "/v2/orgs/acme/apps/ledger/workflows/abc/cancel", "POST"),
+        ("POST", "/v2/orgs/acme/apps/ledger", "GET, PUT, PATCH, DELETE"),  # four routes share the path
+        ("PUT", "/conductor/v2/orgs/acme/tokens/abc", "POST, PATCH, DELETE"),
+    ],
+)
+def test_a_method_not_allowed_says_which_are(api: httpx.Client, method: str, path: str, allowed: str) -> None:
+    resp = api.request(method, path)
+    assert resp.status_code == 405, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert resp.headers["allow"] == allowed, "RFC 9110: a 405 lists the methods of the resource"
+
+
+@pytest.mark.parametrize("path", ["/apps", "/apps/ledger/executors", "/apps/ledger/recoveries", "/tokens", "/audit"])
+def test_an_offset_past_a_bigint_is_refused(api: httpx.Client, path: str) -> None:
+    assert api.get(f"/v2/orgs/acme{path}", params={"offset": 2**53 - 1}).status_code == 200
+    for offset in (2**53, 2**63):  # past what JSON carries exactly, past a bigint
+        resp = api.get(f"/v2/orgs/acme{path}", params={"offset": offset})
+        assert resp.status_code == 422, resp.text  # not 503 "database error: bigint out of range"
+        assert resp.json()["errors"][0]["location"] == "query.offset"
+
+
+Json = dict[str, object]
+TOO_BIG = 2**63
+TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "params"),
+    [
+        ("GET", "/workflows", None, {"offset": TOO_BIG}),
+        ("GET", "/workflows/abc/steps", None, {"offset": TOO_BIG}),
+        ("POST", "/workflows/search", {"offset": TOO_BIG}, None),
+        ("POST", "/workflows/search", {"workflowName": ["a\u0000b"]}, None),
+        ("POST", "/workflows/search", {"workflowIds": [TOO_LONG]}, None),
+        ("POST", "/workflows/search", {"attributes": {"k": "\u0000"}}, None),
+        ("POST", "/workflows/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
+        ("POST", "/steps/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
+        ("POST", "/workflows/abc/fork", {"startStep": TOO_BIG}, None),
+        ("POST", "/workflows/abc/resume", {"queueName": TOO_LONG}, None),
+        ("POST", "/workflows/bulk-cancel", {"workflowIds": ["a\u0000"]}, None),
+        ("POST", "/workflows/bulk-fork-from-failure", {"workflowIds": ["a"], "fromStep": TOO_BIG}, None),
+        ("GET", f"/workflows/{TOO_LONG}", None, None),
+        ("GET", f"/schedules/{TOO_LONG}", None, None),
+        ("PATCH", "/versions/latest", {"versionName": TOO_LONG}, None),
+    ],
+)
+def test_what_the_protocol_cannot_carry_is_refused(
+    api: httpx.Client,
+    executor: str,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+    params: dict[str, int] | None,
+) -> None:
+    resp = api.request(method, f"/v2/orgs/acme/apps/ledger{path}", json=body, params=params)
+    assert resp.status_code == 422, resp.text  # not 500: the request never leaves Relay
+    assert resp.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"startTime": "0001-01-01T00:00:00Z"}, 200),  # the executor read "1-01-01T..." and failed: 502
+        ({"startTime": "0999-12-31T23:00:00+01:00", "endTime": "9999-12-31T23:59:59Z"}, 200),
+        ({"startTime": "0001-01-01T00:00:00+01:00"}, 200),  # year 0 in UTC: a 500 before; the first time
+        ({"endTime": "9999-12-31T23:59:59-01:00"}, 200),  # year 10000: the last time
+        ({"startTime": 0}, 422),  # RFC 3339, not seconds
+    ],
+)
+def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
+    api: httpx.Client, executor: str, body: Json, status: int
+) -> None:
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/search", json=body)
+    assert resp.status_code == status, resp.text
+
+
+def test_sdk_time_is_what_python_3_10_reads() -> None:
+    for when in (
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(999, 12, 31, 23, 59, 59, 5, tzinfo=UTC),
+        datetime(2026, 5, 1, 12, 0, tzinfo=timezone(timedelta(hours=2))),
+    ):
+        text = sdk_time(when)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", text), text
+        assert datetime.fromisoformat(text) == when
+
+
+@pytest.mark.parametrize("path", ["/workflows/aggregates", "/steps/aggregates"])
+def test_an_aggregate_groups_by_something(api: httpx.Client, executor: str, path: str) -> None:
+    assert api.post(f"/v2/orgs/acme/apps/ledger{path}").status_code == 422  # the body says what to group by
+    for nothing in ({}, {"selectCount": True}, {"groupByStatus": False, "timeBucketSizeMs": None}):
+        resp = api.post(f"/v2/orgs/acme/apps/ledger{path}", json=nothing)
+        assert resp.status_code == 422, resp.text  # the SDK's ValueError: a 502, with its traceback, before
+        assert "nothing to group by" in resp.json()["detail"]
+    resp = api.post(f"/v2/orgs/acme/apps/ledger{path}", json={"timeBucketSizeMs": 60_000})
+    assert resp.status_code == 200, resp.text  # a time bucket is a group
+
+
+@pytest.mark.parametrize(
+    "serialized", ["0", "not base64!", base64.b64encode(b"a pickle, but not gzipped").decode(), ""]
+)
+def test_an_import_is_what_an_export_gives(api: httpx.Client, executor: str, serialized: str) -> None:
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json={"serializedWorkflow": serialized})
+    assert resp.status_code == 422, resp.text  # the executor failed to unpack it: a 502, before
+    assert resp.json()["errors"][0]["location"] == "body.serializedWorkflow"
+
+
+def test_importing_a_workflow_that_exists_is_a_conflict(api: httpx.Client, executor: str) -> None:
+    exported = api.get("/v2/orgs/acme/apps/ledger/workflows/done-1/export")
+    assert exported.status_code == 200, exported.text
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json=exported.json())
+    assert resp.status_code == 409, resp.text  # the executor's UniqueViolation: a 502 with its traceback, before
+    assert resp.json()["detail"] == "DETAIL:  Key (workflow_uuid)=(done-1) already exists."
+    forked = api.post("/v2/orgs/acme/apps/ledger/workflows/failed-1/fork", json={"newWorkflowId": "done-1"})
+    assert forked.status_code == 409, forked.text
+
+
+@pytest.mark.parametrize("count", [1, 400])
+def test_resuming_workflows_that_do_not_exist_is_a_404_however_many(
+    api: httpx.Client, executor: str, count: int
+) -> None:
+    ids = [f"nope-{i}" for i in range(count)]
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-resume", json={"workflowIds": ids})
+    assert resp.status_code == 404, resp.text  # 400 ids: 502, the error cut before it said "non-existent"
+    assert "non-existent target workflow id: nope-0" in resp.json()["detail"].lower()  # the exception, not "Traceback"
+
+
+def test_forking_from_a_step_name_the_workflow_lacks_is_a_404(api: httpx.Client, executor: str) -> None:
+    body = {"workflowIds": ["done-1"], "fromStepName": "no-such-step"}
+    resp = api.post("/v2/orgs/acme/apps/ledger/workflows/bulk-fork-from-failure", json=body)
+    assert resp.status_code == 404, resp.text  # 502, before
+    assert resp.json()["detail"] == "Exception: Workflow done-1 has no step named 'no-such-step'"
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/apps/ledger/workflows", {"status": "a\x00b"}),  # a 500: the handler's own model refused it
+        ("/apps/ledger/workflows", {"workflowName": "\x00"}),
+        ("/apps/ledger/schedules", {"workflowName": "\x00"}),
+        ("/apps/ledger/recoveries", {"executorId": "\x00"}),  # a 500: PostgreSQL refused it
+        ("/audit", {"executorId": "\x00"}),
+        ("/audit", {"app": "ledger\x00"}),
+    ],
+)
+def test_a_nul_in_a_query_is_refused(api: httpx.Client, executor: str, path: str, params: dict[str, str]) -> None:
+    resp = api.get(f"/v2/orgs/acme{path}", params=params)
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("app", ["a\x00", "\udc00"])
+@pytest.mark.parametrize("name", ["odd-app", "ops"])  # "ops": taken by relay.yaml's key
+def test_a_key_for_an_app_name_postgresql_cannot_store_is_refused(api: httpx.Client, name: str, app: str) -> None:
+    body, headers = json.dumps({"appNames": [app]}).encode(), {"content-type": "application/json"}
+    resp = api.post(f"/v2/orgs/acme/tokens/{name}", content=body, headers=headers)
+    assert resp.status_code == 422, resp.text  # 503 "database error", before
