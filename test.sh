@@ -6,9 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e ./protocol -e '.[test]'
-.venv/bin/ruff check relay workflows tests bench chaos harness protocol deploy
-.venv/bin/ruff format --check relay workflows tests bench chaos harness protocol deploy
+.venv/bin/ruff check relay workflows tests bench chaos harness protocol deploy client
+.venv/bin/ruff format --check relay workflows tests bench chaos harness protocol deploy client
 .venv/bin/mypy relay workflows chaos bench harness protocol/relay_protocol deploy
+# relay_client is typed against the dbos it runs on (3.4), in its own venv (built once, cached).
+.venv/bin/python -m harness.client_venv >/dev/null
+(cd client && ../.venv-client/bin/mypy relay_client)
 .venv/bin/python -m pytest "$@"
 # A plain run (CI's) is also gated by chaos: every recorded run that once found
 # a bug is replayed, then one fresh seeded run of the ci profile.

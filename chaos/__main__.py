@@ -1,6 +1,7 @@
-"""``python -m chaos run [--profile ci|soak] [--seed N] [--out DIR]`` and ``python -m chaos replay FILE``.
+"""``python -m chaos run [--profile ci|soak] [--seed N] [--out DIR] [--client]`` and ``python -m chaos replay FILE``.
 
-Exit 0 only if every check holds.
+``--client``: the executors run on dbos 3.4 with relay_client instead of the 3.2
+SDK's own conductor client. Exit 0 only if every check holds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def _report(result: dict[str, Any]) -> int:
             print(f"  - {violation}")
         return 1
     print(f"chaos run passed: seed {result['seed']}, profile {result['profile']['name']}, "
+          f"{'relay_client on dbos 3.4, ' if result.get('client') else ''}"
           f"{result['duration_secs']} s")  # fmt: skip
     return 0
 
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("--profile", choices=sorted(PROFILES), default="ci")
     run_cmd.add_argument("--seed", type=int, default=None)
     run_cmd.add_argument("--out", type=Path, default=Path(".chaos"))
+    run_cmd.add_argument("--client", action="store_true", help="executors on dbos 3.4 through relay_client")
     replay = sub.add_parser("replay", help="run a recorded schedule again")
     replay.add_argument("file", type=Path)
     replay.add_argument("--out", type=Path, default=Path(".chaos"))
@@ -49,12 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         seed = args.seed if args.seed is not None else random.randrange(1_000_000)
         profile = PROFILES[args.profile]
         schedule = make_schedule(seed, profile)
+        client = args.client
     else:
         recorded = json.loads(args.file.read_text())
         seed, profile = recorded["seed"], Profile.from_json(recorded["profile"])
         schedule = [Fault(**f) for f in recorded["schedule"]]
-    print(f"chaos {args.command}: seed {seed}, profile {profile.name}, {len(schedule)} faults", flush=True)
-    return _report(run(profile, seed, schedule, args.out))
+        client = bool(recorded.get("client", False))
+    executors = "dbos 3.4 with relay_client" if client else "dbos 3.2"
+    print(f"chaos {args.command}: seed {seed}, profile {profile.name}, {len(schedule)} faults, {executors}", flush=True)
+    return _report(run(profile, seed, schedule, args.out, client))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The chaos fleet's executor: a real DBOS 3.2 application using the SDK's own
-conductor client, with a workload whose every step leaves evidence.
+conductor client, with a workload whose every step leaves evidence. With
+CHAOS_CLIENT=1 it is the same application on dbos 3.4 (run by the client's
+venv, harness/client_venv.py) reaching Relay through relay_client instead.
 
 Run as ``python -m chaos.app`` with CHAOS_* settings in the environment. It
 starts a workflow every ``CHAOS_INTERVAL`` seconds until ``CHAOS_UNTIL`` (a
@@ -18,9 +20,11 @@ its checkpoint, so a second row for a workflow is a real double execution.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import time
+from typing import Any
 
 import sqlalchemy as sa
 from dbos import DBOS, DBOSConfig, Queue, SetWorkflowID, SQLAlchemyDatasource
@@ -116,19 +120,27 @@ def start_one(n: int, rng: random.Random) -> None:
 
 
 def main() -> None:
+    app = ENV["CHAOS_APP"]
     config: DBOSConfig = {
-        "name": ENV["CHAOS_APP"],
+        "name": app,
         "system_database_url": ENV["CHAOS_SYSDB"],
-        "conductor_url": ENV["CHAOS_CONDUCTOR_URL"],
-        "conductor_key": ENV["CHAOS_CONDUCTOR_KEY"],
         "application_version": ENV["CHAOS_VERSION"],
         "notification_listener_polling_interval_sec": 0.1,
         "sys_db_pool_size": 6,
     }
+    client: Any = None
+    if ENV.get("CHAOS_CLIENT"):
+        # By name: this file is type-checked on dbos 3.2, where relay_client is not installed.
+        client = importlib.import_module("relay_client")
+        config["executor_id"] = client.new_executor_id()
+    else:
+        config["conductor_url"] = ENV["CHAOS_CONDUCTOR_URL"]
+        config["conductor_key"] = ENV["CHAOS_CONDUCTOR_KEY"]
     prepare()
     DBOS(config=config)
     DBOS.launch()
-    app = ENV["CHAOS_APP"]
+    if client is not None:
+        client.connect(ENV["CHAOS_CONDUCTOR_URL"], key=ENV["CHAOS_CONDUCTOR_KEY"], app=app)
     queues["serial"] = DBOS.register_queue(f"{app}-serial", global_concurrency=1)
     queues["pool"] = DBOS.register_queue(f"{app}-pool", global_concurrency=4)
     print(f"READY {GlobalParams.executor_id}", flush=True)

@@ -7,7 +7,8 @@ cut one executor off while it keeps running) to a TCP load balancer (round
 robin, skipping instances whose /readyz fails) in front of
 ``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
 Processes, proxies, the balancer and PostgreSQL come from ``harness/``, the
-same ones the integration tests use.
+same ones the integration tests use. With ``client``, the executors are the
+same application on dbos 3.4 using relay_client (harness/client_venv.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import psycopg
 from chaos.checker import History, check, figures
 from chaos.schedule import Fault, Profile
 from harness.balancer import TcpBalancer
+from harness.client_venv import client_python
 from harness.executors import await_ready
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
@@ -53,10 +55,12 @@ class Slot:
 
 
 class Fleet:
-    def __init__(self, profile: Profile, seed: int, workdir: Path) -> None:
+    def __init__(self, profile: Profile, seed: int, workdir: Path, client: bool = False) -> None:
         self.profile = profile
         self.seed = seed
         self.workdir = workdir
+        self.client = client
+        self.python = str(client_python()) if client else sys.executable
         self.pg = Postgres()
         self.sysdb = self.pg.create_database("chaos_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
@@ -108,10 +112,11 @@ class Fleet:
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
             "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
+            **({"CHAOS_CLIENT": "1"} if self.client else {}),
         }  # fmt: skip
         log = open(self.workdir / f"executor-{slot.index}-{len(slot.ids)}.log", "wb")
         slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
+            [self.python, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
         )
         log.close()
         executor_id = await_ready(slot.proc)
@@ -224,11 +229,11 @@ def settled(fleet: Fleet) -> bool:
     return row is not None and row[0] == 0
 
 
-def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[str, Any]:
+def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
     started = time.time()
-    fleet = Fleet(profile, seed, workdir)
+    fleet = Fleet(profile, seed, workdir, client)
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     try:
@@ -253,6 +258,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
     violations = check(history)
     result = {
         "seed": seed,
+        "client": client,
         "profile": profile.to_json(),
         "schedule": [f.to_json() for f in schedule],
         "faults": done,
@@ -264,7 +270,8 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
         "duration_secs": round(time.time() - started, 1),
         "workdir": str(workdir),
     }
-    (out / f"run-{profile.name}-{seed}.json").write_text(json.dumps(result, indent=2))
+    name = f"run-{profile.name}-{seed}{'-client' if client else ''}.json"
+    (out / name).write_text(json.dumps(result, indent=2))
     return result
 
 

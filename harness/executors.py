@@ -48,8 +48,9 @@ class ExecutorProcess:
     def __init__(
         self, workdir: Path, sysdb_url: str, conductor_url: str, org: str = "acme", app: str = "ledger",
         version: str = "v1", sleepers: int = 0, key: str | None = None, env: dict[str, str] | None = None,
-        module: str = "harness.executor_app",
+        python: str | Path = sys.executable, module: str = "harness.executor_app",
     ) -> None:  # fmt: skip
+        """``python``/``module``: another program, e.g. harness.client_app in the client's venv."""
         self.org = org
         self.app = app
         self.log_path = workdir / f"executor-{uuid.uuid4().hex[:6]}.log"
@@ -65,7 +66,7 @@ class ExecutorProcess:
         }
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module],
+            [str(python), "-m", module],
             stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
         )  # fmt: skip
         self.executor_id = self._wait_ready()

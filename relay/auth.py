@@ -45,6 +45,14 @@ def new_key() -> tuple[str, str]:
     return key, hash_key(key)
 
 
+# Keys Relay hands out (the tokens API, the first start, ``relay init``) start so: recognisable in a leak.
+SECRET_PREFIX = "relay_"
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + new_key()[0]
+
+
 @dataclass(frozen=True)
 class KeyGrant:
     """What one key may do. ``key_id`` never changes (a rename keeps it); ``apps`` None means every app."""

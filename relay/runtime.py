@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,6 +25,7 @@ from relay.appmetrics import AppFiguresCollector
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -53,9 +54,16 @@ log = logging.getLogger("relay")
 EXIT_FENCED = 3
 
 
+Announce = Callable[[FirstKeys], None]
+
+
 class Runtime:
-    def __init__(self, config: RelayConfig, database_url: str, instance_id: str) -> None:
+    def __init__(
+        self, config: RelayConfig, database_url: str, instance_id: str, announce: Announce | None = None
+    ) -> None:
         self.config = config
+        # Told what the first start found or made (the command line prints it), when no org is configured.
+        self.announce = announce
         self.instance_id = instance_id
         self.db = Database(database_url)
         self.apps = AppStore(self.db)
@@ -132,6 +140,9 @@ class Runtime:
         await self.db.migrate()
         await self.apps.sync_config(self.config)
         await self.keys.sync_config(self.config)
+        first = await ensure_first_keys(self.keys, self.config)
+        if first is not None and self.announce is not None:
+            self.announce(first)  # at once: a start that fails later must not lose the secrets it made
         await self.tokens.refresh()
         await self.lease.acquire()
         self.lease.start()
@@ -216,9 +227,9 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped
 
 
-def serve(config: RelayConfig, database_url: str, instance_id: str) -> None:
+def serve(config: RelayConfig, database_url: str, instance_id: str, announce: Announce | None = None) -> None:
     """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
-    runtime = Runtime(config, database_url, instance_id)
+    runtime = Runtime(config, database_url, instance_id, announce)
     server = uvicorn.Server(uvicorn_config(runtime.asgi(), config))
     log.info("relay instance %s starting", instance_id)
     # uvicorn re-raises the signal that stopped it once it is done; turn that

@@ -24,7 +24,7 @@ import yaml
 
 from harness.compose import Service, build_context, container_ports, is_postgres, read_dockerfile
 from relay.api import build_api
-from relay.cli import _parser as relay_cli_parser
+from relay.cli.serve import serve as relay_serve_command
 from relay.config import RelayConfig, parse_config
 from relay.errors import ConfigError
 from relay.net.guard import PROBES
@@ -120,8 +120,8 @@ def relay_port(argv: list[str], config: RelayConfig) -> int:
     """The port ``relay serve`` listens on with these arguments and this relay.yaml."""
     if argv[:2] != ["relay", "serve"]:
         raise ValueError(f"not a `relay serve` command: {argv}")
-    args = relay_cli_parser().parse_args(argv[1:])
-    return int(args.port if args.port is not None else config.server.port)
+    port = relay_serve_command.make_context("serve", argv[2:]).params["port"]
+    return int(port if port is not None else config.server.port)
 
 
 @functools.cache

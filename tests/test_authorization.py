@@ -34,10 +34,12 @@ class Rule:
     permission: Permission | None  # None: public
     org: bool = True  # the path names an org
     app: bool = False  # the path names an app
+    any_key: bool = False  # with neither permission nor org: any valid key, of any org
 
 
 PUBLIC = Rule(None, org=False)
 MEMBER = Rule(None)  # any valid key of the org
+ANY_KEY = Rule(None, org=False, any_key=True)
 READ, WRITE = Rule(P.APPLICATION_READ, app=True), Rule(P.APPLICATION_WRITE, app=True)
 
 MATRIX: dict[tuple[str, str], Rule] = {
@@ -49,6 +51,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
+    ("GET", "/v2/whoami"): ANY_KEY,
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
     ("GET", "/v2/orgs/{org}/instances"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/apps"): Rule(P.APPLICATION_READ),
@@ -187,6 +190,12 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
     url = fill(path, **OVERRIDES.get((method, path), {}))
     admin = call(relay, method, url, API_KEYS["acme"])
     assert admin not in (401, 403), f"admin got {admin}"
+    if rule.any_key:
+        assert call(relay, method, url, None) == 401
+        assert call(relay, method, url, "not-a-key") == 401
+        assert call(relay, method, url, API_KEYS["globex"]) not in (401, 403), "another org's key"
+        assert call(relay, method, url, keys["websocket-only"]) not in (401, 403)
+        return
     if rule.permission is None and not rule.org:
         assert call(relay, method, url, None) not in (401, 403)
         return

@@ -5,18 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-import psutil
 import pytest
 
 from harness.ports import free_port
 from harness.postgres import Postgres
-from harness.waiting import assert_eventually
 from relay.store.db import Database
 from relay.store.migrations import MIGRATIONS
 
@@ -69,35 +65,6 @@ def test_keys_new_prints_a_key_and_its_hash() -> None:
     import hashlib
 
     assert hashlib.sha256(key.group(1).encode()).hexdigest() == digest.group(1)
-
-
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
-def test_serve_on_embedded_postgres_and_stop_it_on_exit(tmp_path: Path, stop_signal: signal.Signals) -> None:
-    port = free_port()
-    env = {**os.environ, "RELAY_HOME": str(tmp_path / "home")}
-    env.pop("RELAY_DATABASE_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "relay", "serve", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        assert_eventually(lambda: _ready(port), 60, interval=0.2, what="relay on embedded postgres")
-        postmaster = (tmp_path / "home" / "pgdata" / "postmaster.pid").read_text().split()[0]
-        assert psutil.pid_exists(int(postmaster))
-    finally:
-        proc.send_signal(stop_signal)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out
-    assert f"executors connect to: ws://127.0.0.1:{port}/" in out
-    assert f"dashboard and API:    http://127.0.0.1:{port}/" in out
-    assert_eventually(lambda: not psutil.pid_exists(int(postmaster)), 10, what="embedded postgres stopped")
-
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_unreachable_database_fails_cleanly(tmp_path: Path) -> None:

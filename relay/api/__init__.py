@@ -57,6 +57,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     modules = (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions, metrics)
     for module in modules:
         api.include_router(module.router, responses=PROBLEMS)
+    api.include_router(org.caller_router, responses=PROBLEMS)
     generate = api.openapi
 
     def openapi() -> dict[str, Any]:

@@ -11,6 +11,8 @@ from relay.api.common import ApiError, Ctx, authenticated, iso, permitted
 from relay.auth import KeyGrant, Permission
 
 router = APIRouter(prefix="/v2/orgs/{org}", tags=["org"])
+# Routes about the caller that name no org: a client holding only a key (the CLI) starts here.
+caller_router = APIRouter(prefix="/v2", tags=["org"])
 
 
 def _member(request: Request, org: str) -> KeyGrant:
@@ -25,6 +27,7 @@ def _org_reader(request: Request, org: str) -> KeyGrant:
 
 
 Member = Annotated[KeyGrant, Depends(_member)]
+AnyKey = Annotated[KeyGrant, Depends(authenticated)]
 OrgReader = Annotated[KeyGrant, Depends(_org_reader)]
 
 
@@ -56,6 +59,12 @@ async def whoami(org: str, who: Member) -> WhoAmI:
         permissions=sorted(p.value for p in who.permissions),
         appNames=sorted(who.apps) if who.apps is not None else None,
     )
+
+
+@caller_router.get("/whoami", response_model=WhoAmI)
+async def whoami_any_org(who: AnyKey) -> WhoAmI:
+    """The calling key, of whichever org: its org, name, permissions and apps (401 without a valid key)."""
+    return await whoami(who.org, who)
 
 
 @router.get("/instances", response_model=list[Instance])

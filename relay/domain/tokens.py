@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from relay.auth import KeyGrant, KeyRing, Permission, hash_key, new_key
+from relay.auth import KeyGrant, KeyRing, Permission, hash_key, new_secret
 from relay.errors import Conflict, DatabaseError, NotFound
 from relay.net.hub import Hub
 from relay.store.audit import AuditEntry, write_audit
@@ -25,7 +25,6 @@ from relay.store.keys import Conn, KeyStore, TokenRecord
 log = logging.getLogger("relay.tokens")
 
 REFRESH_SECS = 1.0
-PREFIX = "relay_"
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Tokens:
                 apps = sorted(creator.apps)
             elif not set(apps) <= creator.apps:
                 raise Conflict("app_not_held", "a key scoped to apps can only create keys for those apps")
-        secret = PREFIX + new_key()[0]
+        secret = new_secret()
         async with self.db.transaction() as conn:
             record = await self.keys.create(
                 conn, org, name, hash_key(secret), sorted(wanted), apps, f"api:{creator.name}"

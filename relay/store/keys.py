@@ -3,7 +3,9 @@
 Every key has a permanent id (a rename keeps it; executors are bound to it),
 a name unique in its org, the SHA-256 of its secret (the secret itself is
 never stored), Conductor's permissions and an optional list of apps. The
-in-memory :class:`relay.auth.KeyRing` is loaded from here.
+in-memory :class:`relay.auth.KeyRing` is loaded from here. ``source`` says where
+a key came from: ``config`` (relay.yaml), ``api`` (the tokens API) or
+``generated`` (the first start with no configured org, :mod:`relay.domain.firstrun`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,21 @@ import psycopg
 
 from relay.auth import CONDUCTOR, ROLES, KeyGrant, Permission
 from relay.config import KeyConfig, RelayConfig
+from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+# Held while the first start decides whether to make the first keys (any fixed number other
+# than the migrations' lock): instances starting together on one database make them once.
+FIRST_KEYS_LOCK_KEY = 7_215_420_113_002
+FIRST_RUN_ACTOR = "relay:first-run"
+
+
+@dataclass(frozen=True)
+class NewKey:
+    name: str
+    sha256: str
+    permissions: list[Permission]
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,33 @@ class KeyStore:
                            permissions = EXCLUDED.permissions, apps = EXCLUDED.apps""",
                     row,
                 )
+
+    async def create_first_keys(self, org: str, keys: list[NewKey]) -> bool:
+        """If the database holds no key at all, make ``org`` and ``keys`` (source ``generated``) and
+        return True. Under an advisory lock, so that of several instances starting together on one
+        empty database exactly one makes them and the others find them."""
+        async with self.db.transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (FIRST_KEYS_LOCK_KEY,))
+            cur = await conn.execute("SELECT 1 FROM tokens LIMIT 1")
+            if await cur.fetchone() is not None:
+                return False
+            await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org,))
+            for key in keys:
+                permissions = [p.value for p in key.permissions]
+                await conn.execute(
+                    """INSERT INTO tokens (id, org, name, sha256, permissions, apps, source, created_by)
+                       VALUES (%s, %s, %s, %s, %s, NULL, 'generated', %s)""",
+                    (str(uuid.uuid4()), org, key.name, key.sha256, permissions, FIRST_RUN_ACTOR),
+                )
+                detail = {"tokenName": key.name, "permissions": permissions, "appNames": None}
+                await write_audit(conn, org, None, AuditEntry("token.created", FIRST_RUN_ACTOR, detail=detail))
+        return True
+
+    async def generated(self) -> list[TokenRecord]:
+        """The keys the first start made that still exist."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT {_COLUMNS} FROM tokens WHERE source = 'generated' ORDER BY org, name")
+            return [TokenRecord.from_row(r) for r in await cur.fetchall()]
 
     async def grants(self) -> list[tuple[str, KeyGrant]]:
         """Every key, as (sha256, grant), for the key ring."""

@@ -1,0 +1,99 @@
+"""An open executor client for Relay, for applications on DBOS 3.3 and later::
+
+    DBOS(config={..., "executor_id": relay_client.new_executor_id()})
+    DBOS.launch()
+    relay_client.connect("ws://relay:8080/", key="...", app="ledger")
+
+It speaks the executor's side of the DBOS Conductor executor protocol as the
+open-source SDK's client (dbos 3.2) did, built on DBOS's public API. It never
+imports, loads or answers for ``dbos-enterprise``.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import Any
+
+from dbos import DBOS
+
+from relay_client import _internals, ids, lifecycle
+from relay_client.connection import Connection
+from relay_client.errors import ConnectRefused, RelayClientError
+from relay_client.handlers import Handlers, Identity
+from relay_client.ids import new_executor_id
+from relay_client.retention import Retention
+
+__version__ = "0.1.0"
+
+__all__ = ["ConnectRefused", "Connection", "RelayClientError", "connect", "new_executor_id"]
+
+
+def connect(
+    url: str,
+    *,
+    key: str,
+    app: str,
+    metadata: dict[str, Any] | None = None,
+    ca_file: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    max_concurrent_requests: int = 4,
+    send_queue_size: int = 64,
+) -> Connection:
+    """Connect this launched DBOS process to Relay at ``url`` (``ws://`` or ``wss://``) as an executor of ``app``.
+
+    Returns at once; a background thread connects, answers Relay and reconnects
+    after a loss until ``DBOS.destroy()``, the interpreter's exit or
+    :meth:`Connection.stop`. ``metadata`` is reported as the executor's
+    metadata. For ``wss://``, ``ca_file`` names the CA bundle to trust, or
+    ``ssl_context`` is used as given (default: the system's CAs).
+
+    Raises :class:`ConnectRefused` when DBOS is not launched, when its executor id
+    is ``local`` or was not drawn from :func:`new_executor_id` (recovery by id
+    would take other processes' work), when a conductor key is configured, or
+    when a connection of this process is already running.
+    """
+    instance = _refuse_unsafe()
+    executor_id = ids.claim(DBOS.executor_id, instance)
+    if lifecycle.active():
+        raise ConnectRefused("relay_client is already connected in this process; stop() that connection first")
+    identity = Identity(executor_id=executor_id, application_version=DBOS.application_version, metadata=metadata)
+    connection = Connection(
+        url, key=key, app=app, ssl_context=_tls(url, ca_file, ssl_context),
+        handlers=Handlers(identity),
+        max_concurrent_requests=max_concurrent_requests, send_queue_size=send_queue_size,
+        alive=lambda: _internals.live_instance() is instance,
+    )  # fmt: skip
+    connection.handlers.retention = Retention(stopping=lambda: not connection.running)
+    lifecycle.track(connection)
+    connection.start()
+    return connection
+
+
+def _refuse_unsafe() -> DBOS:
+    """The launched DBOS instance, or :class:`ConnectRefused` if connecting it would be unsafe."""
+    instance = _internals.live_instance()
+    if instance is None or not _internals.is_launched(instance):
+        raise ConnectRefused(
+            "DBOS is not launched: call DBOS(config=...) and DBOS.launch() before relay_client.connect()"
+        )
+    if _internals.conductor_key(instance) is not None:
+        raise ConnectRefused(
+            "a conductor key is configured: DBOS then replaces the executor id and connects through "
+            "dbos-enterprise; relay_client needs neither, so remove conductor_key from the DBOS config"
+        )
+    if os.environ.get("DBOS__CLOUD") == "true":
+        raise ConnectRefused("DBOS__CLOUD=true: DBOS Cloud manages its executors' ids itself")
+    return instance
+
+
+def _tls(url: str, ca_file: str | None, ssl_context: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    if ca_file is not None and ssl_context is not None:
+        raise ValueError("give ca_file or ssl_context, not both")
+    if not url.startswith("wss://"):
+        if ca_file is not None or ssl_context is not None:
+            raise ValueError(f"ca_file and ssl_context are for wss:// URLs, not {url.split(':', 1)[0]}://")
+        return None
+    if ca_file is not None:
+        return ssl.create_default_context(cafile=ca_file)
+    return ssl_context

@@ -1,0 +1,237 @@
+"""The socket to Relay: a daemon thread running an asyncio loop that connects,
+answers, and reconnects until stopped.
+
+- Relay speaks first (``executor_info``); the client only answers.
+- Requests are served on worker threads (``asyncio.to_thread``), at most
+  ``max_concurrent_requests`` at once, because DBOS's synchronous API refuses a
+  thread with a running event loop. Replies go through a bounded queue to one
+  sender, so a reply that Relay is slow to take holds its handler back rather
+  than memory growing without bound. Replies to the requests of a connection
+  that has closed are dropped: they were asked on a socket that is gone.
+- The socket answers Relay's pings (websockets does) and pings Relay every 20 s,
+  giving up on it when no pong comes within 15 s, as the SDK's client does.
+- After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so
+  executors cut off together do not all come back in the same instant), forever
+  until stopped.
+- :meth:`Connection.stop` closes the socket with a close frame and ends the
+  thread; it is safe from any thread, and more than once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import threading
+from collections.abc import Callable
+from urllib.parse import quote
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from relay_client.errors import LOGGER_NAME
+from relay_client.handlers import Handlers
+
+log = logging.getLogger(LOGGER_NAME)
+
+PING_INTERVAL_SECS = 20.0
+PING_TIMEOUT_SECS = 15.0
+OPEN_TIMEOUT_SECS = 5.0
+CLOSE_TIMEOUT_SECS = 5.0
+#: How often the loop checks that the DBOS it serves is still there.
+WATCH_INTERVAL_SECS = 0.5
+
+
+def reconnect_delay() -> float:
+    """About a second, jittered, never more than two."""
+    return min(2.0, random.uniform(0.5, 1.5))
+
+
+def websocket_url(base: str, app: str, key: str) -> str:
+    """Relay's executor endpoint under ``base``: ``.../websocket/{app}/{key}``."""
+    return f"{base.rstrip('/')}/websocket/{quote(app, safe='')}/{quote(key, safe='')}"
+
+
+class Connection:
+    """One executor's connection to Relay, on a thread of its own. Made by :func:`relay_client.connect`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        key: str,
+        app: str,
+        handlers: Handlers,
+        ssl_context: ssl.SSLContext | None = None,
+        max_concurrent_requests: int = 4,
+        send_queue_size: int = 64,
+        max_frame_bytes: int | None = None,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        if max_concurrent_requests < 1 or send_queue_size < 1:
+            raise ValueError("max_concurrent_requests and send_queue_size must be at least 1")
+        self.app = app
+        self.executor_id = handlers.identity.executor_id
+        self.handlers = handlers
+        self._url = websocket_url(base_url, app, key)
+        self._shown_url = websocket_url(base_url, app, "") + "***"  # the key is never logged
+        self._ssl = ssl_context
+        self._max_concurrent = max_concurrent_requests
+        self._send_queue_size = send_queue_size
+        self._max_frame_bytes = max_frame_bytes
+        self._alive = alive
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"relay-client-{app}", daemon=True)
+        self._last_error = ""
+
+    # --- Control, from any thread ---
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def connected(self) -> bool:
+        """Whether the socket to Relay is open now."""
+        return self._connected.is_set()
+
+    @property
+    def running(self) -> bool:
+        """Whether the client's thread is alive (connected or reconnecting)."""
+        return self._thread.is_alive()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the socket and end the thread (waiting up to ``timeout`` seconds for it)."""
+        with self._lock:
+            self._stopping = True
+            loop, stop_event = self._loop, self._stop_event
+        if loop is not None and stop_event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed already
+                loop.call_soon_threadsafe(stop_event.set)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self.handlers.retention.join(min(timeout, 2.0))
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- The client's thread ---
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:
+            log.exception("relay_client: the connection thread failed")
+        finally:
+            self._connected.clear()
+
+    async def _main(self) -> None:
+        stop_event = asyncio.Event()
+        with self._lock:
+            self._loop, self._stop_event = asyncio.get_running_loop(), stop_event
+            if self._stopping:
+                stop_event.set()
+        watcher = asyncio.create_task(self._watch(stop_event))
+        requests = asyncio.Semaphore(self._max_concurrent)
+        try:
+            while not stop_event.is_set():
+                await self._connect_once(stop_event, requests)
+                if stop_event.is_set():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_event.wait(), reconnect_delay())
+        finally:
+            watcher.cancel()
+        log.info("relay_client: connection to Relay stopped")
+
+    async def _watch(self, stop_event: asyncio.Event) -> None:
+        """Stop when the DBOS this client serves is gone (destroyed some way the hook did not see)."""
+        while not stop_event.is_set():
+            await asyncio.sleep(WATCH_INTERVAL_SECS)
+            if not self._alive():
+                log.info("relay_client: DBOS was destroyed; disconnecting from Relay")
+                with self._lock:
+                    self._stopping = True
+                stop_event.set()
+
+    async def _connect_once(self, stop_event: asyncio.Event, requests: asyncio.Semaphore) -> None:
+        try:
+            async with connect(
+                self._url,
+                ssl=self._ssl,
+                open_timeout=OPEN_TIMEOUT_SECS,
+                close_timeout=CLOSE_TIMEOUT_SECS,
+                ping_interval=PING_INTERVAL_SECS,
+                ping_timeout=PING_TIMEOUT_SECS,
+                max_size=self._max_frame_bytes,
+            ) as ws:
+                self._note_problem("")
+                log.info("relay_client: connected to %s as executor %s", self._shown_url, self.executor_id)
+                await self._serve(ws, stop_event, requests)
+        except InvalidStatus as exc:
+            body = exc.response.body.decode("utf-8", "replace")[:500] if exc.response.body else ""
+            self._note_problem(f"Relay refused the connection ({exc.response.status_code}): {body}")
+        except (OSError, TimeoutError, ConnectionClosed) as exc:
+            self._note_problem(f"Connection to Relay lost: {exc!r}")
+        except Exception as exc:
+            log.exception("relay_client: unexpected error on the connection to Relay")
+            self._note_problem(f"Unexpected error: {exc!r}")
+
+    def _note_problem(self, problem: str) -> None:
+        """Log a connection problem once, not at every retry."""
+        if problem and problem != self._last_error:
+            log.warning("relay_client: %s; reconnecting", problem)
+        self._last_error = problem
+
+    async def _serve(self, ws: ClientConnection, stop_event: asyncio.Event, requests: asyncio.Semaphore) -> None:
+        outbox: asyncio.Queue[str] = asyncio.Queue(self._send_queue_size)
+        handling: set[asyncio.Task[None]] = set()
+        reader = asyncio.create_task(self._read(ws, outbox, requests, handling))
+        sender = asyncio.create_task(self._send(ws, outbox))
+        stopper = asyncio.create_task(stop_event.wait())
+        self._connected.set()
+        try:
+            done, _ = await asyncio.wait({reader, sender, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done:
+                await ws.close(1000, "executor stopping")
+            for task in done - {stopper}:
+                task.result()  # raises what ended the connection
+            if reader in done:
+                self._note_problem(f"Relay closed the connection (code {ws.close_code})")
+        finally:
+            self._connected.clear()
+            for task in (reader, sender, stopper, *handling):
+                task.cancel()
+
+    async def _read(
+        self, ws: ClientConnection, outbox: asyncio.Queue[str], requests: asyncio.Semaphore,
+        handling: set[asyncio.Task[None]],
+    ) -> None:  # fmt: skip
+        async for message in ws:
+            if isinstance(message, bytes):
+                log.warning("relay_client: ignoring a binary frame from Relay")
+                continue
+            task = asyncio.create_task(self._answer(message, outbox, requests))
+            handling.add(task)
+            task.add_done_callback(handling.discard)
+
+    async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
+        async with requests:
+            reply = await asyncio.to_thread(self.handlers.answer, text)
+        if reply is not None:
+            await outbox.put(reply)
+
+    async def _send(self, ws: ClientConnection, outbox: asyncio.Queue[str]) -> None:
+        while True:
+            await ws.send(await outbox.get())

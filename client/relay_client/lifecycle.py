@@ -1,0 +1,71 @@
+"""Stopping with DBOS: the connection must not outlive the DBOS it answers for.
+
+DBOS has no public shutdown hook, so three things stop a connection:
+
+1. ``DBOS.destroy`` is wrapped, once per process: the wrapper calls DBOS's own
+   destroy and then stops this process's connections. Stopping after, not
+   before, keeps the executor connected (so Relay does not start its grace
+   period) while DBOS waits for active workflows
+   (``workflow_completion_timeout_sec``), as DBOS's own conductor client did.
+2. The connection's loop checks twice a second that the DBOS it was started for
+   is still the live one, and stops itself when it is not: a destroy the
+   wrapper did not see (a reference to the unwrapped method taken before
+   ``connect()``) still ends it.
+3. An ``atexit`` handler stops every connection, so an interpreter that exits
+   without ``DBOS.destroy()`` still closes its socket with a close frame.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import threading
+from typing import Any
+
+from dbos import DBOS
+
+from relay_client.connection import Connection
+
+_lock = threading.Lock()
+_connections: list[Connection] = []
+_installed = False
+
+
+def track(connection: Connection) -> None:
+    """Stop ``connection`` with DBOS (and at exit); installs the hooks on first use."""
+    _install()
+    with _lock:
+        _connections[:] = [c for c in _connections if c.running]
+        _connections.append(connection)
+
+
+def active() -> list[Connection]:
+    """The connections whose thread is still running."""
+    with _lock:
+        return [c for c in _connections if c.running]
+
+
+def stop_all(timeout: float = 10.0) -> None:
+    with _lock:
+        connections, _connections[:] = list(_connections), []
+    for connection in connections:
+        connection.stop(timeout)
+
+
+def _install() -> None:
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    original = DBOS.destroy  # bound to the class: a classmethod
+
+    @functools.wraps(original)
+    def destroy(cls: type[DBOS], *args: Any, **kwargs: Any) -> None:
+        try:
+            original(*args, **kwargs)
+        finally:
+            stop_all()
+
+    DBOS.destroy = classmethod(destroy)  # type: ignore[method-assign,assignment]
+    atexit.register(stop_all, 5.0)

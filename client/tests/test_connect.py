@@ -1,0 +1,221 @@
+"""connect(): what it refuses, and the connection's life: stop on DBOS.destroy(), reconnect after a loss.
+
+Relay is played by a small WebSocket server here (the real one is in the
+repository's tests/test_client.py): it asks ``executor_info`` on every
+connection and records what the client answers and how the socket ends.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import app
+import pytest
+from dbos import DBOS
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import Server, ServerConnection, serve
+
+import relay_client
+from relay_client import _internals, lifecycle
+from relay_client.connection import Connection
+from relay_client.handlers import Handlers, Identity
+
+
+class FakeRelay:
+    """Accepts executors on ``/websocket/{app}/{key}``, asks executor_info, keeps what happens."""
+
+    def __init__(self, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
+        self.scheme = "wss" if tls else "ws"
+        self.paths: list[str] = []
+        self.infos: list[dict[str, object]] = []
+        self.close_codes: list[int | None] = []
+        self.connected_at: list[float] = []
+        self._server: Server = serve(self._handle, "127.0.0.1", port, ssl=tls)
+        self.port: int = self._server.socket.getsockname()[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _handle(self, ws: ServerConnection) -> None:
+        self.connected_at.append(time.monotonic())
+        self.paths.append(ws.request.path if ws.request else "")
+        ws.send(json.dumps({"type": "executor_info", "request_id": f"info-{len(self.paths)}"}))
+        try:
+            self.infos.append(json.loads(ws.recv(timeout=5)))
+            while True:
+                ws.recv()
+        except ConnectionClosed:
+            pass
+        except TimeoutError:
+            return
+        self.close_codes.append(ws.close_code)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(5)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}/"
+
+
+def eventually(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not true within {timeout}s"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def relay() -> Iterator[FakeRelay]:
+    fake = FakeRelay()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def fresh_dbos(tmp_path: Path) -> Iterator[str]:
+    executor_id = relay_client.new_executor_id()
+    app.launch(tmp_path, executor_id)
+    yield executor_id
+    if _internals.live_instance() is not None:
+        DBOS.destroy()
+    lifecycle.stop_all()
+
+
+def test_refuses_before_launch(tmp_path: Path) -> None:
+    assert _internals.live_instance() is None
+    with pytest.raises(relay_client.ConnectRefused, match="not launched"):
+        relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest")
+
+
+@pytest.mark.parametrize("executor_id", [None, "local", "typed-by-hand", "00000000-0000-4000-8000-000000000000"])
+def test_refuses_an_id_not_from_new_executor_id(tmp_path: Path, executor_id: str | None) -> None:
+    app.launch(tmp_path, executor_id)
+    try:
+        assert DBOS.executor_id == (executor_id or "local")
+        with pytest.raises(relay_client.ConnectRefused) as refused:
+            relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest")
+        assert "new_executor_id()" in str(refused.value)
+        if executor_id in (None, "local"):
+            assert "'local'" in str(refused.value)
+    finally:
+        DBOS.destroy()
+
+
+def test_refuses_a_conductor_key_and_an_id_from_an_earlier_launch(tmp_path: Path) -> None:
+    executor_id = relay_client.new_executor_id()
+    app.launch(tmp_path, executor_id)
+    instance = _internals.live_instance()
+    assert instance is not None
+    # DBOS itself will not launch with a key unless dbos-enterprise is installed; say one got through.
+    instance.conductor_key = "a-key"
+    try:
+        with pytest.raises(relay_client.ConnectRefused, match="conductor key"):
+            relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest")
+        instance.conductor_key = None
+        relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest").stop()
+    finally:
+        DBOS.destroy()
+    app.launch(tmp_path, executor_id)  # the same id again, for a new launch
+    try:
+        with pytest.raises(relay_client.ConnectRefused, match="earlier DBOS launch"):
+            relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest")
+    finally:
+        DBOS.destroy()
+
+
+def test_connects_answers_and_stops_on_destroy(relay: FakeRelay, fresh_dbos: str) -> None:
+    connection = relay_client.connect(relay.url, key="k/1", app="clienttest", metadata={"m": 1})
+    eventually(lambda: relay.infos)
+    assert relay.paths == ["/websocket/clienttest/k%2F1"]
+    info = relay.infos[0]
+    assert (info["type"], info["request_id"], info["executor_id"]) == ("executor_info", "info-1", fresh_dbos)
+    assert (info["application_version"], info["language"], info["executor_metadata"]) == ("v1", "python", {"m": 1})
+    with pytest.raises(relay_client.ConnectRefused, match="already connected"):
+        relay_client.connect(relay.url, key="k", app="clienttest")
+    started = time.monotonic()
+    DBOS.destroy()
+    assert not connection.running and time.monotonic() - started < 5
+    eventually(lambda: relay.close_codes == [1000])
+    assert "dbos_enterprise" not in sys.modules
+
+
+def test_a_destroy_the_wrapper_missed_still_stops_the_client(relay: FakeRelay) -> None:
+    alive = threading.Event()
+    alive.set()
+    identity = Identity(executor_id="e1", application_version="v1")
+    connection = Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity), alive=alive.is_set)
+    connection.start()
+    eventually(lambda: relay.infos)
+    alive.clear()
+    eventually(lambda: not connection.running)
+    eventually(lambda: relay.close_codes == [1000])
+
+
+def test_reconnects_within_two_seconds_of_relay_coming_back(relay: FakeRelay) -> None:
+    identity = Identity(executor_id="e2", application_version="v1")
+    with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as connection:
+        connection.start()
+        eventually(lambda: relay.infos)
+        port = relay.port
+        relay.stop()
+        eventually(lambda: not connection.connected)
+        time.sleep(0.5)  # Relay is down a while: the client retries in the meantime
+        back = FakeRelay(port)
+        came_back = time.monotonic()
+        try:
+            eventually(lambda: back.infos, timeout=5)
+            assert back.connected_at[0] - came_back < 2.0
+            assert back.infos[0]["executor_id"] == "e2"  # the same executor, reconnecting
+        finally:
+            back.stop()
+
+
+def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA of our own and a certificate it signed for 127.0.0.1: (the CA's file, the server's context)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=relay-client test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(folder / "server.pem", folder / "server.key")
+    return folder / "ca.pem", server
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+def test_wss_with_a_ca_of_ones_own(tmp_path: Path, fresh_dbos: str) -> None:
+    ca_file, server_tls = make_certificates(tmp_path)
+    relay = FakeRelay(tls=server_tls)
+    try:
+        with pytest.raises(ValueError, match="wss://"):
+            relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest", ca_file=str(ca_file))
+        # The system's CAs do not know ours: no connection.
+        identity = Identity(executor_id="e3", application_version="v1")
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as untrusting:
+            untrusting.start()
+            assert not untrusting.wait_connected(1.5)
+        # ca_file trusts it; so does an ssl_context built on it.
+        with relay_client.connect(relay.url, key="k", app="clienttest", ca_file=str(ca_file)):
+            eventually(lambda: len(relay.infos) == 1)
+        context = ssl.create_default_context(cafile=str(ca_file))
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity), ssl_context=context) as c:
+            c.start()
+            eventually(lambda: len(relay.infos) == 2)
+        assert [info["executor_id"] for info in relay.infos] == [fresh_dbos, "e3"]
+    finally:
+        relay.stop()

@@ -1,0 +1,125 @@
+"""The REST API as the operator commands call it: one HTTP client, errors turned into exit codes.
+
+Every operator command takes ``--url``, ``--key``, ``--org`` and ``--json``
+(:func:`api_command`). Without ``--org``, the org is the key's own, asked of
+``GET /v2/whoami``. An error answer (a problem+json body, RFC 9457) becomes one
+line, ``relay: <status> <title>: <detail>``, and the exit code of
+:mod:`relay.cli.errors`; httpx's transport errors become "cannot reach Relay".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import click
+import httpx
+
+from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# The workflow API's own deadline is 25 s (server.executorRequestDeadlineSecs); leave it room.
+TIMEOUT_SECS = 60.0
+
+
+def segment(value: str) -> str:
+    """A path segment, percent-encoded whole: ``/``, ``?``, ``#`` and ``%`` included."""
+    return quote(value, safe="")
+
+
+class Api:
+    """One server and one key; :meth:`org_path` builds paths under ``/v2/orgs/{org}``."""
+
+    def __init__(self, url: str, key: str | None, org: str | None, as_json: bool) -> None:
+        if not key:
+            raise CliError("no API key: give --key or set RELAY_API_KEY", EXIT_USAGE)
+        self.url = url.rstrip("/")
+        self.as_json = as_json
+        self._org = org
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": "relay-cli"},
+            timeout=TIMEOUT_SECS,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    @property
+    def org(self) -> str:
+        if self._org is None:
+            self._org = str(self.call("GET", "/v2/whoami")["org"])
+        return self._org
+
+    def org_path(self, *parts: str) -> str:
+        return "/".join(["/v2/orgs", segment(self.org), *(segment(p) for p in parts)])
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """The answer's JSON (None for an empty answer, as a 204 is); a :class:`CliError` otherwise."""
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            resp = self._http.request(method, path, params=clean, json=body)
+        except httpx.TimeoutException as exc:
+            raise CliError(f"Relay at {self.url} did not answer in time ({exc})", EXIT_UNAVAILABLE) from exc
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach Relay at {self.url}: {exc}", EXIT_UNAVAILABLE) from exc
+        if resp.is_error:
+            raise CliError(describe_error(resp), exit_code_for(resp.status_code))
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise CliError(f"{method} {path}: the answer is not JSON: {resp.text[:200]!r}") from exc
+
+
+def describe_error(resp: httpx.Response) -> str:
+    """``<status> <title>: <detail>`` from a problem+json body, or from whatever body came."""
+    title, detail = resp.reason_phrase, ""
+    try:
+        problem = resp.json()
+    except ValueError:
+        detail = " ".join(resp.text.split())[:300]
+    else:
+        if isinstance(problem, dict):
+            title = str(problem.get("title") or title)
+            detail = str(problem.get("detail") or "")
+    hint = " (is the key right? give --key or set RELAY_API_KEY)" if resp.status_code == 401 else ""
+    return f"{resp.status_code} {title}: {detail}{hint}" if detail else f"{resp.status_code} {title}{hint}"
+
+
+def print_json(data: Any) -> None:
+    """The API's JSON, as it came, indented."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
+    """Give a command the options every operator command shares, and an :class:`Api` as first argument."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table.")
+    @click.option(
+        "--org", envvar="RELAY_ORG", show_envvar=True, help="The org (default: the org of the key, from /v2/whoami)."
+    )
+    @click.option("--key", envvar="RELAY_API_KEY", show_envvar=True, help="An API key of the org.")
+    @click.option(
+        "--url", envvar="RELAY_URL", show_envvar=True, default=DEFAULT_URL, show_default=True, help="Relay's address."
+    )
+    @functools.wraps(func)
+    def run(url: str, key: str | None, org: str | None, as_json: bool, **kwargs: Any) -> int:
+        api = Api(url, key, org, as_json)
+        try:
+            return func(api, **kwargs) or 0
+        finally:
+            api.close()
+
+    return run

@@ -1,0 +1,59 @@
+"""What the ``relay`` command exits with, and its one-line errors.
+
+Scripts can rely on these codes:
+
+====  =======================================================================
+0     done
+1     any other error: the API refused the change (409), the executor failed
+      it (501), an unexpected answer
+2     usage or configuration: a bad option or argument, no API key, a bad
+      relay.yaml, a file ``relay init`` would overwrite, a request the API
+      found invalid (400, 422)
+3     not found (404): no such app, executor, recovery, workflow or key
+4     not allowed: the key is missing or unknown (401) or lacks the
+      permission, the org or the app (403)
+5     unavailable, try again later: Relay cannot be reached or timed out, the
+      app has no healthy executor (503), no executor answered (502, 504),
+      too many requests (429)
+====  =======================================================================
+"""
+
+from __future__ import annotations
+
+import click
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_DENIED = 4
+EXIT_UNAVAILABLE = 5
+
+_BY_STATUS = {
+    400: EXIT_USAGE,
+    401: EXIT_DENIED,
+    403: EXIT_DENIED,
+    404: EXIT_NOT_FOUND,
+    422: EXIT_USAGE,
+    429: EXIT_UNAVAILABLE,
+    502: EXIT_UNAVAILABLE,
+    503: EXIT_UNAVAILABLE,
+    504: EXIT_UNAVAILABLE,
+}
+
+
+def exit_code_for(status: int) -> int:
+    """The exit code for an HTTP error status."""
+    return _BY_STATUS.get(status, EXIT_ERROR)
+
+
+class CliError(Exception):
+    """An error the command reports in one line on stderr (``relay: ...``), with its exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+    def show(self) -> None:
+        click.echo(f"relay: {self.message}", err=True)

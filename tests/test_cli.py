@@ -1,0 +1,447 @@
+"""The ``relay`` operator commands against a real Relay with real DBOS 3.2 executors
+(harness/workflow_app.py): their tables, their ``--json`` (the API's JSON, compared with what the
+API answers to the same request), their exit codes, and what they changed, read from the
+executors' system database.
+
+The commands run in this process, through the command line's own entry point
+(:func:`relay.cli.main`, with RELAY_URL and RELAY_API_KEY in the environment as an operator
+sets them); starting a Python for each of some seventy commands would cost half a minute.
+The exit codes and the help are checked on ``python -m relay`` itself, as a process.
+
+One world for the module: one Relay, one executor of ``ledger`` that seeded the fixtures. The
+tests that change things make workflows of their own (forks) or executors of their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, LiteralString
+
+import httpx
+import psycopg
+import pytest
+
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, VIEWER_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
+from relay.cli import main
+from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+
+APP_MODULE = "harness.workflow_app"
+# The module (relay.cli.workflows, as an attribute, is its click group).
+workflow_commands = importlib.import_module("relay.cli.workflows")
+
+
+@dataclass
+class World:
+    workdir: Path
+    sysdb: str
+    relay: RelayProcess
+    seeder: ExecutorProcess
+
+    def api(self, key: str | None = None) -> httpx.Client:
+        return self.relay.api("acme", key)
+
+
+@pytest.fixture(scope="module")
+def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workdir = tmp_path_factory.mktemp("cli")
+    sysdb = postgres.create_database("sys")
+    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port()))
+    seeder: ExecutorProcess | None = None
+    try:
+        relay.start()
+        seeder = ExecutorProcess(workdir, sysdb, relay.conductor_url, module=APP_MODULE, env={"RELAY_TEST_SEED": "1"})
+        executor_id = seeder.executor_id
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 10)
+        # Hold the database still: the queued jobs finish, the hourly schedule is paused.
+        assert_eventually(lambda: not query(sysdb, "SELECT 1 FROM dbos.workflow_status WHERE status = 'ENQUEUED'"), 20)
+        with psycopg.connect(sysdb) as conn:
+            conn.execute("UPDATE dbos.workflow_schedules SET status = 'PAUSED'")
+        yield World(workdir, sysdb, relay, seeder)
+    finally:
+        if seeder is not None:
+            seeder.stop()
+        relay.stop()
+
+
+@pytest.fixture(autouse=True)
+def logs_on_failure(request: pytest.FixtureRequest, world: World) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"--- relay log ---\n{world.relay.log()[-6000:]}")
+
+
+def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql, params).fetchall())
+
+
+def db_status(world: World, workflow_id: str) -> str | None:
+    rows = query(world.sysdb, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)
+    return str(rows[0][0]) if rows else None
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def table(self) -> list[dict[str, str]]:
+        return table_rows(self.out)
+
+
+Cli = Callable[..., Run]
+
+
+def check(run: Run) -> Run:
+    if run.code != 0:
+        # An error is one line, from the API's problem details when there was one.
+        assert run.err.startswith("relay: ") or run.err.startswith("Usage:"), run.err
+    return run
+
+
+@pytest.fixture
+def cli(world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """``relay ARGS`` through its entry point, in this process."""
+
+    def run(*args: str, key: str | None = API_KEYS["acme"], url: str | None = None) -> Run:
+        for name in [k for k in os.environ if k.startswith("RELAY_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("RELAY_URL", url or world.relay.http)
+        if key is not None:
+            monkeypatch.setenv("RELAY_API_KEY", key)
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return check(Run(code, out, err))
+
+    return run
+
+
+def relay_process(world: World, *args: str, key: str | None = API_KEYS["acme"], url: str | None = None) -> Run:
+    """``python -m relay ARGS``, a process of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env["RELAY_URL"] = url or world.relay.http
+    if key is not None:
+        env["RELAY_API_KEY"] = key
+    done = subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    return check(Run(done.returncode, done.stdout, done.stderr))
+
+
+def ok(run: Run) -> Run:
+    assert run.code == EXIT_OK, f"exit {run.code}: {run.err}"
+    return run
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """A table's rows as dicts, cut at the header's column starts: a cell out of line breaks this."""
+    header, *lines = text.rstrip("\n").split("\n")
+    starts = [m.start() for m in re.finditer(r"(?:^|(?<=  ))\S", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    rows = []
+    for line in lines:
+        cells = [line[a:b] for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        for cell, start in zip(cells[1:], starts[1:], strict=True):
+            assert line[start - 2 : start] == "  ", f"column out of line at {start}: {line!r}"
+            assert not cell.startswith(" ") or not cell.strip(), f"column out of line at {start}: {line!r}"
+        rows.append(dict(zip(names, (c.strip() for c in cells), strict=True)))
+    return rows
+
+
+def api_json(world: World, method: str, path: str, **kwargs: Any) -> Any:
+    with world.api() as api:
+        resp = api.request(method, path, **kwargs)
+    resp.raise_for_status()
+    return resp.json()
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def test_whoami_and_apps_as_tables_and_as_the_apis_json(world: World, cli: Cli) -> None:
+    me = ok(cli("whoami"))
+    assert "org:         acme" in me.out and "key:         ops" in me.out
+    assert ok(cli("whoami", "--json")).json() == api_json(world, "GET", "/whoami")
+    # --url and --key given as options: they win over RELAY_URL (here nobody listens) and need no RELAY_API_KEY.
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    flags = ok(cli("whoami", "--json", "--url", world.relay.http, "--key", API_KEYS["acme"], key=None, url=nowhere))
+    assert flags.json()["org"] == "acme"
+    # A base URL ending in /conductor, as for DBOS's managed Conductor, works as well.
+    assert ok(cli("whoami", "--json", url=f"{world.relay.http}/conductor/")).json()["org"] == "acme"
+
+    (row,) = ok(cli("apps")).table()
+    assert row["APP"] == "ledger" and row["STATUS"] == "AVAILABLE" and row["HEALTHY"] == "1"
+    assert row["GRACE"] == "30s" and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["CREATED"])
+    assert ok(cli("apps", "--json")).json() == api_json(world, "GET", "/apps")
+    # --org names it; another org's is refused.
+    assert ok(cli("apps", "--org", "acme", "--json")).json() == api_json(world, "GET", "/apps")
+    assert cli("apps", "--org", "globex").code == EXIT_DENIED
+
+
+def test_executors_with_and_without_a_state(world: World, cli: Cli) -> None:
+    (row,) = ok(cli("executors", "ledger")).table()
+    assert (row["EXECUTOR"], row["STATE"], row["VERSION"], row["INSTANCE"]) == (
+        world.seeder.executor_id, "HEALTHY", "v1", "relay-1")  # fmt: skip
+    assert re.fullmatch(r"\d+(s|m|h\d+m)", row["SINCE"]) and row["BLOCKED"] == "-"
+    assert ok(cli("executors", "ledger", "--json")).json() == api_json(world, "GET", "/apps/ledger/executors")
+    dead = ok(cli("executors", "ledger", "--state", "dead"))
+    assert dead.out == "" and "no executors in state DEAD in acme/ledger" in dead.err
+    assert ok(cli("executors", "ledger", "--state", "DEAD", "--json")).json() == []
+
+
+def test_exit_codes_scripts_can_rely_on(world: World) -> None:
+    unknown_app = relay_process(world, "executors", "no-such-app")
+    assert (
+        unknown_app.code == EXIT_NOT_FOUND
+        and unknown_app.err == "relay: 404 Not Found: no app 'no-such-app' in org 'acme'\n"
+    )
+    assert relay_process(world, "workflows", "get", "ledger", "no-such-workflow").code == EXIT_NOT_FOUND
+    bad_key = relay_process(world, "apps", key="not-a-key")
+    assert bad_key.code == EXIT_DENIED and "401 Unauthorized" in bad_key.err
+    viewer = relay_process(world, "workflows", "cancel", "ledger", "waiting-1", key=VIEWER_KEYS["acme"])
+    assert viewer.code == EXIT_DENIED and "403 Forbidden" in viewer.err and "application.write" in viewer.err
+    no_key = relay_process(world, "apps", key=None)
+    assert no_key.code == EXIT_USAGE and "no API key" in no_key.err
+    unreachable = relay_process(world, "apps", url=f"http://127.0.0.1:{free_port()}")
+    assert unreachable.code == EXIT_UNAVAILABLE and "cannot reach Relay" in unreachable.err
+    no_executor = relay_process(world, "workflows", "list", "nobody-home")
+    assert no_executor.code == EXIT_UNAVAILABLE and "503" in no_executor.err
+    healthy = relay_process(world, "recover", "ledger", world.seeder.executor_id)
+    assert healthy.code == EXIT_ERROR and "409 Conflict" in healthy.err
+    assert relay_process(world, "audit", "--since", "last tuesday").code == EXIT_USAGE
+    assert relay_process(world, "executors", "ledger", "--state", "ASLEEP").code == EXIT_USAGE
+    assert relay_process(world, "no-such-command").code == EXIT_USAGE
+
+
+def test_help_lists_every_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "relay", "--help"], capture_output=True, text=True, timeout=30)
+    for command in ("serve", "init", "keys", "whoami", "apps", "executors", "recover", "recoveries", "audit",
+                    "workflows", "tokens"):  # fmt: skip
+        assert re.search(rf"^\s+{command}\s", done.stdout, re.M), command
+    done = subprocess.run([sys.executable, "-m", "relay", "workflows", "--help"], capture_output=True, text=True)
+    for command in ("list", "get", "steps", "cancel", "resume", "fork"):
+        assert re.search(rf"^\s+{command}\s", done.stdout, re.M), command
+
+
+# -- workflows ---------------------------------------------------------------------------------
+
+
+def db_ids(world: World, where: LiteralString = "TRUE", *params: Any) -> list[str]:
+    sql: LiteralString = "SELECT workflow_uuid FROM dbos.workflow_status WHERE " + where + " ORDER BY created_at"
+    return [str(r[0]) for r in query(world.sysdb, sql, *params)]
+
+
+@pytest.mark.parametrize(
+    ("options", "where", "params"),
+    [
+        ((), "TRUE", ()),
+        (("--status", "error"), "status = 'ERROR'", ()),
+        (("--status", "SUCCESS", "--status", "PENDING"), "status IN ('SUCCESS', 'PENDING')", ()),
+        (("--name", "parent"), "name = 'parent'", ()),
+        (("--queue", "serial"), "queue_name = 'serial'", ()),
+        (("--version", "v1"), "application_version = 'v1'", ()),
+        (("--prefix", "odd"), "workflow_uuid LIKE 'odd%%'", ()),
+        (("--since", "1h"), "created_at >= (extract(epoch from now() - interval '1 hour') * 1000)", ()),
+        (("--until", "2000-01-01T00:00:00Z"), "FALSE", ()),
+    ],
+)
+def test_workflows_list_filters_as_the_system_database_has_them(
+    world: World, cli: Cli, options: tuple[str, ...], where: LiteralString, params: tuple[Any, ...]
+) -> None:
+    expected = db_ids(world, where + " AND NOT workflow_uuid LIKE 'cli-%%'", *params)
+    got = ok(cli("workflows", "list", "ledger", *options, "--limit", "1000", "--json")).json()
+    assert [w["workflowId"] for w in got if not w["workflowId"].startswith("cli-")] == expected
+
+
+def test_workflows_list_as_a_table_paged_and_by_executor(world: World, cli: Cli) -> None:
+    rows = ok(cli("workflows", "list", "ledger", "--status", "ERROR")).table()
+    assert [(r["WORKFLOW"], r["STATUS"], r["NAME"], r["VERSION"]) for r in rows] == [
+        ("failed-1", "ERROR", "failing", "v1")
+    ]
+    assert rows[0]["EXECUTOR"] == world.seeder.executor_id and rows[0]["QUEUE"] == "-"
+    everything = db_ids(world)
+    page = ok(cli("workflows", "list", "ledger", "--limit", "2", "--offset", "1"))
+    assert [r["WORKFLOW"] for r in page.table()] == everything[1:3]
+    assert "more with --offset 3" in page.err
+    newest = ok(cli("workflows", "list", "ledger", "--desc", "--limit", "1", "--json")).json()
+    assert newest[0]["workflowId"] == db_ids(world)[-1]
+    mine = ok(cli("workflows", "list", "ledger", "--executor", world.seeder.executor_id, "--json")).json()
+    assert {w["workflowId"] for w in mine} >= {"done-1", "failed-1"}
+    body = {"status": ["ERROR"], "limit": 100, "offset": 0, "sortDesc": False}
+    assert ok(cli("workflows", "list", "ledger", "--status", "ERROR", "--json")).json() == api_json(
+        world, "POST", "/apps/ledger/workflows/search", json=body
+    )
+
+
+def test_workflows_get_and_steps(world: World, cli: Cli) -> None:
+    lines = ok(cli("workflows", "get", "ledger", "done-1")).out
+    assert re.search(r"^status:\s+SUCCESS$", lines, re.M) and re.search(r"^name:\s+parent$", lines, re.M)
+    assert re.search(r"^output:\s+\S", lines, re.M) and re.search(r"^error:\s+-$", lines, re.M)
+    assert ok(cli("workflows", "get", "ledger", "done-1", "--json")).json() == api_json(
+        world, "GET", "/apps/ledger/workflows/done-1"
+    )
+    no_data = ok(cli("workflows", "get", "ledger", "done-1", "--no-data", "--json")).json()
+    assert no_data["input"] is None and no_data["output"] is None
+    # Ids with /, ? and # go into the path percent-encoded.
+    assert ok(cli("workflows", "get", "ledger", "odd?x=1", "--json")).json()["workflowId"] == "odd?x=1"
+
+    rows = ok(cli("workflows", "steps", "ledger", "done-1")).table()
+    db_steps = query(world.sysdb, "SELECT function_id, function_name, child_workflow_id FROM dbos.operation_outputs "
+                     "WHERE workflow_uuid = 'done-1' ORDER BY function_id")  # fmt: skip
+    assert [(int(r["STEP"]), r["NAME"]) for r in rows] == [(s[0], s[1]) for s in db_steps]
+    assert any(r["CHILD"] == "done-1-child" for r in rows) and rows[0]["OUTCOME"] == "SUCCESS"
+    assert ok(cli("workflows", "steps", "ledger", "done-1", "--json")).json() == api_json(
+        world, "GET", "/apps/ledger/workflows/done-1/steps"
+    )
+    assert ok(cli("workflows", "steps", "ledger", "odd/steps", "--json")).json()[0]["stepName"].endswith("shout")
+
+
+def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Forks of the waiting workflow from its first step wait too: PENDING workflows of our own.
+    forked = ok(cli("workflows", "fork", "ledger", "waiting-1", "--from-step", "1", "--new-id", "cli-a"))
+    assert forked.out.strip() == "forked waiting-1 from step 1: cli-a"
+    made = ok(cli("workflows", "fork", "ledger", "waiting-1", "--new-id", "cli-b", "--json")).json()
+    assert made == {"workflowId": "cli-b"}
+    for workflow_id in ("cli-a", "cli-b"):
+        assert_eventually(lambda: db_status(world, workflow_id) == "PENDING", 20, what=f"{workflow_id} PENDING")  # noqa: B023
+    assert query(world.sysdb, "SELECT forked_from FROM dbos.workflow_status WHERE workflow_uuid = 'cli-a'") == [
+        ("waiting-1",)
+    ]
+
+    # Several ids, one per bulk request: the progress bar's label on stderr.
+    cancelled = ok(cli("workflows", "cancel", "ledger", "cli-a", "cli-b", "--batch-size", "1"))
+    assert cancelled.out == "cancelled 2 workflows:\n  cli-a\n  cli-b\n" and "cancel 2 workflows" in cancelled.err
+    assert [db_status(world, w) for w in ("cli-a", "cli-b")] == ["CANCELLED", "CANCELLED"]
+
+    # By filter: refused without --yes when nobody can be asked; then done, all of the matches.
+    filters = ("--prefix", "cli-", "--status", "CANCELLED")
+    refused = cli("workflows", "resume", "ledger", *filters)
+    assert refused.code == EXIT_USAGE and "select 2 workflows; give --yes" in refused.err
+    assert db_status(world, "cli-a") == "CANCELLED"
+    # Read a page at a time (one workflow a page here), with the count so far on stderr.
+    monkeypatch.setattr(workflow_commands, "SEARCH_PAGE", 1)
+    resumed_run = ok(cli("workflows", "resume", "ledger", *filters, "--yes", "--json"))
+    assert resumed_run.json() == {"action": "resume", "workflowIds": ["cli-a", "cli-b"]}
+    assert "selecting the workflows to resume: 1 so far\n" in resumed_run.err
+    assert "selecting the workflows to resume: 2 so far\n" in resumed_run.err
+    for workflow_id in ("cli-a", "cli-b"):
+        assert_eventually(lambda: db_status(world, workflow_id) == "PENDING", 20, what=f"{workflow_id} resumed")  # noqa: B023
+    nothing = ok(cli("workflows", "resume", "ledger", "--prefix", "no-such-", "--yes"))
+    assert nothing.out == "" and "nothing to do" in nothing.err
+
+    # One id goes through the single route, audited as such.
+    assert ok(cli("workflows", "cancel", "ledger", "cli-b")).out == "cancelled 1 workflow:\n  cli-b\n"
+    assert db_status(world, "cli-b") == "CANCELLED"
+    entries = api_json(world, "GET", "/audit", params={"app": "ledger"})
+    actions = [(e["action"], e["detail"]["workflowIds"]) for e in entries if e["action"].startswith("workflow.")]
+    assert ("workflow.cancel", ["cli-b"]) in actions and ("workflow.bulk_cancel", ["cli-a"]) in actions
+    assert ("workflow.bulk_resume", ["cli-a", "cli-b"]) in actions and ("workflow.fork", ["waiting-1"]) in actions
+    ok(cli("workflows", "cancel", "ledger", "cli-a"))
+    assert cli("workflows", "cancel", "ledger").code == EXIT_USAGE  # neither ids nor filters
+
+
+# -- recovery and the audit log ------------------------------------------------------------------
+
+
+def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> None:
+    victim = ExecutorProcess(world.workdir, world.sysdb, world.relay.conductor_url, module=APP_MODULE)
+    try:
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+        victim.kill()
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 10)
+    finally:
+        victim.stop()
+    (row,) = ok(cli("executors", "ledger", "--state", "DISCONNECTED")).table()
+    assert row["EXECUTOR"] == victim.executor_id
+
+    started = ok(cli("recover", "ledger", victim.executor_id, "--to-latest"))
+    rid = re.fullmatch(r"recovery (\S+) started; follow it with: relay recoveries ledger \1\n", started.out)
+    assert rid, started.out
+    recovery_id = rid.group(1)
+
+    def succeeded() -> bool:
+        return bool(api_json(world, "GET", f"/apps/ledger/recoveries/{recovery_id}")["status"] == "succeeded")
+
+    assert_eventually(succeeded, 30, what="the recovery succeeded")
+    (listed,) = [r for r in ok(cli("recoveries", "ledger")).table() if r["RECOVERY"] == recovery_id]
+    assert (listed["EXECUTOR"], listed["TRIGGER"], listed["STATUS"]) == (victim.executor_id, "operator", "succeeded")
+    assert (listed["LAST PEER"], listed["OUTCOME"]) == (world.seeder.executor_id, "succeeded")
+    assert ok(cli("recoveries", "ledger", "--json")).json() == api_json(world, "GET", "/apps/ledger/recoveries")
+    one = ok(cli("recoveries", "ledger", recovery_id)).out
+    assert re.search(r"^status:\s+succeeded$", one, re.M) and "\nattempts:\n" in one
+    (attempt,) = table_rows(one.split("\nattempts:\n")[1])
+    assert (attempt["PEER"], attempt["OUTCOME"]) == (world.seeder.executor_id, "succeeded")
+    assert ok(cli("recoveries", "ledger", recovery_id, "--json")).json() == api_json(
+        world, "GET", f"/apps/ledger/recoveries/{recovery_id}"
+    )
+    assert cli("recoveries", "ledger", "no-such-recovery").code == EXIT_NOT_FOUND
+
+    rows = ok(cli("audit", "--app", "ledger", "--executor", victim.executor_id)).table()
+    actions = [r["ACTION"] for r in rows]
+    assert "recovery.manual_requested" in actions and "recovery.succeeded" in actions
+    assert all(r["APP"] == "ledger" and r["EXECUTOR"] == victim.executor_id for r in rows)
+    params = {"app": "ledger", "executorId": victim.executor_id}
+    assert ok(cli("audit", "--app", "ledger", "--executor", victim.executor_id, "--json")).json() == api_json(
+        world, "GET", "/audit", params=params
+    )
+    assert ok(cli("audit", "--since", "2000-01-01", "--limit", "1", "--json")).json() == api_json(
+        world, "GET", "/audit", params={"limit": 1}
+    )
+    future = ok(cli("audit", "--since", "2999-01-01T00:00:00Z"))
+    assert future.out == "" and "no audit entries" in future.err
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def test_tokens_list_create_use_and_delete(world: World, cli: Cli) -> None:
+    made = ok(cli("tokens", "create", "cli-viewer", "--role", "viewer"))
+    secret = re.search(r"^\s+(relay_\S+)$", made.out, re.M)
+    assert secret and "shown this once" in made.out
+    rows = {r["NAME"]: r for r in ok(cli("tokens", "list")).table()}
+    assert (rows["cli-viewer"]["PERMISSIONS"], rows["cli-viewer"]["APPS"], rows["cli-viewer"]["SOURCE"]) == (
+        "viewer", "*", "api")  # fmt: skip
+    assert (rows["ops"]["PERMISSIONS"], rows["ops"]["SOURCE"]) == ("admin", "config")
+    assert ok(cli("tokens", "list", "--json")).json() == api_json(world, "GET", "/tokens")
+
+    # The new key reads, and may not change.
+    assert ok(cli("apps", key=secret.group(1))).table()[0]["APP"] == "ledger"
+    assert cli("tokens", "create", "x", key=secret.group(1)).code == EXIT_DENIED
+
+    scoped = ok(cli("tokens", "create", "cli-scoped", "--permission", "application.read", "--app", "ledger",
+                      "--json")).json()  # fmt: skip
+    assert scoped["tokenName"] == "cli-scoped" and scoped["token"].startswith("relay_")
+    listed = {t["tokenName"]: t for t in api_json(world, "GET", "/tokens")}
+    assert listed["cli-scoped"]["permissions"] == ["application.read"] and listed["cli-scoped"]["appNames"] == [
+        "ledger"
+    ]
+    assert cli("tokens", "create", "cli-scoped").code == EXIT_ERROR  # 409: the name is taken
+    assert cli("tokens", "create", "y", "--role", "admin", "--permission", "token.read").code == EXIT_USAGE
+
+    deleted = ok(cli("tokens", "delete", "cli-viewer"))
+    assert deleted.out == "key 'cli-viewer' deleted from org 'acme'\n"
+    assert_eventually(lambda: cli("apps", key=secret.group(1)).code == EXIT_DENIED, 10, what="key refused")
+    assert cli("tokens", "delete", "cli-viewer").code == EXIT_NOT_FOUND
+    assert cli("tokens", "delete", "ops").code == EXIT_ERROR  # relay.yaml's: 409
+    assert ok(cli("tokens", "delete", "cli-scoped", "--json")).json() == {
+        "tokenName": "cli-scoped",
+        "deleted": True,
+    }

@@ -1,0 +1,243 @@
+"""relay_client, the open executor client for dbos 3.3 and later, against a real Relay.
+
+Relay runs as usual (dbos 3.2, the repository's venv); executors using the
+client run in their own venv with dbos 3.4 (harness/client_venv.py), as
+harness/client_app.py: real DBOS applications leaving evidence, as in the
+other tests. The client's own tests (every handler, connect()'s refusals,
+stopping and reconnecting) run with the client venvs' pytest, on dbos 3.4
+and 3.3.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.client_venv import DBOS_SERIES, ROOT, client_python
+from harness.executors import Evidence, ExecutorProcess
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, audit_actions
+from harness.waiting import assert_eventually
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+
+
+@pytest.fixture(scope="session")
+def client_py() -> Path:
+    """The dbos 3.4 client venv's python (built once, then cached under .venv-client)."""
+    return client_python()
+
+
+@pytest.fixture
+def start_client_executor(start_executor: StartExecutor, client_py: Path) -> StartExecutor:
+    """A dbos 3.4 application connected through relay_client (harness/client_app.py)."""
+
+    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
+        return start_executor(conductor_url, python=client_py, module="harness.client_app", **kwargs)
+
+    return start
+
+
+def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
+    return relay.state_of("acme", executor.app, executor.executor_id) == "HEALTHY"
+
+
+def all_outcomes(evidence: Evidence, n: int) -> dict[str, str] | None:
+    outcomes = evidence.outcomes()
+    return outcomes if len(outcomes) >= n else None
+
+
+def jobs_started(evidence: Evidence, prefix: str, n: int) -> bool:
+    return len({w for w, s, _ in evidence.step_runs() if s == "start" and w.startswith(prefix)}) >= n
+
+
+def test_client_executors_recover_a_killed_peers_workflows_exactly_once(
+    start_relay: StartRelay, start_client_executor: StartExecutor, evidence_db: str
+) -> None:
+    relay = start_relay(grace=1.0)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    survivor = start_client_executor(relay.conductor_url, env=env)
+    doomed = start_client_executor(
+        relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "8", "RELAY_TEST_JOB_SLEEP": "4"}
+    )
+    for executor in (survivor, doomed):
+        assert_eventually(lambda executor=executor: healthy(relay, executor), 10)
+    record = relay.executor("acme", "ledger", doomed.executor_id)
+    assert record is not None
+    assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == ("python", "3.4.0", "v1")
+    assert record["metadata"] == {"test": True}
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: jobs_started(evidence, "job-", 8), 10)
+    doomed.kill()  # mid-workflow: every job is in its durable sleep
+
+    outcomes = assert_eventually(lambda: all_outcomes(evidence, 8), 40)
+    assert set(outcomes) == {f"job-{i}" for i in range(8)}
+    assert set(outcomes.values()) == {survivor.executor_id}
+    assert evidence.outcome_count() == 8  # exactly once: a datasource transaction, keyed by workflow
+    assert {e for _, s, e in evidence.step_runs() if s == "after_sleep"} == {survivor.executor_id}
+    # Relay verified with exist_pending_workflows before deleting the dead executor's record.
+    assert_eventually(lambda: relay.executor("acme", "ledger", doomed.executor_id) is None, 10)
+    actions = audit_actions(relay, doomed.executor_id)
+    assert actions.count("recovery.succeeded") == 1 and "executor.deleted" in actions
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A request through Relay's API to one executor's socket, and what that app's system database says
+    it must answer. Later API routes served through executors add their own probes here."""
+
+    name: str
+    path: str  # under /apps/{app}/executors/{executorId}
+    params: dict[str, str]
+    answer: Callable[[Any], Any]  # the response's JSON, made comparable
+    truth: Callable[[psycopg.Connection[Any], str], Any]  # (system database, executor id) -> the same
+
+
+def _workflows_in_db(status: str | None) -> Callable[[psycopg.Connection[Any], str], Any]:
+    def truth(conn: psycopg.Connection[Any], executor_id: str) -> Any:
+        rows = conn.execute(
+            "SELECT workflow_uuid, status, name FROM dbos.workflow_status WHERE executor_id = %s"
+            " AND (%s::text IS NULL OR status = %s)",
+            (executor_id, status, status),
+        ).fetchall()
+        return {tuple(row) for row in rows}
+
+    return truth
+
+
+PROBES = [
+    Probe("workflows", "/workflows", {}, lambda rows: {(r["workflowId"], r["status"], r["name"]) for r in rows},
+          _workflows_in_db(None)),
+    Probe("successful workflows", "/workflows", {"status": "SUCCESS"},
+          lambda rows: {(r["workflowId"], r["status"], r["name"]) for r in rows}, _workflows_in_db("SUCCESS")),
+]  # fmt: skip
+
+
+def test_a_mixed_fleet_of_sdk_and_client_executors_answers_through_relay(
+    start_relay: StartRelay, start_executor: StartExecutor, start_client_executor: StartExecutor,
+    postgres: Postgres, evidence_db: str,
+) -> None:  # fmt: skip
+    relay = start_relay(grace=1.0)
+    billing_db, ledger_db = postgres.create_database("billing"), postgres.create_database("ledger")
+    quick = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "0.1"}
+    sdk = start_executor(
+        relay.conductor_url, app="billing", sysdb=billing_db, env={**quick, "RELAY_TEST_JOB_PREFIX": "b"}
+    )
+    client = start_client_executor(relay.conductor_url, sysdb=ledger_db, env={**quick, "RELAY_TEST_JOB_PREFIX": "l"})
+    fleet = [(sdk, billing_db, "3.2.0"), (client, ledger_db, "3.4.0")]
+    for executor, _, version in fleet:
+        assert_eventually(lambda executor=executor: healthy(relay, executor), 10)
+        assert (relay.executor("acme", executor.app, executor.executor_id) or {})["dbosVersion"] == version
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: all_outcomes(evidence, 6), 20)
+
+    with relay.api() as api:
+        for executor, sysdb, _ in fleet:
+            with psycopg.connect(sysdb) as conn:
+                for probe in PROBES:
+                    resp = api.get(
+                        f"/apps/{executor.app}/executors/{executor.executor_id}{probe.path}", params=probe.params
+                    )
+                    assert resp.status_code == 200, (probe.name, executor.app, resp.text)
+                    expected = probe.truth(conn, executor.executor_id)
+                    assert expected, (probe.name, executor.app)  # something to compare
+                    assert probe.answer(resp.json()) == expected, (probe.name, executor.app)
+
+    # A 3.4 executor killed mid-workflow: its peer, the client, recovers (recovery) and Relay
+    # verifies through it (exist_pending_workflows): the only other executor of the app.
+    slow = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"}
+    doomed = start_client_executor(relay.conductor_url, sysdb=ledger_db, env={**slow, "RELAY_TEST_JOB_PREFIX": "d"})
+    assert_eventually(lambda: healthy(relay, doomed), 10)
+    assert_eventually(lambda: jobs_started(evidence, "d-", 3), 10)
+    doomed.kill()
+    outcomes = assert_eventually(lambda: all_outcomes(evidence, 9), 40)
+    assert {w: e for w, e in outcomes.items() if w.startswith("d-")} == {f"d-{i}": client.executor_id for i in range(3)}
+    assert_eventually(lambda: relay.executor("acme", "ledger", doomed.executor_id) is None, 10)
+    with relay.api() as api:
+        [recovery] = api.get("/apps/ledger/recoveries", params={"executorId": doomed.executor_id}).json()
+    assert recovery["status"] == "succeeded"
+    assert [(a["peerExecutorId"], a["outcome"]) for a in recovery["attempts"]] == [(client.executor_id, "succeeded")]
+    assert sdk.executor_id not in {e for w, _, e in evidence.step_runs() if not w.startswith("b")}
+
+
+def read_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str | None:
+    """The rest of the next line of ``proc``'s output that starts with ``prefix``."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.decode().startswith(prefix):
+                found.append(line.decode()[len(prefix) :].strip())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def at(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_the_client_reconnects_stops_on_destroy_and_never_imports_dbos_enterprise(
+    start_relay: StartRelay, start_client_executor: StartExecutor, tmp_path: Path
+) -> None:
+    relay = start_relay(grace=30)
+    finish = tmp_path / "finish"
+    executor = start_client_executor(
+        relay.conductor_url,
+        env={"RELAY_TEST_FINISH_FILE": str(finish), "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "0"},
+    )
+    assert_eventually(lambda: healthy(relay, executor), 10)
+    first = relay.executor("acme", "ledger", executor.executor_id)
+    assert first is not None
+    with relay.api() as api:  # a request served over the socket
+        assert api.get(f"/apps/ledger/executors/{executor.executor_id}/workflows").status_code == 200
+
+    # Relay restarts: the client is back about a second after Relay listens again, under the same id.
+    relay.stop()
+    relay.start()
+    ready = datetime.now().timestamp()
+
+    def reconnected() -> dict[str, Any] | None:
+        record = relay.executor("acme", "ledger", executor.executor_id)
+        return (
+            record
+            if record and record["state"] == "HEALTHY" and record["connectedAt"] != first["connectedAt"]
+            else None
+        )
+
+    record = assert_eventually(reconnected, 10)
+    assert at(record["connectedAt"]) - ready < 2.0
+
+    # DBOS.destroy() stops the client (Relay sees it go at once), and dbos_enterprise was never
+    # imported: not at launch, connect, serving requests nor destroy, and it is not installed.
+    finish.touch()
+    report = read_line(executor.proc, "FINISHED ", 30)
+    assert report is not None, executor.log_path.read_text()
+    assert json.loads(report) == {"enterprise_imported": False, "enterprise_found": False, "client_running": False}
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "DISCONNECTED", 5)
+    assert executor.proc.wait(10) == 0
+
+
+@pytest.mark.parametrize("series", DBOS_SERIES)
+def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str) -> None:
+    python = client_python(series)
+    result = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=ROOT / "client", capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1]
