@@ -31,6 +31,9 @@ class History:
     registry: dict[str, dict[str, Any]]
     # faults as executed: {"at": unix time, "kind": ..., "executor": id or None}
     faults: list[dict[str, Any]] = field(default_factory=list)
+    # The ExecutorDead payloads the run's webhook receiver accepted (one rule, on the main app);
+    # None for a run without a receiver.
+    alerts: list[dict[str, Any]] | None = None
 
 
 def check(h: History) -> list[str]:
@@ -41,6 +44,7 @@ def check(h: History) -> list[str]:
         *_audit_is_complete(h),
         *_instances_adopted_once(h),
         *_paused_instances_fenced(h),
+        *_one_alert_per_death(h),
     ]
 
 
@@ -137,6 +141,34 @@ def _paused_instances_fenced(h: History) -> list[str]:
     ]
 
 
+def _one_alert_per_death(h: History) -> list[str]:
+    """Every executor declared dead produced exactly one distinct ExecutorDead idempotency key at
+    the receiver (repeats of it are allowed: webhooks are at least once), and nothing else did."""
+    if h.alerts is None:
+        return []
+    died = {
+        (str(e["executorId"]), str((e.get("detail") or {}).get("epoch")))
+        for e in h.audit
+        if e["action"] == "executor.dead"
+    }
+    keys: dict[tuple[str, str], set[str]] = {}
+    for payload in h.alerts:
+        keys.setdefault((str(payload.get("executorId")), str(payload.get("epoch"))), set()).add(
+            str(payload.get("idempotencyKey"))
+        )
+    problems = []
+    for executor, epoch in sorted(died):
+        found = keys.get((executor, epoch), set())
+        if len(found) != 1:
+            problems.append(
+                f"executor {executor} declared dead (epoch {epoch}) produced {len(found)} distinct "
+                "ExecutorDead idempotency keys at the receiver, not exactly one"
+            )
+    for executor, epoch in sorted(set(keys) - died):
+        problems.append(f"an ExecutorDead alert for executor {executor} epoch {epoch}, which was not declared dead")
+    return problems
+
+
 def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -160,6 +192,7 @@ def figures(h: History) -> dict[str, Any]:
         "outcomes": len(h.outcomes),
         "step_reexecutions": sum(n - 1 for n in step_runs.values()),
         "faults": dict(Counter(f["kind"] for f in h.faults)),
+        "executor_dead_alerts": None if h.alerts is None else len(h.alerts),
         "instances_adopted": sum(1 for e in h.audit if e["action"] == "relay.instance_adopted"),
         "paused_instances_fenced": sum(1 for f in h.faults if f.get("exit_code") == 3),
         "fault_to_recovery_secs": {

@@ -35,6 +35,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.proxy import TcpProxy
+from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess, list_all, relay_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,18 +66,32 @@ class Fleet:
         self.sysdb = self.pg.create_database("chaos_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
         relay_db = self.pg.create_database("chaos_relay")
+        # Every death must reach it as exactly one ExecutorDead idempotency key (the checker).
+        self.receiver = WebhookReceiver().__enter__()
         self.relays = [
-            RelayProcess(workdir, relay_db, relay_yaml(
-                free_port(), grace=profile.grace_secs,
-                pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
-                recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
-                instanceLeaseSecs=profile.lease_secs,
-            ), instance_id=f"relay-{i + 1}")
+            RelayProcess(workdir, relay_db, self._config(), instance_id=f"relay-{i + 1}")
             for i in range(profile.relay_instances)
-        ]  # fmt: skip
+        ]
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         self.slots: list[Slot] = []
         self.until = 0.0
+
+    def _config(self) -> dict[str, Any]:
+        profile = self.profile
+        config = relay_yaml(
+            free_port(), grace=profile.grace_secs,
+            pingIntervalSecs=profile.ping_interval_secs, pingWaitSecs=profile.ping_wait_secs,
+            recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
+            instanceLeaseSecs=profile.lease_secs,
+        )  # fmt: skip
+        config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.5,
+                            "retryInitialSecs": 0.5, "retryMaxSecs": 2.0}  # fmt: skip
+        rule = {"kind": "ExecutorDead", "webhook": self.receiver.url(), "minIntervalSecs": 0}
+        config["orgs"][0]["apps"][0]["alerts"] = [rule]
+        return config
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return self.receiver.payloads("ExecutorDead")
 
     def revive(self) -> list[dict[str, Any]]:
         """The process manager's part: start again any instance that exited outside a fault
@@ -137,6 +152,7 @@ class Fleet:
         self.balancer.__exit__(None, None, None)
         for relay in self.relays:
             relay.stop()
+        self.receiver.__exit__(None, None, None)
         self.pg.close()
 
 
@@ -207,7 +223,15 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
-    return History(workflows, outcomes, steps, audit, registry, faults)
+    return History(workflows, outcomes, steps, audit, registry, faults, fleet.alerts())
+
+
+def alerted(fleet: Fleet) -> bool:
+    """Whether every death in the audit log has reached the receiver (for the wait before gathering)."""
+    with fleet.relay.api() as api:
+        audit = api.get("/audit", params={"limit": 10_000}).json()
+    died = {(e["executorId"], str(e["detail"].get("epoch"))) for e in audit if e["action"] == "executor.dead"}
+    return died <= {(p.get("executorId"), str(p.get("epoch"))) for p in fleet.alerts()}
 
 
 def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
@@ -251,6 +275,9 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
             time.sleep(1.0)
         unplanned += fleet.revive()
         time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
+        deadline = time.time() + 15.0  # and the last deaths' alerts arrive
+        while time.time() < deadline and not alerted(fleet):
+            time.sleep(0.5)
         history = gather(fleet, done)
         stuck = unfinished(fleet)
     finally:

@@ -7,20 +7,25 @@ falls back to a default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from relay.auth import Permission
+from relay.core.alerts import PARAMS, Kind
+from relay.core.destinations import DestinationPolicy, parse_entry
 from relay.errors import ConfigError
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_EXECUTOR_TIMEOUT_SECS = 60.0
+DEFAULT_MIN_INTERVAL_SECS = 300.0
 
 
 class _Model(BaseModel):
@@ -109,6 +114,92 @@ class ApiKeyConfig(KeyConfig):
     role: Literal["admin", "viewer"] = "viewer"
 
 
+class AlertRuleConfig(_Model):
+    """An alert rule (README "Alerts"): its kind, its parameters, and where it goes: a ``webhook``
+    or the alert handler of ``receiverApp``'s executors (with neither, the app's own)."""
+
+    kind: Kind
+    webhook: str | None = Field(default=None, min_length=1, max_length=2048)
+    # The HMAC key of X-Relay-Signature, or the environment variable holding it; without either, unsigned.
+    secret: str | None = Field(default=None, min_length=16, max_length=256)
+    secret_env: str | None = Field(default=None, min_length=1)
+    format: Literal["json", "slack"] = "json"
+    receiver_app: str | None = Field(default=None, min_length=1, max_length=256)
+    # At least this long between two alerts of the rule about the same subject (a flapping executor).
+    min_interval_secs: float = Field(default=DEFAULT_MIN_INTERVAL_SECS, ge=0)
+    workflow_name: str | None = Field(default=None, min_length=1, max_length=1024)
+    count: int | None = Field(default=None, ge=1)
+    window_secs: float | None = Field(default=None, gt=0)
+    queue_name: str | None = Field(default=None, min_length=1, max_length=1024)
+    threshold_secs: float | None = Field(default=None, gt=0)
+    for_secs: float | None = Field(default=None, ge=0)
+    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
+    attempts: int | None = Field(default=None, ge=1)
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        problem = webhook_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AlertRuleConfig:
+        allowed = PARAMS[self.kind]
+        for name in _PARAM_FIELDS:
+            if getattr(self, name) is not None and to_camel(name) not in allowed:
+                accepted = ", ".join(allowed) or "no parameters"
+                raise ValueError(f"{to_camel(name)} does not apply to {self.kind.value} (it takes {accepted})")
+        if self.webhook is not None and self.receiver_app is not None:
+            raise ValueError("give a webhook or a receiverApp, not both")
+        if self.webhook is None and (self.secret or self.secret_env or self.format != "json"):
+            raise ValueError("secret, secretEnv and format apply to a webhook only")
+        if self.secret is not None and self.secret_env is not None:
+            raise ValueError("give a secret or a secretEnv, not both")
+        if self.secret_env is not None and not os.environ.get(self.secret_env):
+            raise ValueError(f"secretEnv: the environment variable {self.secret_env} is not set")
+        return self
+
+    def params(self) -> dict[str, Any]:
+        """The kind's parameters, defaults filled in (camelCase, as relay.yaml and the API name them)."""
+        return {name: _or(getattr(self, _snake(name)), default) for name, default in PARAMS[self.kind].items()}
+
+    def signing_secret(self) -> str | None:
+        return os.environ.get(self.secret_env) or None if self.secret_env is not None else self.secret
+
+
+_PARAM_FIELDS = (
+    "workflow_name", "count", "window_secs", "queue_name", "threshold_secs", "for_secs", "reason", "attempts"
+)  # fmt: skip
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def webhook_problem(url: str) -> str | None:
+    """What is wrong with a webhook URL as written (the allow-list is checked apart); None if nothing."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a URL: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return "the scheme must be http or https"
+    if not parts.hostname:
+        return "the URL has no host"
+    if port == 0:
+        return "port 0 is not a destination"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "the URL has spaces or control characters"
+    return None
+
+
 class AppConfig(_Model):
     name: str = Field(min_length=1, max_length=256)
     executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0)
@@ -119,6 +210,16 @@ class AppConfig(_Model):
     gc_time_threshold_ms: int | None = Field(default=None, gt=0)
     gc_rows_threshold: int | None = Field(default=None, gt=0)
     global_timeout_ms: int | None = Field(default=None, gt=0)
+    alerts: list[AlertRuleConfig] = []
+
+    @model_validator(mode="after")
+    def _alerts(self) -> AppConfig:
+        for n, rule in enumerate(self.alerts):
+            if rule.kind is Kind.UNRESPONSIVE_APPLICATION and rule.webhook is None:
+                if (rule.receiver_app or self.name) == self.name:
+                    # An app with no executor cannot take an alert about itself.
+                    raise ValueError(f"alerts.{n}: UnresponsiveApplication needs a webhook or another receiverApp")
+        return self
 
 
 class OrgConfig(_Model):
@@ -162,12 +263,49 @@ class MetricsConfig(_Model):
     app_figures_window_secs: float = Field(default=60.0, ge=0.5, le=3600)
 
 
+class AlertsConfig(_Model):
+    """Alert delivery (README "Alerts"); the rules themselves are under each app."""
+
+    # Hosts (hooks.internal, *.example.com) and networks (10.0.0.0/8, 127.0.0.1) webhooks may reach
+    # besides public addresses; private, loopback and link-local addresses need listing.
+    allowed_destinations: list[str] = []
+    # False: only what allowedDestinations lists.
+    allow_public_destinations: bool = True
+    # How often each instance reads the audit log for ExecutorDead, RecoveryFailed, InstanceAdopted.
+    poll_interval_secs: float = Field(default=1.0, gt=0)
+    # How often the other rules are evaluated (once per interval, by one instance).
+    check_interval_secs: float = Field(default=30.0, gt=0)
+    # A failed delivery is tried again after retryInitialSecs, doubling up to retryMaxSecs, maxAttempts in all.
+    retry_initial_secs: float = Field(default=1.0, gt=0)
+    retry_max_secs: float = Field(default=300.0, gt=0)
+    max_attempts: int = Field(default=30, ge=1)
+    # One webhook request (connection, sending, the response's status line).
+    timeout_secs: float = Field(default=10.0, gt=0)
+
+    @field_validator("allowed_destinations")
+    @classmethod
+    def _entries(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_entry(entry)
+        return value
+
+    @model_validator(mode="after")
+    def _retries(self) -> AlertsConfig:
+        if self.retry_max_secs < self.retry_initial_secs:
+            raise ValueError("retryMaxSecs must be at least retryInitialSecs")
+        return self
+
+    def policy(self) -> DestinationPolicy:
+        return DestinationPolicy.from_entries(self.allowed_destinations, self.allow_public_destinations)
+
+
 class RelayConfig(_Model):
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
     liveness: LivenessConfig = LivenessConfig()
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
+    alerts: AlertsConfig = AlertsConfig()
     # False: an executor may only connect to an app listed in relay.yaml (or registered through the API).
     auto_register_apps: bool = True
     orgs: list[OrgConfig] = []
@@ -181,6 +319,13 @@ class RelayConfig(_Model):
         hashes = [k.sha256 for org in self.orgs for k in [*org.conductor_keys, *org.api_keys]]
         if len(hashes) != len(set(hashes)):
             raise ValueError("every conductor and API key hash must be unique across all orgs")
+        policy = self.alerts.policy()
+        for org in self.orgs:
+            for app in org.apps:
+                for n, rule in enumerate(app.alerts):
+                    refused = literal_refusal(policy, rule.webhook) if rule.webhook else None
+                    if refused:
+                        raise ValueError(f"orgs.{org.name}.apps.{app.name}.alerts.{n}.webhook: {refused}")
         return self
 
     def with_overrides(self, **changes: Any) -> RelayConfig:
@@ -192,6 +337,16 @@ class RelayConfig(_Model):
         if changes.get("database_url"):
             database = DatabaseConfig(url=changes["database_url"])
         return self.model_copy(update={"server": server, "database": database})
+
+
+def literal_refusal(policy: DestinationPolicy, url: str) -> str | None:
+    """Why a webhook whose host is an address is refused by the allow-list (names are resolved at send time)."""
+    host = urlsplit(url).hostname or ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return policy.refusal(host, address)
 
 
 def _describe(exc: ValidationError, source: str) -> str:

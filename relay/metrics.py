@@ -12,16 +12,26 @@ import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
+from relay.core.alerts import Kind
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
 from relay.store.lease import Lease
+
+# Alerts delivered, and given up after their last attempt, by this instance (workflows/alerts.py).
+ALERTS_SENT = Counter("relay_alerts_sent", "Alerts this instance delivered, by kind.", ["kind"], registry=None)
+ALERTS_FAILED = Counter(
+    "relay_alerts_failed", "Alerts this instance gave up delivering, by kind.", ["kind"], registry=None
+)
+for _kind in Kind:  # every kind from 0, so a scraper sees the series before the first alert
+    ALERTS_SENT.labels(_kind.value)
+    ALERTS_FAILED.labels(_kind.value)
 
 
 @dataclass
@@ -46,6 +56,8 @@ class Metrics(Collector):
         # One scrape at a time: the collectors hold what the scrape read and the view (the key's org)
         # it is seen through until it is written, so concurrent scrapes must not interleave.
         self._scraping = asyncio.Lock()
+        self.registry.register(ALERTS_SENT)
+        self.registry.register(ALERTS_FAILED)
 
     async def render(self, view: ScrapeView = EVERYTHING, accept: str = "") -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics when ``accept`` asks for it (as DBOS

@@ -25,6 +25,7 @@ from relay.appmetrics import AppFiguresCollector
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
+from relay.domain.alerts import AlertRules, AlertSender, ConditionObserver
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
@@ -35,6 +36,8 @@ from relay.net.hub import Hub
 from relay.net.paths import PathKeeper
 from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
+from relay.net.webhook import WebhookSender
+from relay.store.alerts import AlertStore
 from relay.store.appfigures import AppFiguresStore
 from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
@@ -46,8 +49,9 @@ from relay.store.keys import KeyStore, grants_from_config
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
+from workflows.alerts import AlertLoops
 from workflows.engine import Engine
-from workflows.services import Services
+from workflows.services import AlertServices, Services
 
 log = logging.getLogger("relay")
 
@@ -95,6 +99,10 @@ class Runtime:
         self.app_retention = AppRetentionStore(self.db)
         add_collectors(self.metrics, self.recoveries.pipeline.collectors())
         add_app_figures(self.metrics, AppFiguresCollector(self.figures, config.metrics.app_figures_window_secs))
+        self.alert_store = AlertStore(self.db)
+        self.webhooks = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, f"relay/{__version__}")
+        self.alert_rules = AlertRules(self.db, self.alert_store, self.apps, self.webhooks)
+        self.alert_loops = AlertLoops(self.alert_store, config.alerts, lambda: self.lease.held)
 
     def api_context(self) -> ApiContext:
         return ApiContext(
@@ -116,6 +124,7 @@ class Runtime:
             lease=self.lease,
             metrics=self.metrics.render,
             figures=self.figures,
+            alert_rules=self.alert_rules,
         )
 
     def _services(self, loop: asyncio.AbstractEventLoop) -> Services:
@@ -133,12 +142,19 @@ class Runtime:
             app_retention=self.app_retention,
             figures=self.figures,
             executor_timeout_secs=self.config.server.executor_request_timeout_secs,
+            alerts=AlertServices(
+                self.alert_store,
+                ConditionObserver(self.alert_store, self.gateway),
+                AlertSender(self.alert_store, self.gateway, self.webhooks),
+                self.config.alerts,
+            ),
         )
 
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
         await self.apps.sync_config(self.config)
+        await self.alert_store.sync_config(self.config)
         await self.keys.sync_config(self.config)
         first = await ensure_first_keys(self.keys, self.config)
         if first is not None and self.announce is not None:
@@ -160,6 +176,7 @@ class Runtime:
             self.config.retention.apps_interval_secs,
             metrics.app_figures_window_secs if metrics.app_figures else None,
         )
+        self.alert_loops.start()
         await self.adopter.resume_adopted()
         await self.engine.sweep()
         self.adopter.start()
@@ -175,6 +192,7 @@ class Runtime:
             await self.executors.instance_lost(self.instance_id)
             await self.engine.sweep()
         finally:
+            await self.alert_loops.stop()
             await self.engine.stop_workers()
             await self.router.stop()
             await asyncio.to_thread(self.engine.destroy)

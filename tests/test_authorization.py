@@ -96,6 +96,9 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/v2/orgs/{org}/apps/{app}/versions"): READ,
     ("PATCH", "/v2/orgs/{org}/apps/{app}/versions/latest"): WRITE,
     ("GET", "/v2/orgs/{org}/apps/{app}/metrics"): Rule(P.METRIC_READ, app=True),
+    ("GET", "/v2/orgs/{org}/apps/{app}/alerting-rules"): READ,
+    ("POST", "/v2/orgs/{org}/apps/{app}/alerting-rules"): WRITE,
+    ("DELETE", "/v2/orgs/{org}/apps/{app}/alerting-rules/{rule_id}"): WRITE,
     ("GET", "/v2/orgs/{org}/audit"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/tokens"): Rule(P.TOKEN_READ),
     ("POST", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
@@ -112,6 +115,7 @@ VALUES = {
     "workflow_id": "no/such?workflow#",
     "queue_name": "no-queue",
     "schedule_name": "no-schedule",
+    "rule_id": "no-rule",
 }
 # Paths whose admin call would change what the other routes are tried on.
 OVERRIDES = {("DELETE", "/v2/orgs/{org}/apps/{app}"): {"app": "matrix-app"}}

@@ -183,3 +183,22 @@ def test_each_life_of_an_executor_needs_its_own_death_and_recovery() -> None:
     h.audit = run_entries("e1", *first_life, ("executor.dead", None), ("recovery.dispatched", third),
                           ("recovery.succeeded", third), ("executor.deleted", third))  # fmt: skip
     assert check(h) == []
+
+
+def test_each_death_must_produce_exactly_one_alert_key() -> None:
+    h = sound()
+    h.audit[0]["detail"] = {"epoch": 3}
+    alert = {"kind": "ExecutorDead", "executorId": "e1", "epoch": "3", "idempotencyKey": "r:e1:3"}
+    h.alerts = [alert, dict(alert)]  # a repeat of the same key: at least once is allowed
+    assert check(h) == []
+    h.alerts = []
+    assert check(h) == [
+        "executor e1 declared dead (epoch 3) produced 0 distinct ExecutorDead idempotency keys at the receiver, "
+        "not exactly one"
+    ]
+    h.alerts = [alert, {**alert, "idempotencyKey": "r:e1:3-again"}]
+    assert any("produced 2 distinct" in p for p in check(h))
+    h.alerts = [alert, {**alert, "epoch": "4", "idempotencyKey": "r:e1:4"}]
+    assert check(h) == ["an ExecutorDead alert for executor e1 epoch 4, which was not declared dead"]
+    h.alerts = None  # a run without a receiver (an older recording) is not judged on alerts
+    assert check(h) == []

@@ -22,9 +22,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 import psycopg
 from dbos import DBOS
 
-from relay.config import LivenessConfig, RetentionConfig
+from relay.config import AlertsConfig, LivenessConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
+from relay.domain.alerts import AlertSender, ConditionObserver
 from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor
+from relay.store.alerts import AlertStore
 from relay.store.appfigures import AppFiguresStore
 from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
@@ -64,6 +66,16 @@ class Ask(Protocol):
 
 
 @dataclass(frozen=True)
+class AlertServices:
+    """What the alert workflows reach (workflows/alerts.py)."""
+
+    store: AlertStore
+    observer: ConditionObserver
+    sender: AlertSender
+    settings: AlertsConfig
+
+
+@dataclass(frozen=True)
 class Services:
     executors: ExecutorStore
     recoveries: RecoveryStore
@@ -81,6 +93,7 @@ class Services:
     app_retention: AppRetentionStore
     figures: AppFiguresStore
     executor_timeout_secs: float
+    alerts: AlertServices
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""

@@ -19,6 +19,7 @@ from starlette.types import Scope
 
 from relay import __version__
 from relay.api import (
+    alerts,
     apps,
     audit,
     executors,
@@ -54,7 +55,21 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     # FastAPI's /docs and /redoc load scripts from a CDN: /docs is Relay's own (relay.api.ops), and no /redoc.
     api = FastAPI(title="Relay", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     api.state.context = ctx
-    modules = (ops, org, apps, executors, recoveries, audit, tokens, workflows, queues, schedules, versions, metrics)
+    modules = (
+        ops,
+        org,
+        apps,
+        executors,
+        recoveries,
+        audit,
+        tokens,
+        workflows,
+        queues,
+        schedules,
+        versions,
+        metrics,
+        alerts,
+    )
     for module in modules:
         api.include_router(module.router, responses=PROBLEMS)
     api.include_router(org.caller_router, responses=PROBLEMS)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from relay.appmetrics import ScrapeView
 from relay.auth import KeyRing
 from relay.config import RelayConfig
+from relay.domain.alerts import AlertRules
 from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -47,3 +48,4 @@ class ApiContext:
     lease: Lease
     metrics: Callable[[ScrapeView, str], Awaitable[tuple[bytes, str]]]  # this instance's exposition, its type
     figures: AppFiguresStore  # the apps' stored figures (GET .../apps/{app}/metrics)
+    alert_rules: AlertRules

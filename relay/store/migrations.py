@@ -228,6 +228,64 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         8,
         """
+        -- Alert rules (README "Alerts"): relay.yaml's, copied in at every start (source 'config'),
+        -- and the API's. A webhook's URL and secret are kept here only, never shown or logged.
+        CREATE TABLE alert_rules (
+            id                  text PRIMARY KEY,
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            kind                text NOT NULL,
+            params              jsonb NOT NULL DEFAULT '{}'::jsonb,
+            min_interval_secs   double precision NOT NULL CHECK (min_interval_secs >= 0),
+            webhook_url         text,
+            secret              text,
+            format              text NOT NULL DEFAULT 'json' CHECK (format IN ('json', 'slack')),
+            receiver_app        text,
+            source              text NOT NULL CHECK (source IN ('config', 'api')),
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            created_by          text,
+            last_fired_at       timestamptz,
+            CHECK ((webhook_url IS NULL) <> (receiver_app IS NULL)),
+            FOREIGN KEY (org, app) REFERENCES apps(org, name) ON DELETE CASCADE
+        );
+        CREATE INDEX alert_rules_by_app ON alert_rules (org, app);
+        -- Every alert Relay set out to deliver, by its idempotency key (rule, subject, epoch): the
+        -- repeat interval reads it, and the delivery workflow records its outcome in it.
+        CREATE TABLE alerts (
+            idempotency_key     text PRIMARY KEY,
+            rule_id             text NOT NULL,
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            kind                text NOT NULL,
+            subject             text NOT NULL,
+            status              text NOT NULL CHECK (status IN ('sending', 'sent', 'failed', 'suppressed')),
+            attempts            integer NOT NULL DEFAULT 0,
+            error               text,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            updated_at          timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE INDEX alerts_by_subject ON alerts (rule_id, subject, created_at);
+        CREATE INDEX alerts_by_created ON alerts (created_at);
+        -- Conditions that hold (a queue held up, no healthy executor...), since when: one episode each.
+        CREATE SEQUENCE alert_episodes;
+        CREATE TABLE alert_conditions (
+            rule_id     text NOT NULL REFERENCES alert_rules(id) ON DELETE CASCADE,
+            subject     text NOT NULL,
+            episode     bigint NOT NULL DEFAULT nextval('alert_episodes'),
+            since       timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (rule_id, subject)
+        );
+        -- How far the audit log has been read for event rules (one row; every instance reads on).
+        CREATE TABLE alert_cursor (
+            id          integer PRIMARY KEY CHECK (id = 1),
+            last_id     bigint NOT NULL
+        );
+        INSERT INTO alert_cursor (id, last_id) SELECT 1, coalesce(max(id), 0) FROM audit_log;
+        """,
+    ),
+    (
+        9,
+        """
         -- Retention of the applications' data, as DBOS Conductor's app settings (null: off).
         ALTER TABLE apps ADD COLUMN gc_time_threshold_ms bigint CHECK (gc_time_threshold_ms > 0);
         ALTER TABLE apps ADD COLUMN gc_rows_threshold bigint CHECK (gc_rows_threshold > 0);

@@ -39,6 +39,11 @@ class RetentionStore:
             )
             cur = await conn.execute(f"DELETE FROM recoveries WHERE id IN ({finished})", (settings.recoveries_days,))
             recoveries = cur.rowcount
+            # Alerts delivered long ago: the audit log has forgotten them too (their ids stay distinct).
+            await conn.execute(
+                "DELETE FROM alerts WHERE created_at < now() - make_interval(secs => %s * 86400)",
+                (settings.audit_days,),
+            )
             cur = await conn.execute(
                 """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %s * 86400)
                    AND NOT EXISTS (SELECT 1 FROM executors e

@@ -1,0 +1,97 @@
+"""A real DBOS 3.2 application for the alert tests: it fails workflows, holds a queue up, and
+receives alerts with the SDK's ``@DBOS.alert_handler``.
+
+Run as ``python -m harness.alert_app`` with the settings of :mod:`harness.executor_app`
+(RELAY_TEST_APP, RELAY_TEST_SYSDB, RELAY_TEST_CONDUCTOR_URL, RELAY_TEST_CONDUCTOR_KEY,
+RELAY_TEST_APP_VERSION) and:
+
+- RELAY_TEST_EVIDENCE: a PostgreSQL URL; every alert the handler receives becomes a row of
+  ``alerts_received`` (name, message, metadata, the executor that took it);
+- RELAY_TEST_FAILURES: how many ``failing`` workflows to run (each raises) once launched;
+- RELAY_TEST_HOLD_QUEUE: how many ``job`` workflows to enqueue on the queue ``serial``
+  (concurrency 1) behind a ``blocker`` that waits an hour, so they stay ENQUEUED.
+
+Prints ``READY <executor_id>`` once it has done all that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import psycopg
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos._utils import GlobalParams
+
+ENV = os.environ
+
+
+def take_alert(name: str, message: str, metadata: dict[str, str]) -> None:
+    with psycopg.connect(ENV["RELAY_TEST_EVIDENCE"]) as conn:
+        conn.execute(
+            "INSERT INTO alerts_received (name, message, metadata, executor_id) VALUES (%s, %s, %s, %s)",
+            (name, message, json.dumps(metadata), GlobalParams.executor_id),
+        )
+
+
+def prepare() -> None:
+    with psycopg.connect(ENV["RELAY_TEST_EVIDENCE"]) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(43)")
+        conn.execute(
+            """CREATE TABLE IF NOT EXISTS alerts_received (
+                   name text NOT NULL, message text NOT NULL, metadata jsonb NOT NULL, executor_id text NOT NULL,
+                   at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+        )
+
+
+@DBOS.workflow()
+def failing(n: int) -> int:
+    raise RuntimeError(f"failed on purpose ({n})")
+
+
+@DBOS.workflow()
+def blocker() -> str:
+    DBOS.recv("never", timeout_seconds=3600)
+    return "unblocked"
+
+
+@DBOS.workflow()
+def job(n: int) -> int:
+    return n
+
+
+def main() -> None:
+    config: DBOSConfig = {
+        "name": ENV["RELAY_TEST_APP"],
+        "system_database_url": ENV["RELAY_TEST_SYSDB"],
+        "conductor_url": ENV["RELAY_TEST_CONDUCTOR_URL"],
+        "conductor_key": ENV["RELAY_TEST_CONDUCTOR_KEY"],
+        "application_version": ENV.get("RELAY_TEST_APP_VERSION", "v1"),
+        "notification_listener_polling_interval_sec": 0.1,
+        "sys_db_pool_size": 4,
+    }
+    prepare()
+    DBOS(config=config)
+    DBOS.alert_handler(take_alert)  # after DBOS(), before launch, as DBOS 3.2 wants
+    DBOS.launch()
+    for n in range(int(ENV.get("RELAY_TEST_FAILURES", "0"))):
+        try:
+            DBOS.start_workflow(failing, n).get_result()
+        except RuntimeError:
+            pass
+    held = int(ENV.get("RELAY_TEST_HOLD_QUEUE", "0"))
+    if held:
+        # Registered after launch, as DBOS 3.2 wants; queue names are the app's own in a shared system database.
+        serial = DBOS.register_queue("serial", global_concurrency=1)
+        with SetWorkflowID(f"blocker-{GlobalParams.executor_id}"):
+            serial.enqueue(blocker)
+        for n in range(held):
+            serial.enqueue(job, n)
+    print(f"READY {GlobalParams.executor_id}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

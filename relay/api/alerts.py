@@ -1,0 +1,180 @@
+"""Alerting rules, as DBOS Conductor's API has them, with Relay's kinds and destinations.
+
+``GET`` lists relay.yaml's rules (read-only) and the API's together. A rule's
+webhook is shown as its scheme, host and port with ``secretSet``: its path,
+query and secret never appear in an answer (nor in the audit log or Relay's
+log). The secret is in the answer to the ``POST`` that made it, once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from pydantic import Field, Strict, ValidationError
+
+from relay.api.common import (
+    NO_NUL,
+    Admin,
+    ApiError,
+    Body,
+    Caller,
+    Ctx,
+    JsonInteger,
+    Page,
+    PathId,
+    actor,
+    error_response,
+    iso,
+)
+from relay.config import AlertRuleConfig
+from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
+from relay.domain.alerts import destination_of
+from relay.store.alerts import RuleRecord
+
+router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/alerting-rules")
+
+# Where a field of relay.yaml's rule is in the API's body, for a 422's ``errors``.
+BODY_FIELDS = {
+    "kind": "ruleType",
+    "webhook": "webhook",
+    "secret": "secret",
+    "format": "format",
+    "receiverApp": "receivingAppName",
+    "minIntervalSecs": "minIntervalSecs",
+}
+
+
+Positive = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1), JsonInteger]
+Name = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
+
+
+class RuleMetadata(Body):
+    """A rule's parameters, by Relay's names or Conductor's (``workflow_name``, ``threshold``,
+    ``period_secs``, ``queue_name``, ``threshold_secs``); each kind takes its own (README "Alerts")."""
+
+    workflowName: Name | None = None
+    workflow_name: Name | None = None
+    count: Count | None = None
+    threshold: Count | None = None
+    windowSecs: Positive | None = None
+    period_secs: Positive | None = None
+    queueName: Name | None = None
+    queue_name: Name | None = None
+    thresholdSecs: Positive | None = None
+    threshold_secs: Positive | None = None
+    forSecs: Annotated[float, Field(ge=0)] | None = None
+    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
+    attempts: Count | None = None
+
+
+class CreateAlertingRule(Body):
+    """Conductor's ``CreateAlertInputBody`` (``ruleType``, ``ruleMetadata``, ``minIntervalSecs``,
+    ``receivingAppName``) and Relay's ``webhook``, ``secret`` (else one is made) and ``format``."""
+
+    ruleType: Annotated[Kind, Strict(False)]  # by value
+    ruleMetadata: RuleMetadata | None = None
+    minIntervalSecs: Annotated[float, Field(ge=0)] | None = None
+    receivingAppName: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)] | None = None
+    webhook: Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)] | None = None
+    secret: Annotated[str, Field(min_length=16, max_length=256, pattern=NO_NUL)] | None = None
+    format: Literal["json", "slack"] = "json"
+
+
+def _number(value: float) -> float | int:
+    return int(value) if value.is_integer() else value
+
+
+def rule_json(record: RuleRecord) -> dict[str, Any]:
+    """Conductor's ``AlertingRule``, and Relay's members beside it."""
+    return {
+        "id": record.id,
+        "appId": record.app,
+        "receivingAppId": record.receiver_app,
+        "ruleType": record.kind.value,
+        "ruleMetadata": record.params,
+        "minIntervalSecs": _number(record.min_interval_secs),
+        "lastFiredAt": iso(record.last_fired_at),
+        "org": record.org,
+        "app": record.app,
+        "kind": record.kind.value,
+        "source": record.source,
+        "readOnly": record.source == "config",
+        **destination_of(record),
+        "createdAt": iso(record.created_at),
+        "createdBy": record.created_by,
+    }
+
+
+def _invalid(errors: list[dict[str, str]]) -> Response:
+    detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors)
+    return error_response(422, "invalid_request", detail, errors=errors)
+
+
+def _rule_fields(body: CreateAlertingRule) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """relay.yaml's fields of the rule the body describes; Conductor's names in ``ruleMetadata``
+    (``workflow_name``, ``threshold``, ``period_secs``, ``queue_name``, ``threshold_secs``) are taken
+    as Relay's, and ``*`` as any workflow or queue."""
+    fields: dict[str, Any] = {"kind": body.ruleType, "format": body.format}
+    for name, value in {"webhook": body.webhook, "secret": body.secret, "receiverApp": body.receivingAppName,
+                        "minIntervalSecs": body.minIntervalSecs}.items():  # fmt: skip
+        if value is not None:
+            fields[name] = value
+    errors = []
+    aliases = CONDUCTOR_PARAMS.get(body.ruleType, {})
+    given = body.ruleMetadata.model_dump(exclude_none=True) if body.ruleMetadata else {}
+    for key, value in given.items():
+        name = aliases.get(key, key)
+        if name not in PARAMS[body.ruleType]:
+            takes = ", ".join(PARAMS[body.ruleType]) or "no parameters"
+            message = f"not a parameter of {body.ruleType.value} (it takes {takes})"
+            errors.append({"location": f"body.ruleMetadata.{key}", "message": message})
+        elif not (name in ("workflowName", "queueName") and value == "*"):
+            fields[name] = value
+    return fields, errors
+
+
+def _locations(exc: ValidationError) -> list[dict[str, str]]:
+    errors = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        where = f"body.{BODY_FIELDS.get(field, f'ruleMetadata.{field}')}" if field else "body"
+        errors.append({"location": where, "message": str(err["msg"]).removeprefix("Value error, ")})
+    return errors
+
+
+@router.get("")
+async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: Page) -> list[dict[str, Any]]:
+    if not await ctx.apps.exists(org, app):
+        raise ApiError(404, "not_found", f"no app {app!r} in org {org!r}")
+    return [rule_json(r) for r in await ctx.alert_rules.store.list_rules(org, app, page.limit, page.offset)]
+
+
+@router.post("", status_code=201)
+async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, who: Admin) -> Response:
+    """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations), 404 when
+    its receiving app does not exist."""
+    fields, errors = _rule_fields(body)
+    if errors:
+        return _invalid(errors)
+    try:
+        rule = AlertRuleConfig.model_validate(fields)
+    except ValidationError as exc:
+        return _invalid(_locations(exc))
+    refused = await ctx.alert_rules.refusal(org, app, rule)
+    if refused is not None:
+        return _invalid([{"location": refused[0], "message": refused[1]}])
+    created = await ctx.alert_rules.create(org, app, rule, actor(who))
+    answer = rule_json(created.record)
+    if created.secret is not None:
+        answer["secret"] = created.secret  # made by Relay: shown here and nowhere else
+    return JSONResponse(answer, status_code=201)
+
+
+@router.delete("/{rule_id}", status_code=204)
+async def delete_rule(org: str, app: str, rule_id: PathId, ctx: Ctx, who: Admin) -> Response:
+    """204; 409 for a rule of relay.yaml (change it there), 404 for no such rule."""
+    await ctx.alert_rules.delete(org, app, rule_id, actor(who))
+    return Response(status_code=204)

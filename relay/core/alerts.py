@@ -1,0 +1,317 @@
+"""Alerts: the kinds of rule, what fires them, and what a delivery carries (pure).
+
+Two families of rule:
+
+- **events**, read from the audit log (``executor.dead``, ``recovery.failed``,
+  ``relay.instance_adopted``): :func:`alerts_for_event` turns one entry into the
+  alerts of the rules it matches;
+- **conditions**, observed on a schedule (no healthy executor, a recovery
+  blocked, failed workflows, a queue held up): an observation is a set of
+  :class:`Observed` subjects; one that holds for the rule's ``forSecs`` fires
+  once per *episode* (the stretch of time it keeps holding).
+
+Every alert has an idempotency key, ``{rule}:{subject}:{epoch}``: the epoch
+is the executor's connection epoch for a death, the lease epoch for an
+adoption, the episode for a condition. Its delivery workflow is named after
+it, so an alert found twice (two instances, a repeated scan) is delivered
+once, and a second death of the same executor (a new epoch) is a new alert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    WORKFLOW_FAILURE = "WorkflowFailure"
+    SLOW_QUEUE = "SlowQueue"
+    UNRESPONSIVE_APPLICATION = "UnresponsiveApplication"
+    EXECUTOR_DEAD = "ExecutorDead"
+    RECOVERY_BLOCKED = "RecoveryBlocked"
+    RECOVERY_FAILED = "RecoveryFailed"
+    INSTANCE_ADOPTED = "InstanceAdopted"
+
+
+# The audit actions that fire event rules.
+EVENT_ACTIONS = {
+    "executor.dead": Kind.EXECUTOR_DEAD,
+    "recovery.failed": Kind.RECOVERY_FAILED,
+    "relay.instance_adopted": Kind.INSTANCE_ADOPTED,
+}
+EVENT_KINDS = frozenset(EVENT_ACTIONS.values())
+CONDITION_KINDS = frozenset(Kind) - EVENT_KINDS
+# Conditions asked of the app's executors (the others are read from Relay's registry).
+EXECUTOR_KINDS = frozenset({Kind.WORKFLOW_FAILURE, Kind.SLOW_QUEUE})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What evaluating a rule needs (never its destination)."""
+
+    id: str
+    org: str
+    app: str
+    kind: Kind
+    params: dict[str, Any]
+    created_at: float  # Unix time: events before it do not fire it
+
+    def param(self, name: str, default: Any = None) -> Any:
+        value = self.params.get(name)
+        return default if value is None else value
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert to deliver: the workflow's input, a plain dict (:meth:`to_json`)."""
+
+    rule_id: str
+    kind: str
+    org: str
+    app: str
+    subject: dict[str, str]  # executorId, workflowName, queueName, instance...
+    subject_key: str  # the subject as one string (with the death's epoch for RecoveryBlocked)
+    epoch: str
+    message: str
+    at: str  # ISO 8601 UTC: when it happened (an event), or since when it holds (a condition)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.rule_id}:{self.subject_key}:{self.epoch}"
+
+    @property
+    def workflow_id(self) -> str:
+        return f"alert:{self.idempotency_key}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Alert:
+        return cls(**data)
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON body of a webhook: the subject's ids at the top level, beside the alert's own members."""
+        return {
+            "kind": self.kind,
+            "org": self.org,
+            "app": self.app,
+            **self.subject,
+            "message": self.message,
+            "at": self.at,
+            "idempotencyKey": self.idempotency_key,
+            "ruleId": self.rule_id,
+            "epoch": self.epoch,
+            "metadata": self.metadata,
+        }
+
+    def sdk_metadata(self) -> dict[str, str]:
+        """The ``metadata`` of the protocol's ``alert`` message (strings only): Conductor's keys for
+        its kinds, then Relay's own."""
+        return {
+            **self.metadata,
+            "org": self.org,
+            "application_name": self.app,
+            **{_snake(k): v for k, v in self.subject.items()},
+            "at": self.at,
+            "idempotency_key": self.idempotency_key,
+            "rule_id": self.rule_id,
+        }
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def webhook_body(alert: Alert, fmt: str) -> bytes:
+    """The bytes POSTed, the same at every attempt (so is their signature)."""
+    payload = slack_payload(alert) if fmt == "slack" else alert.payload()
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+
+
+def slack_payload(alert: Alert) -> dict[str, Any]:
+    """A body Slack's incoming webhooks accept: ``text`` (the fallback) and ``blocks``."""
+    title = f"{alert.kind}: {alert.org}/{alert.app}"
+    facts = " · ".join(f"{k}: `{v}`" for k, v in alert.subject.items())
+    return {
+        "text": f"{title}: {alert.message}",
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": alert.message[:2900]}},
+            {
+                "type": "context",
+                "elements": [
+                    {"type": "mrkdwn", "text": f"{facts} · at {alert.at} · idempotencyKey `{alert.idempotency_key}`"}
+                ],
+            },
+        ],
+    }
+
+
+def signature(secret: str, body: bytes) -> str:
+    """``X-Relay-Signature``: ``sha256=`` and the hex HMAC-SHA256 of the body under the rule's secret."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+# -- delivery ------------------------------------------------------------------------------
+
+# Statuses worth another attempt: the receiver is down, busy or timed out; any other 4xx says
+# the request itself is refused (a wrong URL, a bad signature) and will be refused again.
+RETRY_STATUSES = frozenset({408, 425, 429})
+
+
+def retryable_status(status: int) -> bool:
+    return status >= 500 or status in RETRY_STATUSES
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditFact:
+    """An audit entry that may fire an event rule, with what its rule needs to know."""
+
+    id: int
+    at: str
+    at_unix: float
+    org: str
+    app: str | None
+    action: str
+    executor_id: str | None
+    detail: dict[str, Any]
+    failed_attempts: int = 0  # recovery.failed: failed attempts of that death so far, over all its runs
+    recovery_epoch: int | None = None  # recovery.failed: the epoch of the death its recovery is for
+
+
+def alerts_for_event(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
+    kind = EVENT_ACTIONS.get(fact.action)
+    alerts = []
+    for rule in rules:
+        if rule.kind is not kind or rule.org != fact.org or fact.at_unix < rule.created_at:
+            continue
+        if kind is not Kind.INSTANCE_ADOPTED and rule.app != fact.app:
+            continue  # an adoption concerns the whole org (its entry names no app)
+        alert = _event_alert(rule, fact)
+        if alert is not None:
+            alerts.append(alert)
+    return alerts
+
+
+def _event_alert(rule: Rule, fact: AuditFact) -> Alert | None:
+    detail, executor = fact.detail, fact.executor_id or ""
+    base = {"rule_id": rule.id, "kind": rule.kind.value, "org": rule.org, "app": rule.app, "at": fact.at}
+    if rule.kind is Kind.EXECUTOR_DEAD:
+        epoch = str(detail.get("epoch", f"audit-{fact.id}"))
+        message = f"Executor {executor} of app {fact.app} was declared dead: no connection for its grace period."
+        return Alert(
+            **base,
+            subject={"executorId": executor},
+            subject_key=executor,
+            epoch=epoch,
+            message=message,
+            metadata={"executor_id": executor, "epoch": epoch},
+        )
+    if rule.kind is Kind.RECOVERY_FAILED:
+        threshold = int(rule.param("attempts", 3))
+        if detail.get("final") or fact.failed_attempts < threshold:
+            return None
+        epoch = str(fact.recovery_epoch) if fact.recovery_epoch is not None else str(detail.get("recoveryId"))
+        message = (
+            f"Recovery of executor {executor} of app {fact.app} failed {fact.failed_attempts} times "
+            f"(last error: {str(detail.get('error', 'unknown'))[:300]})."
+        )
+        return Alert(
+            **base,
+            subject={"executorId": executor},
+            subject_key=executor,
+            epoch=epoch,
+            message=message,
+            metadata={
+                "executor_id": executor,
+                "failed_attempts": str(fact.failed_attempts),
+                "threshold": str(threshold),
+                "recovery_id": str(detail.get("recoveryId", "")),
+            },
+        )
+    instance = str(detail.get("instance", ""))
+    adopter = str(detail.get("adoptedBy", ""))
+    epoch = str(detail.get("leaseEpoch", f"audit-{fact.id}"))
+    message = (
+        f"Relay instance {instance} stopped renewing its lease and was adopted by {adopter}; "
+        f"{detail.get('executors', 0)} of org {fact.org}'s executors were on it."
+    )
+    return Alert(
+        **base,
+        subject={"instance": instance},
+        subject_key=instance,
+        epoch=epoch,
+        message=message,
+        metadata={"instance": instance, "adopted_by": adopter, "lease_epoch": epoch},
+    )
+
+
+# -- conditions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A subject for which a condition rule's condition holds now."""
+
+    subject: dict[str, str]
+    key: str  # the subject as one string: the condition's row
+    message: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    epoch: str | None = None  # the alert's epoch when the subject has one (a death's); else the episode
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Observed:
+        return cls(**data)
+
+
+def hold_secs(rule: Rule) -> float:
+    """How long a condition must hold before it fires (the workflow-level ones carry their own window)."""
+    if rule.kind in (Kind.UNRESPONSIVE_APPLICATION, Kind.RECOVERY_BLOCKED):
+        return float(rule.param("forSecs", 60.0))
+    return 0.0
+
+
+def condition_alert(rule: Rule, seen: Observed, episode: int, since: str) -> Alert:
+    return Alert(
+        rule_id=rule.id,
+        kind=rule.kind.value,
+        org=rule.org,
+        app=rule.app,
+        subject=seen.subject,
+        subject_key=seen.key,
+        epoch=seen.epoch if seen.epoch is not None else str(episode),
+        message=seen.message,
+        at=since,
+        metadata=seen.metadata,
+    )
+
+
+# -- rule parameters -------------------------------------------------------------------------
+
+# Each kind's parameters (relay.yaml's and the API's names) and their defaults; None: not set.
+PARAMS: dict[Kind, dict[str, Any]] = {
+    Kind.WORKFLOW_FAILURE: {"workflowName": None, "count": 1, "windowSecs": 300.0},
+    Kind.SLOW_QUEUE: {"queueName": None, "thresholdSecs": 60.0},
+    Kind.UNRESPONSIVE_APPLICATION: {"forSecs": 60.0},
+    Kind.EXECUTOR_DEAD: {},
+    Kind.RECOVERY_BLOCKED: {"reason": None, "forSecs": 60.0},
+    Kind.RECOVERY_FAILED: {"attempts": 3},
+    Kind.INSTANCE_ADOPTED: {},
+}
+# Conductor's names in an alert's metadata (docs/production/alerting.md), accepted in ``ruleMetadata``.
+CONDUCTOR_PARAMS = {
+    Kind.WORKFLOW_FAILURE: {"workflow_name": "workflowName", "threshold": "count", "period_secs": "windowSecs"},
+    Kind.SLOW_QUEUE: {"queue_name": "queueName", "threshold_secs": "thresholdSecs"},
+}

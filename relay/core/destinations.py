@@ -1,0 +1,112 @@
+"""Where Relay may send a webhook: the allow-list of destinations (pure).
+
+A key holder who may create alert rules chooses a URL, and Relay, from inside
+the operator's network, sends to it. Without a limit that is a way to reach
+internal services (a database's HTTP port, a cloud's metadata address). So a
+destination is allowed when:
+
+- its host name is listed (``hooks.internal``, or ``*.example.com`` for any name under it), or
+- the address it resolves to is in a listed network (``10.1.2.3``, ``10.0.0.0/8``, ``::1``), or
+- the address is public (``allow_public``, the default), which excludes private, loopback,
+  link-local (the metadata address 169.254.169.254 among them), shared, reserved and
+  multicast addresses.
+
+The caller resolves the name and asks about *every* address it got (a name may
+resolve to a public and a private address); :mod:`relay.net.webhook` then
+connects to an address it checked, so the name cannot resolve to something
+else between the check and the connection (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_entry(entry: str) -> Network | str:
+    """One entry of ``alerts.allowedDestinations``: a network (an address is a /32 or /128) or a
+    host name (lower case; ``*.`` in front for any name under a domain). Raises ValueError."""
+    text = entry.strip()
+    if not text:
+        raise ValueError("an empty entry")
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        pass
+    name = text.lower().rstrip(".")
+    labels = name.removeprefix("*.").split(".")
+    if not all(label and len(label) <= 63 and label.replace("-", "").isalnum() for label in labels):
+        raise ValueError(f"{entry!r} is neither an address, a network (10.0.0.0/8) nor a host name (*.example.com)")
+    return name
+
+
+def _unmapped(address: Address) -> Address:
+    """An IPv4 address written as IPv6 (``::ffff:10.0.0.1``) is judged as the IPv4 address it is."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def is_public(address: Address) -> bool:
+    address = _unmapped(address)
+    return address.is_global and not address.is_multicast
+
+
+@dataclass(frozen=True)
+class DestinationPolicy:
+    networks: tuple[Network, ...] = ()
+    hosts: tuple[str, ...] = ()
+    allow_public: bool = True
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[str], allow_public: bool = True) -> DestinationPolicy:
+        parsed = [parse_entry(e) for e in entries]
+        return cls(
+            tuple(p for p in parsed if not isinstance(p, str)),
+            tuple(p for p in parsed if isinstance(p, str)),
+            allow_public,
+        )
+
+    def host_listed(self, host: str) -> bool:
+        name = host.lower().rstrip(".")
+        return any(name == h or (h.startswith("*.") and name.endswith(h[1:])) for h in self.hosts)
+
+    def refusal(self, host: str, address: Address) -> str | None:
+        """Why ``address`` (which ``host`` resolved to) may not be sent to; None if it may."""
+        if self.host_listed(host):
+            return None
+        plain = _unmapped(address)
+        if any(plain in network for network in self.networks if network.version == plain.version):
+            return None
+        if self.allow_public and is_public(plain):
+            return None
+        what = "a public address" if is_public(plain) else _kind(plain)
+        where = f"{plain} is" if host.strip("[]") == str(address) else f"{host} resolves to {plain},"
+        return f"{where} {what}, which alerts.allowedDestinations does not list"
+
+    def check(self, host: str, addresses: Iterable[Address]) -> str | None:
+        """Why this destination is refused (the first address refused), or None if every one is allowed."""
+        found = list(addresses)
+        if not found:
+            return f"{host} resolves to no address"
+        for address in found:
+            reason = self.refusal(host, address)
+            if reason is not None:
+                return reason
+        return None
+
+
+def _kind(address: Address) -> str:
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_link_local:
+        return "a link-local address (cloud metadata services live there)"
+    if address.is_private:
+        return "a private address"
+    if address.is_multicast:
+        return "a multicast address"
+    return "a reserved address"

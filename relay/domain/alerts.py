@@ -1,0 +1,274 @@
+"""Alerts: managing the rules, observing their conditions, delivering one attempt.
+
+- :class:`AlertRules`: the API's rules, created and deleted with their audit
+  entries (``alerting_rule.create``, ``alerting_rule.delete``); relay.yaml's
+  are read-only. A rule's webhook must pass the allow-list when it is created,
+  and passes it again at every send.
+- :class:`ConditionObserver`: for each condition rule, the subjects for which
+  its condition holds now, read from Relay's registry (no healthy executor, a
+  recovery waiting) or asked of a healthy executor of the app (failed
+  workflows, a queue held up: ``get_workflow_aggregates``); ``None`` when it
+  cannot be known now (no executor answered), which changes nothing.
+- :class:`AlertSender`: one attempt at delivering an alert, to its rule's
+  webhook (signed) or to the alert handler of its receiving app's executors
+  (the protocol's ``alert`` message), as the rule says at that moment.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.config import AlertRuleConfig
+from relay.core.alerts import Alert, Kind, Observed, Rule, signature, webhook_body
+from relay.domain.gateway import ExecutorGateway
+from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
+from relay.net.webhook import Attempt, WebhookSender, describe
+from relay.store.alerts import AlertStore, RuleRecord
+from relay.store.apps import AppStore
+from relay.store.audit import AuditEntry, write_audit
+from relay.store.db import Database
+from relay_protocol import (
+    AlertReply,
+    AlertRequest,
+    GetWorkflowAggregatesBody,
+    GetWorkflowAggregatesReply,
+    GetWorkflowAggregatesRequest,
+)
+
+log = logging.getLogger("relay.alerts")
+
+SECRET_PREFIX = "whsec_"
+# Queues of DBOS's own (recovered workflows wait on its internal queue): not the app's.
+INTERNAL_QUEUE_PREFIX = "_dbos_internal"
+
+
+@dataclass(frozen=True)
+class Created:
+    record: RuleRecord
+    secret: str | None  # shown once: in the answer to the request that created the rule
+
+
+class AlertRules:
+    def __init__(self, db: Database, store: AlertStore, apps: AppStore, sender: WebhookSender) -> None:
+        self.db = db
+        self.store = store
+        self.apps = apps
+        self.sender = sender
+
+    async def refusal(self, org: str, app: str, rule: AlertRuleConfig) -> tuple[str, str] | None:
+        """(where, why) a rule cannot be created for ``app``; None if it can. Raises NotFound for no app
+        (``app`` or the receiving one)."""
+        if not await self.apps.exists(org, app):
+            raise NotFound(f"no app {app!r} in org {org!r}")
+        if rule.webhook is not None:
+            refused = await self.sender.check(rule.webhook)
+            return None if refused is None else ("body.webhook", refused)
+        receiver = rule.receiver_app or app
+        if rule.kind is Kind.UNRESPONSIVE_APPLICATION and receiver == app:
+            why = "an app with no executor cannot take an alert about itself: give a webhook or another app"
+            return "body.receivingAppName", why
+        if not await self.apps.exists(org, receiver):
+            raise NotFound(f"no app {receiver!r} in org {org!r} to receive the alerts")
+        return None
+
+    async def create(self, org: str, app: str, rule: AlertRuleConfig, actor: str) -> Created:
+        secret = None
+        if rule.webhook is not None:
+            secret = rule.secret or SECRET_PREFIX + secrets.token_urlsafe(32)
+        record = {
+            "id": str(uuid.uuid4()),
+            "org": org,
+            "app": app,
+            "kind": rule.kind.value,
+            "params": rule.params(),
+            "min_interval_secs": rule.min_interval_secs,
+            "webhook_url": rule.webhook,
+            "secret": secret,
+            "format": rule.format,
+            "receiver_app": None if rule.webhook else (rule.receiver_app or app),
+            "created_by": actor,
+        }
+        async with self.db.transaction() as conn:
+            created = await self.store.create(conn, record)
+            detail = {"ruleId": created.id, "ruleType": rule.kind.value, **destination_of(created)}
+            await write_audit(conn, org, app, AuditEntry("alerting_rule.create", actor, detail=detail))
+        return Created(created, None if rule.secret else secret)
+
+    async def delete(self, org: str, app: str, rule_id: str, actor: str) -> None:
+        async with self.db.transaction() as conn:
+            record = await self.store.get_rule(rule_id)
+            if record is None or (record.org, record.app) != (org, app):
+                raise NotFound(f"no alerting rule {rule_id!r} for app {app!r}")
+            if record.source == "config" or not await self.store.delete(conn, rule_id):
+                raise Conflict("defined_in_config", f"rule {rule_id!r} is defined in relay.yaml; change it there")
+            detail = {"ruleId": rule_id, "ruleType": record.kind.value}
+            await write_audit(conn, org, app, AuditEntry("alerting_rule.delete", actor, detail=detail))
+
+
+def destination_of(record: RuleRecord) -> dict[str, Any]:
+    """Where a rule's alerts go, as it may be shown: a webhook's scheme, host and port, never its path or secret."""
+    if record.webhook_url is None:
+        return {"receiverApp": record.receiver_app}
+    return {"webhook": describe(record.webhook_url), "format": record.format, "secretSet": record.secret is not None}
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
+
+
+class ConditionObserver:
+    def __init__(self, store: AlertStore, gateway: ExecutorGateway) -> None:
+        self.store = store
+        self.gateway = gateway
+
+    async def observe(self, rule: Rule) -> list[Observed] | None:
+        """The subjects the rule's condition holds for now; None when that cannot be known now."""
+        if rule.kind is Kind.UNRESPONSIVE_APPLICATION:
+            total, healthy = await self.store.app_executors(rule.org, rule.app)
+            if total == 0 or healthy > 0:  # an app never connected is not unresponsive: it is not there yet
+                return []
+            message = f"App {rule.app} has had no healthy executor for {rule.param('forSecs', 60.0):g} s."
+            metadata = {"application_name": rule.app, "connected_executor_count": "0"}
+            return [Observed({"appName": rule.app}, rule.app, message, metadata)]
+        if rule.kind is Kind.RECOVERY_BLOCKED:
+            wanted = rule.param("reason")
+            return [
+                Observed(
+                    {"executorId": executor},
+                    f"{executor}@{epoch}",
+                    f"Recovery of dead executor {executor} of app {rule.app} has been waiting "
+                    f"for {rule.param('forSecs', 60.0):g} s: {reason}.",
+                    {"executor_id": executor, "blocked_reason": reason, "epoch": str(epoch)},
+                    epoch=str(epoch),
+                )
+                for executor, epoch, reason in await self.store.blocked(rule.org, rule.app)
+                if wanted is None or reason == wanted
+            ]
+        try:
+            if rule.kind is Kind.WORKFLOW_FAILURE:
+                return await self._failures(rule)
+            if rule.kind is Kind.SLOW_QUEUE:
+                return await self._slow_queues(rule)
+        except (ExecutorRequestError, TooManyRequests) as exc:
+            log.debug("alert rule %s of %s/%s cannot be evaluated now: %s", rule.id, rule.org, rule.app, exc)
+            return None
+        raise ValueError(f"{rule.kind} is not a condition")
+
+    async def _aggregates(self, rule: Rule, body: GetWorkflowAggregatesBody) -> GetWorkflowAggregatesReply | None:
+        reply = await self.gateway.ask(
+            rule.org, rule.app, lambda: GetWorkflowAggregatesRequest(body=body), GetWorkflowAggregatesReply
+        )
+        if reply.error_message:
+            log.info("alert rule %s: the executor could not aggregate workflows", rule.id)
+            return None
+        return reply
+
+    async def _failures(self, rule: Rule) -> list[Observed] | None:
+        name: str | None = rule.param("workflowName")
+        window = float(rule.param("windowSecs", 300.0))
+        threshold = int(rule.param("count", 1))
+        body = GetWorkflowAggregatesBody(
+            group_by_name=True,
+            select_count=True,
+            status=["ERROR"],
+            completed_after=_iso(time.time() - window),
+            name=[name] if name else None,
+        )
+        reply = await self._aggregates(rule, body)
+        if reply is None:
+            return None
+        failed = sum(row.count or 0 for row in reply.output)
+        if failed < threshold:
+            return []
+        which = f"workflow {name}" if name else "workflows"
+        message = f"{failed} {which} of app {rule.app} failed in the last {window:g} s (threshold {threshold})."
+        metadata = {
+            "workflow_name": name or "*",
+            "failed_workflow_count": str(failed),
+            "threshold": str(threshold),
+            "period_secs": f"{window:g}",
+        }
+        return [Observed({"workflowName": name or "*"}, name or "*", message, metadata)]
+
+    async def _slow_queues(self, rule: Rule) -> list[Observed] | None:
+        name: str | None = rule.param("queueName")
+        threshold = float(rule.param("thresholdSecs", 60.0))
+        body = GetWorkflowAggregatesBody(
+            group_by_queue_name=True,
+            select_count=True,
+            select_min_created_at=True,
+            status=["ENQUEUED"],
+            end_time=_iso(time.time() - threshold),
+            queue_name=[name] if name else None,
+        )
+        reply = await self._aggregates(rule, body)
+        if reply is None:
+            return None
+        found = []
+        for row in reply.output:
+            queue = row.group.get("queue_name")
+            if not queue or queue.startswith(INTERNAL_QUEUE_PREFIX) or not row.count:
+                continue
+            oldest = _iso(row.min_created_at / 1000) if row.min_created_at else ""
+            message = (
+                f"{row.count} workflows of app {rule.app} have waited in queue {queue} "
+                f"for more than {threshold:g} s (the oldest since {oldest or 'unknown'})."
+            )
+            metadata = {
+                "queue_name": queue,
+                "stuck_workflow_count": str(row.count),
+                "threshold_secs": f"{threshold:g}",
+                "oldest_enqueued_at": oldest,
+            }
+            found.append(Observed({"queueName": queue}, queue, message, metadata))
+        return found
+
+
+class AlertSender:
+    """One attempt at delivering an alert, where its rule says now."""
+
+    def __init__(self, store: AlertStore, gateway: ExecutorGateway, webhooks: WebhookSender) -> None:
+        self.store = store
+        self.gateway = gateway
+        self.webhooks = webhooks
+
+    async def attempt(self, alert: Alert, attempt: int) -> tuple[Attempt, str]:
+        """The attempt's outcome, and where it went (as it may be shown)."""
+        record = await self.store.get_rule(alert.rule_id)
+        if record is None:
+            return Attempt(False, error="its rule was deleted"), "(deleted rule)"
+        where = destination_of(record)
+        if record.webhook_url is not None:
+            body = webhook_body(alert, record.format)
+            headers = {
+                "X-Relay-Event": alert.kind,
+                "X-Relay-Idempotency-Key": alert.idempotency_key,
+                "X-Relay-Delivery-Attempt": str(attempt),
+            }
+            if record.secret:
+                headers["X-Relay-Signature"] = signature(record.secret, body)
+            return await self.webhooks.post(record.webhook_url, body, headers), where["webhook"]
+        receiver = record.receiver_app or record.app
+        return await self._to_app(alert, record.org, receiver), f"app {receiver}"
+
+    async def _to_app(self, alert: Alert, org: str, receiver: str) -> Attempt:
+        def request() -> AlertRequest:
+            return AlertRequest(name=alert.kind, message=alert.message, metadata=alert.sdk_metadata())
+
+        try:
+            reply = await self.gateway.ask(org, receiver, request, AlertReply)
+        except UnsupportedMessage:
+            return Attempt(False, error=f"the executors of app {receiver} do not take alerts (an older SDK)")
+        except (ExecutorRequestError, TooManyRequests) as exc:
+            return Attempt(False, retry=True, error=f"app {receiver}: {exc}"[:500])
+        if not reply.success:
+            lines = (reply.error_message or "").strip().splitlines()
+            why = lines[-1] if lines else "no reason given"
+            return Attempt(False, retry=True, error=f"app {receiver}'s alert handler failed: {why}"[:500])
+        return Attempt(True)

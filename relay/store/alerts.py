@@ -1,0 +1,308 @@
+"""Alert rules, the alerts fired, the conditions that hold, and what the rules read.
+
+- ``alert_rules``: relay.yaml's rules (copied in at every start, ``source
+  'config'``, with an id drawn from their content) and the API's. A webhook's
+  URL and secret live here only: :class:`RuleRecord` carries them to the
+  sender, and the API shows a host and whether a secret is set.
+- ``alerts``: one row per idempotency key, claimed by the first step of its
+  delivery workflow (which also applies the repeat interval) and finished by
+  its last one, with the ``alert.sent`` or ``alert.failed`` audit entry.
+- ``alert_conditions``: for condition rules, each subject for which the
+  condition holds and since when; a subject that stops holding loses its row,
+  so holding again is a new episode (a new alert).
+- ``alert_cursor``: how far the audit log has been read for event rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from relay.config import AlertRuleConfig, RelayConfig
+from relay.core.alerts import EVENT_ACTIONS, Alert, AuditFact, Kind, Rule
+from relay.store.audit import AuditEntry, write_audit
+from relay.store.db import Database
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RuleRecord:
+    id: str
+    org: str
+    app: str
+    kind: Kind
+    params: dict[str, Any]
+    min_interval_secs: float
+    webhook_url: str | None
+    secret: str | None
+    format: str
+    receiver_app: str | None
+    source: str
+    created_at: datetime
+    created_by: str | None
+    last_fired_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RuleRecord:
+        return cls(**{**row, "kind": Kind(row["kind"])})
+
+    def rule(self) -> Rule:
+        return Rule(self.id, self.org, self.app, self.kind, self.params, self.created_at.timestamp())
+
+
+@dataclass(frozen=True)
+class Claim:
+    send: bool
+    reason: str
+
+
+def config_rule_id(org: str, app: str, rule: AlertRuleConfig) -> str:
+    """relay.yaml's rules have no id of their own: one drawn from what the rule says (not its secret),
+    the same on every instance and at every start, and new when the rule changes."""
+    content = rule.model_dump(mode="json", exclude={"secret", "secret_env"})
+    digest = hashlib.sha256(json.dumps([org, app, content], sort_keys=True).encode()).hexdigest()
+    return f"config-{digest[:20]}"
+
+
+_COLUMNS = """id, org, app, kind, params, min_interval_secs, webhook_url, secret, format, receiver_app, source,
+              created_at, created_by, last_fired_at"""
+
+
+class AlertStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- rules -------------------------------------------------------------------------
+
+    async def sync_config(self, config: RelayConfig) -> None:
+        """Make relay.yaml's rules in the database match the file (after the apps are synced)."""
+        rows = [
+            (config_rule_id(org.name, app.name, rule), org.name, app.name, rule)
+            for org in config.orgs
+            for app in org.apps
+            for rule in app.alerts
+        ]
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", ([r[0] for r in rows],)
+            )
+            for rule_id, org, app, rule in rows:
+                receiver = None if rule.webhook else (rule.receiver_app or app)
+                await conn.execute(
+                    """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, secret,
+                                                format, receiver_app, source)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'config')
+                       ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret""",
+                    (rule_id, org, app, rule.kind.value, Jsonb(rule.params()), rule.min_interval_secs,
+                     rule.webhook, rule.signing_secret(), rule.format, receiver),
+                )  # fmt: skip
+
+    async def list_rules(self, org: str, app: str, limit: int, offset: int) -> list[RuleRecord]:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"""SELECT {_COLUMNS} FROM alert_rules WHERE org = %s AND app = %s
+                    ORDER BY source = 'api', created_at, id LIMIT %s OFFSET %s""",
+                (org, app, limit, offset),
+            )
+            return [RuleRecord.from_row(r) for r in await cur.fetchall()]
+
+    async def get_rule(self, rule_id: str) -> RuleRecord | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT {_COLUMNS} FROM alert_rules WHERE id = %s", (rule_id,))
+            row = await cur.fetchone()
+        return RuleRecord.from_row(row) if row else None
+
+    @staticmethod
+    async def create(conn: Conn, record: dict[str, Any]) -> RuleRecord:
+        cur = await conn.execute(
+            f"""INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, secret, format,
+                                         receiver_app, source, created_by)
+                VALUES (%(id)s, %(org)s, %(app)s, %(kind)s, %(params)s, %(min_interval_secs)s, %(webhook_url)s,
+                        %(secret)s, %(format)s, %(receiver_app)s, 'api', %(created_by)s)
+                RETURNING {_COLUMNS}""",
+            {**record, "params": Jsonb(record["params"])},
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return RuleRecord.from_row(row)
+
+    @staticmethod
+    async def delete(conn: Conn, rule_id: str) -> bool:
+        cur = await conn.execute("DELETE FROM alert_rules WHERE id = %s AND source = 'api'", (rule_id,))
+        return cur.rowcount == 1
+
+    async def rules_of(self, kinds: frozenset[Kind]) -> list[Rule]:
+        """Every rule of these kinds, in every org."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM alert_rules WHERE kind = ANY(%s) ORDER BY id", ([k.value for k in kinds],)
+            )
+            return [RuleRecord.from_row(r).rule() for r in await cur.fetchall()]
+
+    # -- the audit log, for event rules --------------------------------------------------
+
+    async def cursor(self) -> int:
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT last_id FROM alert_cursor WHERE id = 1")
+            row = await cur.fetchone()
+        return int(row["last_id"]) if row else 0
+
+    async def advance(self, last_id: int) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute("UPDATE alert_cursor SET last_id = greatest(last_id, %s) WHERE id = 1", (last_id,))
+
+    async def audit_facts(self, after: int, overlap_secs: float, limit: int = 1000) -> list[AuditFact]:
+        """Entries that fire event rules: those after ``after``, and those of the last ``overlap_secs``
+        again (an entry's id is drawn before its transaction commits, so a later id can be seen
+        first). A ``recovery.failed`` comes with the failed attempts of that death so far."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.detail, r.epoch AS recovery_epoch,
+                          (SELECT count(*) FROM recovery_attempts a JOIN recoveries r2 ON r2.id = a.recovery_id
+                           WHERE r2.org = r.org AND r2.app = r.app AND r2.executor_id = r.executor_id
+                             AND r2.epoch = r.epoch AND a.outcome = 'failed') AS failed_attempts
+                   FROM audit_log l
+                   LEFT JOIN recoveries r ON l.action = 'recovery.failed' AND r.id = l.detail->>'recoveryId'
+                   WHERE (l.id > %s OR l.at > now() - make_interval(secs => %s)) AND l.action = ANY(%s)
+                   ORDER BY l.id LIMIT %s""",
+                (after, overlap_secs, list(EVENT_ACTIONS), limit),
+            )
+            rows = await cur.fetchall()
+        return [
+            AuditFact(
+                id=int(r["id"]),
+                at=_iso(r["at"]),
+                at_unix=r["at"].timestamp(),
+                org=r["org"],
+                app=r["app"],
+                action=r["action"],
+                executor_id=r["executor_id"],
+                detail=r["detail"] or {},
+                failed_attempts=int(r["failed_attempts"] or 0),
+                recovery_epoch=None if r["recovery_epoch"] is None else int(r["recovery_epoch"]),
+            )
+            for r in rows
+        ]
+
+    # -- conditions ------------------------------------------------------------------------
+
+    async def settle(self, rule: Rule, holding: list[str], hold_secs: float) -> list[tuple[str, int, str]]:
+        """Record which subjects the condition holds for now; returns (subject, episode, since) of
+        those that have held for ``hold_secs``. A subject no longer holding ends its episode."""
+        async with self.db.fenced() as conn:
+            cur = await conn.execute("SELECT 1 FROM alert_rules WHERE id = %s FOR UPDATE", (rule.id,))
+            if await cur.fetchone() is None:
+                return []  # deleted meanwhile
+            await conn.execute(
+                "DELETE FROM alert_conditions WHERE rule_id = %s AND NOT (subject = ANY(%s))", (rule.id, holding)
+            )
+            await conn.execute(
+                """INSERT INTO alert_conditions (rule_id, subject) SELECT %s, unnest(%s::text[])
+                   ON CONFLICT DO NOTHING""",
+                (rule.id, holding),
+            )
+            cur = await conn.execute(
+                """SELECT subject, episode, since FROM alert_conditions
+                   WHERE rule_id = %s AND since <= now() - make_interval(secs => %s) ORDER BY subject""",
+                (rule.id, hold_secs),
+            )
+            return [(r["subject"], int(r["episode"]), _iso(r["since"])) for r in await cur.fetchall()]
+
+    async def claimed(self, keys: list[str]) -> set[str]:
+        """Which of these idempotency keys a delivery has claimed already."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s)", (keys,))
+            return {str(r["idempotency_key"]) for r in await cur.fetchall()}
+
+    async def app_executors(self, org: str, app: str) -> tuple[int, int]:
+        """(executors in the registry, HEALTHY ones) of an app."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT count(*) AS total, count(*) FILTER (WHERE state = 'HEALTHY') AS healthy
+                   FROM executors WHERE org = %s AND app = %s""",
+                (org, app),
+            )
+            row = await cur.fetchone()
+        return (int(row["total"]), int(row["healthy"])) if row else (0, 0)
+
+    async def blocked(self, org: str, app: str) -> list[tuple[str, int, str]]:
+        """(executor id, epoch, reason) of the app's DEAD executors whose recovery waits."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT executor_id, epoch, blocked_reason FROM executors
+                   WHERE org = %s AND app = %s AND state = 'DEAD' AND blocked_reason IS NOT NULL
+                   ORDER BY executor_id""",
+                (org, app),
+            )
+            return [(r["executor_id"], int(r["epoch"]), r["blocked_reason"]) for r in await cur.fetchall()]
+
+    # -- deliveries ----------------------------------------------------------------------------
+
+    async def claim(self, alert: Alert) -> Claim:
+        """The delivery's first step: whether to send. Not when the key was delivered (or held back)
+        already, nor within the rule's repeat interval of another alert about the same subject."""
+        key = alert.idempotency_key
+        async with self.db.fenced() as conn:
+            # One claim at a time per rule, so two alerts about one subject cannot both pass the interval.
+            cur = await conn.execute(
+                "SELECT min_interval_secs FROM alert_rules WHERE id = %s FOR UPDATE", (alert.rule_id,)
+            )
+            rule = await cur.fetchone()
+            cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
+            existing = await cur.fetchone()
+            if existing is not None:  # this step again after a crash, or the key delivered long ago
+                status = str(existing["status"])
+                return Claim(status == "sending", f"already {status}")
+            if rule is None:
+                return Claim(False, "its rule was deleted")
+            cur = await conn.execute(
+                """SELECT 1 FROM alerts WHERE rule_id = %s AND subject = %s AND status IN ('sending', 'sent')
+                   AND created_at > now() - make_interval(secs => %s) LIMIT 1""",
+                (alert.rule_id, alert.subject_key, rule["min_interval_secs"]),
+            )
+            held_back = await cur.fetchone() is not None
+            await conn.execute(
+                """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+                (key, alert.rule_id, alert.org, alert.app, alert.kind, alert.subject_key,
+                 "suppressed" if held_back else "sending"),
+            )  # fmt: skip
+            if held_back:
+                return Claim(False, f"another alert about {alert.subject_key} went out within minIntervalSecs")
+            await conn.execute("UPDATE alert_rules SET last_fired_at = now() WHERE id = %s", (alert.rule_id,))
+            return Claim(True, "claimed")
+
+    async def finish(
+        self, alert: Alert, sent: bool, attempts: int, error: str | None, destination: str, dedupe: str
+    ) -> None:
+        """The delivery's outcome, and its ``alert.sent`` or ``alert.failed`` audit entry."""
+        status = "sent" if sent else "failed"
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """UPDATE alerts SET status = %s, attempts = %s, error = %s, updated_at = now()
+                   WHERE idempotency_key = %s""",
+                (status, attempts, error, alert.idempotency_key),
+            )
+            detail: dict[str, Any] = {
+                "ruleId": alert.rule_id,
+                "kind": alert.kind,
+                "idempotencyKey": alert.idempotency_key,
+                "attempts": attempts,
+                "destination": destination,
+                **alert.subject,
+            }
+            if error is not None:
+                detail["error"] = error
+            entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
+            await write_audit(conn, alert.org, alert.app, entry)
+
+
+def _iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,382 @@
+"""Alerts end to end: a real Relay, real DBOS 3.2 executors, a real webhook receiver (an HTTP
+server in the test) and an app whose ``@DBOS.alert_handler`` writes what it receives."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import signal
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from harness.executors import ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS, VIEWER_KEYS
+from harness.ports import free_port
+from harness.receiver import Delivery, WebhookReceiver
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
+from tests.prom import scrape
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+YAML_SECRET = "yaml-secret-of-twenty-chars"
+
+
+def alert_config(port: int, rules: list[dict[str, Any]], grace: float = 1.0, **alerts: Any) -> dict[str, Any]:
+    """relay_yaml with short alert timings, loopback allowed, and ``rules`` on acme's ledger."""
+    config = relay_yaml(port, grace=grace)
+    config["alerts"] = {
+        "allowedDestinations": ["127.0.0.1"],
+        "pollIntervalSecs": 0.2,
+        "checkIntervalSecs": 0.5,
+        "retryInitialSecs": 0.3,
+        "retryMaxSecs": 1.0,
+        "timeoutSecs": 2.0,
+        **alerts,
+    }
+    config["orgs"][0]["apps"][0]["alerts"] = rules
+    return config
+
+
+def signed(delivery: Delivery, secret: str) -> bool:
+    """The receiver's check of X-Relay-Signature, as the README tells receivers to make it."""
+    expected = "sha256=" + hmac.new(secret.encode(), delivery.body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, delivery.headers.get("x-relay-signature", ""))
+
+
+def audit(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        return [e for e in api.get("/audit", params={"limit": 10_000}).json() if e["action"] == action]
+
+
+def deaths(relay: RelayProcess) -> set[tuple[str, str]]:
+    return {(e["executorId"], str(e["detail"]["epoch"])) for e in audit(relay, "executor.dead")}
+
+
+def keys_by_death(receiver: WebhookReceiver) -> dict[tuple[str, str], set[str]]:
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for payload in receiver.payloads("ExecutorDead"):
+        found[(payload["executorId"], payload["epoch"])].add(payload["idempotencyKey"])
+    return found
+
+
+def test_a_dead_executor_is_one_signed_delivery_per_rule(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/hooks/yaml-path?token=yaml-token"),
+                  "secret": YAML_SECRET, "minIntervalSecs": 0}]  # fmt: skip
+        relay = start_relay(alert_config(free_port(), rules))
+        with relay.api() as api:
+            made = api.post("/apps/ledger/alerting-rules", json={
+                "ruleType": "ExecutorDead", "webhook": receiver.url("/hooks/api-path?token=api-token"),
+                "minIntervalSecs": 0,
+            })  # fmt: skip
+            assert made.status_code == 201, made.text
+            secret = made.json()["secret"]
+            listed = api.get("/apps/ledger/alerting-rules")
+        assert listed.status_code == 200
+        assert {r["source"] for r in listed.json()} == {"config", "api"}
+        for shown in (listed.text, made.text.replace(secret, "")):
+            for hidden in ("/hooks/", "token", YAML_SECRET, secret):
+                assert hidden not in shown
+        assert all(r["webhook"] == f"http://127.0.0.1:{receiver.port}" for r in listed.json())
+
+        executor = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)
+        executor.kill()
+
+        sent = assert_eventually(lambda: len(audit(relay, "alert.sent")) == 2 and audit(relay, "alert.sent"), 20)
+        (death,) = deaths(relay)
+        arrived = receiver.deliveries("ExecutorDead")
+        assert len(arrived) == 2 and all(d.accepted for d in arrived)
+        by_path = {d.path.split("?")[0]: d for d in arrived}
+        assert signed(by_path["/hooks/yaml-path"], YAML_SECRET)
+        assert signed(by_path["/hooks/api-path"], secret)
+        assert not signed(by_path["/hooks/api-path"], YAML_SECRET)
+        for delivery in arrived:
+            payload = delivery.payload
+            assert payload["kind"] == "ExecutorDead" and (payload["org"], payload["app"]) == ("acme", "ledger")
+            assert (payload["executorId"], payload["epoch"]) == death
+            assert payload["message"] and payload["at"].endswith("Z")
+            assert delivery.headers["x-relay-idempotency-key"] == payload["idempotencyKey"]
+        assert len({d.payload["idempotencyKey"] for d in arrived}) == 2  # one per rule
+        assert all(e["executorId"] == executor.executor_id for e in sent)
+        assert "/hooks/" not in json.dumps(sent) and "token" not in json.dumps(sent)
+        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 2
+        assert "/hooks/" not in relay.log() and "token=" not in relay.log()
+
+
+def test_a_flapping_executor_pages_once_per_repeat_interval_and_a_refused_delivery_fails(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """One executor declared dead twice (paused past its grace period, back, then killed): a new key
+    per death for a rule with no repeat interval, one alert in all for a rule with a long one, and a
+    receiver that answers 400 gets one attempt per death, each ending in ``alert.failed``."""
+    with WebhookReceiver() as receiver:
+        receiver.refused_prefix = "/refused"
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/every"), "minIntervalSecs": 0},
+            {"kind": "ExecutorDead", "webhook": receiver.url("/damped"), "minIntervalSecs": 600},
+            {"kind": "ExecutorDead", "webhook": receiver.url("/refused"), "minIntervalSecs": 0},
+        ]
+        relay = start_relay(alert_config(free_port(), rules))
+        peer = start_executor(relay.conductor_url)
+        flapping = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", flapping.executor_id) == "HEALTHY", 10)
+        flapping.pause()
+        assert_eventually(lambda: len(deaths(relay)) == 1, 15, what="the first death")
+        flapping.resume()
+        assert_eventually(lambda: relay.state_of("acme", "ledger", flapping.executor_id) == "HEALTHY", 15)
+        flapping.kill()
+        assert_eventually(lambda: len(deaths(relay)) == 2, 15, what="the second death")
+
+        def arrived(path: str) -> list[Delivery]:
+            return [d for d in receiver.deliveries("ExecutorDead") if d.path == path]
+
+        assert_eventually(lambda: len(arrived("/every")) >= 2 and len(audit(relay, "alert.failed")) >= 2, 20)
+        died = deaths(relay)
+        assert {(d.payload["executorId"], d.payload["epoch"]) for d in arrived("/every")} == died
+        assert len({d.payload["idempotencyKey"] for d in arrived("/every")}) == 2, "a second death is a new alert"
+        (damped,) = arrived("/damped")  # the second death came well within its minIntervalSecs
+        assert (damped.payload["executorId"], damped.payload["epoch"]) in died
+        refused = arrived("/refused")
+        assert len(refused) == 2 and not any(d.accepted for d in refused), "a 400 is not tried again"
+        failed = audit(relay, "alert.failed")
+        assert len(failed) == 2 and all(e["detail"]["attempts"] == 1 and "400" in e["detail"]["error"] for e in failed)
+        assert all("/refused" not in json.dumps(e) for e in failed)
+        assert scrape(relay.http, "relay_alerts_failed_total", kind="ExecutorDead") == 2
+        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 3
+
+
+def test_a_delivery_outlives_the_instance_that_started_it(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The instance holding a death's delivery (waiting out a failing receiver) is killed: the
+    instance that adopts it finishes the delivery, with the same key, and alerts the adoption."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url(), "secret": YAML_SECRET, "minIntervalSecs": 0},
+            {"kind": "InstanceAdopted", "webhook": receiver.url()},
+        ]
+        configs = [alert_config(free_port(), rules) for _ in range(2)]
+        for config in configs:
+            config["liveness"]["instanceLeaseSecs"] = 1.5
+        r1, r2 = (start_relay(config, instance_id=f"relay-{n}") for n, config in enumerate(configs, 1))
+        executor = start_executor(r1.conductor_url)
+        assert_eventually(lambda: r2.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)
+        receiver.fail_for(600)
+        executor.kill()
+        assert_eventually(lambda: receiver.deliveries("ExecutorDead", accepted=False), 15, what="a refused delivery")
+        r1.signal(signal.SIGKILL)
+        assert r1.proc is not None
+        r1.proc.wait()
+        adopted = assert_eventually(lambda: audit(r2, "relay.instance_adopted"), 15, what="the adoption")
+        receiver.fail_until = 0.0
+        (death,) = deaths(r2)
+        keys = assert_eventually(lambda: keys_by_death(receiver).get(death), 20, what="the death's delivery")
+        assert len(keys) == 1 and all(signed(d, YAML_SECRET) for d in receiver.deliveries("ExecutorDead"))
+
+        def sent_deaths() -> list[dict[str, Any]]:
+            return [e for e in audit(r2, "alert.sent") if e["detail"]["kind"] == "ExecutorDead"]
+
+        (sent,) = assert_eventually(sent_deaths, 10)
+        assert sent["detail"]["attempts"] >= 2
+        (adoption,) = assert_eventually(lambda: receiver.payloads("InstanceAdopted"), 15, what="InstanceAdopted")
+        assert adoption["instance"] == "relay-1" and adoption["app"] == "ledger"
+        assert adoption["epoch"] == str(adopted[0]["detail"]["leaseEpoch"])
+
+
+def test_deliveries_outlive_a_failing_receiver_and_a_killed_relay(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The receiver answers 503 (about 10 s), and Relay is killed meanwhile: once both are back,
+    each death has arrived with exactly one idempotency key (repeats of it allowed), signed."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url(), "secret": YAML_SECRET, "minIntervalSecs": 0}]
+        relay = start_relay(alert_config(free_port(), rules, grace=2.0))
+        first = start_executor(relay.conductor_url)
+        second = start_executor(relay.conductor_url)
+        for executor in (first, second):
+            assert_eventually(lambda ex=executor: relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY", 10)
+
+        def refused(executor: ExecutorProcess) -> list[Delivery]:
+            return [d for d in receiver.deliveries("ExecutorDead", accepted=False)
+                    if d.payload["executorId"] == executor.executor_id]  # fmt: skip
+
+        receiver.fail_for(600)  # down until told otherwise
+        first.kill()
+        assert_eventually(lambda: refused(first), 15, what="a refused delivery of the first death")
+        relay.signal(signal.SIGKILL)  # with the first death's delivery waiting for its next attempt
+        assert relay.proc is not None
+        relay.proc.wait()
+        relay.start()
+        assert_eventually(lambda: relay.state_of("acme", "ledger", second.executor_id) == "HEALTHY", 10)
+        second.kill()
+        assert_eventually(lambda: refused(second), 15, what="a refused delivery of the second death")
+        attempts_of_first = len(refused(first))
+        receiver.fail_until = 0.0  # the receiver is back
+
+        def delivered() -> bool:
+            died = deaths(relay)
+            return len(died) >= 2 and set(keys_by_death(receiver)) >= died
+
+        assert_eventually(delivered, 30, interval=0.2)
+        died, keys = deaths(relay), keys_by_death(receiver)
+        assert {executor for executor, _ in died} >= {first.executor_id, second.executor_id}
+        assert set(keys) == died, "an alert for each death, and none for anything else"
+        assert all(len(found) == 1 for found in keys.values()), keys
+        assert all(signed(d, YAML_SECRET) for d in receiver.deliveries("ExecutorDead"))
+        assert attempts_of_first >= 2, "the first death's delivery went on trying after the restart"
+        sent = assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 2 and audit(relay, "alert.sent"), 10)
+        assert all(entry["detail"]["attempts"] >= 2 for entry in sent)
+
+
+def test_a_recovery_failing_again_and_again_is_one_alert_at_its_threshold(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The only peer answers every ``recovery`` with a failure: RecoveryFailed fires once its
+    second attempt has failed, and the attempts after it are the same alert (one key)."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "RecoveryFailed", "attempts": 2, "webhook": receiver.url(), "minIntervalSecs": 0}]
+        config = alert_config(free_port(), rules, grace=0.5)
+        config["liveness"].update(
+            recoveryAckTimeoutSecs=1.5, failoverBackoffInitialSecs=0.3, failoverBackoffMaxSecs=0.6
+        )
+        relay = start_relay(config)
+        dying = start_executor(relay.conductor_url)
+        url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        refusal = {"recovery": {"success": False, "error_message": "disk full"}}
+        with SimulatedPeer(url, "refusing-peer", "answer", replies=refusal) as peer:
+            assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+            dying.kill()
+            assert_eventually(lambda: len(audit(relay, "recovery.failed")) >= 3, 30, what="three failed attempts")
+            (alert,) = assert_eventually(lambda: receiver.payloads("RecoveryFailed"), 10, what="RecoveryFailed")
+        assert alert["executorId"] == dying.executor_id and "disk full" in alert["message"]
+        assert alert["metadata"]["failed_attempts"] == "2", "fired at its threshold, not before nor later"
+        (death,) = deaths(relay)
+        assert alert["epoch"] == death[1]
+        assert len({p["idempotencyKey"] for p in receiver.payloads("RecoveryFailed")}) == 1
+
+
+def received(evidence_db: str, name: str) -> list[dict[str, Any]]:
+    """What the receiving app's alert handler wrote."""
+    with psycopg.connect(evidence_db) as conn:
+        try:
+            rows = conn.execute(
+                "SELECT message, metadata, executor_id FROM alerts_received WHERE name = %s", (name,)
+            ).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return []
+    return [{"message": m, "metadata": md, "executorId": e} for m, md, e in rows]
+
+
+def test_conditions_fire_to_webhooks_and_to_an_apps_alert_handler(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    """Failed workflows, a queue held up, a recovery blocked and an app with no executor left, each
+    delivered once: to the webhook, or through the ``alert`` message to another app's handler."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "WorkflowFailure", "workflowName": "failing", "count": 3, "windowSecs": 120,
+             "webhook": receiver.url(), "format": "slack"},
+            {"kind": "SlowQueue", "queueName": "serial", "thresholdSecs": 1, "receiverApp": "notifier"},
+            {"kind": "UnresponsiveApplication", "forSecs": 1, "webhook": receiver.url()},
+            {"kind": "RecoveryBlocked", "reason": "no_healthy_peer", "forSecs": 1, "receiverApp": "notifier"},
+        ]  # fmt: skip
+        config = alert_config(free_port(), rules)
+        config["orgs"][0]["apps"].append({"name": "notifier"})
+        relay = start_relay(config)
+        env = {"RELAY_TEST_EVIDENCE": evidence_db}
+        notifier = start_executor(
+            relay.conductor_url, app="notifier", version="n1", module="harness.alert_app", env=env
+        )
+        ledger = start_executor(relay.conductor_url, module="harness.alert_app", env={
+            **env, "RELAY_TEST_FAILURES": "3", "RELAY_TEST_HOLD_QUEUE": "2"})  # fmt: skip
+
+        failures = assert_eventually(lambda: receiver.deliveries("WorkflowFailure"), 20, what="WorkflowFailure")
+        slack = failures[0].payload
+        assert set(slack) == {"text", "blocks"} and "failing" in slack["text"]
+        assert failures[0].headers["x-relay-idempotency-key"] in json.dumps(slack["blocks"])
+        (slow,) = assert_eventually(lambda: received(evidence_db, "SlowQueue"), 20, what="SlowQueue at notifier")
+        assert slow["metadata"]["queue_name"] == "serial" and slow["executorId"] == notifier.executor_id
+        assert int(slow["metadata"]["stuck_workflow_count"]) >= 2
+        assert slow["metadata"]["application_name"] == "ledger" and slow["metadata"]["idempotency_key"]
+
+        ledger.kill()  # its only executor: nobody can recover it, and nobody answers for the app
+        unresponsive = assert_eventually(lambda: receiver.payloads("UnresponsiveApplication"), 20)
+        assert unresponsive[0]["appName"] == "ledger" and unresponsive[0]["metadata"]["connected_executor_count"] == "0"
+        (blocked,) = assert_eventually(lambda: received(evidence_db, "RecoveryBlocked"), 20)
+        assert blocked["metadata"]["executor_id"] == ledger.executor_id
+        assert blocked["metadata"]["blocked_reason"] == "no_healthy_peer"
+
+        # A condition that keeps holding is one alert, however many rounds see it.
+        assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 4, 10)
+        headers = [d.headers["x-relay-idempotency-key"] for d in receiver.deliveries()]
+        assert len(headers) == len(set(headers)) == 2
+        assert len(received(evidence_db, "SlowQueue")) == 1 and len(received(evidence_db, "RecoveryBlocked")) == 1
+
+
+def test_rules_through_the_api(start_relay: StartRelay) -> None:
+    """Conductor's shapes, the allow-list's 422s, relay.yaml's rules read-only, the secret shown once."""
+    rules = [{"kind": "RecoveryFailed", "attempts": 2, "webhook": "http://127.0.0.1:9/yaml/secret-path"}]
+    relay = start_relay(alert_config(free_port(), rules))
+    with relay.api() as api:
+
+        def create(body: dict[str, Any]) -> Any:
+            return api.post("/apps/ledger/alerting-rules", json=body)
+
+        for url, why in [
+            ("http://10.1.2.3/hook", "private"),
+            ("http://169.254.169.254/latest/meta-data", "link-local"),
+            ("http://[::1]:8080/hook", "loopback"),
+            ("http://192.168.0.1:8080/hook", "private"),
+            ("ftp://127.0.0.1/hook", "scheme"),
+        ]:
+            refused = create({"ruleType": "ExecutorDead", "webhook": url})
+            assert refused.status_code == 422, url
+            problem = refused.json()
+            assert problem["errors"][0]["location"] == "body.webhook" and why in problem["detail"], problem
+        for body, where in [
+            ({"ruleType": "ExecutorDead", "ruleMetadata": {"count": 3}}, "body.ruleMetadata.count"),
+            ({"ruleType": "SlowQueue", "ruleMetadata": {"nope": 1}}, "body.ruleMetadata.nope"),
+            ({"ruleType": "UnresponsiveApplication"}, "body.receivingAppName"),
+            ({"ruleType": "ExecutorDead", "minIntervalSecs": False}, "body.minIntervalSecs"),
+            ({"ruleType": "ExecutorDead", "secret": "short"}, "body.secret"),
+            ({"ruleType": "Nope"}, "body.ruleType"),
+        ]:
+            refused = create(body)
+            assert refused.status_code == 422 and refused.json()["errors"][0]["location"] == where, refused.text
+
+        missing = create({"ruleType": "ExecutorDead", "receivingAppName": "no-such-app"})
+        assert missing.status_code == 404 and "no-such-app" in missing.json()["detail"]
+        made = create({"ruleType": "WorkflowFailure", "minIntervalSecs": 60,
+                       "ruleMetadata": {"workflow_name": "*", "threshold": 5, "period_secs": 600}})  # fmt: skip
+        assert made.status_code == 201, made.text
+        rule = made.json()
+        assert "secret" not in rule and rule["receivingAppId"] == "ledger" and rule["appId"] == "ledger"
+        assert rule["ruleMetadata"] == {"workflowName": None, "count": 5, "windowSecs": 600}
+        assert rule["minIntervalSecs"] == 60 and rule["lastFiredAt"] is None and rule["readOnly"] is False
+        given = create({"ruleType": "ExecutorDead", "webhook": "http://127.0.0.1:9/x", "secret": "s" * 20})
+        assert given.status_code == 201 and "secret" not in given.json() and given.json()["secretSet"] is True
+
+        listed = api.get("/apps/ledger/alerting-rules").json()
+        config_rule = next(r for r in listed if r["source"] == "config")
+        assert config_rule["readOnly"] and config_rule["ruleType"] == "RecoveryFailed"
+        assert "secret-path" not in json.dumps(listed) and "s" * 20 not in json.dumps(listed)
+        refused = api.delete(f"/apps/ledger/alerting-rules/{config_rule['id']}")
+        assert refused.status_code == 409 and "relay.yaml" in refused.json()["detail"]
+        assert api.delete(f"/apps/ledger/alerting-rules/{rule['id']}").status_code == 204
+        assert api.delete(f"/apps/ledger/alerting-rules/{rule['id']}").status_code == 404
+        assert api.get("/apps/nope/alerting-rules").status_code == 404
+        actions = [e["action"] for e in api.get("/audit").json()]
+        assert actions.count("alerting_rule.create") == 2 and actions.count("alerting_rule.delete") == 1
+    with relay.api(key=VIEWER_KEYS["acme"]) as viewer:
+        assert viewer.get("/apps/ledger/alerting-rules").status_code == 200
+        assert viewer.post("/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead"}).status_code == 403

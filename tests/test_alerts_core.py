@@ -1,0 +1,190 @@
+"""The pure core of alerts (relay/core/alerts.py, relay/core/destinations.py, the rules' configuration):
+what fires which alert with which idempotency key, what a delivery carries, and where it may go.
+No I/O: the end-to-end behaviour is in tests/test_alerts.py."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from relay.config import RelayConfig
+from relay.core.alerts import (
+    Alert,
+    AuditFact,
+    Kind,
+    Observed,
+    Rule,
+    alerts_for_event,
+    condition_alert,
+    hold_secs,
+    retryable_status,
+    signature,
+    webhook_body,
+)
+from relay.core.destinations import DestinationPolicy
+
+
+def rule(kind: Kind, app: str = "ledger", rule_id: str = "r1", created_at: float = 0.0, **params: Any) -> Rule:
+    return Rule(rule_id, "acme", app, kind, params, created_at)
+
+
+def fact(action: str, executor: str | None = "ex-1", app: str | None = "ledger", **extra: Any) -> AuditFact:
+    detail = extra.pop("detail", {})
+    return AuditFact(
+        id=extra.pop("id", 7), at="2026-11-30T12:00:00Z", at_unix=extra.pop("at_unix", 100.0), org="acme",
+        app=app, action=action, executor_id=executor, detail=detail, **extra,
+    )  # fmt: skip
+
+
+def test_a_death_is_one_alert_per_rule_and_a_second_death_is_a_new_key() -> None:
+    rules = [rule(Kind.EXECUTOR_DEAD, rule_id="a"), rule(Kind.EXECUTOR_DEAD, rule_id="b"),
+             rule(Kind.EXECUTOR_DEAD, app="other"), rule(Kind.RECOVERY_FAILED)]  # fmt: skip
+    first = alerts_for_event(fact("executor.dead", detail={"epoch": 3}), rules)
+    assert [a.rule_id for a in first] == ["a", "b"]
+    assert [a.idempotency_key for a in first] == ["a:ex-1:3", "b:ex-1:3"]
+    again = alerts_for_event(fact("executor.dead", id=8, detail={"epoch": 3}), rules)
+    assert [a.idempotency_key for a in again] == [a.idempotency_key for a in first], "the same death, the same key"
+    second = alerts_for_event(fact("executor.dead", id=9, detail={"epoch": 4}), rules)
+    assert {a.idempotency_key for a in second}.isdisjoint(a.idempotency_key for a in first)
+    assert all(a.workflow_id == f"alert:{a.idempotency_key}" for a in second)
+
+
+def test_an_event_before_its_rule_was_made_fires_nothing() -> None:
+    assert alerts_for_event(fact("executor.dead", at_unix=99.0), [rule(Kind.EXECUTOR_DEAD, created_at=100.0)]) == []
+    assert alerts_for_event(fact("executor.deleted"), [rule(Kind.EXECUTOR_DEAD)]) == []
+
+
+def test_recovery_failed_fires_at_its_threshold_of_attempts_but_not_on_the_final_entry() -> None:
+    rules = [rule(Kind.RECOVERY_FAILED, attempts=3)]
+    detail = {"recoveryId": "rec-1", "error": "peer went away"}
+    assert alerts_for_event(fact("recovery.failed", detail=detail, failed_attempts=2, recovery_epoch=5), rules) == []
+    (alert,) = alerts_for_event(fact("recovery.failed", detail=detail, failed_attempts=3, recovery_epoch=5), rules)
+    assert alert.idempotency_key == "r1:ex-1:5" and "peer went away" in alert.message
+    assert alert.metadata["failed_attempts"] == "3" and alert.metadata["recovery_id"] == "rec-1"
+    final = {**detail, "final": True}
+    assert alerts_for_event(fact("recovery.failed", detail=final, failed_attempts=4, recovery_epoch=5), rules) == []
+
+
+def test_an_adoption_fires_the_rules_of_every_app_of_its_org() -> None:
+    rules = [rule(Kind.INSTANCE_ADOPTED, rule_id="a"), rule(Kind.INSTANCE_ADOPTED, app="billing", rule_id="b")]
+    detail = {"instance": "relay-1", "adoptedBy": "relay-2", "leaseEpoch": 12, "executors": 4}
+    alerts = alerts_for_event(fact("relay.instance_adopted", executor=None, app=None, detail=detail), rules)
+    assert [(a.app, a.idempotency_key) for a in alerts] == [("ledger", "a:relay-1:12"), ("billing", "b:relay-1:12")]
+    assert alerts[0].subject == {"instance": "relay-1"} and "relay-2" in alerts[0].message
+
+
+def sample() -> Alert:
+    (alert,) = alerts_for_event(fact("executor.dead", detail={"epoch": 3}), [rule(Kind.EXECUTOR_DEAD)])
+    return alert
+
+
+def test_the_webhook_payload_has_the_members_receivers_rely_on() -> None:
+    payload = json.loads(webhook_body(sample(), "json"))
+    assert {"kind", "org", "app", "message", "at", "idempotencyKey", "executorId"} <= set(payload)
+    assert (payload["kind"], payload["org"], payload["app"]) == ("ExecutorDead", "acme", "ledger")
+    assert payload["executorId"] == "ex-1" and payload["idempotencyKey"] == "r1:ex-1:3"
+    assert Alert.from_json(json.loads(json.dumps(sample().to_json()))) == sample()  # the workflow's input
+
+
+def test_the_slack_body_is_one_slack_accepts_and_carries_the_key() -> None:
+    body = json.loads(webhook_body(sample(), "slack"))
+    assert set(body) == {"text", "blocks"} and "ExecutorDead" in body["text"] and "ex-1" in body["text"]
+    assert [b["type"] for b in body["blocks"]] == ["header", "section", "context"]
+    assert len(body["blocks"][0]["text"]["text"]) <= 150
+    assert "r1:ex-1:3" in json.dumps(body["blocks"])
+
+
+def test_the_body_and_its_signature_are_the_same_at_every_attempt() -> None:
+    body = webhook_body(sample(), "json")
+    assert webhook_body(sample(), "json") == body
+    expected = "sha256=" + hmac.new(b"the-secret", body, hashlib.sha256).hexdigest()
+    assert signature("the-secret", body) == expected != signature("another-secret", body)
+
+
+def test_only_a_receiver_that_may_recover_is_tried_again() -> None:
+    assert [s for s in (200, 400, 401, 404, 408, 410, 429, 500, 503) if retryable_status(s)] == [408, 429, 500, 503]
+
+
+def test_a_condition_alert_is_keyed_by_its_episode_or_its_deaths_epoch() -> None:
+    unresponsive = rule(Kind.UNRESPONSIVE_APPLICATION, forSecs=5)
+    seen = Observed({"appName": "ledger"}, "ledger", "no executor")
+    assert condition_alert(unresponsive, seen, 1, "t").idempotency_key == "r1:ledger:1"
+    assert condition_alert(unresponsive, seen, 2, "t").idempotency_key == "r1:ledger:2"
+    blocked = Observed({"executorId": "ex-1"}, "ex-1@3", "waiting", epoch="3")
+    assert condition_alert(rule(Kind.RECOVERY_BLOCKED), blocked, 9, "t").idempotency_key == "r1:ex-1@3:3"
+    assert hold_secs(unresponsive) == 5.0 and hold_secs(rule(Kind.RECOVERY_BLOCKED)) == 60.0
+    assert hold_secs(rule(Kind.SLOW_QUEUE, thresholdSecs=10)) == 0.0  # its threshold is in the question asked
+
+
+def policy(*entries: str, public: bool = True) -> DestinationPolicy:
+    return DestinationPolicy.from_entries(entries, public)
+
+
+@pytest.mark.parametrize(
+    ("host", "address", "entries", "public", "allowed"),
+    [
+        ("hooks.example", "93.184.216.34", (), True, True),
+        ("hooks.example", "93.184.216.34", (), False, False),
+        ("hooks.example", "10.0.0.5", (), True, False),
+        ("hooks.example", "10.0.0.5", ("10.0.0.0/8",), True, True),
+        ("hooks.internal", "10.0.0.5", ("*.internal",), True, True),
+        ("metadata", "169.254.169.254", (), True, False),
+        ("127.0.0.1", "127.0.0.1", (), True, False),
+        ("127.0.0.1", "127.0.0.1", ("127.0.0.1",), True, True),
+        ("mapped", "::ffff:10.0.0.1", (), True, False),
+        ("mapped", "::ffff:10.0.0.1", ("10.0.0.0/8",), True, True),
+    ],
+)
+def test_the_allow_list(host: str, address: str, entries: tuple[str, ...], public: bool, allowed: bool) -> None:
+    refused = policy(*entries, public=public).check(host, [ipaddress.ip_address(address)])
+    assert (refused is None) == allowed, refused
+
+
+def test_a_name_resolving_to_one_refused_address_is_refused() -> None:
+    addresses = [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.0.0.5")]
+    assert "10.0.0.5" in (policy().check("two-faced.example", addresses) or "")
+
+
+def config(rules: list[dict[str, Any]], allowed: list[str] | None = None) -> RelayConfig:
+    return RelayConfig.model_validate({
+        "alerts": {"allowedDestinations": allowed or []},
+        "orgs": [{"name": "acme", "apps": [{"name": "ledger", "alerts": rules}, {"name": "notifier"}]}],
+    })  # fmt: skip
+
+
+def test_the_issues_relay_yaml_shape_is_accepted() -> None:
+    made = config([
+        {"kind": "ExecutorDead", "webhook": "https://hooks.example/relay"},
+        {"kind": "WorkflowFailure", "workflowName": "job", "count": 3, "windowSecs": 300, "receiverApp": "notifier"},
+        {"kind": "SlowQueue", "queueName": "serial", "thresholdSecs": 120, "webhook": "https://hooks.example/s",
+         "format": "slack"},
+    ])  # fmt: skip
+    rules = made.orgs[0].apps[0].alerts
+    assert [r.kind for r in rules] == [Kind.EXECUTOR_DEAD, Kind.WORKFLOW_FAILURE, Kind.SLOW_QUEUE]
+    assert rules[1].params() == {"workflowName": "job", "count": 3, "windowSecs": 300.0}
+    assert rules[2].format == "slack"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "ExecutorDead", "count": 3},  # a parameter of another kind
+        {"kind": "ExecutorDead", "webhook": "https://hooks.example/x", "receiverApp": "notifier"},
+        {"kind": "ExecutorDead", "receiverApp": "notifier", "format": "slack"},
+        {"kind": "ExecutorDead", "webhook": "http://10.0.0.1/x"},  # not on the allow-list
+        {"kind": "Nope"},
+    ],
+)
+def test_rules_relay_yaml_refuses(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        config([bad])
+
+
+def test_a_listed_private_destination_is_accepted_in_relay_yaml() -> None:
+    assert config([{"kind": "ExecutorDead", "webhook": "http://10.0.0.1/x"}], allowed=["10.0.0.0/8"]).orgs

@@ -1,0 +1,252 @@
+"""Alerts, durably: each delivery is a workflow, and so is each round of the condition rules.
+
+- **Delivery** (``relay.alert.deliver``): one workflow per alert, whose id is
+  ``alert:{idempotency key}`` (rule, subject, epoch), so an alert found twice
+  (two instances, a scan repeated) is delivered once. It claims the key (the
+  repeat interval is applied there), then tries, and after a failure that may
+  pass (a 5xx, a timeout, no healthy executor) sleeps durably and tries again,
+  with an exponential backoff, up to ``alerts.maxAttempts``. It resumes after
+  a restart of Relay; one started by an instance that died is resumed by the
+  instance that adopts it. It ends with ``alert.sent`` or ``alert.failed`` in
+  the audit log.
+- **Events** (ExecutorDead, RecoveryFailed, InstanceAdopted): every instance
+  reads the audit log every ``alerts.pollIntervalSecs`` (:class:`AlertLoops`)
+  and starts the delivery of each alert it finds; DBOS runs each id once.
+- **Conditions** (the other kinds): once per ``alerts.checkIntervalSecs``
+  every instance starts the round's job, ``relay-alerts:{interval number}``;
+  DBOS runs it once, on whichever instance got there first. It observes each
+  rule (asking a healthy executor of the app where needed), records which
+  subjects hold since when, and starts the deliveries of those due.
+
+Delivery is at least once: an attempt whose answer was lost is made again
+with the same body and idempotency key, for the receiver to drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+from dbos import DBOS, SetWorkflowID
+
+from relay.config import AlertsConfig
+from relay.core.alerts import (
+    CONDITION_KINDS,
+    EVENT_KINDS,
+    Alert,
+    Kind,
+    Rule,
+    alerts_for_event,
+    condition_alert,
+    hold_secs,
+)
+from relay.core.peers import backoff
+from relay.errors import DatabaseError
+from relay.metrics import ALERTS_FAILED, ALERTS_SENT
+from relay.store.alerts import AlertStore
+from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
+
+log = logging.getLogger("relay.alerts")
+
+# Audit entries of the last minute are read again at every poll: an entry's id is drawn before
+# its transaction commits, so one with a lower id than the cursor may appear after it.
+OVERLAP_SECS = 60.0
+
+
+class ClaimRecord(TypedDict):
+    """The checkpoint of ``relay.alert.claim``: whether to send, and the retry settings to use."""
+
+    send: bool
+    reason: str
+    max_attempts: int
+    retry_initial: float
+    retry_max: float
+
+
+class AttemptRecord(TypedDict):
+    """The checkpoint of ``relay.alert.send``."""
+
+    ok: bool
+    retry: bool
+    error: str | None
+    destination: str
+
+
+@relay_step("relay.alert.claim")
+async def claim(alert: dict[str, Any]) -> ClaimRecord:
+    svc = services().alerts
+    claimed = await svc.store.claim(Alert.from_json(alert))
+    settings = svc.settings
+    return {
+        "send": claimed.send,
+        "reason": claimed.reason,
+        "max_attempts": settings.max_attempts,
+        "retry_initial": settings.retry_initial_secs,
+        "retry_max": settings.retry_max_secs,
+    }
+
+
+def _send_failed(exc: Exception) -> AttemptRecord:
+    return {"ok": False, "retry": True, "error": f"{type(exc).__name__}: {exc}"[:500], "destination": "?"}
+
+
+@relay_step("relay.alert.send", on_error=_send_failed)
+async def send(alert: dict[str, Any], attempt: int) -> AttemptRecord:
+    outcome, where = await services().alerts.sender.attempt(Alert.from_json(alert), attempt)
+    return {"ok": outcome.ok, "retry": outcome.retry, "error": outcome.error, "destination": where}
+
+
+@relay_step("relay.alert.finish")
+async def finish(alert: dict[str, Any], sent: bool, attempts: int, error: str | None, destination: str) -> None:
+    record = Alert.from_json(alert)
+    await services().alerts.store.finish(record, sent, attempts, error, destination, dedupe_key())
+    (ALERTS_SENT if sent else ALERTS_FAILED).labels(record.kind).inc()
+
+
+@DBOS.workflow(name="relay.alert.deliver", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def deliver(alert: dict[str, Any]) -> str:
+    claimed = await claim(alert)
+    if not claimed["send"]:
+        return f"not sent: {claimed['reason']}"
+    attempt = 0
+    while True:
+        attempt += 1
+        outcome = await send(alert, attempt)
+        if outcome["ok"]:
+            await finish(alert, True, attempt, None, outcome["destination"])
+            return "sent"
+        if not outcome["retry"] or attempt >= claimed["max_attempts"]:
+            await finish(alert, False, attempt, outcome["error"], outcome["destination"])
+            return "failed"
+        wait = backoff(attempt, claimed["retry_initial"], claimed["retry_max"])
+        log.warning("alert %s: attempt %d to %s failed (%s); next in %gs",
+                    alert["rule_id"], attempt, outcome["destination"], outcome["error"], wait)  # fmt: skip
+        await DBOS.sleep_async(wait)
+
+
+# -- the condition rules, once per interval --------------------------------------------------
+
+
+def _rule_json(rule: Rule) -> dict[str, Any]:
+    return {"id": rule.id, "org": rule.org, "app": rule.app, "kind": rule.kind.value,
+            "params": rule.params, "created_at": rule.created_at}  # fmt: skip
+
+
+def _rule(data: dict[str, Any]) -> Rule:
+    return Rule(data["id"], data["org"], data["app"], Kind(data["kind"]), data["params"], data["created_at"])
+
+
+@relay_step("relay.alerts.rules")
+async def condition_rules() -> list[dict[str, Any]]:
+    return [_rule_json(rule) for rule in await services().alerts.store.rules_of(CONDITION_KINDS)]
+
+
+def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:
+    return []  # this round learns nothing about the rule; the next one asks again
+
+
+@relay_step("relay.alerts.evaluate", on_error=_evaluation_failed)
+async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Observe one rule, record which subjects hold, and return the alerts due and not yet claimed."""
+    svc = services().alerts
+    rule = _rule(data)
+    observed = await svc.observer.observe(rule)
+    if observed is None:
+        return []
+    by_key = {seen.key: seen for seen in observed}
+    due = await svc.store.settle(rule, sorted(by_key), hold_secs(rule))
+    alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
+    claimed = await svc.store.claimed([a.idempotency_key for a in alerts])
+    return [a.to_json() for a in alerts if a.idempotency_key not in claimed]
+
+
+@DBOS.workflow(name="relay.alerts.check", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def check_conditions() -> int:
+    started = 0
+    for rule in await condition_rules():
+        for alert in await evaluate(rule):
+            with SetWorkflowID(Alert.from_json(alert).workflow_id):
+                await DBOS.start_workflow_async(deliver, alert)
+            started += 1
+    return started
+
+
+def check_id(interval_secs: float, now: float | None = None) -> str:
+    """This interval's round of the condition rules: the same id on every instance."""
+    return f"relay-alerts:{int((time.time() if now is None else now) // interval_secs)}"
+
+
+# -- every instance's loops --------------------------------------------------------------------
+
+
+class AlertLoops:
+    """Reading the audit log for event rules, and starting each interval's round of the others.
+
+    Both act only while this instance holds its lease: an instance paused past
+    it (and adopted) starts nothing when it wakes up before it finds out.
+    """
+
+    def __init__(self, store: AlertStore, settings: AlertsConfig, lease_held: Callable[[], bool]) -> None:
+        self.store = store
+        self.settings = settings
+        self.lease_held = lease_held
+        self._cursor = 0
+        self._started: dict[str, float] = {}  # workflow ids this instance started lately
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._poll_events()), asyncio.create_task(self._schedule_checks())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _poll_events(self) -> None:
+        while True:
+            try:
+                if self.lease_held():
+                    await self.poll_events()
+            except DatabaseError as exc:
+                log.warning("reading the audit log for alerts failed: %s", exc)
+            except Exception:
+                log.exception("reading the audit log for alerts failed")
+            await asyncio.sleep(self.settings.poll_interval_secs)
+
+    async def poll_events(self) -> int:
+        """Start the delivery of every alert the new audit entries fire; returns how many were started."""
+        rules = await self.store.rules_of(EVENT_KINDS)
+        after = max(self._cursor, await self.store.cursor())
+        facts = await self.store.audit_facts(after, OVERLAP_SECS)
+        now = time.monotonic()
+        found = [a for fact in facts for a in alerts_for_event(fact, rules) if a.workflow_id not in self._started]
+        claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()
+        started = 0
+        for alert in found:
+            if alert.idempotency_key not in claimed:  # else its delivery runs, or ran, already
+                with SetWorkflowID(alert.workflow_id):
+                    await DBOS.start_workflow_async(deliver, alert.to_json())
+                started += 1
+            self._started[alert.workflow_id] = now
+        newest = max((fact.id for fact in facts), default=after)
+        if newest > after:
+            await self.store.advance(newest)
+        self._cursor = max(after, newest)
+        self._started = {wid: at for wid, at in self._started.items() if now - at < 2 * OVERLAP_SECS}
+        return started
+
+    async def _schedule_checks(self) -> None:
+        interval = self.settings.check_interval_secs
+        while True:
+            workflow_id = check_id(interval)
+            try:
+                if self.lease_held() and await self.store.rules_of(CONDITION_KINDS):
+                    with SetWorkflowID(workflow_id):
+                        await DBOS.start_workflow_async(check_conditions)
+            except Exception as exc:
+                log.warning("cannot start the alert check %s: %s", workflow_id, exc)
+            await asyncio.sleep(interval - time.time() % interval + 0.01)
