@@ -211,6 +211,12 @@ class AppConfig(_Model):
     name: str = Field(min_length=1, max_length=256)
     executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0)
     recover_to_latest_version: bool = False
+    # Retention of the app's workflows in its system database, as DBOS Conductor's app settings
+    # (None: off): finished workflows older than gcTimeThresholdMs, or beyond the newest
+    # gcRowsThreshold, are deleted; unfinished ones older than globalTimeoutMs are cancelled.
+    gc_time_threshold_ms: int | None = Field(default=None, gt=0)
+    gc_rows_threshold: int | None = Field(default=None, gt=0)
+    global_timeout_ms: int | None = Field(default=None, gt=0)
     alerts: list[AlertRuleConfig] = []
 
     @model_validator(mode="after")
@@ -248,6 +254,20 @@ class RetentionConfig(_Model):
     # Executor ids not seen for this long are forgotten (with the key each was bound to).
     executor_ids_days: float = Field(default=30.0, gt=0)
     interval_secs: float = Field(default=3600.0, gt=0)
+    # How often each app with a retention setting (gcTimeThresholdMs, gcRowsThreshold,
+    # globalTimeoutMs) gets a round: a `retention` request to one of its healthy executors.
+    apps_interval_secs: float = Field(default=600.0, gt=0)
+    # The per-window counts that GET .../apps/{app}/metrics serves.
+    app_metrics_days: float = Field(default=7.0, gt=0)
+
+
+class MetricsConfig(_Model):
+    """The apps' workflow figures (``dbos_conductor_v1_*``), computed from their executors."""
+
+    # False: no figures are asked of the executors (Relay's own metrics are unaffected).
+    app_figures: bool = True
+    # The clock-aligned window the rates and maxima cover (DBOS Conductor's: a minute).
+    app_figures_window_secs: float = Field(default=60.0, ge=0.5, le=3600)
 
 
 class AlertsConfig(_Model):
@@ -291,6 +311,7 @@ class RelayConfig(_Model):
     database: DatabaseConfig = DatabaseConfig()
     liveness: LivenessConfig = LivenessConfig()
     retention: RetentionConfig = RetentionConfig()
+    metrics: MetricsConfig = MetricsConfig()
     alerts: AlertsConfig = AlertsConfig()
     # False: an executor may only connect to an app listed in relay.yaml (or registered through the API).
     auto_register_apps: bool = True

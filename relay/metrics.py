@@ -8,13 +8,16 @@ just before the registry is collected.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
 from relay.core.alerts import Kind
 from relay.net.hub import Hub
 from relay.net.router import Router
@@ -49,12 +52,22 @@ class Metrics(Collector):
         self._snapshot = _Snapshot()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self._app_figures: list[AppFiguresCollector] = []
+        # One scrape at a time: the collectors hold what the scrape read and the view (the key's org)
+        # it is seen through until it is written, so concurrent scrapes must not interleave.
+        self._scraping = asyncio.Lock()
         self.registry.register(ALERTS_SENT)
         self.registry.register(ALERTS_FAILED)
 
-    async def render(self) -> bytes:
-        self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
-        return generate_latest(self.registry)
+    async def render(self, view: ScrapeView = EVERYTHING, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics when ``accept`` asks for it (as DBOS
+        Conductor's documented scrapes do), else Prometheus text."""
+        encoder, content_type = choose_encoder(accept)
+        async with self._scraping:
+            self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
+            for figures in self._app_figures:
+                await figures.refresh(view)
+            return encoder(_Seen(self.registry, view)), content_type
 
     def collect(self) -> Iterator[Metric]:
         yield _gauge("relay_connections", "Executor sockets open on this instance.", len(self.hub.connections))
@@ -112,3 +125,29 @@ def _labelled(
     for labels, value in sorted(samples):
         family.add_metric(list(labels), value)
     return family
+
+
+# -- The recovery pipeline and the apps' figures (README "Metrics") -------------------------------
+
+
+def add_collectors(metrics: Metrics, collectors: Iterable[Collector]) -> None:
+    """Register collectors of figures kept elsewhere (the recovery pipeline's histograms and counters)."""
+    for collector in collectors:
+        metrics.registry.register(collector)
+
+
+def add_app_figures(metrics: Metrics, figures: AppFiguresCollector) -> None:
+    """Serve the apps' stored figures; they are read from the database before each scrape."""
+    metrics.registry.register(figures)
+    metrics._app_figures.append(figures)
+
+
+class _Seen:
+    """The registry as one scrape may see it (:class:`ScrapeView`): its families filtered by name."""
+
+    def __init__(self, registry: CollectorRegistry, view: ScrapeView) -> None:
+        self.registry = registry
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.registry.collect() if self.view.shows_family(family.name))

@@ -21,6 +21,7 @@ import uvicorn
 
 from relay import __version__
 from relay.api import ApiContext, build_api
+from relay.appmetrics import AppFiguresCollector
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.adoption import Adopter
@@ -30,7 +31,7 @@ from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
-from relay.metrics import Metrics
+from relay.metrics import Metrics, add_app_figures, add_collectors
 from relay.net.guard import BodyLimit, HttpGuard
 from relay.net.hub import Hub
 from relay.net.paths import PathKeeper
@@ -38,6 +39,8 @@ from relay.net.router import Router
 from relay.net.server import RelayApp, uvicorn_config
 from relay.net.webhook import WebhookSender
 from relay.store.alerts import AlertStore
+from relay.store.appfigures import AppFiguresStore
+from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.changes import ChangeStore
@@ -94,6 +97,11 @@ class Runtime:
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+        # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
+        self.figures = AppFiguresStore(self.db)
+        self.app_retention = AppRetentionStore(self.db)
+        add_collectors(self.metrics, self.recoveries.pipeline.collectors())
+        add_app_figures(self.metrics, AppFiguresCollector(self.figures, config.metrics.app_figures_window_secs))
         self.alert_store = AlertStore(self.db)
         self.webhooks = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, f"relay/{__version__}")
         self.alert_rules = AlertRules(self.db, self.alert_store, self.apps, self.webhooks)
@@ -119,6 +127,7 @@ class Runtime:
             lease=self.lease,
             events=self.events,
             metrics=self.metrics.render,
+            figures=self.figures,
             alert_rules=self.alert_rules,
         )
 
@@ -134,6 +143,9 @@ class Runtime:
             retention_settings=self.config.retention,
             note_blocked=self.engine.note_blocked,
             loop=loop,
+            app_retention=self.app_retention,
+            figures=self.figures,
+            executor_timeout_secs=self.config.server.executor_request_timeout_secs,
             alerts=AlertServices(
                 self.alert_store,
                 ConditionObserver(self.alert_store, self.gateway),
@@ -163,6 +175,11 @@ class Runtime:
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
         self.engine.start_workers(self.config.retention.interval_secs)
+        metrics = self.config.metrics
+        self.engine.start_app_jobs(
+            self.config.retention.apps_interval_secs,
+            metrics.app_figures_window_secs if metrics.app_figures else None,
+        )
         self.alert_loops.start()
         await self.adopter.resume_adopted()
         await self.engine.sweep()

@@ -96,6 +96,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("POST", "/v2/orgs/{org}/apps/{app}/schedules/{schedule_name}/backfill"): WRITE,
     ("GET", "/v2/orgs/{org}/apps/{app}/versions"): READ,
     ("PATCH", "/v2/orgs/{org}/apps/{app}/versions/latest"): WRITE,
+    ("GET", "/v2/orgs/{org}/apps/{app}/metrics"): Rule(P.METRIC_READ, app=True),
     ("GET", "/v2/orgs/{org}/apps/{app}/alerting-rules"): READ,
     ("POST", "/v2/orgs/{org}/apps/{app}/alerting-rules"): WRITE,
     ("DELETE", "/v2/orgs/{org}/apps/{app}/alerting-rules/{rule_id}"): WRITE,

@@ -52,6 +52,7 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
     assert_eventually(lambda: relay.state_of("acme", "billing", b1.executor_id) == "HEALTHY", 10)
     # A1 starts 20 workflows that sleep 4 s between two steps, and dies at once.
     a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "20", "RELAY_TEST_JOB_SLEEP": "4"})
+    a1_killed = time.time()  # (before: its socket may be closed, and recorded, before kill() returns)
     a1.kill()
 
     evidence = Evidence(evidence_db)
@@ -70,6 +71,26 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
     assert recoveries[0]["status"] == "succeeded"
     assert recoveries[0]["attempts"][-1]["outcome"] == "succeeded"
     assert recoveries[0]["attempts"][-1]["peerExecutorId"] in {a2.executor_id, a3.executor_id}
+    # The recovery histograms hold this one death, as the audit log's timestamps measure it.
+    with relay.api() as api:
+        audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
+    at = {e["action"]: ts(e["at"]).timestamp() for e in audit}
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
+    for stage, seconds in (
+        ("dead_to_dispatched", at["recovery.dispatched"] - at["executor.dead"]),
+        ("dead_to_deleted", at["executor.deleted"] - at["executor.dead"]),
+    ):
+        assert sample(text, f"relay_recovery_{stage}_seconds_count") == 1, stage
+        assert sample(text, f"relay_recovery_{stage}_seconds_sum") == pytest.approx(seconds, abs=0.002), stage
+    assert sample(text, "relay_recovery_disconnect_to_dead_seconds_count") == 1
+    grace = sample(text, "relay_recovery_disconnect_to_dead_seconds_sum")
+    assert grace is not None and 1.0 <= grace < at["executor.dead"] - a1_killed
+    for stage in ("dispatched_to_reply", "reply_to_verified"):
+        assert sample(text, f"relay_recovery_{stage}_seconds_count") == 1, stage
+    replied = sum(
+        sample(text, f"relay_recovery_{s}_seconds_sum") or 0 for s in ("dispatched_to_reply", "reply_to_verified")
+    )
+    assert replied <= at["recovery.succeeded"] - at["recovery.dispatched"] + 0.002
 
 
 def ranked_before(dead: str, other: str) -> str:
@@ -233,6 +254,10 @@ def test_relay_killed_between_dispatch_and_delete_finishes_once(
     for action in ("executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"):
         assert actions.count(action) == 1, (action, actions)
     assert "recovery.failed" not in actions
+    # The restarted process observed the stages it recorded, not the dispatch its predecessor recorded.
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
+    assert not sample(text, "relay_recovery_dead_to_dispatched_seconds_count")
+    assert sample(text, "relay_recovery_dead_to_deleted_seconds_count") == 1
 
 
 def test_reconnect_just_before_the_deadline_leaves_it_healthy_and_untouched(

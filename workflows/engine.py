@@ -30,6 +30,7 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
 
+from relay.core.appfigures import Window
 from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.errors import DatabaseError
@@ -37,6 +38,9 @@ from relay.store.apps import AppStore
 from relay.store.executors import ExecutorStore, Unfinished
 from relay.store.recoveries import RecoveryStore
 from workflows import services as wf_services
+from workflows.appfigures import app_figures
+from workflows.appfigures import job_id as figures_job_id
+from workflows.appretention import app_retention, round_id
 from workflows.grace import RECONNECTED_TOPIC, grace_period
 from workflows.recovery import WAKE_TOPIC, recover
 from workflows.retention import job_id, retention
@@ -121,6 +125,38 @@ class Engine:
             except Exception as exc:
                 log.warning("cannot start the retention job %s: %s", workflow_id, exc)
             await asyncio.sleep(interval - time.time() % interval + 0.5)
+
+    # -- the apps' data: retention rounds and workflow figures ------------------------------
+
+    def start_app_jobs(self, retention_interval_secs: float, figures_window_secs: float | None) -> None:
+        """The schedules of the apps' retention rounds and, unless ``None``, of their workflow figures."""
+        self._workers.append(asyncio.create_task(self._schedule_app_retention(retention_interval_secs)))
+        if figures_window_secs is not None:
+            self._workers.append(asyncio.create_task(self._schedule_app_figures(figures_window_secs)))
+
+    async def _schedule_app_retention(self, interval: float) -> None:
+        """Start this interval's round of every app with a retention setting (every instance asks;
+        DBOS runs each id once)."""
+        while True:
+            try:
+                now = time.time()
+                for org, app in await self.apps.with_retention():
+                    await _start(round_id(org, app, interval, now), app_retention, org, app)
+            except Exception as exc:
+                log.warning("cannot start the apps' retention rounds: %s", exc)
+            await asyncio.sleep(interval - time.time() % interval + min(0.5, interval / 10))
+
+    async def _schedule_app_figures(self, window_secs: float) -> None:
+        """Start the figures job of each window just after it ends (every instance asks; DBOS runs each
+        id once). The pause lets workflows that completed at the window's end commit first."""
+        settle = min(2.0, window_secs / 5)
+        while True:
+            await asyncio.sleep(window_secs - time.time() % window_secs + settle)
+            window = Window.last_completed(time.time(), window_secs)
+            try:
+                await _start(figures_job_id(window), app_figures, window.start_ms, window.secs)
+            except Exception as exc:
+                log.warning("cannot start the figures job %s: %s", figures_job_id(window), exc)
 
     async def stop_workers(self) -> None:
         tasks = [*self._workers, *([self._repairing] if self._repairing else [])]

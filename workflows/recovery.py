@@ -214,6 +214,7 @@ async def recover_same_version(ref: RecoveryRef, peer: str, version: str, timeou
     reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), RecoveryReply, timeout)
     if isinstance(reply, str):
         return _failed(reply)
+    await services().recoveries.mark_replied(ref)  # for the pipeline's figures
     if not reply.success:
         return _failed("recovery: the peer answered success: false")
     return {"ok": True}
@@ -283,6 +284,9 @@ async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> O
     other executor answers.
     """
     svc = services()
+    # The peer's work is done when its verification begins: on the latest-version path
+    # (no recovery frame) that is the moment of its last reply.
+    await svc.recoveries.mark_replied(ref)
     healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app)]
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
     unanswered: list[str] = []
@@ -294,6 +298,7 @@ async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> O
             continue
         if reply.exist:
             return _failed(f"verification failed: {verifier} sees workflows of the dead executor still PENDING")
+        await svc.recoveries.mark_verified(ref)
         return {"ok": True, "verifier": verifier}
     return _failed("verification failed: no executor answered (" + "; ".join(unanswered) + ")")
 

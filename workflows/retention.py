@@ -27,7 +27,12 @@ log = logging.getLogger("relay.retention")
 async def prune() -> dict[str, int]:
     svc = services()
     pruned = await svc.retention.prune(svc.retention_settings)
-    return {"audit": pruned.audit, "recoveries": pruned.recoveries, "executorIds": pruned.executor_ids}
+    return {
+        "audit": pruned.audit,
+        "recoveries": pruned.recoveries,
+        "executorIds": pruned.executor_ids,
+        "appMetricCounts": pruned.app_metric_counts,
+    }
 
 
 @DBOS.step(name="relay.retention.collect_workflows")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -23,8 +25,10 @@ from dbos import DBOS
 from relay.config import AlertsConfig, LivenessConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
 from relay.domain.alerts import AlertSender, ConditionObserver
-from relay.errors import DatabaseError
+from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor
 from relay.store.alerts import AlertStore
+from relay.store.appfigures import AppFiguresStore
+from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.executors import ExecutorStore
@@ -84,6 +88,11 @@ class Services:
     # A recovery about to wait tells the engine its app may have one waiting (for wake-ups).
     note_blocked: Callable[[str, str], None]
     loop: asyncio.AbstractEventLoop
+    # The apps' data: retention rounds and workflow figures, asked of their executors, each of
+    # which gets this long to answer (server.executorRequestTimeoutSecs).
+    app_retention: AppRetentionStore
+    figures: AppFiguresStore
+    executor_timeout_secs: float
     alerts: AlertServices
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -166,3 +175,37 @@ def relay_step(
 def dedupe_key() -> str:
     """An audit entry's dedupe key inside a step: the same when the step runs again after a crash."""
     return f"{DBOS.workflow_id}:{DBOS.step_id}"
+
+
+async def ask_app(
+    org: str, app: str, make: Callable[[], Request], expected: type[R], spread: str = ""
+) -> tuple[str, R]:
+    """The reply of one healthy executor of the app, and which one gave it.
+
+    Executors are asked in turn (from one picked by ``spread``, so that rounds spread over
+    them) until one answers without an error, each within ``executor_timeout_secs``.
+    Raises :class:`NoHealthyExecutor` when the app has none, :class:`NoAnswer` when none answered.
+    """
+    svc = services()
+    healthy = sorted(executor_id for executor_id, _ in await svc.executors.healthy_peers(org, app))
+    if not healthy:
+        raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
+    start = zlib.crc32(spread.encode()) % len(healthy)
+    problems: list[str] = []
+    for executor_id in healthy[start:] + healthy[:start]:
+        try:
+            reply = await svc.ask(ExecutorKey(org, app, executor_id), make(), expected, svc.executor_timeout_secs)
+        except ExecutorRequestError as exc:
+            problems.append(str(exc))
+            continue
+        if reply.error_message:
+            problems.append(f"{executor_id}: {reply.error_message[:300]}")
+            continue
+        return executor_id, reply
+    raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
+
+
+def sdk_iso(epoch_ms: int) -> str:
+    """A time as the SDK reads it (``datetime.fromisoformat``: an explicit offset, milliseconds)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}+00:00"

@@ -24,6 +24,7 @@ from relay.api import (
     audit,
     events,
     executors,
+    metrics,
     ops,
     org,
     queues,
@@ -69,6 +70,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         queues,
         schedules,
         versions,
+        metrics,
         alerts,
     )
     for module in modules:

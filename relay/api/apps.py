@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import SkipJsonSchema
 
-from relay.api.common import Admin, ApiError, Body, Caller, Ctx, Given, Page, actor, iso, optional
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, Given, JsonInteger, Page, actor, iso, optional
 from relay.api.shapes import Shape
 from relay.core.lifecycle import ExecutorState
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(prefix="/v2/orgs/{org}")
+# Thresholds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
+MAX_MS = 2**53
+# A retention setting: a positive integer, or null (off).
+Threshold = Annotated[int, Field(gt=0, le=MAX_MS), JsonInteger] | None
 
 
 class AppSettings(Body):
@@ -27,14 +31,21 @@ class AppSettings(Body):
         optional()
     )
     recover_to_latest_version: Annotated[bool | SkipJsonSchema[None], Given] = optional()
+    # Retention of the app's workflows (Conductor's settings); null turns one off.
+    gc_time_threshold_ms: Threshold = optional()
+    gc_rows_threshold: Threshold = optional()
+    global_timeout_ms: Threshold = optional()
+
+    def changes(self) -> dict[str, Any]:
+        """The settings given (snake_case): the retention ones also when null (off)."""
+        return self.model_dump(exclude_unset=True)
 
 
 class Application(Shape):
     """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
     with Relay's own members beside it (``org``, ``executors`` by state and by version, ``blocked`` by reason,
     ``recoverToLatestVersion``).
-    Relay keeps no workflow history, so the retention settings are null; ``executorTimeoutSecs``
-    may have a fraction of a second."""
+    The retention settings are null when off; ``executorTimeoutSecs`` may have a fraction of a second."""
 
     id: str
     name: str
@@ -62,14 +73,10 @@ def application(app: AppRecord) -> Application:
         orgId=app.org,
         status="AVAILABLE" if app.counts[ExecutorState.HEALTHY] else "UNAVAILABLE",
         language=min(app.languages) if app.languages else None,
-        gcTimeThresholdMs=None,
-        gcRowsThreshold=None,
-        globalTimeoutMs=None,
         privateMode=False,
         dbosCloud=False,
         org=app.org,
-        executorTimeoutSecs=app.executor_timeout_secs,
-        recoverToLatestVersion=app.recover_to_latest_version,
+        **app.settings(),
         executors=dict(app.counts),
         executorsByVersion=app.versions,
         blocked=app.blocked,
@@ -98,6 +105,10 @@ async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> Application:
 
 class RegisterApp(Body):
     privateMode: bool = False  # Relay never stores application data: accepted, and nothing to change
+    # Relay's addition to Conductor's body: the retention settings, set as PATCH sets them.
+    gcTimeThresholdMs: Threshold = optional()
+    gcRowsThreshold: Threshold = optional()
+    globalTimeoutMs: Threshold = optional()
 
 
 @router.put("/apps/{app}", status_code=204, response_class=Response)
@@ -106,6 +117,11 @@ async def register_app(org: str, app: str, ctx: Ctx, who: Admin, body: RegisterA
     if not valid_app_name(app):
         raise ApiError(422, "invalid_request", "an app name is 1 to 256 printable characters")
     await ctx.operator.register_app(org, app, actor(who))
+    if body is not None:
+        given = body.model_dump(exclude_unset=True, exclude={"privateMode"})
+        if given:
+            changes = AppSettings.model_validate(given).changes()
+            await ctx.operator.update_settings(org, app, changes, actor(who))
     return Response(status_code=204)
 
 
@@ -119,7 +135,12 @@ async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
 @router.patch("/apps/{app}")
 async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Admin) -> Application:
     """Change an app's settings; a grace period already running keeps the value it started with."""
-    changes = settings.model_dump(exclude_none=True)
+    changes = settings.changes()
     if not changes:
-        raise ApiError(422, "invalid_request", "nothing to change: give executorTimeoutSecs or recoverToLatestVersion")
+        raise ApiError(
+            422,
+            "invalid_request",
+            "nothing to change: give executorTimeoutSecs, recoverToLatestVersion, gcTimeThresholdMs, "
+            "gcRowsThreshold or globalTimeoutMs",
+        )
     return application(await ctx.operator.update_settings(org, app, changes, actor(who)))

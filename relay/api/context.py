@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from relay.appmetrics import ScrapeView
 from relay.auth import KeyRing
 from relay.config import RelayConfig
 from relay.domain.alerts import AlertRules
@@ -17,6 +18,7 @@ from relay.domain.gateway import ExecutorGateway
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
 from relay.net.router import Router
+from relay.store.appfigures import AppFiguresStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.db import Database
@@ -46,5 +48,6 @@ class ApiContext:
     tokens: Tokens
     lease: Lease
     events: EventHub  # the console's live updates
-    metrics: Callable[[], Awaitable[bytes]]  # the Prometheus exposition of this instance
+    metrics: Callable[[ScrapeView, str], Awaitable[tuple[bytes, str]]]  # this instance's exposition, its type
+    figures: AppFiguresStore  # the apps' stored figures (GET .../apps/{app}/metrics)
     alert_rules: AlertRules

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from relay.api.common import Ctx, problem
+from relay.appmetrics import SCOPES, ScrapeView
 from relay.auth import Permission
 from relay.net.guard import bearer_key
 
@@ -96,15 +97,28 @@ async def readyz(ctx: Ctx) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+EXPOSITION = {"schema": {"type": "string"}}
 
 
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={
+        200: {
+            "description": "Prometheus text, or OpenMetrics to Accept: application/openmetrics-text",
+            "content": {"text/plain": EXPOSITION, "application/openmetrics-text": EXPOSITION},
+        }
+    },
 )
 async def metrics(request: Request, ctx: Ctx) -> Response:
+    """Relay's own figures of this instance, and the apps' figures (``dbos_conductor_v1_*``) of the
+    key's org and apps (every org's with ``publicMetrics``).
+
+    Query filters, each repeatable: Conductor's ``applications``, ``workflow_names`` and ``metrics``
+    (family names), and ``scope``: ``instance`` (Relay's own), ``apps`` (the apps') or ``all``.
+    """
+    orgs: frozenset[str] | None = None
+    apps: frozenset[str] | None = None
     if not ctx.config.server.public_metrics:
         grant = ctx.keyring.lookup(bearer_key(request.headers.get("authorization", "")))
         if grant is None:
@@ -115,4 +129,16 @@ async def metrics(request: Request, ctx: Ctx) -> Response:
             )
         if not grant.allows(Permission.METRIC_READ):
             return problem(403, "this key lacks the permission metric.read")
-    return Response(await ctx.metrics(), media_type=PROMETHEUS_TEXT)
+        orgs, apps = frozenset({grant.org}), grant.apps
+    query = request.query_params
+    scope = query.get("scope", "all")
+    if scope not in SCOPES:
+        return problem(422, f"scope must be one of {', '.join(SCOPES)}")
+
+    def given(name: str) -> frozenset[str] | None:
+        values = query.getlist(name)
+        return frozenset(values) if values else None
+
+    view = ScrapeView(orgs, apps, given("applications"), given("workflow_names"), given("metrics"), scope)
+    body, content_type = await ctx.metrics(view, request.headers.get("accept", ""))
+    return Response(body, media_type=content_type)

@@ -173,6 +173,9 @@ orgs:
     #   - name: ledger
     #     executorTimeoutSecs: 60         # the grace period before a disconnected executor is DEAD
     #     recoverToLatestVersion: false   # true: recover onto a newer version when none of its own is left
+    #     gcTimeThresholdMs: null         # retention of the app's workflows (README "Retention"), off when null:
+    #     gcRowsThreshold: null           #   delete finished ones older than this, keep the newest this many,
+    #     globalTimeoutMs: null           #   cancel unfinished ones created longer ago than this
 """
 
 

@@ -33,6 +33,7 @@ class AppRecord:
     # Executors by application version and state, and those blocked by reason (the console's overview).
     versions: dict[str, dict[str, int]] = field(default_factory=dict)
     blocked: dict[str, int] = field(default_factory=dict)
+    retention: AppRetention = field(default_factory=lambda: AppRetention(None, None, None))
 
     def settings(self) -> dict[str, Any]:
         timeout = self.executor_timeout_secs
@@ -40,7 +41,26 @@ class AppRecord:
             # Conductor's clients read an integer (an int64 in its schema); Relay allows fractions.
             "executorTimeoutSecs": int(timeout) if timeout.is_integer() else timeout,
             "recoverToLatestVersion": self.recover_to_latest_version,
+            "gcTimeThresholdMs": self.retention.gc_time_threshold_ms,
+            "gcRowsThreshold": self.retention.gc_rows_threshold,
+            "globalTimeoutMs": self.retention.global_timeout_ms,
         }
+
+
+@dataclass(frozen=True)
+class AppRetention:
+    """An app's retention settings, as DBOS Conductor's (None: off)."""
+
+    gc_time_threshold_ms: int | None
+    gc_rows_threshold: int | None
+    global_timeout_ms: int | None
+
+    @property
+    def on(self) -> bool:
+        return any(v is not None for v in (self.gc_time_threshold_ms, self.gc_rows_threshold, self.global_timeout_ms))
+
+
+RETENTION_COLUMNS = ("gc_time_threshold_ms", "gc_rows_threshold", "global_timeout_ms")
 
 
 class AppStore:
@@ -66,11 +86,13 @@ class AppStore:
                 await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
                 for app in org.apps:
                     await conn.execute(
-                        """INSERT INTO apps (org, name, executor_timeout_secs,
-                                             recover_to_latest_version, from_config)
-                           VALUES (%s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
-                        (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version),
-                    )
+                        """INSERT INTO apps (org, name, executor_timeout_secs, recover_to_latest_version,
+                                             gc_time_threshold_ms, gc_rows_threshold, global_timeout_ms,
+                                             from_config)
+                           VALUES (%s, %s, %s, %s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
+                        (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version,
+                         app.gc_time_threshold_ms, app.gc_rows_threshold, app.global_timeout_ms),
+                    )  # fmt: skip
 
     async def exists(self, org: str, app: str) -> bool:
         async with self.db.connection() as conn:
@@ -105,9 +127,11 @@ class AppStore:
                          AND (%s::text[] IS NULL OR name = ANY(%s))
                        ORDER BY name LIMIT %s OFFSET %s)
                    SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
+                          a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms,
                           e.state, count(e.executor_id) AS n, max(e.language) AS language
                    FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
-                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at, e.state
+                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
+                            a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms, e.state
                    ORDER BY a.name""",
                 (org, app, app, names, names, limit, offset),
             )
@@ -131,6 +155,7 @@ class AppStore:
                     recover_to_latest_version=row["recover_to_latest_version"],
                     counts={s: 0 for s in ExecutorState},
                     created_at=row["created_at"],
+                    retention=AppRetention(*(row[c] for c in RETENTION_COLUMNS)),
                 )
                 apps[row["name"]] = record
             if row["state"] is not None:
@@ -145,6 +170,15 @@ class AppStore:
                 reason = row["blocked_reason"]
                 record.blocked[reason] = record.blocked.get(reason, 0) + int(row["n"])
         return list(apps.values())
+
+    async def with_retention(self) -> list[tuple[str, str]]:
+        """(org, app) of every app with a retention setting on."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT org, name FROM apps WHERE gc_time_threshold_ms IS NOT NULL
+                   OR gc_rows_threshold IS NOT NULL OR global_timeout_ms IS NOT NULL ORDER BY org, name"""
+            )
+            return [(str(r["org"]), str(r["name"])) for r in await cur.fetchall()]
 
     async def get(self, org: str, app: str, conn: Conn | None = None) -> AppRecord | None:
         apps = await self.list_apps(org, app, conn)
@@ -172,7 +206,7 @@ class AppStore:
     @staticmethod
     async def update(conn: Conn, org: str, app: str, changes: dict[str, Any]) -> bool:
         """Change settings in the caller's transaction (which writes the audit entry too)."""
-        columns = {"executor_timeout_secs", "recover_to_latest_version"}
+        columns = {"executor_timeout_secs", "recover_to_latest_version", *RETENTION_COLUMNS}
         assert set(changes) <= columns
         sets = ", ".join(f"{name} = %({name})s" for name in changes)
         cur = await conn.execute(

@@ -30,8 +30,9 @@ class AuditEntry:
     dedupe_key: str | None = None
 
 
-async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) -> None:
-    await conn.execute(
+async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) -> bool:
+    """Write an entry in the caller's transaction; False if its dedupe key was written before."""
+    cur = await conn.execute(
         """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail, dedupe_key)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING""",
         (
@@ -45,6 +46,7 @@ async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) 
             entry.dedupe_key,
         ),
     )
+    return cur.rowcount == 1
 
 
 async def audit_executor(
@@ -56,9 +58,9 @@ async def audit_executor(
     peer: str | None = None,
     detail: dict[str, Any] | None = None,
     actor: str = "relay",
-) -> None:
-    """An audit entry about one executor, written in the caller's transaction."""
-    await write_audit(conn, key.org, key.app, AuditEntry(action, actor, key.executor_id, peer, detail, dedupe))
+) -> bool:
+    """An audit entry about one executor, written in the caller's transaction; False if written before."""
+    return await write_audit(conn, key.org, key.app, AuditEntry(action, actor, key.executor_id, peer, detail, dedupe))
 
 
 class AuditStore:

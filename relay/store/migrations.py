@@ -302,4 +302,60 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX audit_by_executor ON audit_log (org, app, executor_id, id);
         """,
     ),
+    (
+        10,
+        """
+        -- Retention of the applications' data, as DBOS Conductor's app settings (null: off).
+        ALTER TABLE apps ADD COLUMN gc_time_threshold_ms bigint CHECK (gc_time_threshold_ms > 0);
+        ALTER TABLE apps ADD COLUMN gc_rows_threshold bigint CHECK (gc_rows_threshold > 0);
+        ALTER TABLE apps ADD COLUMN global_timeout_ms bigint CHECK (global_timeout_ms > 0);
+        -- One row per retention round of an app: what was sent, to whom, and what the next
+        -- round found left of it (the SDK runs a round in the background and answers at once).
+        CREATE TABLE app_retention_rounds (
+            id                       text PRIMARY KEY,
+            org                      text NOT NULL,
+            app                      text NOT NULL,
+            executor_id              text,
+            status                   text NOT NULL CHECK (status IN ('dispatched', 'skipped')),
+            error                    text,
+            gc_cutoff_epoch_ms       bigint,
+            gc_rows_threshold        bigint,
+            gc_batch_size            bigint,
+            timeout_cutoff_epoch_ms  bigint,
+            sent_at                  timestamptz NOT NULL DEFAULT now(),
+            checked_at               timestamptz,
+            remaining                jsonb
+        );
+        CREATE INDEX app_retention_rounds_by_app ON app_retention_rounds (org, app, sent_at);
+        -- The moments of a recovery attempt that the recovery pipeline's histograms measure.
+        -- (The column "at" is the moment of the latest outcome.) Rows of earlier releases have none.
+        ALTER TABLE recovery_attempts ADD COLUMN dispatched_at timestamptz;
+        ALTER TABLE recovery_attempts ALTER COLUMN dispatched_at SET DEFAULT now();
+        ALTER TABLE recovery_attempts ADD COLUMN replied_at timestamptz;
+        ALTER TABLE recovery_attempts ADD COLUMN verified_at timestamptz;
+        -- The apps' workflow figures (dbos_conductor_v1_*), computed once per window by one
+        -- instance and served by every instance: the latest window of each app...
+        CREATE TABLE app_figures (
+            org            text NOT NULL,
+            app            text NOT NULL,
+            window_start   timestamptz NOT NULL,
+            window_secs    double precision NOT NULL,
+            computed_at    timestamptz NOT NULL DEFAULT now(),
+            series         jsonb NOT NULL,
+            PRIMARY KEY (org, app)
+        );
+        -- ... and the counts per window that GET .../metrics serves (Conductor's Metric).
+        CREATE TABLE app_metric_counts (
+            org            text NOT NULL,
+            app            text NOT NULL,
+            time_bucket    timestamptz NOT NULL,
+            granularity    integer NOT NULL,
+            metric_type    text NOT NULL,
+            metric_name    text NOT NULL,
+            value          bigint NOT NULL,
+            PRIMARY KEY (org, app, time_bucket, metric_type, metric_name)
+        );
+        CREATE INDEX app_metric_counts_by_bucket ON app_metric_counts (time_bucket);
+        """,
+    ),
 ]

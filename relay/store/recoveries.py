@@ -6,6 +6,9 @@ refused unless this instance holds its lease) that makes a state change of the e
 audit entries that describe it. The recovery workflow calls them from its
 steps; a step re-run after a crash finds the change already made (and the
 audit entries already there, by their dedupe key) and reports the same result.
+
+The recovery pipeline's figures (:mod:`relay.store.pipeline`) are observed
+here, where each stage is first recorded, after the commit.
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.store.audit import audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay.store.pipeline import RecoveryPipeline, observe
 
 E = ExecutorEvent
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+# One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
+_ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch = %(epoch)s"
+_TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
+
+
+def _row_params(key: ExecutorKey, epoch: int) -> dict[str, Any]:
+    return {"org": key.org, "app": key.app, "id": key.executor_id, "epoch": epoch}
 
 
 @dataclass(frozen=True)
@@ -47,9 +58,10 @@ class RecoveryRow:
 
 
 class RecoveryStore:
-    def __init__(self, db: Database, executors: ExecutorStore) -> None:
+    def __init__(self, db: Database, executors: ExecutorStore, pipeline: RecoveryPipeline | None = None) -> None:
         self.db = db
         self.executors = executors
+        self.pipeline = pipeline or RecoveryPipeline()
 
     async def declare_dead(
         self, key: ExecutorKey, epoch: int, event: ExecutorEvent, actor: str, dedupe: str | None
@@ -63,7 +75,13 @@ class RecoveryStore:
             if not await self.executors.apply(key, event, epoch=epoch, conn=conn):
                 return await self.executors.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
             await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
-            return True
+            cur = await conn.execute(
+                f"SELECT extract(epoch FROM dead_at - disconnected_at) AS secs FROM executors {_ROW}",
+                _row_params(key, epoch),
+            )
+            row = await cur.fetchone()
+        observe(self.pipeline.disconnect_to_dead, row["secs"] if row else None)
+        return True
 
     async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
         """Create the recovery row (once); returns the dead executor's version, None if it is gone.
@@ -127,7 +145,9 @@ class RecoveryStore:
             await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
             await self._status(conn, ref.rid, status, None)
             detail = {"reason": reason, "recoveryId": ref.rid}
-            await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
+            first = await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
+        if first:
+            self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
 
     async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
@@ -136,11 +156,13 @@ class RecoveryStore:
                 if not await self.executors.at_epoch(conn, ref.key, ref.epoch, (ExecutorState.RECOVERING,)):
                     return False
             peer = plan.peer.executor_id
-            await conn.execute(
+            cur = await conn.execute(
                 """INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome)
                    VALUES (%s, %s, %s, %s, 'dispatched') ON CONFLICT DO NOTHING""",
                 (ref.rid, plan.attempt, peer, plan.mode.value),
             )
+            first = cur.rowcount == 1
+            since_dead = await self._first_dispatch_since_dead(conn, ref, plan.attempt) if first else None
             await self._status(conn, ref.rid, "dispatching", None)
             detail = {"attempt": plan.attempt, "mode": plan.mode.value, "recoveryId": ref.rid}
             if plan.failover_from is not None:
@@ -153,19 +175,59 @@ class RecoveryStore:
                     detail={**detail, "fromPeer": plan.failover_from, "backoffSecs": plan.backoff_secs},
                 )
             await audit_executor(conn, ref.key, "recovery.dispatched", f"{dedupe}:dispatched", peer=peer, detail=detail)
-            return True
+        if first:
+            observe(self.pipeline.dead_to_dispatched, since_dead)
+            if plan.failover_from is not None:
+                self.pipeline.failovers.labels(ref.key.org, ref.key.app).inc()
+        return True
+
+    async def _first_dispatch_since_dead(self, conn: Conn, ref: RecoveryRef, attempt: int) -> object:
+        """Seconds since the executor was declared DEAD, if this attempt is the death's first
+        dispatch (over all its runs); else None."""
+        key = ref.key
+        cur = await conn.execute(
+            f"""SELECT extract(epoch FROM now() - dead_at) AS secs FROM executors {_ROW}
+                AND NOT EXISTS (
+                    SELECT 1 FROM recovery_attempts a JOIN recoveries r ON r.id = a.recovery_id
+                    WHERE r.org = %(org)s AND r.app = %(app)s AND r.executor_id = %(id)s AND r.epoch = %(epoch)s
+                      AND NOT (a.recovery_id = %(rid)s AND a.attempt = %(attempt)s))""",
+            {**_row_params(key, ref.epoch), "rid": ref.rid, "attempt": attempt},
+        )
+        row = await cur.fetchone()
+        return row["secs"] if row else None
+
+    async def mark_replied(self, ref: RecoveryRef) -> None:
+        """The peer of the attempt in flight has replied (the first time counts)."""
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """UPDATE recovery_attempts SET replied_at = now()
+                   WHERE recovery_id = %s AND outcome = 'dispatched' AND replied_at IS NULL""",
+                (ref.rid,),
+            )
+
+    async def mark_verified(self, ref: RecoveryRef) -> None:
+        """The attempt in flight passed verification (the first time counts)."""
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """UPDATE recovery_attempts SET verified_at = now()
+                   WHERE recovery_id = %s AND outcome = 'dispatched' AND verified_at IS NULL""",
+                (ref.rid,),
+            )
 
     async def fail_attempt(self, ref: RecoveryRef, attempt: int, peer: str, error: str, dedupe: str) -> None:
         """RECOVERING -> DEAD, the attempt marked failed."""
         async with self.db.fenced() as conn:
             await self.executors.apply(ref.key, E.RECOVERY_FAILED, epoch=ref.epoch, conn=conn)
-            await conn.execute(
-                """UPDATE recovery_attempts SET outcome = 'failed', error = %s, at = now()
-                   WHERE recovery_id = %s AND attempt = %s""",
+            cur = await conn.execute(
+                f"""UPDATE recovery_attempts SET outcome = 'failed', error = %s, at = now()
+                    WHERE recovery_id = %s AND attempt = %s AND outcome = 'dispatched' RETURNING {_TO_REPLY}""",
                 (error, ref.rid, attempt),
             )
+            timings = await cur.fetchone()
             detail = {"attempt": attempt, "error": error, "recoveryId": ref.rid}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
+        if timings is not None:
+            observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
 
     async def succeed(
         self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str, verified_by: str | None = None
@@ -175,12 +237,19 @@ class RecoveryStore:
         ``verified_by``: the executor whose answer showed nothing left PENDING.
         """
         async with self.db.fenced() as conn:
+            cur = await conn.execute(
+                f"SELECT extract(epoch FROM now() - dead_at) AS secs FROM executors {_ROW}",
+                _row_params(ref.key, ref.epoch),
+            )
+            dead = await cur.fetchone()
             deleted = await self.executors.apply(ref.key, E.RECOVERED, epoch=ref.epoch, conn=conn)
-            await conn.execute(
-                """UPDATE recovery_attempts SET outcome = 'succeeded', at = now()
-                   WHERE recovery_id = %s AND attempt = %s""",
+            cur = await conn.execute(
+                f"""UPDATE recovery_attempts SET outcome = 'succeeded', at = now()
+                    WHERE recovery_id = %s AND attempt = %s AND outcome = 'dispatched'
+                    RETURNING {_TO_REPLY}, extract(epoch FROM verified_at - replied_at) AS to_verified""",
                 (ref.rid, attempt),
             )
+            timings = await cur.fetchone()
             await self._status(conn, ref.rid, "succeeded", None)
             detail: dict[str, object] = {"attempt": attempt, "recoveryId": ref.rid}
             if verified_by is not None:
@@ -188,7 +257,12 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
-            return deleted
+        if timings is not None:
+            observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
+            observe(self.pipeline.reply_to_verified, timings["to_verified"])
+        if deleted and dead is not None:
+            observe(self.pipeline.dead_to_deleted, dead["secs"])
+        return deleted
 
     async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
         """The executor came back (or vanished): this recovery ends without deleting anything."""

@@ -13,6 +13,7 @@ class Pruned:
     audit: int
     recoveries: int
     executor_ids: int
+    app_metric_counts: int = 0
 
 
 class RetentionStore:
@@ -20,7 +21,8 @@ class RetentionStore:
         self.db = db
 
     async def prune(self, settings: RetentionConfig) -> Pruned:
-        """Delete audit entries, finished recoveries and forgotten executor ids past their age.
+        """Delete audit entries, finished recoveries, forgotten executor ids, the apps' retention
+        rounds (with the audit log's age) and their metric counts past their age.
 
         A recovery still running, and the id of an executor still in the
         registry, are kept whatever their age.
@@ -48,4 +50,13 @@ class RetentionStore:
                                    WHERE e.org = i.org AND e.app = i.app AND e.executor_id = i.executor_id)""",
                 (settings.executor_ids_days,),
             )
-            return Pruned(audit, recoveries, cur.rowcount)
+            executor_ids = cur.rowcount
+            await conn.execute(
+                "DELETE FROM app_retention_rounds WHERE sent_at < now() - make_interval(secs => %s * 86400)",
+                (settings.audit_days,),
+            )
+            cur = await conn.execute(
+                "DELETE FROM app_metric_counts WHERE time_bucket < now() - make_interval(secs => %s * 86400)",
+                (settings.app_metrics_days,),
+            )
+            return Pruned(audit, recoveries, executor_ids, cur.rowcount)

@@ -1,0 +1,118 @@
+"""Retention rounds of the applications' data: what each round sent, to whom, and what was left.
+
+A round sends ``retention`` to one healthy executor of the app. The SDK runs
+it in a thread of its own and answers at once (and skips a round while the
+previous one still runs), so its ``success`` only says the request arrived:
+the round is recorded ``dispatched``, and the next round looks at what is left
+of the workflows it targeted (:meth:`AppRetentionStore.record_check`). Each
+write goes with its audit entry (``retention.sent``, ``retention.skipped``,
+``retention.checked``) in one fenced transaction; a step run again after a
+crash finds both written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from relay.store.audit import AuditEntry, write_audit
+from relay.store.db import Database
+
+
+@dataclass(frozen=True)
+class RetentionRound:
+    id: str
+    org: str
+    app: str
+    executor_id: str | None
+    status: str
+    error: str | None
+    gc_cutoff_epoch_ms: int | None
+    gc_rows_threshold: int | None
+    gc_batch_size: int | None
+    timeout_cutoff_epoch_ms: int | None
+    sent_at: datetime
+    checked_at: datetime | None
+    remaining: dict[str, Any] | None
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "gcCutoffEpochMs": self.gc_cutoff_epoch_ms,
+            "gcRowsThreshold": self.gc_rows_threshold,
+            "gcBatchSize": self.gc_batch_size,
+            "timeoutCutoffEpochMs": self.timeout_cutoff_epoch_ms,
+        }
+
+
+class AppRetentionStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def dispatched(
+        self, round_id: str, org: str, app: str, executor_id: str, body: dict[str, int | None], dedupe: str
+    ) -> None:
+        """The round's request reached ``executor_id`` (``body``: the SDK's RetentionBody)."""
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """INSERT INTO app_retention_rounds (id, org, app, executor_id, status, gc_cutoff_epoch_ms,
+                       gc_rows_threshold, gc_batch_size, timeout_cutoff_epoch_ms)
+                   VALUES (%s, %s, %s, %s, 'dispatched', %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING""",
+                (round_id, org, app, executor_id, body["gc_cutoff_epoch_ms"], body["gc_rows_threshold"],
+                 body["gc_batch_size"], body["timeout_cutoff_epoch_ms"]),
+            )  # fmt: skip
+            detail = {
+                "roundId": round_id,
+                "result": "dispatched",
+                "gcCutoffEpochMs": body["gc_cutoff_epoch_ms"],
+                "gcRowsThreshold": body["gc_rows_threshold"],
+                "gcBatchSize": body["gc_batch_size"],
+                "timeoutCutoffEpochMs": body["timeout_cutoff_epoch_ms"],
+            }
+            entry = AuditEntry("retention.sent", "relay", None, executor_id, detail, dedupe)
+            await write_audit(conn, org, app, entry)
+
+    async def skipped(self, round_id: str, org: str, app: str, error: str, dedupe: str) -> None:
+        """No executor of the app took the round's request."""
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """INSERT INTO app_retention_rounds (id, org, app, status, error)
+                   VALUES (%s, %s, %s, 'skipped', %s) ON CONFLICT (id) DO NOTHING""",
+                (round_id, org, app, error),
+            )
+            entry = AuditEntry("retention.skipped", "relay", None, None, {"roundId": round_id, "error": error}, dedupe)
+            await write_audit(conn, org, app, entry)
+
+    async def unchecked(self, org: str, app: str, before: str) -> RetentionRound | None:
+        """The app's latest dispatched round other than ``before`` whose effect is not recorded yet."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT * FROM app_retention_rounds WHERE org = %s AND app = %s AND id <> %s
+                   AND status = 'dispatched' AND checked_at IS NULL ORDER BY sent_at DESC LIMIT 1""",
+                (org, app, before),
+            )
+            row = await cur.fetchone()
+        return RetentionRound(**row) if row else None
+
+    async def record_check(self, checked: RetentionRound, remaining: dict[str, int | None], dedupe: str) -> None:
+        """What was left, seen by a later round, of the workflows ``checked`` targeted."""
+        async with self.db.fenced() as conn:
+            await conn.execute(
+                """UPDATE app_retention_rounds SET checked_at = now(), remaining = %s
+                   WHERE id = %s AND checked_at IS NULL""",
+                (Jsonb(remaining), checked.id),
+            )
+            detail = {"roundId": checked.id, **checked.parameters(), "remaining": remaining}
+            entry = AuditEntry("retention.checked", "relay", None, checked.executor_id, detail, dedupe)
+            await write_audit(conn, checked.org, checked.app, entry)
+
+    async def rounds(self, org: str, app: str, limit: int = 100) -> list[RetentionRound]:
+        """The app's latest rounds, newest first."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM app_retention_rounds WHERE org = %s AND app = %s ORDER BY sent_at DESC LIMIT %s",
+                (org, app, limit),
+            )
+            return [RetentionRound(**row) for row in await cur.fetchall()]

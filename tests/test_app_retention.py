@@ -1,0 +1,152 @@
+"""Retention of the applications' data: rounds of ``retention`` sent to a real DBOS 3.2 executor,
+checked against its system database (read here directly; Relay never reads it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from dbos import DBOSClient
+
+from harness.executors import ExecutorProcess
+from harness.keys import VIEWER_KEYS
+from harness.ports import free_port
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+# What harness/workflow_app.py's seed leaves finished (its schedule fires only on the hour).
+SEEDED_FINISHED = {"done-1", "done-1-child", "failed-1", "queued-0", "queued-1", "queued-2",
+                   "odd/steps", "odd?x=1", "odd#frag"}  # fmt: skip
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def statuses(sysdb: str) -> dict[str, str]:
+    with psycopg.connect(sysdb) as conn:
+        return {w: s for w, s in conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status")}
+
+
+def config(**app: Any) -> dict[str, Any]:
+    settings = relay_yaml(free_port())
+    settings["retention"] = {"appsIntervalSecs": 0.5}
+    settings["metrics"] = {"appFigures": False}
+    settings["orgs"][0]["apps"][0].update(app)
+    return settings
+
+
+@contextmanager
+def client(sysdb: str) -> Iterator[DBOSClient]:
+    dbos = DBOSClient(system_database_url=sysdb, application_name="ledger")
+    try:
+        yield dbos
+    finally:
+        dbos.destroy()
+
+
+def hold(sysdb: str, workflow_ids: list[str]) -> None:
+    """Workflows ENQUEUED on a queue no executor serves: they stay ENQUEUED."""
+    with client(sysdb) as dbos:
+        for workflow_id in workflow_ids:
+            dbos.enqueue({"workflow_name": "job", "queue_name": "held", "workflow_id": workflow_id,
+                          "app_version": "v1"}, 1)  # fmt: skip
+
+
+def seeded(relay: RelayProcess, start_executor: StartExecutor) -> ExecutorProcess:
+    executor = start_executor(relay.conductor_url, module="harness.workflow_app", env={"RELAY_TEST_SEED": "1"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)
+    return executor
+
+
+def audit(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        return [e for e in api.get("/audit", params={"app": "ledger", "limit": 10000}).json() if e["action"] == action]
+
+
+def test_old_finished_workflows_go_after_a_round_and_unfinished_ones_never(
+    start_relay: StartRelay, start_executor: StartExecutor, sysdb: str
+) -> None:
+    relay = start_relay(config())
+    executor = seeded(relay, start_executor)
+    hold(sysdb, ["held-1"])
+    before = statuses(sysdb)
+    assert SEEDED_FINISHED <= set(before) and before["waiting-1"] == "PENDING" and before["held-1"] == "ENQUEUED"
+    with relay.api() as api:
+        assert api.get("/apps/ledger").json()["gcTimeThresholdMs"] is None  # off until set
+        resp = api.patch("/apps/ledger", json={"gcTimeThresholdMs": 1500})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["gcTimeThresholdMs"] == 1500 and resp.json()["globalTimeoutMs"] is None
+
+    # The seed's finished workflows completed more than 1.5 s before some round: gone.
+    assert_eventually(lambda: not SEEDED_FINISHED & set(statuses(sysdb)), 20, interval=0.2)
+    sent = audit(relay, "retention.sent")
+    assert sent and {e["peerExecutorId"] for e in sent} == {executor.executor_id}
+    for entry in sent:
+        detail = entry["detail"]
+        cutoff = detail["gcCutoffEpochMs"] / 1000
+        assert abs(ts(entry["at"]).timestamp() - 1.5 - cutoff) < 1.0, "cutoff: now - gcTimeThresholdMs"
+        assert detail["gcRowsThreshold"] is None and detail["timeoutCutoffEpochMs"] is None
+        assert detail["result"] == "dispatched"
+
+    # Later rounds find nothing left of what an earlier one targeted, and unfinished workflows,
+    # now older than any cutoff, stay.
+    def checked_empty() -> list[dict[str, Any]]:
+        done = [e for e in audit(relay, "retention.checked") if e["detail"]["remaining"]["finishedBeforeCutoff"] == 0]
+        return done if len(done) >= 2 else []
+
+    assert_eventually(checked_empty, 20, interval=0.2)
+    after = statuses(sysdb)
+    assert (after["waiting-1"], after["held-1"]) == ("PENDING", "ENQUEUED")
+
+    # The rows threshold keeps the newest finished workflows.
+    with relay.api() as api:
+        resp = api.patch("/apps/ledger", json={"gcTimeThresholdMs": None, "gcRowsThreshold": 2})
+        assert resp.status_code == 200 and resp.json()["gcTimeThresholdMs"] is None, resp.text
+    with client(sysdb) as dbos:
+        for n in range(4):
+            dbos.enqueue({"workflow_name": "job", "queue_name": "serial", "workflow_id": f"fresh-{n}",
+                          "app_version": "v1"}, n).get_result()  # fmt: skip
+
+    def newest_two_left() -> bool:
+        now = statuses(sysdb)
+        return {w for w, s in now.items() if s in ("SUCCESS", "ERROR", "CANCELLED")} == {"fresh-2", "fresh-3"}
+
+    assert_eventually(newest_two_left, 20, interval=0.2)
+    assert (statuses(sysdb)["waiting-1"], statuses(sysdb)["held-1"]) == ("PENDING", "ENQUEUED")
+    rows = [e["detail"] for e in audit(relay, "retention.sent") if e["detail"]["gcRowsThreshold"] == 2]
+    assert rows and all(d["gcCutoffEpochMs"] is None for d in rows)
+
+
+def test_global_timeout_cancels_old_unfinished_workflows_and_needs_application_write(
+    start_relay: StartRelay, start_executor: StartExecutor, sysdb: str
+) -> None:
+    relay = start_relay(config(globalTimeoutMs=1000))  # from relay.yaml
+    with relay.api() as api:
+        assert api.get("/apps/ledger").json()["globalTimeoutMs"] == 1000
+    with relay.api(key=VIEWER_KEYS["acme"]) as viewer:
+        assert viewer.patch("/apps/ledger", json={"globalTimeoutMs": None}).status_code == 403
+    seeded(relay, start_executor)
+    hold(sysdb, ["held-1", "held-2"])
+
+    unfinished = {"waiting-1", "held-1", "held-2"}
+    assert_eventually(lambda: {w for w, s in statuses(sysdb).items() if s == "CANCELLED"} >= unfinished, 20, 0.2)
+    # Finished workflows are not the global timeout's business.
+    assert statuses(sysdb)["done-1"] == "SUCCESS"
+    sent = audit(relay, "retention.sent")
+    assert sent and all(e["detail"]["gcCutoffEpochMs"] is None for e in sent)
+    assert all(abs(ts(e["at"]).timestamp() - 1.0 - e["detail"]["timeoutCutoffEpochMs"] / 1000) < 1.0 for e in sent)
+
+    def nothing_left() -> bool:
+        return any(e["detail"]["remaining"]["unfinishedBeforeTimeout"] == 0 for e in audit(relay, "retention.checked"))
+
+    assert_eventually(nothing_left, 20, interval=0.2)
+    with relay.api() as api:  # turned off again
+        assert api.patch("/apps/ledger", json={"globalTimeoutMs": None}).json()["globalTimeoutMs"] is None
+        assert api.patch("/apps/ledger", json={"globalTimeoutMs": 0}).status_code == 422
+        assert api.patch("/apps/ledger", json={"executorTimeoutSecs": None}).status_code == 422
