@@ -28,7 +28,13 @@ fi
 # relay_client is typed against the dbos it runs on (3.4), in its own venv (built once, cached).
 .venv/bin/python -m harness.client_venv >/dev/null
 (cd client && ../.venv-client/bin/mypy relay_client)
-.venv/bin/python -m pytest "$@"
+# With no arguments (CI), the suite runs on two workers (pytest-xdist), a file per worker at a
+# time, each worker with its own embedded PostgreSQL; with arguments, as they are given.
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-2}" --dist loadfile
+else
+  .venv/bin/python -m pytest "$@"
+fi
 # A plain run (CI's) is also gated by chaos: every recorded run that once found
 # a bug is replayed, then one fresh seeded run of the ci profile.
 if [ $# -eq 0 ]; then

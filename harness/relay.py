@@ -67,7 +67,8 @@ class RelayProcess:
                  "--database-url", self.database_url],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
             )  # fmt: skip
-        assert_eventually(self._ready, 20, what="relay /readyz")
+        # A loaded machine (CI on two cores running two workers) may take long over a start.
+        assert_eventually(self._ready, 60, what="relay /readyz")
         return self
 
     def _ready(self) -> bool:

@@ -218,16 +218,22 @@ def test_relay_killed_during_a_grace_period_declares_dead_at_the_original_deadli
     assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 10)
     a1.kill()
     assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "DISCONNECTED", 2)
-    time.sleep(1.0)
+    time.sleep(2.0)
     assert relay.proc is not None
     relay.proc.kill()  # kill -9, in the middle of the grace period
     relay.proc.wait()
     relay.start()
+    back = time.time()  # Relay is ready again
     record = assert_eventually(lambda: (r := relay.executor("acme", "ledger", a1.executor_id)) and r["deadAt"] and r,
                                grace + 5)  # fmt: skip
-    waited = (ts(record["deadAt"]) - ts(record["disconnectedAt"])).total_seconds()
-    # Not reset by the restart (that would be about 5 s), not lost (never DEAD).
-    assert grace - 0.1 <= waited <= grace + 0.6, waited
+    disconnected = ts(record["disconnectedAt"])
+    waited = (ts(record["deadAt"]) - disconnected).total_seconds()
+    # Declared at the original deadline, or at once if Relay was down past it (a slow restart);
+    # not lost (never DEAD), and not reset by the restart: that would be at least 2 s later (the
+    # time from the disconnection to the restart plus the grace period), more than the 1.5 s a
+    # loaded machine is allowed for DBOS to resume the timer at start-up.
+    due = max(grace, back - disconnected.timestamp())
+    assert grace - 0.1 <= waited <= due + 1.5, (waited, due)
     assert audit_actions(relay, a1.executor_id).count("executor.dead") == 1
 
 

@@ -153,7 +153,16 @@ def test_steps_and_events(h: Handlers) -> None:
     assert events == [p.EventOutput(key="seen", value="1")]
 
 
+def settled() -> None:
+    """What the tests before started (a fork runs on DBOS's internal queue) has finished."""
+    deadline = time.monotonic() + 60
+    while DBOS.list_workflows(status=["PENDING", "ENQUEUED"], limit=1, load_input=False, load_output=False):
+        assert time.monotonic() < deadline, "workflows of earlier tests still unfinished"
+        time.sleep(0.1)
+
+
 def test_pending_workflows_cancel_resume_and_exist_pending(h: Handlers, launched: str) -> None:
+    settled()
     with SetWorkflowID("waiting"):
         DBOS.start_workflow(app.waiter, 5.0)
     pending = p.ExistPendingWorkflowsRequest(executor_id=launched, application_version="v1")
