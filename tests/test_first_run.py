@@ -144,7 +144,7 @@ def test_the_first_start_prints_keys_that_work_and_the_next_keeps_them_quietly(
     print(f"first start on an empty RELAY_HOME (initdb included): {time.monotonic() - started:.1f}s")
     out = relay.stdout()
     assert f"executors connect to: ws://127.0.0.1:{relay.port}/" in out
-    assert f"dashboard and API:    http://127.0.0.1:{relay.port}/" in out
+    assert f"console and API:      http://127.0.0.1:{relay.port}/" in out
     admin, conductor = printed_keys(out)
     assert SECRET.fullmatch(admin) and SECRET.fullmatch(conductor) and admin != conductor
     # The lines to paste, with the keys themselves, and nothing secret in the log.

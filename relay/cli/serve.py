@@ -116,7 +116,7 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
         instance_id = os.environ.get("RELAY_INSTANCE_ID") or default_instance_id(settings)
         click.echo(f"Relay instance {instance_id}")
         click.echo(f"  executors connect to: {executor_url}   (DBOS conductor_url)")
-        click.echo(f"  dashboard and API:    {dashboard_url}")
+        click.echo(f"  console and API:      {dashboard_url}")
         sys.stdout.flush()
         run(settings, url, instance_id, announce)
     except DatabaseError as exc:
