@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -86,7 +87,10 @@ class Runtime:
         self.instances = InstanceStore(self.db, self.executors)
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
-        self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+        self.reconciled: Counter[tuple[str, str, str]] = Counter()
+        self.metrics = Metrics(
+            self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted, self.reconciled
+        )
 
     def api_context(self) -> ApiContext:
         return ApiContext(
@@ -121,6 +125,9 @@ class Runtime:
             retention_settings=self.config.retention,
             note_blocked=self.engine.note_blocked,
             loop=loop,
+            reconciler=self.config.reconciler,
+            instance_id=self.instance_id,
+            reconciled=self.reconciled,
         )
 
     async def start(self) -> None:
@@ -142,7 +149,7 @@ class Runtime:
         # as it launches; then every DISCONNECTED executor gets its grace period.
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
-        self.engine.start_workers(self.config.retention.interval_secs)
+        self.engine.start_workers(self.config.retention.interval_secs, self.config.reconciler)
         await self.adopter.resume_adopted()
         await self.engine.sweep()
         self.adopter.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -20,7 +21,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 import psycopg
 from dbos import DBOS
 
-from relay.config import LivenessConfig, RetentionConfig
+from relay.config import LivenessConfig, ReconcilerConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
 from relay.store.apps import AppStore
@@ -72,6 +73,10 @@ class Services:
     # A recovery about to wait tells the engine its app may have one waiting (for wake-ups).
     note_blocked: Callable[[str, str], None]
     loop: asyncio.AbstractEventLoop
+    reconciler: ReconcilerConfig
+    instance_id: str
+    # (org, app, what) -> how many, for /metrics: the reconciler's runs and finds on this instance.
+    reconciled: Counter[tuple[str, str, str]]
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""

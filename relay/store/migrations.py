@@ -225,4 +225,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX recoveries_by_updated ON recoveries (updated_at);
         """,
     ),
+    (
+        8,
+        """
+        -- A recovery started by the stranded-workflow reconciler says so.
+        ALTER TABLE recoveries DROP CONSTRAINT recoveries_trigger_check;
+        ALTER TABLE recoveries ADD CONSTRAINT recoveries_trigger_check
+            CHECK (trigger IN ('grace_period', 'operator', 'repair', 'reconcile'));
+        """,
+    ),
 ]
