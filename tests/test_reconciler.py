@@ -9,12 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from harness.executors import Evidence, ExecutorProcess
 from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
+from relay.config import parse_config
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
+from relay.errors import ConfigError
 from tests.prom import scrape
 
 StartRelay = Callable[..., RelayProcess]
@@ -121,3 +124,14 @@ def test_a_live_executors_long_running_work_is_left_alone(
     assert not [a for a in actions if a.startswith(("reconcile.", "recovery."))], actions
     assert relay.state_of("acme", "ledger", busy.executor_id) == "HEALTHY"
     assert (scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") or 0) == 0
+
+
+def test_the_reconciler_is_configured_in_relay_yaml() -> None:
+    config = parse_config("reconciler: {enabled: false, intervalSecs: 0.5, skipApps: [ledger]}")
+    assert not config.reconciler.enabled and config.reconciler.interval_secs == 0.5
+    assert config.reconciler.skip_apps == ["ledger"] and not config.reconciler.include_unknown_executors
+    assert parse_config("").reconciler.enabled and parse_config("").reconciler.interval_secs == 300
+    with pytest.raises(ConfigError):
+        parse_config("reconciler: {intervalSecs: 0}")
+    with pytest.raises(ConfigError):
+        parse_config("reconciler: {interval: 5}")
