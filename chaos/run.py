@@ -280,6 +280,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
             time.sleep(1.0)
         unplanned += fleet.revive()
         time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
+        unplanned += fleet.revive()  # an instance fenced out at the very end counts too
         history = gather(fleet, done)
         stuck = unfinished(fleet)
     finally:

@@ -131,6 +131,9 @@ class Engine:
         """Start this interval's reconciler run for every app with a healthy executor (every
         instance asks; DBOS runs each id once)."""
         interval = settings.interval_secs
+        # Not before a whole interval has passed since the start: executors reconnecting after a
+        # restart are in the registry again by then, and a short-lived process is left alone.
+        await asyncio.sleep(interval)
         while True:
             await asyncio.sleep(interval - time.time() % interval + 0.1)
             try:
