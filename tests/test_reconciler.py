@@ -55,7 +55,7 @@ def test_an_executor_on_several_versions_is_recovered_on_the_most_common() -> No
 
 def reconciling_relay(start_relay: StartRelay, grace: float, interval: float = 0.5) -> RelayProcess:
     config: dict[str, Any] = relay_yaml(free_port(), grace=grace)
-    config["reconciler"] = {"intervalSecs": interval}
+    config["reconciler"] = {"enabled": True, "intervalSecs": interval}
     relay: RelayProcess = start_relay(config)
     return relay
 
