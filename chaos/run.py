@@ -195,6 +195,14 @@ def _database_fault(fleet: Fleet, fault: Fault) -> None:
         fleet.db_proxy.partition()
         time.sleep(fault.duration)
         fleet.db_proxy.heal()
+    elif fault.kind == "db_restart":
+        fleet.relay_pg.stop()
+        time.sleep(fault.duration)
+        fleet.relay_pg.start()
+    elif fault.kind == "db_pause":
+        fleet.relay_pg.pause()
+        time.sleep(fault.duration)
+        fleet.relay_pg.resume()
 
 
 def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str, Any]:

@@ -12,9 +12,11 @@ EXECUTOR_FAULTS = ("kill9", "sigstop", "partition")
 INSTANCE_FAULTS = ("relay_kill", "relay_sigstop", "relay_restart")
 FAULT_KINDS = EXECUTOR_FAULTS + INSTANCE_FAULTS
 # Relay's PostgreSQL (a server of its own): kill -9 of the postmaster, started again on the same
-# data after ``duration``; and a network cut between every instance and it (a TCP proxy).
-# Played only by profiles with ``db_faults`` (the others' schedules are unchanged).
-DATABASE_FAULTS = ("db_kill", "db_cut")
+# data after ``duration``; a network cut between every instance and it (a TCP proxy); a graceful
+# restart (down for ``duration``); a pause (SIGSTOP of the postmaster and its backends) longer
+# than instanceLeaseSecs. Played only by profiles with ``db_faults`` (the others' schedules are
+# unchanged).
+DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ PROFILES = {
     "quick": Profile("quick", executors=3, fault_secs=45, warmup_secs=8, heal_timeout_secs=90,
                      workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
                      fault_gap_secs=(1.0, 3.0)),
-    "db": Profile("db", executors=3, fault_secs=60, warmup_secs=8, heal_timeout_secs=90,
+    "db": Profile("db", executors=3, fault_secs=90, warmup_secs=8, heal_timeout_secs=90,
                   workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
                   fault_gap_secs=(1.0, 3.0), db_faults=True),
     "soak": Profile("soak", executors=4, fault_secs=1800, warmup_secs=15, heal_timeout_secs=300,
@@ -79,7 +81,7 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
     weights = [4, 2, 2, 1, 1, 1]
     if profile.db_faults:
         owed = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) + owed
-        kinds, weights = kinds + DATABASE_FAULTS, [*weights, 1, 1]
+        kinds, weights = kinds + DATABASE_FAULTS, [*weights, 1, 1, 1, 1]
     t = profile.warmup_secs
     while t < profile.fault_secs:
         kind = rng.choices(kinds, weights=weights)[0]
@@ -92,6 +94,8 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
             # reach; then time for every instance to be ready again.
             target = -1
             duration = round(rng.uniform(2.0, 5.0), 2)
+            if kind == "db_pause":
+                duration = round(profile.lease_secs + rng.uniform(1.0, 2.0), 2)
             settle = profile.lease_secs + profile.grace_secs
         elif kind in INSTANCE_FAULTS:
             target = rng.randrange(profile.relay_instances)

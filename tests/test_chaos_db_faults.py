@@ -16,6 +16,8 @@ def test_the_db_profile_plays_both_database_faults_one_at_a_time() -> None:
     for fault in faults:
         if fault.kind in DATABASE_FAULTS:
             assert fault.target == -1 and 2.0 <= fault.duration <= 5.0
+        if fault.kind == "db_pause":
+            assert fault.duration > profile.lease_secs  # every instance misses its renewals
     for earlier, later in itertools.pairwise(faults):
         assert later.at >= earlier.at + earlier.duration
 
