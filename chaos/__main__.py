@@ -1,4 +1,4 @@
-"""``python -m chaos run [--profile ci|soak] [--seed N] [--out DIR] [--client]`` and ``python -m chaos replay FILE``.
+"""``python -m chaos run [--profile NAME] [--seed N] [--out DIR] [--client]`` and ``python -m chaos replay FILE``.
 
 ``--client``: the executors run on dbos 3.4 with relay_client instead of the 3.2
 SDK's own conductor client. Exit 0 only if every check holds.

@@ -32,6 +32,7 @@ from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
 from harness.keys import CONDUCTOR_KEYS
+from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.proxy import TcpProxy
@@ -68,6 +69,14 @@ class Fleet:
         relay_db = self.pg.create_database("chaos_relay")
         # Every death must reach it as exactly one ExecutorDead idempotency key (the checker).
         self.receiver = WebhookReceiver().__enter__()
+        # With database faults, Relay's PostgreSQL is a server of its own behind a TCP proxy,
+        # so that it fails alone; the executors' databases stay on self.pg.
+        self.relay_pg: PostgresServer | None = None
+        self.db_proxy: TcpProxy | None = None
+        if profile.db_faults:
+            self.relay_pg = PostgresServer("chaos-relay-db")
+            self.db_proxy = TcpProxy(("127.0.0.1", self.relay_pg.port)).__enter__()
+            relay_db = self.relay_pg.url(self.relay_pg.create_database("chaos_relay"), port=self.db_proxy.port)
         self.relays = [
             RelayProcess(workdir, relay_db, self._config(), instance_id=f"relay-{i + 1}")
             for i in range(profile.relay_instances)
@@ -153,12 +162,20 @@ class Fleet:
         for relay in self.relays:
             relay.stop()
         self.receiver.__exit__(None, None, None)
+        if self.db_proxy is not None:
+            self.db_proxy.__exit__(None, None, None)
+        if self.relay_pg is not None:
+            self.relay_pg.close()
         self.pg.close()
 
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
     """Carry out one fault (blocking for its duration); returns what happened, with times."""
     record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "executor": None}
+    if fault.kind.startswith("db_"):
+        _database_fault(fleet, fault)
+        record["ended"] = time.time()
+        return record
     if fault.kind.startswith("relay_"):
         relay = fleet.relays[max(fault.target, 0)]
         record["instance"] = relay.instance_id
@@ -182,6 +199,26 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         slot.proxy.heal()
     record["ended"] = time.time()
     return record
+
+
+def _database_fault(fleet: Fleet, fault: Fault) -> None:
+    assert fleet.relay_pg is not None and fleet.db_proxy is not None, "database faults need profile.db_faults"
+    if fault.kind == "db_kill":
+        fleet.relay_pg.kill9()
+        time.sleep(fault.duration)
+        fleet.relay_pg.start()
+    elif fault.kind == "db_cut":
+        fleet.db_proxy.partition()
+        time.sleep(fault.duration)
+        fleet.db_proxy.heal()
+    elif fault.kind == "db_restart":
+        fleet.relay_pg.stop()
+        time.sleep(fault.duration)
+        fleet.relay_pg.start()
+    elif fault.kind == "db_pause":
+        fleet.relay_pg.pause()
+        time.sleep(fault.duration)
+        fleet.relay_pg.resume()
 
 
 def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str, Any]:
@@ -278,6 +315,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
         deadline = time.time() + 15.0  # and the last deaths' alerts arrive
         while time.time() < deadline and not alerted(fleet):
             time.sleep(0.5)
+        unplanned += fleet.revive()  # an instance fenced out at the very end counts too
         history = gather(fleet, done)
         stuck = unfinished(fleet)
     finally:

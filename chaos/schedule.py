@@ -11,6 +11,12 @@ EXECUTOR_FAULTS = ("kill9", "sigstop", "partition")
 # lease (it finds itself adopted and exits; it is started again), and a graceful restart.
 INSTANCE_FAULTS = ("relay_kill", "relay_sigstop", "relay_restart")
 FAULT_KINDS = EXECUTOR_FAULTS + INSTANCE_FAULTS
+# Relay's PostgreSQL (a server of its own): kill -9 of the postmaster, started again on the same
+# data after ``duration``; a network cut between every instance and it (a TCP proxy); a graceful
+# restart (down for ``duration``); a pause (SIGSTOP of the postmaster and its backends) longer
+# than instanceLeaseSecs. Played only by profiles with ``db_faults`` (the others' schedules are
+# unchanged).
+DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class Profile:
     fault_gap_secs: tuple[float, float]  # quiet time between one fault's end and the next
     relay_instances: int = 3  # behind one load balancer, sharing one PostgreSQL
     lease_secs: float = 3.0  # instanceLeaseSecs
+    db_faults: bool = False  # Relay's PostgreSQL on a server of its own, and DATABASE_FAULTS played
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,6 +50,9 @@ PROFILES = {
     "quick": Profile("quick", executors=3, fault_secs=45, warmup_secs=8, heal_timeout_secs=90,
                      workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
                      fault_gap_secs=(1.0, 3.0)),
+    "db": Profile("db", executors=3, fault_secs=90, warmup_secs=8, heal_timeout_secs=90,
+                  workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
+                  fault_gap_secs=(1.0, 3.0), db_faults=True),
     "soak": Profile("soak", executors=4, fault_secs=1800, warmup_secs=15, heal_timeout_secs=300,
                     workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
                     fault_gap_secs=(3.0, 12.0)),
@@ -64,17 +74,30 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
     """One fault at a time, so a peer of the main app and a Relay instance are always there."""
     rng = random.Random(seed)
     faults: list[Fault] = []
-    # Every fourth fault is an instance fault not played yet, until each kind has been:
+    # Every fourth fault is an instance (or, with db_faults, database) fault not played yet, until each kind has been:
     # a short run (CI's) plays all of them whatever the seed.
     owed = rng.sample(INSTANCE_FAULTS, len(INSTANCE_FAULTS))
+    kinds: tuple[str, ...] = FAULT_KINDS
+    weights = [4, 2, 2, 1, 1, 1]
+    if profile.db_faults:
+        owed = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) + owed
+        kinds, weights = kinds + DATABASE_FAULTS, [*weights, 1, 1, 1, 1]
     t = profile.warmup_secs
     while t < profile.fault_secs:
-        kind = rng.choices(FAULT_KINDS, weights=(4, 2, 2, 1, 1, 1))[0]
+        kind = rng.choices(kinds, weights=weights)[0]
         if len(faults) % 4 == 3 and owed:
             kind = owed[0]
         if kind in owed:
             owed.remove(kind)
-        if kind in INSTANCE_FAULTS:
+        if kind in DATABASE_FAULTS:
+            # A few seconds: past a lease renewal and the SDK's reconnect, within the grace period's
+            # reach; then time for every instance to be ready again.
+            target = -1
+            duration = round(rng.uniform(2.0, 5.0), 2)
+            if kind == "db_pause":
+                duration = round(profile.lease_secs + rng.uniform(1.0, 2.0), 2)
+            settle = profile.lease_secs + profile.grace_secs
+        elif kind in INSTANCE_FAULTS:
             target = rng.randrange(profile.relay_instances)
             # Down (or paused) past its lease, so that another instance adopts it.
             duration = round(profile.lease_secs + rng.uniform(1.0, 3.0), 2) if kind != "relay_restart" else 0.0

@@ -76,6 +76,10 @@ class TcpProxy:
         except OSError:
             client_w.transport.abort()
             return
+        if self.partitioned:  # cut while it connected: the cut did not see this pair
+            for w in (client_w, server_w):
+                w.transport.abort()
+            return
         self._writers |= {client_w, server_w}
         self._pairs += 1
         try:

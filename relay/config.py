@@ -306,6 +306,18 @@ class AlertsConfig(_Model):
         return DestinationPolicy.from_entries(self.allowed_destinations, self.allow_public_destinations)
 
 
+class ReconcilerConfig(_Model):
+    """The stranded-workflow reconciler (README, "Stranded work: the reconciler")."""
+
+    enabled: bool = True
+    # How often each app's PENDING workflows are looked over (one run per app and interval).
+    interval_secs: float = Field(default=300.0, gt=0)
+    # Apps it never looks at (the off switch per app).
+    skip_apps: list[str] = []
+    # Also recover the workflows of executor ids Relay never registered (never "local").
+    include_unknown_executors: bool = False
+
+
 class RelayConfig(_Model):
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
@@ -313,6 +325,7 @@ class RelayConfig(_Model):
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
     alerts: AlertsConfig = AlertsConfig()
+    reconciler: ReconcilerConfig = ReconcilerConfig()
     # False: an executor may only connect to an app listed in relay.yaml (or registered through the API).
     auto_register_apps: bool = True
     orgs: list[OrgConfig] = []

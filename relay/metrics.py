@@ -9,7 +9,7 @@ just before the registry is collected.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
@@ -42,8 +42,15 @@ class _Snapshot:
 
 class Metrics(Collector):
     def __init__(
-        self, hub: Hub, lease: Lease, router: Router, executors: ExecutorStore, adopted: Callable[[], int]
+        self,
+        hub: Hub,
+        lease: Lease,
+        router: Router,
+        executors: ExecutorStore,
+        adopted: Callable[[], int],
+        reconciled: Mapping[tuple[str, str, str], int] | None = None,
     ) -> None:
+        self.reconciled = reconciled if reconciled is not None else {}
         self.hub = hub
         self.lease = lease
         self.router = router
@@ -109,6 +116,20 @@ class Metrics(Collector):
             ),
             self._snapshot.blocked.items(),
         )
+        for what, documentation in RECONCILED.items():
+            yield _labelled(
+                CounterMetricFamily(f"relay_reconcile_{what}", documentation, labels=["org", "app"]),
+                [((org, app), n) for (org, app, kind), n in self.reconciled.items() if kind == what],
+            )
+
+
+# The stranded-workflow reconciler's figures on this instance (workflows/reconcile.py counts them).
+RECONCILED = {
+    "runs": "Reconciler runs that looked over an app's PENDING workflows on this instance.",
+    "executors_found": "Executor ids whose PENDING workflows the reconciler found stranded.",
+    "workflows_found": "PENDING workflows the reconciler found stranded.",
+    "recoveries_started": "Recoveries the reconciler started for stranded executor ids.",
+}
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

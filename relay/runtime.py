@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -95,8 +96,11 @@ class Runtime:
         self.instances = InstanceStore(self.db, self.executors)
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
+        self.reconciled: Counter[tuple[str, str, str]] = Counter()
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
-        self.metrics = Metrics(self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted)
+        self.metrics = Metrics(
+            self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted, self.reconciled
+        )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)
         self.app_retention = AppRetentionStore(self.db)
@@ -152,6 +156,9 @@ class Runtime:
                 AlertSender(self.alert_store, self.gateway, self.webhooks),
                 self.config.alerts,
             ),
+            reconciler=self.config.reconciler,
+            instance_id=self.instance_id,
+            reconciled=self.reconciled,
         )
 
     async def start(self) -> None:
@@ -174,7 +181,7 @@ class Runtime:
         # as it launches; then every DISCONNECTED executor gets its grace period.
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
-        self.engine.start_workers(self.config.retention.interval_secs)
+        self.engine.start_workers(self.config.retention.interval_secs, self.config.reconciler)
         metrics = self.config.metrics
         self.engine.start_app_jobs(
             self.config.retention.apps_interval_secs,

@@ -125,9 +125,12 @@ def test_illegal_new_events(state: ExecutorState | None, event: ExecutorEvent) -
         check_transition(state, event)
 
 
-def test_every_event_has_a_transition_and_only_connected_creates_a_record() -> None:
+def test_every_event_has_a_transition_and_only_connected_and_stranded_create_a_record() -> None:
     assert {e for (_, e) in TRANSITIONS} == set(ExecutorEvent)
-    assert {e for (s, e) in TRANSITIONS if s is None} == {E.CONNECTED}
+    assert {e for (s, e) in TRANSITIONS if s is None} == {E.CONNECTED, E.STRANDED}
+    # The reconciler brings a record back DEAD, and only where there is none.
+    assert TRANSITIONS[(None, E.STRANDED)] is S.DEAD
+    assert {s for (s, e) in TRANSITIONS if e is E.STRANDED} == {None}
 
 
 def test_the_store_refuses_an_illegal_event_before_any_sql() -> None:

@@ -82,6 +82,7 @@ S, E = ExecutorState, ExecutorEvent
         (S.DEAD, E.RECOVERY_SENT, S.RECOVERING),
         (S.RECOVERING, E.RECOVERY_FAILED, S.DEAD),
         (S.DEAD, E.CONNECTED, S.HEALTHY),
+        (None, E.STRANDED, S.DEAD),  # the reconciler brings a deleted executor's record back
     ],
 )
 def test_allowed_transitions(state: ExecutorState | None, event: ExecutorEvent, after: ExecutorState) -> None:
@@ -96,6 +97,8 @@ def test_allowed_transitions(state: ExecutorState | None, event: ExecutorEvent, 
         (S.DEAD, E.LOST),
         (S.HEALTHY, E.RECOVERY_SENT),  # recovering a live executor would double-run its work
         (None, E.LOST),
+        (S.HEALTHY, E.STRANDED),  # an executor with a record is never the reconciler's
+        (S.DISCONNECTED, E.STRANDED),
     ],
 )
 def test_illegal_transitions(state: ExecutorState | None, event: ExecutorEvent) -> None:

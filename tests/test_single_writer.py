@@ -1,7 +1,7 @@
 """One writer of executor state, seen at run time.
 
 Two Relay instances go through a kill, a failover, a reconnect, an operator's
-recovery, a blocked recovery, a restart and an adoption, with psycopg's cursors
+recovery, a blocked recovery, a restart, stranded work and an adoption, with psycopg's cursors
 wrapped (``tests/writers/sitecustomize.py``) so that every statement writing the
 executors table names the module that issued it. The events the executor store
 applied are read from each instance's ``/metrics`` before it goes away.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,6 +65,7 @@ def config(port: int) -> dict[str, Any]:
         {"name": "solo", "executorTimeoutSecs": 0.3},
         {"name": "slow", "executorTimeoutSecs": 60},
     ]
+    cfg["reconciler"] = {"enabled": True, "intervalSecs": 0.5}
     return cfg
 
 
@@ -117,12 +119,21 @@ def test_every_write_of_executor_state_comes_from_the_store_and_every_event_is_a
         with relay1.api() as api:
             assert api.post("/apps/slow/executors/cut-short/recover").status_code == 202
         assert_eventually(lambda: (relay1.executor("acme", "slow", "cut-short") or {}).get("blockedReason"), 10)
+        one_job = {"RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "10", "RELAY_TEST_JOB_PREFIX": "stranded"}
+        stranded = start_executor(relay1.conductor_url, env={**env, **one_job})
+        assert_eventually(lambda: relay1.state_of("acme", "ledger", stranded.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: any(w == "stranded-0" for w, _, _ in Evidence(evidence_db).step_runs()), 10)
         seen += applied_events(relay1)
-        # kill -9 and restart: the executors it held are marked at its start.
+        # kill -9 and restart: the executors it held are marked at its start. One dies meanwhile
+        # and its record is lost: the reconciler brings it back (STRANDED) and recovers it.
         relay1.signal(signal.SIGKILL)
         assert relay1.proc is not None and relay1.proc.wait(10) == -signal.SIGKILL
+        stranded.kill()
+        with psycopg.connect(relay_db, autocommit=True) as conn:
+            conn.execute("DELETE FROM executors WHERE executor_id = %s", (stranded.executor_id,))
         relay1.start()
         assert_eventually(lambda: relay1.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: applied_events(relay1)["stranded"] > 0, 15)
         seen += applied_events(relay1)
         # an instance that stays dead is adopted, and its executors with it.
         relay2.start()

@@ -30,6 +30,7 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
 
+from relay.config import ReconcilerConfig
 from relay.core.appfigures import Window
 from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
@@ -42,6 +43,7 @@ from workflows.appfigures import app_figures
 from workflows.appfigures import job_id as figures_job_id
 from workflows.appretention import app_retention, round_id
 from workflows.grace import RECONNECTED_TOPIC, grace_period
+from workflows.reconcile import reconcile, reconcile_id
 from workflows.recovery import WAKE_TOPIC, recover
 from workflows.retention import job_id, retention
 
@@ -110,10 +112,13 @@ class Engine:
 
     # -- the event queue ---------------------------------------------------------------
 
-    def start_workers(self, retention_interval_secs: float) -> None:
-        """The event workers, the periodic repair sweep (once DBOS has launched) and the retention schedule."""
+    def start_workers(self, retention_interval_secs: float, reconciler: ReconcilerConfig | None = None) -> None:
+        """The event workers, the periodic repair sweep (once DBOS has launched), the retention
+        schedule and the reconciler's."""
         self._workers = [asyncio.create_task(self._work()) for _ in range(EVENT_WORKERS)]
         self._workers.append(asyncio.create_task(self._schedule_retention(retention_interval_secs)))
+        if reconciler is not None and reconciler.enabled:
+            self._workers.append(asyncio.create_task(self._schedule_reconcile(reconciler)))
         self._repairing = asyncio.create_task(self._repair_every(wf_services.services().liveness.repair_interval_secs))
 
     async def _schedule_retention(self, interval: float) -> None:
@@ -157,6 +162,29 @@ class Engine:
                 await _start(figures_job_id(window), app_figures, window.start_ms, window.secs)
             except Exception as exc:
                 log.warning("cannot start the figures job %s: %s", figures_job_id(window), exc)
+
+    async def _schedule_reconcile(self, settings: ReconcilerConfig) -> None:
+        """Start this interval's reconciler run for every app with a healthy executor (every
+        instance asks; DBOS runs each id once)."""
+        interval = settings.interval_secs
+        # Not before a whole interval has passed since the start: executors reconnecting after a
+        # restart are in the registry again by then, and a short-lived process is left alone.
+        await asyncio.sleep(interval)
+        while True:
+            await asyncio.sleep(interval - time.time() % interval + 0.1)
+            try:
+                apps = await self.executors.apps_with_healthy()
+            except Exception as exc:
+                log.warning("cannot list the apps to reconcile: %s", exc)
+                continue
+            for org, app in apps:
+                if app in settings.skip_apps:
+                    continue
+                workflow_id = reconcile_id(org, app, interval)
+                try:
+                    await _start(workflow_id, reconcile, org, app)
+                except Exception as exc:
+                    log.warning("cannot start the reconciler run %s: %s", workflow_id, exc)
 
     async def stop_workers(self) -> None:
         tasks = [*self._workers, *([self._repairing] if self._repairing else [])]

@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 import zlib
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -22,7 +23,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 import psycopg
 from dbos import DBOS
 
-from relay.config import AlertsConfig, LivenessConfig, RetentionConfig
+from relay.config import AlertsConfig, LivenessConfig, ReconcilerConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
 from relay.domain.alerts import AlertSender, ConditionObserver
 from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor
@@ -94,6 +95,10 @@ class Services:
     figures: AppFiguresStore
     executor_timeout_secs: float
     alerts: AlertServices
+    reconciler: ReconcilerConfig
+    instance_id: str
+    # (org, app, what) -> how many, for /metrics: the reconciler's runs and finds on this instance.
+    reconciled: Counter[tuple[str, str, str]]
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""

@@ -46,7 +46,7 @@ class Recovery(Shape):
     executorId: str
     run: int
     applicationVersion: str
-    trigger: str = one_of("grace_period", "operator", "repair")
+    trigger: str = one_of("grace_period", "operator", "repair", "reconcile")
     status: str = one_of("dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed")
     error: str | None
     createdAt: str | None

@@ -30,6 +30,9 @@ class ExecutorEvent(StrEnum):
     RECOVERY_SENT = "recovery_sent"  # a peer was asked to recover its workflows
     RECOVERY_FAILED = "recovery_failed"  # that peer failed, timed out or went away
     RECOVERED = "recovered"  # the peer's recovery was verified: the record is deleted
+    # The reconciler found PENDING workflows of an executor id Relay had deleted (or never
+    # registered): its record comes back DEAD, and its recovery runs as for any death.
+    STRANDED = "stranded"
 
 
 class IllegalTransition(ValueError):
@@ -46,6 +49,7 @@ E = ExecutorEvent
 # CONNECTED, a new executor; after RECOVERED, a deleted one.
 TRANSITIONS: dict[tuple[ExecutorState | None, ExecutorEvent], ExecutorState | None] = {
     (None, E.CONNECTED): S.HEALTHY,
+    (None, E.STRANDED): S.DEAD,
     (S.HEALTHY, E.CONNECTED): S.HEALTHY,  # a second socket for the same id takes over
     (S.DISCONNECTED, E.CONNECTED): S.HEALTHY,
     # A process paused past its grace period (SIGSTOP, then SIGCONT) comes back

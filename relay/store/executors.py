@@ -94,7 +94,7 @@ _EFFECTS: dict[ExecutorEvent, str] = {
     E.RECOVERY_SENT: ", blocked_reason = NULL",
 }
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
-_OWN_STATEMENT = (E.CONNECTED, E.ADOPTED)
+_OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
 
 _WITH_FIRST_SEEN = """e.*, i.first_seen_at FROM executors e LEFT JOIN executor_ids i
     ON i.org = e.org AND i.app = e.app AND i.executor_id = e.executor_id"""
@@ -392,7 +392,53 @@ class ExecutorStore:
                 for r in await cur.fetchall()
             }
 
+    async def stranded(self, conn: Conn, key: ExecutorKey, version: str, instance: str) -> int | None:
+        """STRANDED: the record of an executor that has none comes back DEAD, owned by ``instance``
+        (whose repair sweep then watches its recovery), in the caller's fenced transaction.
+
+        Returns its epoch; None if a record exists that is not DEAD or RECOVERING (the
+        executor connected meanwhile). A step re-run after a crash finds its own record.
+        """
+        check_transition(None, E.STRANDED)
+        cur = await conn.execute(
+            """INSERT INTO executors AS e (org, app, executor_id, state, application_version,
+                    connected_at, disconnected_at, dead_at, relay_instance)
+               SELECT %(org)s, %(app)s, %(id)s, 'DEAD', %(version)s,
+                    COALESCE(i.first_seen_at, now()), COALESCE(i.last_seen_at, now()), now(), %(instance)s
+               FROM (SELECT 1) one LEFT JOIN executor_ids i
+                    ON i.org = %(org)s AND i.app = %(app)s AND i.executor_id = %(id)s
+               ON CONFLICT (org, app, executor_id) DO NOTHING
+               RETURNING epoch""",
+            {"org": key.org, "app": key.app, "id": key.executor_id, "version": version, "instance": instance},
+        )
+        row = await cur.fetchone()
+        self._count(E.STRANDED, int(row is not None))
+        if row is not None:
+            return int(row["epoch"])
+        cur = await conn.execute(
+            "SELECT state, epoch FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
+            (key.org, key.app, key.executor_id),
+        )
+        existing = await cur.fetchone()
+        if existing is None or existing["state"] not in (ExecutorState.DEAD.value, ExecutorState.RECOVERING.value):
+            return None
+        return int(existing["epoch"])
+
     # -- reads ----------------------------------------------------------------------
+
+    async def gone(self, org: str, app: str, executor_ids: list[str]) -> dict[str, bool]:
+        """Of these executor ids, those with no record in the registry: id -> whether Relay
+        registered it once (its id is remembered) rather than never having seen it."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT x.id, EXISTS (SELECT 1 FROM executor_ids i
+                                        WHERE i.org = %(org)s AND i.app = %(app)s AND i.executor_id = x.id) AS seen
+                   FROM unnest(%(ids)s::text[]) AS x(id)
+                   WHERE NOT EXISTS (SELECT 1 FROM executors e
+                                     WHERE e.org = %(org)s AND e.app = %(app)s AND e.executor_id = x.id)""",
+                {"org": org, "app": app, "ids": executor_ids},
+            )
+            return {str(r["id"]): bool(r["seen"]) for r in await cur.fetchall()}
 
     @staticmethod
     async def at_epoch(conn: Conn, key: ExecutorKey, epoch: int, states: tuple[ExecutorState, ...]) -> bool:
@@ -514,6 +560,14 @@ class ExecutorStore:
                        bool(r["grace_over"]))
             for r in rows
         ]  # fmt: skip
+
+    async def apps_with_healthy(self) -> list[tuple[str, str]]:
+        """(org, app) of every app with a HEALTHY executor: those the reconciler can ask."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT org, app FROM executors WHERE state = 'HEALTHY' ORDER BY org, app"
+            )
+            return [(str(r["org"]), str(r["app"])) for r in await cur.fetchall()]
 
     async def count_blocked(self) -> dict[tuple[str, str, str], int]:
         """DEAD executors waiting, per (org, app, blocked reason), for /metrics."""

@@ -358,4 +358,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX app_metric_counts_by_bucket ON app_metric_counts (time_bucket);
         """,
     ),
+    (
+        11,
+        """
+        -- A recovery started by the stranded-workflow reconciler says so.
+        ALTER TABLE recoveries DROP CONSTRAINT recoveries_trigger_check;
+        ALTER TABLE recoveries ADD CONSTRAINT recoveries_trigger_check
+            CHECK (trigger IN ('grace_period', 'operator', 'repair', 'reconcile'));
+        """,
+    ),
 ]

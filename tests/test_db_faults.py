@@ -1,0 +1,132 @@
+"""Relay's PostgreSQL fails and comes back: the steps' retries carry on, and no executor is lost.
+
+Relay's database is on a server of its own (:class:`harness.pgserver.PostgresServer`), killed
+with ``-9`` and started again on the same data, while the executors' system database and the
+evidence database stay on the session's server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.executors import Evidence, ExecutorProcess
+from harness.pgserver import PostgresServer
+from harness.ports import free_port
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.waiting import assert_eventually
+
+StartExecutor = Callable[..., ExecutorProcess]
+# How long the database stays down: longer than the lease's renewal period and the SDK's reconnect.
+OUTAGE_SECS = 3.0
+
+
+@pytest.fixture(scope="module")
+def relay_pg() -> Iterator[PostgresServer]:
+    server = PostgresServer("relay-db")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def relay_on_own_db(
+    relay_pg: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[[float], RelayProcess]]:
+    started: list[RelayProcess] = []
+
+    def start(grace: float) -> RelayProcess:
+        if not relay_pg.running():
+            relay_pg.start()
+        url = relay_pg.url(relay_pg.create_database("relay"))
+        config = relay_yaml(free_port(), grace=grace, socketCheckSecs=0.5, repairIntervalSecs=1.0)
+        relay = RelayProcess(tmp_path, url, config)
+        started.append(relay)
+        return relay.start()
+
+    yield start
+    relay_pg.resume()
+    if not relay_pg.running():
+        relay_pg.start()
+    for relay in started:
+        relay.stop()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-8000:]}\n--- database ---\n{relay_pg.log()[-2000:]}")
+
+
+def outage(server: PostgresServer) -> None:
+    """kill -9 of the postmaster; back on the same data after :data:`OUTAGE_SECS`."""
+    server.kill9()
+    time.sleep(OUTAGE_SECS)
+    server.start()
+
+
+def recovered_once(relay: RelayProcess, evidence: Evidence, victim: str, peer: str, jobs: int) -> None:
+    outcomes = assert_eventually(lambda: (o := evidence.outcomes()) and len(o) >= jobs and o, 60)
+    assert set(outcomes) == {f"job-{i}" for i in range(jobs)}
+    assert set(outcomes.values()) == {peer}
+    # Each step ran once: started by the victim before it died, finished by the peer.
+    runs = Counter((w, s) for w, s, _ in evidence.step_runs())
+    assert set(runs.values()) == {1}, runs
+    assert_eventually(lambda: relay.executor("acme", "ledger", victim) is None, 30)
+    actions = audit_actions(relay, victim)
+    for action in ("executor.dead", "recovery.succeeded", "executor.deleted"):
+        assert actions.count(action) == 1, (action, actions)
+
+
+def start_victim(start_executor: StartExecutor, relay: RelayProcess, evidence_db: str, jobs: int) -> ExecutorProcess:
+    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": str(jobs), "RELAY_TEST_JOB_SLEEP": "3"}
+    victim = start_executor(relay.conductor_url, env=env)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+    assert_eventually(lambda: len(Evidence(evidence_db).step_runs()) >= jobs or None, 10)
+    time.sleep(0.3)  # the first steps' checkpoints
+    return victim
+
+
+def test_database_killed_mid_recovery_then_back_recovers_once(
+    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    evidence_db: str,
+) -> None:  # fmt: skip
+    relay = relay_on_own_db(1.0)
+    # The peer takes 2 s over the recovery frame: the database dies while it works.
+    peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db,
+                                                    "RELAY_TEST_RECOVERY_DELAY": "2"})  # fmt: skip
+    victim = start_victim(start_executor, relay, evidence_db, 4)
+    victim.kill()
+    assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, victim.executor_id), 15, interval=0.02)
+    outage(relay_pg)
+    recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
+    assert relay.proc is not None and relay.proc.poll() is None  # rode it out, no restart
+
+
+def test_database_killed_mid_grace_period_then_back_recovers_once(
+    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    evidence_db: str,
+) -> None:  # fmt: skip
+    relay = relay_on_own_db(2.0)
+    peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
+    victim = start_victim(start_executor, relay, evidence_db, 4)
+    victim.kill()
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 5)
+    outage(relay_pg)  # the grace period runs out while the database is down
+    recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
+    assert relay.proc is not None and relay.proc.poll() is None
+
+
+def test_executor_killed_while_the_database_is_down_is_recovered_after_it_returns(
+    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    evidence_db: str,
+) -> None:  # fmt: skip
+    relay = relay_on_own_db(1.0)
+    peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
+    victim = start_victim(start_executor, relay, evidence_db, 4)
+    relay_pg.kill9()
+    victim.kill()  # its disconnection cannot be recorded now
+    time.sleep(OUTAGE_SECS)
+    relay_pg.start()
+    recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
+    assert relay.proc is not None and relay.proc.poll() is None

@@ -1,0 +1,137 @@
+"""The stranded-workflow reconciler: the pure choice of what is stranded, and end to end with a
+real Relay, real PostgreSQL and real DBOS 3.2 executors."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.executors import Evidence, ExecutorProcess
+from harness.ports import free_port
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.waiting import assert_eventually
+from relay.config import parse_config
+from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
+from relay.errors import ConfigError
+from tests.prom import scrape
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+
+NOW = 1_000_000_000
+
+
+def wf(workflow_id: str, executor_id: str, age_secs: float | None, version: str = "v1") -> PendingWorkflow:
+    return PendingWorkflow(workflow_id, executor_id, version, None if age_secs is None else NOW - int(age_secs * 1000))
+
+
+def test_only_old_work_of_executors_with_no_record_is_stranded() -> None:
+    workflows = [
+        wf("a", "deleted", 10),
+        wf("b", "deleted", 0.5),  # moved within the grace period
+        wf("c", "deleted", None),  # update time unknown
+        wf("d", "registered", 10),  # has a record: not the reconciler's
+        wf("e", "local", 10),
+        wf("f", "stranger", 10),
+    ]
+    gone = {"deleted": True, "stranger": False, "local": False}
+    assert candidate_ids(workflows) == ["deleted", "registered", "stranger"]
+    found = find_stranded(workflows, gone, now_ms=NOW, grace_secs=2, include_unknown=False)
+    assert [(s.executor_id, s.workflow_ids, s.registered) for s in found] == [("deleted", ("a",), True)]
+    opted_in = find_stranded(workflows, gone, now_ms=NOW, grace_secs=2, include_unknown=True)
+    assert [s.executor_id for s in opted_in] == ["deleted", "stranger"]  # never local
+
+
+def test_an_executor_on_several_versions_is_recovered_on_the_most_common() -> None:
+    workflows = [wf("a", "x", 9, "v1"), wf("b", "x", 9, "v2"), wf("c", "x", 9, "v2")]
+    (found,) = find_stranded(workflows, {"x": True}, now_ms=NOW, grace_secs=1, include_unknown=False)
+    assert found.application_version == "v2" and found.workflow_ids == ("a", "b", "c")
+
+
+def reconciling_relay(start_relay: StartRelay, grace: float, interval: float = 0.5) -> RelayProcess:
+    config: dict[str, Any] = relay_yaml(free_port(), grace=grace)
+    config["reconciler"] = {"enabled": True, "intervalSecs": interval}
+    relay: RelayProcess = start_relay(config)
+    return relay
+
+
+def steps_once(evidence: Evidence) -> Counter[tuple[str, str]]:
+    return Counter((w, s) for w, s, _ in evidence.step_runs())
+
+
+def test_work_stranded_while_relay_was_down_is_completed_exactly_once(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, relay_db: str
+) -> None:
+    relay = reconciling_relay(start_relay, grace=1.0)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    peer = start_executor(relay.conductor_url, env=env)
+    victim = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "5"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: len(evidence.step_runs()) >= 6 or None, 10)
+    time.sleep(0.5)  # the first steps' checkpoints
+    # Relay dies; the victim dies while it is down, and its record is lost with it.
+    assert relay.proc is not None
+    relay.proc.kill()
+    relay.proc.wait()
+    victim.kill()
+    with psycopg.connect(relay_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM executors WHERE executor_id = %s", (victim.executor_id,))
+    relay.start()
+
+    outcomes = assert_eventually(lambda: (o := evidence.outcomes()) and len(o) >= 6 and o, 40)
+    assert set(outcomes) == {f"job-{i}" for i in range(6)}
+    assert set(outcomes.values()) == {peer.executor_id}
+    runs = steps_once(evidence)
+    assert set(runs.values()) == {1}, runs  # every step of every workflow ran once
+    assert {e for _, s, e in evidence.step_runs() if s == "start"} == {victim.executor_id}
+    # Found, brought back DEAD, recovered through the verified path, deleted again: once.
+    assert_eventually(lambda: "executor.deleted" in audit_actions(relay, victim.executor_id), 20)
+    actions = audit_actions(relay, victim.executor_id)
+    for action in ("reconcile.found", "reconcile.recovered", "recovery.dispatched", "recovery.succeeded"):
+        assert actions.count(action) == 1, (action, actions)
+    assert actions.index("reconcile.found") < actions.index("reconcile.recovered") < actions.index("recovery.succeeded")
+    with relay.api() as api:
+        (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": victim.executor_id}).json()
+    assert recovery["trigger"] == "reconcile" and recovery["status"] == "succeeded"
+    assert scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") == 6
+    assert scrape(relay.http, "relay_reconcile_recoveries_started_total", org="acme", app="ledger") == 1
+
+
+def test_a_live_executors_long_running_work_is_left_alone(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    relay = reconciling_relay(start_relay, grace=0.5, interval=0.3)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    start_executor(relay.conductor_url, env=env)
+    busy = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "5"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", busy.executor_id) == "HEALTHY", 10)
+    # Its workflows are older than the grace period while the reconciler runs over and over.
+    time.sleep(1.0)
+    before = scrape(relay.http, "relay_reconcile_runs_total", org="acme", app="ledger") or 0
+    assert_eventually(lambda: (scrape(relay.http, "relay_reconcile_runs_total", org="acme", app="ledger") or 0)
+                      >= before + 3, 15)  # fmt: skip
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: (o := evidence.outcomes()) and len(o) >= 3 and o, 20)
+    assert set(outcomes.values()) == {busy.executor_id}
+    assert set(steps_once(evidence).values()) == {1}
+    actions = audit_actions(relay, busy.executor_id)
+    assert not [a for a in actions if a.startswith(("reconcile.", "recovery."))], actions
+    assert relay.state_of("acme", "ledger", busy.executor_id) == "HEALTHY"
+    assert (scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") or 0) == 0
+
+
+def test_the_reconciler_is_configured_in_relay_yaml() -> None:
+    config = parse_config("reconciler: {enabled: false, intervalSecs: 0.5, skipApps: [ledger]}")
+    assert not config.reconciler.enabled and config.reconciler.interval_secs == 0.5
+    assert config.reconciler.skip_apps == ["ledger"] and not config.reconciler.include_unknown_executors
+    assert parse_config("").reconciler.enabled and parse_config("").reconciler.interval_secs == 300
+    with pytest.raises(ConfigError):
+        parse_config("reconciler: {intervalSecs: 0}")
+    with pytest.raises(ConfigError):
+        parse_config("reconciler: {interval: 5}")

@@ -1,0 +1,187 @@
+"""The stranded-workflow reconciler: one durable run per app and ``reconciler.intervalSecs``.
+
+Every protocol step of a recovery can say "success" and still leave work
+behind: a peer's re-enqueue lost to a crash of its database, a record deleted
+by hand, an executor that died while Relay itself was down and whose record
+went with it. Nothing would ever look at those workflows again. Once per
+interval, for each app with a healthy executor, every instance starts the run
+``reconcile:{org}:{app}:{interval number}``; DBOS runs an id once, so one
+instance does the work. The run:
+
+1. asks a healthy executor of the app (through the router) for its PENDING
+   workflows, and keeps those that are stranded (:mod:`relay.core.stranded`:
+   an owner with no record in the registry, not updated for the grace period),
+   auditing ``reconcile.found`` for each such executor id;
+2. brings each such executor's record back DEAD (the lifecycle's STRANDED
+   event), owned by the instance that runs the step, audits
+   ``reconcile.recovered`` with the recovery's id, and starts that recovery:
+   the same workflow as for any death, so the peer is one of the same version
+   (or the version policy blocks it, as usual) and success is verified with
+   ``exist_pending_workflows`` before the record is deleted again.
+
+The risk: an executor alive but not connected to Relay (a network cut longer
+than the grace period, after which Relay deleted its record) has its work
+re-run by a peer. The guards are those of a death: its record is gone only
+after Relay declared it dead and recovered it (or an operator deleted it), its
+workflows have not moved for the grace period, ids Relay never registered
+count only by opt-in and ``local`` never; and if it connects again, its
+record becomes HEALTHY and the recovery stops (as for any executor back from
+the dead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import NotRequired, TypedDict
+
+from dbos import DBOS, SetWorkflowID
+
+from relay.core.ids import ExecutorKey, recovery_id
+from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
+from relay.errors import ExecutorRequestError
+from relay.store.audit import audit_executor
+from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, WorkflowsOutput
+from workflows.recovery import recover
+from workflows.services import dedupe_key, relay_step, services
+
+log = logging.getLogger("relay.reconcile")
+
+PAGE = 1000
+# Workflow ids named in one audit entry (the count is always complete).
+AUDITED_IDS = 100
+
+
+class StrandedRecord(TypedDict):
+    executorId: str
+    version: str
+    workflowIds: list[str]
+    registered: bool
+
+
+class FindRecord(TypedDict):
+    """The checkpoint of ``relay.reconcile.find``."""
+
+    ok: bool
+    error: NotRequired[str]
+    stranded: list[StrandedRecord]
+
+
+def reconcile_id(org: str, app: str, interval_secs: float, now: float | None = None) -> str:
+    """The id of this interval's run for the app: the same on every instance."""
+    return f"reconcile:{org}:{app}:{int((time.time() if now is None else now) // interval_secs)}"
+
+
+def count(org: str, app: str, what: str, n: int = 1) -> None:
+    if n:
+        services().reconciled[(org, app, what)] += n
+
+
+def _find_failed(exc: Exception) -> FindRecord:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "stranded": []}
+
+
+async def _pending(org: str, app: str, peer: str, timeout: float) -> list[WorkflowsOutput]:
+    """Every PENDING workflow of the app, as ``peer`` reads them from the system database."""
+    found: list[WorkflowsOutput] = []
+    while True:
+        body = ListWorkflowsBody(status="PENDING", load_input=False, load_output=False, limit=PAGE, offset=len(found))
+        reply = await services().ask(
+            ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
+        )
+        if reply.error_message:
+            raise ExecutorRequestError(f"list_workflows: {reply.error_message}")
+        found.extend(reply.output)
+        if len(reply.output) < PAGE:
+            return found
+
+
+def _updated_ms(w: WorkflowsOutput) -> int | None:
+    try:
+        return int(w.updated_at) if w.updated_at is not None else None
+    except ValueError:
+        return None
+
+
+@relay_step("relay.reconcile.find", on_error=_find_failed)
+async def find(org: str, app: str) -> FindRecord:
+    svc = services()
+    count(org, app, "runs")
+    settings = await svc.apps.get(org, app)
+    if settings is None:
+        return {"ok": True, "stranded": []}
+    outputs: list[WorkflowsOutput] | None = None
+    errors: list[str] = []
+    for peer, _version in await svc.executors.healthy_peers(org, app):
+        try:
+            outputs = await _pending(org, app, peer, svc.liveness.recovery_ack_timeout_secs)
+            break
+        except ExecutorRequestError as exc:
+            errors.append(f"{peer}: {exc}")
+    if outputs is None:
+        return {"ok": False, "error": "no executor answered (" + "; ".join(errors) + ")", "stranded": []}
+    workflows = [
+        PendingWorkflow(w.workflow_id, w.executor_id or "", w.application_version or "", _updated_ms(w))
+        for w in outputs
+        if w.status == "PENDING"
+    ]
+    gone = await svc.executors.gone(org, app, candidate_ids(workflows))
+    stranded = find_stranded(
+        workflows,
+        gone,
+        now_ms=int(time.time() * 1000),
+        grace_secs=settings.executor_timeout_secs,
+        include_unknown=svc.reconciler.include_unknown_executors,
+    )
+    async with svc.executors.db.fenced() as conn:
+        for s in stranded:
+            detail = {"workflows": len(s.workflow_ids), "workflowIds": list(s.workflow_ids[:AUDITED_IDS]),
+                      "applicationVersion": s.application_version, "registered": s.registered}  # fmt: skip
+            key = ExecutorKey(org, app, s.executor_id)
+            await audit_executor(conn, key, "reconcile.found", f"{dedupe_key()}:{s.executor_id}", detail=detail)
+    count(org, app, "executors_found", len(stranded))
+    count(org, app, "workflows_found", sum(len(s.workflow_ids) for s in stranded))
+    return {
+        "ok": True,
+        "stranded": [
+            {"executorId": s.executor_id, "version": s.application_version, "workflowIds": list(s.workflow_ids),
+             "registered": s.registered}
+            for s in stranded
+        ],
+    }  # fmt: skip
+
+
+@relay_step("relay.reconcile.reinstate")
+async def reinstate(org: str, app: str, stranded: StrandedRecord) -> int | None:
+    """The executor's record back DEAD, owned by this instance, and ``reconcile.recovered`` audited;
+    its epoch, or None if it has a live record now (it connected meanwhile)."""
+    svc = services()
+    key = ExecutorKey(org, app, stranded["executorId"])
+    async with svc.executors.db.fenced() as conn:
+        epoch = await svc.executors.stranded(conn, key, stranded["version"], svc.instance_id)
+        if epoch is None:
+            return None
+        ids = stranded["workflowIds"]
+        detail = {"epoch": epoch, "recoveryId": recovery_id(key, epoch), "applicationVersion": stranded["version"],
+                  "workflows": len(ids), "workflowIds": ids[:AUDITED_IDS]}  # fmt: skip
+        await audit_executor(conn, key, "reconcile.recovered", dedupe_key(), detail=detail)
+    count(org, app, "recoveries_started")
+    return epoch
+
+
+@DBOS.workflow(name="relay.reconcile")
+async def reconcile(org: str, app: str) -> dict[str, int]:
+    found = await find(org, app)
+    if not found["ok"]:
+        log.warning("reconcile %s/%s: %s", org, app, found.get("error"))
+    started = 0
+    for stranded in found["stranded"]:
+        epoch = await reinstate(org, app, stranded)
+        if epoch is None:
+            continue
+        with SetWorkflowID(recovery_id(ExecutorKey(org, app, stranded["executorId"]), epoch)):
+            await DBOS.start_workflow_async(recover, org, app, stranded["executorId"], epoch, "reconcile")
+        started += 1
+    if started:
+        log.info("reconcile %s/%s: recovering %d stranded executors", org, app, started)
+    return {"found": len(found["stranded"]), "recovered": started}
