@@ -1,8 +1,10 @@
 """One chaos run: start the fleet, play the fault schedule, heal, check, record.
 
 The fleet: ``profile.executors`` executors of app ``ledger`` plus one of the
-decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py) sharing one
-system database, each talking through its own TCP proxy (so a partition can
+decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py), the decoy on
+a system database of its own and the same version string, as separate apps
+usually are (so a cross-app recovery is not stopped by DBOS's version check
+and shows); each talking through its own TCP proxy (so a partition can
 cut one executor off while it keeps running) to a TCP load balancer (round
 robin, skipping instances whose /readyz fails) in front of
 ``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
@@ -25,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from chaos.checker import History, check, figures
+from chaos.checker import History, Timing, check, figures
 from chaos.schedule import Fault, Profile
 from harness.balancer import TcpBalancer
 from harness.executors import await_ready
@@ -59,6 +61,7 @@ class Fleet:
         self.workdir = workdir
         self.pg = Postgres()
         self.sysdb = self.pg.create_database("chaos_sys")
+        self.decoy_sysdb = self.pg.create_database("chaos_decoy_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
         relay_db = self.pg.create_database("chaos_relay")
         self.relays = [
@@ -94,7 +97,7 @@ class Fleet:
         for relay in self.relays:
             relay.start()
         self.balancer.__enter__()
-        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "b1")]
+        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "v1")]
         for index, (app, version) in enumerate(apps):
             proxy = TcpProxy(("127.0.0.1", self.balancer.port)).__enter__()
             slot = Slot(index, app, version, proxy)
@@ -104,7 +107,9 @@ class Fleet:
     def launch(self, slot: Slot) -> None:
         env = {
             **os.environ,
-            "CHAOS_APP": slot.app, "CHAOS_VERSION": slot.version, "CHAOS_SYSDB": self.sysdb,
+            "CHAOS_APP": slot.app, "CHAOS_VERSION": slot.version,
+            "CHAOS_SYSDB": self.sysdb if slot.app == MAIN_APP else self.decoy_sysdb,
+            "CHAOS_LIAR": "1" if liar(self.profile, slot.index) else "",
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
             "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
@@ -137,12 +142,13 @@ class Fleet:
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
     """Carry out one fault (blocking for its duration); returns what happened, with times."""
-    record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "executor": None}
+    # Wall time to compare with the audit log's; monotonic for the fault's true length.
+    record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "at_mono": time.monotonic(), "executor": None}
     if fault.kind.startswith("relay_"):
         relay = fleet.relays[max(fault.target, 0)]
         record["instance"] = relay.instance_id
         record.update(_instance_fault(fleet, relay, fault))
-        record["ended"] = time.time()
+        record.update(ended=time.time(), ended_mono=time.monotonic())
         return record
     slot = fleet.slots[fault.target]
     assert slot.proc is not None
@@ -159,7 +165,7 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         slot.proxy.partition()
         time.sleep(fault.duration)
         slot.proxy.heal()
-    record["ended"] = time.time()
+    record.update(ended=time.time(), ended_mono=time.monotonic())
     return record
 
 
@@ -188,8 +194,10 @@ def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str
 
 def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
     apps = {eid: slot.app for slot in fleet.slots for eid in slot.ids}
-    with psycopg.connect(fleet.sysdb) as conn:
-        rows = conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
+    rows = []
+    for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
+        with psycopg.connect(sysdb) as conn:
+            rows += conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
     workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
     with psycopg.connect(fleet.evidence) as conn:
         outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
@@ -202,7 +210,16 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
-    return History(workflows, outcomes, steps, audit, registry, faults)
+    alive = [slot.executor_id for slot in fleet.slots if slot.proc is not None and slot.proc.poll() is None]
+    p = fleet.profile
+    timing = Timing(p.grace_secs, p.ping_wait_secs, p.ping_interval_secs)
+    return History(workflows, outcomes, steps, audit, registry, faults, apps, alive, timing)
+
+
+def liar(profile: Profile, index: int) -> bool:
+    """The last ``profile.liars`` executor places of the main app answer recovery with success
+    without recovering anything: Relay's verification must catch them."""
+    return profile.executors - profile.liars <= index < profile.executors
 
 
 def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
@@ -217,11 +234,14 @@ def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def settled(fleet: Fleet) -> bool:
-    with psycopg.connect(fleet.sysdb) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED')"
-        ).fetchone()
-    return row is not None and row[0] == 0
+    for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
+        with psycopg.connect(sysdb) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED')"
+            ).fetchone()
+        if row is None or row[0] != 0:
+            return False
+    return True
 
 
 def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class Profile:
     fault_gap_secs: tuple[float, float]  # quiet time between one fault's end and the next
     relay_instances: int = 3  # behind one load balancer, sharing one PostgreSQL
     lease_secs: float = 3.0  # instanceLeaseSecs
+    liars: int = 0  # main-app executors that answer recovery with success and recover nothing
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
