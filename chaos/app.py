@@ -133,7 +133,7 @@ def main() -> None:
         def recover_nothing(executor_ids: list[str]) -> list[Any]:
             return []
 
-        dbos._recover_pending_workflows = recover_nothing  # type: ignore[method-assign]
+        dbos._recover_pending_workflows = recover_nothing  # type: ignore[method-assign, assignment]
     DBOS.launch()
     app = ENV["CHAOS_APP"]
     queues["serial"] = DBOS.register_queue(f"{app}-serial", global_concurrency=1)
