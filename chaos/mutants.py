@@ -69,7 +69,9 @@ MUTANTS = (
                  "    return {\"ok\": True}\n"),)),
 )  # fmt: skip
 
-IGNORED = shutil.ignore_patterns(".git", ".venv", ".chaos", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache")
+IGNORED = shutil.ignore_patterns(
+    ".git", ".venv", ".chaos", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"
+)
 
 
 def copy_tree(into: Path, mutant: Mutant | None) -> Path:
