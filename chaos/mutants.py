@@ -90,12 +90,14 @@ def replay(mutant: Mutant | None, recorded: str, out: Path) -> dict[str, Any]:
     """Replays ``recorded`` from a copy of the tree with ``mutant`` applied; returns the verdict."""
     label = mutant.name if mutant else "baseline"
     started = time.monotonic()
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"chaos-mutant-{label}-") as tmp:
         try:
             tree = copy_tree(Path(tmp), mutant)
         except ValueError as exc:
             return {"mutant": label, "verdict": "error", "why": str(exc), "secs": 0.0}
-        run_out = (out / label).resolve()
+        run_out = out / label
         shutil.rmtree(run_out, ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": str(tree)}
         recording = tree / RUNS.relative_to(ROOT) / recorded
