@@ -59,11 +59,22 @@ def at(entry: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00")).timestamp()
 
 
+def _ended(f: dict[str, Any]) -> float:
+    return float(f.get("ended", float(f["at"]) + float(f.get("duration", 0.0))))
+
+
+def _length(f: dict[str, Any]) -> float:
+    """How long the fault lasted, by the monotonic clock when it was recorded."""
+    if "at_mono" in f and "ended_mono" in f:
+        return float(f["ended_mono"]) - float(f["at_mono"])
+    return _ended(f) - float(f["at"])
+
+
 def cuts_of(h: History, executor: str) -> list[Cut]:
     cuts = []
     for f in h.faults:
         if f["kind"] in INSTANCE_CUTS or (f["kind"] in EXECUTOR_CUTS and f.get("executor") == executor):
-            end = math.inf if f["kind"] == "kill9" else float(f.get("ended", f["at"])) + RECONNECT_SECS
+            end = math.inf if f["kind"] == "kill9" else _ended(f) + RECONNECT_SECS
             cuts.append(Cut(float(f["at"]), end, f["kind"] == "sigstop", f))
     return cuts
 
@@ -122,7 +133,7 @@ def _short_faults_forgiven(h: History) -> list[str]:
     for i, f in enumerate(faults):
         if f["kind"] not in ("sigstop", "partition"):
             continue
-        if float(f["ended"]) - float(f["at"]) + RECONNECT_SECS > h.timing.grace_secs:
+        if _length(f) + RECONNECT_SECS > h.timing.grace_secs:
             continue  # it may have outlasted the grace period
         start = float(f["at"])
         until = float(faults[i + 1]["at"]) if i + 1 < len(faults) else math.inf
@@ -131,7 +142,7 @@ def _short_faults_forgiven(h: History) -> list[str]:
                 if start <= at(e) < until:
                     problems.append(
                         f"executor {f['executor']} {e['action']} at {at(e):.2f} after a {f['kind']} of "
-                        f"{float(f['ended']) - start:.2f} s, shorter than its grace period"
+                        f"{_length(f):.2f} s, shorter than its grace period"
                     )
     for executor in h.alive:
         state = (h.registry.get(executor) or {}).get("state", "absent")
