@@ -138,4 +138,5 @@ def run_mutants(names: list[str] | None, baseline: bool, out: Path) -> int:
 
 def _line(r: dict[str, Any]) -> str:
     why = r.get("why") or "; ".join(r.get("violations", []))
-    return f"  {r['mutant']}: {r['verdict'].upper()} in {r['secs']} s {('- ' + why[:300]) if why else ''}"
+    what = r["mutant"] if r["mutant"] != "baseline" else f"baseline {r.get('recorded', '')}"
+    return f"  {what}: {r['verdict'].upper()} in {r['secs']} s {('- ' + why[:300]) if why else ''}"
