@@ -62,7 +62,7 @@ MUTANTS = (
         Edit("relay/store/recoveries.py", "await self.executors.apply(key, event, epoch=epoch, conn=conn)",
              "await self.executors.apply(key, event, epoch=None, conn=conn)"),
     )),
-    Mutant("no-frame", "the recovery frame never sent (its success assumed)", "grace-quick.json",
+    Mutant("no-frame", "the recovery frame never sent (its success assumed)", "liar.json",
            (Edit("workflows/recovery.py",
                  "    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), "
                  "RecoveryReply, timeout)\n",

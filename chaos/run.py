@@ -280,6 +280,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
         "violations": violations,
         "unfinished": stuck,
         "unplanned_instance_exits": unplanned,
+        "audit": history.audit,  # what the checker judged, to read again after the run
         "ok": not violations,
         "duration_secs": round(time.time() - started, 1),
         "workdir": str(workdir),
