@@ -1,7 +1,7 @@
 """One chaos run: start the fleet, play the fault schedule, heal, check, record.
 
-The fleet: ``profile.executors`` executors of app ``ledger`` plus one of the
-decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py), the decoy on
+The fleet: ``profile.executors`` executors of app ``ledger`` plus ``profile.decoys``
+of the decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py), the decoy on
 a system database of its own and the same version string, as separate apps
 usually are (so a cross-app recovery is not stopped by DBOS's version check
 and shows); each talking through its own TCP proxy (so a partition can
@@ -97,7 +97,7 @@ class Fleet:
         for relay in self.relays:
             relay.start()
         self.balancer.__enter__()
-        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "v1")]
+        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "v1")] * self.profile.decoys
         for index, (app, version) in enumerate(apps):
             proxy = TcpProxy(("127.0.0.1", self.balancer.port)).__enter__()
             slot = Slot(index, app, version, proxy)
