@@ -2,8 +2,9 @@
 conductor client, with a workload whose every step leaves evidence.
 
 Run as ``python -m chaos.app`` with CHAOS_* settings in the environment. It
-starts a workflow every ``CHAOS_INTERVAL`` seconds until ``CHAOS_UNTIL`` (a
-Unix time), cycling through four kinds:
+starts a workflow every ``CHAOS_INTERVAL`` seconds until the Unix time in the
+file ``CHAOS_UNTIL_FILE`` (the runner sets it once the fleet is up), cycling
+through four kinds:
 
 - ``short``: two steps;
 - ``long``: a step, a durable sleep, a step;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -140,9 +142,9 @@ def main() -> None:
     queues["pool"] = DBOS.register_queue(f"{app}-pool", global_concurrency=4)
     print(f"READY {GlobalParams.executor_id}", flush=True)
     rng = random.Random(ENV.get("CHAOS_SEED", "0") + GlobalParams.executor_id)
-    until, interval = float(ENV["CHAOS_UNTIL"]), float(ENV["CHAOS_INTERVAL"])
+    until_file, interval = Path(ENV["CHAOS_UNTIL_FILE"]), float(ENV["CHAOS_INTERVAL"])
     n = 0
-    while time.time() < until:
+    while time.time() < float(until_file.read_text()):
         start_one(n, rng)
         n += 1
         time.sleep(interval)

@@ -75,7 +75,9 @@ class Fleet:
         ]  # fmt: skip
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         self.slots: list[Slot] = []
-        self.until = 0.0
+        # When the workload stops (a Unix time), read by every executor as it goes: known only
+        # once the fleet is up, since starting it may take longer than the warm-up on a loaded machine.
+        self.until_file = workdir / "until"
 
     def revive(self) -> list[dict[str, Any]]:
         """The process manager's part: start again any instance that exited outside a fault
@@ -92,8 +94,13 @@ class Fleet:
         """An instance that is up, for the API (they all answer for the whole registry)."""
         return next(r for r in self.relays if r.proc is not None and r.proc.poll() is None)
 
+    def stop_workload_at(self, until: float) -> None:
+        tmp = self.until_file.with_suffix(".tmp")
+        tmp.write_text(repr(until))
+        tmp.replace(self.until_file)
+
     def start(self, until: float) -> None:
-        self.until = until
+        self.stop_workload_at(until)
         for relay in self.relays:
             relay.start()
         self.balancer.__enter__()
@@ -111,7 +118,7 @@ class Fleet:
             "CHAOS_SYSDB": self.sysdb if slot.app == MAIN_APP else self.decoy_sysdb,
             "CHAOS_LIAR": "1" if liar(self.profile, slot.index) else "",
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
-            "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
+            "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL_FILE": str(self.until_file),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
         }  # fmt: skip
         log = open(self.workdir / f"executor-{slot.index}-{len(slot.ids)}.log", "wb")
@@ -248,18 +255,23 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
     started = time.time()
+    origin = started
     fleet = Fleet(profile, seed, workdir)
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     try:
         fleet.start(until=started + profile.fault_secs)
+        # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
+        # (faults would otherwise come all at once, before any workload).
+        origin = max(started, time.time() - profile.warmup_secs)
+        fleet.stop_workload_at(origin + profile.fault_secs)
         for fault in schedule:
-            time.sleep(max(0.0, started + fault.at - time.time()))
+            time.sleep(max(0.0, origin + fault.at - time.time()))
             unplanned += fleet.revive()
-            print(f"[{time.time() - started:7.1f}s] {fault.kind} {fault.target}", flush=True)
+            print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
             done.append(inject(fleet, fault))
-        time.sleep(max(0.0, started + profile.fault_secs - time.time()))
-        print(f"[{time.time() - started:7.1f}s] heal: no more faults", flush=True)
+        time.sleep(max(0.0, origin + profile.fault_secs - time.time()))
+        print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
         deadline = time.time() + profile.heal_timeout_secs
         while time.time() < deadline and not settled(fleet):
             unplanned += fleet.revive()
@@ -283,6 +295,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path) -> dict[s
         "audit": history.audit,  # what the checker judged, to read again after the run
         "ok": not violations,
         "duration_secs": round(time.time() - started, 1),
+        "fleet_start_overrun_secs": round(origin - started, 1),
         "workdir": str(workdir),
     }
     (out / f"run-{profile.name}-{seed}.json").write_text(json.dumps(result, indent=2))
