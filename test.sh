@@ -36,10 +36,13 @@ else
   .venv/bin/python -m pytest "$@"
 fi
 # A plain run (CI's) is also gated by chaos: every recorded run that once found
-# a bug is replayed, then one fresh seeded run of the ci profile.
+# a bug is replayed, the grace-period mutant must be caught, then one fresh
+# seeded run of the ci profile.
 if [ $# -eq 0 ]; then
   for recorded in chaos/runs/*.json; do
     .venv/bin/python -m chaos replay "$recorded" --out .chaos
   done
+  # The grace-period mutant must fail its recorded run, which must pass unmutated.
+  .venv/bin/python -m chaos mutants grace --baseline --out .chaos/mutants
   .venv/bin/python -m chaos run --profile ci --out .chaos
 fi

@@ -1,7 +1,9 @@
-"""``python -m chaos run [--profile NAME] [--seed N] [--out DIR] [--client]`` and ``python -m chaos replay FILE``.
+"""``python -m chaos run [--profile NAME] [--seed N] [--out DIR] [--client]``, ``python -m chaos replay FILE``
+and ``python -m chaos mutants [NAME ...] [--baseline]``.
 
 ``--client``: the executors run on dbos 3.4 with relay_client instead of the 3.2
-SDK's own conductor client. Exit 0 only if every check holds.
+SDK's own conductor client. Exit 0 only if every check holds (for mutants: every mutant caught,
+every baseline passed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from chaos.mutants import run_mutants
 from chaos.run import relay_errors, run
 from chaos.schedule import PROFILES, Fault, Profile, make_schedule
 
@@ -46,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     replay = sub.add_parser("replay", help="run a recorded schedule again")
     replay.add_argument("file", type=Path)
     replay.add_argument("--out", type=Path, default=Path(".chaos"))
+    mutants = sub.add_parser("mutants", help="replay recorded runs with deliberate bugs; each must fail")
+    mutants.add_argument("names", nargs="*", help="only these mutants (default: all)")
+    mutants.add_argument("--baseline", action="store_true", help="also replay each recording unmutated: it must pass")
+    mutants.add_argument("--out", type=Path, default=Path(".chaos/mutants"))
     args = parser.parse_args(argv)
+
+    if args.command == "mutants":
+        return run_mutants(args.names, args.baseline, args.out)
 
     if args.command == "run":
         seed = args.seed if args.seed is not None else random.randrange(1_000_000)

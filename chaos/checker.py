@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from chaos.semantics import semantic_violations, timing_figures
 from harness.stats import percentile
 
 TERMINAL = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
@@ -29,11 +30,25 @@ class History:
     audit: list[dict[str, Any]]
     # Relay's registry at the end: executor id -> record (API)
     registry: dict[str, dict[str, Any]]
-    # faults as executed: {"at": unix time, "kind": ..., "executor": id or None}
+    # faults as executed: {"at": unix time, "ended": unix time, "kind": ..., "executor": id or None,
+    # "duration": seconds}; "at" and "ended" are wall time, as the audit log's (PostgreSQL's) are
     faults: list[dict[str, Any]] = field(default_factory=list)
     # The ExecutorDead payloads the run's webhook receiver accepted (one rule, on the main app);
     # None for a run without a receiver.
     alerts: list[dict[str, Any]] | None = None
+    # executor id -> its app, for every executor the run started
+    apps: dict[str, str] = field(default_factory=dict)
+    # executors whose process still runs at the end (not killed)
+    alive: list[str] = field(default_factory=list)
+    # the run's timing: grace, pingWaitSecs and pingIntervalSecs (no timing checks without it)
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True)
+class Timing:
+    grace_secs: float
+    ping_wait_secs: float
+    ping_interval_secs: float
 
 
 def check(h: History) -> list[str]:
@@ -45,6 +60,8 @@ def check(h: History) -> list[str]:
         *_instances_adopted_once(h),
         *_paused_instances_fenced(h),
         *_one_alert_per_death(h),
+        *_recovered_within_the_app(h),
+        *semantic_violations(h),
     ]
 
 
@@ -169,6 +186,21 @@ def _one_alert_per_death(h: History) -> list[str]:
     return problems
 
 
+def _recovered_within_the_app(h: History) -> list[str]:
+    """Contract rule 2: the peer asked to recover is of the dead executor's app."""
+    problems = []
+    for e in h.audit:
+        peer = e.get("peerExecutorId")
+        if e["action"] != "recovery.dispatched" or not peer or peer not in h.apps:
+            continue
+        app = e.get("app") or h.apps.get(e["executorId"] or "")
+        if app is not None and h.apps[peer] != app:
+            problems.append(
+                f"recovery of {app} executor {e['executorId']} dispatched to {h.apps[peer]} executor {peer}"
+            )
+    return problems
+
+
 def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -201,4 +233,5 @@ def figures(h: History) -> dict[str, Any]:
             "p99": _seconds(percentile(recovery_secs, 99)),
             "max": round(max(recovery_secs), 2) if recovery_secs else None,
         },
+        "dead_declarations": timing_figures(h),
     }

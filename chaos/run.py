@@ -1,8 +1,10 @@
 """One chaos run: start the fleet, play the fault schedule, heal, check, record.
 
-The fleet: ``profile.executors`` executors of app ``ledger`` plus one of the
-decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py) sharing one
-system database, each talking through its own TCP proxy (so a partition can
+The fleet: ``profile.executors`` executors of app ``ledger`` plus ``profile.decoys``
+of the decoy app ``billing``, real DBOS 3.2 processes (chaos/app.py), the decoy on
+a system database of its own and the same version string, as separate apps
+usually are (so a cross-app recovery is not stopped by DBOS's version check
+and shows); each talking through its own TCP proxy (so a partition can
 cut one executor off while it keeps running) to a TCP load balancer (round
 robin, skipping instances whose /readyz fails) in front of
 ``profile.relay_instances`` real Relay instances sharing one PostgreSQL.
@@ -26,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from chaos.checker import History, check, figures
+from chaos.checker import History, Timing, check, figures
 from chaos.schedule import Fault, Profile
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
@@ -65,6 +67,7 @@ class Fleet:
         self.python = str(client_python()) if client else sys.executable
         self.pg = Postgres()
         self.sysdb = self.pg.create_database("chaos_sys")
+        self.decoy_sysdb = self.pg.create_database("chaos_decoy_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
         relay_db = self.pg.create_database("chaos_relay")
         # Every death must reach it as exactly one ExecutorDead idempotency key (the checker).
@@ -83,7 +86,9 @@ class Fleet:
         ]
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         self.slots: list[Slot] = []
-        self.until = 0.0
+        # When the workload stops (a Unix time), read by every executor as it goes: known only
+        # once the fleet is up, since starting it may take longer than the warm-up on a loaded machine.
+        self.until_file = workdir / "until"
 
     def _config(self) -> dict[str, Any]:
         profile = self.profile
@@ -117,12 +122,17 @@ class Fleet:
         """An instance that is up, for the API (they all answer for the whole registry)."""
         return next(r for r in self.relays if r.proc is not None and r.proc.poll() is None)
 
+    def stop_workload_at(self, until: float) -> None:
+        tmp = self.until_file.with_suffix(".tmp")
+        tmp.write_text(repr(until))
+        tmp.replace(self.until_file)
+
     def start(self, until: float) -> None:
-        self.until = until
+        self.stop_workload_at(until)
         for relay in self.relays:
             relay.start()
         self.balancer.__enter__()
-        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "b1")]
+        apps = [(MAIN_APP, "v1")] * self.profile.executors + [(DECOY_APP, "v1")] * self.profile.decoys
         for index, (app, version) in enumerate(apps):
             proxy = TcpProxy(("127.0.0.1", self.balancer.port)).__enter__()
             slot = Slot(index, app, version, proxy)
@@ -132,9 +142,11 @@ class Fleet:
     def launch(self, slot: Slot) -> None:
         env = {
             **os.environ,
-            "CHAOS_APP": slot.app, "CHAOS_VERSION": slot.version, "CHAOS_SYSDB": self.sysdb,
+            "CHAOS_APP": slot.app, "CHAOS_VERSION": slot.version,
+            "CHAOS_SYSDB": self.sysdb if slot.app == MAIN_APP else self.decoy_sysdb,
+            "CHAOS_LIAR": "1" if liar(self.profile, slot.index) else "",
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
-            "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL": str(self.until),
+            "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL_FILE": str(self.until_file),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
             **({"CHAOS_CLIENT": "1"} if self.client else {}),
         }  # fmt: skip
@@ -171,16 +183,17 @@ class Fleet:
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
     """Carry out one fault (blocking for its duration); returns what happened, with times."""
-    record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "executor": None}
+    # Wall time to compare with the audit log's; monotonic for the fault's true length.
+    record: dict[str, Any] = {**fault.to_json(), "at": time.time(), "at_mono": time.monotonic(), "executor": None}
     if fault.kind.startswith("db_"):
         _database_fault(fleet, fault)
-        record["ended"] = time.time()
+        record.update(ended=time.time(), ended_mono=time.monotonic())
         return record
     if fault.kind.startswith("relay_"):
         relay = fleet.relays[max(fault.target, 0)]
         record["instance"] = relay.instance_id
         record.update(_instance_fault(fleet, relay, fault))
-        record["ended"] = time.time()
+        record.update(ended=time.time(), ended_mono=time.monotonic())
         return record
     slot = fleet.slots[fault.target]
     assert slot.proc is not None
@@ -197,7 +210,7 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         slot.proxy.partition()
         time.sleep(fault.duration)
         slot.proxy.heal()
-    record["ended"] = time.time()
+    record.update(ended=time.time(), ended_mono=time.monotonic())
     return record
 
 
@@ -246,8 +259,10 @@ def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str
 
 def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
     apps = {eid: slot.app for slot in fleet.slots for eid in slot.ids}
-    with psycopg.connect(fleet.sysdb) as conn:
-        rows = conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
+    rows = []
+    for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
+        with psycopg.connect(sysdb) as conn:
+            rows += conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
     workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
     with psycopg.connect(fleet.evidence) as conn:
         outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
@@ -260,7 +275,19 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
-    return History(workflows, outcomes, steps, audit, registry, faults, fleet.alerts())
+    alive = [slot.executor_id for slot in fleet.slots if slot.proc is not None and slot.proc.poll() is None]
+    p = fleet.profile
+    timing = Timing(p.grace_secs, p.ping_wait_secs, p.ping_interval_secs)
+    return History(
+        workflows, outcomes, steps, audit, registry, faults,
+        alerts=fleet.alerts(), apps=apps, alive=alive, timing=timing,
+    )  # fmt: skip
+
+
+def liar(profile: Profile, index: int) -> bool:
+    """The last ``profile.liars`` executor places of the main app answer recovery with success
+    without recovering anything: Relay's verification must catch them."""
+    return profile.executors - profile.liars <= index < profile.executors
 
 
 def alerted(fleet: Fleet) -> bool:
@@ -283,29 +310,37 @@ def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def settled(fleet: Fleet) -> bool:
-    with psycopg.connect(fleet.sysdb) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED')"
-        ).fetchone()
-    return row is not None and row[0] == 0
+    for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
+        with psycopg.connect(sysdb) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('PENDING', 'ENQUEUED')"
+            ).fetchone()
+        if row is None or row[0] != 0:
+            return False
+    return True
 
 
 def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
     started = time.time()
+    origin = started
     fleet = Fleet(profile, seed, workdir, client)
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     try:
         fleet.start(until=started + profile.fault_secs)
+        # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
+        # (faults would otherwise come all at once, before any workload).
+        origin = max(started, time.time() - profile.warmup_secs)
+        fleet.stop_workload_at(origin + profile.fault_secs)
         for fault in schedule:
-            time.sleep(max(0.0, started + fault.at - time.time()))
+            time.sleep(max(0.0, origin + fault.at - time.time()))
             unplanned += fleet.revive()
-            print(f"[{time.time() - started:7.1f}s] {fault.kind} {fault.target}", flush=True)
+            print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
             done.append(inject(fleet, fault))
-        time.sleep(max(0.0, started + profile.fault_secs - time.time()))
-        print(f"[{time.time() - started:7.1f}s] heal: no more faults", flush=True)
+        time.sleep(max(0.0, origin + profile.fault_secs - time.time()))
+        print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
         deadline = time.time() + profile.heal_timeout_secs
         while time.time() < deadline and not settled(fleet):
             unplanned += fleet.revive()
@@ -331,8 +366,10 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
         "violations": violations,
         "unfinished": stuck,
         "unplanned_instance_exits": unplanned,
+        "audit": history.audit,  # what the checker judged, to read again after the run
         "ok": not violations,
         "duration_secs": round(time.time() - started, 1),
+        "fleet_start_overrun_secs": round(origin - started, 1),
         "workdir": str(workdir),
     }
     name = f"run-{profile.name}-{seed}{'-client' if client else ''}.json"

@@ -22,7 +22,7 @@ DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 @dataclass(frozen=True)
 class Profile:
     name: str
-    executors: int  # of the main app; one more runs the decoy app
+    executors: int  # of the main app; ``decoys`` more run the decoy app
     fault_secs: float  # faults happen in [warmup, fault_secs)
     warmup_secs: float
     heal_timeout_secs: float  # after the faults: how long every workflow may take to finish
@@ -34,6 +34,8 @@ class Profile:
     relay_instances: int = 3  # behind one load balancer, sharing one PostgreSQL
     lease_secs: float = 3.0  # instanceLeaseSecs
     db_faults: bool = False  # Relay's PostgreSQL on a server of its own, and DATABASE_FAULTS played
+    liars: int = 0  # main-app executors that answer recovery with success and recover nothing
+    decoys: int = 1  # executors of the decoy app
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

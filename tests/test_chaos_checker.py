@@ -25,7 +25,7 @@ def sound() -> History:
         steps=[("w1", "one", "e1", "ledger"), ("w1", "one", "e2", "ledger"), ("b1", "one", "d1", "billing")],
         audit=audit("e1", "executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"),
         registry={"e2": {"state": "HEALTHY"}},
-        faults=[{"at": 1796000000.0, "kind": "kill9", "executor": "e1"}],
+        faults=[{"at": datetime(2026, 11, 30, tzinfo=UTC).timestamp() - 1, "kind": "kill9", "executor": "e1"}],
     )
 
 
@@ -102,11 +102,12 @@ def test_an_instance_adopted_twice_is_rejected() -> None:
 def test_a_paused_instance_that_did_not_exit_fenced_is_rejected() -> None:
     h = sound()
     fault = {"kind": "relay_sigstop", "at": 1.0, "executor": None, "instance": "relay-1", "exit_code": 3}
-    h.faults = [fault]
+    killed = h.faults
+    h.faults = [*killed, fault]
     assert check(h) == []
-    h.faults = [{**fault, "exit_code": None}]  # not adopted in time: it renewed its lease, which is fine
+    h.faults = [*killed, {**fault, "exit_code": None}]  # not adopted in time: it renewed its lease, which is fine
     assert check(h) == []
-    h.faults = [{**fault, "exit_code": 1}]
+    h.faults = [*killed, {**fault, "exit_code": 1}]
     assert check(h) == ["instance relay-1 resumed after adoption and exited with 1, not 3"]
 
 

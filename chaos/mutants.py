@@ -1,0 +1,142 @@
+"""``python -m chaos mutants``: deliberate bugs in Relay that the checker must catch.
+
+Each mutant is a few exact text edits. It is applied to a copy of the tree in a
+temporary folder, never to the checkout, and a recorded run that exercises it
+(``chaos/runs/mutants/*.json``) is replayed from that copy (``PYTHONPATH`` puts
+the copy's packages before the installed ones, for the Relay instances and the
+executors too). A mutant is caught when the replay's checker finds violations;
+missed when the replay passes; an error when the replay left no verdict. An
+edit whose text is no longer in the tree is an error too, so a mutant cannot
+silently stop applying. ``--baseline`` replays each recording on the unmutated
+tree as well, which must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "chaos" / "runs" / "mutants"
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    recorded: str  # a file of chaos/runs/mutants
+    edits: tuple[Edit, ...]
+
+
+GRACE_WAIT = "woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)"
+
+MUTANTS = (
+    Mutant("grace", "the grace period's wait cut to 0.01 s", "grace-quick.json",
+           (Edit("workflows/grace.py", "timeout_seconds=timeout_secs)", "timeout_seconds=0.01)"),)),
+    Mutant("verify", "verification skipped: a peer's success: true taken on trust", "liar.json",
+           (Edit("workflows/recovery.py", "        result = await verify(ref, peer, version, timeout)\n",
+                 "        pass\n"),)),
+    Mutant("app-filter", "the app filter dropped from peer choice and from routing", "app-filter.json",
+           (Edit("relay/store/executors.py",
+                 "WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id",
+                 "WHERE e.org = %s AND %s::text IS NOT NULL AND e.state = 'HEALTHY' ORDER BY e.executor_id"),)),
+    Mutant("reconnect", "a reconnect does not end the grace period", "reconnect.json", (
+        Edit("workflows/grace.py", GRACE_WAIT, "await DBOS.sleep_async(timeout_secs)\n    woken = None"),
+        Edit("relay/core/lifecycle.py", "    (S.DISCONNECTED, E.GRACE_EXPIRED): S.DEAD,\n",
+             "    (S.DISCONNECTED, E.GRACE_EXPIRED): S.DEAD,\n    (S.HEALTHY, E.GRACE_EXPIRED): S.DEAD,\n"),
+        Edit("relay/store/recoveries.py", "await self.executors.apply(key, event, epoch=epoch, conn=conn)",
+             "await self.executors.apply(key, event, epoch=None, conn=conn)"),
+    )),
+    Mutant("no-frame", "the recovery frame never sent (its success assumed)", "liar.json",
+           (Edit("workflows/recovery.py",
+                 "    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), "
+                 "RecoveryReply, timeout)\n",
+                 "    return {\"ok\": True}\n"),)),
+)  # fmt: skip
+
+IGNORED = shutil.ignore_patterns(
+    ".git", ".venv", ".chaos", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"
+)
+
+
+def copy_tree(into: Path, mutant: Mutant | None) -> Path:
+    tree = into / "tree"
+    shutil.copytree(ROOT, tree, ignore=IGNORED)
+    for edit in mutant.edits if mutant else ():
+        path = tree / edit.path
+        text = path.read_text()
+        if text.count(edit.old) != 1:
+            raise ValueError(f"mutant {mutant.name if mutant else ''}: {edit.path} no longer holds {edit.old!r} once")
+        path.write_text(text.replace(edit.old, edit.new))
+    return tree
+
+
+def replay(mutant: Mutant | None, recorded: str, out: Path) -> dict[str, Any]:
+    """Replays ``recorded`` from a copy of the tree with ``mutant`` applied; returns the verdict."""
+    label = mutant.name if mutant else "baseline"
+    started = time.monotonic()
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"chaos-mutant-{label}-") as tmp:
+        try:
+            tree = copy_tree(Path(tmp), mutant)
+        except ValueError as exc:
+            return {"mutant": label, "verdict": "error", "why": str(exc), "secs": 0.0}
+        run_out = out / label
+        shutil.rmtree(run_out, ignore_errors=True)
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        recording = tree / RUNS.relative_to(ROOT) / recorded
+        cmd = [sys.executable, "-m", "chaos", "replay", str(recording), "--out", str(run_out)]
+        log = out / f"{label}.log"
+        with log.open("wb") as sink:
+            subprocess.run(cmd, cwd=tree, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False)
+    results = list(run_out.glob("run-*.json"))
+    secs = round(time.monotonic() - started, 1)
+    if not results:
+        return {"mutant": label, "verdict": "error", "why": f"no verdict; see {log}", "secs": secs}
+    violations = json.loads(results[0].read_text())["violations"]
+    caught = bool(violations) if mutant else not violations
+    verdict = ("caught" if caught else "missed") if mutant else ("passed" if caught else "failed")
+    return {"mutant": label, "recorded": recorded, "verdict": verdict, "violations": violations[:3], "secs": secs}
+
+
+def run_mutants(names: list[str] | None, baseline: bool, out: Path) -> int:
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    unknown = set(names or ()) - {m.name for m in MUTANTS}
+    if unknown:
+        print(f"no such mutant: {', '.join(sorted(unknown))} (there are {', '.join(m.name for m in MUTANTS)})")
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    report = []
+    for recorded in dict.fromkeys(m.recorded for m in chosen) if baseline else ():
+        report.append(replay(None, recorded, out / recorded.removesuffix(".json")))
+        print(_line(report[-1]), flush=True)
+    for mutant in chosen:
+        print(f"mutant {mutant.name}: {mutant.bug}; replaying {mutant.recorded}", flush=True)
+        report.append(replay(mutant, mutant.recorded, out))
+        print(_line(report[-1]), flush=True)
+    (out / "mutants.json").write_text(json.dumps(report, indent=2))
+    caught = sum(r["verdict"] == "caught" for r in report)
+    print(f"mutants: {caught} of {len(chosen)} caught")
+    return 0 if all(r["verdict"] in ("caught", "passed") for r in report) else 1
+
+
+def _line(r: dict[str, Any]) -> str:
+    why = r.get("why") or "; ".join(r.get("violations", []))
+    what = r["mutant"] if r["mutant"] != "baseline" else f"baseline {r.get('recorded', '')}"
+    return f"  {what}: {r['verdict'].upper()} in {r['secs']} s {('- ' + why[:300]) if why else ''}"
