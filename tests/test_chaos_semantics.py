@@ -134,6 +134,17 @@ def test_a_step_run_twice_on_live_executors_is_rejected() -> None:
     assert check(h) == ["step one of w1 ran 2 times on ['e1', 'e2'], none of them declared dead or killed"]
     h.faults = [fault("kill9", 10)]  # e1 killed; a recovery not yet audited still explains it
     assert check(h) == []
+    h.faults = [fault("sysdb_restart", 10, 6.0)]  # the system database's fault kills its executor first
+    assert check(h) == []
+
+
+def test_the_system_database_fault_is_a_kill_of_its_executor_and_no_one_elses() -> None:
+    # e1 killed at 10, the system database down from 12.5 to 16: e1 stays cut off for good.
+    assert check(history([fault("sysdb_restart", 10, 6.0)], recovered(10 + 30))) == []
+    problems = check(history([fault("sysdb_restart", 10, 6.0)], recovered(10 + 0.1)))
+    assert len(problems) == 1 and "before its grace period" in problems[0], problems
+    problems = check(history([fault("sysdb_restart", 10, 6.0, executor="e9")], recovered(13)))
+    assert any("no fault cutting it off" in p for p in problems), problems
 
 
 # rule 2 through the audit log: the recovering peer is of the same app
