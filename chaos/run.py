@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from chaos.checker import History, Timing, check, figures
-from chaos.schedule import RECOVERY_IN_FLIGHT_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile
+from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
@@ -248,11 +248,12 @@ def _database_fault(fleet: Fleet, fault: Fault) -> None:
 
 
 def _system_database_fault(fleet: Fleet, slot: Slot, fault: Fault) -> dict[str, Any]:
-    """Kill the executor, then restart the system databases' server while a peer recovers its work."""
+    """Kill the executor, then stop the system databases' server from just before its grace period
+    runs out until after: its recovery is dispatched to a peer whose system database is down."""
     assert fleet.sys_pg is not None and slot.proc is not None, "the system database's fault needs its server"
     slot.proc.kill()
     slot.proc.wait()
-    time.sleep(fleet.profile.grace_secs + RECOVERY_IN_FLIGHT_SECS)
+    time.sleep(max(0.0, fleet.profile.grace_secs - SYSDB_LEAD_SECS))
     down = time.time()
     fleet.sys_pg.stop()
     time.sleep(fault.duration)

@@ -18,11 +18,13 @@ FAULT_KINDS = EXECUTOR_FAULTS + INSTANCE_FAULTS
 # unchanged).
 DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 # The executors' system databases (a server of their own, both apps'): an executor is killed and,
-# ``grace_secs`` + RECOVERY_IN_FLIGHT_SECS later, while its recovery is dispatched to a peer, the
-# server is stopped (pg_ctl -m fast) for ``duration`` and started again; then the executor's
-# process manager starts it again. Played, like DATABASE_FAULTS, with ``db_faults`` only.
+# SYSDB_LEAD_SECS before its grace period runs out, the server is stopped (pg_ctl -m fast) for
+# ``duration`` (longer than the lead), so that its death is declared and its recovery dispatched
+# to a peer while the server is down (a recovery takes a few tens of milliseconds: a restart
+# timed after the declaration would find it done). Started again, and then the executor.
+# Played, like DATABASE_FAULTS, with ``db_faults`` only.
 SYSTEM_DATABASE_FAULTS = ("sysdb_restart",)
-RECOVERY_IN_FLIGHT_SECS = 0.5
+SYSDB_LEAD_SECS = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
             # Its executor's death, then the server down past the SDK's first reconnect attempts.
             target = rng.randrange(profile.executors)
             duration = round(rng.uniform(2.0, 4.0), 2)
-            settle = profile.grace_secs + RECOVERY_IN_FLIGHT_SECS + profile.lease_secs
+            settle = profile.grace_secs + profile.lease_secs
         elif kind in DATABASE_FAULTS:
             # A few seconds: past a lease renewal and the SDK's reconnect, within the grace period's
             # reach; then time for every instance to be ready again.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from chaos.checker import History, Timing, check
+from chaos.checker import History, Timing, check, figures
 from chaos.semantics import RECONNECT_SECS, TOLERANCE_SECS
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC).timestamp()
@@ -145,6 +145,13 @@ def test_the_system_database_fault_is_a_kill_of_its_executor_and_no_one_elses() 
     assert len(problems) == 1 and "before its grace period" in problems[0], problems
     problems = check(history([fault("sysdb_restart", 10, 6.0, executor="e9")], recovered(13)))
     assert any("no fault cutting it off" in p for p in problems), problems
+
+
+def test_the_figures_count_recoveries_dispatched_while_the_system_database_was_down() -> None:
+    restart = {**fault("sysdb_restart", 10, 6.0), "sysdb_down": T0 + 11, "sysdb_up": T0 + 14}
+    assert figures(history([restart], recovered(12.1)))["recoveries_dispatched_while_sysdb_down"] == 1
+    assert figures(history([restart], recovered(14.5)))["recoveries_dispatched_while_sysdb_down"] == 0
+    assert figures(history([fault("kill9", 10)], recovered(12.1)))["recoveries_dispatched_while_sysdb_down"] == 0
 
 
 # rule 2 through the audit log: the recovering peer is of the same app
