@@ -10,6 +10,7 @@ from chaos.schedule import (
     FAULT_KINDS,
     INSTANCE_FAULTS,
     PROFILES,
+    SYSDB_LEAD_SECS,
     SYSTEM_DATABASE_FAULTS,
     Profile,
     make_schedule,
@@ -47,10 +48,11 @@ def test_the_ci_profile_plays_a_database_kill_a_cut_and_a_system_database_restar
         kinds = {f.kind for f in faults}
         assert kinds >= {"db_kill", "db_cut", "sysdb_restart"} | set(INSTANCE_FAULTS), seed
         assert not kinds & {"db_restart", "db_pause"}  # not asked for
-        assert faults[-1].at < profile.fault_secs  # the run's length is unchanged
-        for fault in faults:
+        for fault, after in itertools.pairwise(faults):
             if fault.kind == "sysdb_restart":
-                assert 0 <= fault.target < profile.executors and 2.0 <= fault.duration <= 4.0
+                assert 0 <= fault.target < profile.executors and SYSDB_LEAD_SECS < fault.duration <= 4.0
+                # The kill, the grace period and the outage, before the next fault.
+                assert after.at >= fault.at + profile.grace_secs - SYSDB_LEAD_SECS + fault.duration
 
 
 def test_the_soak_plays_every_fault_kind() -> None:
