@@ -234,4 +234,15 @@ def figures(h: History) -> dict[str, Any]:
             "max": round(max(recovery_secs), 2) if recovery_secs else None,
         },
         "dead_declarations": timing_figures(h),
+        "recoveries_dispatched_while_sysdb_down": _during_sysdb_outages(h, "recovery.dispatched"),
     }
+
+
+def _during_sysdb_outages(h: History, action: str) -> int:
+    """How many ``action`` entries fell while the system databases' server was down (sysdb_restart)."""
+    outages = [(f["sysdb_down"], f["sysdb_up"]) for f in h.faults if "sysdb_down" in f]
+    return sum(1 for e in h.audit if e["action"] == action and any(down <= _unix(e) <= up for down, up in outages))
+
+
+def _unix(entry: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00")).timestamp()

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from chaos.checker import History, Timing, check, figures
-from chaos.schedule import Fault, Profile
+from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
@@ -66,8 +66,17 @@ class Fleet:
         self.client = client
         self.python = str(client_python()) if client else sys.executable
         self.pg = Postgres()
-        self.sysdb = self.pg.create_database("chaos_sys")
-        self.decoy_sysdb = self.pg.create_database("chaos_decoy_sys")
+        # With the system database's fault, both apps' system databases are on a server of their own
+        # (restarting it fails no other database); the evidence stays on the session's server, so
+        # that what the checker reads never goes through a fault.
+        self.sys_pg: PostgresServer | None = None
+        if profile.db_faults and set(profile.db_kinds) & set(SYSTEM_DATABASE_FAULTS):
+            self.sys_pg = PostgresServer("chaos-sys-db")
+            self.sysdb = self.sys_pg.url(self.sys_pg.create_database("chaos_sys"))
+            self.decoy_sysdb = self.sys_pg.url(self.sys_pg.create_database("chaos_decoy_sys"))
+        else:
+            self.sysdb = self.pg.create_database("chaos_sys")
+            self.decoy_sysdb = self.pg.create_database("chaos_decoy_sys")
         self.evidence = self.pg.create_database("chaos_evidence")
         relay_db = self.pg.create_database("chaos_relay")
         # Every death must reach it as exactly one ExecutorDead idempotency key (the checker).
@@ -178,6 +187,8 @@ class Fleet:
             self.db_proxy.__exit__(None, None, None)
         if self.relay_pg is not None:
             self.relay_pg.close()
+        if self.sys_pg is not None:
+            self.sys_pg.close()
         self.pg.close()
 
 
@@ -202,6 +213,8 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         slot.proc.kill()
         slot.proc.wait()
         fleet.launch(slot)  # its process manager restarts it: a new executor id
+    elif fault.kind in SYSTEM_DATABASE_FAULTS:
+        record.update(_system_database_fault(fleet, slot, fault))
     elif fault.kind == "sigstop":
         slot.proc.send_signal(signal.SIGSTOP)
         time.sleep(fault.duration)
@@ -232,6 +245,22 @@ def _database_fault(fleet: Fleet, fault: Fault) -> None:
         fleet.relay_pg.pause()
         time.sleep(fault.duration)
         fleet.relay_pg.resume()
+
+
+def _system_database_fault(fleet: Fleet, slot: Slot, fault: Fault) -> dict[str, Any]:
+    """Kill the executor, then stop the system databases' server from just before its grace period
+    runs out until after: its recovery is dispatched to a peer whose system database is down."""
+    assert fleet.sys_pg is not None and slot.proc is not None, "the system database's fault needs its server"
+    slot.proc.kill()
+    slot.proc.wait()
+    time.sleep(max(0.0, fleet.profile.grace_secs - SYSDB_LEAD_SECS))
+    down = time.time()
+    fleet.sys_pg.stop()
+    time.sleep(fault.duration)
+    fleet.sys_pg.start()
+    up = time.time()
+    fleet.launch(slot)
+    return {"sysdb_down": down, "sysdb_up": up}
 
 
 def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str, Any]:

@@ -17,6 +17,14 @@ FAULT_KINDS = EXECUTOR_FAULTS + INSTANCE_FAULTS
 # than instanceLeaseSecs. Played only by profiles with ``db_faults`` (the others' schedules are
 # unchanged).
 DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
+# The executors' system databases (a server of their own, both apps'): an executor is killed and,
+# SYSDB_LEAD_SECS before its grace period runs out, the server is stopped (pg_ctl -m fast) for
+# ``duration`` (longer than the lead), so that its death is declared and its recovery dispatched
+# to a peer while the server is down (a recovery takes a few tens of milliseconds: a restart
+# timed after the declaration would find it done). Started again, and then the executor.
+# Played, like DATABASE_FAULTS, with ``db_faults`` only.
+SYSTEM_DATABASE_FAULTS = ("sysdb_restart",)
+SYSDB_LEAD_SECS = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,8 @@ class Profile:
     fault_gap_secs: tuple[float, float]  # quiet time between one fault's end and the next
     relay_instances: int = 3  # behind one load balancer, sharing one PostgreSQL
     lease_secs: float = 3.0  # instanceLeaseSecs
-    db_faults: bool = False  # Relay's PostgreSQL on a server of its own, and DATABASE_FAULTS played
+    db_faults: bool = False  # Relay's and the apps' PostgreSQL on servers of their own, and db_kinds played
+    db_kinds: tuple[str, ...] = DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS  # the database faults it plays
     liars: int = 0  # main-app executors that answer recovery with success and recover nothing
     decoys: int = 1  # executors of the decoy app
 
@@ -42,13 +51,15 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Profile:
-        return cls(**{**data, "fault_gap_secs": tuple(data["fault_gap_secs"])})
+        # A record from before db_kinds played the four faults of Relay's database.
+        kinds = tuple(data.get("db_kinds", DATABASE_FAULTS))
+        return cls(**{**data, "fault_gap_secs": tuple(data["fault_gap_secs"]), "db_kinds": kinds})
 
 
 PROFILES = {
     "ci": Profile("ci", executors=3, fault_secs=150, warmup_secs=10, heal_timeout_secs=150,
                   workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
-                  fault_gap_secs=(2.0, 6.0)),
+                  fault_gap_secs=(2.0, 6.0), db_faults=True, db_kinds=("db_kill", "db_cut", "sysdb_restart")),
     "quick": Profile("quick", executors=3, fault_secs=45, warmup_secs=8, heal_timeout_secs=90,
                      workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
                      fault_gap_secs=(1.0, 3.0)),
@@ -57,7 +68,7 @@ PROFILES = {
                   fault_gap_secs=(1.0, 3.0), db_faults=True),
     "soak": Profile("soak", executors=4, fault_secs=1800, warmup_secs=15, heal_timeout_secs=300,
                     workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
-                    fault_gap_secs=(3.0, 12.0)),
+                    fault_gap_secs=(3.0, 12.0), db_faults=True),
 }  # fmt: skip
 
 
@@ -76,22 +87,30 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
     """One fault at a time, so a peer of the main app and a Relay instance are always there."""
     rng = random.Random(seed)
     faults: list[Fault] = []
-    # Every fourth fault is an instance (or, with db_faults, database) fault not played yet, until each kind has been:
-    # a short run (CI's) plays all of them whatever the seed.
+    # Every fourth fault (every other one with db_faults, which owes twice as many) is an instance or
+    # database fault not played yet, until each kind has been: a short run (CI's) plays all of them
+    # whatever the seed.
     owed = rng.sample(INSTANCE_FAULTS, len(INSTANCE_FAULTS))
     kinds: tuple[str, ...] = FAULT_KINDS
     weights = [4, 2, 2, 1, 1, 1]
+    every = 4
     if profile.db_faults:
-        owed = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) + owed
-        kinds, weights = kinds + DATABASE_FAULTS, [*weights, 1, 1, 1, 1]
+        owed = rng.sample(profile.db_kinds, len(profile.db_kinds)) + owed
+        kinds, weights = kinds + profile.db_kinds, [*weights, *[1] * len(profile.db_kinds)]
+        every = 2
     t = profile.warmup_secs
     while t < profile.fault_secs:
         kind = rng.choices(kinds, weights=weights)[0]
-        if len(faults) % 4 == 3 and owed:
+        if len(faults) % every == every - 1 and owed:
             kind = owed[0]
         if kind in owed:
             owed.remove(kind)
-        if kind in DATABASE_FAULTS:
+        if kind in SYSTEM_DATABASE_FAULTS:
+            # Its executor's death, then the server down past the SDK's first reconnect attempts.
+            target = rng.randrange(profile.executors)
+            duration = round(rng.uniform(2.0, 4.0), 2)
+            settle = profile.grace_secs + profile.lease_secs
+        elif kind in DATABASE_FAULTS:
             # A few seconds: past a lease renewal and the SDK's reconnect, within the grace period's
             # reach; then time for every instance to be ready again.
             target = -1

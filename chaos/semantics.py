@@ -41,7 +41,9 @@ TOLERANCE_SECS = 0.75
 # 1 s between attempts, then the handshake; more on a loaded machine.
 RECONNECT_SECS = 3.0
 
-EXECUTOR_CUTS = ("kill9", "sigstop", "partition")
+# sysdb_restart kills its executor first (then restarts the apps' system databases).
+EXECUTOR_CUTS = ("kill9", "sigstop", "partition", "sysdb_restart")
+KILLS = ("kill9", "sysdb_restart")
 # Relay's database failing (profile db) may fence instances out, and their executors with them.
 INSTANCE_CUTS = ("relay_kill", "relay_sigstop", "relay_restart", "db_kill", "db_cut", "db_restart", "db_pause")
 
@@ -75,7 +77,7 @@ def cuts_of(h: History, executor: str) -> list[Cut]:
     cuts = []
     for f in h.faults:
         if f["kind"] in INSTANCE_CUTS or (f["kind"] in EXECUTOR_CUTS and f.get("executor") == executor):
-            end = math.inf if f["kind"] == "kill9" else _ended(f) + RECONNECT_SECS
+            end = math.inf if f["kind"] in KILLS else _ended(f) + RECONNECT_SECS
             cuts.append(Cut(float(f["at"]), end, f["kind"] == "sigstop", f))
     return cuts
 
@@ -154,7 +156,7 @@ def _short_faults_forgiven(h: History) -> list[str]:
 
 def _reexecutions_explained(h: History) -> list[str]:
     dead = {e["executorId"] for e in h.audit if e["action"] == "executor.dead"}
-    killed = {f.get("executor") for f in h.faults if f["kind"] == "kill9"}
+    killed = {f.get("executor") for f in h.faults if f["kind"] in KILLS}
     ran: dict[tuple[str, str], set[str]] = defaultdict(set)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for workflow_id, step, executor, _ in h.steps:

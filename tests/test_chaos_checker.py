@@ -115,7 +115,7 @@ def test_schedules_are_reproducible_and_leave_a_peer() -> None:
     profile = PROFILES["ci"]
     a, b = make_schedule(7, profile), make_schedule(7, profile)
     assert a == b and a != make_schedule(8, profile)
-    assert {f.kind for f in make_schedule(1, PROFILES["soak"])} == set(FAULT_KINDS)
+    assert {f.kind for f in make_schedule(1, PROFILES["soak"])} >= set(FAULT_KINDS)
     assert {f.kind for f in a} >= set(INSTANCE_FAULTS)  # CI's profile plays the instance faults too
     for fault in a:
         if fault.kind in INSTANCE_FAULTS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from chaos.checker import History, Timing, check
+from chaos.checker import History, Timing, check, figures
 from chaos.semantics import RECONNECT_SECS, TOLERANCE_SECS
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC).timestamp()
@@ -134,6 +134,24 @@ def test_a_step_run_twice_on_live_executors_is_rejected() -> None:
     assert check(h) == ["step one of w1 ran 2 times on ['e1', 'e2'], none of them declared dead or killed"]
     h.faults = [fault("kill9", 10)]  # e1 killed; a recovery not yet audited still explains it
     assert check(h) == []
+    h.faults = [fault("sysdb_restart", 10, 6.0)]  # the system database's fault kills its executor first
+    assert check(h) == []
+
+
+def test_the_system_database_fault_is_a_kill_of_its_executor_and_no_one_elses() -> None:
+    # e1 killed at 10, the system database down from 12.5 to 16: e1 stays cut off for good.
+    assert check(history([fault("sysdb_restart", 10, 6.0)], recovered(10 + 30))) == []
+    problems = check(history([fault("sysdb_restart", 10, 6.0)], recovered(10 + 0.1)))
+    assert len(problems) == 1 and "before its grace period" in problems[0], problems
+    problems = check(history([fault("sysdb_restart", 10, 6.0, executor="e9")], recovered(13)))
+    assert any("no fault cutting it off" in p for p in problems), problems
+
+
+def test_the_figures_count_recoveries_dispatched_while_the_system_database_was_down() -> None:
+    restart = {**fault("sysdb_restart", 10, 6.0), "sysdb_down": T0 + 11, "sysdb_up": T0 + 14}
+    assert figures(history([restart], recovered(12.1)))["recoveries_dispatched_while_sysdb_down"] == 1
+    assert figures(history([restart], recovered(14.5)))["recoveries_dispatched_while_sysdb_down"] == 0
+    assert figures(history([fault("kill9", 10)], recovered(12.1)))["recoveries_dispatched_while_sysdb_down"] == 0
 
 
 # rule 2 through the audit log: the recovering peer is of the same app
