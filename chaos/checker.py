@@ -235,6 +235,10 @@ def figures(h: History) -> dict[str, Any]:
         },
         "dead_declarations": timing_figures(h),
         "recoveries_dispatched_while_sysdb_down": _during_sysdb_outages(h, "recovery.dispatched"),
+        "reconciler": {
+            "found": sum(1 for e in h.audit if e["action"] == "reconcile.found"),
+            "recovered": sum(1 for e in h.audit if e["action"] == "reconcile.recovered"),
+        },
     }
 
 

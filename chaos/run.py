@@ -109,6 +109,8 @@ class Fleet:
         )  # fmt: skip
         config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.5,
                             "retryInitialSecs": 0.5, "retryMaxSecs": 2.0}  # fmt: skip
+        if profile.reconcile_secs is not None:  # the reconciler runs among the faults, and must find nothing wrong
+            config["reconciler"] = {"enabled": True, "intervalSecs": profile.reconcile_secs}
         rule = {"kind": "ExecutorDead", "webhook": self.receiver.url(), "minIntervalSecs": 0}
         config["orgs"][0]["apps"][0]["alerts"] = [rule]
         return config

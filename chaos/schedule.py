@@ -45,6 +45,7 @@ class Profile:
     db_kinds: tuple[str, ...] = DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS  # the database faults it plays
     liars: int = 0  # main-app executors that answer recovery with success and recover nothing
     decoys: int = 1  # executors of the decoy app
+    reconcile_secs: float | None = None  # the reconciler's interval (None: Relay's default, 300 s)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +69,7 @@ PROFILES = {
                   fault_gap_secs=(1.0, 3.0), db_faults=True),
     "soak": Profile("soak", executors=4, fault_secs=1800, warmup_secs=15, heal_timeout_secs=300,
                     workload_interval_secs=0.5, grace_secs=2.0, ping_interval_secs=0.5, ping_wait_secs=2.0,
-                    fault_gap_secs=(3.0, 12.0), db_faults=True),
+                    fault_gap_secs=(3.0, 12.0), db_faults=True, reconcile_secs=60.0),
 }  # fmt: skip
 
 
