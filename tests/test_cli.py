@@ -58,7 +58,9 @@ class World:
 def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     workdir = tmp_path_factory.mktemp("cli")
     sysdb = postgres.create_database("sys")
-    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port()))
+    # Pings spaced so that a loaded machine's executor is not dropped for a late pong (not tested here).
+    config = relay_yaml(free_port(), pingIntervalSecs=1.0, pingWaitSecs=10.0)
+    relay = RelayProcess(workdir, postgres.create_database("relay"), config)
     seeder: ExecutorProcess | None = None
     try:
         relay.start()
