@@ -837,6 +837,22 @@ def test_a_read_moves_on_when_an_executor_does_not_answer_and_a_trigger_does_not
     assert len(audit(world, "failover", "schedule.trigger", result="failure")) == 2
 
 
+def test_an_executor_that_just_left_costs_a_request_nothing(world: World) -> None:
+    """Instance 2 reads which executors serve an app at most once a second: a silent executor
+    that leaves in between is still in that list, and is skipped at once, not waited for."""
+    with world.api(world.r2) as api:
+        with SimulatedPeer(executor_url(world.r2, "ledger"), f"leaving-{uuid.uuid4()}", "silent",
+                           others="silent") as leaving:  # fmt: skip
+            assert_eventually(lambda: healthy(world.r2, "ledger", leaving.executor_id), 10)
+            ok(api.get(f"{LEDGER}/queues"))  # the list of three, read now (the silent one may be asked)
+        for _ in range(3):
+            started = time.monotonic()
+            ok(api.get(f"{LEDGER}/queues"))
+            assert time.monotonic() - started < PER_EXECUTOR_SECS
+        assert leaving.requests["list_queues"] <= 1
+    assert_eventually(lambda: not healthy(world.r2, "ledger", leaving.executor_id), 10)
+
+
 def get(relay: RelayProcess, path: str) -> httpx.Response:
     """A GET on a client of its own (for requests made from several threads at once)."""
     with relay.api("acme") as api:

@@ -13,7 +13,7 @@ from relay.auth import KeyGrant, Permission
 router = APIRouter(prefix="/v2/orgs/{org}")
 
 
-def _reader(request: Request, org: str) -> KeyGrant:
+async def _reader(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.ORGANIZATION_READ)
 
 

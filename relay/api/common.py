@@ -98,6 +98,14 @@ def context(request: Request) -> ApiContext:
     return ctx
 
 
+# The dependencies below are ``async def``, though they never wait: FastAPI runs a plain ``def``
+# dependency in a worker thread, a thread hop per dependency per request.
+
+
+async def _context(request: Request) -> ApiContext:
+    return context(request)
+
+
 def authenticated(request: Request) -> KeyGrant:
     """The bearer key's grant; 401 without a valid key."""
     header = request.headers.get("authorization", "")
@@ -120,11 +128,11 @@ def permitted(request: Request, org: str, permission: Permission) -> KeyGrant:
     return grant
 
 
-def caller(request: Request, org: str) -> KeyGrant:
+async def caller(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.APPLICATION_READ)
 
 
-def admin(request: Request, org: str) -> KeyGrant:
+async def admin(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.APPLICATION_WRITE)
 
 
@@ -172,7 +180,7 @@ class Paging:
     offset: int
 
 
-def paging(
+async def paging(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Paging:
@@ -180,7 +188,7 @@ def paging(
 
 
 Page = Annotated[Paging, Depends(paging)]
-Ctx = Annotated[ApiContext, Depends(context)]
+Ctx = Annotated[ApiContext, Depends(_context)]
 Caller = Annotated[KeyGrant, Depends(caller)]
 Admin = Annotated[KeyGrant, Depends(admin)]
 

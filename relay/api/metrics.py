@@ -39,7 +39,7 @@ class Metric(Shape):
     granularity: int
 
 
-def metric_reader(request: Request, org: str) -> KeyGrant:
+async def metric_reader(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.METRIC_READ)
 
 

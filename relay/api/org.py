@@ -15,19 +15,25 @@ router = APIRouter(prefix="/v2/orgs/{org}", tags=["org"])
 caller_router = APIRouter(prefix="/v2", tags=["org"])
 
 
-def _member(request: Request, org: str) -> KeyGrant:
+async def _member(request: Request, org: str) -> KeyGrant:
     grant = authenticated(request)
     if grant.org != org:
         raise ApiError(403, "forbidden", f"this API key has no access to org {org!r}")
     return grant
 
 
-def _org_reader(request: Request, org: str) -> KeyGrant:
+async def _org_reader(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.ORGANIZATION_READ)
 
 
 Member = Annotated[KeyGrant, Depends(_member)]
-AnyKey = Annotated[KeyGrant, Depends(authenticated)]
+
+
+async def _any_key(request: Request) -> KeyGrant:
+    return authenticated(request)
+
+
+AnyKey = Annotated[KeyGrant, Depends(_any_key)]
 OrgReader = Annotated[KeyGrant, Depends(_org_reader)]
 
 

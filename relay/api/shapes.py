@@ -9,10 +9,10 @@ PascalCase keys; nothing else in Relay reads them.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from relay_protocol import (
     ApplicationVersionOutput,
@@ -27,19 +27,6 @@ from relay_protocol import (
     WorkflowSteps,
 )
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def utf8_json(value: Any) -> Any:
-    """Lone surrogates (which an executor may send as JSON escapes) replaced: JSON answers must be UTF-8."""
-    if isinstance(value, str):
-        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {utf8_json(k): utf8_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [utf8_json(v) for v in value]
-    return value
-
 
 def one_of(*values: str) -> Any:
     """A string field whose schema lists the values it takes (the code passes plain ``str``)."""
@@ -47,21 +34,24 @@ def one_of(*values: str) -> Any:
 
 
 class Shape(BaseModel):
+    """A shape of Conductor's API. Its strings come from executors' replies, which are UTF-8 by the
+    time they get here (lone surrogates are replaced where frames arrive: relay.net.wire.clean_frame)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _utf8(cls, value: Any) -> Any:
-        return utf8_json(value)
+
+_EPOCH = datetime(1970, 1, 1)
 
 
 def ms_iso(value: str | int | None) -> str | None:
-    """Epoch milliseconds (a number, or a number in a string) as ISO 8601 UTC; None if absent or not a number."""
+    """Epoch milliseconds (a number, or a number in a string) as ISO 8601 UTC; None if absent, not a
+    number, or outside the years 1 to 9999. Exact: no trip through a float, which far from 1970 is
+    off by microseconds."""
     if value is None:
         return None
     try:
-        return datetime.fromtimestamp(int(value) / 1000, UTC).isoformat().replace("+00:00", "Z")
-    except (TypeError, ValueError, OverflowError, OSError):
+        return (_EPOCH + timedelta(milliseconds=int(value))).isoformat() + "Z"
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

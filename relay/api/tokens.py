@@ -16,11 +16,11 @@ router = APIRouter(prefix="/v2/orgs/{org}/tokens")
 TokenName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
-def _reader(request: Request, org: str) -> KeyGrant:
+async def _reader(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.TOKEN_READ)
 
 
-def _writer(request: Request, org: str) -> KeyGrant:
+async def _writer(request: Request, org: str) -> KeyGrant:
     return permitted(request, org, Permission.TOKEN_WRITE)
 
 

@@ -8,6 +8,12 @@ change that is safe to repeat (cancel, resume, delete...), moves on to the
 next executor when one does not answer within the per-executor timeout; the
 whole request ends by a deadline that Conductor's clients wait for (they give
 up at 30 s). A change that is not safe to repeat (an import) is tried once.
+
+Which executors serve an app is read from the registry at most once per
+:attr:`GatewayLimits.serving_ttl_secs` for requests that may move on (a
+read, a repeatable change): one that left since is skipped like one that
+does not answer, and the list is read again after any executor failed. A
+request that is tried once reads the registry first.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class GatewayLimits:
     per_executor_secs: float = 5.0
     deadline_secs: float = 25.0
     in_flight_per_app: int = 32
+    serving_ttl_secs: float = 1.0
 
 
 class ExecutorGateway:
@@ -52,6 +59,8 @@ class ExecutorGateway:
         self.limits = limits
         self._turns = itertools.count()
         self._in_flight: dict[tuple[str, str], int] = {}
+        # (org, app) -> (loop time it was read, [(executor id, instance holding its socket)])
+        self._serving: dict[tuple[str, str], tuple[float, list[tuple[str, str]]]] = {}
 
     async def ask(
         self,
@@ -85,25 +94,48 @@ class ExecutorGateway:
     async def _ask(
         self, org: str, app: str, make: Callable[[], Request], expected: type[R], repeatable: bool, per: float
     ) -> R:
-        healthy = [executor_id for executor_id, _ in await self.executors.healthy_peers(org, app)]
-        if not healthy:
-            raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
-        start = next(self._turns) % len(healthy)
-        order = healthy[start:] + healthy[:start]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.deadline_secs
         problems: list[str] = []
-        for executor_id in order if repeatable else order[:1]:
-            left = deadline - loop.time()
-            if left <= 0:
+        tried: set[str] = set()
+        healthy, cached = await self._healthy(org, app, loop.time(), fresh=not repeatable)
+        while True:
+            if not healthy:
+                raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
+            start = next(self._turns) % max(len(healthy), 1)
+            order = [e for e in healthy[start:] + healthy[:start] if e[0] not in tried]
+            for executor_id, owner in order if repeatable else order[:1]:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                tried.add(executor_id)
+                key = ExecutorKey(org, app, executor_id)
+                try:
+                    return await self.router.ask(key, make(), expected, min(per, left), owner=owner)
+                except UnsupportedMessage:
+                    raise
+                except ExecutorBadReply as exc:
+                    problems.append(str(exc))
+                    log.warning("app %s: %s", app, exc)
+                except ExecutorRequestError as exc:
+                    problems.append(str(exc))
+                self._serving.pop((org, app), None)
+            if not cached or deadline <= loop.time():
                 break
-            try:
-                return await self.router.ask(ExecutorKey(org, app, executor_id), make(), expected, min(per, left))
-            except UnsupportedMessage:
-                raise
-            except ExecutorBadReply as exc:
-                problems.append(str(exc))
-                log.warning("app %s: %s", app, exc)
-            except ExecutorRequestError as exc:
-                problems.append(str(exc))
+            # The list was read a moment ago and none of it answered: read the registry again.
+            healthy, cached = await self._healthy(org, app, loop.time(), fresh=True)
         raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
+
+    async def _healthy(self, org: str, app: str, now: float, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
+        """The app's serving executors, and whether they are the list read less than the TTL ago
+        (``fresh``: read the registry whatever the age)."""
+        slot = (org, app)
+        cached = self._serving.get(slot)
+        if not fresh and cached is not None and now - cached[0] < self.limits.serving_ttl_secs:
+            return cached[1], True
+        healthy = await self.executors.serving(org, app)
+        if healthy:
+            self._serving[slot] = (now, healthy)
+        else:
+            self._serving.pop(slot, None)
+        return healthy, False

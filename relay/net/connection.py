@@ -20,7 +20,7 @@ from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.liveness import LivenessMonitor
 from relay.errors import DatabaseError, ExecutorGone, ExecutorTimeout, Fenced, ProtocolError
-from relay.net.wire import Frame, executor_info
+from relay.net.wire import Frame, clean_frame, executor_info
 from relay.net.wsproto import Keepalive
 from relay.store.executors import IdentityTaken
 from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, Request, decode_frame
@@ -259,7 +259,7 @@ class ExecutorConnection:
             log.warning("executor %s: ignored a binary frame (%d bytes)", self.name, len(message.get("bytes") or b""))
             return False
         try:
-            frame = decode_frame(text)
+            frame = clean_frame(text, decode_frame(text))
         except WireError as exc:
             self.hub.counters["frames_malformed"] += 1
             log.warning("executor %s: ignored a malformed frame: %s", self.name, exc)

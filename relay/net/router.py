@@ -93,26 +93,41 @@ class Router:
     # -- asking ----------------------------------------------------------------
 
     async def ask(
-        self, key: ExecutorKey, request: Request, expected: type[R], timeout: float, *, await_connection: bool = False
+        self,
+        key: ExecutorKey,
+        request: Request,
+        expected: type[R],
+        timeout: float,
+        *,
+        await_connection: bool = False,
+        owner: str | None = None,
     ) -> R:
         """:meth:`request`, with the reply read as ``expected`` (see :func:`relay.net.wire.reply_to`)."""
-        frame = await self.request(key, request, timeout, await_connection=await_connection)
+        frame = await self.request(key, request, timeout, await_connection=await_connection, owner=owner)
         return reply_to(request, frame, expected, f"executor {key}")
 
     async def request(
-        self, key: ExecutorKey, request: Request, timeout: float, *, await_connection: bool = False
+        self,
+        key: ExecutorKey,
+        request: Request,
+        timeout: float,
+        *,
+        await_connection: bool = False,
+        owner: str | None = None,
     ) -> Frame:
         """Send ``request`` to the executor wherever it is connected, and await its reply.
 
         With ``await_connection``, an executor not connected anywhere right now
         (one reconnecting after a restart of an instance) is waited for, within
-        ``timeout``.
+        ``timeout``. ``owner``: the instance the caller just read as holding its socket
+        (:meth:`ExecutorStore.serving`), which saves looking it up once; looked up after that.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         problem = "is not connected to any live Relay instance"
+        hint = owner
         while True:
-            owner = await self.executors.owner(key)
+            owner, hint = (hint, None) if hint is not None else (await self.executors.owner(key), None)
             if owner == self.instance_id and key in self.hub.connections:
                 return await self.hub.request(key, request, max(deadline - loop.time(), 0.001))
             if owner is not None and owner != self.instance_id:

@@ -6,6 +6,7 @@ The protocol module knows nothing of Relay; this is the boundary where its
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 from relay.errors import ExecutorBadReply, ExecutorRefused, ProtocolError, UnsupportedMessage
@@ -25,6 +26,26 @@ Frame = dict[str, Any]
 
 # How much of an executor's error message Relay keeps (in logs, audit entries, API answers).
 ERROR_TEXT_LEN = 2000
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_json(value: Any) -> Any:
+    """Lone surrogates (which JSON's ``\\udc00`` escapes can make) replaced by U+FFFD: what Relay
+    passes on as JSON must be UTF-8. Frames are cleaned where they arrive (see :func:`clean_frame`)."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {utf8_json(k): utf8_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utf8_json(v) for v in value]
+    return value
+
+
+def clean_frame(text: str, frame: Frame) -> Frame:
+    """``frame``, decoded from ``text``, with any lone surrogate replaced. Only an escape can make
+    one (a WebSocket text frame is valid UTF-8), so a text without ``\\u`` is returned as is."""
+    return utf8_json(frame) if "\\u" in text else frame
 
 
 def executor_info(frame: Frame, request_id: str) -> ExecutorInfoReply:

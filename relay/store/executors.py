@@ -497,6 +497,18 @@ class ExecutorStore:
             )
             return [(r["executor_id"], r["application_version"]) for r in await cur.fetchall()]
 
+    async def serving(self, org: str, app: str) -> list[tuple[str, str]]:
+        """(executor id, instance holding its socket) of the app's HEALTHY executors, as
+        :meth:`healthy_peers` chooses them: the executors and their :meth:`owner` in one query."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT e.executor_id, e.relay_instance FROM executors e
+                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
+                   WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
+                (org, app),
+            )
+            return [(r["executor_id"], r["relay_instance"]) for r in await cur.fetchall()]
+
     async def owner(self, key: ExecutorKey) -> str | None:
         """The instance holding the executor's socket; None if it is not HEALTHY or its instance's
         lease has run out (it died, and its adopter will mark it DISCONNECTED)."""
