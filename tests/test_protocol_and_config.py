@@ -6,11 +6,12 @@ import json
 
 import pytest
 
+from relay.api.shapes import ms_iso
 from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
-from relay.net.wire import executor_info
+from relay.net.wire import clean_frame, executor_info
 from relay.store.keys import grants_from_config
 from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, MessageType, RecoveryRequest, decode_frame
 from relay_protocol import ProtocolError as WireError
@@ -151,3 +152,30 @@ def test_new_keys_are_random_and_hashed() -> None:
     (k1, h1), (k2, h2) = new_key(), new_key()
     assert k1 != k2 and len(k1) >= 40
     assert h1 == hash_key(k1) and h2 == hash_key(k2) and len(h1) == 64
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1700000000123", "2023-11-14T22:13:20.123000Z"),
+        (1700000000000, "2023-11-14T22:13:20Z"),
+        (9141256440926, "2259-09-04T13:54:00.926000Z"),  # through a float: .926001
+        (-1, "1969-12-31T23:59:59.999000Z"),
+        (253402300799999, "9999-12-31T23:59:59.999000Z"),
+        (253402300800000, None),  # past year 9999
+        ("soon", None),
+        (None, None),
+    ],
+)
+def test_epoch_milliseconds_as_iso_8601_exactly(value: str | int | None, expected: str | None) -> None:
+    assert ms_iso(value) == expected
+
+
+def test_lone_surrogates_are_replaced_where_frames_arrive() -> None:
+    workflow = '{"WorkflowUUID": "a\\ud800b", "Name": "\\ud83d\\ude00"}'
+    text = '{"type": "list_workflows", "request_id": "r", "output": [' + workflow + "]}"
+    frame = clean_frame(text, decode_frame(text))
+    assert frame["output"][0] == {"WorkflowUUID": "a\ufffdb", "Name": "\U0001f600"}
+    plain = '{"type": "list_workflows", "request_id": "r", "output": []}'
+    decoded = decode_frame(plain)
+    assert clean_frame(plain, decoded) is decoded  # no escape, nothing to look at
