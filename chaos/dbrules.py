@@ -87,8 +87,10 @@ def healthy_cuts(h: History) -> list[dict[str, Any]]:
         # A sample's state held somewhere in [t, t + SAMPLE_TIMEOUT_SECS]: within the fault only if that is.
         healthy = [t for t, state in h.health.get(executor, []) if state == "HEALTHY"
                    and start <= t and t + SAMPLE_TIMEOUT_SECS <= until]  # fmt: skip
+        # How many times the registry was read for it in the window's first seconds (the rule saw it).
+        seen = sum(1 for t, _ in h.health.get(executor, []) if start <= t <= min(until, base + 2 * wait))
         cuts.append({"executor": executor, "kind": f["kind"], "start": start, "base": base, "until": until,
-                     "last_healthy": max(healthy) if healthy else None})  # fmt: skip
+                     "last_healthy": max(healthy) if healthy else None, "samples": seen})  # fmt: skip
     return cuts
 
 
@@ -209,6 +211,7 @@ def database_figures(h: History) -> dict[str, Any]:
             "cuts": len(cuts),
             "max": round(max(after), 2) if after else None,
             "bound": None if wait is None else wait + HEALTHY_TOLERANCE_SECS,
+            "min_samples": min((c["samples"] for c in cuts), default=None),
         },
         "ready_after_database_secs": {
             "count": len(ready),

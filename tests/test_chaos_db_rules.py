@@ -55,7 +55,12 @@ def test_a_killed_executor_no_longer_healthy_within_ping_wait_passes() -> None:
     samples = healthy(9.6, 10.2, 10 + BOUND - 0.1) + healthy(10 + BOUND + 0.3, 30.0, state="DISCONNECTED")
     h = history([fault("kill9", 10, executor="e1")], health={"e1": samples})
     assert check(h) == []
-    assert figures(h)["database_rules"]["healthy_after_cut_secs"] == {"cuts": 1, "max": 3.9, "bound": BOUND}
+    assert figures(h)["database_rules"]["healthy_after_cut_secs"] == {
+        "cuts": 1,
+        "max": 3.9,
+        "bound": BOUND,
+        "min_samples": 2,
+    }
 
 
 def test_a_database_outage_moves_the_bound_to_its_end() -> None:
