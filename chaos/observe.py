@@ -41,6 +41,7 @@ class RegistryWatch:
         self.samples: dict[str, list[tuple[float, str]]] = {}
         # pid of an instance process -> when this watch first saw it exited
         self.exited: dict[int, float] = {}
+        self._clients: dict[str, httpx.Client] = {}  # per instance, kept: a loaded machine connects slowly
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="registry-watch", daemon=True)
 
@@ -52,6 +53,9 @@ class RegistryWatch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -71,14 +75,16 @@ class RegistryWatch:
             self._note_exits()
             if not _running(relay):
                 continue
-            sent = time.time()
-            try:
-                with httpx.Client(
+            api = self._clients.get(relay.instance_id)
+            if api is None:
+                api = self._clients[relay.instance_id] = httpx.Client(
                     base_url=f"{relay.http}/v2/orgs/{self.org}",
                     headers={"Authorization": f"Bearer {API_KEYS[self.org]}"},
                     timeout=SAMPLE_TIMEOUT_SECS,
-                ) as api:
-                    rows = list_all(api, f"/apps/{app}/executors")
+                )
+            sent = time.time()
+            try:
+                rows = list_all(api, f"/apps/{app}/executors")
             except (httpx.HTTPError, ValueError):
                 continue  # this instance cannot answer now (its database is out, say): the next one
             if time.time() - sent > SAMPLE_TIMEOUT_SECS:
