@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from chaos.dbrules import database_figures, database_violations
 from chaos.semantics import semantic_violations, timing_figures
 from harness.stats import percentile
 
@@ -42,6 +43,12 @@ class History:
     alive: list[str] = field(default_factory=list)
     # the run's timing: grace, pingWaitSecs and pingIntervalSecs (no timing checks without it)
     timing: Timing | None = None
+    # What the runner read of the registry during the run: executor id -> (wall time, state), oldest
+    # first (chaos/observe.py); nothing while no instance could answer.
+    health: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    # Relay instance exits the harness did not cause: {"instance", "exit_code", "at" (wall time, when
+    # first seen)}
+    exits: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class Timing:
     grace_secs: float
     ping_wait_secs: float
     ping_interval_secs: float
+    lease_secs: float | None = None  # instanceLeaseSecs (no readiness or adoption checks without it)
 
 
 def check(h: History) -> list[str]:
@@ -62,6 +70,7 @@ def check(h: History) -> list[str]:
         *_one_alert_per_death(h),
         *_recovered_within_the_app(h),
         *semantic_violations(h),
+        *database_violations(h),
     ]
 
 
@@ -239,6 +248,7 @@ def figures(h: History) -> dict[str, Any]:
             "found": sum(1 for e in h.audit if e["action"] == "reconcile.found"),
             "recovered": sum(1 for e in h.audit if e["action"] == "reconcile.recovered"),
         },
+        "database_rules": database_figures(h),
     }
 
 

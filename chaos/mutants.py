@@ -62,6 +62,11 @@ MUTANTS = (
         Edit("relay/store/recoveries.py", "await self.executors.apply(key, event, epoch=epoch, conn=conn)",
              "await self.executors.apply(key, event, epoch=None, conn=conn)"),
     )),
+    Mutant("lease-gives-up", "an instance stops renewing its lease at its first failed renewal",
+           "db-outages.json",
+           (Edit("relay/store/lease.py",
+                 '                log.warning("instance %s could not renew its lease: %s", self.instance_id, exc)\n',
+                 '                return\n'),)),
     Mutant("no-frame", "the recovery frame never sent (its success assumed)", "liar.json",
            (Edit("workflows/recovery.py",
                  "    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), "

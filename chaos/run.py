@@ -29,6 +29,8 @@ from typing import Any
 import psycopg
 
 from chaos.checker import History, Timing, check, figures
+from chaos.dbrules import READY_SLACK_SECS
+from chaos.observe import RegistryWatch, time_to_ready
 from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
@@ -94,6 +96,8 @@ class Fleet:
             for i in range(profile.relay_instances)
         ]
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
+        # The registry as the run goes, and when an instance was first seen exited (chaos/dbrules.py).
+        self.watch = RegistryWatch(self.relays, (MAIN_APP, DECOY_APP))
         self.slots: list[Slot] = []
         # When the workload stops (a Unix time), read by every executor as it goes: known only
         # once the fleet is up, since starting it may take longer than the warm-up on a loaded machine.
@@ -124,7 +128,8 @@ class Fleet:
         revived = []
         for relay in self.relays:
             if relay.proc is not None and relay.proc.poll() is not None:
-                revived.append({"instance": relay.instance_id, "exit_code": relay.proc.returncode, "at": time.time()})
+                seen = self.watch.exited.get(relay.proc.pid, time.time())
+                revived.append({"instance": relay.instance_id, "exit_code": relay.proc.returncode, "at": seen})
                 relay.start()
         return revived
 
@@ -149,6 +154,7 @@ class Fleet:
             slot = Slot(index, app, version, proxy)
             self.slots.append(slot)
             self.launch(slot)
+        self.watch.start()
 
     def launch(self, slot: Slot) -> None:
         env = {
@@ -173,6 +179,7 @@ class Fleet:
         slot.ids.append(slot.executor_id)
 
     def stop(self) -> None:
+        self.watch.stop()
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGCONT)
@@ -201,6 +208,9 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
     if fault.kind.startswith("db_"):
         _database_fault(fleet, fault)
         record.update(ended=time.time(), ended_mono=time.monotonic())
+        # Every running instance must be ready within a lease and ten seconds; a few more to see it late.
+        cap = fleet.profile.lease_secs + READY_SLACK_SECS + 5.0
+        record["ready_after"] = time_to_ready(fleet.relays, record["ended"], cap)
         return record
     if fault.kind.startswith("relay_"):
         relay = fleet.relays[max(fault.target, 0)]
@@ -288,7 +298,8 @@ def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str
     return {}
 
 
-def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
+def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any]]) -> History:
+    fleet.watch.stop()  # what it saw is final
     apps = {eid: slot.app for slot in fleet.slots for eid in slot.ids}
     rows = []
     for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
@@ -308,10 +319,10 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]]) -> History:
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
     alive = [slot.executor_id for slot in fleet.slots if slot.proc is not None and slot.proc.poll() is None]
     p = fleet.profile
-    timing = Timing(p.grace_secs, p.ping_wait_secs, p.ping_interval_secs)
+    timing = Timing(p.grace_secs, p.ping_wait_secs, p.ping_interval_secs, p.lease_secs)
     return History(
         workflows, outcomes, steps, audit, registry, faults,
-        alerts=fleet.alerts(), apps=apps, alive=alive, timing=timing,
+        alerts=fleet.alerts(), apps=apps, alive=alive, timing=timing, health=fleet.watch.samples, exits=exits,
     )  # fmt: skip
 
 
@@ -382,7 +393,7 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
         while time.time() < deadline and not alerted(fleet):
             time.sleep(0.5)
         unplanned += fleet.revive()  # an instance fenced out at the very end counts too
-        history = gather(fleet, done)
+        history = gather(fleet, done, unplanned)
         stuck = unfinished(fleet)
     finally:
         fleet.stop()

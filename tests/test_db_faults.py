@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from harness.executors import Evidence, ExecutorProcess
@@ -23,6 +24,8 @@ from harness.waiting import assert_eventually
 StartExecutor = Callable[..., ExecutorProcess]
 # How long the database stays down: longer than the lease's renewal period and the SDK's reconnect.
 OUTAGE_SECS = 3.0
+# Longer than Relay's pool waits for a connection (relay/store/db.py).
+LONG_OUTAGE_SECS = 12.0
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +38,14 @@ def relay_pg() -> Iterator[PostgresServer]:
 @pytest.fixture
 def relay_on_own_db(
     relay_pg: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[[float], RelayProcess]]:
+) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 
-    def start(grace: float) -> RelayProcess:
+    def start(grace: float, socket_check: float = 0.5, **liveness: float) -> RelayProcess:
         if not relay_pg.running():
             relay_pg.start()
         url = relay_pg.url(relay_pg.create_database("relay"))
-        config = relay_yaml(free_port(), grace=grace, socketCheckSecs=0.5, repairIntervalSecs=1.0)
+        config = relay_yaml(free_port(), grace=grace, socketCheckSecs=socket_check, repairIntervalSecs=1.0, **liveness)
         relay = RelayProcess(tmp_path, url, config)
         started.append(relay)
         return relay.start()
@@ -88,7 +91,7 @@ def start_victim(start_executor: StartExecutor, relay: RelayProcess, evidence_db
 
 
 def test_database_killed_mid_recovery_then_back_recovers_once(
-    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
     evidence_db: str,
 ) -> None:  # fmt: skip
     relay = relay_on_own_db(1.0)
@@ -104,7 +107,7 @@ def test_database_killed_mid_recovery_then_back_recovers_once(
 
 
 def test_database_killed_mid_grace_period_then_back_recovers_once(
-    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
     evidence_db: str,
 ) -> None:  # fmt: skip
     relay = relay_on_own_db(2.0)
@@ -118,7 +121,7 @@ def test_database_killed_mid_grace_period_then_back_recovers_once(
 
 
 def test_executor_killed_while_the_database_is_down_is_recovered_after_it_returns(
-    relay_on_own_db: Callable[[float], RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
     evidence_db: str,
 ) -> None:  # fmt: skip
     relay = relay_on_own_db(1.0)
@@ -130,3 +133,31 @@ def test_executor_killed_while_the_database_is_down_is_recovered_after_it_return
     relay_pg.start()
     recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
     assert relay.proc is not None and relay.proc.poll() is None
+
+
+def test_executor_killed_while_the_database_is_down_is_not_healthy_long_after_it_returns(
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    evidence_db: str,
+) -> None:  # fmt: skip
+    # The socket check every 60 s, much longer than pingWaitSecs (1 s): the lost disconnection must
+    # not wait for it (issue 14: HEALTHY at most pingWaitSecs after the database returns). The
+    # write is fenced: it waits for the lease's first renewal, within a third of the 3 s lease.
+    relay = relay_on_own_db(30.0, socket_check=60.0, instanceLeaseSecs=3.0)
+    victim = start_victim(start_executor, relay, evidence_db, 1)
+    relay_pg.kill9()
+    victim.kill()  # its disconnection cannot be recorded now
+    # Down longer than the pool waits for a connection (10 s): the disconnection's write fails,
+    # rather than waiting for the database to return.
+    time.sleep(LONG_OUTAGE_SECS)
+    relay_pg.start()
+    back = time.monotonic()
+
+    def not_healthy() -> bool:
+        try:
+            return relay.state_of("acme", "ledger", victim.executor_id) != "HEALTHY"
+        except httpx.HTTPError:
+            return False  # the API's own connections are still coming back
+
+    # pingWaitSecs and 2 s more for a loaded machine (the chaos checker's tolerance).
+    assert_eventually(not_healthy, 1.0 + 2.0, what="the executor no longer HEALTHY")
+    print(f"no longer HEALTHY {time.monotonic() - back:.2f} s after the database returned")

@@ -21,11 +21,13 @@ from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Mode, Peer
+from relay.domain.adoption import Adopter
 from relay.errors import DatabaseError, Fenced
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
+from relay.store.instances import InstanceStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
 from relay_protocol import ExecutorInfoReply
@@ -178,6 +180,52 @@ def test_a_lease_regained_after_a_gap_counts_as_held_only_since_then(postgres: P
     # Adoption waits until an instance has held its lease for a whole lease period, so that a
     # database outage that expired every lease does not make the instances adopt each other.
     asyncio.run(_held_for(postgres.create_database("held")))
+
+
+class TakeOvers:
+    """The durable layer's part of an adoption, recorded (the adopter and the store are real)."""
+
+    def __init__(self) -> None:
+        self.taken: list[list[str]] = []
+
+    async def take_over(self, instances: list[str]) -> None:
+        self.taken.append(instances)
+
+
+async def _adoption_waits_for_a_settled_lease(url: str) -> None:
+    dbs = [Database(url), Database(url)]  # one per instance: a Database carries its instance's fence
+    for db in dbs:
+        await db.open()
+    try:
+        await dbs[0].migrate()
+        mine, theirs = Lease(dbs[0], "adopter", 1.0), Lease(dbs[1], "other", 1.0)
+        await mine.acquire()
+        await theirs.acquire()
+        durable = TakeOvers()
+        adopter = Adopter(InstanceStore(dbs[0], ExecutorStore(dbs[0])), mine, durable)  # type: ignore[arg-type]
+        await asyncio.sleep(1.2)  # neither renews: the database was out, say
+        assert await mine.renew()  # back, only just; the other has not renewed yet
+        assert not adopter.settled()
+        # Its lease looks expired, but it may renew any moment: the adopter must not take it, even
+        # when it asks the store directly (it may have looked while it was still settled).
+        assert await adopter.scan() == [] and durable.taken == []
+        assert await adopter.instances.adopt("adopter", "other", 1, adopter.settled) is None
+        for _ in range(4):  # now held for a whole lease without a gap, while the other stays away
+            await asyncio.sleep(0.3)
+            assert await mine.renew()
+        assert adopter.settled()
+        assert await adopter.scan() == ["other"] and durable.taken == [["other"]]
+        for lease in (mine, theirs):
+            await lease.stop()
+    finally:
+        for db in dbs:
+            await db.close()
+
+
+def test_an_instance_back_from_losing_the_database_adopts_nothing_until_it_held_its_lease_a_whole_lease(
+    postgres: Postgres,
+) -> None:
+    asyncio.run(_adoption_waits_for_a_settled_lease(postgres.create_database("settled")))
 
 
 async def _renewals_with_the_pool_exhausted(url: str) -> None:

@@ -295,8 +295,9 @@ class ExecutorConnection:
             return
         except DatabaseError as exc:
             # The row stays HEALTHY with this instance as owner, and no socket: the hub's
-            # next socket check (every socketCheckSecs) records the disconnection.
+            # socket check records the disconnection, retried until the database answers.
             log.error("executor %s: cannot record its disconnection yet: %s", self.name, exc)
+            self.hub.disconnection_unrecorded()
             return
         if changed:
             log.info("executor %s is DISCONNECTED", self.name)

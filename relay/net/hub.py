@@ -14,6 +14,7 @@ connection's reading loop. The rest of Relay asks through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -105,6 +106,9 @@ class Hub:
         self.counters: Counter[str] = Counter()
         self._known_apps: set[tuple[str, str]] = set()
         self._checker: asyncio.Task[None] | None = None
+        # Set when a disconnection could not be recorded (the database is out): the socket check
+        # then runs every pingIntervalSecs until it gets through, not every socketCheckSecs.
+        self._unrecorded = asyncio.Event()
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -253,12 +257,27 @@ class Hub:
             await asyncio.gather(self._checker, return_exceptions=True)
             self._checker = None
 
+    def disconnection_unrecorded(self) -> None:
+        """A socket closed and its disconnection failed to record: the executor's row stays HEALTHY
+        until a socket check records it. That check comes within pingIntervalSecs, and again until
+        the database answers, so that the executor is not HEALTHY much longer than pingWaitSecs after
+        the database returns, whatever socketCheckSecs is."""
+        self._unrecorded.set()
+
     async def _check_forever(self) -> None:
+        liveness = self.config.liveness
         while True:
-            await asyncio.sleep(self.config.liveness.socket_check_secs)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._unrecorded.wait(), liveness.socket_check_secs)
+            retrying = self._unrecorded.is_set()
+            if retrying:
+                await asyncio.sleep(liveness.ping_interval_secs)  # not at once: the database may still be out
+            self._unrecorded.clear()  # a disconnection lost during the check sets it again
             try:
                 await self.check_sockets()
             except DatabaseError as exc:
+                if retrying:
+                    self._unrecorded.set()
                 log.warning("instance %s: socket check failed: %s", self.instance_id, exc)
 
     async def check_sockets(self) -> tuple[int, int]:

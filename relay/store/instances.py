@@ -13,6 +13,7 @@ lease's epoch, so exactly one survivor wins:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +47,15 @@ class InstanceStore:
             )
             return [(str(r["instance_id"]), int(r["lease_epoch"])) for r in await cur.fetchall()]
 
-    async def adopt(self, adopter: str, instance: str, epoch: int) -> Adoption | None:
-        """Take over ``instance`` if its lease is still the expired ``epoch``; None if another moved first."""
+    async def adopt(
+        self, adopter: str, instance: str, epoch: int, settled: Callable[[], bool] | None = None
+    ) -> Adoption | None:
+        """Take over ``instance`` if its lease is still the expired ``epoch``; None if another moved first,
+        or if ``settled``, asked once the transaction holds its connection, says the adopter may not
+        adopt now (:meth:`relay.domain.adoption.Adopter.settled`)."""
         async with self.db.fenced() as conn:
+            if settled is not None and not settled():
+                return None
             cur = await conn.execute(
                 """UPDATE relay_instances SET lease_epoch = lease_epoch + 1, adopted_by = %s, adopted_at = now()
                    WHERE instance_id = %s AND lease_epoch = %s AND adopted_by IS NULL
