@@ -504,7 +504,8 @@ class ExecutorStore:
             cur = await conn.execute(
                 """SELECT e.executor_id, e.relay_instance FROM executors e
                    JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
-                   WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
+                   WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY'
+                   ORDER BY e.executor_id""",
                 (org, app),
             )
             return [(r["executor_id"], r["relay_instance"]) for r in await cur.fetchall()]
