@@ -24,8 +24,11 @@ each instance, the balancer and this client (user+sys over the phase, % of one c
   ``executorTimeoutSecs`` is set to ``--mass-grace`` (5 s) through the API
   (``PATCH /v2/orgs/{org}/apps/{app}``), which every instance reads from the database.
   Reported: the time from the abort until the registry holds none of the victims (each
-  declared DEAD, recovered through a survivor, verified and deleted) beyond that grace,
-  per-victim milestones from the audit log, and the recovery frames per survivor.
+  declared DEAD, recovered through a survivor, verified and deleted) beyond that grace
+  (polled through the app's counts, then confirmed on the whole list), per-victim
+  milestones (DEAD, recovered and deleted from the audit log; when a survivor answered
+  the victim's recovery frame from the survivors' own clocks), and the recovery frames
+  per survivor.
 
 At the end, executors declared DEAD that were not among the mass failure's victims are
 counted (target: none). The file descriptor soft limit is raised to what the run needs
