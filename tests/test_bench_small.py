@@ -62,7 +62,8 @@ def test_connections_small(postgres: Postgres) -> None:
 
 
 def test_fleet_small(postgres: Postgres) -> None:
-    out = run_bench(postgres, "bench.fleet", "--executors", "60", "--idle-secs", "1", "--mass-grace", "1")
+    out = run_bench(postgres, "bench.fleet", "--executors", "60", "--idle-secs", "1", "--mass-grace", "1",
+                    "--recovery-timeout", "30")  # fmt: skip
     line(out, rf"^all 60 HEALTHY in the registry after {NUMBER} s: \d+ handshakes/s")
     holds = [int(m.group(1)) for m in re.finditer(r"^  relay-\d: holds (\d+); RSS", out, re.M)]
     assert sorted(holds) == [20, 20, 20], out  # the balancer's round robin
