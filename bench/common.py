@@ -6,6 +6,8 @@ import contextlib
 import os
 import platform
 import re
+import resource
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +52,15 @@ def work_directory(log_dir: str | None, prefix: str) -> Iterator[Path]:
 def exit_on_sigterm(signum: int, _frame: object) -> None:
     """A SIGTERM handler that unwinds like an exception, so that ``finally`` blocks stop every process."""
     raise SystemExit(128 + signum)
+
+
+def raise_open_files(needed: int) -> int:
+    """Raise this process's (and so its children's) open file limit to ``needed`` if allowed; returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return int(soft)
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        print(f"warning: open file limit is {target}, below the {needed} wanted", file=sys.stderr)
+    return int(target)

@@ -36,7 +36,6 @@ import gc
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -58,7 +57,15 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
-from bench.common import BenchError, exit_on_sigterm, load_average, print_machine, problem_lines, work_directory
+from bench.common import (
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    print_machine,
+    problem_lines,
+    raise_open_files,
+    work_directory,
+)
 from harness.keys import sha
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -547,17 +554,6 @@ def print_table(results: list[Result]) -> None:
         print(
             f"ratios at {n}: relay/bare handshake rate {rate:.2f} (target >= 0.5), memory {memory:.2f} (target <= 2.0)"
         )
-
-
-def raise_open_files(needed: int) -> None:
-    """Raise this process's (and so its children's) open file limit to ``needed`` if allowed."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= needed:
-        return
-    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    if target < needed:
-        print(f"warning: open file limit is {target}, below the {needed} wanted", file=sys.stderr)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

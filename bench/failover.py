@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -63,15 +62,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
 from bench.common import (
     BenchError,
@@ -80,12 +77,12 @@ from bench.common import (
     print_machine,
     work_directory,
 )
+from bench.sim import kill_all, open_fleet
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, list_all, list_all_async, relay_yaml
-from harness.simulated import handshake
 from harness.stats import percentile
 from harness.waiting import assert_eventually
 
@@ -467,46 +464,6 @@ def print_failover_table(failures: list[Failure], warmups: list[Failure], args: 
 
 
 @dataclass
-class SimExecutor:
-    """A protocol-correct executor on one socket: it recovers whatever it is asked to."""
-
-    executor_id: str
-    ws: ClientConnection
-    recoveries: list[tuple[float, list[str]]] = field(default_factory=list)
-    others: Counter[str] = field(default_factory=Counter)
-    task: asyncio.Task[None] | None = None
-
-    async def serve(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for frame in self.ws:
-                request = json.loads(frame)
-                kind, request_id = request.get("type"), request.get("request_id")
-                reply: dict[str, Any] = {"type": kind, "request_id": request_id}
-                if kind == "recovery":
-                    self.recoveries.append((time.time(), [str(e) for e in request.get("executor_ids") or []]))
-                    reply["success"] = True
-                elif kind == "exist_pending_workflows":
-                    reply["exist"] = False
-                else:
-                    self.others[str(kind)] += 1
-                    reply["error_message"] = f"{kind} is not supported by the simulated executor"
-                await self.ws.send(json.dumps(reply))
-
-
-async def open_fleet(url: str, n: int, concurrency: int) -> list[SimExecutor]:
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one() -> SimExecutor:
-        async with gate:
-            ws = await connect(url, ping_interval=None, proxy=None, max_size=None, open_timeout=60)
-            sim = SimExecutor(await handshake(ws), ws)
-        sim.task = asyncio.create_task(sim.serve())
-        return sim
-
-    return list(await asyncio.gather(*(one() for _ in range(n))))
-
-
-@dataclass
 class MassResult:
     executors: int
     victims: int
@@ -551,7 +508,7 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             survivors = [s for s in fleet if s.executor_id not in victim_ids]
             aborted = time.time()
             for v in victims:
-                v.ws.transport.abort()  # as if the process died: no close frame
+                v.kill()  # as if the process died: no close frame
             abort_secs = time.time() - aborted
             gone: float | None = None
             deadline = time.monotonic() + args.recovery_timeout
@@ -571,9 +528,7 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
         finally:
             # Relay first: survivors dropped before it stops would each start a grace period it must wind down.
             await asyncio.to_thread(relay.stop)
-            for sim in fleet:
-                sim.ws.transport.abort()
-            await asyncio.gather(*(s.task for s in fleet if s.task is not None), return_exceptions=True)
+            await kill_all(fleet)
 
     def times(action: str) -> list[float]:
         first: dict[str, float] = {}

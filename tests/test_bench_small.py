@@ -1,0 +1,79 @@
+"""A small run of each of issue 15's benchmarks, so that their code keeps working.
+
+Each runs as an operator runs it (``python -m bench.X``), against real Relay processes and
+the session's PostgreSQL, with tens of executors. The figures are not judged against the
+targets (two loaded cores decide those); what is checked is that each run finishes and
+reports every figure, and the outcomes that do not depend on speed: every victim
+recovered and deleted, every executor of a killed instance back, nothing declared DEAD
+that had not failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.postgres import Postgres
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+
+
+def run_bench(postgres: Postgres, module: str, *args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "RELAY_TEST_DATABASE_URL": postgres.admin_url}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{module} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def line(output: str, pattern: str) -> re.Match[str]:
+    match = re.search(pattern, output, re.MULTILINE)
+    assert match is not None, f"no line matching {pattern!r} in:\n{output}"
+    return match
+
+
+def test_failover_mass_failure_small(postgres: Postgres) -> None:
+    out = run_bench(postgres, "bench.failover", "--kill9", "0", "--sigstop", "0", "--warmup", "0", "--mass", "40",
+                    "--settle", "0.5")  # fmt: skip
+    line(out, r"^machine: \d+ CPUs")
+    line(out, rf"^every victim recovered and deleted {NUMBER} s after the abort .*, -?{NUMBER} s beyond")
+    for milestone in ("DEAD", "recovery reply \\(survivor sent\\)", "recovered \\(recovery.succeeded\\)"):
+        line(out, rf"^  {milestone} +20 ")
+    line(out, r"^recovery frames received by the 20 survivors: \d+, covering 20 of 20 victims")
+    line(out, r"^survivors still HEALTHY afterwards: 20/20$")
+
+
+def test_connections_small(postgres: Postgres) -> None:
+    out = run_bench(postgres, "bench.connections", "--sizes", "40", "--idle-secs", "0.5")
+    header = line(out, r"^server +conns +failed +handshakes/s +KiB/conn +idle CPU %$")
+    rows = {
+        m.group(1): m for m in re.finditer(rf"^(relay|bare) +40 +0 +({NUMBER}) +(-?{NUMBER}) +({NUMBER})", out, re.M)
+    }
+    assert set(rows) == {"relay", "bare"}, f"the handshake table lacks a row after {header.group(0)!r}:\n{out}"
+    assert all(float(m.group(2)) > 0 for m in rows.values()), out
+    line(out, rf"^ratios at 40: relay/bare handshake rate {NUMBER} .*, memory -?{NUMBER}")
+    line(out, r"^  \d+ open, 0 failed; all held after")
+
+
+def test_fleet_small(postgres: Postgres) -> None:
+    out = run_bench(postgres, "bench.fleet", "--executors", "60", "--idle-secs", "1", "--mass-grace", "1",
+                    "--recovery-timeout", "30")  # fmt: skip
+    line(out, rf"^all 60 HEALTHY in the registry after {NUMBER} s: \d+ handshakes/s")
+    holds = [int(m.group(1)) for m in re.finditer(r"^  relay-\d: holds (\d+); RSS", out, re.M)]
+    assert sorted(holds) == [20, 20, 20], out  # the balancer's round robin
+    line(out, rf"^idle, every connection held, pings every 20 s: CPU over {NUMBER} s .*client {NUMBER}")
+    line(out, r"^== instance loss: kill -9 relay-3, which holds 20 executors")
+    line(out, rf"^all 20 HEALTHY on the other instances {NUMBER} s after the kill")
+    line(out, r"^  API requests through the balancer every 100 ms: \d+ sent, \d+ failed")
+    line(out, r"^== mass failure: 12 of 60 executors killed at once")
+    line(out, rf"^the registry held none of them {NUMBER} s after the abort")
+    for milestone in ("DEAD", "recovered \\(recovery.succeeded\\)", "record deleted"):
+        line(out, rf"^  {milestone} +12 ")
+    line(out, r"^  recovery frames: \d+ to \d+ of 48 survivors, covering 12 of 12 victims")
+    line(out, r"^executors declared DEAD that had not failed, over the whole run: 0 ")
