@@ -18,6 +18,9 @@ the audit log and what the runner watched (chaos/observe.py):
   instance then, or it exited by itself (any code but 3, which (h) judges) before.
 - (h) no instance exits unless the harness made it (those are in the faults, not in
   ``History.exits``), except with the fenced code (3) after its lease was adopted.
+- and the watching itself: a run with an executor cut in which the registry was never read, or a
+  Relay-database fault after which readiness was not polled, fails, so that a broken watcher
+  cannot pass (e) and (f) by seeing nothing.
 
 Tolerances: the machine may be two loaded cores. A sound Relay writes DISCONNECTED within a
 fraction of a second of a closed socket, a second or two after its database returns; 2 s more than
@@ -137,6 +140,20 @@ def _ready_late(h: History) -> list[str]:
     return problems
 
 
+def _not_watched(h: History) -> list[str]:
+    if _lease(h) is None:
+        return []  # a record from before the runner watched
+    problems = []
+    if healthy_cuts(h) and not any(h.health.values()):
+        problems.append("the registry was never read during the run, though executors were cut off")
+    for f in h.faults:
+        if f["kind"] in DATABASE_FAULTS and not f.get("ready_after"):
+            problems.append(
+                f"no instance's readiness was polled after the {f['kind']} of Relay's database at {float(f['at']):.2f}"
+            )
+    return problems
+
+
 def adoptions(h: History) -> list[tuple[str, float]]:
     """(instance, when) of every ``relay.instance_adopted`` entry."""
     entries = [e for e in h.audit if e["action"] == "relay.instance_adopted"]
@@ -195,6 +212,7 @@ def database_violations(h: History) -> list[str]:
         *_ready_late(h),
         *_adopted_in_database_faults(h),
         *_unfenced_exits(h),
+        *_not_watched(h),
     ]
 
 

@@ -19,6 +19,8 @@ def iso(t: float) -> str:
 
 
 def fault(kind: str, start: float, duration: float = 0.0, **more: Any) -> dict[str, Any]:
+    if kind.startswith("db_"):
+        more.setdefault("ready_after", {"relay-1": 0.5})  # the runner polled readiness after it
     return {"kind": kind, "at": T0 + start, "ended": T0 + start + duration, "duration": duration, **more}
 
 
@@ -153,3 +155,21 @@ def test_exits_other_than_fenced_after_adoption_are_rejected() -> None:
     assert len(check(h)) == 1
     h.audit.append(adopted("relay-1", 39.0, epoch=4))
     assert check(h) == []
+
+
+# the watching itself
+
+
+def test_a_run_whose_registry_was_never_read_is_rejected() -> None:
+    problems = check(history([fault("kill9", 10, executor="e1")]))
+    assert problems == ["the registry was never read during the run, though executors were cut off"]
+
+
+def test_a_database_fault_whose_readiness_was_not_polled_is_rejected() -> None:
+    unpolled = fault("db_cut", 10, 3.0)
+    del unpolled["ready_after"]
+    problems = check(history([unpolled, fault("db_kill", 30, 3.0, ready_after={})]))
+    assert problems == [
+        f"no instance's readiness was polled after the db_cut of Relay's database at {T0 + 10:.2f}",
+        f"no instance's readiness was polled after the db_kill of Relay's database at {T0 + 30:.2f}",
+    ]
