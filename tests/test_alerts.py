@@ -174,6 +174,9 @@ def test_a_delivery_outlives_the_instance_that_started_it(
         receiver.fail_for(600)
         executor.kill()
         assert_eventually(lambda: receiver.deliveries("ExecutorDead", accepted=False), 15, what="a refused delivery")
+        # The failed attempt is logged once its step's checkpoint is written: from then on a kill
+        # cannot make the adopter repeat it as attempt 1.
+        assert_eventually(lambda: "attempt 1 to " in r1.log() + r2.log(), 15, what="the failed attempt recorded")
         r1.signal(signal.SIGKILL)
         assert r1.proc is not None
         r1.proc.wait()

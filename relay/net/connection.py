@@ -141,6 +141,10 @@ class ExecutorConnection:
                 self._abort()
                 what = f"executor {self.name} did not take {request.type.value} within {timeout:g}s"
                 raise ExecutorTimeout(what) from None
+            except OSError as exc:
+                # The socket closed under the send (uvicorn's ClientDisconnected), before the hub
+                # saw it go: the executor is gone, like one that disconnects while asked.
+                raise ExecutorGone(f"executor {self.name} disconnected: {type(exc).__name__}") from exc
             async with asyncio.timeout_at(deadline):
                 return await future
         except TimeoutError:
