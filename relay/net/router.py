@@ -127,7 +127,8 @@ class Router:
         problem = "is not connected to any live Relay instance"
         hint = owner
         while True:
-            owner, hint = (hint, None) if hint is not None else (await self.executors.owner(key), None)
+            owner = hint if hint is not None else await self.executors.owner(key)
+            hint = None  # looked up from the second round on
             if owner == self.instance_id and key in self.hub.connections:
                 return await self.hub.request(key, request, max(deadline - loop.time(), 0.001))
             if owner is not None and owner != self.instance_id:

@@ -485,30 +485,26 @@ class ExecutorStore:
             rows = await cur.fetchall()
         return [ExecutorRecord.from_row(row) for row in rows]
 
-    async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
-        """(executor id, application version) of the app's HEALTHY executors, leaving out those
-        whose instance's lease ran out: their sockets died with it."""
+    async def _healthy(self, org: str, app: str) -> list[dict[str, Any]]:
+        """The app's HEALTHY executors (id, version, instance), leaving out those whose instance's
+        lease ran out: their sockets died with it. Peer choice and the API's routing read this one query."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT e.executor_id, e.application_version FROM executors e
+                """SELECT e.executor_id, e.application_version, e.relay_instance FROM executors e
                    JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
                    WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
                 (org, app),
             )
-            return [(r["executor_id"], r["application_version"]) for r in await cur.fetchall()]
+            return await cur.fetchall()
+
+    async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
+        """(executor id, application version) of the app's HEALTHY executors."""
+        return [(r["executor_id"], r["application_version"]) for r in await self._healthy(org, app)]
 
     async def serving(self, org: str, app: str) -> list[tuple[str, str]]:
-        """(executor id, instance holding its socket) of the app's HEALTHY executors, as
-        :meth:`healthy_peers` chooses them: the executors and their :meth:`owner` in one query."""
-        async with self.db.connection() as conn:
-            cur = await conn.execute(
-                """SELECT e.executor_id, e.relay_instance FROM executors e
-                   JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
-                   WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY'
-                   ORDER BY e.executor_id""",
-                (org, app),
-            )
-            return [(r["executor_id"], r["relay_instance"]) for r in await cur.fetchall()]
+        """(executor id, instance holding its socket) of the app's HEALTHY executors: the executors
+        and their :meth:`owner` in one query."""
+        return [(r["executor_id"], r["relay_instance"]) for r in await self._healthy(org, app)]
 
     async def owner(self, key: ExecutorKey) -> str | None:
         """The instance holding the executor's socket; None if it is not HEALTHY or its instance's
