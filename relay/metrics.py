@@ -49,8 +49,10 @@ class Metrics(Collector):
         executors: ExecutorStore,
         adopted: Callable[[], int],
         reconciled: Mapping[tuple[str, str, str], int] | None = None,
+        frames: Mapping[str, int] | None = None,
     ) -> None:
         self.reconciled = reconciled if reconciled is not None else {}
+        self.frames = frames if frames is not None else {}
         self.hub = hub
         self.lease = lease
         self.router = router
@@ -101,6 +103,21 @@ class Metrics(Collector):
                 labels=["event", "outcome"],
             ),
             self.executors.events.items(),
+        )
+        writes = self.executors.db.writes
+        yield _counter(
+            "relay_write_transactions",
+            "Transactions of combined fenced writes this instance committed (relay.store.combiner).",
+            writes.batches,
+        )
+        yield _counter("relay_writes_combined", "Fenced writes those transactions carried.", writes.writes)
+        yield _counter(
+            "relay_recovery_frames", "Recovery frames this instance sent to peers.", self.frames.get("sent", 0)
+        )
+        yield _counter(
+            "relay_recovery_frame_executors",
+            "Dead executors those recovery frames named (more than the frames: frames shared by a group).",
+            self.frames.get("executors", 0),
         )
         yield _labelled(
             GaugeMetricFamily(

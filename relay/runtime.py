@@ -29,6 +29,7 @@ from relay.domain.adoption import Adopter
 from relay.domain.alerts import AlertRules, AlertSender, ConditionObserver
 from relay.domain.events import EventHub
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
+from relay.domain.frames import CoalescingAsk
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
@@ -98,8 +99,16 @@ class Runtime:
         self.operator = Operator(self.db, self.apps, self.executors, self.engine)
         self.reconciled: Counter[tuple[str, str, str]] = Counter()
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
+        # Recovery frames to one peer coalesced (relay.domain.frames): what the workflows ask through.
+        self.ask = CoalescingAsk(self.router.ask)
         self.metrics = Metrics(
-            self.hub, self.lease, self.router, self.executors, lambda: self.adopter.adopted, self.reconciled
+            self.hub,
+            self.lease,
+            self.router,
+            self.executors,
+            lambda: self.adopter.adopted,
+            self.reconciled,
+            self.ask.frames,
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)
@@ -141,7 +150,7 @@ class Runtime:
             recoveries=self.recoveries,
             apps=self.apps,
             audit=self.audit,
-            ask=self.router.ask,
+            ask=self.ask,
             liveness=self.config.liveness,
             retention=RetentionStore(self.db),
             retention_settings=self.config.retention,

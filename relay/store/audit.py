@@ -74,8 +74,7 @@ class AuditStore:
 
     async def record(self, org: str, app: str | None, entry: AuditEntry) -> None:
         """An entry on its own, fenced: written by a workflow step of this instance."""
-        async with self.db.fenced() as conn:
-            await write_audit(conn, org, app, entry)
+        await self.db.writes.run(lambda conn: write_audit(conn, org, app, entry))
 
     async def list_entries(
         self,

@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from relay.errors import DatabaseError, Fenced
+from relay.store.combiner import WriteCombiner
 from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS
 
 log = logging.getLogger("relay.db")
@@ -37,6 +38,8 @@ class Database:
             timeout=10.0,
             kwargs={"autocommit": True, "row_factory": dict_row},
         )
+        # Fenced writes that arrive together share a transaction (relay.store.combiner).
+        self.writes = WriteCombiner(self)
 
     async def open(self) -> None:
         try:
@@ -67,12 +70,15 @@ class Database:
     async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
         """A transaction that commits only while this instance holds its lease.
 
-        It first locks this instance's lease row ``FOR SHARE``, checking the
+        It first locks this instance's lease row ``FOR KEY SHARE``, checking the
         epoch and the expiry: an instance that was paused past its lease, or
         whose lease another instance adopted, gets :class:`Fenced` and writes
-        nothing. The lock makes the check hold until the commit: an adoption
-        (an UPDATE of that row) waits for this transaction, then finds the
-        lease renewed or still expired as the case may be.
+        nothing. The lock makes the check hold until the commit: whatever gives
+        the lease a new epoch (an adoption, a start with this instance's id) first
+        locks the row ``FOR UPDATE``, so it waits for this transaction, then finds
+        the lease renewed or still expired as the case may be. A renewal (a plain
+        UPDATE of the expiry) does not wait: the weakest lock that still stops an
+        adoption, so that a busy instance's own writes never hold up its lease.
         """
         if self.fence is None:
             raise Fenced("this instance holds no lease yet")
@@ -80,7 +86,7 @@ class Database:
         async with self.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 """SELECT lease_epoch, lease_expires_at > now() AS live FROM relay_instances
-                   WHERE instance_id = %s FOR SHARE""",
+                   WHERE instance_id = %s FOR KEY SHARE""",
                 (instance,),
             )
             row = await cur.fetchone()

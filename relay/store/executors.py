@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -153,14 +151,6 @@ class ExecutorStore:
         self._connect_queue: list[_PendingConnect] = []
         self._connect_writer: asyncio.Task[None] | None = None
 
-    @asynccontextmanager
-    async def _fenced(self, conn: Conn | None) -> AsyncIterator[Conn]:
-        if conn is not None:
-            yield conn
-            return
-        async with self.db.fenced() as own:
-            yield own
-
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
         if applied:
             self.events[(event.value, "applied")] += applied
@@ -212,9 +202,12 @@ class ExecutorStore:
             "instance": instance,
             "reason": reason,
         }
-        async with self._fenced(conn) as c:
+
+        async def write(c: Conn) -> bool:
             cur = await c.execute(query, params)
-        changed = cur.rowcount == 1
+            return cur.rowcount == 1
+
+        changed = await (write(conn) if conn is not None else self.db.writes.run(write))
         self._count(event, int(changed))
         return changed
 

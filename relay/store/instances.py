@@ -56,6 +56,9 @@ class InstanceStore:
         async with self.db.fenced() as conn:
             if settled is not None and not settled():
                 return None
+            # Waits for the fenced writes that instance still has in flight (they hold its row
+            # FOR KEY SHARE, which a plain UPDATE would not wait for: relay.store.db.Database.fenced).
+            await conn.execute("SELECT 1 FROM relay_instances WHERE instance_id = %s FOR UPDATE", (instance,))
             cur = await conn.execute(
                 """UPDATE relay_instances SET lease_epoch = lease_epoch + 1, adopted_by = %s, adopted_at = now()
                    WHERE instance_id = %s AND lease_epoch = %s AND adopted_by IS NULL

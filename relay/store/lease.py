@@ -117,10 +117,14 @@ class Lease:
     async def acquire(self) -> int:
         """Take this instance's lease at start-up, with a new epoch."""
         sent = asyncio.get_running_loop().time()
+        # ``held`` locks an existing row FOR UPDATE before the new epoch is written: a process
+        # still running under this id finishes its fenced writes first (relay.store.db.Database.fenced).
         cur = await self._execute(
-            """INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
+            """WITH held AS (SELECT instance_id FROM relay_instances WHERE instance_id = %(id)s FOR UPDATE)
+               INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
                                                 renewed_at)
-               VALUES (%(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now())
+               SELECT %(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now()
+               FROM (SELECT count(*) FROM held) AS h
                ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
                    lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
                    adopted_by = NULL, adopted_at = NULL

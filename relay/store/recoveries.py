@@ -71,17 +71,23 @@ class RecoveryStore:
         True if it is DEAD (or beyond) at this epoch now: a step re-run after a
         crash finds its own change made.
         """
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> tuple[bool, object]:
             if not await self.executors.apply(key, event, epoch=epoch, conn=conn):
-                return await self.executors.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
+                states = (ExecutorState.DEAD, ExecutorState.RECOVERING)
+                return await self.executors.at_epoch(conn, key, epoch, states), None
             await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
             cur = await conn.execute(
                 f"SELECT extract(epoch FROM dead_at - disconnected_at) AS secs FROM executors {_ROW}",
                 _row_params(key, epoch),
             )
             row = await cur.fetchone()
-        observe(self.pipeline.disconnect_to_dead, row["secs"] if row else None)
-        return True
+            return True, (row["secs"] if row else None)
+
+        dead, secs = await self.db.writes.run(write)
+        if secs is not None:
+            observe(self.pipeline.disconnect_to_dead, secs)
+        return dead
 
     async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
         """Create the recovery row (once); returns the dead executor's version, None if it is gone.
@@ -91,7 +97,8 @@ class RecoveryStore:
         (they would otherwise say ``dispatching`` or ``waiting_for_peer``
         forever), and ``recovery.restarted`` is audited.
         """
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> str | None:
             version = await self.executors.version_of(conn, ref.key)
             if version is None:
                 cur = await conn.execute("SELECT application_version FROM recoveries WHERE id = %s", (ref.rid,))
@@ -107,6 +114,8 @@ class RecoveryStore:
                 await self._take_over(conn, ref, trigger, dedupe)
             return version
 
+        return await self.db.writes.run(write)
+
     async def _take_over(self, conn: Conn, ref: RecoveryRef, trigger: str, dedupe: str | None) -> None:
         key = ref.key
         cur = await conn.execute(
@@ -120,6 +129,18 @@ class RecoveryStore:
         ended = sorted(str(r["id"]) for r in await cur.fetchall())
         detail = {"recoveryId": ref.rid, "run": ref.run, "trigger": trigger, "endedRuns": ended}
         await audit_executor(conn, key, "recovery.restarted", dedupe, detail=detail)
+
+    async def first_step(self, rid: str) -> str | None:
+        """The name of the first step DBOS recorded for this recovery workflow (None: none yet),
+        which tells the shape of steps the run was started with (workflows/recovery.py)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s
+                   ORDER BY function_id LIMIT 1""",
+                (rid,),
+            )
+            row = await cur.fetchone()
+        return None if row is None else str(row["function_name"])
 
     async def latest_runs(self, deaths: list[tuple[ExecutorKey, int]]) -> dict[tuple[ExecutorKey, int], int]:
         """The highest run recorded for each of these deaths (a run's row is written by its first step)."""
@@ -141,20 +162,23 @@ class RecoveryStore:
         return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])): int(r["run"]) for r in rows}
 
     async def set_blocked(self, ref: RecoveryRef, reason: str, status: str, dedupe: str) -> None:
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> bool:
             await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
             await self._status(conn, ref.rid, status, None)
             detail = {"reason": reason, "recoveryId": ref.rid}
-            first = await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
-        if first:
+            return await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
+
+        if await self.db.writes.run(write):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
 
     async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> tuple[bool, bool, object]:
             if not await self.executors.apply(ref.key, E.RECOVERY_SENT, epoch=ref.epoch, conn=conn):
                 if not await self.executors.at_epoch(conn, ref.key, ref.epoch, (ExecutorState.RECOVERING,)):
-                    return False
+                    return False, False, None
             peer = plan.peer.executor_id
             cur = await conn.execute(
                 """INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome)
@@ -175,6 +199,11 @@ class RecoveryStore:
                     detail={**detail, "fromPeer": plan.failover_from, "backoffSecs": plan.backoff_secs},
                 )
             await audit_executor(conn, ref.key, "recovery.dispatched", f"{dedupe}:dispatched", peer=peer, detail=detail)
+            return True, first, since_dead
+
+        dispatched, first, since_dead = await self.db.writes.run(write)
+        if not dispatched:
+            return False
         if first:
             observe(self.pipeline.dead_to_dispatched, since_dead)
             if plan.failover_from is not None:
@@ -198,25 +227,32 @@ class RecoveryStore:
 
     async def mark_replied(self, ref: RecoveryRef) -> None:
         """The peer of the attempt in flight has replied (the first time counts)."""
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> None:
             await conn.execute(
                 """UPDATE recovery_attempts SET replied_at = now()
                    WHERE recovery_id = %s AND outcome = 'dispatched' AND replied_at IS NULL""",
                 (ref.rid,),
             )
 
+        await self.db.writes.run(write)
+
     async def mark_verified(self, ref: RecoveryRef) -> None:
         """The attempt in flight passed verification (the first time counts)."""
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> None:
             await conn.execute(
                 """UPDATE recovery_attempts SET verified_at = now()
                    WHERE recovery_id = %s AND outcome = 'dispatched' AND verified_at IS NULL""",
                 (ref.rid,),
             )
 
+        await self.db.writes.run(write)
+
     async def fail_attempt(self, ref: RecoveryRef, attempt: int, peer: str, error: str, dedupe: str) -> None:
         """RECOVERING -> DEAD, the attempt marked failed."""
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> dict[str, Any] | None:
             await self.executors.apply(ref.key, E.RECOVERY_FAILED, epoch=ref.epoch, conn=conn)
             cur = await conn.execute(
                 f"""UPDATE recovery_attempts SET outcome = 'failed', error = %s, at = now()
@@ -226,6 +262,9 @@ class RecoveryStore:
             timings = await cur.fetchone()
             detail = {"attempt": attempt, "error": error, "recoveryId": ref.rid}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
+            return timings
+
+        timings = await self.db.writes.run(write)
         if timings is not None:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
 
@@ -236,7 +275,8 @@ class RecoveryStore:
 
         ``verified_by``: the executor whose answer showed nothing left PENDING.
         """
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> tuple[dict[str, Any] | None, bool, dict[str, Any] | None]:
             cur = await conn.execute(
                 f"SELECT extract(epoch FROM now() - dead_at) AS secs FROM executors {_ROW}",
                 _row_params(ref.key, ref.epoch),
@@ -257,6 +297,9 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
+            return dead, deleted, timings
+
+        dead, deleted, timings = await self.db.writes.run(write)
         if timings is not None:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
             observe(self.pipeline.reply_to_verified, timings["to_verified"])
@@ -266,10 +309,13 @@ class RecoveryStore:
 
     async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
         """The executor came back (or vanished): this recovery ends without deleting anything."""
-        async with self.db.fenced() as conn:
+
+        async def write(conn: Conn) -> None:
             await self._status(conn, ref.rid, "failed", reason)
             detail = {"error": reason, "recoveryId": ref.rid, "final": True}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, detail=detail)
+
+        await self.db.writes.run(write)
 
     async def get(
         self,

@@ -1,0 +1,133 @@
+"""Write-combining: fenced writes that arrive together share one transaction.
+
+A write is a function of a connection (its statements, and what it returns);
+:meth:`WriteCombiner.run` queues it and awaits its result. Up to ``lanes``
+transactions run at once; each takes every write queued when it begins (up to
+``max_batch``). An idle instance so runs each write at once in its own
+transaction, and a busy one (a group of executors dying together: their
+declarations, recovery state changes and audit entries) pays for one
+transaction, one check of its lease and one commit per batch instead of per write.
+
+What stays per write:
+
+- Its guards. Each write's statements are its own (``WHERE state = ... AND
+  epoch = ...``); sharing a transaction changes none of them.
+- Fencing. The batch's transaction is :meth:`Database.fenced`: its lease check
+  holds until the commit for every write in it. A stale instance's batch commits
+  nothing, and every write in it gets :class:`Fenced`.
+- Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
+  the transaction; the others are rolled back with it and run again in the next
+  transaction without it, and that write alone gets the error. A bad row never
+  fails the others. (No savepoint per write: the failure is rare, and the common
+  case pays nothing for it.)
+
+A write must touch nothing but the connection: it may run more than once
+before its transaction commits. Its result is delivered only after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import psycopg
+
+from relay.errors import DatabaseError
+
+if TYPE_CHECKING:
+    from relay.store.db import Database
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+Write = Callable[[Conn], Awaitable[T]]
+
+
+@dataclass
+class _Queued(Generic[T]):
+    write: Write[T]
+    done: asyncio.Future[T]
+
+
+class _Failed(Exception):
+    """One write of a batch failed: roll the transaction back, leaving the error with that write."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(index)
+        self.index = index
+        self.error = error
+
+
+def _as_database_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, psycopg.Error):
+        error = DatabaseError(f"database error: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+class WriteCombiner:
+    def __init__(self, db: Database, *, lanes: int = 2, max_batch: int = 64) -> None:
+        self.db = db
+        self.lanes = lanes
+        self.max_batch = max_batch
+        self._queue: deque[_Queued[Any]] = deque()
+        self._running: set[asyncio.Task[None]] = set()
+        # For /metrics and the benchmarks: transactions committed and the writes they carried.
+        self.batches = 0
+        self.writes = 0
+
+    async def run(self, write: Write[T]) -> T:
+        """``write``'s result once its transaction has committed; its error if it failed, or
+        the batch's (:class:`Fenced`, the database unreachable) if the transaction did."""
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(write, done))
+        if len(self._running) < self.lanes:
+            self._running.add(asyncio.get_running_loop().create_task(self._drain()))
+        return await done
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                # A write whose caller has gone (a cancelled step) is not run.
+                await self._commit([q for q in batch if not q.done.done()])
+        finally:
+            # With no await since the queue was last seen empty: a write queued from here on
+            # finds this lane gone and starts another.
+            self._running.discard(asyncio.current_task())
+
+    async def _commit(self, batch: list[_Queued[Any]]) -> None:
+        while batch:
+            results: list[Any] = []
+            try:
+                async with self.db.fenced() as conn:
+                    for index, queued in enumerate(batch):
+                        try:
+                            results.append(await queued.write(conn))
+                        except Exception as exc:
+                            raise _Failed(index, exc) from exc
+            except _Failed as failed:
+                _settle(batch[failed.index], error=_as_database_error(failed.error))
+                batch = batch[: failed.index] + batch[failed.index + 1 :]
+                continue
+            except Exception as exc:  # the transaction itself: fenced, the database gone, the commit refused
+                for queued in batch:
+                    _settle(queued, error=exc)
+                return
+            self.batches += 1
+            self.writes += len(batch)
+            for queued, result in zip(batch, results, strict=True):
+                _settle(queued, result=result)
+            return
+
+
+def _settle(queued: _Queued[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+    if queued.done.done():
+        return
+    if error is not None:
+        queued.done.set_exception(error)
+    else:
+        queued.done.set_result(result)

@@ -1,0 +1,175 @@
+"""Write-combining (relay.store.combiner) on real PostgreSQL: writes that arrive together share a
+transaction, a bad row fails alone, and fencing still holds for every row of a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import relay_yaml
+from relay.config import RelayConfig
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent
+from relay.errors import DatabaseError, Fenced
+from relay.store.apps import AppStore
+from relay.store.audit import AuditEntry, AuditStore
+from relay.store.combiner import WriteCombiner
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore, Handshake
+from relay.store.instances import InstanceStore
+from relay.store.lease import Lease
+from relay.store.recoveries import RecoveryStore
+from relay_protocol import ExecutorInfoReply
+
+GROUP = 8
+
+
+async def _instance(url: str, name: str) -> tuple[Database, Lease, ExecutorStore]:
+    db = Database(url)
+    await db.open()
+    await db.migrate()
+    db.writes = WriteCombiner(db, lanes=1)  # one lane: what is queued together shares a transaction
+    lease = Lease(db, name, 30)
+    await lease.acquire()
+    return db, lease, ExecutorStore(db)
+
+
+async def _connect(executors: ExecutorStore, instance: str, executor_id: str) -> tuple[ExecutorKey, int]:
+    info = ExecutorInfoReply(
+        request_id="r", executor_id=executor_id, application_version="v1", hostname="host", language="python"
+    )
+    key = ExecutorKey("acme", "ledger", executor_id)
+    epoch = (await executors.connected(Handshake(key, info, instance, "key"))).epoch
+    assert await executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance=instance)
+    return key, epoch
+
+
+async def _rows(db: Database) -> tuple[dict[str, str], int]:
+    async with db.connection() as conn:
+        states = await (await conn.execute("SELECT executor_id, state FROM executors")).fetchall()
+        audit = await (await conn.execute("SELECT count(*) AS n FROM audit_log")).fetchone()
+    assert audit is not None
+    return {r["executor_id"]: r["state"] for r in states}, int(audit["n"])
+
+
+async def _a_bad_row_fails_alone(url: str) -> None:
+    db, lease, executors = await _instance(url, "relay-1")
+    try:
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        store, audit = RecoveryStore(db, executors), AuditStore(db)
+        deaths = [await _connect(executors, "relay-1", f"ex-{i}") for i in range(GROUP)]
+        _, audit_before = await _rows(db)
+        batches, writes = db.writes.batches, db.writes.writes
+        # Queued together: GROUP declarations of death, and among them one audit entry that
+        # PostgreSQL cannot store (a NUL in a text).
+        results = await asyncio.gather(
+            *(store.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", f"d{i}")
+              for i, (key, epoch) in enumerate(deaths[: GROUP // 2])),
+            audit.record("acme", "ledger", AuditEntry("settings.updated", "relay\x00")),
+            *(store.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", f"d{i}")
+              for i, (key, epoch) in enumerate(deaths[GROUP // 2 :], start=GROUP // 2)),
+            return_exceptions=True,
+        )  # fmt: skip
+        bad = results.pop(GROUP // 2)
+        assert isinstance(bad, DatabaseError) and isinstance(bad.__cause__, psycopg.DataError), bad
+        assert results == [True] * GROUP
+        states, audit_after = await _rows(db)
+        assert states == {f"ex-{i}": "DEAD" for i in range(GROUP)}
+        assert audit_after == audit_before + GROUP  # one executor.dead each; the bad entry is not there
+        # All of them in one transaction (the one that failed was rolled back and not counted).
+        assert (db.writes.batches - batches, db.writes.writes - writes) == (1, GROUP)
+        # Each write's own guard still decides: declared again, nothing changes and no entry is added.
+        again = await asyncio.gather(
+            *(store.declare_dead(key, epoch + 1, ExecutorEvent.GRACE_EXPIRED, "relay", f"e{i}")
+              for i, (key, epoch) in enumerate(deaths)),
+        )  # fmt: skip
+        assert again == [False] * GROUP
+        assert await _rows(db) == (states, audit_after)
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_bad_row_in_a_combined_write_fails_alone_and_the_others_commit(postgres: Postgres) -> None:
+    asyncio.run(_a_bad_row_fails_alone(postgres.create_database("combine_bad")))
+
+
+async def _a_stale_instances_batch_changes_nothing(url: str) -> None:
+    (db1, lease1, ex1), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
+    try:
+        await AppStore(db1).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        stale = [await _connect(ex1, "relay-1", f"a-{i}") for i in range(GROUP)]
+        live = [await _connect(ex2, "relay-2", f"b-{i}") for i in range(GROUP)]
+        async with db1.connection() as conn:  # relay-1's lease is taken over
+            await conn.execute("UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = 'relay-1'")
+        s1, s2 = RecoveryStore(db1, ex1), RecoveryStore(db2, ex2)
+        committed = db1.writes.writes
+        dead = ExecutorEvent.GRACE_EXPIRED
+        results = await asyncio.gather(
+            *(s1.declare_dead(key, epoch, dead, "relay", f"s{i}") for i, (key, epoch) in enumerate(stale)),
+            *(s2.declare_dead(key, epoch, dead, "relay", f"l{i}") for i, (key, epoch) in enumerate(live)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, Fenced) for r in results[:GROUP]), results[:GROUP]
+        assert results[GROUP:] == [True] * GROUP
+        states, _ = await _rows(db1)
+        assert {k: v for k, v in states.items() if k.startswith("a-")} == {f"a-{i}": "DISCONNECTED" for i in range(GROUP)}
+        assert {k: v for k, v in states.items() if k.startswith("b-")} == {f"b-{i}": "DEAD" for i in range(GROUP)}
+        assert db1.writes.writes == committed
+    finally:
+        await lease1.stop()
+        await lease2.stop()
+        await db1.close()
+        await db2.close()
+
+
+def test_a_stale_instances_combined_writes_take_no_effect(postgres: Postgres) -> None:
+    asyncio.run(_a_stale_instances_batch_changes_nothing(postgres.create_database("combine_fence")))
+
+
+async def _renewal_and_adoption_beside_a_write(url: str) -> None:
+    """A fenced transaction in flight holds up an adoption of its instance, never its renewal."""
+    (db1, lease1, ex1), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def long_write(conn: Any) -> None:
+        await conn.execute("SELECT 1")
+        held.set()
+        await release.wait()
+
+    try:
+        writing = asyncio.create_task(db1.writes.run(long_write))
+        await held.wait()
+        started = time.monotonic()
+        assert await asyncio.wait_for(lease1.renew(), 5)
+        assert time.monotonic() - started < 1.0
+        async with db2.connection() as conn:  # relay-1's lease runs out while its write is open
+            await conn.execute(
+                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' WHERE instance_id = 'relay-1'"
+            )
+        adopting = asyncio.create_task(InstanceStore(db2, ex2).adopt("relay-2", "relay-1", lease1.epoch))
+        await asyncio.sleep(1.0)
+        assert not adopting.done()  # waits for relay-1's write to commit
+        release.set()
+        await writing
+        adoption = await asyncio.wait_for(adopting, 10)
+        assert adoption is not None
+        with pytest.raises(Fenced):
+            await db1.writes.run(long_write)
+    finally:
+        release.set()
+        await lease1.stop()
+        await lease2.stop()
+        await db1.close()
+        await db2.close()
+
+
+def test_a_write_in_flight_holds_up_an_adoption_but_not_a_renewal(postgres: Postgres) -> None:
+    asyncio.run(_renewal_and_adoption_beside_a_write(postgres.create_database("combine_lock")))
