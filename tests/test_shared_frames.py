@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -89,12 +89,12 @@ def picking(first: str, second: str) -> str:
             return candidate
 
 
-async def until(check: Callable[[], Any], timeout: float) -> Any:
+async def until(check: Callable[[], Awaitable[bool]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        result = await asyncio.to_thread(check)
+        result = await check()
         if result:
-            return result
+            return
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.2)
 
@@ -105,7 +105,7 @@ def at(value: str) -> float:
 
 async def scenario(relay: RelayProcess) -> None:
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
-    api = httpx.Client(
+    api = httpx.AsyncClient(
         base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {API_KEYS['acme']}"}, timeout=10
     )
     sysdb = SystemDatabase()
@@ -119,16 +119,17 @@ async def scenario(relay: RelayProcess) -> None:
         sockets.append(ws)
         sysdb.pending.add(executor_id)
 
-    def healthy() -> bool:
-        executors = api.get("/apps/ledger/executors").json()
+    async def healthy() -> bool:
+        executors = (await api.get("/apps/ledger/executors")).json()
         return sum(e["state"] == "HEALTHY" for e in executors) == GROUP + 2
 
     await until(healthy, 10)
     for ws in sockets:  # the group dies at once
         ws.transport.abort()
 
-    def all_gone() -> bool:
-        return all(api.get(f"/apps/ledger/executors/{d}").status_code == 404 for d in dead)
+    async def all_gone() -> bool:
+        codes = [(await api.get(f"/apps/ledger/executors/{d}")).status_code for d in dead]
+        return codes == [404] * GROUP
 
     await until(all_gone, 60)
     for p in (partial, honest):
@@ -140,20 +141,20 @@ async def scenario(relay: RelayProcess) -> None:
 
     # Frames were shared: the partial peer got the first death alone (holding it a second)
     # and the rest of the group together, in one frame.
-    assert sorted(sum(partial.frames, [])) == sorted(dead), partial.frames
+    assert sorted(e for f in partial.frames for e in f) == sorted(dead), partial.frames
     shared = [f for f in partial.frames if len(f) > 1]
     assert shared, partial.frames
     skipped = {f[-1] for f in shared}
     # What the partial peer left PENDING failed over to the honest peer, alone in its frames.
-    assert sorted(sum(honest.frames, [])) == sorted(skipped), honest.frames
+    assert sorted(e for f in honest.frames for e in f) == sorted(skipped), honest.frames
     assert sysdb.pending == set()
     for executor_id in dead:
-        audit = api.get("/audit", params={"executorId": executor_id}).json()
+        audit = (await api.get("/audit", params={"executorId": executor_id})).json()
         actions = [(e["action"], e["peerExecutorId"]) for e in audit]
         (deleted,) = [e for e in audit if e["action"] == "executor.deleted"]
         # Deleted only after the recovery happened, and on the word of the other executor.
         assert at(deleted["at"]) >= sysdb.recovered_at[executor_id] - 0.05, (executor_id, audit)
-        (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": executor_id}).json()
+        (recovery,) = (await api.get("/apps/ledger/recoveries", params={"executorId": executor_id})).json()
         outcomes = [(a["peerExecutorId"], a["outcome"]) for a in recovery["attempts"]]
         if executor_id in skipped:
             assert outcomes == [(partial.executor_id, "failed"), (honest.executor_id, "succeeded")], outcomes
@@ -165,7 +166,7 @@ async def scenario(relay: RelayProcess) -> None:
         else:
             assert outcomes == [(partial.executor_id, "succeeded")], outcomes
             assert deleted["detail"]["verifiedBy"] == honest.executor_id
-    metrics = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}"}).text
+    metrics = (await api.get(f"{relay.http}/metrics")).text
     frames = {
         line.split()[0]: float(line.split()[1])
         for line in metrics.splitlines()
@@ -174,7 +175,7 @@ async def scenario(relay: RelayProcess) -> None:
     sent = len(partial.frames) + len(honest.frames)
     assert frames["relay_recovery_frames_total"] == sent
     assert frames["relay_recovery_frame_executors_total"] == GROUP + len(skipped)
-    api.close()
+    await api.aclose()
 
 
 def test_a_shared_frame_partly_recovered_fails_the_rest_over_and_deletes_nothing_unverified(

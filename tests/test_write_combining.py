@@ -119,7 +119,8 @@ async def _a_stale_instances_batch_changes_nothing(url: str) -> None:
         assert all(isinstance(r, Fenced) for r in results[:GROUP]), results[:GROUP]
         assert results[GROUP:] == [True] * GROUP
         states, _ = await _rows(db1)
-        assert {k: v for k, v in states.items() if k.startswith("a-")} == {f"a-{i}": "DISCONNECTED" for i in range(GROUP)}
+        stale_states = {k: v for k, v in states.items() if k.startswith("a-")}
+        assert stale_states == {f"a-{i}": "DISCONNECTED" for i in range(GROUP)}
         assert {k: v for k, v in states.items() if k.startswith("b-")} == {f"b-{i}": "DEAD" for i in range(GROUP)}
         assert db1.writes.writes == committed
     finally:
@@ -135,7 +136,7 @@ def test_a_stale_instances_combined_writes_take_no_effect(postgres: Postgres) ->
 
 async def _renewal_and_adoption_beside_a_write(url: str) -> None:
     """A fenced transaction in flight holds up an adoption of its instance, never its renewal."""
-    (db1, lease1, ex1), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
+    (db1, lease1, _), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
     held = asyncio.Event()
     release = asyncio.Event()
 
@@ -152,7 +153,8 @@ async def _renewal_and_adoption_beside_a_write(url: str) -> None:
         assert time.monotonic() - started < 1.0
         async with db2.connection() as conn:  # relay-1's lease runs out while its write is open
             await conn.execute(
-                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' WHERE instance_id = 'relay-1'"
+                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' "
+                "WHERE instance_id = 'relay-1'"
             )
         adopting = asyncio.create_task(InstanceStore(db2, ex2).adopt("relay-2", "relay-1", lease1.epoch))
         await asyncio.sleep(1.0)
