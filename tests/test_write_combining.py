@@ -175,3 +175,38 @@ async def _renewal_and_adoption_beside_a_write(url: str) -> None:
 
 def test_a_write_in_flight_holds_up_an_adoption_but_not_a_renewal(postgres: Postgres) -> None:
     asyncio.run(_renewal_and_adoption_beside_a_write(postgres.create_database("combine_lock")))
+
+
+async def _shared_peer_reads(url: str) -> None:
+    db, lease, executors = await _instance(url, "relay-1")
+    try:
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        info = ExecutorInfoReply(
+            request_id="r", executor_id="p-1", application_version="v1", hostname="host", language="python"
+        )
+
+        async def join(executor_id: str) -> None:
+            key = ExecutorKey("acme", "ledger", executor_id)
+            await executors.connected(Handshake(key, info, "relay-1", "key"))
+
+        await join("p-1")
+        # Concurrent readers that accept an older list share one read.
+        lists = await asyncio.gather(*(executors.healthy_peers("acme", "ledger", 5.0) for _ in range(20)))
+        assert lists[0] == [("p-1", "v1")]
+        await join("p-2")
+        # Within max_age, the shared read is still the answer: the newcomer is not seen yet...
+        assert await executors.healthy_peers("acme", "ledger", 5.0) == [("p-1", "v1")]
+        # ...a fresh read sees it, and becomes the read the next callers share.
+        assert await executors.healthy_peers("acme", "ledger") == [("p-1", "v1"), ("p-2", "v1")]
+        assert await executors.healthy_peers("acme", "ledger", 5.0) == [("p-1", "v1"), ("p-2", "v1")]
+        await join("p-3")
+        await asyncio.sleep(0.3)
+        # An older read than max_age is not used.
+        assert len(await executors.healthy_peers("acme", "ledger", 0.2)) == 3
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_group_of_deaths_shares_its_reads_of_the_healthy_peers(postgres: Postgres) -> None:
+    asyncio.run(_shared_peer_reads(postgres.create_database("combine_peers")))

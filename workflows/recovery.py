@@ -87,6 +87,9 @@ WAKE_TOPIC = "wake"
 # A blocked recovery is woken by the hub (a peer connected) or the API (settings, an
 # operator); this fallback re-check only covers a wake-up lost to a crash.
 BLOCKED_RECHECK_SECS = 30.0
+# Peer choice and verification may use a list of the app's healthy executors read this long ago
+# (or one being read): a group of deaths then shares its reads. Recording a block reads afresh.
+PEERS_MAX_AGE_SECS = 0.5
 
 
 class FactsRecord(TypedDict):
@@ -180,7 +183,7 @@ async def gather(ref: RecoveryRef, version: str, operator_allows_latest: bool) -
 async def _gather(ref: RecoveryRef, version: str, operator_allows_latest: bool) -> FactsRecord:
     svc = services()
     dead = await svc.executors.still_dead(ref.key, ref.epoch)
-    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
+    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, PEERS_MAX_AGE_SECS)
     app = await svc.apps.get(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     latest = None
@@ -349,7 +352,7 @@ async def _verify(ref: RecoveryRef, peer: str, version: str, timeout: float, *, 
     # (no recovery frame) that is the moment of its last reply.
     if replied:
         await svc.recoveries.mark_replied(ref)
-    healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app)]
+    healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app, PEERS_MAX_AGE_SECS)]
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
     unanswered: list[str] = []
     for verifier in verifiers(ref.key.executor_id, version, peer, healthy):

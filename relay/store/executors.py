@@ -149,6 +149,8 @@ class ExecutorStore:
         # (event, "applied" | "lost_race") -> rows, for /metrics
         self.events: Counter[tuple[str, str]] = Counter()
         self._connect_queue: list[_PendingConnect] = []
+        # (org, app) -> (when the read began, the read): healthy_peers' shared reads.
+        self._peer_reads: dict[tuple[str, str], tuple[float, asyncio.Task[list[dict[str, Any]]]]] = {}
         self._connect_writer: asyncio.Task[None] | None = None
 
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
@@ -490,9 +492,32 @@ class ExecutorStore:
             )
             return await cur.fetchall()
 
-    async def healthy_peers(self, org: str, app: str) -> list[tuple[str, str]]:
-        """(executor id, application version) of the app's HEALTHY executors."""
-        return [(r["executor_id"], r["application_version"]) for r in await self._healthy(org, app)]
+    async def healthy_peers(self, org: str, app: str, max_age: float = 0.0) -> list[tuple[str, str]]:
+        """(executor id, application version) of the app's HEALTHY executors.
+
+        ``max_age``: a read begun up to this many seconds ago will do, and so will one in flight.
+        A group of deaths of one app then shares a read instead of each reading every survivor
+        (a cost that grew with deaths times survivors). Every read, ``max_age`` 0 included, is
+        the one the next callers share.
+        """
+        rows = await self._shared_healthy(org, app, max_age)
+        return [(r["executor_id"], r["application_version"]) for r in rows]
+
+    async def _shared_healthy(self, org: str, app: str, max_age: float) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        held = self._peer_reads.get((org, app))
+        if held is not None and max_age > 0 and now - held[0] <= max_age:
+            return await asyncio.shield(held[1])
+        read = loop.create_task(self._healthy(org, app))
+        self._peer_reads[(org, app)] = (now, read)
+
+        def forget_failed(task: asyncio.Task[list[dict[str, Any]]]) -> None:
+            if (task.cancelled() or task.exception() is not None) and self._peer_reads.get((org, app)) == (now, task):
+                del self._peer_reads[(org, app)]
+
+        read.add_done_callback(forget_failed)
+        return await asyncio.shield(read)
 
     async def serving(self, org: str, app: str) -> list[tuple[str, str]]:
         """(executor id, instance holding its socket) of the app's HEALTHY executors: the executors
