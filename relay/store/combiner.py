@@ -3,7 +3,10 @@
 A write is a function of a connection (its statements, and what it returns);
 :meth:`WriteCombiner.run` queues it and awaits its result. Up to ``lanes``
 transactions run at once; each takes every write queued when it begins (up to
-``max_batch``). An idle instance so runs each write at once in its own
+``max_batch``). A batch's statements run one after the other on its connection,
+so a batch is as slow as its writes together: eight lanes (half the pool) keep
+a burst of single writes (a thousand sockets closing at a shutdown) from queuing
+behind one another, as two did. An idle instance so runs each write at once in its own
 transaction, and a busy one (a group of executors dying together: their
 declarations, recovery state changes and audit entries) pays for one
 transaction, one check of its lease and one commit per batch instead of per write.
@@ -69,7 +72,7 @@ def _as_database_error(exc: BaseException) -> BaseException:
 
 
 class WriteCombiner:
-    def __init__(self, db: Database, *, lanes: int = 2, max_batch: int = 64) -> None:
+    def __init__(self, db: Database, *, lanes: int = 8, max_batch: int = 64) -> None:
         self.db = db
         self.lanes = lanes
         self.max_batch = max_batch
