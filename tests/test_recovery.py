@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 import httpx
+import psycopg
 import pytest
 
 from harness.executors import Evidence, ExecutorProcess
@@ -91,6 +92,13 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
         sample(text, f"relay_recovery_{s}_seconds_sum") or 0 for s in ("dispatched_to_reply", "reply_to_verified")
     )
     assert replied <= at["recovery.succeeded"] - at["recovery.dispatched"] + 0.002
+    # A run this release starts takes the merged steps: three checkpoints for a clean recovery.
+    with psycopg.connect(relay.database_url) as conn:
+        steps = [r[0] for r in conn.execute(
+            "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+            (recoveries[0]["recoveryId"],),
+        )]  # fmt: skip
+    assert steps == ["relay.open_and_gather", "relay.dispatch_and_recover", "relay.verify_and_succeed"]
 
 
 def ranked_before(dead: str, other: str) -> str:
