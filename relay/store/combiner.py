@@ -3,10 +3,11 @@
 A write is a function of a connection (its statements, and what it returns);
 :meth:`WriteCombiner.run` queues it and awaits its result. Up to ``lanes``
 transactions run at once; each takes every write queued when it begins (up to
-``max_batch``). A batch's statements run one after the other on its connection,
-so a batch is as slow as its writes together: eight lanes (half the pool) keep
-a burst of single writes (a thousand sockets closing at a shutdown) from queuing
-behind one another, as two did. An idle instance so runs each write at once in its own
+``max_batch``). Two lanes take whatever is queued; more, up to ``lanes``, open
+only while more than a batch waits. A batch's statements run one after the
+other on its connection, so a batch is as slow as its writes together: two
+lanes batch best (a group failure's writes), and the extra ones keep a burst
+(a thousand sockets closing at a shutdown) from queuing behind itself. An idle instance so runs each write at once in its own
 transaction, and a busy one (a group of executors dying together: their
 declarations, recovery state changes and audit entries) pays for one
 transaction, one check of its lease and one commit per batch instead of per write.
@@ -72,9 +73,10 @@ def _as_database_error(exc: BaseException) -> BaseException:
 
 
 class WriteCombiner:
-    def __init__(self, db: Database, *, lanes: int = 8, max_batch: int = 64) -> None:
+    def __init__(self, db: Database, *, lanes: int = 8, max_batch: int = 64, base_lanes: int = 2) -> None:
         self.db = db
         self.lanes = lanes
+        self.base_lanes = min(base_lanes, lanes)
         self.max_batch = max_batch
         self._queue: deque[_Queued[Any]] = deque()
         self._running: set[asyncio.Task[None]] = set()
@@ -87,7 +89,8 @@ class WriteCombiner:
         the batch's (:class:`Fenced`, the database unreachable) if the transaction did."""
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(write, done))
-        if len(self._running) < self.lanes:
+        running = len(self._running)
+        if running < self.base_lanes or (running < self.lanes and len(self._queue) > self.max_batch):
             self._running.add(asyncio.get_running_loop().create_task(self._drain()))
         return await done
 
