@@ -7,10 +7,11 @@ transactions run at once; each takes every write queued when it begins (up to
 only while more than a batch waits. A batch's statements run one after the
 other on its connection, so a batch is as slow as its writes together: two
 lanes batch best (a group failure's writes), and the extra ones keep a burst
-(a thousand sockets closing at a shutdown) from queuing behind itself. An idle instance so runs each write at once in its own
-transaction, and a busy one (a group of executors dying together: their
-declarations, recovery state changes and audit entries) pays for one
-transaction, one check of its lease and one commit per batch instead of per write.
+(a thousand sockets closing at a shutdown) from queuing behind itself. An idle
+instance so runs each write at once in its own transaction, and a busy one (a
+group of executors dying together: their declarations, recovery state changes
+and audit entries) pays for one transaction, one check of its lease and one
+commit per batch instead of per write.
 
 What stays per write:
 
