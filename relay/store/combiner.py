@@ -124,6 +124,10 @@ class WriteCombiner:
                 for queued in batch:
                     _settle(queued, error=exc)
                 return
+            except BaseException:  # this lane cancelled (a shutdown): its writes' callers must not wait forever
+                for queued in batch:
+                    _settle(queued, error=DatabaseError("the write was interrupted (Relay is stopping): it may not have committed"))
+                raise
             self.batches += 1
             self.writes += len(batch)
             for queued, result in zip(batch, results, strict=True):
