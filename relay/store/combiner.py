@@ -125,8 +125,9 @@ class WriteCombiner:
                     _settle(queued, error=exc)
                 return
             except BaseException:  # this lane cancelled (a shutdown): its writes' callers must not wait forever
+                interrupted = DatabaseError("the write was interrupted (Relay is stopping): it may not have committed")
                 for queued in batch:
-                    _settle(queued, error=DatabaseError("the write was interrupted (Relay is stopping): it may not have committed"))
+                    _settle(queued, error=interrupted)
                 raise
             self.batches += 1
             self.writes += len(batch)
