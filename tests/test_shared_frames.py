@@ -183,3 +183,56 @@ def test_a_shared_frame_partly_recovered_fails_the_rest_over_and_deletes_nothing
 ) -> None:
     relay = start_relay(grace=0.5, recoveryAckTimeoutSecs=5.0, failoverBackoffInitialSecs=0.2)
     asyncio.run(scenario(relay))
+
+
+async def woken_scenario(relay: RelayProcess) -> None:
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    api = httpx.AsyncClient(
+        base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {API_KEYS['acme']}"}, timeout=10
+    )
+    sysdb = SystemDatabase()
+    dead = f"dead-{uuid.uuid4()}"
+    ws = await open_socket(url)
+    await handshake(ws, dead)
+    sysdb.pending.add(dead)
+
+    async def state() -> str | None:
+        resp = await api.get(f"/apps/ledger/executors/{dead}")
+        return resp.json()["state"] if resp.status_code == 200 else None
+
+    async def healthy() -> bool:
+        return await state() == "HEALTHY"
+
+    await until(healthy, 10)
+    ws.transport.abort()
+    await ws.wait_closed()
+
+    async def blocked() -> bool:
+        resp = await api.get(f"/apps/ledger/executors/{dead}")
+        return resp.status_code == 200 and resp.json()["blockedReason"] == "no_healthy_peer"
+
+    # Alone, its recovery waits for a peer; one connects at once, within the half second in which
+    # a group of deaths may share a read of the healthy executors: the wake-up must read afresh.
+    deadline = time.monotonic() + 10
+    while not await blocked():
+        assert time.monotonic() < deadline, "never blocked"
+        await asyncio.sleep(0.02)
+    peer = Peer_("peer-late", sysdb)
+    serving = asyncio.create_task(peer.serve(url))
+    started = time.monotonic()
+
+    async def gone() -> bool:
+        return (await api.get(f"/apps/ledger/executors/{dead}")).status_code == 404
+
+    await until(gone, 10)
+    assert time.monotonic() - started < 5  # not the 30 s fallback re-check
+    assert peer.frames == [[dead]]
+    assert peer.ws is not None
+    peer.ws.transport.abort()
+    await serving
+    await api.aclose()
+
+
+def test_a_peer_that_connects_just_after_a_recovery_blocked_gets_it_at_once(start_relay: StartRelay) -> None:
+    relay = start_relay(grace=0.3, recoveryAckTimeoutSecs=5.0)
+    asyncio.run(woken_scenario(relay))

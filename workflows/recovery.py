@@ -88,7 +88,8 @@ WAKE_TOPIC = "wake"
 # operator); this fallback re-check only covers a wake-up lost to a crash.
 BLOCKED_RECHECK_SECS = 30.0
 # Peer choice and verification may use a list of the app's healthy executors read this long ago
-# (or one being read): a group of deaths then shares its reads. Recording a block reads afresh.
+# (or one being read): a group of deaths then shares its reads. Recording a block reads afresh,
+# and so does the round after a wait: it was woken because the peers changed.
 PEERS_MAX_AGE_SECS = 0.5
 
 
@@ -176,14 +177,18 @@ async def open_and_gather(ref: RecoveryRef, trigger: str) -> Opened:
 
 
 @relay_step("relay.gather")
-async def gather(ref: RecoveryRef, version: str, operator_allows_latest: bool) -> FactsRecord:
-    return await _gather(ref, version, operator_allows_latest)
+async def gather(
+    ref: RecoveryRef, version: str, operator_allows_latest: bool, peers_max_age: float = PEERS_MAX_AGE_SECS
+) -> FactsRecord:
+    return await _gather(ref, version, operator_allows_latest, peers_max_age)
 
 
-async def _gather(ref: RecoveryRef, version: str, operator_allows_latest: bool) -> FactsRecord:
+async def _gather(
+    ref: RecoveryRef, version: str, operator_allows_latest: bool, peers_max_age: float = PEERS_MAX_AGE_SECS
+) -> FactsRecord:
     svc = services()
     dead = await svc.executors.still_dead(ref.key, ref.epoch)
-    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, PEERS_MAX_AGE_SECS)
+    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, peers_max_age)
     app = await svc.apps.get(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     latest = None
@@ -440,9 +445,13 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
         return "gone"
     policy = FailoverPolicy(executor_id, version)
     moves = _Moves()
+    waited = False
     while True:
-        record = first if first is not None else await gather(ref, version, policy.operator_allows_latest)
-        first = None
+        if first is not None:
+            record = first
+        else:
+            record = await gather(ref, version, policy.operator_allows_latest, 0.0 if waited else PEERS_MAX_AGE_SECS)
+        first, waited = None, False
         facts = facts_of(record)
         decision = policy.decide(facts)
         if isinstance(decision, Abandon):
@@ -452,6 +461,7 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
             if decision.record and await mark_blocked(ref, decision.reason, facts):
                 continue
             policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))
+            waited = True
             continue
         if isinstance(decision, NewRound):
             continue
