@@ -120,8 +120,8 @@ async def scenario(relay: RelayProcess) -> None:
         sysdb.pending.add(executor_id)
 
     async def healthy() -> bool:
-        executors = (await api.get("/apps/ledger/executors")).json()
-        return sum(e["state"] == "HEALTHY" for e in executors) == GROUP + 2
+        executors: list[dict[str, Any]] = (await api.get("/apps/ledger/executors")).json()
+        return [e["state"] for e in executors].count("HEALTHY") == GROUP + 2
 
     await until(healthy, 10)
     for ws in sockets:  # the group dies at once

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -30,23 +32,42 @@ from relay_protocol import ExecutorInfoReply
 GROUP = 8
 
 
-async def _instance(url: str, name: str) -> tuple[Database, Lease, ExecutorStore]:
-    db = Database(url)
-    await db.open()
-    await db.migrate()
-    db.writes = WriteCombiner(db, lanes=1)  # one lane: what is queued together shares a transaction
-    lease = Lease(db, name, 30)
-    await lease.acquire()
-    return db, lease, ExecutorStore(db)
+Instance = tuple[Database, Lease, ExecutorStore]
 
 
-async def _connect(executors: ExecutorStore, instance: str, executor_id: str) -> tuple[ExecutorKey, int]:
+@asynccontextmanager
+async def _instances(url: str, *names: str) -> AsyncIterator[list[Instance]]:
+    """Relay instances on one database (the apps of relay_yaml configured), each holding its lease;
+    one lane of combined writes each, so that what is queued together shares a transaction."""
+    opened: list[Instance] = []
+    try:
+        for name in names:
+            db = Database(url)
+            await db.open()
+            await db.migrate()
+            db.writes = WriteCombiner(db, lanes=1)
+            lease = Lease(db, name, 30)
+            opened.append((db, lease, ExecutorStore(db)))
+            await lease.acquire()
+        await AppStore(opened[0][0]).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        yield opened
+    finally:
+        for db, lease, _ in opened:
+            await lease.stop()
+            await db.close()
+
+
+async def _connect(
+    executors: ExecutorStore, instance: str, executor_id: str, *, lost: bool = True
+) -> tuple[ExecutorKey, int]:
+    """A HEALTHY executor held by ``instance``; then DISCONNECTED when ``lost``."""
     info = ExecutorInfoReply(
         request_id="r", executor_id=executor_id, application_version="v1", hostname="host", language="python"
     )
     key = ExecutorKey("acme", "ledger", executor_id)
     epoch = (await executors.connected(Handshake(key, info, instance, "key"))).epoch
-    assert await executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance=instance)
+    if lost:
+        assert await executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance=instance)
     return key, epoch
 
 
@@ -59,9 +80,7 @@ async def _rows(db: Database) -> tuple[dict[str, str], int]:
 
 
 async def _a_bad_row_fails_alone(url: str) -> None:
-    db, lease, executors = await _instance(url, "relay-1")
-    try:
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+    async with _instances(url, "relay-1") as [(db, _, executors)]:
         store, audit = RecoveryStore(db, executors), AuditStore(db)
         deaths = [await _connect(executors, "relay-1", f"ex-{i}") for i in range(GROUP)]
         _, audit_before = await _rows(db)
@@ -91,9 +110,6 @@ async def _a_bad_row_fails_alone(url: str) -> None:
         )  # fmt: skip
         assert again == [False] * GROUP
         assert await _rows(db) == (states, audit_after)
-        await lease.stop()
-    finally:
-        await db.close()
 
 
 def test_a_bad_row_in_a_combined_write_fails_alone_and_the_others_commit(postgres: Postgres) -> None:
@@ -101,9 +117,7 @@ def test_a_bad_row_in_a_combined_write_fails_alone_and_the_others_commit(postgre
 
 
 async def _a_stale_instances_batch_changes_nothing(url: str) -> None:
-    (db1, lease1, ex1), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
-    try:
-        await AppStore(db1).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+    async with _instances(url, "relay-1", "relay-2") as [(db1, _, ex1), (db2, _, ex2)]:
         stale = [await _connect(ex1, "relay-1", f"a-{i}") for i in range(GROUP)]
         live = [await _connect(ex2, "relay-2", f"b-{i}") for i in range(GROUP)]
         async with db1.connection() as conn:  # relay-1's lease is taken over
@@ -123,11 +137,6 @@ async def _a_stale_instances_batch_changes_nothing(url: str) -> None:
         assert stale_states == {f"a-{i}": "DISCONNECTED" for i in range(GROUP)}
         assert {k: v for k, v in states.items() if k.startswith("b-")} == {f"b-{i}": "DEAD" for i in range(GROUP)}
         assert db1.writes.writes == committed
-    finally:
-        await lease1.stop()
-        await lease2.stop()
-        await db1.close()
-        await db2.close()
 
 
 def test_a_stale_instances_combined_writes_take_no_effect(postgres: Postgres) -> None:
@@ -136,7 +145,6 @@ def test_a_stale_instances_combined_writes_take_no_effect(postgres: Postgres) ->
 
 async def _renewal_and_adoption_beside_a_write(url: str) -> None:
     """A fenced transaction in flight holds up an adoption of its instance, never its renewal."""
-    (db1, lease1, _), (db2, lease2, ex2) = await _instance(url, "relay-1"), await _instance(url, "relay-2")
     held = asyncio.Event()
     release = asyncio.Event()
 
@@ -145,32 +153,30 @@ async def _renewal_and_adoption_beside_a_write(url: str) -> None:
         held.set()
         await release.wait()
 
-    try:
-        writing = asyncio.create_task(db1.writes.run(long_write))
-        await held.wait()
-        started = time.monotonic()
-        assert await asyncio.wait_for(lease1.renew(), 5)
-        assert time.monotonic() - started < 1.0
-        async with db2.connection() as conn:  # relay-1's lease runs out while its write is open
-            await conn.execute(
-                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' "
-                "WHERE instance_id = 'relay-1'"
-            )
-        adopting = asyncio.create_task(InstanceStore(db2, ex2).adopt("relay-2", "relay-1", lease1.epoch))
-        await asyncio.sleep(1.0)
-        assert not adopting.done()  # waits for relay-1's write to commit
-        release.set()
-        await writing
-        adoption = await asyncio.wait_for(adopting, 10)
-        assert adoption is not None
-        with pytest.raises(Fenced):
-            await db1.writes.run(long_write)
-    finally:
-        release.set()
-        await lease1.stop()
-        await lease2.stop()
-        await db1.close()
-        await db2.close()
+    async with _instances(url, "relay-1", "relay-2") as [(db1, lease1, _), (db2, _, ex2)]:
+        try:
+            writing = asyncio.create_task(db1.writes.run(long_write))
+            await held.wait()
+            started = time.monotonic()
+            assert await asyncio.wait_for(lease1.renew(), 5)
+            assert time.monotonic() - started < 1.0
+            async with db2.connection() as conn:  # relay-1's lease runs out while its write is open
+                await conn.execute(
+                    "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' "
+                    "WHERE instance_id = 'relay-1'"
+                )
+            assert lease1.epoch is not None
+            adopting = asyncio.create_task(InstanceStore(db2, ex2).adopt("relay-2", "relay-1", lease1.epoch))
+            await asyncio.sleep(1.0)
+            assert not adopting.done()  # waits for relay-1's write to commit
+            release.set()
+            await writing
+            adoption = await asyncio.wait_for(adopting, 10)
+            assert adoption is not None
+            with pytest.raises(Fenced):
+                await db1.writes.run(long_write)
+        finally:
+            release.set()
 
 
 def test_a_write_in_flight_holds_up_an_adoption_but_not_a_renewal(postgres: Postgres) -> None:
@@ -178,16 +184,10 @@ def test_a_write_in_flight_holds_up_an_adoption_but_not_a_renewal(postgres: Post
 
 
 async def _shared_peer_reads(url: str) -> None:
-    db, lease, executors = await _instance(url, "relay-1")
-    try:
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
-        info = ExecutorInfoReply(
-            request_id="r", executor_id="p-1", application_version="v1", hostname="host", language="python"
-        )
+    async with _instances(url, "relay-1") as [(_, _, executors)]:
 
         async def join(executor_id: str) -> None:
-            key = ExecutorKey("acme", "ledger", executor_id)
-            await executors.connected(Handshake(key, info, "relay-1", "key"))
+            await _connect(executors, "relay-1", executor_id, lost=False)
 
         await join("p-1")
         # Concurrent readers that accept an older list share one read.
@@ -203,9 +203,6 @@ async def _shared_peer_reads(url: str) -> None:
         await asyncio.sleep(0.3)
         # An older read than max_age is not used.
         assert len(await executors.healthy_peers("acme", "ledger", 0.2)) == 3
-        await lease.stop()
-    finally:
-        await db.close()
 
 
 def test_a_group_of_deaths_shares_its_reads_of_the_healthy_peers(postgres: Postgres) -> None:
