@@ -59,8 +59,6 @@ class ExecutorGateway:
         self.limits = limits
         self._turns = itertools.count()
         self._in_flight: dict[tuple[str, str], int] = {}
-        # (org, app) -> (loop time it was read, [(executor id, instance holding its socket)])
-        self._serving: dict[tuple[str, str], tuple[float, list[tuple[str, str]]]] = {}
 
     async def ask(
         self,
@@ -98,7 +96,7 @@ class ExecutorGateway:
         deadline = loop.time() + self.limits.deadline_secs
         problems: list[str] = []
         tried: set[str] = set()
-        healthy, cached = await self._healthy(org, app, loop.time(), fresh=not repeatable)
+        healthy, cached = await self._healthy(org, app, fresh=not repeatable)
         while True:
             if not healthy:
                 raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
@@ -119,23 +117,18 @@ class ExecutorGateway:
                     log.warning("app %s: %s", app, exc)
                 except ExecutorRequestError as exc:
                     problems.append(str(exc))
-                self._serving.pop((org, app), None)
+                self.executors.forget_healthy(org, app)
             if not cached or deadline <= loop.time():
                 break
             # The list was read a moment ago and none of it answered: read the registry again.
-            healthy, cached = await self._healthy(org, app, loop.time(), fresh=True)
+            healthy, cached = await self._healthy(org, app, fresh=True)
         raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
 
-    async def _healthy(self, org: str, app: str, now: float, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
-        """The app's serving executors, and whether they are the list read less than the TTL ago
-        (``fresh``: read the registry whatever the age)."""
-        slot = (org, app)
-        cached = self._serving.get(slot)
-        if not fresh and cached is not None and now - cached[0] < self.limits.serving_ttl_secs:
-            return cached[1], True
-        healthy = await self.executors.serving(org, app)
-        if healthy:
-            self._serving[slot] = (now, healthy)
-        else:
-            self._serving.pop(slot, None)
-        return healthy, False
+    async def _healthy(self, org: str, app: str, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
+        """The app's serving executors, and whether they are a read shared from less than the TTL
+        ago (:meth:`ExecutorStore.serving`; ``fresh``: read the registry whatever the age). An empty
+        shared list is read again: an executor may have connected since."""
+        healthy, shared = await self.executors.serving(org, app, 0.0 if fresh else self.limits.serving_ttl_secs)
+        if shared and not healthy:
+            healthy, shared = await self.executors.serving(org, app)
+        return healthy, shared

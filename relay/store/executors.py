@@ -500,15 +500,21 @@ class ExecutorStore:
         (a cost that grew with deaths times survivors). Every read, ``max_age`` 0 included, is
         the one the next callers share.
         """
-        rows = await self._shared_healthy(org, app, max_age)
+        rows, _ = await self._shared_healthy(org, app, max_age)
         return [(r["executor_id"], r["application_version"]) for r in rows]
 
-    async def _shared_healthy(self, org: str, app: str, max_age: float) -> list[dict[str, Any]]:
+    def forget_healthy(self, org: str, app: str) -> None:
+        """The shared read of the app's healthy executors is stale (one of them failed a request):
+        the next caller reads again."""
+        self._peer_reads.pop((org, app), None)
+
+    async def _shared_healthy(self, org: str, app: str, max_age: float) -> tuple[list[dict[str, Any]], bool]:
+        """The rows, and whether they are a read shared with earlier callers (not one begun now)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         held = self._peer_reads.get((org, app))
         if held is not None and max_age > 0 and now - held[0] <= max_age:
-            return await asyncio.shield(held[1])
+            return await asyncio.shield(held[1]), True
         read = loop.create_task(self._healthy(org, app))
         self._peer_reads[(org, app)] = (now, read)
 
@@ -517,12 +523,14 @@ class ExecutorStore:
                 del self._peer_reads[(org, app)]
 
         read.add_done_callback(forget_failed)
-        return await asyncio.shield(read)
+        return await asyncio.shield(read), False
 
-    async def serving(self, org: str, app: str) -> list[tuple[str, str]]:
+    async def serving(self, org: str, app: str, max_age: float = 0.0) -> tuple[list[tuple[str, str]], bool]:
         """(executor id, instance holding its socket) of the app's HEALTHY executors: the executors
-        and their :meth:`owner` in one query."""
-        return [(r["executor_id"], r["relay_instance"]) for r in await self._healthy(org, app)]
+        and their :meth:`owner` in one query, shared as :meth:`healthy_peers` shares it; and
+        whether the list is a shared read (not one begun now)."""
+        rows, shared = await self._shared_healthy(org, app, max_age)
+        return [(r["executor_id"], r["relay_instance"]) for r in rows], shared
 
     async def owner(self, key: ExecutorKey) -> str | None:
         """The instance holding the executor's socket; None if it is not HEALTHY or its instance's
