@@ -106,7 +106,7 @@ async def send(org: str, app: str) -> dict[str, Any]:
     """Send this round's cutoffs to one healthy executor of the app, and record it."""
     svc = services()
     rid = DBOS.workflow_id or ""
-    record = await svc.apps.get(org, app)
+    record = await svc.apps.settings_of(org, app)
     if record is None or not record.retention.on:
         return {"sent": False, "reason": "no retention setting"}
     settings = record.retention

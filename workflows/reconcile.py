@@ -107,7 +107,7 @@ def _updated_ms(w: WorkflowsOutput) -> int | None:
 async def find(org: str, app: str) -> FindRecord:
     svc = services()
     count(org, app, "runs")
-    settings = await svc.apps.get(org, app)
+    settings = await svc.apps.settings_of(org, app)
     if settings is None:
         return {"ok": True, "stranded": []}
     outputs: list[WorkflowsOutput] | None = None

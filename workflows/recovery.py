@@ -189,7 +189,7 @@ async def _gather(
     svc = services()
     dead = await svc.executors.still_dead(ref.key, ref.epoch)
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, peers_max_age)
-    app = await svc.apps.get(ref.key.org, ref.key.app)
+    app = await svc.apps.settings_of(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     latest = None
     others = [p for p in healthy if p[0] != ref.key.executor_id]

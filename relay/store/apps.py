@@ -63,6 +63,15 @@ class AppRetention:
 RETENTION_COLUMNS = ("gc_time_threshold_ms", "gc_rows_threshold", "global_timeout_ms")
 
 
+@dataclass(frozen=True)
+class AppSettings:
+    """An app's settings alone: what grace periods, recoveries and retention read (one row, no counts)."""
+
+    executor_timeout_secs: float
+    recover_to_latest_version: bool
+    retention: AppRetention
+
+
 class AppStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -179,6 +188,24 @@ class AppStore:
                    OR gc_rows_threshold IS NOT NULL OR global_timeout_ms IS NOT NULL ORDER BY org, name"""
             )
             return [(str(r["org"]), str(r["name"])) for r in await cur.fetchall()]
+
+    async def settings_of(self, org: str, app: str) -> AppSettings | None:
+        """The app's settings, without counting its executors (``get`` counts them by state and
+        version: a group failure of a big app would count every executor once per death)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"""SELECT executor_timeout_secs, recover_to_latest_version, {", ".join(RETENTION_COLUMNS)}
+                    FROM apps WHERE org = %s AND name = %s""",
+                (org, app),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return AppSettings(
+            executor_timeout_secs=row["executor_timeout_secs"],
+            recover_to_latest_version=row["recover_to_latest_version"],
+            retention=AppRetention(*(row[c] for c in RETENTION_COLUMNS)),
+        )
 
     async def get(self, org: str, app: str, conn: Conn | None = None) -> AppRecord | None:
         apps = await self.list_apps(org, app, conn)
