@@ -56,7 +56,8 @@ LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
 # Workflow ids looked up in one query by the repair sweep.
 SWEEP_BATCH = 200
 
-_Event = tuple[str, ExecutorKey, int, int | None]
+# (kind, executor, epoch, the previous epoch of a reconnect, when it happened: time.time())
+_Event = tuple[str, ExecutorKey, int, int | None, float]
 
 
 class Engine:
@@ -195,16 +196,16 @@ class Engine:
         self._repairing = None
 
     async def _work(self) -> None:
-        handlers: dict[str, Callable[[ExecutorKey, int, int | None], Awaitable[None]]] = {
-            "lost": self._start_grace,
+        handlers: dict[str, Callable[[ExecutorKey, int, int | None, float], Awaitable[None]]] = {
+            "lost": self._grace_for_loss,
             "connected": self._reconnected,
         }
         while True:
-            kind, key, epoch, previous = await self._events.get()
+            kind, key, epoch, previous, at = await self._events.get()
             delay = 0.2
             while True:
                 try:
-                    await handlers[kind](key, epoch, previous)
+                    await handlers[kind](key, epoch, previous, at)
                     break
                 except Exception as exc:
                     log.warning("executor %s: %s event failed (%s); retrying in %.1fs", key, kind, exc, delay)
@@ -213,19 +214,23 @@ class Engine:
 
     # -- HubEvents -----------------------------------------------------------------------
 
-    async def executor_lost(self, key: ExecutorKey, epoch: int) -> None:
-        self._events.put_nowait(("lost", key, epoch, None))
+    async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None:
+        self._events.put_nowait(("lost", key, epoch, None, lost_at))
 
     async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None:
-        self._events.put_nowait(("connected", key, epoch, previous_epoch))
+        self._events.put_nowait(("connected", key, epoch, previous_epoch, time.time()))
 
-    async def _start_grace(self, key: ExecutorKey, epoch: int, _previous: int | None = None) -> None:
-        """Start the grace period; its length is the app's setting at this moment."""
-        app = await self.apps.get(key.org, key.app)
+    async def _grace_for_loss(self, key: ExecutorKey, epoch: int, _previous: int | None, lost_at: float) -> None:
+        await self._start_grace(key, epoch, lost_at)
+
+    async def _start_grace(self, key: ExecutorKey, epoch: int, lost_at: float | None = None) -> None:
+        """Start the grace period; its length is the app's setting at this moment, counted from
+        ``lost_at`` when given (see :func:`workflows.grace.grace_period`), else from its start."""
+        app = await self.apps.settings_of(key.org, key.app)
         timeout = app.executor_timeout_secs if app else DEFAULT_GRACE_SECS
-        await _start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout)
+        await _start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout, lost_at)
 
-    async def _reconnected(self, key: ExecutorKey, epoch: int, previous: int | None) -> None:
+    async def _reconnected(self, key: ExecutorKey, epoch: int, previous: int | None, _at: float) -> None:
         if previous is not None:  # the same executor was here before: end that disconnection's grace period
             await _send(grace_id(key, previous), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})

@@ -1,17 +1,20 @@
 """The grace period: one durable workflow per disconnection.
 
 It waits ``executorTimeoutSecs`` (the app's value when the executor
-disconnected) in ``DBOS.recv``, whose deadline survives a crash of Relay. The
-hub ends it early with a message when the same executor reconnects. When the
-wait runs out, the executor is declared DEAD (the GRACE_EXPIRED event, guarded
+disconnected), counted from the disconnection, in ``DBOS.recv``, whose deadline
+survives a crash of Relay. The hub ends it early with a message when the same
+executor reconnects. When the wait runs out, the executor is declared DEAD (the GRACE_EXPIRED event, guarded
 on its state and epoch: a reconnect in the meantime makes it a no-op) and its
 recovery workflow is started.
 
 Upgrades: the workflow's name, its steps' names and their order are those of
-Relay 0.2.0, so a grace period that release started finishes under this one.
+Relay 0.2.0, so a grace period that release started finishes under this one (its
+inputs lack ``lost_at``, added after 0.2.0 with a default).
 """
 
 from __future__ import annotations
+
+import time
 
 from dbos import DBOS, SetWorkflowID
 
@@ -23,6 +26,20 @@ from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, se
 RECONNECTED_TOPIC = "reconnected"
 
 
+def remaining(timeout_secs: float, lost_at: float | None) -> float:
+    """What is left of the grace period when its timer is first recorded.
+
+    ``lost_at`` (``time.time()`` when the hub found the socket gone) makes the grace period
+    end ``timeout_secs`` after the disconnection, however long the workflow waited to start:
+    behind a group of disconnections, or a slow database. Runs that 0.2.0 started (or that the
+    repair sweep starts) have none, and wait ``timeout_secs`` from here. On a replay, DBOS
+    keeps the deadline it recorded the first time, so reading the clock here is safe.
+    """
+    if lost_at is None:
+        return timeout_secs
+    return min(timeout_secs, max(0.0, lost_at + timeout_secs - time.time()))
+
+
 @relay_step("relay.declare_dead")
 async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool:
     key = ExecutorKey(org, app, executor_id)
@@ -30,8 +47,10 @@ async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool
 
 
 @DBOS.workflow(name="relay.grace_period", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def grace_period(org: str, app: str, executor_id: str, epoch: int, timeout_secs: float) -> str:
-    woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)
+async def grace_period(
+    org: str, app: str, executor_id: str, epoch: int, timeout_secs: float, lost_at: float | None = None
+) -> str:
+    woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=remaining(timeout_secs, lost_at))
     if woken is not None:
         return f"ended early: {woken}"
     if not await declare_dead(org, app, executor_id, epoch):

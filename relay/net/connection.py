@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -289,6 +290,7 @@ class ExecutorConnection:
 
     async def _record_lost(self) -> None:
         assert self.key is not None
+        lost_at = time.time()
         try:
             changed = await self.hub.executors.apply(
                 self.key, ExecutorEvent.LOST, epoch=self.epoch, instance=self.hub.instance_id
@@ -305,4 +307,4 @@ class ExecutorConnection:
             return
         if changed:
             log.info("executor %s is DISCONNECTED", self.name)
-            await self.hub.report_lost(self.key, self.epoch)
+            await self.hub.report_lost(self.key, self.epoch, lost_at)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import Counter
 from typing import Protocol
 
@@ -49,7 +50,7 @@ class HubEvents(Protocol):
 
     async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None: ...
 
-    async def executor_lost(self, key: ExecutorKey, epoch: int) -> None: ...
+    async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None: ...
 
 
 class Elsewhere(Protocol):
@@ -202,9 +203,10 @@ class Hub:
         except DatabaseError as exc:  # that instance's socket check closes it anyway
             log.warning("executor %s: could not ask instance %s to close its older socket: %s", key, instance, exc)
 
-    async def report_lost(self, key: ExecutorKey, epoch: int) -> None:
-        """The executor's disconnection is recorded: its grace period starts."""
-        await self.events.executor_lost(key, epoch)
+    async def report_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None:
+        """The executor's disconnection is recorded: its grace period starts, counted from
+        ``lost_at`` (``time.time()`` when the socket was found gone)."""
+        await self.events.executor_lost(key, epoch, lost_at)
 
     def detach(self, conn: ExecutorConnection) -> None:
         if conn.key is not None and self.connections.get(conn.key) is conn:
@@ -297,7 +299,7 @@ class Hub:
             if await self.executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance=self.instance_id):
                 log.warning("executor %s: no socket here; its disconnection is recorded now", key)
                 recorded += 1
-                await self.report_lost(key, epoch)
+                await self.report_lost(key, epoch, time.time())
         for key, conn in list(self.connections.items()):
             if conn.attached_for() > SETTLED_SECS and owned.get(key) != conn.epoch:
                 if await self.executors.owns(key, conn.epoch, self.instance_id):
