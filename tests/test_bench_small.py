@@ -59,6 +59,8 @@ def test_connections_small(postgres: Postgres) -> None:
     assert all(float(m.group(2)) > 0 for m in rows.values()), out
     line(out, rf"^ratios at 40: relay/bare handshake rate {NUMBER} .*, memory -?{NUMBER}")
     line(out, r"^  \d+ open, 0 failed; all held after")
+    line(out, rf"^  closes absorbed .*: registry up to date {NUMBER} s, grace periods started {NUMBER} s,"
+              rf" their durable timers recorded {NUMBER} s$")  # fmt: skip
 
 
 def test_fleet_small(postgres: Postgres) -> None:
