@@ -100,6 +100,10 @@ class Engine:
             "executor_id": self.instance_id,
             "log_level": "WARNING",
             "sys_db_pool_size": 10,
+            # No round trip before every transaction to test the pooled connection: after the
+            # database restarts, the first use of each stale connection fails instead, DBOS
+            # retries it (its db_retry), and SQLAlchemy replaces the whole pool at once.
+            "db_engine_kwargs": {"pool_pre_ping": False},
         }
         DBOS(config=config)
         DBOS.launch()
