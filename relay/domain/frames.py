@@ -23,13 +23,21 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from relay.core.ids import ExecutorKey
 from relay.errors import ExecutorTimeout
 from relay_protocol import RecoveryReply, RecoveryRequest, Reply, Request
 
 R = TypeVar("R", bound=Reply)
+
+
+class Ask(Protocol):
+    """Ask an executor through the instance holding its socket (:meth:`relay.net.router.Router.ask`)."""
+
+    async def __call__(
+        self, key: ExecutorKey, request: Request, expected: type[R], timeout: float, *, await_connection: bool = False
+    ) -> R: ...
 
 
 @dataclass
@@ -49,7 +57,7 @@ class _Peer:
 class CoalescingAsk:
     """:meth:`relay.net.router.Router.ask`, with recovery frames to one peer coalesced."""
 
-    def __init__(self, ask: Any) -> None:
+    def __init__(self, ask: Ask) -> None:
         self._ask = ask
         self._peers: dict[ExecutorKey, _Peer] = {}
         # For /metrics and the benchmarks: frames sent, and the deaths they carried.
