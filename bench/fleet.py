@@ -32,8 +32,11 @@ each instance, the balancer and this client (user+sys over the phase, % of one c
 
 At the end, executors declared DEAD that were not among the mass failure's victims are
 counted (target: none). The file descriptor soft limit is raised to what the run needs
-(the balancer holds two sockets per executor), up to the hard limit; a warning says when
-that is too low. The benchmark prints figures beside their targets; it asserts none.
+(the balancer holds two sockets per executor), up to the hard limit. The limit is per
+process: when one balancer process cannot hold two sockets per executor under it, several
+listen on the same port (SO_REUSEPORT, the kernel spreading connections over them), as
+several nodes of a production load balancer would; the client warns when its own share of
+sockets does not fit. The benchmark prints figures beside their targets; it asserts none.
 
 Usage, from the project root::
 
@@ -78,6 +81,7 @@ from harness.stats import percentile
 ROOT = Path(__file__).resolve().parents[1]
 ORG, APP = "acme", "ledger"
 GRACE_SECS = 60.0
+FD_SPARE = 1000  # open files a process needs besides its sockets to executors
 PING_INTERVAL_SECS = 20.0
 PING_WAIT_SECS = 25.0
 POLL_SECS = 0.5
@@ -90,18 +94,19 @@ MASS_TARGET_SECS = 5.0
 # -- the balancer, in a process of its own -------------------------------------------
 
 
-def serve_balancer(backends: str) -> None:
-    """Run the harness's balancer in front of ``host:port,host:port...`` until SIGTERM; prints its port."""
+def serve_balancer(backends: str, port: int) -> None:
+    """Run the harness's balancer in front of ``host:port,host:port...`` until SIGTERM, on ``port``
+    (0: any) shared with the other balancer processes; prints its port."""
     pairs = [(hp.rsplit(":", 1)[0], int(hp.rsplit(":", 1)[1])) for hp in backends.split(",")]
     signal.signal(signal.SIGTERM, exit_on_sigterm)
-    with TcpBalancer(pairs) as balancer:
+    with TcpBalancer(pairs, port=port, reuse_port=True) as balancer:
         print(f"port {balancer.port}", flush=True)
         threading.Event().wait()
 
 
 class BalancerProcess:
-    def __init__(self, backends: list[RelayProcess], log_path: Path) -> None:
-        argv = [sys.executable, "-m", "bench.fleet", "--serve-balancer"]
+    def __init__(self, backends: list[RelayProcess], log_path: Path, port: int = 0) -> None:
+        argv = [sys.executable, "-m", "bench.fleet", "--balancer-port", str(port), "--serve-balancer"]
         argv.append(",".join(f"127.0.0.1:{r.port}" for r in backends))
         self.log_path = log_path
         with open(log_path, "ab") as log:
@@ -167,6 +172,12 @@ class Meter:
         return f"CPU over {wall:.1f} s (% of one core): {', '.join(parts)}; load average {load_average()}"
 
 
+def describe(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
+
+
 def rss_mib(pid: int) -> float:
     return float(psutil.Process(pid).memory_info().rss) / 1024**2
 
@@ -184,7 +195,9 @@ class Fleet:
         self.relays = [
             RelayProcess(workdir, database, self._config(), instance_id=f"relay-{i + 1}") for i in range(args.instances)
         ]
-        self.balancer: BalancerProcess | None = None
+        # One port; as many processes behind it as their open-file limit needs (two sockets each
+        # executor), the kernel spreading connections over them (SO_REUSEPORT).
+        self.balancers: list[BalancerProcess] = []
         self.sims: list[SimExecutor] = []
         self.killed: RelayProcess | None = None
         self.mass_victims: set[str] = set()
@@ -204,8 +217,8 @@ class Fleet:
 
     def pids(self) -> dict[str, int]:
         pids = {r.instance_id: r.proc.pid for r in self.relays if r.proc is not None}
-        if self.balancer is not None:
-            pids["balancer"] = self.balancer.proc.pid
+        for i, balancer in enumerate(self.balancers):
+            pids["balancer" if len(self.balancers) == 1 else f"balancer-{i + 1}"] = balancer.proc.pid
         return pids
 
     @contextmanager
@@ -218,18 +231,25 @@ class Fleet:
                 t.join()
             if len(self.live) < len(self.relays):
                 raise BenchError("not every Relay instance started (see their logs)")
-            self.balancer = BalancerProcess(self.relays, self.workdir / "balancer.log")
+            first = BalancerProcess(self.relays, self.workdir / "balancer-1.log")
+            self.balancers.append(first)
+            for i in range(1, self.args.balancers):
+                self.balancers.append(BalancerProcess(self.relays, self.workdir / f"balancer-{i + 1}.log", first.port))
             yield
         finally:
-            if self.balancer is not None:
-                self.balancer.stop()
+            for balancer in self.balancers:
+                balancer.stop()
             for relay in self.relays:
                 relay.stop()
 
+    @property
+    def balancer_port(self) -> int:
+        assert self.balancers, "the balancers are not running"
+        return self.balancers[0].port
+
     def api(self, via_balancer: bool = False, **options: Any) -> httpx.AsyncClient:
         if via_balancer:
-            assert self.balancer is not None
-            base = f"http://127.0.0.1:{self.balancer.port}"
+            base = f"http://127.0.0.1:{self.balancer_port}"
         else:
             base = self.live[0].http
         return httpx.AsyncClient(
@@ -237,8 +257,17 @@ class Fleet:
             timeout=30, trust_env=False, **options,
         )  # fmt: skip
 
-    async def registry(self, api: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
-        return {e["executorId"]: e for e in await list_all_async(api, f"/apps/{APP}/executors")}
+    async def registry(self, api: httpx.AsyncClient, expected: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The app's executors by id. The list is paged in the order executors connected, so an
+        executor that reconnects between two pages can be skipped: those of ``expected`` that no
+        page held are read one by one (missing only if that answers 404)."""
+        rows = {e["executorId"]: e for e in await list_all_async(api, f"/apps/{APP}/executors")}
+        for executor_id in sorted((expected or set()) - set(rows)):
+            resp = await api.get(f"/apps/{APP}/executors/{executor_id}")
+            if resp.status_code != 404:
+                resp.raise_for_status()
+                rows[executor_id] = resp.json()
+        return rows
 
     async def counts(self, api: httpx.AsyncClient) -> dict[str, int]:
         """The app's executors by state, as the app's record gives them (no list)."""
@@ -261,8 +290,7 @@ class Fleet:
         )
         await asyncio.sleep(SETTLE_SECS)
         rss0 = {r.instance_id: rss_mib(r.proc.pid) for r in self.relays if r.proc is not None}
-        assert self.balancer is not None
-        url = f"ws://127.0.0.1:{self.balancer.port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}"
+        url = f"ws://127.0.0.1:{self.balancer_port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}"
         meter, started = Meter.start(self.pids()), time.perf_counter()
         async with self.api() as api:
             opening = asyncio.create_task(open_fleet(url, args.executors, args.concurrency, reconnect=True))
@@ -318,10 +346,17 @@ class Fleet:
         disconnected: set[str] = set()
         dead: set[str] = set()
         back: float | None = None
+        poll_errors: Counter[str] = Counter()
+        now: dict[str, dict[str, Any]] = {}
         async with self.api() as api:
             deadline = time.monotonic() + self.args.recovery_timeout
             while time.monotonic() < deadline:
-                now = await self.registry(api)
+                try:
+                    now = await self.registry(api, held)
+                except httpx.HTTPError as exc:  # e.g. a keep-alive connection closed as it was reused
+                    poll_errors[describe(exc)] += 1
+                    await asyncio.sleep(POLL_SECS)
+                    continue
                 for e in held:
                     state = now[e]["state"] if e in now else "missing"
                     if state == "DISCONNECTED":
@@ -355,6 +390,10 @@ class Fleet:
                 "before reconnecting, as the SDK does)"
             )
         print(f"  failed reconnect attempts: {dict(retries) or 0}")
+        others = sum(1 for s in self.sims if s.executor_id not in held and any(t >= killed_at for t in s.reconnects))
+        print(f"  other executors that reconnected meanwhile (their instance dropped them): {others}")
+        if poll_errors:
+            print(f"  polls of the registry that failed: {dict(poll_errors)}")
         print(
             f"  of those, seen by a poll DISCONNECTED: {len(disconnected)}; DEAD, RECOVERING or missing: {len(dead)} "
             "(target: none)"
@@ -386,16 +425,22 @@ class Fleet:
             for v in victims:
                 v.kill()
             gone: float | None = None
+            poll_errors: Counter[str] = Counter()
             deadline = time.monotonic() + args.mass_grace + args.recovery_timeout
             while time.monotonic() < deadline:
                 # The app's counts are cheap to read; the whole list (thousands of records) only to confirm.
-                if await self.record_count(api) <= len(survivors) and not self.mass_victims & set(
-                    await self.registry(api)
-                ):
-                    gone = time.time() - aborted
-                    break
+                try:
+                    if await self.record_count(api) <= len(survivors) and not self.mass_victims & set(
+                        await self.registry(api)
+                    ):
+                        gone = time.time() - aborted
+                        break
+                except httpx.HTTPError as exc:  # an overloaded instance may answer 503: poll again
+                    poll_errors[describe(exc)] += 1
                 await asyncio.sleep(POLL_SECS)
             cpu = meter.line()
+            if poll_errors:
+                print(f"  polls of the registry that failed meanwhile: {dict(poll_errors)}", flush=True)
             since = {"app": APP, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(aborted - 1))}
             audit = {a: await list_all_async(api, "/audit", {**since, "action": a}) for a in MILESTONES}
             left = Counter(rec["state"] for e, rec in (await self.registry(api)).items() if e in self.mass_victims)
@@ -503,6 +548,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="chooses the mass failure's victims")
     parser.add_argument("--log-dir", help="keep logs and configs here (default: a temporary directory)")
     parser.add_argument("--serve-balancer", metavar="BACKENDS", help=argparse.SUPPRESS)
+    parser.add_argument("--balancer-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.executors < 2 or args.instances < 1 or not 0 < args.mass_share < 1:
         parser.error("need --executors >= 2, --instances >= 1 and 0 < --mass-share < 1")
@@ -512,13 +558,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_balancer is not None:
-        serve_balancer(args.serve_balancer)
+        serve_balancer(args.serve_balancer, args.balancer_port)
         return 0
     signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop every process
     print_machine()
-    # The balancer holds two sockets per executor; this process one; the instances a share each.
-    limit = raise_open_files(2 * args.executors + 1000)
-    print(f"open file limit {limit}; {args.executors} executors, {args.instances} instances", flush=True)
+    # A balancer process holds two sockets per executor it carries; this process one per
+    # executor; the instances a share each. The limit is per process: past half of it, the
+    # executors are spread over several balancer processes on one port.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = 2 * args.executors + FD_SPARE
+    limit = raise_open_files(wanted if hard == resource.RLIM_INFINITY else min(wanted, hard))
+    if args.executors + FD_SPARE > limit:
+        print(f"warning: open file limit {limit} is too low for {args.executors} executors in this process")
+    args.balancers = max(1, math.ceil(2 * args.executors / max(1, limit - FD_SPARE)))
+    print(
+        f"open file limit {limit}; {args.executors} executors, {args.instances} instances,"
+        f" {args.balancers} balancer process(es) on one port",
+        flush=True,
+    )
     started = time.perf_counter()
     with work_directory(args.log_dir, "relay-fleet-") as workdir:
         print(f"logs in {workdir}", flush=True)

@@ -49,12 +49,18 @@ class TcpBalancer:
         health_path: str | None = "/readyz",
         check_interval: float = 0.25,
         check_timeout: float = 0.5,
+        port: int = 0,
+        reuse_port: bool = False,
     ) -> None:
         if not backends:
             raise ValueError("TcpBalancer needs at least one backend")
         self.backends = list(backends)
         self.host = host
-        self.port = 0
+        self.port = port
+        # Several balancer processes may listen on one port (SO_REUSEPORT; the kernel spreads
+        # new connections over them), as a benchmark does when one process cannot hold enough
+        # sockets under its open-file limit.
+        self.reuse_port = reuse_port
         self.health_path = health_path
         self.check_interval = check_interval
         self.check_timeout = check_timeout
@@ -114,7 +120,7 @@ class TcpBalancer:
     # Everything below runs on the balancer's loop.
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_port=self.reuse_port)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.health_path is not None:
             self._checker = asyncio.create_task(self._check_forever(self.health_path))
