@@ -329,10 +329,12 @@ class Engine:
             if grace is None:
                 await self._start_grace(key, epoch)
             elif row.grace_over:
-                log.warning("executor %s: its grace period ended (%s) without declaring it dead; declaring it now",
-                            key, grace)  # fmt: skip
+                # Guarded on state and epoch: when the executor reconnected after the rows were read
+                # (which also ends the grace period, SUCCESS), this is a no-op and nothing is logged.
                 dedupe = f"repair:{grace_id(key, epoch)}:dead"
                 if await self.recoveries.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe):
+                    log.warning("executor %s: its grace period ended (%s) without declaring it dead; declared now",
+                                key, grace)  # fmt: skip
                     await self.start_recovery(key, epoch, "repair")
             return
         latest, live = run or (0, False)
