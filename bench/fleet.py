@@ -59,11 +59,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -81,6 +81,7 @@ from harness.stats import percentile
 ROOT = Path(__file__).resolve().parents[1]
 ORG, APP = "acme", "ledger"
 GRACE_SECS = 60.0
+T = TypeVar("T")
 FD_SPARE = 1000  # open files a process needs besides its sockets to executors
 PING_INTERVAL_SECS = 20.0
 PING_WAIT_SECS = 25.0
@@ -170,6 +171,18 @@ class Meter:
             pct = "-" if before is None or after is None else f"{100 * (after - before) / wall:.1f}"
             parts.append(f"{name} {pct}")
         return f"CPU over {wall:.1f} s (% of one core): {', '.join(parts)}; load average {load_average()}"
+
+
+async def patiently(read: Callable[[], Awaitable[T]], attempts: int = 10) -> T:
+    """A read after a phase, tried again while the instances are still too busy to answer."""
+    for attempt in range(attempts):
+        try:
+            return await read()
+        except httpx.HTTPError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(2.0)
+    raise AssertionError("unreachable")
 
 
 def describe(exc: httpx.HTTPError) -> str:
@@ -442,8 +455,12 @@ class Fleet:
             if poll_errors:
                 print(f"  polls of the registry that failed meanwhile: {dict(poll_errors)}", flush=True)
             since = {"app": APP, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(aborted - 1))}
-            audit = {a: await list_all_async(api, "/audit", {**since, "action": a}) for a in MILESTONES}
-            left = Counter(rec["state"] for e, rec in (await self.registry(api)).items() if e in self.mass_victims)
+            audit: dict[str, list[dict[str, Any]]] = {}
+            for action in MILESTONES:
+                query = {**since, "action": action}
+                audit[action] = await patiently(lambda: list_all_async(api, "/audit", query))  # noqa: B023
+            registry = await patiently(lambda: self.registry(api))
+            left = Counter(rec["state"] for e, rec in registry.items() if e in self.mass_victims)
 
         def times(action: str) -> list[float]:
             first: dict[str, float] = {}

@@ -48,8 +48,44 @@ def test_any_frame_counts_as_heard_and_time_never_goes_back() -> None:
     m.heard(2.5)
     m.heard(1.0)  # a late report of an older frame
     assert m.last_heard == 2.5
-    assert not m.poll(5.4).disconnect
+    for now in (3.0, 4.0, 5.0, 5.4):  # pinging every second, no answer
+        assert not m.poll(now).disconnect
     assert m.poll(5.5).disconnect
+
+
+def test_a_ping_sent_late_gets_the_whole_answer_window() -> None:
+    # The instance was too busy to ping at 20: its ping goes out at 26, after the executor's
+    # deadline by last heard (25). It has the 5 s an on-time ping gives to answer.
+    m = LivenessMonitor(ping_interval=20, ping_wait=25, now=0.0)
+    d = m.poll(26.0)
+    assert d.send_ping and not d.disconnect
+    assert d.wake_at == 31.0
+    assert not m.poll(30.99).disconnect
+    m.heard(30.5)  # the pong
+    assert not m.poll(31.0).disconnect
+    assert m.deadline == 55.5
+
+
+def test_a_late_ping_unanswered_disconnects_at_the_end_of_its_window() -> None:
+    m = LivenessMonitor(ping_interval=20, ping_wait=25, now=0.0)
+    assert m.poll(26.0).send_ping
+    assert not m.poll(30.99).disconnect
+    assert m.poll(31.0).disconnect
+
+
+def test_pings_on_time_never_extend_the_deadline() -> None:
+    # Short intervals: each ping's window (ping_wait - ping_interval) reaches past the deadline by
+    # last heard, but only the first ping since the executor was last heard counts.
+    m = LivenessMonitor(ping_interval=1, ping_wait=3, now=0.0)
+    now, pings = 0.0, 0
+    while True:
+        d = m.poll(now)
+        if d.disconnect:
+            break
+        pings += d.send_ping
+        now = d.wake_at
+    assert now == 3.0
+    assert pings == 2
 
 
 def test_wake_is_never_in_the_past_when_nothing_is_due() -> None:

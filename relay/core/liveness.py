@@ -7,6 +7,12 @@ tests drive it with plain numbers.
 The rule (contract section 4): Relay pings every ``ping_interval`` seconds, and
 an executor from which nothing (no pong, no frame) has arrived for
 ``ping_wait`` seconds is disconnected.
+
+A ping that goes out late (an instance so busy that the connection's turn came
+after its ping was due, as under a group failure of thousands) does not count
+against the executor: it is given ``ping_wait - ping_interval`` seconds from the
+first ping sent since it was last heard, the answer window an on-time ping gets.
+With pings on time this changes nothing; later pings never extend the window.
 """
 
 from __future__ import annotations
@@ -33,22 +39,30 @@ class LivenessMonitor:
         self.ping_wait = ping_wait
         self.last_heard = now
         self.next_ping_at = now + ping_interval
+        self.pinged_at: float | None = None  # the first ping sent since last heard
 
     def heard(self, now: float) -> None:
         """Something (a pong or any frame) arrived from the executor."""
         if now > self.last_heard:
             self.last_heard = now
+            if self.pinged_at is not None and self.pinged_at <= now:
+                self.pinged_at = None
 
     @property
     def deadline(self) -> float:
-        return self.last_heard + self.ping_wait
+        deadline = self.last_heard + self.ping_wait
+        if self.pinged_at is not None:
+            deadline = max(deadline, self.pinged_at + self.ping_wait - self.ping_interval)
+        return deadline
 
     def poll(self, now: float) -> LivenessDecision:
-        if now >= self.deadline:
-            return LivenessDecision(send_ping=False, disconnect=True, wake_at=now)
         send_ping = now >= self.next_ping_at
         if send_ping:
             self.next_ping_at = now + self.ping_interval
+            if self.pinged_at is None:
+                self.pinged_at = now
+        if now >= self.deadline:
+            return LivenessDecision(send_ping=False, disconnect=True, wake_at=now)
         return LivenessDecision(
             send_ping=send_ping,
             disconnect=False,
