@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relay.core.ids import ExecutorKey, RecoveryRef, recovery_id, recovery_run
-from relay.core.peers import Peer, order_peers, verifiers
+from relay.core.peers import Mode, Peer, choose_peer, order_peers, verifiers
 
 KEY = ExecutorKey("acme", "ledger", "ex-1")
 
@@ -46,12 +50,44 @@ def test_an_executor_id_with_colons_and_digits_is_read_against_the_known_epoch()
 
 def test_a_recovery_is_verified_by_another_executor_first_and_its_own_peer_last() -> None:
     healthy = [Peer("dead", "v1"), Peer("p", "v1"), Peer("a", "v1"), Peer("b", "v1"), Peer("new", "v2")]
-    order = verifiers("dead", "v1", "p", healthy)
+    order = list(verifiers("dead", "v1", "p", healthy))
     assert order[-1] == "p" and order.count("p") == 1
     assert "dead" not in order
     # The dead executor's version first, in rendezvous order; other versions after.
     assert order[:2] == [q.executor_id for q in order_peers("dead", [Peer("a", "v1"), Peer("b", "v1")])]
     assert order[2] == "new"
     # Alone: the recovering peer answers for itself.
-    assert verifiers("dead", "v1", "p", [Peer("p", "v1")]) == ["p"]
-    assert verifiers("dead", "v1", "p", []) == ["p"]
+    assert list(verifiers("dead", "v1", "p", [Peer("p", "v1")])) == ["p"]
+    assert list(verifiers("dead", "v1", "p", [])) == ["p"]
+
+
+def hex_rank(dead: str, peer: str) -> str:
+    """Relay 0.2.0's rendezvous rank: the order a recovery started by that release expects."""
+    return hashlib.sha256(f"{dead}\x00{peer}".encode()).hexdigest()
+
+
+ids = st.text(alphabet="abcdef0123:-", min_size=1, max_size=8)
+
+
+@given(
+    dead=ids,
+    peers=st.lists(st.tuples(ids, st.sampled_from(["v1", "v2"])), unique_by=lambda t: t[0], max_size=25),
+    tried=st.sets(ids, max_size=5),
+)
+def test_peers_are_chosen_and_verifiers_asked_in_0_2_0s_rendezvous_order(
+    dead: str, peers: list[tuple[str, str]], tried: set[str]
+) -> None:
+    healthy = [Peer(e, v) for e, v in peers]
+    others = [p for p in healthy if p.executor_id != dead]
+    expected = sorted(others, key=lambda p: (hex_rank(dead, p.executor_id), p.executor_id))
+    assert order_peers(dead, others) == expected
+    same = [p for p in expected if p.application_version == "v1" and p.executor_id not in tried]
+    choice = choose_peer(dead, "v1", healthy, tried=frozenset(tried))
+    if same:
+        assert (choice.peer, choice.mode) == (same[0], Mode.SAME_VERSION)
+    recovering = others[0].executor_id if others else "p"
+    old = sorted(
+        (p for p in others if p.executor_id != recovering),
+        key=lambda p: (p.application_version != "v1", hex_rank(dead, p.executor_id), p.executor_id),
+    )
+    assert list(verifiers(dead, "v1", recovering, healthy)) == [*(p.executor_id for p in old), recovering]

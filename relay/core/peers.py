@@ -10,6 +10,8 @@ evenly across peers when many executors die at once.
 from __future__ import annotations
 
 import hashlib
+import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,12 +41,21 @@ class Choice:
     exhausted: bool = False
 
 
-def rank(dead_executor_id: str, peer_id: str) -> str:
-    return hashlib.sha256(f"{dead_executor_id}\x00{peer_id}".encode()).hexdigest()
+def rank(dead_executor_id: str, peer_id: str) -> bytes:
+    # The digest's bytes order as its hex spelling did (Relay 0.2.0's): the same peers come first.
+    return hashlib.sha256(f"{dead_executor_id}\x00{peer_id}".encode()).digest()
 
 
 def order_peers(dead_executor_id: str, peers: list[Peer]) -> list[Peer]:
     return sorted(peers, key=lambda p: (rank(dead_executor_id, p.executor_id), p.executor_id))
+
+
+def _in_order(keyed: list[tuple[tuple[object, ...], str]]) -> Iterator[str]:
+    """The ids of ``(key, id)`` pairs by key, sorted only as far as they are read: a group
+    failure of thousands asks the first one or two of thousands of survivors."""
+    heapq.heapify(keyed)
+    while keyed:
+        yield heapq.heappop(keyed)[1]
 
 
 def choose_peer(
@@ -79,13 +90,14 @@ def choose_peer(
 
 
 def _next(dead_executor_id: str, candidates: list[Peer], tried: frozenset[str], mode: Mode) -> Choice:
-    for peer in order_peers(dead_executor_id, candidates):
-        if peer.executor_id not in tried:
-            return Choice(peer, mode=mode)
-    return Choice(None, mode=mode, exhausted=True)
+    untried = [p for p in candidates if p.executor_id not in tried]
+    if not untried:
+        return Choice(None, mode=mode, exhausted=True)
+    # The first in rendezvous order (order_peers), found without sorting them all.
+    return Choice(min(untried, key=lambda p: (rank(dead_executor_id, p.executor_id), p.executor_id)), mode=mode)
 
 
-def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, healthy: list[Peer]) -> list[str]:
+def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, healthy: list[Peer]) -> Iterator[str]:
     """Whom to ask, in turn, whether the dead executor's workflows are still PENDING after
     ``recovering_peer`` said it recovered them (contract rule 4).
 
@@ -96,11 +108,13 @@ def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, he
     another executor whenever the app has one that answers; only when none
     does is the recovering peer's own word taken.
     """
-    others = [p for p in healthy if p.executor_id not in (dead_executor_id, recovering_peer)]
-    others.sort(
-        key=lambda p: (p.application_version != dead_version, rank(dead_executor_id, p.executor_id), p.executor_id)
-    )
-    return [*(p.executor_id for p in others), recovering_peer]
+    keyed: list[tuple[tuple[object, ...], str]] = [
+        ((p.application_version != dead_version, rank(dead_executor_id, p.executor_id), p.executor_id), p.executor_id)
+        for p in healthy
+        if p.executor_id not in (dead_executor_id, recovering_peer)
+    ]
+    yield from _in_order(keyed)
+    yield recovering_peer
 
 
 def backoff(attempt: int, initial: float, maximum: float) -> float:
