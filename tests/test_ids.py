@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relay.core.ids import ExecutorKey, RecoveryRef, recovery_id, recovery_run
-from relay.core.peers import Mode, Peer, choose_peer, order_peers, verifiers
+from relay.core.peers import Mode, Peer, candidates, choose_peer, order_peers, verifiers
 
 KEY = ExecutorKey("acme", "ledger", "ex-1")
 
@@ -91,3 +91,30 @@ def test_peers_are_chosen_and_verifiers_asked_in_0_2_0s_rendezvous_order(
         key=lambda p: (p.application_version != "v1", hex_rank(dead, p.executor_id), p.executor_id),
     )
     assert list(verifiers(dead, "v1", recovering, healthy)) == [*(p.executor_id for p in old), recovering]
+
+
+@given(
+    dead=ids,
+    peers=st.lists(st.tuples(ids, st.sampled_from(["v1", "v2", "v3"])), unique_by=lambda t: t[0], max_size=30),
+    tried=st.sets(ids, max_size=6),
+)
+def test_a_rounds_candidates_are_the_first_of_each_version_and_choose_as_all_would(
+    dead: str, peers: list[tuple[str, str]], tried: set[str]
+) -> None:
+    healthy = [Peer(e, v) for e, v in peers]
+    kept = candidates(dead, healthy, per_version=3)
+    for version in {"v1", "v2", "v3"}:
+        of_version = [p for p in healthy if p.application_version == version and p.executor_id != dead]
+        assert sorted(p.executor_id for p in kept if p.application_version == version) == sorted(
+            p.executor_id for p in order_peers(dead, of_version)[:3]
+        )
+    # While fewer than 3 peers of a version have failed this round, the choice is the same.
+    for allow_latest, latest in ((False, None), (True, "v3")):
+        full = choose_peer(
+            dead, "v1", healthy, tried=frozenset(tried), allow_latest=allow_latest, latest_version=latest
+        )
+        if len({p.executor_id for p in kept} & tried) < 3 and not full.exhausted:
+            assert (
+                choose_peer(dead, "v1", kept, tried=frozenset(tried), allow_latest=allow_latest, latest_version=latest)
+                == full
+            )

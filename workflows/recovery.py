@@ -46,6 +46,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import NotRequired, TypedDict, TypeVar
 
@@ -53,7 +54,7 @@ from dbos import DBOS
 
 from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
 from relay.core.ids import ExecutorKey, RecoveryRef
-from relay.core.peers import BlockedReason, Mode, Peer, verifiers
+from relay.core.peers import BlockedReason, Mode, Peer, candidates, verifiers
 from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
 from relay_protocol import (
@@ -97,7 +98,7 @@ class FactsRecord(TypedDict):
     """The checkpoint of ``relay.gather``."""
 
     dead: bool
-    peers: list[list[str]]  # [executor id, application version]
+    peers: list[list[str]]  # [executor id, application version]: the round's candidates (all healthy in 0.2.0)
     allow_latest: bool
     latest: str | None
     ack_timeout: float
@@ -197,7 +198,9 @@ async def _gather(
         latest = await _latest_version(ref, others, svc.liveness.recovery_ack_timeout_secs)
     return {
         "dead": dead,
-        "peers": [list(p) for p in healthy],
+        "peers": [
+            [p.executor_id, p.application_version] for p in candidates(ref.key.executor_id, [Peer(*p) for p in healthy])
+        ],
         "allow_latest": allow_latest,
         "latest": latest,
         "ack_timeout": svc.liveness.recovery_ack_timeout_secs,
@@ -243,7 +246,7 @@ async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts)
     svc.note_blocked(ref.key.org, ref.key.app)
     await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key())
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
-    return {Peer(*p) for p in healthy} != set(gathered.peers)
+    return set(candidates(ref.key.executor_id, [Peer(*p) for p in healthy])) != set(gathered.peers)
 
 
 @relay_step("relay.dispatch")
@@ -428,13 +431,27 @@ async def _attempt(ref: RecoveryRef, plan: Dispatch, version: str, timeout: floa
 FIRST_STEP_OF_0_2_0 = "relay.open_recovery"
 
 
+async def _first_step(rid: str) -> str | None:
+    """:meth:`RecoveryStore.first_step`, read until the database answers. It runs before the first
+    step, outside any: a database too busy to lend a connection (a group failure of thousands)
+    must not end the run in ERROR, which only the repair sweep would notice."""
+    svc = services()
+    delay = 0.2
+    while True:
+        try:
+            return await svc.on_loop(svc.recoveries.first_step(rid))
+        except DatabaseError as exc:
+            log.warning("recovery %s: cannot read its first step yet (%s); retrying in %.1fs", rid, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 @DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
     ref = RecoveryRef(ExecutorKey(org, app, executor_id), epoch, rid)
-    svc = services()
-    merged = await svc.on_loop(svc.recoveries.first_step(rid)) != FIRST_STEP_OF_0_2_0
+    merged = await _first_step(rid) != FIRST_STEP_OF_0_2_0
     first: FactsRecord | None = None
     if merged:
         opened = await open_and_gather(ref, trigger)
