@@ -471,7 +471,8 @@ class Fleet:
             return list(first.values())
 
         if gone is None:
-            print(f"NOT all victims gone from the registry after {deadline - aborted:.0f} s: {dict(left)}")
+            waited = args.mass_grace + args.recovery_timeout
+            print(f"NOT all victims gone from the registry after {waited:.0f} s: {dict(left)}")
         else:
             print(
                 f"the registry held none of them {gone:.2f} s after the abort, {gone - args.mass_grace:.2f} s beyond "
