@@ -3,9 +3,9 @@
 It waits ``executorTimeoutSecs`` (the app's value when the executor
 disconnected), counted from the disconnection, in ``DBOS.recv``, whose deadline
 survives a crash of Relay. The hub ends it early with a message when the same
-executor reconnects. When the wait runs out, the executor is declared DEAD (the GRACE_EXPIRED event, guarded
-on its state and epoch: a reconnect in the meantime makes it a no-op) and its
-recovery workflow is started.
+executor reconnects. When the wait runs out, the executor is declared DEAD (the
+GRACE_EXPIRED event, guarded on its state and epoch: a reconnect in the meantime
+makes it a no-op) and its recovery workflow is started.
 
 Upgrades: the workflow's name, its steps' names and their order are those of
 Relay 0.2.0, so a grace period that release started finishes under this one (its
