@@ -43,11 +43,11 @@ class Mutant:
     edits: tuple[Edit, ...]
 
 
-GRACE_WAIT = "woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=timeout_secs)"
+GRACE_WAIT = "woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=remaining(timeout_secs, lost_at))"
 
 MUTANTS = (
     Mutant("grace", "the grace period's wait cut to 0.01 s", "grace-quick.json",
-           (Edit("workflows/grace.py", "timeout_seconds=timeout_secs)", "timeout_seconds=0.01)"),)),
+           (Edit("workflows/grace.py", "timeout_seconds=remaining(timeout_secs, lost_at))", "timeout_seconds=0.01)"),)),
     Mutant("verify", "verification ignored: a peer's success: true taken on trust", "liar.json",
            (Edit("workflows/recovery.py", "        if reply.exist:\n", "        if False:\n"),)),
     Mutant("app-filter", "the app filter dropped from peer choice and from routing", "app-filter.json",
@@ -55,7 +55,8 @@ MUTANTS = (
                  "WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id",
                  "WHERE e.org = %s AND %s::text IS NOT NULL AND e.state = 'HEALTHY' ORDER BY e.executor_id"),)),
     Mutant("reconnect", "a reconnect does not end the grace period", "reconnect.json", (
-        Edit("workflows/grace.py", GRACE_WAIT, "await DBOS.sleep_async(timeout_secs)\n    woken = None"),
+        Edit("workflows/grace.py", GRACE_WAIT,
+             "await DBOS.sleep_async(remaining(timeout_secs, lost_at))\n    woken = None"),
         Edit("relay/core/lifecycle.py", "    (S.DISCONNECTED, E.GRACE_EXPIRED): S.DEAD,\n",
              "    (S.DISCONNECTED, E.GRACE_EXPIRED): S.DEAD,\n    (S.HEALTHY, E.GRACE_EXPIRED): S.DEAD,\n"),
         Edit("relay/store/recoveries.py", "await self.executors.apply(key, event, epoch=epoch, conn=conn)",
