@@ -290,6 +290,12 @@ class ExecutorConnection:
 
     async def _record_lost(self) -> None:
         assert self.key is not None
+        if self._keepalive is not None and self._keepalive.shutting_down:
+            # The instance is stopping: Runtime.stop marks every executor it held DISCONNECTED in
+            # one statement and starts their grace periods. One write per socket here made a
+            # shutdown with thousands of executors outlast uvicorn's graceful window.
+            log.debug("executor %s: socket closed by the shutdown", self.name)
+            return
         lost_at = time.time()
         try:
             changed = await self.hub.executors.apply(

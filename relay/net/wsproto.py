@@ -23,6 +23,7 @@ class Keepalive(Protocol):
     """What the hub sees of a connection's transport."""
 
     last_heard: float
+    shutting_down: bool  # the server is stopping: uvicorn closes every socket
 
     def send_ping(self) -> bool: ...
 
@@ -48,6 +49,7 @@ ws_log.addFilter(RedactKeys())
 
 class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
     last_heard: float = 0.0
+    shutting_down: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -70,6 +72,12 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             # A refusal with a body is a complete answer; uvicorn would call it unfinished.
             self.handshake_complete = True
+
+    def shutdown(self) -> None:
+        """uvicorn is stopping: it closes this socket (1012), and the instance records the
+        disconnection of all its executors at once (``Runtime.stop``)."""
+        self.shutting_down = True
+        super().shutdown()
 
     def send_ping(self) -> bool:
         """Send a ping frame; False when the connection is no longer open."""

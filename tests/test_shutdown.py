@@ -1,0 +1,76 @@
+"""A graceful stop of an instance that holds many executors.
+
+uvicorn closes every socket when the server stops. Each connection used to record its own
+disconnection (one combined write per socket) inside uvicorn's five-second graceful window;
+with thousands of executors that outlasted the window, and uvicorn cancelled the rest with one
+logged traceback per socket. Now a socket closed by the shutdown records nothing itself, and
+the instance marks every executor it held DISCONNECTED in one statement and starts their grace
+periods (``Runtime.stop``). Real Relay, real PostgreSQL, simulated executors on real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import psycopg
+from websockets.asyncio.client import ClientConnection
+
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import handshake, open_socket
+
+StartRelay = Callable[..., RelayProcess]
+EXECUTORS = 200
+
+
+async def connect_and_stop(relay: RelayProcess) -> float:
+    """Connect the executors, wait until Relay holds them all, stop Relay; returns the stop's seconds."""
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    gate = asyncio.Semaphore(50)
+
+    async def one(i: int) -> ClientConnection:
+        async with gate:
+            ws = await open_socket(url)
+            await handshake(ws, f"held-{i}")
+            return ws
+
+    sockets = await asyncio.gather(*(one(i) for i in range(EXECUTORS)))
+    deadline = time.monotonic() + 30
+    while healthy(relay) < EXECUTORS:
+        assert time.monotonic() < deadline, f"only {healthy(relay)} of {EXECUTORS} HEALTHY"
+        await asyncio.sleep(0.1)
+    started = time.monotonic()
+    await asyncio.to_thread(relay.stop)
+    stopped = time.monotonic() - started
+    await asyncio.gather(*(ws.wait_closed() for ws in sockets))
+    return stopped
+
+
+def healthy(relay: RelayProcess) -> int:
+    with psycopg.connect(relay.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM executors WHERE state = 'HEALTHY'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_stop_records_its_executors_disconnection_at_once_and_starts_their_grace_periods(
+    start_relay: StartRelay,
+) -> None:
+    relay = start_relay(grace=60)
+    stopped = asyncio.run(connect_and_stop(relay))
+    assert relay.proc is not None and relay.proc.returncode == 0, relay.log()[-3000:]
+    log = relay.log()
+    after = log[log.index("Shutting down") :]
+    assert "Exception in ASGI application" not in after and "graceful shutdown exceeded" not in after, after[-3000:]
+    # No socket recorded its own disconnection: the instance recorded them all.
+    assert " is DISCONNECTED" not in after, after[-3000:]
+    with psycopg.connect(relay.database_url) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM executors GROUP BY state").fetchall())
+        graces = conn.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE name = 'relay.grace_period' AND status = 'PENDING'"
+        ).fetchone()
+    assert states == {"DISCONNECTED": EXECUTORS}, states
+    assert graces == (EXECUTORS,), "each disconnection has its grace period, left PENDING for the next start"
+    assert stopped < 10, f"the stop took {stopped:.1f} s"
