@@ -54,6 +54,9 @@ class Lease:
         self.fenced = False
         self._valid_until = 0.0
         self._held_since = 0.0
+        # A renewal failed (the database was cut off) and none has succeeded since: a gap, even
+        # while the lease has not run out yet.
+        self._renewal_failed = False
         self._task: asyncio.Task[None] | None = None
         self._conn: Conn | None = None
         self.on_fenced: Callable[[], None] | None = None
@@ -110,9 +113,14 @@ class Lease:
 
         An instance that just got its lease back after losing the database for
         longer than the lease should not adopt the others yet: they lost it too,
-        and renew theirs within a lease once the database is back.
+        and renew theirs within a lease once the database is back. A renewal that
+        failed is a gap too, though the lease had not run out: the others' renewals
+        may have failed in the same outage, and an unlucky one's lease may have
+        expired while this one's had not.
         """
-        return asyncio.get_running_loop().time() - self._held_since if self.held else 0.0
+        if not self.held or self._renewal_failed:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._held_since
 
     async def acquire(self) -> int:
         """Take this instance's lease at start-up, with a new epoch."""
@@ -143,12 +151,16 @@ class Lease:
 
     async def renew(self) -> bool:
         sent = asyncio.get_running_loop().time()
-        cur = await self._execute(
-            """UPDATE relay_instances SET lease_expires_at = now() + make_interval(secs => %s),
-                      renewed_at = now()
-               WHERE instance_id = %s AND lease_epoch = %s""",
-            (self.lease_secs, self.instance_id, self.epoch),
-        )
+        try:
+            cur = await self._execute(
+                """UPDATE relay_instances SET lease_expires_at = now() + make_interval(secs => %s),
+                          renewed_at = now()
+                   WHERE instance_id = %s AND lease_epoch = %s""",
+                (self.lease_secs, self.instance_id, self.epoch),
+            )
+        except DatabaseError:
+            self._renewal_failed = True
+            raise
         if cur.rowcount != 1:
             if not self.fenced:
                 log.error("instance %s lost its lease (epoch %s): another instance adopted it, or a second "
@@ -157,8 +169,9 @@ class Lease:
             if self.on_fenced is not None:
                 self.on_fenced()
             return False
-        if not self.held:
+        if not self.held or self._renewal_failed:
             self._held_since = sent
+            self._renewal_failed = False
         self._valid_until = sent + self.lease_secs
         return True
 
