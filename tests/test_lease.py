@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -192,7 +193,10 @@ class TakeOvers:
         self.taken.append(instances)
 
 
-async def _adoption_waits_for_a_settled_lease(url: str) -> None:
+@contextlib.asynccontextmanager
+async def two_instances(url: str) -> AsyncIterator[tuple[Lease, Lease, Adopter, TakeOvers]]:
+    """ "adopter" and "other", each with its own Database and a 1 s lease just acquired; the
+    adopter's Adopter (real store, its take-overs recorded)."""
     dbs = [Database(url), Database(url)]  # one per instance: a Database carries its instance's fence
     for db in dbs:
         await db.open()
@@ -203,6 +207,16 @@ async def _adoption_waits_for_a_settled_lease(url: str) -> None:
         await theirs.acquire()
         durable = TakeOvers()
         adopter = Adopter(InstanceStore(dbs[0], ExecutorStore(dbs[0])), mine, durable)  # type: ignore[arg-type]
+        yield mine, theirs, adopter, durable
+        for lease in (mine, theirs):
+            await lease.stop()
+    finally:
+        for db in dbs:
+            await db.close()
+
+
+async def _adoption_waits_for_a_settled_lease(url: str) -> None:
+    async with two_instances(url) as (mine, _theirs, adopter, durable):
         await asyncio.sleep(1.2)  # neither renews: the database was out, say
         assert await mine.renew()  # back, only just; the other has not renewed yet
         assert not adopter.settled()
@@ -215,11 +229,6 @@ async def _adoption_waits_for_a_settled_lease(url: str) -> None:
             assert await mine.renew()
         assert adopter.settled()
         assert await adopter.scan() == ["other"] and durable.taken == [["other"]]
-        for lease in (mine, theirs):
-            await lease.stop()
-    finally:
-        for db in dbs:
-            await db.close()
 
 
 def test_an_instance_back_from_losing_the_database_adopts_nothing_until_it_held_its_lease_a_whole_lease(
@@ -229,16 +238,7 @@ def test_an_instance_back_from_losing_the_database_adopts_nothing_until_it_held_
 
 
 async def _a_failed_renewal_is_a_gap(url: str) -> None:
-    dbs = [Database(url), Database(url)]
-    for db in dbs:
-        await db.open()
-    try:
-        await dbs[0].migrate()
-        mine, theirs = Lease(dbs[0], "adopter", 1.0), Lease(dbs[1], "other", 1.0)
-        await mine.acquire()
-        await theirs.acquire()
-        durable = TakeOvers()
-        adopter = Adopter(InstanceStore(dbs[0], ExecutorStore(dbs[0])), mine, durable)  # type: ignore[arg-type]
+    async with two_instances(url) as (mine, theirs, adopter, durable):
         for _ in range(4):  # both held for a whole lease
             await asyncio.sleep(0.3)
             assert await mine.renew() and await theirs.renew()
@@ -258,11 +258,6 @@ async def _a_failed_renewal_is_a_gap(url: str) -> None:
         assert await mine.renew()  # back first: the other would renew in a moment
         assert not adopter.settled()
         assert await adopter.scan() == [] and durable.taken == []
-        for lease in (mine, theirs):
-            await lease.stop()
-    finally:
-        for db in dbs:
-            await db.close()
 
 
 def test_a_renewal_that_failed_is_a_gap_though_the_lease_had_not_run_out(postgres: Postgres) -> None:
