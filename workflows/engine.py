@@ -22,6 +22,7 @@ for good.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -206,15 +207,8 @@ class Engine:
         }
         while True:
             kind, key, epoch, previous, at = await self._events.get()
-            delay = 0.2
-            while True:
-                try:
-                    await handlers[kind](key, epoch, previous, at)
-                    break
-                except Exception as exc:
-                    log.warning("executor %s: %s event failed (%s); retrying in %.1fs", key, kind, exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+            event = functools.partial(handlers[kind], key, epoch, previous, at)
+            await wf_services.until_done(event, f"executor {key}: {kind} event", logger=log)
 
     # -- HubEvents -----------------------------------------------------------------------
 

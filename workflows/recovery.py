@@ -46,8 +46,8 @@ checkpoints.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import NotRequired, TypedDict, TypeVar
 
 from dbos import DBOS
@@ -80,7 +80,7 @@ from relay_protocol import (
     clean_text,
 )
 from relay_protocol.limits import has_unstorable
-from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services, until_done
 
 log = logging.getLogger("relay.recovery")
 
@@ -436,14 +436,11 @@ async def _first_step(rid: str) -> str | None:
     step, outside any: a database too busy to lend a connection (a group failure of thousands)
     must not end the run in ERROR, which only the repair sweep would notice."""
     svc = services()
-    delay = 0.2
-    while True:
-        try:
-            return await svc.on_loop(svc.recoveries.first_step(rid))
-        except DatabaseError as exc:
-            log.warning("recovery %s: cannot read its first step yet (%s); retrying in %.1fs", rid, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+    def read() -> Awaitable[str | None]:
+        return svc.on_loop(svc.recoveries.first_step(rid))  # a new read at each try
+
+    return await until_done(read, f"recovery {rid}: reading its first step", DatabaseError, log)
 
 
 @DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)

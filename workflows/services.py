@@ -42,6 +42,28 @@ P = ParamSpec("P")
 
 log = logging.getLogger("relay.workflows")
 
+RETRY_FIRST_SECS, RETRY_MAX_SECS = 0.2, 5.0
+
+
+async def until_done(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    errors: type[Exception] | tuple[type[Exception], ...] = Exception,
+    logger: logging.Logger = log,
+) -> T:
+    """``call()``, tried again after ``errors`` with a backoff doubling from 0.2 s up to 5 s, until
+    it returns (for work that must happen once the database answers: an executor event, a read
+    before a workflow's first step)."""
+    delay = RETRY_FIRST_SECS
+    while True:
+        try:
+            return await call()
+        except errors as exc:
+            logger.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_SECS)
+
+
 # Every Relay instance must register its workflows under the same application
 # version, or one instance could not recover another's. Change it only when a
 # workflow changes in a way that cannot replay an older run's history.
