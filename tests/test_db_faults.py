@@ -7,6 +7,7 @@ evidence database stay on the session's server.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
+from relay.errors import DatabaseError
+from relay.store.db import Database
 
 StartExecutor = Callable[..., ExecutorProcess]
 # How long the database stays down: longer than the lease's renewal period and the SDK's reconnect.
@@ -161,3 +164,36 @@ def test_executor_killed_while_the_database_is_down_is_not_healthy_long_after_it
     # pingWaitSecs and 2 s more for a loaded machine (the chaos checker's tolerance).
     assert_eventually(not_healthy, 1.0 + 2.0, what="the executor no longer HEALTHY")
     print(f"no longer HEALTHY {time.monotonic() - back:.2f} s after the database returned")
+
+
+def test_the_pool_reconnects_soon_after_a_long_outage(relay_pg: PostgresServer) -> None:
+    # psycopg_pool waits 1, 2, 4, 8, ... s between its attempts to reconnect, so after an outage of
+    # some seconds the next attempt could come seconds after the database is back (the test above
+    # then failed at times). Relay's pool gives up an attempt after 2 s and starts a new one when
+    # asked for a connection: it is back within moments of the database.
+    if not relay_pg.running():
+        relay_pg.start()
+    url = relay_pg.url(relay_pg.create_database("pool"))
+
+    async def scenario() -> float:
+        db = Database(url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async with db.connection() as conn:
+                await conn.execute("SELECT 1")
+            relay_pg.kill9()
+            with pytest.raises(DatabaseError):
+                async with db.connection() as conn:
+                    await conn.execute("SELECT 1")
+            await asyncio.sleep(3.5)  # attempts at 0, 1, 3 s; psycopg_pool's next would be at 7 s
+            await asyncio.to_thread(relay_pg.start)
+            back = time.monotonic()
+            async with db.connection() as conn:
+                await conn.execute("SELECT 1")
+            return time.monotonic() - back
+        finally:
+            await db.close()
+
+    took = asyncio.run(scenario())
+    print(f"a query answered {took:.2f} s after the database returned")
+    assert took < 1.0

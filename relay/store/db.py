@@ -21,6 +21,8 @@ from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS
 
 log = logging.getLogger("relay.db")
 
+RECONNECT_GIVE_UP_SECS = 2.0
+
 
 class Database:
     """The pool; every query goes through :meth:`connection`."""
@@ -36,6 +38,11 @@ class Database:
             max_size=max_size,
             open=False,
             timeout=10.0,
+            # psycopg_pool waits 1, 2, 4, 8, ... s between attempts to replace a lost connection:
+            # after an outage of some seconds its next attempt could come seconds after the
+            # database is back. An attempt given up after 2 s frees its place, and the next request
+            # for a connection starts a new one at once.
+            reconnect_timeout=RECONNECT_GIVE_UP_SECS,
             kwargs={"autocommit": True, "row_factory": dict_row},
         )
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
