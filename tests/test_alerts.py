@@ -3,6 +3,7 @@ server in the test) and an app whose ``@DBOS.alert_handler`` writes what it rece
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -20,6 +21,17 @@ from harness.receiver import Delivery, WebhookReceiver
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from relay.config import RelayConfig
+from relay.core.alerts import Kind
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent
+from relay.domain.alerts import ConditionObserver
+from relay.store.alerts import AlertStore
+from relay.store.apps import AppStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore, Handshake
+from relay.store.lease import Lease
+from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
 
 StartRelay = Callable[..., RelayProcess]
@@ -383,3 +395,41 @@ def test_rules_through_the_api(start_relay: StartRelay) -> None:
     with relay.api(key=VIEWER_KEYS["acme"]) as viewer:
         assert viewer.get("/apps/ledger/alerting-rules").status_code == 200
         assert viewer.post("/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead"}).status_code == 403
+
+
+def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: str) -> None:
+    """An app counts as having had executors while their ids are remembered, not only while their
+    records last: a verified recovery deletes a record, and an app never connected stays quiet."""
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 1, "webhook": "http://127.0.0.1:9/"}]
+    config = RelayConfig.model_validate(alert_config(free_port(), rules))
+
+    async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+        db = Database(relay_db)
+        await db.open()
+        await db.migrate()
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        try:
+            await AppStore(db).sync_config(config)
+            alerts = AlertStore(db)
+            await alerts.sync_config(config)
+            kinds = frozenset({Kind.UNRESPONSIVE_APPLICATION})
+            (rule,) = [r for r in await alerts.rules_of(kinds) if r.app == "ledger"]
+            observer = ConditionObserver(alerts, gateway=None)  # type: ignore[arg-type]  # not asked for this kind
+            never = await observer.observe(rule)
+            executors = ExecutorStore(db)
+            key = ExecutorKey("acme", "ledger", "only-one")
+            info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+            epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
+            healthy = await observer.observe(rule)
+            lost, dead = ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED
+            for event in (lost, dead, ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED):  # deleted
+                assert await executors.apply(key, event, epoch=epoch)
+            return never or [], healthy or [], await observer.observe(rule) or []
+        finally:
+            await lease.stop()
+            await db.close()
+
+    never, healthy, deleted = asyncio.run(scenario())
+    assert never == [] and healthy == []
+    assert [o.subject for o in deleted] == [{"appName": "ledger"}]

@@ -130,8 +130,8 @@ class ConditionObserver:
     async def observe(self, rule: Rule) -> list[Observed] | None:
         """The subjects the rule's condition holds for now; None when that cannot be known now."""
         if rule.kind is Kind.UNRESPONSIVE_APPLICATION:
-            total, healthy = await self.store.app_executors(rule.org, rule.app)
-            if total == 0 or healthy > 0:  # an app never connected is not unresponsive: it is not there yet
+            had, healthy = await self.store.app_executors(rule.org, rule.app)
+            if not had or healthy > 0:  # an app never connected is not unresponsive: it is not there yet
                 return []
             message = f"App {rule.app} has had no healthy executor for {rule.param('forSecs', 60.0):g} s."
             metadata = {"application_name": rule.app, "connected_executor_count": "0"}

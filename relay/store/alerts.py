@@ -221,16 +221,20 @@ class AlertStore:
             cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s)", (keys,))
             return {str(r["idempotency_key"]) for r in await cur.fetchall()}
 
-    async def app_executors(self, org: str, app: str) -> tuple[int, int]:
-        """(executors in the registry, HEALTHY ones) of an app."""
+    async def app_executors(self, org: str, app: str) -> tuple[bool, int]:
+        """(whether the app has had executors, its HEALTHY ones). It has had some while an executor
+        of it is in the registry, or its id is still remembered (``executor_ids``, kept after a
+        record is deleted until retention prunes ids not seen for ``executorIdsDays``)."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT count(*) AS total, count(*) FILTER (WHERE state = 'HEALTHY') AS healthy
-                   FROM executors WHERE org = %s AND app = %s""",
-                (org, app),
+                """SELECT count(*) FILTER (WHERE state = 'HEALTHY') AS healthy,
+                          count(*) > 0 OR EXISTS (SELECT 1 FROM executor_ids WHERE org = %(org)s AND app = %(app)s)
+                              AS had
+                   FROM executors WHERE org = %(org)s AND app = %(app)s""",
+                {"org": org, "app": app},
             )
             row = await cur.fetchone()
-        return (int(row["total"]), int(row["healthy"])) if row else (0, 0)
+        return (bool(row["had"]), int(row["healthy"])) if row else (False, 0)
 
     async def blocked(self, org: str, app: str) -> list[tuple[str, int, str]]:
         """(executor id, epoch, reason) of the app's DEAD executors whose recovery waits."""
