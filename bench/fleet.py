@@ -271,8 +271,8 @@ class Fleet:
         )  # fmt: skip
 
     async def registry(self, api: httpx.AsyncClient, expected: set[str] | None = None) -> dict[str, dict[str, Any]]:
-        """The app's executors by id. The list is paged in the order executors connected, so an
-        executor that reconnects between two pages can be skipped: those of ``expected`` that no
+        """The app's executors by id. The list is paged in order of id; a record inserted or deleted
+        between two pages shifts the later ones, so one can be skipped: those of ``expected`` that no
         page held are read one by one (missing only if that answers 404)."""
         rows = {e["executorId"]: e for e in await list_all_async(api, f"/apps/{APP}/executors")}
         for executor_id in sorted((expected or set()) - set(rows)):

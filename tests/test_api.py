@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 import httpx
@@ -173,6 +174,37 @@ def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_
     assert twin_code == 4409  # replaced by the newer connection
     assert again_code is None  # which stays open
     assert len(set(ids)) == 151
+
+
+def test_paging_through_executors_sees_each_once_while_they_reconnect(relay: RelayProcess) -> None:
+    """Executors are listed in id order: a reconnect between two pages moves nothing (in order of
+    connection, the executor that reconnected went to the end and was listed twice, another never)."""
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    def page(offset: int) -> list[str]:
+        with relay.api() as api:
+            return [
+                e["executorId"] for e in api.get("/apps/ledger/executors", params={"limit": 1, "offset": offset}).json()
+            ]
+
+    async def scenario() -> list[str]:
+        sockets = {}
+        for executor_id in ("page-c", "page-a", "page-b"):  # connected in another order than their ids'
+            sockets[executor_id] = ws = await open_socket(url)
+            await handshake(ws, executor_id)
+            healthy = functools.partial(lambda e: relay.state_of("acme", "ledger", e) == "HEALTHY", executor_id)
+            await off_loop(assert_eventually, healthy, 5)
+        again = None
+        try:
+            first = await off_loop(page, 0)
+            again = await open_socket(url)  # the first listed reconnects
+            await handshake(again, first[0])
+            await asyncio.wait_for(sockets[first[0]].wait_closed(), 10)  # replaced: the new one is recorded
+            return [first, await off_loop(page, 1), await off_loop(page, 2)]
+        finally:
+            await asyncio.gather(*(ws.close() for ws in [*sockets.values(), *([again] if again else [])]))
+
+    assert asyncio.run(scenario()) == [["page-a"], ["page-b"], ["page-c"]]
 
 
 def _healthy(relay: RelayProcess) -> list[str]:

@@ -470,10 +470,12 @@ class ExecutorStore:
     async def list_executors(
         self, org: str, app: str, state: ExecutorState | None = None, limit: int = 100, offset: int = 0
     ) -> list[ExecutorRecord]:
+        """A page of the app's executors in order of id: a reconnect (which changes ``connected_at``)
+        between two pages moves no executor from one page to another."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 f"""SELECT {_WITH_FIRST_SEEN} WHERE e.org = %s AND e.app = %s
-                    AND (%s::text IS NULL OR e.state = %s) ORDER BY e.connected_at, e.executor_id
+                    AND (%s::text IS NULL OR e.state = %s) ORDER BY e.executor_id
                     LIMIT %s OFFSET %s""",
                 (org, app, state.value if state else None, state.value if state else None, limit, offset),
             )
