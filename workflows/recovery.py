@@ -335,9 +335,10 @@ def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
 async def verify_and_succeed(ref: RecoveryRef, plan: Dispatch, version: str, timeout: float) -> Outcome:
     """:func:`verify`, then, if it passed, :func:`succeed` (the record deleted)."""
     peer = plan.peer.executor_id
-    result = await _verify(ref, peer, version, timeout, replied=plan.mode is not Mode.SAME_VERSION)
-    if result["ok"]:
-        await services().recoveries.succeed(ref, plan.attempt, peer, dedupe_key(), result.get("verifier"))
+    result = await _verify(ref, peer, version, timeout, replied=plan.mode is not Mode.SAME_VERSION, record=False)
+    if result["ok"]:  # one write: the verification recorded with the success
+        verifier = result.get("verifier")
+        await services().recoveries.succeed(ref, plan.attempt, peer, dedupe_key(), verifier, verified_now=True)
     return result
 
 
@@ -346,14 +347,17 @@ async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> O
     return await _verify(ref, peer, version, timeout)
 
 
-async def _verify(ref: RecoveryRef, peer: str, version: str, timeout: float, *, replied: bool = True) -> Outcome:
+async def _verify(
+    ref: RecoveryRef, peer: str, version: str, timeout: float, *, replied: bool = True, record: bool = True
+) -> Outcome:
     """Nothing of the dead executor's left PENDING after ``peer``'s recovery (contract rule 4)?
 
     Asked of another healthy executor of the app first (a peer that lies
     about its recovery cannot vouch for itself while another one answers);
     the first usable answer decides. ``peer`` itself is asked only when no
     other executor answers. ``replied``: record the moment of the peer's reply here (not
-    after a recovery frame, whose reply recorded it).
+    after a recovery frame, whose reply recorded it). ``record``: record the moment it passed
+    (else the caller records it with the success).
     """
     svc = services()
     # The peer's work is done when its verification begins: on the latest-version path
@@ -371,7 +375,8 @@ async def _verify(ref: RecoveryRef, peer: str, version: str, timeout: float, *, 
             continue
         if reply.exist:
             return _failed(f"verification failed: {verifier} sees workflows of the dead executor still PENDING")
-        await svc.recoveries.mark_verified(ref)
+        if record:
+            await svc.recoveries.mark_verified(ref)
         return {"ok": True, "verifier": verifier}
     return _failed("verification failed: no executor answered (" + "; ".join(unanswered) + ")")
 

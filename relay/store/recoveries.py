@@ -269,11 +269,19 @@ class RecoveryStore:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
 
     async def succeed(
-        self, ref: RecoveryRef, attempt: int, peer: str, dedupe: str, verified_by: str | None = None
+        self,
+        ref: RecoveryRef,
+        attempt: int,
+        peer: str,
+        dedupe: str,
+        verified_by: str | None = None,
+        *,
+        verified_now: bool = False,
     ) -> bool:
         """The attempt succeeded: delete the executor's record (if still this epoch's). Returns whether deleted.
 
-        ``verified_by``: the executor whose answer showed nothing left PENDING.
+        ``verified_by``: the executor whose answer showed nothing left PENDING. ``verified_now``: the
+        verification passed just now and was not recorded (:meth:`mark_verified`): it is, here.
         """
 
         async def write(conn: Conn) -> tuple[dict[str, Any] | None, bool, dict[str, Any] | None]:
@@ -284,10 +292,11 @@ class RecoveryStore:
             dead = await cur.fetchone()
             deleted = await self.executors.apply(ref.key, E.RECOVERED, epoch=ref.epoch, conn=conn)
             cur = await conn.execute(
-                f"""UPDATE recovery_attempts SET outcome = 'succeeded', at = now()
+                f"""UPDATE recovery_attempts SET outcome = 'succeeded', at = now(),
+                           verified_at = CASE WHEN %s THEN coalesce(verified_at, now()) ELSE verified_at END
                     WHERE recovery_id = %s AND attempt = %s AND outcome = 'dispatched'
                     RETURNING {_TO_REPLY}, extract(epoch FROM verified_at - replied_at) AS to_verified""",
-                (ref.rid, attempt),
+                (verified_now, ref.rid, attempt),
             )
             timings = await cur.fetchone()
             await self._status(conn, ref.rid, "succeeded", None)
