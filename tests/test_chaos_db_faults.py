@@ -55,6 +55,13 @@ def test_the_ci_profile_plays_a_database_kill_a_cut_and_a_system_database_restar
                 assert after.at >= fault.at + profile.grace_secs - SYSDB_LEAD_SECS + fault.duration
 
 
+def test_the_db_profile_plays_every_database_and_instance_fault_whatever_the_seed() -> None:
+    profile = PROFILES["db"]
+    for seed in range(100):
+        kinds = {f.kind for f in make_schedule(seed, profile)}
+        assert kinds >= set(DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS + INSTANCE_FAULTS), seed
+
+
 def test_the_soak_plays_every_fault_kind() -> None:
     assert PROFILES["soak"].db_faults
     kinds = {f.kind for f in make_schedule(1, PROFILES["soak"])}
