@@ -207,6 +207,34 @@ def test_paging_through_executors_sees_each_once_while_they_reconnect(relay: Rel
     assert asyncio.run(scenario()) == [["page-a"], ["page-b"], ["page-c"]]
 
 
+def test_an_executor_back_from_the_dead_sends_nothing_to_its_finished_grace_period(
+    start_relay: StartRelay,
+) -> None:
+    """Only a DISCONNECTED record has a grace period waiting for the reconnect's message: one sent
+    to a grace period that already declared the executor DEAD stayed unread in DBOS's table."""
+    relay = start_relay(grace=0.5)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    async def scenario() -> None:
+        ws = await open_socket(url)
+        await handshake(ws, "lazarus")
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "HEALTHY", 5)
+        await ws.close()
+        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "DEAD", 10)
+        again = await open_socket(url)
+        try:
+            await handshake(again, "lazarus")
+            await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "HEALTHY", 5)
+            await asyncio.sleep(1.0)  # the engine hears of the connection after the record
+        finally:
+            await again.close()
+
+    asyncio.run(scenario())
+    with psycopg.connect(relay.database_url) as conn:
+        sent = conn.execute("SELECT count(*) FROM dbos.notifications WHERE destination_uuid LIKE 'grace:%'").fetchone()
+    assert sent == (0,)
+
+
 def _healthy(relay: RelayProcess) -> list[str]:
     with relay.api() as api:
         rows = api.get("/apps/ledger/executors", params={"state": "HEALTHY", "limit": 1000}).json()

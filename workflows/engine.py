@@ -215,8 +215,8 @@ class Engine:
     async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None:
         self._events.put_nowait(("lost", key, epoch, None, lost_at))
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None:
-        self._events.put_nowait(("connected", key, epoch, previous_epoch, time.time()))
+    async def executor_connected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None) -> None:
+        self._events.put_nowait(("connected", key, epoch, grace_epoch, time.time()))
 
     async def _grace_for_loss(self, key: ExecutorKey, epoch: int, _previous: int | None, lost_at: float) -> None:
         await self._start_grace(key, epoch, lost_at)
@@ -228,9 +228,9 @@ class Engine:
         timeout = app.executor_timeout_secs if app else DEFAULT_GRACE_SECS
         await _start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout, lost_at)
 
-    async def _reconnected(self, key: ExecutorKey, epoch: int, previous: int | None, _at: float) -> None:
-        if previous is not None:  # the same executor was here before: end that disconnection's grace period
-            await _send(grace_id(key, previous), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
+    async def _reconnected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None, _at: float) -> None:
+        if grace_epoch is not None:  # it was DISCONNECTED: end that disconnection's grace period
+            await _send(grace_id(key, grace_epoch), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
 
     # -- Durable ------------------------------------------------------------------------

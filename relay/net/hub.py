@@ -48,7 +48,11 @@ WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
 class HubEvents(Protocol):
     """What the durable layer wants to hear from the hub (grace periods, wake-ups)."""
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int, previous_epoch: int | None) -> None: ...
+    async def executor_connected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None) -> None:
+        """``grace_epoch``: the epoch of the disconnection this connection ends, when the record was
+        DISCONNECTED (its grace period waits for word of the reconnect); None otherwise (a new executor,
+        one taken over from another socket, or one already DEAD, whose grace period is over)."""
+        ...
 
     async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None: ...
 
@@ -192,7 +196,8 @@ class Hub:
         if result.previous_state is ExecutorState.HEALTHY and elsewhere not in (None, self.instance_id):
             assert elsewhere is not None and result.previous_epoch is not None
             await self._close_elsewhere(elsewhere, key, result.previous_epoch)
-        await self.events.executor_connected(key, result.epoch, result.previous_epoch)
+        ended = result.previous_epoch if result.previous_state is ExecutorState.DISCONNECTED else None
+        await self.events.executor_connected(key, result.epoch, ended)
         return result.epoch
 
     async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:
