@@ -31,7 +31,7 @@ import psycopg
 from chaos.checker import History, Timing, check, figures
 from chaos.dbrules import READY_SLACK_SECS
 from chaos.observe import RegistryWatch, time_to_ready
-from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile
+from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile, faults_end
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
@@ -371,17 +371,18 @@ def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: b
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     try:
-        fleet.start(until=started + profile.fault_secs)
+        end = faults_end(profile, schedule)
+        fleet.start(until=started + end)
         # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
         # (faults would otherwise come all at once, before any workload).
         origin = max(started, time.time() - profile.warmup_secs)
-        fleet.stop_workload_at(origin + profile.fault_secs)
+        fleet.stop_workload_at(origin + end)
         for fault in schedule:
             time.sleep(max(0.0, origin + fault.at - time.time()))
             unplanned += fleet.revive()
             print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
             done.append(inject(fleet, fault))
-        time.sleep(max(0.0, origin + profile.fault_secs - time.time()))
+        time.sleep(max(0.0, origin + end - time.time()))
         print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
         deadline = time.time() + profile.heal_timeout_secs
         while time.time() < deadline and not settled(fleet):

@@ -84,6 +84,12 @@ class Fault:
         return asdict(self)
 
 
+def faults_end(profile: Profile, schedule: list[Fault]) -> float:
+    """Until when the workload runs, in seconds after the start: ``fault_secs``, or the end of the
+    last fault when a profile that must play every kind started faults past it."""
+    return max([profile.fault_secs, *(f.at + f.duration for f in schedule if f.at >= profile.fault_secs)])
+
+
 def make_schedule(seed: int, profile: Profile) -> list[Fault]:
     """One fault at a time, so a peer of the main app and a Relay instance are always there."""
     rng = random.Random(seed)

@@ -13,6 +13,7 @@ from chaos.schedule import (
     SYSDB_LEAD_SECS,
     SYSTEM_DATABASE_FAULTS,
     Profile,
+    faults_end,
     make_schedule,
 )
 
@@ -58,8 +59,16 @@ def test_the_ci_profile_plays_a_database_kill_a_cut_and_a_system_database_restar
 def test_the_db_profile_plays_every_database_and_instance_fault_whatever_the_seed() -> None:
     profile = PROFILES["db"]
     for seed in range(100):
-        kinds = {f.kind for f in make_schedule(seed, profile)}
-        assert kinds >= set(DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS + INSTANCE_FAULTS), seed
+        faults = make_schedule(seed, profile)
+        assert {f.kind for f in faults} >= set(DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS + INSTANCE_FAULTS), seed
+        # The workload runs until the last fault is over when the schedule went past fault_secs.
+        last = faults[-1]
+        if last.at >= profile.fault_secs:
+            assert faults_end(profile, faults) == last.at + last.duration
+        else:
+            assert faults_end(profile, faults) == profile.fault_secs
+    assert max(faults_end(profile, make_schedule(seed, profile)) for seed in range(100)) > profile.fault_secs
+    assert faults_end(PROFILES["quick"], make_schedule(1, PROFILES["quick"])) == PROFILES["quick"].fault_secs
 
 
 def test_the_soak_plays_every_fault_kind() -> None:
