@@ -22,6 +22,12 @@ from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS
 log = logging.getLogger("relay.db")
 
 RECONNECT_GIVE_UP_SECS = 2.0
+CONNECT_TIMEOUT_SECS = 5
+
+
+async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
+    """An attempt to reconnect gave up: begin another."""
+    await pool.check()
 
 
 class Database:
@@ -40,10 +46,14 @@ class Database:
             timeout=10.0,
             # psycopg_pool waits 1, 2, 4, 8, ... s between attempts to replace a lost connection:
             # after an outage of some seconds its next attempt could come seconds after the
-            # database is back. An attempt given up after 2 s frees its place, and the next request
-            # for a connection starts a new one at once.
+            # database is back. An attempt is given up after 2 s and another begins at once
+            # (check() grows the pool again), so one is made about every second, however long
+            # the outage, and requests waiting for a connection get one as the database returns.
             reconnect_timeout=RECONNECT_GIVE_UP_SECS,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            reconnect_failed=_attempt_again,
+            # A database that does not answer (a network cut) costs an attempt this long, not
+            # the operating system's TCP timeout.
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_SECS},
         )
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
