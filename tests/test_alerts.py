@@ -403,7 +403,7 @@ def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: st
     rules = [{"kind": "UnresponsiveApplication", "forSecs": 1, "webhook": "http://127.0.0.1:9/"}]
     config = RelayConfig.model_validate(alert_config(free_port(), rules))
 
-    async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+    async def scenario() -> tuple[list[Any], list[Any], list[Any], list[Any]]:
         db = Database(relay_db)
         await db.open()
         await db.migrate()
@@ -425,11 +425,16 @@ def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: st
             lost, dead = ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED
             for event in (lost, dead, ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED):  # deleted
                 assert await executors.apply(key, event, epoch=epoch)
-            return never or [], healthy or [], await observer.observe(rule) or []
+            deleted = await observer.observe(rule) or []
+            # The app deleted (no record left) and created again: its old ids are an earlier app's.
+            async with db.transaction() as conn:
+                assert await AppStore.delete(conn, "acme", "ledger")
+            await AppStore(db).ensure("acme", "ledger")
+            return never or [], healthy or [], deleted, await observer.observe(rule) or []
         finally:
             await lease.stop()
             await db.close()
 
-    never, healthy, deleted = asyncio.run(scenario())
-    assert never == [] and healthy == []
+    never, healthy, deleted, recreated = asyncio.run(scenario())
+    assert never == [] and healthy == [] and recreated == []
     assert [o.subject for o in deleted] == [{"appName": "ledger"}]

@@ -223,13 +223,16 @@ class AlertStore:
 
     async def app_executors(self, org: str, app: str) -> tuple[bool, int]:
         """(whether the app has had executors, its HEALTHY ones). It has had some while an executor
-        of it is in the registry, or its id is still remembered (``executor_ids``, kept after a
-        record is deleted until retention prunes ids not seen for ``executorIdsDays``)."""
+        of it is in the registry, or one's id is still remembered (``executor_ids``, kept after a
+        record is deleted until retention prunes ids not seen for ``executorIdsDays``) and was seen
+        since the app was created (not an earlier app of the same name, deleted)."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT count(*) FILTER (WHERE state = 'HEALTHY') AS healthy,
-                          count(*) > 0 OR EXISTS (SELECT 1 FROM executor_ids WHERE org = %(org)s AND app = %(app)s)
-                              AS had
+                          count(*) > 0 OR EXISTS (
+                              SELECT 1 FROM executor_ids i JOIN apps a ON a.org = i.org AND a.name = i.app
+                              WHERE i.org = %(org)s AND i.app = %(app)s AND i.last_seen_at >= a.created_at
+                          ) AS had
                    FROM executors WHERE org = %(org)s AND app = %(app)s""",
                 {"org": org, "app": app},
             )
