@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import psycopg
@@ -212,27 +213,46 @@ def test_an_executor_back_from_the_dead_sends_nothing_to_its_finished_grace_peri
 ) -> None:
     """Only a DISCONNECTED record has a grace period waiting for the reconnect's message: one sent
     to a grace period that already declared the executor DEAD stayed unread in DBOS's table."""
-    relay = start_relay(grace=0.5)
+    relay = start_relay(grace=2.0)
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    def state_is(state: str) -> Callable[[], bool]:
+        return lambda: relay.state_of("acme", "ledger", "lazarus") == state
+
+    def graces() -> list[tuple[str, str, Any]]:
+        with psycopg.connect(relay.database_url) as conn:
+            rows = conn.execute(
+                """SELECT workflow_uuid, status, output FROM dbos.workflow_status
+                   WHERE workflow_uuid LIKE 'grace:acme:ledger:lazarus:%' ORDER BY created_at"""
+            ).fetchall()
+        return [(r[0], r[1], r[2]) for r in rows]
 
     async def scenario() -> None:
         ws = await open_socket(url)
         await handshake(ws, "lazarus")
-        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "HEALTHY", 5)
+        await off_loop(assert_eventually, state_is("HEALTHY"), 5)
         await ws.close()
-        await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "DEAD", 10)
-        again = await open_socket(url)
+        await off_loop(assert_eventually, state_is("DEAD"), 10)
+        ws = await open_socket(url)  # back from the dead
+        await handshake(ws, "lazarus")
+        await off_loop(assert_eventually, state_is("HEALTHY"), 5)
+        # The control: a blip within the grace period, whose reconnect's message ends it early.
+        await ws.close()
+        await off_loop(assert_eventually, state_is("DISCONNECTED"), 5)
+        ws = await open_socket(url)
         try:
-            await handshake(again, "lazarus")
-            await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", "lazarus") == "HEALTHY", 5)
-            await asyncio.sleep(1.0)  # the engine hears of the connection after the record
+            await handshake(ws, "lazarus")
+            await off_loop(assert_eventually, lambda: [g[1] for g in graces()] == ["SUCCESS", "SUCCESS"], 10)
         finally:
-            await again.close()
+            await ws.close()
 
     asyncio.run(scenario())
+    (_, dead_status, _), (blip, _, _) = graces()
     with psycopg.connect(relay.database_url) as conn:
-        sent = conn.execute("SELECT count(*) FROM dbos.notifications WHERE destination_uuid LIKE 'grace:%'").fetchone()
-    assert sent == (0,)
+        sent = conn.execute(
+            "SELECT destination_uuid FROM dbos.notifications WHERE destination_uuid LIKE 'grace:%'"
+        ).fetchall()
+    assert dead_status == "SUCCESS" and [r[0] for r in sent] == [blip]
 
 
 def _healthy(relay: RelayProcess) -> list[str]:

@@ -196,6 +196,9 @@ class Hub:
         if result.previous_state is ExecutorState.HEALTHY and elsewhere not in (None, self.instance_id):
             assert elsewhere is not None and result.previous_epoch is not None
             await self._close_elsewhere(elsewhere, key, result.previous_epoch)
+        # (The previous state is read in the upsert's snapshot: a disconnection committed in the
+        # instant before the row is locked is missed, and its grace period waits its time out, then
+        # finds the executor reconnected, as the epoch guard on declaring it dead does.)
         ended = result.previous_epoch if result.previous_state is ExecutorState.DISCONNECTED else None
         await self.events.executor_connected(key, result.epoch, ended)
         return result.epoch
