@@ -118,3 +118,31 @@ def test_a_rounds_candidates_are_the_first_of_each_version_and_choose_as_all_wou
                 choose_peer(dead, "v1", kept, tried=frozenset(tried), allow_latest=allow_latest, latest_version=latest)
                 == full
             )
+
+
+@given(
+    dead=ids,
+    peers=st.lists(st.tuples(ids, st.sampled_from(["v1", "v2"])), unique_by=lambda t: t[0], max_size=30),
+    gone=st.sets(ids, max_size=6),
+    joined=st.lists(st.tuples(ids, st.sampled_from(["v1", "v2"])), unique_by=lambda t: t[0], max_size=4),
+)
+def test_verifiers_ask_the_rounds_candidates_first_and_everyone_healthy_once(
+    dead: str, peers: list[tuple[str, str]], gone: set[str], joined: list[tuple[str, str]]
+) -> None:
+    gathered = [Peer(e, v) for e, v in peers]
+    first = candidates(dead, gathered, per_version=3)
+    # Since the round's read: some peers went, some joined.
+    healthy = [p for p in gathered if p.executor_id not in gone]
+    healthy += [Peer(e, v) for e, v in joined if e not in {p.executor_id for p in healthy}]
+    recovering = healthy[0].executor_id if healthy else "p"
+    asked = list(verifiers(dead, "v1", recovering, healthy, first))
+    full = list(verifiers(dead, "v1", recovering, healthy))
+    # The same executors, each once, the recovering peer last; none that is gone.
+    assert sorted(asked) == sorted(full) and asked[-1] == recovering and len(set(asked)) == len(asked)
+    # The candidates still healthy come first, in the order all of them would have been asked.
+    still = [p.executor_id for p in first if p.executor_id in {h.executor_id for h in healthy}]
+    still = [e for e in still if e not in (dead, recovering)]
+    assert asked[: len(still)] == [e for e in full if e in still]
+    # With nobody gone or joined, and no version past the candidates' count, nothing changes.
+    if not gone and not joined and all(sum(v == ver for _, v in peers) <= 3 for ver in ("v1", "v2")):
+        assert asked == full

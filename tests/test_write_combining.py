@@ -18,6 +18,7 @@ from harness.relay import relay_yaml
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
+from relay.core.peers import Peer
 from relay.errors import DatabaseError, Fenced
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
@@ -192,13 +193,13 @@ async def _shared_peer_reads(url: str) -> None:
         await join("p-1")
         # Concurrent readers that accept an older list share one read.
         lists = await asyncio.gather(*(executors.healthy_peers("acme", "ledger", 5.0) for _ in range(20)))
-        assert lists[0] == [("p-1", "v1")]
+        assert lists[0] == (Peer("p-1", "v1"),) and all(same is lists[0] for same in lists)  # one tuple for all
         await join("p-2")
         # Within max_age, the shared read is still the answer: the newcomer is not seen yet...
-        assert await executors.healthy_peers("acme", "ledger", 5.0) == [("p-1", "v1")]
+        assert await executors.healthy_peers("acme", "ledger", 5.0) == (Peer("p-1", "v1"),)
         # ...a fresh read sees it, and becomes the read the next callers share.
-        assert await executors.healthy_peers("acme", "ledger") == [("p-1", "v1"), ("p-2", "v1")]
-        assert await executors.healthy_peers("acme", "ledger", 5.0) == [("p-1", "v1"), ("p-2", "v1")]
+        assert await executors.healthy_peers("acme", "ledger") == (Peer("p-1", "v1"), Peer("p-2", "v1"))
+        assert await executors.healthy_peers("acme", "ledger", 5.0) == (Peer("p-1", "v1"), Peer("p-2", "v1"))
         await join("p-3")
         await asyncio.sleep(0.3)
         # An older read than max_age is not used.

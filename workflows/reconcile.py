@@ -112,12 +112,12 @@ async def find(org: str, app: str) -> FindRecord:
         return {"ok": True, "stranded": []}
     outputs: list[WorkflowsOutput] | None = None
     errors: list[str] = []
-    for peer, _version in await svc.executors.healthy_peers(org, app):
+    for peer in await svc.executors.healthy_peers(org, app):
         try:
-            outputs = await _pending(org, app, peer, svc.liveness.recovery_ack_timeout_secs)
+            outputs = await _pending(org, app, peer.executor_id, svc.liveness.recovery_ack_timeout_secs)
             break
         except ExecutorRequestError as exc:
-            errors.append(f"{peer}: {exc}")
+            errors.append(f"{peer.executor_id}: {exc}")
     if outputs is None:
         return {"ok": False, "error": "no executor answered (" + "; ".join(errors) + ")", "stranded": []}
     workflows = [

@@ -193,14 +193,13 @@ async def _gather(
     app = await svc.apps.settings_of(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     latest = None
-    others = [p for p in healthy if p[0] != ref.key.executor_id]
-    if allow_latest and others and not any(v == version for _, v in others):
-        latest = await _latest_version(ref, others, svc.liveness.recovery_ack_timeout_secs)
+    if allow_latest:
+        others = [p for p in healthy if p.executor_id != ref.key.executor_id]
+        if others and not any(p.application_version == version for p in others):
+            latest = await _latest_version(ref, others, svc.liveness.recovery_ack_timeout_secs)
     return {
         "dead": dead,
-        "peers": [
-            [p.executor_id, p.application_version] for p in candidates(ref.key.executor_id, [Peer(*p) for p in healthy])
-        ],
+        "peers": [[p.executor_id, p.application_version] for p in candidates(ref.key.executor_id, healthy)],
         "allow_latest": allow_latest,
         "latest": latest,
         "ack_timeout": svc.liveness.recovery_ack_timeout_secs,
@@ -209,10 +208,10 @@ async def _gather(
     }
 
 
-async def _latest_version(ref: RecoveryRef, peers: list[tuple[str, str]], timeout: float) -> str | None:
+async def _latest_version(ref: RecoveryRef, peers: list[Peer], timeout: float) -> str | None:
     """The newest application version that a healthy peer runs, by the system database's timestamps."""
-    running = {v for _, v in peers}
-    for peer, _ in peers:
+    running = {p.application_version for p in peers}
+    for peer in (p.executor_id for p in peers):
         try:
             reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
             if isinstance(reply, str):
@@ -246,7 +245,7 @@ async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts)
     svc.note_blocked(ref.key.org, ref.key.app)
     await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key())
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
-    return set(candidates(ref.key.executor_id, [Peer(*p) for p in healthy])) != set(gathered.peers)
+    return set(candidates(ref.key.executor_id, healthy)) != set(gathered.peers)
 
 
 @relay_step("relay.dispatch")
@@ -332,10 +331,14 @@ def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
 
 
 @relay_step("relay.verify_and_succeed", on_error=_step_failed)
-async def verify_and_succeed(ref: RecoveryRef, plan: Dispatch, version: str, timeout: float) -> Outcome:
-    """:func:`verify`, then, if it passed, :func:`succeed` (the record deleted)."""
+async def verify_and_succeed(
+    ref: RecoveryRef, plan: Dispatch, version: str, timeout: float, first: tuple[Peer, ...] = ()
+) -> Outcome:
+    """:func:`verify` (asking the round's candidates ``first``), then, if it passed, :func:`succeed`
+    (the record deleted)."""
     peer = plan.peer.executor_id
-    result = await _verify(ref, peer, version, timeout, replied=plan.mode is not Mode.SAME_VERSION, record=False)
+    replied = plan.mode is not Mode.SAME_VERSION
+    result = await _verify(ref, peer, version, timeout, replied=replied, record=False, first=first)
     if result["ok"]:  # one write: the verification recorded with the success
         verifier = result.get("verifier")
         await services().recoveries.succeed(ref, plan.attempt, peer, dedupe_key(), verifier, verified_now=True)
@@ -348,7 +351,14 @@ async def verify(ref: RecoveryRef, peer: str, version: str, timeout: float) -> O
 
 
 async def _verify(
-    ref: RecoveryRef, peer: str, version: str, timeout: float, *, replied: bool = True, record: bool = True
+    ref: RecoveryRef,
+    peer: str,
+    version: str,
+    timeout: float,
+    *,
+    replied: bool = True,
+    record: bool = True,
+    first: tuple[Peer, ...] = (),
 ) -> Outcome:
     """Nothing of the dead executor's left PENDING after ``peer``'s recovery (contract rule 4)?
 
@@ -357,17 +367,18 @@ async def _verify(
     the first usable answer decides. ``peer`` itself is asked only when no
     other executor answers. ``replied``: record the moment of the peer's reply here (not
     after a recovery frame, whose reply recorded it). ``record``: record the moment it passed
-    (else the caller records it with the success).
+    (else the caller records it with the success). ``first``: the round's candidates, asked
+    before the rest of the app (:func:`relay.core.peers.verifiers`).
     """
     svc = services()
     # The peer's work is done when its verification begins: on the latest-version path
     # (no recovery frame) that is the moment of its last reply.
     if replied:
         await svc.recoveries.mark_replied(ref)
-    healthy = [Peer(*p) for p in await svc.executors.healthy_peers(ref.key.org, ref.key.app, PEERS_MAX_AGE_SECS)]
+    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, PEERS_MAX_AGE_SECS)
     query = ExistPendingWorkflowsRequest(executor_id=ref.key.executor_id, application_version=version)
     unanswered: list[str] = []
-    for verifier in verifiers(ref.key.executor_id, version, peer, healthy):
+    for verifier in verifiers(ref.key.executor_id, version, peer, healthy, first):
         # Another executor that has just gone is not waited for: the next one is asked.
         reply = await _ask(ref, verifier, query, ExistPendingWorkflowsReply, timeout, await_connection=verifier == peer)
         if isinstance(reply, str):
@@ -496,7 +507,7 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
                 await abandon(ref, "the executor reconnected during recovery")
                 return "abandoned"
             if result["ok"]:
-                result = await verify_and_succeed(ref, decision, version, facts.ack_timeout)
+                result = await verify_and_succeed(ref, decision, version, facts.ack_timeout, facts.peers)
                 if result["ok"]:
                     return "succeeded"
         else:

@@ -214,7 +214,7 @@ async def ask_app(
     Raises :class:`NoHealthyExecutor` when the app has none, :class:`NoAnswer` when none answered.
     """
     svc = services()
-    healthy = sorted(executor_id for executor_id, _ in await svc.executors.healthy_peers(org, app))
+    healthy = sorted(peer.executor_id for peer in await svc.executors.healthy_peers(org, app))
     if not healthy:
         raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
     start = zlib.crc32(spread.encode()) % len(healthy)

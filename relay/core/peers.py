@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -56,7 +56,7 @@ def order_peers(dead_executor_id: str, peers: list[Peer]) -> list[Peer]:
 CANDIDATES_PER_VERSION = 16
 
 
-def candidates(dead_executor_id: str, healthy: list[Peer], per_version: int = CANDIDATES_PER_VERSION) -> list[Peer]:
+def candidates(dead_executor_id: str, healthy: Sequence[Peer], per_version: int = CANDIDATES_PER_VERSION) -> list[Peer]:
     """The peers a round of a recovery may ask: the first ``per_version`` of each application
     version in rendezvous order, the dead executor left out. The first choice of each version is
     the same as among all of them; only past ``per_version`` failures in one round does a new
@@ -122,7 +122,13 @@ def _next(dead_executor_id: str, candidates: list[Peer], tried: frozenset[str], 
     return Choice(min(untried, key=lambda p: (rank(dead_executor_id, p.executor_id), p.executor_id)), mode=mode)
 
 
-def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, healthy: list[Peer]) -> Iterator[str]:
+def verifiers(
+    dead_executor_id: str,
+    dead_version: str,
+    recovering_peer: str,
+    healthy: Sequence[Peer],
+    first: Sequence[Peer] = (),
+) -> Iterator[str]:
     """Whom to ask, in turn, whether the dead executor's workflows are still PENDING after
     ``recovering_peer`` said it recovered them (contract rule 4).
 
@@ -132,13 +138,27 @@ def verifiers(dead_executor_id: str, dead_version: str, recovering_peer: str, he
     rendezvous order. A peer that lies about its recovery is then checked by
     another executor whenever the app has one that answers; only when none
     does is the recovering peer's own word taken.
+
+    ``first``: the round's :func:`candidates`, the first of each version in that same order. Those
+    still healthy are asked before the rest, which is ranked only if none of them answers: a group
+    failure of thousands then ranks a few peers per death, not every survivor. (A peer that
+    connected since the candidates were read comes after them, wherever its rank.)
     """
-    keyed: list[tuple[tuple[object, ...], str]] = [
-        ((p.application_version != dead_version, rank(dead_executor_id, p.executor_id), p.executor_id), p.executor_id)
-        for p in healthy
-        if p.executor_id not in (dead_executor_id, recovering_peer)
-    ]
-    yield from _in_order(keyed)
+
+    def keyed(peers: list[Peer]) -> list[tuple[tuple[object, ...], str]]:
+        def key(p: Peer) -> tuple[object, ...]:
+            return p.application_version != dead_version, rank(dead_executor_id, p.executor_id), p.executor_id
+
+        return [(key(p), p.executor_id) for p in peers]
+
+    skip = {dead_executor_id, recovering_peer}
+    if first:
+        healthy_ids = {p.executor_id for p in healthy}
+        still = [p for p in first if p.executor_id in healthy_ids and p.executor_id not in skip]
+        for executor_id in _in_order(keyed(still)):
+            skip.add(executor_id)
+            yield executor_id
+    yield from _in_order(keyed([p for p in healthy if p.executor_id not in skip]))
     yield recovering_peer
 
 

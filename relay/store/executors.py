@@ -16,6 +16,7 @@ Each event is counted (applied, or lost to a race) for ``/metrics``.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +27,7 @@ from psycopg.types.json import Jsonb
 
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
+from relay.core.peers import Peer
 from relay.errors import DatabaseError, Fenced, RelayError
 from relay.store.db import Database
 from relay_protocol import ExecutorInfoReply
@@ -143,6 +145,18 @@ def _state_case(event: ExecutorEvent, column: str = "state") -> str:
     return f"CASE {column} {whens} END"
 
 
+class HealthyRead:
+    """One read of an app's HEALTHY executors, shared by the callers that accept it (rows: id,
+    version, instance); its :attr:`peers` are built once, for all of them."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    @functools.cached_property
+    def peers(self) -> tuple[Peer, ...]:
+        return tuple(Peer(r["executor_id"], r["application_version"]) for r in self.rows)
+
+
 class ExecutorStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -150,7 +164,7 @@ class ExecutorStore:
         self.events: Counter[tuple[str, str]] = Counter()
         self._connect_queue: list[_PendingConnect] = []
         # (org, app) -> (when the read began, the read): healthy_peers' shared reads.
-        self._peer_reads: dict[tuple[str, str], tuple[float, asyncio.Task[list[dict[str, Any]]]]] = {}
+        self._peer_reads: dict[tuple[str, str], tuple[float, asyncio.Task[HealthyRead]]] = {}
         self._connect_writer: asyncio.Task[None] | None = None
 
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
@@ -482,7 +496,7 @@ class ExecutorStore:
             rows = await cur.fetchall()
         return [ExecutorRecord.from_row(row) for row in rows]
 
-    async def _healthy(self, org: str, app: str) -> list[dict[str, Any]]:
+    async def _healthy(self, org: str, app: str) -> HealthyRead:
         """The app's HEALTHY executors (id, version, instance), leaving out those whose instance's
         lease ran out: their sockets died with it. Peer choice and the API's routing read this one query."""
         async with self.db.connection() as conn:
@@ -492,26 +506,27 @@ class ExecutorStore:
                    WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
                 (org, app),
             )
-            return await cur.fetchall()
+            return HealthyRead(await cur.fetchall())
 
-    async def healthy_peers(self, org: str, app: str, max_age: float = 0.0) -> list[tuple[str, str]]:
-        """(executor id, application version) of the app's HEALTHY executors.
+    async def healthy_peers(self, org: str, app: str, max_age: float = 0.0) -> tuple[Peer, ...]:
+        """The app's HEALTHY executors (id and application version), in order of id.
 
         ``max_age``: a read begun up to this many seconds ago will do, and so will one in flight.
         A group of deaths of one app then shares a read instead of each reading every survivor
-        (a cost that grew with deaths times survivors). Every read, ``max_age`` 0 included, is
-        the one the next callers share.
+        (a cost that grew with deaths times survivors), and the same tuple: it is built once per
+        read, not once per caller. Every read, ``max_age`` 0 included, is the one the next
+        callers share.
         """
-        rows, _ = await self._shared_healthy(org, app, max_age)
-        return [(r["executor_id"], r["application_version"]) for r in rows]
+        read, _ = await self._shared_healthy(org, app, max_age)
+        return read.peers
 
     def forget_healthy(self, org: str, app: str) -> None:
         """The shared read of the app's healthy executors is stale (one of them failed a request):
         the next caller reads again."""
         self._peer_reads.pop((org, app), None)
 
-    async def _shared_healthy(self, org: str, app: str, max_age: float) -> tuple[list[dict[str, Any]], bool]:
-        """The rows, and whether they are a read shared with earlier callers (not one begun now)."""
+    async def _shared_healthy(self, org: str, app: str, max_age: float) -> tuple[HealthyRead, bool]:
+        """The read, and whether it is shared with earlier callers (not one begun now)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         held = self._peer_reads.get((org, app))
@@ -520,7 +535,7 @@ class ExecutorStore:
         read = loop.create_task(self._healthy(org, app))
         self._peer_reads[(org, app)] = (now, read)
 
-        def forget_failed(task: asyncio.Task[list[dict[str, Any]]]) -> None:
+        def forget_failed(task: asyncio.Task[HealthyRead]) -> None:
             if (task.cancelled() or task.exception() is not None) and self._peer_reads.get((org, app)) == (now, task):
                 del self._peer_reads[(org, app)]
 
@@ -531,8 +546,8 @@ class ExecutorStore:
         """(executor id, instance holding its socket) of the app's HEALTHY executors: the executors
         and their :meth:`owner` in one query, shared as :meth:`healthy_peers` shares it; and
         whether the list is a shared read (not one begun now)."""
-        rows, shared = await self._shared_healthy(org, app, max_age)
-        return [(r["executor_id"], r["relay_instance"]) for r in rows], shared
+        read, shared = await self._shared_healthy(org, app, max_age)
+        return [(r["executor_id"], r["relay_instance"]) for r in read.rows], shared
 
     async def owner(self, key: ExecutorKey) -> str | None:
         """The instance holding the executor's socket; None if it is not HEALTHY or its instance's
