@@ -7,13 +7,15 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.ports import free_port
 from harness.postgres import Postgres
-from relay.store.db import Database
+from relay.errors import DatabaseError
+from relay.store.db import Database, patiently
 from relay.store.migrations import MIGRATIONS
 
 
@@ -101,3 +103,41 @@ async def _migrate_once(url: str) -> list[int]:
         return await db.migrate()
     finally:
         await db.close()
+
+
+def test_a_workflow_step_waits_longer_for_a_connection_than_the_pool_does(relay_db: str) -> None:
+    """In a group failure the pool's queue can outlast its timeout: a step's reads wait (they are
+    retried anyway, at a higher cost), the others still fail after the pool's timeout."""
+
+    async def scenario() -> tuple[bool, float]:
+        db = Database(relay_db, min_size=1, max_size=1)
+        db.pool.timeout = 0.5  # the pool's 10 s, shortened for the test
+        await db.open()
+        try:
+
+            async def hold(secs: float) -> None:
+                async with db.connection() as conn:
+                    await conn.execute("SELECT pg_sleep(%s)", (secs,))
+
+            async def read() -> float:
+                async with db.connection() as conn:
+                    await conn.execute("SELECT 1")
+                return time.monotonic()
+
+            held = asyncio.create_task(hold(1.5))
+            await asyncio.sleep(0.1)
+            try:
+                await read()
+                refused = False
+            except DatabaseError:
+                refused = True
+            started = time.monotonic()
+            answered = await patiently(read(), 5.0)
+            await held
+            return refused, answered - started
+        finally:
+            await db.close()
+
+    refused, waited = asyncio.run(scenario())
+    assert refused  # past the pool's timeout
+    assert 0.5 < waited < 3.0  # the patient read waited for the held connection, longer than the pool would

@@ -32,6 +32,7 @@ from relay.store.appfigures import AppFiguresStore
 from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
+from relay.store.db import patiently
 from relay.store.executors import ExecutorStore
 from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
@@ -143,6 +144,10 @@ def services() -> Services:
     return _bound
 
 
+# A step waits this long for a connection of Relay's pool before it fails (and is retried).
+STEP_CONNECTION_WAIT_SECS = 60.0
+
+
 def _database_trouble(exc: BaseException) -> bool:
     """Worth retrying: PostgreSQL unreachable or busy, the lease not held. Not a statement
     refused for the data in it (NUL in a text, say), which fails the same way every time."""
@@ -179,7 +184,7 @@ def relay_step(
         async def on_relay_loop(*args: P.args, **kwargs: P.kwargs) -> Any:
             svc = services()
             try:
-                return await svc.on_loop(fn(*args, **kwargs))
+                return await svc.on_loop(patiently(fn(*args, **kwargs), STEP_CONNECTION_WAIT_SECS))
             except Exception as exc:
                 if on_error is None or _database_trouble(exc):
                     raise

@@ -6,10 +6,11 @@ boundary, so the layers above handle only Relay's own errors.
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,7 +22,26 @@ from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS
 
 log = logging.getLogger("relay.db")
 
+T = TypeVar("T")
+
 RECONNECT_GIVE_UP_SECS = 2.0
+# How long the current task waits for a connection of the pool; None: the pool's timeout.
+_patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("relay_db_patience", default=None)
+
+
+async def patiently(coro: Coroutine[Any, Any, T], wait_secs: float) -> T:
+    """Await ``coro`` waiting up to ``wait_secs`` for each connection it asks of the pool (not the
+    pool's 10 s). For work that is retried anyway when it fails (the workflows' steps): in a group
+    failure of thousands the pool's queue can be longer than 10 s, and a wait costs less than a
+    failure, its retry and the traceback DBOS logs for it. (The combined writes wait in their own
+    tasks, as long as the pool does.)"""
+    token = _patience.set(wait_secs)
+    try:
+        return await coro
+    finally:
+        _patience.reset(token)
+
+
 CONNECT_TIMEOUT_SECS = 5
 
 
@@ -69,8 +89,10 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        """A connection of the pool: waited for up to the pool's 10 s, or as long as
+        :func:`patiently` says in the task that asks."""
         try:
-            async with self.pool.connection() as conn:
+            async with self.pool.connection(timeout=_patience.get()) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise DatabaseError(f"no database connection available: {exc}") from exc
