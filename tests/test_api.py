@@ -247,7 +247,7 @@ def test_an_executor_back_from_the_dead_sends_nothing_to_its_finished_grace_peri
             await ws.close()
 
     asyncio.run(scenario())
-    (_, dead_status, _), (blip, _, _) = graces()
+    (_, dead_status, _), (blip, _, _) = graces()[:2]  # (closing the socket at the end began a third)
     with psycopg.connect(relay.database_url) as conn:
         sent = conn.execute(
             "SELECT destination_uuid FROM dbos.notifications WHERE destination_uuid LIKE 'grace:%'"
