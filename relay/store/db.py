@@ -24,7 +24,16 @@ log = logging.getLogger("relay.db")
 
 T = TypeVar("T")
 
+# Replacing a lost connection: an attempt is given up after this long, and another begins.
 RECONNECT_GIVE_UP_SECS = 2.0
+CONNECT_TIMEOUT_SECS = 5
+
+
+async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
+    """An attempt to reconnect gave up: begin another."""
+    await pool.check()
+
+
 # How long the current task waits for a connection of the pool; None: the pool's timeout.
 _patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("relay_db_patience", default=None)
 
@@ -40,14 +49,6 @@ async def patiently(coro: Coroutine[Any, Any, T], wait_secs: float) -> T:
         return await coro
     finally:
         _patience.reset(token)
-
-
-CONNECT_TIMEOUT_SECS = 5
-
-
-async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
-    """An attempt to reconnect gave up: begin another."""
-    await pool.check()
 
 
 class Database:
