@@ -65,7 +65,11 @@ def target(
     postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Target]:
     workdir = tmp_path_factory.mktemp("openapi-fuzz")
-    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port())).start()
+    # Liveness as in production rather than the harness's quick 1 s: on a loaded CI machine an executor
+    # a second late with a pong would be disconnected, and what the fuzzer asked meanwhile answered 503
+    # (rightly, but this test is about the API's answers, not about liveness).
+    config = relay_yaml(free_port(), pingIntervalSecs=5.0, pingWaitSecs=30.0)
+    relay = RelayProcess(workdir, postgres.create_database("relay"), config).start()
     sysdb = postgres.create_database("sys")
     env = {"RELAY_TEST_SEED": "1"}
     executor = ExecutorProcess(workdir, sysdb, relay.conductor_url, app=APP, module="harness.workflow_app", env=env)
@@ -162,13 +166,31 @@ def narrow_backfill(context: Any, body: Any) -> Any:
 def failures_of(event: Any) -> Iterator[str]:
     """What a finished scenario found, one line (and its curl) per failed check."""
     if isinstance(event, (events.ScenarioFinished, events.FuzzScenarioFinished)):
-        for checks in event.recorder.checks.values():
+        for case_id, checks in event.recorder.checks.items():
             for check in checks:
                 if check.status == Status.FAILURE and check.failure_info is not None:
                     failure, sample = check.failure_info.failure, check.failure_info.code_sample
-                    yield f"{failure.operation} {failure.code} {failure.title}: {failure.message}\n    {sample}"
+                    said = answer(event.recorder.interactions.get(case_id))
+                    yield f"{failure.operation} {failure.code} {failure.title}: {failure.message}{said}\n    {sample}"
     elif isinstance(event, events.NonFatalError):
         yield f"{event.label}: {event.info.title}: {event.info.message}"
+
+
+def troubles(target: Target) -> str:
+    """Relay's warnings and errors during the run, first ones first (a failure's line may be all CI shows)."""
+    lines = [line for line in target.relay.log().splitlines() if " WARNING " in line or " ERROR " in line]
+    said = [line.split(" ", 3)[-1][:200] for line in lines if "Invalid HTTP request" not in line]
+    return f"Relay logged {len(said)} warnings and errors: {said[:3]}"
+
+
+def answer(interaction: Any) -> str:
+    """What Relay answered, for a failure's line: a status alone ("Server error") does not say which
+    error, and Relay's problem details do."""
+    response = getattr(interaction, "response", None)
+    if response is None:
+        return ""
+    body = response.content[:1000].decode("utf-8", "replace")
+    return f" (answered {response.status_code} after {response.elapsed:.2f} s: {body})"
 
 
 # A long run may take as long as it was given (pytest-timeout's 0: no limit).
@@ -189,6 +211,6 @@ def test_every_operation_keeps_to_its_document(target: Target) -> None:
         if isinstance(event, events.EngineFinished):
             stop = event.stop_reason
     print(f"{len(tested)} operations tested, {cases} cases; the run {stop}")
-    assert not found, f"{len(found)} failures (seed {schema.config.seed}):\n" + "\n".join(found)
+    assert not found, f"{len(found)} failures (seed {schema.config.seed}; {troubles(target)}):\n" + "\n".join(found)
     if stop is StopReason.COMPLETED:
         assert len(tested) >= 45, f"only {len(tested)} operations were tested: {sorted(tested)}"
