@@ -58,8 +58,12 @@ class ServerConfig(_Model):
     # HTTP requests in progress (not WebSockets, not /healthz or /readyz); beyond it, 503.
     max_concurrent_requests: int = Field(default=200, ge=1)
     # A connection whose request headers are not complete this long after it opened
-    # (or after its previous response) is closed: a slow client cannot hold it.
+    # (or after the request began, on a kept-alive connection) is closed: a slow client cannot hold it.
     header_timeout_secs: float = Field(default=10.0, gt=0)
+    # An idle kept-alive HTTP connection is closed after this long. Longer than load balancers'
+    # idle timeouts (AWS's 60 s) and clients' pools (httpx's 5 s), so that they close first: a
+    # request is never sent on a connection Relay is closing at that moment.
+    keep_alive_secs: int = Field(default=75, ge=1)
     # /metrics without a key (it names every org and app); otherwise a key with metric.read.
     public_metrics: bool = False
     # GET /v2/orgs/{org}/events (the console's live updates): how often each instance reads what

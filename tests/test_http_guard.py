@@ -34,6 +34,7 @@ StartRelay = Callable[..., RelayProcess]
 MiB = 1024 * 1024
 CAP = 2  # maxConcurrentRequests
 HANDSHAKE_CAP = 5  # maxPendingHandshakes
+KEEP_ALIVE = 3  # keepAliveSecs (headerTimeoutSecs is 1)
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
 PROBLEM_KEYS = {"type", "title", "status", "detail"}
 
@@ -44,7 +45,9 @@ def relay(
 ) -> Iterator[RelayProcess]:
     """One Relay with tight limits for the whole module (each start costs seconds)."""
     config = relay_yaml(free_port(), handshake=2.0, instanceLeaseSecs=1.0)
-    config["server"].update(headerTimeoutSecs=1, maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP)
+    config["server"].update(
+        headerTimeoutSecs=1, keepAliveSecs=KEEP_ALIVE, maxConcurrentRequests=CAP, maxPendingHandshakes=HANDSHAKE_CAP
+    )
     relay = RelayProcess(tmp_path_factory.mktemp("guard"), postgres.create_database("relay"), config)
     failed_before = request.session.testsfailed
     relay.start()
@@ -223,15 +226,32 @@ def test_a_client_that_never_finishes_its_headers_is_closed(relay: RelayProcess)
         received, _ = closed_within(idle, 3)
         assert received == b""  # nothing asked, nothing answered: just closed
 
-    with connect(relay) as keep_alive:  # the deadline runs again after each response
+    with connect(relay) as keep_alive:  # each request on a kept-alive connection has its own deadline
         keep_alive.sendall(head("GET", "/healthz"))
         resp, body = response(keep_alive, "GET")
         assert resp.status == 200 and json.loads(body) == {"status": "ok"}
-        answered = time.monotonic()
+        time.sleep(1.5)  # idle past headerTimeoutSecs: the connection is kept (keepAliveSecs)
         keep_alive.sendall(b"GET /healthz HTTP/1.1\r\n")
+        begun = time.monotonic()
         received, _ = closed_within(keep_alive, 3)
         assert received.startswith(b"HTTP/1.1 408 ")
-        assert 0.8 < time.monotonic() - answered < 2.0
+        assert 0.8 < time.monotonic() - begun < 2.0
+
+
+def test_an_idle_kept_alive_connection_lasts_keep_alive_secs_not_the_header_deadline(relay: RelayProcess) -> None:
+    """A client's pool (httpx: 5 s) or a balancer (AWS: 60 s) must drop an idle connection before
+    Relay does (keepAliveSecs, 75 s by default), or a request sent as Relay closes is lost. Here
+    keepAliveSecs is 3 s and headerTimeoutSecs 1 s."""
+    with connect(relay) as sock:
+        for _ in range(2):  # idle past the header deadline between requests: the connection is kept
+            sock.sendall(head("GET", "/healthz"))
+            resp, body = response(sock, "GET")
+            assert resp.status == 200 and json.loads(body) == {"status": "ok"}
+            answered = time.monotonic()
+            time.sleep(1.5)
+        received, _ = closed_within(sock, KEEP_ALIVE + 3)
+        assert received == b""  # idle: closed without a word
+        assert KEEP_ALIVE - 0.3 < time.monotonic() - answered < KEEP_ALIVE + 1.5
 
 
 def test_headers_over_the_size_limit_get_431(relay: RelayProcess) -> None:

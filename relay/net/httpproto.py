@@ -4,9 +4,10 @@ uvicorn waits for request headers as long as a client cares to send them: a
 client that sends ``GET / HTTP/1.1\\r\\nHost: x\\r\\n`` and then nothing holds a
 connection forever (slowloris), and one that sends an endless header makes it
 grow without bound. This subclass closes a connection whose request headers
-are not complete ``header_timeout_secs`` after it opened, or after the previous
-response on a keep-alive connection (with 408 if the client had begun a
-request), and answers 431 to headers over :data:`MAX_HEADER_BYTES`.
+are not complete ``header_timeout_secs`` after it opened (with 408 if the client
+had begun a request), or after the request began on a kept-alive connection
+(408), and answers 431 to headers over :data:`MAX_HEADER_BYTES`. An idle
+kept-alive connection is uvicorn's (``timeout_keep_alive``: ``server.keepAliveSecs``).
 
 At shutdown, uvicorn lets requests in progress finish before the application's
 own shutdown; an event stream (the console's live updates) never finishes by
@@ -69,17 +70,13 @@ class RelayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_headers = True
         self._header_bytes = 0
+        if self._header_deadline is None:  # a request after an earlier one: its own deadline
+            self._arm_header_deadline()
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._cancel_header_deadline()
         super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        next_request_ready = bool(self.pipeline)
-        super().on_response_complete()
-        if not next_request_ready and not self.transport.is_closing():
-            self._arm_header_deadline()
 
     def shutdown(self) -> None:
         cycle = self.cycle

@@ -48,6 +48,7 @@ def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
         lifespan="on",
         backlog=4096,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=config.server.keep_alive_secs,
         log_config=None,
         access_log=False,
         # Relay logs the peer address as the socket sees it; a proxy's X-Forwarded-For
