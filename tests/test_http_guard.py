@@ -238,6 +238,36 @@ def test_a_client_that_never_finishes_its_headers_is_closed(relay: RelayProcess)
         assert 0.8 < time.monotonic() - begun < 2.0
 
 
+def test_a_request_pipelined_behind_a_long_response_gets_no_408_in_the_middle_of_it(relay: RelayProcess) -> None:
+    """The header deadline of a request pipelined behind a response in progress starts when that
+    response ends: a 408 written meanwhile would land inside the response before it. Here the
+    response is an event stream, which does not end."""
+    with connect(relay) as sock:
+        stream = head("GET", "/v2/orgs/acme/events", f"Authorization: Bearer {API_KEYS['acme']}")
+        sock.sendall(stream + b"GET /healthz HTTP/1.1\r\n")  # the second request's headers never end
+        sock.settimeout(0.5)
+        received = b""
+        deadline = time.monotonic() + 2.5  # past headerTimeoutSecs (1 s)
+        while time.monotonic() < deadline:
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            assert data, "the connection was closed under the stream"
+            received += data
+        assert received.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in received
+        assert b"408" not in received
+
+
+def test_a_request_pipelined_behind_a_short_response_has_its_deadline_after_it(relay: RelayProcess) -> None:
+    with connect(relay) as sock:
+        sock.sendall(head("GET", "/healthz") + b"GET /healthz HTTP/1.1\r\n")
+        received, after = closed_within(sock, 4)
+    first, _, rest = received.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408 " in rest
+    assert 0.8 < after < 2.5  # headerTimeoutSecs is 1, counted from the first response's end
+
+
 def test_an_idle_kept_alive_connection_lasts_keep_alive_secs_not_the_header_deadline(relay: RelayProcess) -> None:
     """A client's pool (httpx: 5 s) or a balancer (AWS: 60 s) must drop an idle connection before
     Relay does (keepAliveSecs, 75 s by default), or a request sent as Relay closes is lost. Here

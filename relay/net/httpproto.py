@@ -70,13 +70,20 @@ class RelayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_headers = True
         self._header_bytes = 0
-        if self._header_deadline is None:  # a request after an earlier one: its own deadline
-            self._arm_header_deadline()
+        if self._header_deadline is None and not self._responding():
+            self._arm_header_deadline()  # a request after an earlier one: its own deadline
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._cancel_header_deadline()
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A request pipelined behind this response, its headers still coming: its deadline
+        # starts now (a 408 in the middle of the response before it would garble that).
+        if self._in_headers and self._header_deadline is None and not self.transport.is_closing():
+            self._arm_header_deadline()
 
     def shutdown(self) -> None:
         cycle = self.cycle
@@ -86,6 +93,9 @@ class RelayHttpProtocol(HttpToolsProtocol):
         super().shutdown()
 
     # -- internals ---------------------------------------------------------
+
+    def _responding(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
 
     def _arm_header_deadline(self) -> None:
         self._cancel_header_deadline()
