@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from pydantic import Field, Strict, ValidationError
+from pydantic import ConfigDict, Field, Strict, ValidationError
 
 from relay.api.common import (
     NO_NUL,
@@ -70,9 +70,53 @@ class RuleMetadata(Body):
     attempts: Count | None = None
 
 
+def _by_type_and_destination(schema: dict[str, Any]) -> None:
+    """The body's document: one shape per rule type and destination (``oneOf``), so that a body the
+    document allows is one Relay takes. Each type takes its own ``ruleMetadata`` members (a member
+    of another type may only be null); a ``webhook`` excludes ``receivingAppName``; ``secret`` and
+    ``format: slack`` go with a webhook only; an UnresponsiveApplication rule without a webhook
+    names its ``receivingAppName`` (an app with no executor cannot take its own alert). What no
+    document can say: a webhook's host must resolve to an address ``alerts.allowedDestinations``
+    allows (a 422 otherwise), and ``receivingAppName`` must be another app of the org (a 404)."""
+    members: dict[str, Any] = schema.pop("properties")
+    for key in ("type", "required", "additionalProperties"):
+        schema.pop(key, None)
+    metadata_members = RuleMetadata.model_json_schema()["properties"]
+    null = {"type": "null"}
+
+    def given(member: str) -> dict[str, Any]:
+        """A member's schema without its null (it must be there)."""
+        return next(s for s in members[member]["anyOf"] if s != null)
+
+    variants = []
+    for kind in Kind:
+        takes = {*PARAMS[kind], *CONDUCTOR_PARAMS.get(kind, {})}
+        metadata = {
+            "type": "object",
+            "properties": {name: s if name in takes else null for name, s in metadata_members.items()},
+            "additionalProperties": False,
+        }
+        common = {**members, "ruleType": {"const": kind.value}, "ruleMetadata": {"anyOf": [metadata, null]}}
+        to_webhook = {**common, "webhook": given("webhook"), "receivingAppName": null}
+        to_app = {**common, "webhook": null, "secret": null, "format": {"const": "json"}}
+        needs_receiver = kind is Kind.UNRESPONSIVE_APPLICATION
+        if needs_receiver:
+            to_app["receivingAppName"] = given("receivingAppName")
+        variants += [
+            {"title": f"{kind.value} to a webhook", "type": "object", "properties": to_webhook,
+             "required": ["ruleType", "webhook"], "additionalProperties": False},
+            {"title": f"{kind.value} to an app's executors", "type": "object", "properties": to_app,
+             "required": ["ruleType", *(["receivingAppName"] if needs_receiver else [])],
+             "additionalProperties": False},
+        ]  # fmt: skip
+    schema["oneOf"] = variants
+
+
 class CreateAlertingRule(Body):
     """Conductor's ``CreateAlertInputBody`` (``ruleType``, ``ruleMetadata``, ``minIntervalSecs``,
     ``receivingAppName``) and Relay's ``webhook``, ``secret`` (else one is made) and ``format``."""
+
+    model_config = ConfigDict(json_schema_extra=_by_type_and_destination)  # and Body's own
 
     ruleType: Annotated[Kind, Strict(False)]  # by value
     ruleMetadata: RuleMetadata | None = None
