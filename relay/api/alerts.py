@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, Strict, ValidationError
 
 from relay.api.common import (
@@ -28,6 +27,7 @@ from relay.api.common import (
     error_response,
     iso,
 )
+from relay.api.shapes import Shape
 from relay.config import AlertRuleConfig
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 from relay.domain.alerts import destination_of
@@ -127,6 +127,33 @@ class CreateAlertingRule(Body):
     format: Literal["json", "slack"] = "json"
 
 
+class AlertingRule(Shape):
+    """Conductor's ``AlertingRule`` (``id`` to ``lastFiredAt``) and Relay's members beside it. A rule
+    to a webhook has ``webhook`` (its scheme, host and port only), ``format`` and ``secretSet``; a rule
+    to an app's executors has ``receiverApp``. ``secret`` is in the answer to the ``POST`` that drew
+    it, and nowhere else."""
+
+    id: str
+    appId: str
+    receivingAppId: str | None
+    ruleType: Kind
+    ruleMetadata: dict[str, Any]
+    minIntervalSecs: int | float
+    lastFiredAt: str | None
+    org: str
+    app: str
+    kind: Kind
+    source: Literal["config", "api"]
+    readOnly: bool
+    webhook: str | None = None
+    format: Literal["json", "slack"] | None = None
+    secretSet: bool | None = None
+    receiverApp: str | None = None
+    createdAt: str | None
+    createdBy: str | None
+    secret: str | None = None
+
+
 def _number(value: float) -> float | int:
     return int(value) if value.is_integer() else value
 
@@ -189,15 +216,16 @@ def _locations(exc: ValidationError) -> list[dict[str, str]]:
     return errors
 
 
-@router.get("")
+# The members a rule has (a webhook's or an app's), no nulls for those it has not.
+@router.get("", response_model=list[AlertingRule], response_model_exclude_unset=True)
 async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: Page) -> list[dict[str, Any]]:
     if not await ctx.apps.exists(org, app):
         raise ApiError(404, "not_found", f"no app {app!r} in org {org!r}")
     return [rule_json(r) for r in await ctx.alert_rules.store.list_rules(org, app, page.limit, page.offset)]
 
 
-@router.post("", status_code=201)
-async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, who: Admin) -> Response:
+@router.post("", status_code=201, response_model=AlertingRule, response_model_exclude_unset=True)
+async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, who: Admin) -> Any:
     """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations), 404 when
     its receiving app does not exist."""
     fields, errors = _rule_fields(body)
@@ -214,7 +242,7 @@ async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, wh
     answer = rule_json(created.record)
     if created.secret is not None:
         answer["secret"] = created.secret  # made by Relay: shown here and nowhere else
-    return JSONResponse(answer, status_code=201)
+    return answer
 
 
 @router.delete("/{rule_id}", status_code=204)
