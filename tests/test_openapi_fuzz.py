@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import schemathesis
 import schemathesis.engine
+from pydantic import ValidationError
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, StopReason, events
 
@@ -33,6 +34,7 @@ from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from relay.api.alerts import CreateAlertingRule
 
 APP = "fuzz"
 LONG_RUN = "RELAY_OPENAPI_FUZZ_EXAMPLES" in os.environ
@@ -161,14 +163,22 @@ def narrow_backfill(context: Any, body: Any) -> Any:
 
 def allowed_webhook(context: Any, case: Any) -> Any:
     """A rule's webhook must resolve to an address alerts.allowedDestinations allows, which depends on
-    the deployment and its DNS, not on the document: a webhook the document allows (a string of 1 to
-    2,048 characters without NUL) is sent as one the target allows (its own 127.0.0.1). One the
-    document refuses is sent as it was made: a body stays as valid, or as invalid, as it was made."""
+    the deployment and its DNS, not on the document: a webhook the document allows (as Relay's own
+    body model says) is sent as one the target allows (its own 127.0.0.1). One the document refuses
+    is sent as it was made: a body stays as valid, or as invalid, as it was made."""
     body = case.body
     webhook = body.get("webhook") if isinstance(body, dict) else None
-    if isinstance(webhook, str) and 1 <= len(webhook) <= 2048 and "\x00" not in webhook:
+    if webhook is not None and webhook_allowed_by_document(webhook):
         case.body = {**body, "webhook": ALLOWED_WEBHOOK}
     return case
+
+
+def webhook_allowed_by_document(webhook: Any) -> bool:
+    try:
+        CreateAlertingRule.model_validate({"ruleType": "ExecutorDead", "webhook": webhook})
+    except ValidationError:
+        return False
+    return True
 
 
 def failures_of(event: Any) -> Iterator[str]:
