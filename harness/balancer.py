@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from types import TracebackType
 
+from harness.aio import connection_handler
+
 
 @dataclass(eq=False)
 class _Pair:
@@ -120,7 +122,9 @@ class TcpBalancer:
     # Everything below runs on the balancer's loop.
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_port=self.reuse_port)
+        self._server = await asyncio.start_server(
+            connection_handler(self._handle), self.host, self.port, reuse_port=self.reuse_port
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         if self.health_path is not None:
             self._checker = asyncio.create_task(self._check_forever(self.health_path))

@@ -12,6 +12,8 @@ import contextlib
 import threading
 from types import TracebackType
 
+from harness.aio import connection_handler
+
 
 class TcpProxy:
     def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
@@ -32,7 +34,7 @@ class TcpProxy:
     def __enter__(self) -> TcpProxy:
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, self.host, 0), self._loop
+            asyncio.start_server(connection_handler(self._handle), self.host, 0), self._loop
         ).result()
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -68,17 +70,20 @@ class TcpProxy:
         self.partitioned = False
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        if self.partitioned:
+        try:
+            await self._serve(client_r, client_w)
+        finally:  # also when cancelled at close while connecting to the target
             client_w.transport.abort()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.partitioned:
             return
         try:
             server_r, server_w = await asyncio.open_connection(*self.target)
         except OSError:
-            client_w.transport.abort()
             return
         if self.partitioned:  # cut while it connected: the cut did not see this pair
-            for w in (client_w, server_w):
-                w.transport.abort()
+            server_w.transport.abort()
             return
         self._writers |= {client_w, server_w}
         self._pairs += 1

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import collections
+import logging
 import socket
 import socketserver
 import threading
+import time
 from types import TracebackType
 
 import pytest
 
 from harness.balancer import TcpBalancer
+from harness.proxy import TcpProxy
 from harness.waiting import assert_eventually
 
 
@@ -221,3 +224,43 @@ def test_cut_aborts_only_pairs_to_that_backend() -> None:
             finally:
                 for client in clients:
                     client.close()
+
+
+def asyncio_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
+
+
+def test_closing_the_balancer_with_pairs_open_reports_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    # Closing cancels the connections' handlers. On Python 3.11, asyncio.start_server's callback
+    # reported a handler that ended cancelled as "Exception in callback ... CancelledError".
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with Backend("b0") as b0:
+        with balance(b0) as balancer:
+            clients = [Client(balancer.port) for _ in range(4)]
+            assert [c.backend() for c in clients] == ["b0"] * 4
+        for client in clients:
+            assert_eventually(client.is_cut, 2, what="every pair closed")
+            client.close()
+    assert asyncio_errors(caplog) == []
+
+
+def test_closing_the_proxy_while_it_connects_reports_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    # A target whose accept queue is full: the proxy's connection to it waits until the close.
+    with socket.socket() as target:
+        target.bind(("127.0.0.1", 0))
+        target.listen(0)
+        fillers = []
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(target.getsockname())
+            fillers.append(filler)
+        try:
+            with TcpProxy(target.getsockname()) as proxy, socket.create_connection(("127.0.0.1", proxy.port)):
+                time.sleep(0.2)
+                assert proxy.open_pairs == 0  # still connecting
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert asyncio_errors(caplog) == []
