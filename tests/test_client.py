@@ -233,10 +233,13 @@ def test_the_client_reconnects_stops_on_destroy_and_never_imports_dbos_enterpris
 
 
 @pytest.mark.parametrize("series", DBOS_SERIES)
-def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str) -> None:
+def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str, tmp_path: Path) -> None:
     python = client_python(series)
+    # A basetemp of its own: a pytest session started without one sets /tmp/pytest-of-root back to
+    # 0700, and the embedded PostgreSQL that another worker's test is starting there as its own
+    # user (tests/test_first_run.py) could then no longer reach its data directory.
     result = subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pytest"), "tests"],
         cwd=ROOT / "client", capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
