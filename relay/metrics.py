@@ -50,7 +50,9 @@ class Metrics(Collector):
         adopted: Callable[[], int],
         reconciled: Mapping[tuple[str, str, str], int] | None = None,
         frames: Mapping[str, int] | None = None,
+        grace_starts: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
+        self.grace_starts = grace_starts
         self.reconciled = reconciled if reconciled is not None else {}
         self.frames = frames if frames is not None else {}
         self.hub = hub
@@ -111,6 +113,13 @@ class Metrics(Collector):
             writes.batches,
         )
         yield _counter("relay_writes_combined", "Fenced writes those transactions carried.", writes.writes)
+        transactions, started = self.grace_starts()
+        yield _counter(
+            "relay_grace_start_transactions",
+            "Transactions that started grace periods together on this instance (workflows.gracestart).",
+            transactions,
+        )
+        yield _counter("relay_grace_periods_started", "Grace periods this instance started.", started)
         yield _counter(
             "relay_recovery_frames", "Recovery frames this instance sent to peers.", self.frames.get("sent", 0)
         )

@@ -114,6 +114,7 @@ class Runtime:
             lambda: self.adopter.adopted,
             self.reconciled,
             self.ask.frames,
+            lambda: (self.engine.graces.batches, self.engine.graces.started),
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)

@@ -4,10 +4,12 @@ The engine is what the rest of Relay knows of its durable workflows: the
 hub's :class:`relay.net.hub.HubEvents` (connections and disconnections) and
 the domain's :class:`relay.domain.ports.Durable` (operator actions, adoption).
 
-Hub events are queued and handled by a few workers, so a thousand executors
-dropping at once (a network split, a load balancer restart) is a queue to
-work through, not a thousand concurrent demands on the database pool. A
-failed event is retried until it succeeds.
+A disconnection's grace period is started by :class:`workflows.gracestart.GraceStarter`,
+which puts the ones that arrive together in one transaction, so a thousand
+executors dropping at once (a network split, a load balancer restart) are a
+few transactions, not a thousand. Reconnections are queued and handled by a
+few workers, not a thousand concurrent demands on the database pool. A failed
+start or event is retried until it succeeds.
 
 The repair sweep (:meth:`Engine.repair`), at start-up and every
 ``repairIntervalSecs``, makes sure that every executor this instance owns
@@ -39,11 +41,13 @@ from relay.errors import DatabaseError
 from relay.store.apps import AppStore
 from relay.store.executors import ExecutorStore, Unfinished
 from relay.store.recoveries import RecoveryStore
+from workflows import gracestart
 from workflows import services as wf_services
 from workflows.appfigures import app_figures
 from workflows.appfigures import job_id as figures_job_id
 from workflows.appretention import app_retention, round_id
-from workflows.grace import RECONNECTED_TOPIC, grace_period
+from workflows.grace import RECONNECTED_TOPIC
+from workflows.gracestart import GraceStarter
 from workflows.reconcile import reconcile, reconcile_id
 from workflows.recovery import WAKE_TOPIC, recover
 from workflows.retention import job_id, retention
@@ -84,6 +88,7 @@ class Engine:
         # the database (a recovery blocked on another instance); never emptied,
         # as a false "maybe" costs only one query.
         self._maybe_blocked: set[tuple[str, str]] = set()
+        self.graces = GraceStarter(database_url, gracestart.grace_queue(instance_id), self._grace_secs)
 
     def note_blocked(self, org: str, app: str) -> None:
         self._maybe_blocked.add((org, app))
@@ -107,7 +112,10 @@ class Engine:
             "db_engine_kwargs": {"pool_pre_ping": False},
         }
         DBOS(config=config)
+        gracestart.declare_queue(self.instance_id)
         DBOS.launch()
+        gracestart.register_queue(self.instance_id)
+        self.graces.open()
 
     def destroy(self) -> None:
         # Workflows still waiting (grace periods, blocked recoveries) stay PENDING and
@@ -199,10 +207,10 @@ class Engine:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = []
         self._repairing = None
+        await self.graces.close()
 
     async def _work(self) -> None:
         handlers: dict[str, Callable[[ExecutorKey, int, int | None, float], Awaitable[None]]] = {
-            "lost": self._grace_for_loss,
             "connected": self._reconnected,
         }
         while True:
@@ -213,23 +221,25 @@ class Engine:
     # -- HubEvents -----------------------------------------------------------------------
 
     async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None:
-        self._events.put_nowait(("lost", key, epoch, None, lost_at))
+        # Not through the workers: grace periods that begin together start in one transaction.
+        self.graces.add(key, epoch, lost_at)
 
     async def executor_connected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None) -> None:
         self._events.put_nowait(("connected", key, epoch, grace_epoch, time.time()))
 
-    async def _grace_for_loss(self, key: ExecutorKey, epoch: int, _previous: int | None, lost_at: float) -> None:
-        await self._start_grace(key, epoch, lost_at)
+    async def _grace_secs(self, org: str, app: str) -> float:
+        """A grace period's length: the app's setting when it starts, counted from the disconnection
+        when the hub gave its time (see :func:`workflows.grace.grace_period`), else from its start."""
+        settings = await self.apps.settings_of(org, app)
+        return settings.executor_timeout_secs if settings else DEFAULT_GRACE_SECS
 
-    async def _start_grace(self, key: ExecutorKey, epoch: int, lost_at: float | None = None) -> None:
-        """Start the grace period; its length is the app's setting at this moment, counted from
-        ``lost_at`` when given (see :func:`workflows.grace.grace_period`), else from its start."""
-        app = await self.apps.settings_of(key.org, key.app)
-        timeout = app.executor_timeout_secs if app else DEFAULT_GRACE_SECS
-        await _start(grace_id(key, epoch), grace_period, key.org, key.app, key.executor_id, epoch, timeout, lost_at)
+    async def _start_grace(self, key: ExecutorKey, epoch: int) -> None:
+        await self.graces.start(key, epoch)
 
     async def _reconnected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None, _at: float) -> None:
         if grace_epoch is not None:  # it was DISCONNECTED: end that disconnection's grace period
+            # Once its start, if still waiting, has been tried: a message to no workflow is dropped.
+            await self.graces.attempted(grace_id(key, grace_epoch))
             await _send(grace_id(key, grace_epoch), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
 
@@ -298,13 +308,16 @@ class Engine:
         - DEAD or RECOVERING, no recovery run live and no grace period live (which
           would start it): a new recovery run is started.
 
-        Also notes every app with a waiting recovery, for wake-ups.
+        A grace period that waits on another instance's queue moves to this instance's first
+        (:meth:`_take_stranded_graces`). Also notes every app with a waiting recovery, for wake-ups.
         """
         await self.refresh_blocked()
         rows = await self.executors.needing_timers(self.instance_id)
         for start in range(0, len(rows), SWEEP_BATCH):
             batch = rows[start : start + SWEEP_BATCH]
-            graces = await _statuses([grace_id(r.key, r.epoch) for r in batch])
+            found = await _grace_statuses([grace_id(r.key, r.epoch) for r in batch])
+            await self._take_stranded_graces(found)
+            graces = {workflow_id: status for workflow_id, (status, _queue) in found.items()}
             deaths = [(r.key, r.epoch) for r in batch if r.state is not ExecutorState.DISCONNECTED]
             runs = await self._latest_runs(deaths)
             for row in batch:
@@ -314,6 +327,19 @@ class Engine:
                     )
                 except DatabaseError as exc:
                     log.warning("executor %s: repair failed (%s); the next sweep tries again", row.key, exc)
+
+    async def _take_stranded_graces(self, found: dict[str, tuple[str, str | None]]) -> None:
+        """Grace periods of executors this instance owns that wait on another instance's queue
+        (it was adopted: nothing listens there any more) move to this instance's queue."""
+        stranded = [
+            workflow_id
+            for workflow_id, (status, queue) in found.items()
+            if status == "ENQUEUED" and gracestart.is_grace_queue(queue) and queue != self.graces.queue
+        ]
+        if stranded:
+            await DBOS.resume_workflows_async(stranded, queue_name=self.graces.queue)
+            log.info("instance %s: took over %d grace period(s) waiting on another instance's queue",
+                     self.instance_id, len(stranded))  # fmt: skip
 
     async def _repair_one(self, row: Unfinished, grace: str | None, run: tuple[int, bool] | None) -> None:
         key, epoch = row.key, row.epoch
@@ -368,12 +394,12 @@ class Engine:
         return result
 
 
-async def _statuses(workflow_ids: list[str]) -> dict[str, str]:
-    """The DBOS status of each of these workflows that exists."""
+async def _grace_statuses(workflow_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    """The DBOS status and queue of each of these workflows that exists."""
     if not workflow_ids:
         return {}
     found = await DBOS.list_workflows_async(workflow_ids=workflow_ids, load_input=False, load_output=False)
-    return {status.workflow_id: status.status for status in found}
+    return {status.workflow_id: (status.status, status.queue_name) for status in found}
 
 
 async def _send(workflow_id: str, message: dict[str, Any], topic: str) -> None:

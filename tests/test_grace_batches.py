@@ -1,0 +1,128 @@
+"""Grace periods that begin together start in one transaction (workflows.gracestart), on real
+PostgreSQL with DBOS's own client: a bad row fails alone and does not hold up the next burst."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from dbos import DBOSClient
+from dbos._error import DBOSConflictingWorkflowError
+
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import handshake, open_socket
+from harness.waiting import assert_eventually
+from relay.core.ids import ExecutorKey, grace_id
+from tests.prom import scrape
+from workflows.gracestart import GRACE_WORKFLOW, GraceStarter, grace_queue
+from workflows.services import WORKFLOWS_VERSION
+
+# A queue no instance listens to: what is enqueued there stays ENQUEUED for the test to read.
+QUEUE = grace_queue("test-batches")
+GROUP = 8
+BURST = 40
+DROPPED = 30
+
+
+def _key(i: int) -> ExecutorKey:
+    return ExecutorKey("acme", "ledger", f"ex-{i}")
+
+
+def _rows(client: DBOSClient, ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    found = client.list_workflows(workflow_ids=ids, load_input=True)
+    return {w.workflow_id: (w.status, w.name, w.queue_name, w.app_version, w.input) for w in found}
+
+
+async def _scenario(url: str) -> None:
+    asked: list[tuple[str, str]] = []
+
+    async def timeout_of(org: str, app: str) -> float:
+        asked.append((org, app))
+        return 7.0
+
+    client = DBOSClient(system_database_url=url)
+    starter = GraceStarter(url, QUEUE, timeout_of)
+    await asyncio.to_thread(starter.open)
+    try:
+        # Another workflow already holds the id of one grace period: that row cannot be started.
+        bad = grace_id(_key(3), 1)
+        client.enqueue({"queue_name": QUEUE, "workflow_name": "relay.not_a_grace_period", "workflow_id": bad})
+
+        ids = [starter.add(_key(i), 1, 1000.0 + i) for i in range(GROUP)]
+        outcomes = await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in ids), return_exceptions=True)
+        assert [type(o) for o in outcomes] == [type(None)] * 3 + [DBOSConflictingWorkflowError] + [type(None)] * 4
+        # The group's transaction failed on that row; each of the others then committed alone.
+        assert (starter.batches, starter.started) == (GROUP - 1, GROUP - 1)
+        rows = _rows(client, ids)
+        for i, workflow_id in enumerate(ids):
+            if workflow_id == bad:
+                assert rows[workflow_id][1] == "relay.not_a_grace_period"  # untouched
+                continue
+            inputs = {"args": ("acme", "ledger", f"ex-{i}", 1, 7.0, 1000.0 + i), "kwargs": {}}
+            assert rows[workflow_id] == ("ENQUEUED", GRACE_WORKFLOW, QUEUE, WORKFLOWS_VERSION, inputs)
+
+        # The bad row is still tried (after a backoff); a new burst does not wait for it and
+        # goes in one transaction, the app's setting read once.
+        assert list(starter._pending) == [bad]
+        asked.clear()
+        burst = [starter.add(_key(100 + i), 2, 2000.0) for i in range(BURST)]
+        await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in burst))
+        assert (starter.batches, starter.started) == (GROUP, GROUP - 1 + BURST)
+        assert asked == [("acme", "ledger")]
+        assert {r[0] for r in _rows(client, burst).values()} == {"ENQUEUED"}
+        assert len(_rows(client, burst)) == BURST
+
+        # Starting one that exists returns without a second row or an error.
+        await starter.start(_key(0), 1, 1000.0)
+        assert _rows(client, [ids[0]])[ids[0]][0] == "ENQUEUED"
+
+        with pytest.raises(DBOSConflictingWorkflowError):
+            await starter.start(_key(3), 1, 1003.0)
+        assert list(starter._pending) == [bad]
+    finally:
+        await starter.close()
+        client.destroy()
+
+
+def test_grace_periods_that_begin_together_start_in_one_transaction_and_a_bad_row_fails_alone(
+    start_relay: Any,
+) -> None:
+    relay: RelayProcess = start_relay()  # its DBOS made the system database's tables
+    asyncio.run(_scenario(relay.database_url))
+
+
+async def _connect_and_drop(relay: RelayProcess) -> None:
+    """Connect simulated executors, wait until Relay holds them all, then drop every socket at once."""
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    sockets = [await open_socket(url) for _ in range(DROPPED)]
+    ids = [await handshake(ws, f"dropped-{i}") for i, ws in enumerate(sockets)]
+    await asyncio.to_thread(
+        assert_eventually, lambda: all(relay.state_of("acme", "ledger", i) == "HEALTHY" for i in ids), 10
+    )
+    for ws in sockets:
+        ws.transport.abort()
+
+
+def test_disconnections_that_arrive_together_start_their_grace_periods_together_on_the_owner(
+    start_relay: Any,
+) -> None:
+    relay: RelayProcess = start_relay(grace=60.0)
+    asyncio.run(_connect_and_drop(relay))
+
+    def running() -> list[tuple[str, str, str]]:
+        with psycopg.connect(relay.database_url) as conn:
+            rows = conn.execute(
+                """SELECT status, executor_id, queue_name FROM dbos.workflow_status
+                    WHERE name = 'relay.grace_period' AND workflow_uuid LIKE 'grace:acme:ledger:dropped-%'"""
+            ).fetchall()
+        return [(str(s), str(e), str(q)) for s, e, q in rows]
+
+    # Each one was taken off the instance's own queue by the instance itself, and waits there.
+    expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * DROPPED
+    assert_eventually(lambda: running() == expected, 10, what="every grace period running on its owner")
+    assert scrape(relay.http, "relay_grace_periods_started_total") == DROPPED
+    transactions = scrape(relay.http, "relay_grace_start_transactions_total")
+    assert transactions is not None and 1 <= transactions < DROPPED / 2, transactions

@@ -1,0 +1,277 @@
+"""Grace periods that begin together are started in one transaction (issue 15).
+
+A disconnection's grace period is its own durable DBOS workflow
+(:func:`workflows.grace.grace_period`). Started one by one, each paid for its own
+transaction and commit, and then at once for its first steps (DBOS's ``recv`` and
+its durable deadline), all on the loop that absorbs the closes: a thousand
+sockets closing at once had their grace periods durable only after 6 to 9 s.
+
+Here they are enqueued on the instance's own DBOS queue (:func:`grace_queue`)
+with DBOS's ``DBOSClient.enqueue_in_transaction``: every start waiting when a
+transaction begins (up to ``max_batch``) goes in that one transaction. Once it
+commits, each grace period exists as a DBOS workflow (ENQUEUED): a crash of
+Relay from then on loses none of them. Each instance listens to its own queue
+only (``DBOS.listen_queues``), so the instance that owns the executor's
+connection runs its timer, as before; its deadline is counted from the
+disconnection (``lost_at``), so the time it waits in the queue (about
+:data:`GRACE_QUEUE_POLL_SECS`) does not lengthen it. A grace period shorter than
+:data:`START_AT_ONCE_BELOW_SECS` is started at once instead, alone
+(``DBOS.start_workflow_async``), so that its deadline cannot pass in the queue.
+
+An instance that dies leaves its queue with no listener. The adopter's repair
+sweep moves the grace periods of the executors it adopted onto its own queue
+(:meth:`workflows.engine.Engine.repair`), after DBOS's recovery has put the dead
+instance's running ones back on that queue.
+
+What stays per grace period:
+
+- Its id (:func:`relay.core.ids.grace_id`): enqueuing one that exists returns
+  the existing row unchanged (DBOS's insert is ``ON CONFLICT DO UPDATE`` of
+  nothing), so a retry, the repair sweep and two instances at once start it once.
+- Its failure. When a row makes a batch's transaction fail, each of the batch's
+  starts is tried alone (when the database is unreachable, they wait together).
+  The ones that failed stay pending and are tried again after a backoff (0.2 s
+  doubling to 5 s), as an executor event always was, behind any newer starts. A
+  bad row never fails the others, nor holds up the next burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from dbos import DBOS, DBOSClient, EnqueueOptions, SetWorkflowID
+
+from relay.core.ids import ExecutorKey, grace_id
+from relay.errors import DatabaseError
+from relay.store.db import CONNECT_TIMEOUT_SECS
+from workflows.grace import grace_period
+from workflows.services import RETRY_FIRST_SECS, RETRY_MAX_SECS, WORKFLOWS_VERSION
+
+log = logging.getLogger("relay.durable")
+
+# How often each instance's DBOS queue worker looks for grace periods to run. A grace period
+# waits at most this long before its first step; its deadline does not move.
+GRACE_QUEUE_POLL_SECS = 1.0
+# A grace period shorter than this starts at once, alone, and runs without waiting for the queue:
+# its deadline could pass before the queue's worker took it.
+START_AT_ONCE_BELOW_SECS = 2 * GRACE_QUEUE_POLL_SECS
+GRACE_QUEUE_PREFIX = "relay.grace:"
+GRACE_WORKFLOW = "relay.grace_period"
+
+
+def grace_queue(instance_id: str) -> str:
+    """The DBOS queue of the grace periods that ``instance_id`` runs."""
+    return GRACE_QUEUE_PREFIX + instance_id
+
+
+def is_grace_queue(queue: str | None) -> bool:
+    return queue is not None and queue.startswith(GRACE_QUEUE_PREFIX)
+
+
+def declare_queue(instance_id: str) -> None:
+    """Listen to this instance's queue only: call it before ``DBOS.launch()``."""
+    DBOS.listen_queues([grace_queue(instance_id)])
+
+
+def register_queue(instance_id: str) -> None:
+    """Record this instance's queue (blocking: once DBOS has launched). DBOS's queue manager starts
+    its worker within a second; what is enqueued before then waits for it."""
+    DBOS.register_queue(grace_queue(instance_id), polling_interval_sec=GRACE_QUEUE_POLL_SECS)
+
+
+@dataclass
+class _Start:
+    key: ExecutorKey
+    epoch: int
+    lost_at: float | None
+    failed: bool = False  # its last attempt failed: it waits for the backoff
+    # Callers awaiting the next attempt's outcome (None: committed).
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+TimeoutOf = Callable[[str, str], Awaitable[float]]
+
+
+class GraceStarter:
+    def __init__(self, database_url: str, queue: str, timeout_of: TimeoutOf, *, max_batch: int = 500) -> None:
+        self._url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
+        self.queue = queue
+        self._timeout_of = timeout_of
+        self.max_batch = max_batch
+        self._engine: sa.Engine | None = None
+        self._client: DBOSClient | None = None
+        # A thread of its own: in the default executor, a transaction would wait behind the DBOS
+        # calls of the grace periods already running (hundreds, after a burst).
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: dict[str, _Start] = {}  # by workflow id, in arrival order
+        self._draining: asyncio.Task[None] | None = None
+        # For the benchmarks and the tests: transactions committed and the grace periods they carried.
+        self.batches = 0
+        self.started = 0
+
+    def open(self) -> None:
+        """Connect (blocking: call it from a thread)."""
+        self._engine = sa.create_engine(
+            self._url,
+            pool_size=2,
+            max_overflow=2,
+            pool_pre_ping=False,  # as DBOS's engine: a stale connection fails once and the batch is retried
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_SECS},
+        )
+        self._client = DBOSClient(system_database_engine=self._engine)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-grace-start")
+
+    async def close(self) -> None:
+        """Stop starting. Starts not yet committed are left to the repair sweep (the executor
+        is DISCONNECTED with no grace period), as a crash would leave them."""
+        if self._draining is not None:
+            self._draining.cancel()
+            await asyncio.gather(self._draining, return_exceptions=True)
+            self._draining = None
+        for start in self._pending.values():
+            _settle(start.waiters, RuntimeError("Relay is stopping: the grace period was not started"))
+        self._pending.clear()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+        if self._client is not None:
+            await asyncio.to_thread(self._client.destroy)
+            self._client = None
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.dispose)
+            self._engine = None
+
+    def add(self, key: ExecutorKey, epoch: int, lost_at: float | None) -> str:
+        """Start ``key``'s grace period for ``epoch`` soon, retried until it is; returns its id."""
+        workflow_id = grace_id(key, epoch)
+        if workflow_id not in self._pending:
+            self._pending[workflow_id] = _Start(key, epoch, lost_at)
+        if self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+        return workflow_id
+
+    async def start(self, key: ExecutorKey, epoch: int, lost_at: float | None = None) -> None:
+        """Start it, and return once its transaction has committed; raise the error of the
+        attempt that failed (it is still tried again)."""
+        await self.attempted(self.add(key, epoch, lost_at), raise_error=True)
+
+    async def attempted(self, workflow_id: str, *, raise_error: bool = False) -> None:
+        """Wait until a pending start of ``workflow_id``, if any, has been tried once."""
+        start = self._pending.get(workflow_id)
+        if start is None:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        start.waiters.append(waiter)
+        try:
+            await waiter
+        except Exception:
+            if raise_error:
+                raise
+
+    async def _drain(self) -> None:
+        """New starts go first, together; the ones that failed are tried again after a backoff, so
+        that a bad row does not hold up the next burst."""
+        delay = RETRY_FIRST_SECS
+        try:
+            while self._pending:
+                if fresh := self._fresh():
+                    failed = await self._attempt(fresh)
+                else:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_SECS)
+                    if self._fresh():
+                        continue  # what arrived meanwhile goes first
+                    failed = await self._attempt(list(self._pending)[: self.max_batch])
+                    if not failed:
+                        delay = RETRY_FIRST_SECS
+                if failed:
+                    log.warning("%d grace period(s) could not be started (%s); trying again",
+                                len(failed), next(iter(failed.values())))  # fmt: skip
+        finally:
+            self._draining = None
+
+    def _fresh(self) -> list[str]:
+        return [i for i, start in self._pending.items() if not start.failed][: self.max_batch]
+
+    async def _attempt(self, ids: list[str]) -> dict[str, BaseException]:
+        """Start these in one transaction, or each alone when one of them made it fail; returns
+        the failures."""
+        starts = {i: self._pending[i] for i in ids}
+        failed: dict[str, BaseException] = {}
+        try:
+            await self._commit(starts)
+        except Exception as exc:
+            if len(starts) == 1 or _unreachable(exc):
+                failed = dict.fromkeys(starts, exc)
+            else:
+                for workflow_id, start in starts.items():
+                    try:
+                        await self._commit({workflow_id: start})
+                    except Exception as alone:
+                        failed[workflow_id] = alone
+        for workflow_id, start in starts.items():
+            if workflow_id in failed:
+                start.failed = True
+            else:
+                del self._pending[workflow_id]
+            waiters, start.waiters = start.waiters, []
+            _settle(waiters, failed.get(workflow_id))
+        return failed
+
+    async def _commit(self, starts: dict[str, _Start]) -> None:
+        rows = await self._rows(starts)
+        queued = [(workflow_id, args) for workflow_id, timeout, args in rows if timeout >= START_AT_ONCE_BELOW_SECS]
+        if queued:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._enqueue, queued)
+            self.batches += 1
+        for workflow_id, timeout, args in rows:
+            if timeout < START_AT_ONCE_BELOW_SECS:
+                with SetWorkflowID(workflow_id):
+                    await DBOS.start_workflow_async(grace_period, *args)
+        self.started += len(rows)
+
+    async def _rows(self, starts: dict[str, _Start]) -> list[tuple[str, float, tuple[Any, ...]]]:
+        """Each start's workflow id, length (the app's setting now) and arguments."""
+        timeouts: dict[tuple[str, str], float] = {}
+        rows = []
+        for workflow_id, s in starts.items():
+            app = (s.key.org, s.key.app)
+            if app not in timeouts:
+                timeouts[app] = await self._timeout_of(*app)
+            timeout = timeouts[app]
+            rows.append((workflow_id, timeout, (s.key.org, s.key.app, s.key.executor_id, s.epoch, timeout, s.lost_at)))
+        return rows
+
+    def _enqueue(self, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
+        assert self._engine is not None and self._client is not None, "GraceStarter.open() first"
+        with self._engine.begin() as conn:
+            for workflow_id, args in rows:
+                options: EnqueueOptions = {
+                    "queue_name": self.queue,
+                    "workflow_name": GRACE_WORKFLOW,
+                    "workflow_id": workflow_id,
+                    "app_version": WORKFLOWS_VERSION,
+                }
+                self._client.enqueue_in_transaction(conn, options, *args)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The database, not a row, failed the transaction: trying each row alone would only wait
+    for it once per row."""
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, DatabaseError))
+
+
+def _settle(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(error)
