@@ -123,6 +123,23 @@ def test_database_killed_mid_grace_period_then_back_recovers_once(
     assert relay.proc is not None and relay.proc.poll() is None
 
 
+def test_a_grace_period_queued_after_the_database_restarted_starts_at_the_first_try(
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
+    evidence_db: str,
+) -> None:  # fmt: skip
+    relay = relay_on_own_db(2.0)  # 2 s: started together on the instance's queue (workflows/gracestart.py)
+    peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
+    first = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", first.executor_id) == "HEALTHY", 10)
+    first.kill()  # its grace period leaves a connection in the starter's pool
+    assert_eventually(lambda: relay.executor("acme", "ledger", first.executor_id) is None, 20)
+    outage(relay_pg)  # that connection is now closed
+    victim = start_victim(start_executor, relay, evidence_db, 4)
+    victim.kill()
+    recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
+    assert "could not be started" not in relay.log(), relay.log()[-4000:]
+
+
 def test_executor_killed_while_the_database_is_down_is_recovered_after_it_returns(
     relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
     evidence_db: str,

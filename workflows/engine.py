@@ -336,10 +336,16 @@ class Engine:
             for workflow_id, (status, queue) in found.items()
             if status == "ENQUEUED" and gracestart.is_grace_queue(queue) and queue != self.graces.queue
         ]
-        if stranded:
+        if not stranded:
+            return
+        try:
             await DBOS.resume_workflows_async(stranded, queue_name=self.graces.queue)
-            log.info("instance %s: took over %d grace period(s) waiting on another instance's queue",
-                     self.instance_id, len(stranded))  # fmt: skip
+        except Exception as exc:  # DBOS does not retry this one; they stay where they are until then
+            log.warning("instance %s: could not take over %d grace period(s) waiting on another instance's "
+                        "queue (%s); the next sweep tries again", self.instance_id, len(stranded), exc)  # fmt: skip
+            return
+        log.info("instance %s: took over %d grace period(s) waiting on another instance's queue",
+                 self.instance_id, len(stranded))  # fmt: skip
 
     async def _repair_one(self, row: Unfinished, grace: str | None, run: tuple[int, bool] | None) -> None:
         key, epoch = row.key, row.epoch

@@ -221,7 +221,7 @@ class GraceStarter:
             else:
                 del self._pending[workflow_id]
             waiters, start.waiters = start.waiters, []
-            _settle(waiters, failed.get(workflow_id))
+            _settle(waiters, _as_database_error(failed[workflow_id]) if workflow_id in failed else None)
         return failed
 
     async def _commit(self, starts: dict[str, _Start]) -> None:
@@ -250,21 +250,39 @@ class GraceStarter:
 
     def _enqueue(self, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
         assert self._engine is not None and self._client is not None, "GraceStarter.open() first"
-        with self._engine.begin() as conn:
-            for workflow_id, args in rows:
-                options: EnqueueOptions = {
-                    "queue_name": self.queue,
-                    "workflow_name": GRACE_WORKFLOW,
-                    "workflow_id": workflow_id,
-                    "app_version": WORKFLOWS_VERSION,
-                }
-                self._client.enqueue_in_transaction(conn, options, *args)
+        for attempt in (1, 2):
+            try:
+                with self._engine.begin() as conn:
+                    for workflow_id, args in rows:
+                        options: EnqueueOptions = {
+                            "queue_name": self.queue,
+                            "workflow_name": GRACE_WORKFLOW,
+                            "workflow_id": workflow_id,
+                            "app_version": WORKFLOWS_VERSION,
+                        }
+                        self._client.enqueue_in_transaction(conn, options, *args)
+                return
+            except sa.exc.DBAPIError as exc:
+                # A pooled connection that the database closed (it restarted since): SQLAlchemy
+                # has replaced the pool, so a second try gets a new connection.
+                if attempt == 2 or not exc.connection_invalidated:
+                    raise
 
 
 def _unreachable(exc: BaseException) -> bool:
     """The database, not a row, failed the transaction: trying each row alone would only wait
     for it once per row."""
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, DatabaseError))
+
+
+def _as_database_error(exc: BaseException) -> BaseException:
+    """What a caller is told: the database's trouble as Relay's :class:`DatabaseError` (the repair
+    sweep tries again at its next round), anything else as it is."""
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        error = DatabaseError(f"database error: {exc.orig or exc}")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 def _settle(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
