@@ -66,7 +66,7 @@ async def _scenario(url: str) -> None:
 
         # The bad row is still tried (after a backoff); a new burst does not wait for it and
         # goes in one transaction, the app's setting read once.
-        assert list(starter._pending) == [bad]
+        assert starter.waiting == [bad]
         asked.clear()
         burst = [starter.add(_key(100 + i), 2, 2000.0) for i in range(BURST)]
         await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in burst))
@@ -81,7 +81,7 @@ async def _scenario(url: str) -> None:
 
         with pytest.raises(DBOSConflictingWorkflowError):
             await starter.start(_key(3), 1, 1003.0)
-        assert list(starter._pending) == [bad]
+        assert starter.waiting == [bad]
     finally:
         await starter.close()
         client.destroy()

@@ -115,6 +115,11 @@ class GraceStarter:
         self.batches = 0
         self.started = 0
 
+    @property
+    def waiting(self) -> list[str]:
+        """The grace periods not started yet (new, or failed and waiting for their next try)."""
+        return list(self._pending)
+
     def open(self) -> None:
         """Connect (blocking: call it from a thread)."""
         self._engine = sa.create_engine(
