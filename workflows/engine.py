@@ -233,9 +233,6 @@ class Engine:
         settings = await self.apps.settings_of(org, app)
         return settings.executor_timeout_secs if settings else DEFAULT_GRACE_SECS
 
-    async def _start_grace(self, key: ExecutorKey, epoch: int) -> None:
-        await self.graces.start(key, epoch)
-
     async def _reconnected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None, _at: float) -> None:
         if grace_epoch is not None:  # it was DISCONNECTED: end that disconnection's grace period
             # Once its start, if still waiting, has been tried: a message to no workflow is dropped.
@@ -353,7 +350,7 @@ class Engine:
             return  # it will declare the executor dead, or has, and start its recovery
         if row.state is ExecutorState.DISCONNECTED:
             if grace is None:
-                await self._start_grace(key, epoch)
+                await self.graces.start(key, epoch)
             elif row.grace_over:
                 # Guarded on state and epoch: when the executor reconnected after the rows were read
                 # (which also ends the grace period, SUCCESS), this is a no-op and nothing is logged.

@@ -96,6 +96,10 @@ class _Start:
 
 
 TimeoutOf = Callable[[str, str], Awaitable[float]]
+# A grace period to start: its workflow id, its length and the workflow's arguments.
+_Row = tuple[str, float, tuple[Any, ...]]
+# The database (or the way to it) failed, not a row.
+_CONNECTION_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError)
 
 
 class GraceStarter:
@@ -209,17 +213,19 @@ class GraceStarter:
         the failures."""
         starts = {i: self._pending[i] for i in ids}
         failed: dict[str, BaseException] = {}
+        rows: list[_Row] = []
         try:
-            await self._commit(starts)
+            rows = await self._rows(starts)  # once: trying each alone reads no setting again
+            await self._commit(rows)
         except Exception as exc:
-            if len(starts) == 1 or _unreachable(exc):
+            if len(starts) == 1 or not rows or _unreachable(exc):
                 failed = dict.fromkeys(starts, exc)
             else:
-                for workflow_id, start in starts.items():
+                for row in rows:
                     try:
-                        await self._commit({workflow_id: start})
+                        await self._commit([row])
                     except Exception as alone:
-                        failed[workflow_id] = alone
+                        failed[row[0]] = alone
         for workflow_id, start in starts.items():
             if workflow_id in failed:
                 start.failed = True
@@ -229,8 +235,7 @@ class GraceStarter:
             _settle(waiters, _as_database_error(failed[workflow_id]) if workflow_id in failed else None)
         return failed
 
-    async def _commit(self, starts: dict[str, _Start]) -> None:
-        rows = await self._rows(starts)
+    async def _commit(self, rows: list[_Row]) -> None:
         queued = [(workflow_id, args) for workflow_id, timeout, args in rows if timeout >= START_AT_ONCE_BELOW_SECS]
         if queued:
             await asyncio.get_running_loop().run_in_executor(self._thread, self._enqueue, queued)
@@ -241,7 +246,7 @@ class GraceStarter:
                     await DBOS.start_workflow_async(grace_period, *args)
         self.started += len(rows)
 
-    async def _rows(self, starts: dict[str, _Start]) -> list[tuple[str, float, tuple[Any, ...]]]:
+    async def _rows(self, starts: dict[str, _Start]) -> list[_Row]:
         """Each start's workflow id, length (the app's setting now) and arguments."""
         timeouts: dict[tuple[str, str], float] = {}
         rows = []
@@ -277,13 +282,13 @@ class GraceStarter:
 def _unreachable(exc: BaseException) -> bool:
     """The database, not a row, failed the transaction: trying each row alone would only wait
     for it once per row."""
-    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, DatabaseError))
+    return isinstance(exc, (*_CONNECTION_ERRORS, DatabaseError))
 
 
 def _as_database_error(exc: BaseException) -> BaseException:
     """What a caller is told: the database's trouble as Relay's :class:`DatabaseError` (the repair
     sweep tries again at its next round), anything else as it is."""
-    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+    if isinstance(exc, _CONNECTION_ERRORS):
         error = DatabaseError(f"database error: {exc.orig or exc}")
         error.__cause__ = exc
         return error
