@@ -78,3 +78,63 @@ def test_a_stop_records_its_executors_disconnection_at_once_and_starts_their_gra
     assert states == {"DISCONNECTED": EXECUTORS}, states
     assert graces == (EXECUTORS,), "each disconnection has its grace period, left for the next start"
     assert stopped < 10, f"the stop took {stopped:.1f} s"
+
+
+def test_a_stop_that_cancels_disconnections_still_being_written_logs_no_traceback_and_loses_none(
+    start_relay: StartRelay,
+) -> None:
+    """Sockets that closed just before the stop, their disconnections held up by the database
+    (here: a transaction holding their rows), outlast uvicorn's graceful window and are cancelled.
+    Each used to log an "Exception in ASGI application" traceback; now the handler ends quietly
+    and the stop and the repair sweep do what it left undone."""
+    relay = start_relay(grace=60)
+    closed = 10
+    asyncio.run(stop_while_disconnections_wait(relay, closed))
+    assert relay.proc is not None and relay.proc.returncode == 0, relay.log()[-3000:]
+    log = relay.log()
+    after = log[log.index("Shutting down") :]
+    assert "graceful shutdown exceeded" in after, "the handlers were not cancelled: the test proves nothing"
+    assert "Exception in ASGI application" not in after and "Traceback" not in after, after[-3000:]
+    with psycopg.connect(relay.database_url) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM executors GROUP BY state").fetchall())
+        graces = conn.execute(
+            """SELECT count(DISTINCT workflow_uuid) FROM dbos.workflow_status WHERE name = 'relay.grace_period'
+                 AND (status = 'PENDING' AND executor_id = %s OR status = 'ENQUEUED' AND queue_name = %s)""",
+            (relay.instance_id, grace_queue(relay.instance_id)),
+        ).fetchone()
+    assert states == {"DISCONNECTED": EXECUTORS}, states
+    assert graces == (EXECUTORS,), "each disconnection has its grace period, left for the next start"
+
+
+async def stop_while_disconnections_wait(relay: RelayProcess, closed: int) -> None:
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    sockets = []
+    for i in range(EXECUTORS):
+        ws = await open_socket(url)
+        await handshake(ws, f"held-{i}")
+        sockets.append(ws)
+    deadline = time.monotonic() + 30
+    while healthy(relay) < EXECUTORS:
+        assert time.monotonic() < deadline, f"only {healthy(relay)} of {EXECUTORS} HEALTHY"
+        await asyncio.sleep(0.1)
+    async with await psycopg.AsyncConnection.connect(relay.database_url) as blocker:
+        await blocker.execute("SELECT 1 FROM executors FOR UPDATE")  # held until the rollback below
+        await asyncio.gather(*(ws.close() for ws in sockets[:closed]))
+        async with await psycopg.AsyncConnection.connect(relay.database_url, autocommit=True) as watch:
+            while True:  # until Relay's write of those disconnections waits on the rows
+                cur = await watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query ILIKE '%%UPDATE executors%%'"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] > 0:
+                    break
+                assert time.monotonic() < deadline + 30, "Relay's write of the disconnections never waited"
+                await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(asyncio.to_thread(relay.stop))
+        while "graceful shutdown exceeded" not in relay.log():
+            assert not stopping.done(), relay.log()[-3000:]
+            await asyncio.sleep(0.1)
+        await blocker.rollback()
+    await stopping
+    await asyncio.gather(*(ws.wait_closed() for ws in sockets))

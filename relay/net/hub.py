@@ -160,6 +160,15 @@ class Hub:
         self.sockets_by_key[grant.key_id] += 1
         try:
             await conn.run()
+        except asyncio.CancelledError:
+            # uvicorn cancels the handlers that outlast its graceful shutdown: sockets that closed
+            # just before it, their disconnections still being written behind a busy database.
+            # Ending normally spares a logged traceback per socket; what the handler left undone
+            # is done by others: Runtime.stop marks DISCONNECTED every executor this instance
+            # still holds, and the repair sweep starts the grace period a DISCONNECTED one lacks.
+            log.debug("executor connection from %s: handler cancelled by the shutdown", client)
+            if conn.key is not None:
+                self.disconnection_unrecorded()
         finally:
             conn.end_handshake()
             self.sockets_by_key[grant.key_id] -= 1
