@@ -7,18 +7,26 @@ cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e ./protocol -e '.[test]'
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
-# reachable from CI). Installed here when missing; where that is impossible the run fails, it
-# does not skip them.
-if ! command -v chromium >/dev/null 2>&1 && [ -z "${RELAY_CHROMIUM:-}" ]; then
+# reachable from CI), and the fleet benchmark's small run goes once through Debian's haproxy.
+# Installed here when missing; where that is impossible the run fails, it does not skip them.
+missing=()
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${RELAY_CHROMIUM:-}" ]; then missing+=(chromium); fi
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then missing+=(haproxy); fi
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || true
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || true
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || true
+    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || true
   fi
-  if ! command -v chromium >/dev/null 2>&1; then
+  if ! command -v chromium >/dev/null 2>&1 && [ -z "${RELAY_CHROMIUM:-}" ]; then
     echo "test.sh: chromium is not installed and could not be installed (apt-get install -y chromium" \
          "needs root or passwordless sudo). The console's browser tests need it: install it, or set" \
          "RELAY_CHROMIUM to a Chromium binary." >&2
+    exit 1
+  fi
+  if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+    echo "test.sh: haproxy is not installed and could not be installed (apt-get install -y haproxy" \
+         "needs root or passwordless sudo). The fleet benchmark's small run needs it." >&2
     exit 1
   fi
 fi

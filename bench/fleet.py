@@ -2,19 +2,24 @@
 
 ``--executors`` simulated executors (bench/sim.py: all in this process, protocol-correct,
 reconnecting with the same ``executor_id`` one second after their socket drops, as the SDK
-does) connect through the harness's TCP balancer (harness/balancer.py, run in a process of
-its own so that its CPU is counted apart) to ``--instances`` Relay instances sharing one
-PostgreSQL. Liveness is production's: pings every 20 s, ``executorTimeoutSecs`` 60 s.
-Three phases, each printed with the machine's load average and the CPU used meanwhile by
-each instance, the balancer and this client (user+sys over the phase, % of one core):
+does) connect through a TCP balancer to ``--instances`` Relay instances sharing one
+PostgreSQL. The balancer is the harness's (harness/balancer.py, run in a process of its own
+so that its CPU is counted apart) or, with ``--balancer haproxy``, Debian's haproxy in TCP
+mode (round robin, a refused connection retried on another instance, health checks every
+0.5 s), which costs the shared machine far less CPU. Liveness is production's: pings
+every 20 s, ``executorTimeoutSecs`` 60 s. Three phases, each printed with the machine's
+load average and the CPU used meanwhile by each instance, the balancer and this client
+(user+sys over the phase, % of one core):
 
 - connect: handshake rate (executors HEALTHY in the registry, over the seconds from the
   first connect), RSS per instance and per connection it holds, then idle CPU of each
   instance over ``--idle-secs`` with every connection held.
 - instance loss: one instance is killed (``kill -9``). Reported: the time until every
   executor it held is HEALTHY again and owned by another instance (read from the
-  registry through a surviving instance's API every ``POLL_SECS``, and from the
-  simulated executors' own clocks), how many were seen DISCONNECTED or declared DEAD
+  registry through a surviving instance's API every ``POLL_SECS``; from the registry's
+  own clock, the last such record's ``connected_at``, which leaves out the seconds that
+  listing the whole fleet through the API takes the client; and from the simulated
+  executors' own clocks), how many were seen DISCONNECTED or declared DEAD
   (target: none DEAD; the grace period is 60 s), and a trickle of API requests
   (``GET .../executors?limit=1`` every 100 ms, each on a new connection through the
   balancer) with how many failed (target: none).
@@ -40,7 +45,7 @@ sockets does not fit. The benchmark prints figures beside their targets; it asse
 
 Usage, from the project root::
 
-    python -m bench.fleet [--executors 15000] [--instances 3] [--idle-secs 20] [--log-dir DIR]
+    python -m bench.fleet [--executors 15000] [--instances 3] [--idle-secs 20] [--balancer haproxy] [--log-dir DIR]
     python -m bench.fleet --executors 300 --idle-secs 3     # quick
 
 PostgreSQL is embedded, or the server at ``RELAY_TEST_DATABASE_URL`` if set.
@@ -50,9 +55,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,6 +74,7 @@ from typing import Any, TypeVar
 
 import httpx
 import psutil
+import psycopg
 
 from bench.common import BenchError, exit_on_sigterm, load_average, print_machine, raise_open_files, work_directory
 from bench.failover import fmt, iso_seconds, report_log
@@ -106,6 +114,8 @@ def serve_balancer(backends: str, port: int) -> None:
 
 
 class BalancerProcess:
+    """The harness's balancer (Python) in a process of its own."""
+
     def __init__(self, backends: list[RelayProcess], log_path: Path, port: int = 0) -> None:
         argv = [sys.executable, "-m", "bench.fleet", "--balancer-port", str(port), "--serve-balancer"]
         argv.append(",".join(f"127.0.0.1:{r.port}" for r in backends))
@@ -126,6 +136,65 @@ class BalancerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+HAPROXY_CONFIG = """\
+global
+    maxconn {maxconn}
+defaults
+    mode tcp
+    maxconn {maxconn}
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+    timeout check 1s
+    retries 3
+    option redispatch 1
+frontend relay
+    bind 127.0.0.1:{port} backlog 4096
+    default_backend instances
+backend instances
+    balance roundrobin
+{servers}
+"""
+
+
+class HaproxyProcess(BalancerProcess):
+    """Debian's haproxy in TCP mode, round robin over the instances. A connection refused by a
+    killed instance is retried on another one (``option redispatch``), and the instance is taken
+    out of the rotation by a health check every half second; each instance's port is checked
+    by a TCP connect, as the Python balancer does."""
+
+    def __init__(self, backends: list[RelayProcess], log_path: Path, maxconn: int, port: int = 0) -> None:
+        binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
+        if binary is None:
+            raise BenchError("--balancer haproxy needs haproxy on the PATH (as root: apt-get install -y haproxy)")
+        self.port = port or free_port()  # haproxy binds with SO_REUSEPORT: several share a port
+        self.log_path = log_path
+        servers = "\n".join(
+            f"    server {r.instance_id} 127.0.0.1:{r.port} check inter 500ms fall 1 rise 2" for r in backends
+        )
+        config = log_path.with_suffix(".cfg")
+        config.write_text(HAPROXY_CONFIG.format(maxconn=maxconn, port=self.port, servers=servers))
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=log, cwd=ROOT)
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"haproxy exited {self.proc.returncode} (see {log_path})")
+            if self._listening():
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"haproxy did not listen within 10 s (see {log_path})")
+            time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        """This process (not another on the shared port) listens."""
+        with contextlib.suppress(psutil.Error):
+            for conn in psutil.Process(self.proc.pid).net_connections("tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port:
+                    return True
+        return False
 
 
 # -- measuring -------------------------------------------------------------------------
@@ -205,6 +274,7 @@ class Fleet:
         self.args = args
         self.workdir = workdir
         database = pg.create_database("bench_fleet")
+        self.database_url = database
         self.relays = [
             RelayProcess(workdir, database, self._config(), instance_id=f"relay-{i + 1}") for i in range(args.instances)
         ]
@@ -244,10 +314,21 @@ class Fleet:
                 t.join()
             if len(self.live) < len(self.relays):
                 raise BenchError("not every Relay instance started (see their logs)")
-            first = BalancerProcess(self.relays, self.workdir / "balancer-1.log")
-            self.balancers.append(first)
-            for i in range(1, self.args.balancers):
-                self.balancers.append(BalancerProcess(self.relays, self.workdir / f"balancer-{i + 1}.log", first.port))
+            first: BalancerProcess
+            if self.args.balancer == "haproxy":
+                # haproxy refuses to start when its maxconn needs more open files than it may have.
+                maxconn = min(self.args.executors + FD_SPARE, (self.args.open_files - FD_SPARE) // 2)
+                first = HaproxyProcess(self.relays, self.workdir / "haproxy-1.log", maxconn)
+                self.balancers.append(first)
+                for i in range(1, self.args.balancers):
+                    log = self.workdir / f"haproxy-{i + 1}.log"
+                    self.balancers.append(HaproxyProcess(self.relays, log, maxconn, first.port))
+            else:
+                first = BalancerProcess(self.relays, self.workdir / "balancer-1.log")
+                self.balancers.append(first)
+                for i in range(1, self.args.balancers):
+                    log = self.workdir / f"balancer-{i + 1}.log"
+                    self.balancers.append(BalancerProcess(self.relays, log, first.port))
             yield
         finally:
             for balancer in self.balancers:
@@ -402,6 +483,12 @@ class Fleet:
                 f"{last_handshake - killed_at:.2f} s after it (the executors wait {SDK_RECONNECT_SECS:g} s "
                 "before reconnecting, as the SDK does)"
             )
+            written = await self.last_connected(held)
+            print(
+                f"  by the registry's own clock, the last of them was written HEALTHY {written - killed_at:.2f} s after"
+                f" the kill; each poll lists all {len(now)} executors through the API, which saw it"
+                f" {back - (written - killed_at):.2f} s later"
+            )
         print(f"  failed reconnect attempts: {dict(retries) or 0}")
         others = sum(1 for s in self.sims if s.executor_id not in held and any(t >= killed_at for t in s.reconnects))
         print(f"  other executors that reconnected meanwhile (their instance dropped them): {others}")
@@ -417,6 +504,18 @@ class Fleet:
             + (f": {dict(trickle.failed)}" if trickle.failed else "")
         )
         print(f"  {meter.line()}", flush=True)
+
+    async def last_connected(self, executors: set[str]) -> float:
+        """When the last of ``executors`` was written HEALTHY, by the registry's own ``connected_at``
+        (the writing transaction's start, on this machine's clock), read as only a benchmark may."""
+        async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT extract(epoch FROM max(connected_at)) FROM executors WHERE app = %s AND executor_id = ANY(%s)",
+                (APP, sorted(executors)),
+            )
+            row = await cur.fetchone()
+        assert row is not None and row[0] is not None
+        return float(row[0])
 
     # -- phase 3 --
 
@@ -564,6 +663,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lease-secs", type=float, default=15.0, help="instanceLeaseSecs (default 15, as Relay's)")
     parser.add_argument("--recovery-timeout", type=float, default=120.0, help="give each phase's recovery this long, s")
     parser.add_argument("--seed", type=int, default=1, help="chooses the mass failure's victims")
+    parser.add_argument(
+        "--balancer", choices=("python", "haproxy"), default="python",
+        help="the harness's balancer (default), or Debian's haproxy (apt-get install -y haproxy)",
+    )  # fmt: skip
     parser.add_argument("--log-dir", help="keep logs and configs here (default: a temporary directory)")
     parser.add_argument("--serve-balancer", metavar="BACKENDS", help=argparse.SUPPRESS)
     parser.add_argument("--balancer-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -588,10 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     limit = raise_open_files(wanted if hard == resource.RLIM_INFINITY else min(wanted, hard))
     if args.executors + FD_SPARE > limit:
         print(f"warning: open file limit {limit} is too low for {args.executors} executors in this process")
+    args.open_files = limit
     args.balancers = max(1, math.ceil(2 * args.executors / max(1, limit - FD_SPARE)))
+    kind = "haproxy" if args.balancer == "haproxy" else "balancer"
     print(
         f"open file limit {limit}; {args.executors} executors, {args.instances} instances,"
-        f" {args.balancers} balancer process(es) on one port",
+        f" {args.balancers} {kind} process(es) on one port",
         flush=True,
     )
     started = time.perf_counter()

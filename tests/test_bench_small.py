@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.postgres import Postgres
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,15 +65,19 @@ def test_connections_small(postgres: Postgres) -> None:
               rf" their durable timers recorded {NUMBER} s$")  # fmt: skip
 
 
-def test_fleet_small(postgres: Postgres) -> None:
+@pytest.mark.parametrize("balancer", ["python", "haproxy"])
+def test_fleet_small(postgres: Postgres, balancer: str) -> None:
     out = run_bench(postgres, "bench.fleet", "--executors", "60", "--idle-secs", "1", "--mass-grace", "1",
-                    "--recovery-timeout", "30")  # fmt: skip
+                    "--recovery-timeout", "30", "--balancer", balancer)  # fmt: skip
+    kind = "haproxy" if balancer == "haproxy" else "balancer"
+    line(out, rf"^open file limit \d+; 60 executors, 3 instances, 1 {kind} process\(es\) on one port$")
     line(out, rf"^all 60 HEALTHY in the registry after {NUMBER} s: \d+ handshakes/s")
     holds = [int(m.group(1)) for m in re.finditer(r"^  relay-\d: holds (\d+); RSS", out, re.M)]
     assert sorted(holds) == [20, 20, 20], out  # the balancer's round robin
     line(out, rf"^idle, every connection held, pings every 20 s: CPU over {NUMBER} s .*client {NUMBER}")
     line(out, r"^== instance loss: kill -9 relay-3, which holds 20 executors")
     line(out, rf"^all 20 HEALTHY on the other instances {NUMBER} s after the kill")
+    line(out, rf"^  by the registry's own clock, the last of them was written HEALTHY {NUMBER} s after the kill;")
     line(out, r"^  API requests through the balancer every 100 ms: \d+ sent, \d+ failed")
     line(out, r"^== mass failure: 12 of 60 executors killed at once")
     line(out, rf"^the registry held none of them {NUMBER} s after the abort")
