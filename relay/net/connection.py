@@ -181,27 +181,32 @@ class ExecutorConnection:
         self._waiting[request.request_id] = future
         await self._send({"type": "websocket.send", "text": request.to_json()})
         deadline = self._loop.time() + timeout
-        while not future.done():
-            message = await self._next_message(deadline)
-            if message is None:
-                self.hub.counters["rejected_handshake_timeout"] += 1
-                log.warning("executor %s: no executor_info reply within %gs; closing", self.name, timeout)
-                await self.close(CLOSE_HANDSHAKE_TIMEOUT, "no executor_info reply")
-                return None
-            if message["type"] == "websocket.disconnect":
-                log.info("executor %s: closed before the handshake ended", self.name)
-                self._closed = True
-                return None
-            if not self._dispatch(message):
-                # Nothing but the executor_info reply is expected yet: a frame that is not
-                # even a reply ends the handshake at once rather than at its timeout.
-                await self._refuse_handshake("its first frame is not a reply")
-                return None
         try:
-            return executor_info(future.result(), request.request_id)
-        except ProtocolError as exc:
-            await self._refuse_handshake(str(exc))
-            return None
+            while not future.done():
+                message = await self._next_message(deadline)
+                if message is None:
+                    self.hub.counters["rejected_handshake_timeout"] += 1
+                    log.warning("executor %s: no executor_info reply within %gs; closing", self.name, timeout)
+                    await self.close(CLOSE_HANDSHAKE_TIMEOUT, "no executor_info reply")
+                    return None
+                if message["type"] == "websocket.disconnect":
+                    log.info("executor %s: closed before the handshake ended", self.name)
+                    self._closed = True
+                    return None
+                if not self._dispatch(message):
+                    # Nothing but the executor_info reply is expected yet: a frame that is not
+                    # even a reply ends the handshake at once rather than at its timeout.
+                    await self._refuse_handshake("its first frame is not a reply")
+                    return None
+            try:
+                return executor_info(future.result(), request.request_id)
+            except ProtocolError as exc:
+                await self._refuse_handshake(str(exc))
+                return None
+        finally:
+            # Answered or not, the request is over: its future, and the reply it holds, would
+            # otherwise stay in _waiting for as long as the executor stays connected.
+            self._waiting.pop(request.request_id, None)
 
     async def _refuse_handshake(self, why: str) -> None:
         self.hub.counters["rejected_bad_handshake"] += 1
