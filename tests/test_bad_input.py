@@ -160,6 +160,30 @@ def test_bad_executor_info_reply_is_refused(relay_and_bystander: tuple[RelayProc
     assert_bystander_untouched(relay, ex, connected_at)
 
 
+def test_a_deeply_nested_executor_info_reply_is_refused(
+    relay_and_bystander: tuple[RelayProcess, ExecutorProcess, str],
+) -> None:
+    """Nested 700 deep, with an escape that makes a lone surrogate: within what the JSON decoder
+    takes, and once beyond what cleaning the frame of surrogates could copy (a traceback)."""
+    relay, ex, connected_at = relay_and_bystander
+    hostname = "[" * 700 + '"\\ud800"' + "]" * 700
+
+    async def nested_reply() -> int | None:
+        ws = await open_socket(ws_url(relay))
+        request = json.loads(await ws.recv())
+        await ws.send(f'{{"type": "executor_info", "request_id": "{request["request_id"]}", "executor_id": "deep",'
+                      f' "application_version": "v1", "hostname": {hostname}}}')  # fmt: skip
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 5)
+        return ws.close_code
+
+    assert asyncio.run(nested_reply()) == 4400
+    log = relay.log()
+    assert "bad executor_info reply: executor_info reply: hostname: expected str" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert_bystander_untouched(relay, ex, connected_at)
+
+
 def test_frame_over_the_size_limit_closes_only_that_connection(
     relay_and_bystander: tuple[RelayProcess, ExecutorProcess, str],
 ) -> None:

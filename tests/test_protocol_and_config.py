@@ -179,3 +179,13 @@ def test_lone_surrogates_are_replaced_where_frames_arrive() -> None:
     plain = '{"type": "list_workflows", "request_id": "r", "output": []}'
     decoded = decode_frame(plain)
     assert clean_frame(plain, decoded) is decoded  # no escape, nothing to look at
+
+
+def test_a_frame_nested_as_deep_as_the_decoder_takes_is_cleaned() -> None:
+    depth = 900  # the decoder's limit is the interpreter's (1000), less this test's own frames
+    text = '{"type": "list_workflows", "request_id": "r", "output": ' + "[" * depth + '"\\ud800"' + "]" * depth + "}"
+    frame = clean_frame(text, decode_frame(text))
+    inner = frame["output"]
+    for _ in range(depth - 1):
+        inner = inner[0]
+    assert inner == ["\ufffd"]

@@ -32,14 +32,33 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def utf8_json(value: Any) -> Any:
     """Lone surrogates (which JSON's ``\\udc00`` escapes can make) replaced by U+FFFD: what Relay
-    passes on as JSON must be UTF-8. Frames are cleaned where they arrive (see :func:`clean_frame`)."""
-    if isinstance(value, str):
-        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {utf8_json(k): utf8_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [utf8_json(v) for v in value]
-    return value
+    passes on as JSON must be UTF-8. Frames are cleaned where they arrive (see :func:`clean_frame`).
+
+    A copy made with a stack of its own, not by recursion: a frame may nest as deeply as the JSON
+    decoder took it (close to the interpreter's recursion limit), and a recursive copy, two frames
+    a level, failed on one nested half as deep."""
+    pending: list[tuple[dict[Any, Any] | list[Any], dict[Any, Any] | list[Any]]] = []
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, str):
+            return item if item.isascii() else _SURROGATE.sub("\ufffd", item)
+        if isinstance(item, (dict, list)):
+            empty: dict[Any, Any] | list[Any] = {} if isinstance(item, dict) else []
+            pending.append((item, empty))
+            return empty
+        return item
+
+    result = copy(value)
+    while pending:
+        source, target = pending.pop()
+        if isinstance(source, dict):
+            assert isinstance(target, dict)
+            for k, v in source.items():
+                target[copy(k)] = copy(v)
+        else:
+            assert isinstance(target, list)
+            target.extend(copy(v) for v in source)
+    return result
 
 
 def clean_frame(text: str, frame: Frame) -> Frame:
