@@ -67,17 +67,21 @@ def test_a_stop_records_its_executors_disconnection_at_once_and_starts_their_gra
     assert "Exception in ASGI application" not in after and "graceful shutdown exceeded" not in after, after[-3000:]
     # No socket recorded its own disconnection: the instance recorded them all.
     assert " is DISCONNECTED" not in after, after[-3000:]
+    assert_all_disconnected_with_grace_periods(relay)
+    assert stopped < 10, f"the stop took {stopped:.1f} s"
+
+
+def assert_all_disconnected_with_grace_periods(relay: RelayProcess) -> None:
     with psycopg.connect(relay.database_url) as conn:
         states = dict(conn.execute("SELECT state, count(*) FROM executors GROUP BY state").fetchall())
         # Running on this instance, or waiting on its queue (started together, not run yet).
         graces = conn.execute(
-            """SELECT count(*) FROM dbos.workflow_status WHERE name = 'relay.grace_period'
+            """SELECT count(DISTINCT workflow_uuid) FROM dbos.workflow_status WHERE name = 'relay.grace_period'
                  AND (status = 'PENDING' AND executor_id = %s OR status = 'ENQUEUED' AND queue_name = %s)""",
             (relay.instance_id, grace_queue(relay.instance_id)),
         ).fetchone()
     assert states == {"DISCONNECTED": EXECUTORS}, states
     assert graces == (EXECUTORS,), "each disconnection has its grace period, left for the next start"
-    assert stopped < 10, f"the stop took {stopped:.1f} s"
 
 
 def test_a_stop_that_cancels_disconnections_still_being_written_logs_no_traceback_and_loses_none(
@@ -95,15 +99,7 @@ def test_a_stop_that_cancels_disconnections_still_being_written_logs_no_tracebac
     after = log[log.index("Shutting down") :]
     assert "graceful shutdown exceeded" in after, "the handlers were not cancelled: the test proves nothing"
     assert "Exception in ASGI application" not in after and "Traceback" not in after, after[-3000:]
-    with psycopg.connect(relay.database_url) as conn:
-        states = dict(conn.execute("SELECT state, count(*) FROM executors GROUP BY state").fetchall())
-        graces = conn.execute(
-            """SELECT count(DISTINCT workflow_uuid) FROM dbos.workflow_status WHERE name = 'relay.grace_period'
-                 AND (status = 'PENDING' AND executor_id = %s OR status = 'ENQUEUED' AND queue_name = %s)""",
-            (relay.instance_id, grace_queue(relay.instance_id)),
-        ).fetchone()
-    assert states == {"DISCONNECTED": EXECUTORS}, states
-    assert graces == (EXECUTORS,), "each disconnection has its grace period, left for the next start"
+    assert_all_disconnected_with_grace_periods(relay)
 
 
 async def stop_while_disconnections_wait(relay: RelayProcess, closed: int) -> None:
