@@ -314,21 +314,16 @@ class Fleet:
                 t.join()
             if len(self.live) < len(self.relays):
                 raise BenchError("not every Relay instance started (see their logs)")
-            first: BalancerProcess
-            if self.args.balancer == "haproxy":
-                # haproxy refuses to start when its maxconn needs more open files than it may have.
-                maxconn = min(self.args.executors + FD_SPARE, (self.args.open_files - FD_SPARE) // 2)
-                first = HaproxyProcess(self.relays, self.workdir / "haproxy-1.log", maxconn)
-                self.balancers.append(first)
-                for i in range(1, self.args.balancers):
-                    log = self.workdir / f"haproxy-{i + 1}.log"
-                    self.balancers.append(HaproxyProcess(self.relays, log, maxconn, first.port))
-            else:
-                first = BalancerProcess(self.relays, self.workdir / "balancer-1.log")
-                self.balancers.append(first)
-                for i in range(1, self.args.balancers):
-                    log = self.workdir / f"balancer-{i + 1}.log"
-                    self.balancers.append(BalancerProcess(self.relays, log, first.port))
+            # haproxy refuses to start when its maxconn needs more open files than it may have.
+            maxconn = min(self.args.executors + FD_SPARE, (self.args.open_files - FD_SPARE) // 2)
+            balancer: BalancerProcess
+            for i in range(self.args.balancers):
+                port = self.balancers[0].port if self.balancers else 0
+                if self.args.balancer == "haproxy":
+                    balancer = HaproxyProcess(self.relays, self.workdir / f"haproxy-{i + 1}.log", maxconn, port)
+                else:
+                    balancer = BalancerProcess(self.relays, self.workdir / f"balancer-{i + 1}.log", port)
+                self.balancers.append(balancer)
             yield
         finally:
             for balancer in self.balancers:
