@@ -95,7 +95,6 @@ class ExecutorConnection:
         finally:
             self.end_handshake()
         if info is None:
-            self._drop_waiting()
             return
         self.key = ExecutorKey(self.org, self.app, info.executor_id)
         try:
@@ -205,20 +204,14 @@ class ExecutorConnection:
                 return None
         finally:
             # Answered or not, the request is over: its future, and the reply it holds, would
-            # otherwise stay in _waiting for as long as the executor stays connected.
+            # otherwise stay in _waiting for as long as the executor stays connected. Nothing
+            # else waits yet (requests are sent only once the executor is attached).
             self._waiting.pop(request.request_id, None)
 
     async def _refuse_handshake(self, why: str) -> None:
         self.hub.counters["rejected_bad_handshake"] += 1
         log.warning("executor %s: bad executor_info reply: %s; closing", self.name, why)
         await self.close(CLOSE_BAD_HANDSHAKE, "bad executor_info reply")
-        self._drop_waiting()
-
-    def _drop_waiting(self) -> None:
-        """Before the handshake ended, the only waiting future is the handshake's own, which nobody awaits."""
-        for future in self._waiting.values():
-            future.cancel()
-        self._waiting.clear()
 
     async def _serve(self) -> None:
         liveness = self.hub.config.liveness
