@@ -4,8 +4,10 @@ PostgreSQL with DBOS's own client: a bad row fails alone and does not hold up th
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 from dbos import DBOSClient
@@ -17,6 +19,7 @@ from harness.simulated import handshake, open_socket
 from harness.waiting import assert_eventually
 from relay.core.ids import ExecutorKey, grace_id
 from tests.prom import scrape
+from workflows.engine import DBOS_THREADS
 from workflows.gracestart import GRACE_WORKFLOW, GraceStarter, grace_queue
 from workflows.services import WORKFLOWS_VERSION
 
@@ -25,6 +28,7 @@ QUEUE = grace_queue("test-batches")
 GROUP = 8
 BURST = 40
 DROPPED = 30
+BIG_BURST = 200
 
 
 def _key(i: int) -> ExecutorKey:
@@ -94,11 +98,11 @@ def test_grace_periods_that_begin_together_start_in_one_transaction_and_a_bad_ro
     asyncio.run(_scenario(relay.database_url))
 
 
-async def _connect_and_drop(relay: RelayProcess) -> None:
+async def _connect_and_drop(relay: RelayProcess, count: int = DROPPED, prefix: str = "dropped") -> None:
     """Connect simulated executors, wait until Relay holds them all, then drop every socket at once."""
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
-    sockets = [await open_socket(url) for _ in range(DROPPED)]
-    ids = [await handshake(ws, f"dropped-{i}") for i, ws in enumerate(sockets)]
+    sockets = [await open_socket(url) for _ in range(count)]
+    ids = [await handshake(ws, f"{prefix}-{i}") for i, ws in enumerate(sockets)]
     await asyncio.to_thread(
         assert_eventually, lambda: all(relay.state_of("acme", "ledger", i) == "HEALTHY" for i in ids), 10
     )
@@ -113,12 +117,7 @@ def test_disconnections_that_arrive_together_start_their_grace_periods_together_
     asyncio.run(_connect_and_drop(relay))
 
     def running() -> list[tuple[str, str, str]]:
-        with psycopg.connect(relay.database_url) as conn:
-            rows = conn.execute(
-                """SELECT status, executor_id, queue_name FROM dbos.workflow_status
-                    WHERE name = 'relay.grace_period' AND workflow_uuid LIKE 'grace:acme:ledger:dropped-%'"""
-            ).fetchall()
-        return [(str(s), str(e), str(q)) for s, e, q in rows]
+        return _grace_periods(relay, "dropped")
 
     # Each one was taken off the instance's own queue by the instance itself, and waits there.
     expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * DROPPED
@@ -126,3 +125,40 @@ def test_disconnections_that_arrive_together_start_their_grace_periods_together_
     assert scrape(relay.http, "relay_grace_periods_started_total") == DROPPED
     transactions = scrape(relay.http, "relay_grace_start_transactions_total")
     assert transactions is not None and 1 <= transactions < DROPPED / 2, transactions
+
+
+def _grace_periods(relay: RelayProcess, prefix: str) -> list[tuple[str, str, str]]:
+    with psycopg.connect(relay.database_url) as conn:
+        rows = conn.execute(
+            """SELECT status, executor_id, queue_name FROM dbos.workflow_status
+                WHERE name = 'relay.grace_period' AND workflow_uuid LIKE %s""",
+            (f"grace:acme:ledger:{prefix}-%",),
+        ).fetchall()
+    return [(str(s), str(e), str(q)) for s, e, q in rows]
+
+
+def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of_threads(
+    start_relay: Any,
+) -> None:
+    """DBOS runs each database call of a workflow in a thread of its executor, which it does not
+    bound: when the system database is slow, a burst of grace periods starting at once makes a
+    thread each (some 3,000 for 5,000 sockets closing), and they queue past the pool's timeout and
+    end grace periods in ERROR. Relay bounds that executor. Here the table of DBOS's checkpoints is
+    locked while the burst begins, so that every grace period's first checkpoint waits."""
+    relay: RelayProcess = start_relay(grace=60.0)
+    assert relay.proc is not None
+    process = psutil.Process(relay.proc.pid)
+    before = process.num_threads()
+    most = before
+    with psycopg.connect(relay.database_url) as lock:
+        lock.execute("LOCK TABLE dbos.operation_outputs IN EXCLUSIVE MODE")
+        asyncio.run(_connect_and_drop(relay, BIG_BURST, "burst"))
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            most = max(most, process.num_threads())
+            time.sleep(0.05)
+    expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * BIG_BURST
+    assert_eventually(lambda: _grace_periods(relay, "burst") == expected, 30, what="every grace period running")
+    most = max(most, process.num_threads())
+    # A few threads begin on first use (the grace starter's own); without the bound, 88 here.
+    assert most <= before + DBOS_THREADS + 4, (before, most)

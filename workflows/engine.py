@@ -61,6 +61,14 @@ LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
 # Workflow ids looked up in one query by the repair sweep.
 SWEEP_BATCH = 200
 
+# DBOS's connections to the system database.
+SYS_DB_POOL_SIZE = 10
+# DBOS runs its database calls in threads (asyncio.to_thread on its own executor), which it does
+# not bound by default: 5,000 sockets closing at once made some 3,000 threads, which queued past
+# the pool's 30 s for a connection and ended about 140 grace periods in ERROR. A bounded executor
+# makes the calls queue for a thread instead, and a thread never waits long for a connection.
+DBOS_THREADS = 2 * SYS_DB_POOL_SIZE
+
 # (kind, executor, epoch, the previous epoch of a reconnect, when it happened: time.time())
 _Event = tuple[str, ExecutorKey, int, int | None, float]
 
@@ -105,7 +113,8 @@ class Engine:
             "application_version": wf_services.WORKFLOWS_VERSION,
             "executor_id": self.instance_id,
             "log_level": "WARNING",
-            "sys_db_pool_size": 10,
+            "sys_db_pool_size": SYS_DB_POOL_SIZE,
+            "max_executor_threads": DBOS_THREADS,
             # No round trip before every transaction to test the pooled connection: after the
             # database restarts, the first use of each stale connection fails instead, DBOS
             # retries it (its db_retry), and SQLAlchemy replaces the whole pool at once.
