@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
@@ -9,8 +10,11 @@ import re
 import resource
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+import httpx
 
 # Log lines worth printing after a run.
 PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
@@ -64,3 +68,18 @@ def raise_open_files(needed: int) -> int:
     if target < needed:
         print(f"warning: open file limit is {target}, below the {needed} wanted", file=sys.stderr)
     return int(target)
+
+
+T = TypeVar("T")
+
+
+async def patiently(read: Callable[[], Awaitable[T]], attempts: int = 10) -> T:
+    """A read after a phase, tried again while the instances are still too busy to answer."""
+    for attempt in range(attempts):
+        try:
+            return await read()
+        except httpx.HTTPError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(2.0)
+    raise AssertionError("unreachable")

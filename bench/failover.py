@@ -74,6 +74,7 @@ from bench.common import (
     BenchError,
     exit_on_sigterm,
     load_average,
+    patiently,
     print_machine,
     work_directory,
 )
@@ -479,6 +480,8 @@ class MassResult:
     frames_per_survivor: list[int]
     other_requests: Counter[str]
     survivors_healthy: int
+    polls: int
+    poll_failures: Counter[str]
     survivors: int
 
 
@@ -512,19 +515,32 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             abort_secs = time.time() - aborted
             gone: float | None = None
             deadline = time.monotonic() + args.recovery_timeout
+            polls, poll_failures = 0, Counter[str]()
             while time.monotonic() < deadline:
-                remaining = victim_ids & set(await listed())
+                polls += 1
+                try:
+                    remaining = victim_ids & set(await listed())
+                except httpx.HTTPError as exc:  # reported: an operator's listing failed during the failure
+                    failed = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+                    poll_failures[f"HTTP {failed}" if failed else type(exc).__name__] += 1
+                    await asyncio.sleep(MASS_POLL_SECS)
+                    continue
                 if not remaining:
                     gone = time.time() - aborted
                     break
                 await asyncio.sleep(MASS_POLL_SECS)
             if gone is None:
-                states = Counter(s for e, s in (await listed()).items() if e in victim_ids)
+                states = Counter(s for e, s in (await patiently(listed)).items() if e in victim_ids)
                 print(f"  victims still listed after {args.recovery_timeout:g} s: {dict(states)}", flush=True)
-            resp = await api.get("/audit", params={"app": APP, "limit": 10_000})
-            resp.raise_for_status()
-            audit: list[dict[str, Any]] = resp.json()
-            now_listed = await listed()
+
+            async def audit_entries() -> list[dict[str, Any]]:
+                resp = await api.get("/audit", params={"app": APP, "limit": 10_000})
+                resp.raise_for_status()
+                entries: list[dict[str, Any]] = resp.json()
+                return entries
+
+            audit = await patiently(audit_entries)
+            now_listed = await patiently(listed)
         finally:
             # Relay first: survivors dropped before it stops would each start a grace period it must wind down.
             await asyncio.to_thread(relay.stop)
@@ -557,6 +573,8 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
         frames_per_survivor=sorted(len(s.recoveries) for s in survivors),
         other_requests=sum((s.others for s in fleet), Counter()),
         survivors_healthy=sum(1 for s in survivors if now_listed.get(s.executor_id) == "HEALTHY"),
+        polls=polls,
+        poll_failures=poll_failures,
         survivors=len(survivors),
     )
 
@@ -604,6 +622,7 @@ def print_mass(result: MassResult, args: argparse.Namespace) -> None:
     )
     if r.other_requests:
         print(f"other requests answered with an error: {dict(r.other_requests)}")
+    print(f"API listings of the app's executors while it recovered: {r.polls}, failed: {dict(r.poll_failures) or 0}")
     print(f"survivors still HEALTHY afterwards: {r.survivors_healthy}/{r.survivors}")
 
 

@@ -66,17 +66,25 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psutil
 import psycopg
 
-from bench.common import BenchError, exit_on_sigterm, load_average, print_machine, raise_open_files, work_directory
+from bench.common import (
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    patiently,
+    print_machine,
+    raise_open_files,
+    work_directory,
+)
 from bench.failover import fmt, iso_seconds, report_log
 from bench.sim import SDK_RECONNECT_SECS, SimExecutor, kill_all, open_fleet
 from harness.balancer import TcpBalancer
@@ -89,7 +97,6 @@ from harness.stats import percentile
 ROOT = Path(__file__).resolve().parents[1]
 ORG, APP = "acme", "ledger"
 GRACE_SECS = 60.0
-T = TypeVar("T")
 FD_SPARE = 1000  # open files a process needs besides its sockets to executors
 PING_INTERVAL_SECS = 20.0
 PING_WAIT_SECS = 25.0
@@ -240,18 +247,6 @@ class Meter:
             pct = "-" if before is None or after is None else f"{100 * (after - before) / wall:.1f}"
             parts.append(f"{name} {pct}")
         return f"CPU over {wall:.1f} s (% of one core): {', '.join(parts)}; load average {load_average()}"
-
-
-async def patiently(read: Callable[[], Awaitable[T]], attempts: int = 10) -> T:
-    """A read after a phase, tried again while the instances are still too busy to answer."""
-    for attempt in range(attempts):
-        try:
-            return await read()
-        except httpx.HTTPError:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(2.0)
-    raise AssertionError("unreachable")
 
 
 def describe(exc: httpx.HTTPError) -> str:
