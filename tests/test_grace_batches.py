@@ -137,6 +137,16 @@ def _grace_periods(relay: RelayProcess, prefix: str) -> list[tuple[str, str, str
     return [(str(s), str(e), str(q)) for s, e, q in rows]
 
 
+def _timers(relay: RelayProcess, prefix: str) -> int:
+    with psycopg.connect(relay.database_url) as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM dbos.operation_outputs
+                WHERE function_name = 'DBOS.sleep' AND workflow_uuid LIKE %s""",
+            (f"grace:acme:ledger:{prefix}-%",),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of_threads(
     start_relay: Any,
 ) -> None:
@@ -159,6 +169,8 @@ def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of
             time.sleep(0.05)
     expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * BIG_BURST
     assert_eventually(lambda: _grace_periods(relay, "burst") == expected, 30, what="every grace period running")
+    # Each one got as far as its wait: the durable timer, written when DBOS.recv begins.
+    assert_eventually(lambda: _timers(relay, "burst") == BIG_BURST, 30, what="every grace period's timer")
     most = max(most, process.num_threads())
     # A few threads begin on first use (the grace starter's own); without the bound, 88 here.
     assert most <= before + DBOS_THREADS + 4, (before, most)
