@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,6 +413,29 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
 
 
 # -- keys --------------------------------------------------------------------------------------
+
+
+def test_a_manual_recovery_is_readable_as_soon_as_its_id_is_answered(world: World) -> None:
+    """The id that POST .../recover answers (202) reads as a recovery at once, even while its
+    workflow is slow to write the record: here a lock holds the record's insert for 1.5 s. (Before,
+    the answer came first, and a client that followed it at once could get 404; seen in CI.)"""
+    victim = ExecutorProcess(world.workdir, world.sysdb, world.relay.conductor_url, module=APP_MODULE)
+    try:
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+        victim.kill()
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 10)
+    finally:
+        victim.stop()
+    with psycopg.connect(world.relay.database_url) as lock:
+        lock.execute("LOCK TABLE recoveries IN SHARE MODE")  # reads pass, the run's insert waits
+        releaser = threading.Timer(1.5, lock.commit)
+        releaser.start()
+        try:
+            answered = api_json(world, "POST", f"/apps/ledger/executors/{victim.executor_id}/recover")
+            record = api_json(world, "GET", f"/apps/ledger/recoveries/{answered['recoveryId']}")
+        finally:
+            releaser.join()
+    assert (record["executorId"], record["trigger"]) == (victim.executor_id, "operator")
 
 
 def test_tokens_list_create_use_and_delete(world: World, cli: Cli) -> None:

@@ -6,6 +6,7 @@ tells the durable layer (grace periods, recoveries) what changed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from relay.core.ids import ExecutorKey
@@ -20,6 +21,10 @@ from relay.store.executors import ExecutorStore
 # What the workflow API's entries say of a change that was made (relay.api.common.audited);
 # the apps' entries say it too, for a reader that filters on it.
 SUCCEEDED = {"result": "success"}
+
+
+# How long an operator's recover waits for the run's record before answering with its id.
+RECORD_WAIT_SECS = 5.0
 
 
 class RecoveryRuns(Durable, Protocol):
@@ -101,4 +106,18 @@ class Operator:
         # A new run reads the message when it first waits (an operator's permission to move
         # onto the latest version reaches it so).
         await self.durable.wake_recovery(rid, {"reason": "operator", "toLatestVersion": to_latest_version})
+        await self._until_recorded(rid)
         return rid
+
+    async def _until_recorded(self, rid: str) -> None:
+        """Wait (up to RECORD_WAIT_SECS) for the run's record, which its workflow's first step
+        writes: the id handed to the operator then reads as a recovery at once, not 404 while
+        the workflow starts (seen under load in CI). Past the wait the id is answered anyway."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECORD_WAIT_SECS
+        while True:
+            async with self.db.connection() as conn:
+                cur = await conn.execute("SELECT 1 FROM recoveries WHERE id = %s", (rid,))
+                if await cur.fetchone() is not None or loop.time() >= deadline:
+                    return
+            await asyncio.sleep(0.02)
