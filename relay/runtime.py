@@ -101,7 +101,7 @@ class Runtime:
         self.gateway = ExecutorGateway(self.executors, self.router, limits)
         self.instances = InstanceStore(self.db, self.executors)
         self.adopter = Adopter(self.instances, self.lease, self.engine)
-        self.operator = Operator(self.db, self.apps, self.executors, self.engine)
+        self.operator = Operator(self.db, self.apps, self.executors, self.recoveries, self.engine)
         self.reconciled: Counter[tuple[str, str, str]] = Counter()
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         # Recovery frames to one peer coalesced (relay.domain.frames): what the workflows ask through.

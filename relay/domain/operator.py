@@ -17,6 +17,7 @@ from relay.store.apps import AppRecord, AppStore
 from relay.store.audit import AuditEntry, audit_executor, write_audit
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay.store.recoveries import RecoveryStore
 
 # What the workflow API's entries say of a change that was made (relay.api.common.audited);
 # the apps' entries say it too, for a reader that filters on it.
@@ -36,10 +37,13 @@ class RecoveryRuns(Durable, Protocol):
 
 
 class Operator:
-    def __init__(self, db: Database, apps: AppStore, executors: ExecutorStore, durable: RecoveryRuns) -> None:
+    def __init__(
+        self, db: Database, apps: AppStore, executors: ExecutorStore, recoveries: RecoveryStore, durable: RecoveryRuns
+    ) -> None:
         self.db = db
         self.apps = apps
         self.executors = executors
+        self.recoveries = recoveries
         self.durable = durable
 
     async def register_app(self, org: str, app: str, actor: str) -> bool:
@@ -115,9 +119,7 @@ class Operator:
         the workflow starts (seen under load in CI). Past the wait the id is answered anyway."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECORD_WAIT_SECS
-        while True:
-            async with self.db.connection() as conn:
-                cur = await conn.execute("SELECT 1 FROM recoveries WHERE id = %s", (rid,))
-                if await cur.fetchone() is not None or loop.time() >= deadline:
-                    return
+        while True:  # polled: the record is written in another task's transaction
+            if await self.recoveries.recorded(rid) or loop.time() >= deadline:
+                return
             await asyncio.sleep(0.02)

@@ -130,6 +130,12 @@ class RecoveryStore:
         detail = {"recoveryId": ref.rid, "run": ref.run, "trigger": trigger, "endedRuns": ended}
         await audit_executor(conn, key, "recovery.restarted", dedupe, detail=detail)
 
+    async def recorded(self, rid: str) -> bool:
+        """Whether the run's record exists yet (its workflow's first step writes it)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT 1 FROM recoveries WHERE id = %s", (rid,))
+            return await cur.fetchone() is not None
+
     async def first_step(self, rid: str) -> str | None:
         """The name of the first step DBOS recorded for this recovery workflow (None: none yet),
         which tells the shape of steps the run was started with (workflows/recovery.py)."""
