@@ -364,7 +364,8 @@ def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, m
 # -- recovery and the audit log ------------------------------------------------------------------
 
 
-def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> None:
+def disconnected_victim(world: World) -> ExecutorProcess:
+    """A new executor of the app, killed: DISCONNECTED, in its grace period."""
     victim = ExecutorProcess(world.workdir, world.sysdb, world.relay.conductor_url, module=APP_MODULE)
     try:
         assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
@@ -372,6 +373,11 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
         assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 10)
     finally:
         victim.stop()
+    return victim
+
+
+def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> None:
+    victim = disconnected_victim(world)
     (row,) = ok(cli("executors", "ledger", "--state", "DISCONNECTED")).table()
     assert row["EXECUTOR"] == victim.executor_id
 
@@ -419,13 +425,7 @@ def test_a_manual_recovery_is_readable_as_soon_as_its_id_is_answered(world: Worl
     """The id that POST .../recover answers (202) reads as a recovery at once, even while its
     workflow is slow to write the record: here a lock holds the record's insert for 1.5 s. (Before,
     the answer came first, and a client that followed it at once could get 404; seen in CI.)"""
-    victim = ExecutorProcess(world.workdir, world.sysdb, world.relay.conductor_url, module=APP_MODULE)
-    try:
-        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
-        victim.kill()
-        assert_eventually(lambda: world.relay.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 10)
-    finally:
-        victim.stop()
+    victim = disconnected_victim(world)
     with psycopg.connect(world.relay.database_url) as lock:
         lock.execute("LOCK TABLE recoveries IN SHARE MODE")  # reads pass, the run's insert waits
         releaser = threading.Timer(1.5, lock.commit)
