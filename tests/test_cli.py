@@ -418,9 +418,6 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
     assert future.out == "" and "no audit entries" in future.err
 
 
-# -- keys --------------------------------------------------------------------------------------
-
-
 def test_a_manual_recovery_is_readable_as_soon_as_its_id_is_answered(world: World) -> None:
     """The id that POST .../recover answers (202) reads as a recovery at once, even while its
     workflow is slow to write the record: here a lock holds the record's insert for 1.5 s. (Before,
@@ -436,6 +433,9 @@ def test_a_manual_recovery_is_readable_as_soon_as_its_id_is_answered(world: Worl
         finally:
             releaser.join()
     assert (record["executorId"], record["trigger"]) == (victim.executor_id, "operator")
+
+
+# -- keys --------------------------------------------------------------------------------------
 
 
 def test_tokens_list_create_use_and_delete(world: World, cli: Cli) -> None:
