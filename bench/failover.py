@@ -540,7 +540,9 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
                 return entries
 
             audit = await patiently(audit_entries)
-            now_listed = await patiently(listed)
+            # Only the HEALTHY ones: pages of the whole list would shift under the victims' deletions
+            # going on meanwhile, and skip survivors.
+            now_healthy = await patiently(lambda: listed("HEALTHY"))
         finally:
             # Relay first: survivors dropped before it stops would each start a grace period it must wind down.
             await asyncio.to_thread(relay.stop)
@@ -572,7 +574,7 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
         victims_covered=len(victim_ids & set(replied)),
         frames_per_survivor=sorted(len(s.recoveries) for s in survivors),
         other_requests=sum((s.others for s in fleet), Counter()),
-        survivors_healthy=sum(1 for s in survivors if now_listed.get(s.executor_id) == "HEALTHY"),
+        survivors_healthy=sum(1 for s in survivors if s.executor_id in now_healthy),
         polls=polls,
         poll_failures=poll_failures,
         survivors=len(survivors),
