@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -98,14 +99,18 @@ def test_grace_periods_that_begin_together_start_in_one_transaction_and_a_bad_ro
     asyncio.run(_scenario(relay.database_url))
 
 
-async def _connect_and_drop(relay: RelayProcess, count: int = DROPPED, prefix: str = "dropped") -> None:
-    """Connect simulated executors, wait until Relay holds them all, then drop every socket at once."""
+async def _connect_and_drop(
+    relay: RelayProcess, count: int = DROPPED, prefix: str = "dropped", before_drop: Callable[[], None] = lambda: None
+) -> None:
+    """Connect simulated executors, wait until Relay holds them all, then (after ``before_drop``)
+    drop every socket at once."""
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     sockets = [await open_socket(url) for _ in range(count)]
     ids = [await handshake(ws, f"{prefix}-{i}") for i, ws in enumerate(sockets)]
     await asyncio.to_thread(
         assert_eventually, lambda: all(relay.state_of("acme", "ledger", i) == "HEALTHY" for i in ids), 10
     )
+    await asyncio.to_thread(before_drop)
     for ws in sockets:
         ws.transport.abort()
 
@@ -174,3 +179,32 @@ def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of
     most = max(most, process.num_threads())
     # A few threads begin on first use (the grace starter's own); without the bound, 88 here.
     assert most <= before + DBOS_THREADS + 4, (before, most)
+
+
+def test_short_grace_periods_start_at_once_together_and_a_bad_one_fails_alone(start_relay: Any) -> None:
+    """A grace period shorter than the queue's poll starts at once, alone, all of a burst together:
+    the one whose id another workflow holds fails and is tried again; the others run out and
+    declare their executors dead."""
+    relay: RelayProcess = start_relay(grace=1.0)
+    client = DBOSClient(system_database_url=relay.database_url)
+    bad = ""
+
+    def take_its_id() -> None:  # another workflow takes the id of short-3's grace period
+        nonlocal bad
+        with psycopg.connect(relay.database_url) as conn:
+            row = conn.execute("SELECT epoch FROM executors WHERE executor_id = 'short-3'").fetchone()
+        assert row is not None
+        bad = grace_id(ExecutorKey("acme", "ledger", "short-3"), int(row[0]))
+        client.enqueue({"queue_name": QUEUE, "workflow_name": "relay.not_a_grace_period", "workflow_id": bad})
+
+    try:
+        asyncio.run(_connect_and_drop(relay, GROUP, "short", take_its_id))
+        others = [f"short-{i}" for i in range(GROUP) if i != 3]
+        assert_eventually(
+            lambda: {relay.state_of("acme", "ledger", e) for e in others} == {"DEAD"}, 20, what="the others DEAD"
+        )
+        assert relay.state_of("acme", "ledger", "short-3") == "DISCONNECTED"
+        assert _rows(client, [bad])[bad][1] == "relay.not_a_grace_period"
+        assert_eventually(lambda: "could not be started" in relay.log(), 10, what="the failure logged")
+    finally:
+        client.destroy()

@@ -15,8 +15,9 @@ only (``DBOS.listen_queues``), so the instance that owns the executor's
 connection runs its timer, as before; its deadline is counted from the
 disconnection (``lost_at``), so the time it waits in the queue (about
 :data:`GRACE_QUEUE_POLL_SECS`) does not lengthen it. A grace period shorter than
-:data:`START_AT_ONCE_BELOW_SECS` is started at once instead, alone
-(``DBOS.start_workflow_async``), so that its deadline cannot pass in the queue.
+:data:`START_AT_ONCE_BELOW_SECS` is started at once instead, without the queue
+(``DBOS.start_workflow_async``; those of a burst together), so that its deadline
+cannot pass in the queue.
 
 An instance that dies leaves its queue with no listener. The adopter's repair
 sweep moves the grace periods of the executors it adopted onto its own queue
@@ -29,7 +30,8 @@ What stays per grace period:
   the existing row unchanged (DBOS's insert is ``ON CONFLICT DO UPDATE`` of
   nothing), so a retry, the repair sweep and two instances at once start it once.
 - Its failure. When a row makes a batch's transaction fail, each of the batch's
-  starts is tried alone (when the database is unreachable, they wait together).
+  starts is tried alone (when the database is unreachable, they wait together); a
+  short one started at once fails alone.
   The ones that failed stay pending and are tried again after a backoff (0.2 s
   doubling to 5 s), as an executor event always was, behind any newer starts. A
   bad row never fails the others, nor holds up the next burst.
@@ -209,23 +211,18 @@ class GraceStarter:
         return [i for i, start in self._pending.items() if not start.failed][: self.max_batch]
 
     async def _attempt(self, ids: list[str]) -> dict[str, BaseException]:
-        """Start these in one transaction, or each alone when one of them made it fail; returns
-        the failures."""
+        """Start these: the queued ones in one transaction (or each alone when one of them made it
+        fail), the short ones each at once; returns the failures."""
         starts = {i: self._pending[i] for i in ids}
-        failed: dict[str, BaseException] = {}
-        rows: list[_Row] = []
         try:
             rows = await self._rows(starts)  # once: trying each alone reads no setting again
-            await self._commit(rows)
         except Exception as exc:
-            if len(starts) == 1 or not rows or _unreachable(exc):
-                failed = dict.fromkeys(starts, exc)
-            else:
-                for row in rows:
-                    try:
-                        await self._commit([row])
-                    except Exception as alone:
-                        failed[row[0]] = alone
+            failed: dict[str, BaseException] = dict.fromkeys(starts, exc)
+        else:
+            queued = [row for row in rows if row[1] >= START_AT_ONCE_BELOW_SECS]
+            failed = await self._enqueue_together(queued) if queued else {}
+            failed |= await self._start_at_once([row for row in rows if row[1] < START_AT_ONCE_BELOW_SECS])
+            self.started += len(rows) - len(failed)
         for workflow_id, start in starts.items():
             if workflow_id in failed:
                 start.failed = True
@@ -235,16 +232,39 @@ class GraceStarter:
             _settle(waiters, _as_database_error(failed[workflow_id]) if workflow_id in failed else None)
         return failed
 
-    async def _commit(self, rows: list[_Row]) -> None:
-        queued = [(workflow_id, args) for workflow_id, timeout, args in rows if timeout >= START_AT_ONCE_BELOW_SECS]
-        if queued:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._enqueue, queued)
-            self.batches += 1
-        for workflow_id, timeout, args in rows:
-            if timeout < START_AT_ONCE_BELOW_SECS:
-                with SetWorkflowID(workflow_id):
-                    await DBOS.start_workflow_async(grace_period, *args)
-        self.started += len(rows)
+    async def _enqueue_together(self, rows: list[_Row]) -> dict[str, BaseException]:
+        """Enqueue these in one transaction, or each alone when one of them made it fail; returns
+        the failures."""
+        try:
+            await self._enqueue_in_thread(rows)
+            return {}
+        except Exception as exc:
+            if len(rows) == 1 or _unreachable(exc):
+                return {row[0]: exc for row in rows}
+        failed: dict[str, BaseException] = {}
+        for row in rows:
+            try:
+                await self._enqueue_in_thread([row])
+            except Exception as alone:
+                failed[row[0]] = alone
+        return failed
+
+    async def _enqueue_in_thread(self, rows: list[_Row]) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self._thread, self._enqueue, [(workflow_id, args) for workflow_id, _, args in rows]
+        )
+        self.batches += 1
+
+    async def _start_at_once(self, rows: list[_Row]) -> dict[str, BaseException]:
+        """Start each one now, all of them together: one after another, a thousand took half a
+        minute, the last grace periods starting (and ending) that late."""
+
+        async def start(workflow_id: str, args: tuple[Any, ...]) -> None:
+            with SetWorkflowID(workflow_id):
+                await DBOS.start_workflow_async(grace_period, *args)
+
+        outcomes = await asyncio.gather(*(start(w, args) for w, _, args in rows), return_exceptions=True)
+        return {row[0]: o for row, o in zip(rows, outcomes, strict=True) if isinstance(o, BaseException)}
 
     async def _rows(self, starts: dict[str, _Start]) -> list[_Row]:
         """Each start's workflow id, length (the app's setting now) and arguments."""
