@@ -51,8 +51,10 @@ class Metrics(Collector):
         reconciled: Mapping[tuple[str, str, str], int] | None = None,
         frames: Mapping[str, int] | None = None,
         grace_starts: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        recovery_turns: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self.grace_starts = grace_starts
+        self.recovery_turns = recovery_turns
         self.reconciled = reconciled if reconciled is not None else {}
         self.frames = frames if frames is not None else {}
         self.hub = hub
@@ -120,6 +122,17 @@ class Metrics(Collector):
             transactions,
         )
         yield _counter("relay_grace_periods_started", "Grace periods this instance started.", started)
+        held, waiting = self.recovery_turns()
+        yield _gauge(
+            "relay_recovery_turns_held",
+            "Recoveries at work on this instance: at most 40 at once, they take turns.",
+            held,
+        )
+        yield _gauge(
+            "relay_recovery_turns_waiting",
+            "Recoveries on this instance waiting for a turn, given the earliest death first.",
+            waiting,
+        )
         yield _counter(
             "relay_recovery_frames", "Recovery frames this instance sent to peers.", self.frames.get("sent", 0)
         )

@@ -115,6 +115,7 @@ class Runtime:
             self.reconciled,
             self.ask.frames,
             lambda: (self.engine.graces.batches, self.engine.graces.started),
+            self.engine.recovery_turns,
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)

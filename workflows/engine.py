@@ -41,7 +41,7 @@ from relay.errors import DatabaseError
 from relay.store.apps import AppStore
 from relay.store.executors import ExecutorStore, Unfinished
 from relay.store.recoveries import RecoveryStore
-from workflows import gracestart
+from workflows import gracestart, ordering
 from workflows import services as wf_services
 from workflows.appfigures import app_figures
 from workflows.appfigures import job_id as figures_job_id
@@ -97,6 +97,11 @@ class Engine:
         # as a false "maybe" costs only one query.
         self._maybe_blocked: set[tuple[str, str]] = set()
         self.graces = GraceStarter(database_url, gracestart.grace_queue(instance_id), self._grace_secs)
+
+    @staticmethod
+    def recovery_turns() -> tuple[int, int]:
+        """Recoveries at work on this instance, and those waiting for a turn (workflows.ordering)."""
+        return ordering.TURNS.held, ordering.TURNS.waiting
 
     def note_blocked(self, org: str, app: str) -> None:
         self._maybe_blocked.add((org, app))

@@ -20,6 +20,7 @@ from dbos import DBOS, SetWorkflowID
 
 from relay.core.ids import ExecutorKey, recovery_id
 from relay.core.lifecycle import ExecutorEvent
+from workflows import ordering
 from workflows.recovery import recover
 from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
 
@@ -53,6 +54,9 @@ async def grace_period(
     woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=remaining(timeout_secs, lost_at))
     if woken is not None:
         return f"ended early: {woken}"
+    # Its recovery (a task of this one's) takes its turn among the others by the moment of this
+    # death: a group's earliest deaths recover first, not all together at the end.
+    ordering.rank_by(time.time() if lost_at is None else lost_at + timeout_secs)
     if not await declare_dead(org, app, executor_id, epoch):
         return "not dead: it reconnected or was handled already"
     with SetWorkflowID(recovery_id(ExecutorKey(org, app, executor_id), epoch)):

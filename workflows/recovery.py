@@ -80,6 +80,7 @@ from relay_protocol import (
     clean_text,
 )
 from relay_protocol.limits import has_unstorable
+from workflows.ordering import Turn
 from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services, until_done
 
 log = logging.getLogger("relay.recovery")
@@ -461,6 +462,15 @@ async def _first_step(rid: str) -> str | None:
 
 @DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
+    turn = Turn()
+    await turn.take()
+    try:
+        return await _run(org, app, executor_id, epoch, trigger, turn)
+    finally:
+        turn.give_back()
+
+
+async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, turn: Turn) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
     ref = RecoveryRef(ExecutorKey(org, app, executor_id), epoch, rid)
@@ -490,7 +500,9 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
         if isinstance(decision, Block):
             if decision.record and await mark_blocked(ref, decision.reason, facts):
                 continue
+            turn.give_back()
             policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))
+            await turn.take()
             waited = True
             continue
         if isinstance(decision, NewRound):
@@ -519,4 +531,6 @@ async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str
                 await succeed(ref, decision.attempt, peer, result.get("verifier"))
                 return "succeeded"
         await fail_attempt(ref, decision.attempt, peer, result.get("error", "failed"))
+        turn.give_back()
         await DBOS.sleep_async(policy.failed(decision, facts))
+        await turn.take()
