@@ -108,6 +108,7 @@ def test_a_turn_is_not_lost_to_a_waiter_cancelled_before_or_after_it_was_granted
 
 GROUP = 60
 GRACE = 10.0
+LAST, STRAGGLERS = 30, 4
 REPLIES = {"recovery": {"success": True}, "exist_pending_workflows": {"exist": False}}
 
 
@@ -185,13 +186,12 @@ def test_a_group_failure_recovers_its_earliest_deaths_first(start_relay: Any) ->
     get it earliest death first."""
     relay: RelayProcess = start_relay(grace=GRACE)
     deleted = [e.split("-")[0] for e in asyncio.run(_two_groups(relay))]
-    early = [i for i, group in enumerate(deleted) if group == "early"]
-    late = [i for i, group in enumerate(deleted) if group == "late"]
-    assert len(early) == len(late) == GROUP, deleted
+    assert deleted.count("early") == deleted.count("late") == GROUP, deleted
     # The first recoveries to start take the free turns, whichever group they are of; the rest
-    # wait, and the early group's get their turns first: all of it was recovered before half of
-    # the late group was.
-    assert early[-1] < late[GROUP // 2], deleted
+    # wait, and the early group's get their turns first, so the last deletions are the late
+    # group's. Measured: none of the early group among the last 30 in four runs with the turns (two
+    # beside a CPU hog), 8 to 15 without; a slow one of the first turns may straggle (CI saw one).
+    assert deleted[-LAST:].count("early") <= STRAGGLERS, " ".join(g[0] for g in deleted)
     # Every turn was given back.
     assert scrape(relay.http, "relay_recovery_turns_held") == 0
     assert scrape(relay.http, "relay_recovery_turns_waiting") == 0

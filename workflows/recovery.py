@@ -15,6 +15,10 @@ workflow: a step that talks to executors turns any exception but database
 trouble into a failed outcome with its reason (:func:`relay_step`'s
 ``on_error``).
 
+A run works only during a turn (:mod:`workflows.ordering`): in a group failure at
+most 40 runs work at once on an instance, the earliest deaths first, and a run
+gives its turn back while it waits (``DBOS.recv``, ``DBOS.sleep``).
+
 A death may take several runs of this workflow (:mod:`relay.core.ids`): the
 repair sweep or an operator starts a new one when a run ended without
 finishing, and the new run's first step marks the earlier ones superseded.
