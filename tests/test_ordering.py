@@ -4,6 +4,8 @@ event loops of their own; then a real Relay's group failure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -12,12 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess
-from harness.simulated import SimulatedPeer, handshake, open_socket
+from harness.simulated import handshake, open_socket
 from tests.prom import scrape
-from workflows.ordering import Turns, current_rank, rank_by
+from workflows.ordering import RECOVERIES_AT_ONCE, Turns, current_rank, rank_by
 
 
 def test_a_task_started_by_a_ranked_one_waits_with_its_rank_and_unranked_ones_go_first() -> None:
@@ -39,7 +42,7 @@ def test_a_task_started_by_a_ranked_one_waits_with_its_rank_and_unranked_ones_go
 
         tasks = [asyncio.create_task(death("second", 20.0)), asyncio.create_task(death("first", 10.0))]
         tasks.append(asyncio.create_task(recovery("an operator's")))
-        await _until(lambda: _true(turns.waiting == 3), 5, "three waiting")
+        await _until(lambda: turns.waiting == 3, 5, "three waiting")
         turns.give_back()
         await asyncio.gather(*tasks)
 
@@ -66,7 +69,7 @@ def test_turns_go_to_the_waiting_by_rank_across_event_loops() -> None:
         await turns.take()  # held: everyone below waits
         late = asyncio.create_task(waiter("late", 20.0))
         elsewhere = asyncio.run_coroutine_threadsafe(waiter("early, on another loop", 10.0), other)
-        await _until(lambda: _true(turns.waiting == 2), 5, "two waiting")
+        await _until(lambda: turns.waiting == 2, 5, "two waiting")
         turns.give_back()
         await late
         await asyncio.wrap_future(elsewhere)
@@ -85,13 +88,13 @@ def test_a_turn_is_not_lost_to_a_waiter_cancelled_before_or_after_it_was_granted
     async def scenario() -> None:
         await turns.take()
         gone = asyncio.create_task(turns.take())
-        await _until(lambda: _true(turns.waiting == 1), 5, "one waiting")
+        await _until(lambda: turns.waiting == 1, 5, "one waiting")
         gone.cancel()  # before its turn came
         with pytest.raises(asyncio.CancelledError):
             await gone
         assert turns.waiting == 0
         granted = asyncio.create_task(turns.take())
-        await _until(lambda: _true(turns.waiting == 1), 5, "one waiting")
+        await _until(lambda: turns.waiting == 1, 5, "one waiting")
         turns.give_back()  # its turn is on its way...
         granted.cancel()  # ...and it is cancelled before it runs again
         with pytest.raises(asyncio.CancelledError):
@@ -107,9 +110,41 @@ def test_a_turn_is_not_lost_to_a_waiter_cancelled_before_or_after_it_was_granted
 # -- in a real Relay: a group failure recovers its earliest deaths first ------------------------
 
 GROUP = 60
-GRACE = 10.0
+GRACE = 3.0
 LAST, STRAGGLERS = 30, 4
-REPLIES = {"recovery": {"success": True}, "exist_pending_workflows": {"exist": False}}
+
+
+class _GatedPeer:
+    """A simulated peer that holds every ``recovery`` frame until ``gate`` opens, then answers
+    success; nothing is PENDING anywhere, so verification passes."""
+
+    def __init__(self, url: str, executor_id: str, gate: asyncio.Event) -> None:
+        self.url, self.executor_id, self.gate = url, executor_id, gate
+        self.ws: ClientConnection | None = None
+        self.held: set[asyncio.Task[None]] = set()
+
+    async def serve(self, ready: asyncio.Event) -> None:
+        self.ws = ws = await open_socket(self.url)
+        await handshake(ws, self.executor_id)
+        ready.set()
+        with contextlib.suppress(ConnectionClosed):
+            async for frame in ws:
+                request = json.loads(frame)
+                kind, request_id = request["type"], request["request_id"]
+                if kind == "recovery":
+                    task = asyncio.get_running_loop().create_task(self._after_gate(ws, request_id))
+                    self.held.add(task)
+                    task.add_done_callback(self.held.discard)
+                elif kind == "exist_pending_workflows":
+                    await ws.send(json.dumps({"type": kind, "request_id": request_id, "exist": False}))
+                else:
+                    error = "not supported by the test's peer"
+                    await ws.send(json.dumps({"type": kind, "request_id": request_id, "error_message": error}))
+
+    async def _after_gate(self, ws: ClientConnection, request_id: str) -> None:
+        await self.gate.wait()
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps({"type": "recovery", "request_id": request_id, "success": True}))
 
 
 async def _connect(url: str, prefix: str) -> list[ClientConnection]:
@@ -119,63 +154,60 @@ async def _connect(url: str, prefix: str) -> list[ClientConnection]:
     return sockets
 
 
-async def _rows(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+async def _rows(database_url: str, query: str) -> list[tuple[Any, ...]]:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        return await (await conn.execute(query, params or None)).fetchall()
+        return await (await conn.execute(query)).fetchall()
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+async def _until(check: Callable[[], bool | Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not await check():
+    while True:
+        done = check()
+        if done if isinstance(done, bool) else await done:
+            return
         assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)
 
 
 async def _two_groups(relay: RelayProcess) -> list[str]:
-    """Group "early" dies a second before group "late"; DBOS cannot write a checkpoint from before
-    either grace period runs out until after both have, so that both groups' work waits for DBOS's
-    threads together. Returns the executors deleted (recovered), in the order of the audit log."""
+    """Group "early" dies a second before group "late". The peers hold the recovery frames until
+    every recovery has begun: the first ones hold the turns, the rest wait for one. Returns the
+    executors deleted (recovered), in the audit log's order."""
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     db = relay.database_url
-    with (
-        SimulatedPeer(url, "peer-1", "answer", replies=REPLIES),
-        SimulatedPeer(url, "peer-2", "answer", replies=REPLIES),
-    ):
-        early, late = await _connect(url, "early"), await _connect(url, "late")
+    gate = asyncio.Event()
+    peers = [_GatedPeer(url, f"peer-{i}", gate) for i in (1, 2)]
+    ready = [asyncio.Event() for _ in peers]
+    serving = [asyncio.create_task(p.serve(r)) for p, r in zip(peers, ready, strict=True)]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready)), 10)
+    early, late = await _connect(url, "early"), await _connect(url, "late")
 
-        async def healthy() -> bool:
-            rows = await _rows(db, "SELECT count(*) FROM executors WHERE state = 'HEALTHY'")
-            return int(rows[0][0]) == 2 * GROUP + 2
+    async def healthy() -> bool:
+        rows = await _rows(db, "SELECT count(*) FROM executors WHERE state = 'HEALTHY'")
+        return int(rows[0][0]) == 2 * GROUP + 2
 
-        await _until(healthy, 20, "every executor HEALTHY")
-        for ws in early:
-            ws.transport.abort()
-        early_due = time.monotonic() + GRACE
-        await asyncio.sleep(1.0)
-        for ws in late:
-            ws.transport.abort()
-        late_due = time.monotonic() + GRACE
+    await _until(healthy, 20, "every executor HEALTHY")
+    for ws in early:
+        ws.transport.abort()
+    await asyncio.sleep(1.0)
+    for ws in late:
+        ws.transport.abort()
 
-        async def waiting() -> bool:  # every grace period recorded its timer and waits
-            timers = "SELECT count(*) FROM dbos.operation_outputs WHERE function_name = 'DBOS.sleep'"
-            rows = await _rows(db, timers + " AND workflow_uuid LIKE 'grace:%'")
-            return int(rows[0][0]) == 2 * GROUP
+    def all_begun() -> bool:
+        return scrape(relay.http, "relay_recovery_turns_waiting") == 2 * GROUP - RECOVERIES_AT_ONCE
 
-        await _until(waiting, GRACE - 2, "every grace period's timer")
-        assert time.monotonic() < early_due - 0.5, "the grace periods began too late for the test"
-        async with await psycopg.AsyncConnection.connect(db) as lock, lock.transaction():
-            await lock.execute("LOCK TABLE dbos.operation_outputs IN EXCLUSIVE MODE")
-            await asyncio.sleep(late_due + 1.5 - time.monotonic())
+    await _until(all_begun, 60, "every recovery begun, those beyond the turns waiting for one")
+    gate.set()
 
-        async def deleted() -> bool:
-            rows = await _rows(db, "SELECT count(*) FROM audit_log WHERE action = 'executor.deleted'")
-            return int(rows[0][0]) == 2 * GROUP
+    async def deleted() -> bool:
+        rows = await _rows(db, "SELECT count(*) FROM audit_log WHERE action = 'executor.deleted'")
+        return int(rows[0][0]) == 2 * GROUP
 
-        await _until(deleted, 120, "every dead executor recovered and deleted")
+    await _until(deleted, 120, "every dead executor recovered and deleted")
+    for peer in peers:
+        assert peer.ws is not None
+        peer.ws.transport.abort()
+    await asyncio.gather(*serving)
     rows = await _rows(db, "SELECT executor_id FROM audit_log WHERE action = 'executor.deleted' ORDER BY id")
     return [str(e) for (e,) in rows]
 
@@ -183,14 +215,13 @@ async def _two_groups(relay: RelayProcess) -> list[str]:
 def test_a_group_failure_recovers_its_earliest_deaths_first(start_relay: Any) -> None:
     """Without turns, every recovery of a group worked at once, and the group was recovered in
     no particular order, its last deaths mixed with its first. With them, those waiting for a turn
-    get it earliest death first."""
-    relay: RelayProcess = start_relay(grace=GRACE)
+    get it earliest death first. (Without turns this test fails waiting for recoveries to wait.)"""
+    relay: RelayProcess = start_relay(grace=GRACE, recoveryAckTimeoutSecs=120.0)
     deleted = [e.split("-")[0] for e in asyncio.run(_two_groups(relay))]
     assert deleted.count("early") == deleted.count("late") == GROUP, deleted
-    # The first recoveries to start take the free turns, whichever group they are of; the rest
-    # wait, and the early group's get their turns first, so the last deletions are the late
-    # group's. Measured: none of the early group among the last 30 in four runs with the turns (two
-    # beside a CPU hog), 8 to 15 without; a slow one of the first turns may straggle (CI saw one).
+    # The early group's recoveries began first and got the turns, or wait ahead of the late
+    # group's: the last deletions are the late group's. Measured: none of the early group among the
+    # last 30 in three runs beside a CPU hog (the last early one 48 to 56 deletions from the end).
     assert deleted[-LAST:].count("early") <= STRAGGLERS, " ".join(g[0] for g in deleted)
     # Every turn was given back.
     assert scrape(relay.http, "relay_recovery_turns_held") == 0
