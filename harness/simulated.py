@@ -7,6 +7,7 @@ exists to send what a real client never would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import uuid
@@ -70,7 +71,9 @@ class SimulatedPeer:
     what ``others`` says: ``"error"`` an error reply, as an SDK answers a
     request it cannot serve; ``"silent"`` no answer at all (an executor that
     hangs, its socket still answering pings); ``"unknown"`` the SDK's reply to
-    a message type it does not know (an older SDK).
+    a message type it does not know (an older SDK). With ``hold``, its reply to
+    ``recovery`` waits until ``hold`` is set (the socket keeps answering
+    everything else meanwhile).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class SimulatedPeer:
         version: str = "v1",
         replies: dict[str, dict[str, Any]] | None = None,
         others: str = "error",
+        hold: threading.Event | None = None,
     ) -> None:
         if on_recovery not in ("close", "silent", "lie", "answer"):
             raise ValueError(f"unknown behaviour {on_recovery!r}")
@@ -92,6 +96,8 @@ class SimulatedPeer:
         self.others = others
         self.version = version
         self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
+        self.hold = hold
+        self._held: set[asyncio.Task[None]] = set()
         self.requests: Counter[str] = Counter()
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -137,9 +143,20 @@ class SimulatedPeer:
                 else:
                     error = {"error_message": "not supported by the simulated peer"}
                     reply = {"type": kind, "request_id": request["request_id"], **error}
+                if kind == "recovery" and self.hold is not None:
+                    task = asyncio.get_running_loop().create_task(self._send_when_released(ws, reply, self.hold))
+                    self._held.add(task)
+                    task.add_done_callback(self._held.discard)
+                    continue
                 await ws.send(json.dumps(reply))
         except ConnectionClosed:
             return
+
+    @staticmethod
+    async def _send_when_released(ws: ClientConnection, reply: dict[str, Any], hold: threading.Event) -> None:
+        await asyncio.to_thread(hold.wait)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps(reply))
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

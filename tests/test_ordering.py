@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -14,11 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess
-from harness.simulated import handshake, open_socket
+from harness.simulated import SimulatedPeer, handshake, open_socket
 from tests.prom import scrape
 from workflows.ordering import RECOVERIES_AT_ONCE, Turns, current_rank, rank_by
 
@@ -112,39 +110,7 @@ def test_a_turn_is_not_lost_to_a_waiter_cancelled_before_or_after_it_was_granted
 GROUP = 60
 GRACE = 3.0
 LAST, STRAGGLERS = 30, 4
-
-
-class _GatedPeer:
-    """A simulated peer that holds every ``recovery`` frame until ``gate`` opens, then answers
-    success; nothing is PENDING anywhere, so verification passes."""
-
-    def __init__(self, url: str, executor_id: str, gate: asyncio.Event) -> None:
-        self.url, self.executor_id, self.gate = url, executor_id, gate
-        self.ws: ClientConnection | None = None
-        self.held: set[asyncio.Task[None]] = set()
-
-    async def serve(self, ready: asyncio.Event) -> None:
-        self.ws = ws = await open_socket(self.url)
-        await handshake(ws, self.executor_id)
-        ready.set()
-        with contextlib.suppress(ConnectionClosed):
-            async for frame in ws:
-                request = json.loads(frame)
-                kind, request_id = request["type"], request["request_id"]
-                if kind == "recovery":
-                    task = asyncio.get_running_loop().create_task(self._after_gate(ws, request_id))
-                    self.held.add(task)
-                    task.add_done_callback(self.held.discard)
-                elif kind == "exist_pending_workflows":
-                    await ws.send(json.dumps({"type": kind, "request_id": request_id, "exist": False}))
-                else:
-                    error = "not supported by the test's peer"
-                    await ws.send(json.dumps({"type": kind, "request_id": request_id, "error_message": error}))
-
-    async def _after_gate(self, ws: ClientConnection, request_id: str) -> None:
-        await self.gate.wait()
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(json.dumps({"type": "recovery", "request_id": request_id, "success": True}))
+REPLIES = {"recovery": {"success": True}, "exist_pending_workflows": {"exist": False}}
 
 
 async def _connect(url: str, prefix: str) -> list[ClientConnection]:
@@ -175,39 +141,36 @@ async def _two_groups(relay: RelayProcess) -> list[str]:
     executors deleted (recovered), in the audit log's order."""
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     db = relay.database_url
-    gate = asyncio.Event()
-    peers = [_GatedPeer(url, f"peer-{i}", gate) for i in (1, 2)]
-    ready = [asyncio.Event() for _ in peers]
-    serving = [asyncio.create_task(p.serve(r)) for p, r in zip(peers, ready, strict=True)]
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready)), 10)
-    early, late = await _connect(url, "early"), await _connect(url, "late")
+    gate = threading.Event()  # the peers' recovery replies wait for it
+    peers = [SimulatedPeer(url, f"peer-{i}", "answer", replies=REPLIES, hold=gate) for i in (1, 2)]
+    with contextlib.ExitStack() as stack:
+        for peer in peers:
+            stack.enter_context(peer)
+        stack.callback(gate.set)  # first, whatever happens: no held reply outlives its peer
+        early, late = await _connect(url, "early"), await _connect(url, "late")
 
-    async def healthy() -> bool:
-        rows = await _rows(db, "SELECT count(*) FROM executors WHERE state = 'HEALTHY'")
-        return int(rows[0][0]) == 2 * GROUP + 2
+        async def healthy() -> bool:
+            rows = await _rows(db, "SELECT count(*) FROM executors WHERE state = 'HEALTHY'")
+            return int(rows[0][0]) == 2 * GROUP + 2
 
-    await _until(healthy, 20, "every executor HEALTHY")
-    for ws in early:
-        ws.transport.abort()
-    await asyncio.sleep(1.0)
-    for ws in late:
-        ws.transport.abort()
+        await _until(healthy, 20, "every executor HEALTHY")
+        for ws in early:
+            ws.transport.abort()
+        await asyncio.sleep(1.0)
+        for ws in late:
+            ws.transport.abort()
 
-    def all_begun() -> bool:
-        return scrape(relay.http, "relay_recovery_turns_waiting") == 2 * GROUP - RECOVERIES_AT_ONCE
+        def all_begun() -> bool:
+            return scrape(relay.http, "relay_recovery_turns_waiting") == 2 * GROUP - RECOVERIES_AT_ONCE
 
-    await _until(all_begun, 60, "every recovery begun, those beyond the turns waiting for one")
-    gate.set()
+        await _until(all_begun, 60, "every recovery begun, those beyond the turns waiting for one")
+        gate.set()
 
-    async def deleted() -> bool:
-        rows = await _rows(db, "SELECT count(*) FROM audit_log WHERE action = 'executor.deleted'")
-        return int(rows[0][0]) == 2 * GROUP
+        async def deleted() -> bool:
+            rows = await _rows(db, "SELECT count(*) FROM audit_log WHERE action = 'executor.deleted'")
+            return int(rows[0][0]) == 2 * GROUP
 
-    await _until(deleted, 120, "every dead executor recovered and deleted")
-    for peer in peers:
-        assert peer.ws is not None
-        peer.ws.transport.abort()
-    await asyncio.gather(*serving)
+        await _until(deleted, 120, "every dead executor recovered and deleted")
     rows = await _rows(db, "SELECT executor_id FROM audit_log WHERE action = 'executor.deleted' ORDER BY id")
     return [str(e) for (e,) in rows]
 
