@@ -96,8 +96,17 @@ _EFFECTS: dict[ExecutorEvent, str] = {
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
 
-_WITH_FIRST_SEEN = """e.*, i.first_seen_at FROM executors e LEFT JOIN executor_ids i
-    ON i.org = e.org AND i.app = e.app AND i.executor_id = e.executor_id"""
+# The remembered id's first sighting, looked up by its primary key for each row read. (A join here
+# let the planner, on tables whose statistics lag behind a fleet that just connected, read the
+# app's every remembered id once per executor: 2,000 executors cost 2 million row visits and
+# 0.4 s per page, and a listing took seconds at 15,000.)
+_WITH_FIRST_SEEN = """e.*, (SELECT i.first_seen_at FROM executor_ids i
+    WHERE i.org = e.org AND i.app = e.app AND i.executor_id = e.executor_id) AS first_seen_at
+    FROM executors e"""
+
+# A page of an app's executors (optionally of one state) in order of id.
+LIST_PAGE = f"""SELECT {_WITH_FIRST_SEEN} WHERE e.org = %s AND e.app = %s
+    AND (%s::text IS NULL OR e.state = %s) ORDER BY e.executor_id LIMIT %s OFFSET %s"""
 
 CONNECT_BATCH = 500
 
@@ -488,10 +497,7 @@ class ExecutorStore:
         between two pages moves no executor from one page to another."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"""SELECT {_WITH_FIRST_SEEN} WHERE e.org = %s AND e.app = %s
-                    AND (%s::text IS NULL OR e.state = %s) ORDER BY e.executor_id
-                    LIMIT %s OFFSET %s""",
-                (org, app, state.value if state else None, state.value if state else None, limit, offset),
+                LIST_PAGE, (org, app, state.value if state else None, state.value if state else None, limit, offset)
             )
             rows = await cur.fetchall()
         return [ExecutorRecord.from_row(row) for row in rows]
