@@ -117,6 +117,30 @@ def test_a_bad_row_in_a_combined_write_fails_alone_and_the_others_commit(postgre
     asyncio.run(_a_bad_row_fails_alone(postgres.create_database("combine_bad")))
 
 
+async def _declared_now_only_once(url: str) -> None:
+    async with _instances(url, "relay-1") as [(db, _, executors)]:
+        store = RecoveryStore(db, executors)
+        (key, epoch), (other, other_epoch) = [await _connect(executors, "relay-1", f"ex-{i}") for i in range(2)]
+        dead = ExecutorEvent.GRACE_EXPIRED
+        # The grace period declares the first one; the repair sweep, holding a row read before,
+        # then finds it DEAD: declared, but not by the sweep (which must neither warn nor act).
+        assert await store.declare_dead(key, epoch, dead, "relay", "grace")
+        assert not await store.declare_dead_now(key, epoch, dead, "relay", "repair")
+        assert await store.declare_dead(key, epoch, dead, "relay", "grace")  # a re-run step finds it done
+        # One the grace period did not declare: the sweep's declaration is its own.
+        assert await store.declare_dead_now(other, other_epoch, dead, "relay", "repair")
+        # Another epoch's declaration is no declaration at all.
+        assert not await store.declare_dead_now(other, other_epoch + 1, dead, "relay", "late")
+        assert (await _rows(db))[0] == {"ex-0": "DEAD", "ex-1": "DEAD"}
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT dedupe_key FROM audit_log WHERE action = 'executor.dead' ORDER BY id")
+            assert [r["dedupe_key"] for r in await cur.fetchall()] == ["grace", "repair"]
+
+
+def test_a_declaration_of_death_tells_whether_it_was_this_one(postgres: Postgres) -> None:
+    asyncio.run(_declared_now_only_once(postgres.create_database("combine_declared")))
+
+
 async def _a_stale_instances_batch_changes_nothing(url: str) -> None:
     async with _instances(url, "relay-1", "relay-2") as [(db1, _, ex1), (db2, _, ex2)]:
         stale = [await _connect(ex1, "relay-1", f"a-{i}") for i in range(GROUP)]

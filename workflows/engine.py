@@ -367,9 +367,11 @@ class Engine:
                 await self.graces.start(key, epoch)
             elif row.grace_over:
                 # Guarded on state and epoch: when the executor reconnected after the rows were read
-                # (which also ends the grace period, SUCCESS), this is a no-op and nothing is logged.
+                # (which also ends the grace period, SUCCESS), this is a no-op and nothing is logged;
+                # so it is when the grace period declared it dead after the rows were read, and then
+                # ended (it starts the recovery itself).
                 dedupe = f"repair:{grace_id(key, epoch)}:dead"
-                if await self.recoveries.declare_dead(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe):
+                if await self.recoveries.declare_dead_now(key, epoch, ExecutorEvent.GRACE_EXPIRED, "relay", dedupe):
                     log.warning("executor %s: its grace period ended (%s) without declaring it dead; declared now",
                                 key, grace)  # fmt: skip
                     await self.start_recovery(key, epoch, "repair")

@@ -71,23 +71,39 @@ class RecoveryStore:
         True if it is DEAD (or beyond) at this epoch now: a step re-run after a
         crash finds its own change made.
         """
+        dead, _ = await self._declare_dead(key, epoch, event, actor, dedupe)
+        return dead
 
-        async def write(conn: Conn) -> tuple[bool, object]:
+    async def declare_dead_now(
+        self, key: ExecutorKey, epoch: int, event: ExecutorEvent, actor: str, dedupe: str | None
+    ) -> bool:
+        """:meth:`declare_dead`, True only if this call declared it: the row was DISCONNECTED at
+        ``epoch`` until now. (Not if the executor was DEAD at that epoch already: the repair sweep's
+        rows may be older than the grace period's declaration.)"""
+        _, declared = await self._declare_dead(key, epoch, event, actor, dedupe)
+        return declared
+
+    async def _declare_dead(
+        self, key: ExecutorKey, epoch: int, event: ExecutorEvent, actor: str, dedupe: str | None
+    ) -> tuple[bool, bool]:
+        """(DEAD or beyond at this epoch now, declared by this call)."""
+
+        async def write(conn: Conn) -> tuple[bool, bool, object]:
             if not await self.executors.apply(key, event, epoch=epoch, conn=conn):
                 states = (ExecutorState.DEAD, ExecutorState.RECOVERING)
-                return await self.executors.at_epoch(conn, key, epoch, states), None
+                return await self.executors.at_epoch(conn, key, epoch, states), False, None
             await audit_executor(conn, key, "executor.dead", dedupe, detail={"epoch": epoch}, actor=actor)
             cur = await conn.execute(
                 f"SELECT extract(epoch FROM dead_at - disconnected_at) AS secs FROM executors {_ROW}",
                 _row_params(key, epoch),
             )
             row = await cur.fetchone()
-            return True, (row["secs"] if row else None)
+            return True, True, (row["secs"] if row else None)
 
-        dead, secs = await self.db.writes.run(write)
+        dead, declared, secs = await self.db.writes.run(write)
         if secs is not None:
             observe(self.pipeline.disconnect_to_dead, secs)
-        return dead
+        return dead, declared
 
     async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
         """Create the recovery row (once); returns the dead executor's version, None if it is gone.
