@@ -1,5 +1,5 @@
 """The registry's listing on real PostgreSQL stays linear in the fleet, even before PostgreSQL has
-gathered statistics on a fleet that has just connected (a new deployment, a fleet that grew)."""
+analyzed its tables (a new database whose fleet has just connected)."""
 
 from __future__ import annotations
 

@@ -97,9 +97,9 @@ _EFFECTS: dict[ExecutorEvent, str] = {
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
 
 # The remembered id's first sighting, looked up by its primary key for each row read. (A join here
-# let the planner, on tables whose statistics lag behind a fleet that just connected, read the
-# app's every remembered id once per executor: 2,000 executors cost 2 million row visits and
-# 0.4 s per page, and a listing took seconds at 15,000.)
+# let the planner, on tables not analyzed yet (a new database whose fleet has just connected), read
+# the app's every remembered id once per executor: 2,000 executors cost 2 million row visits and
+# 0.4 s per page.)
 _WITH_FIRST_SEEN = """e.*, (SELECT i.first_seen_at FROM executor_ids i
     WHERE i.org = e.org AND i.app = e.app AND i.executor_id = e.executor_id) AS first_seen_at
     FROM executors e"""
