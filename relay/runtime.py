@@ -198,6 +198,7 @@ class Runtime:
         self.router.start()
         await asyncio.to_thread(self.engine.launch, self._services(asyncio.get_running_loop()))
         self.engine.start_workers(self.config.retention.interval_secs, self.config.reconciler)
+        self.router.on_blocked = self.engine.learn_blocked
         metrics = self.config.metrics
         self.engine.start_app_jobs(
             self.config.retention.apps_interval_secs,

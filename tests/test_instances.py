@@ -5,6 +5,7 @@ instance, and fencing of a paused one. Real processes throughout."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -239,7 +240,10 @@ def test_a_paused_instance_resumed_after_adoption_makes_no_write_and_exits(
 def test_a_peer_joining_another_instance_wakes_a_blocked_recovery_at_once(
     start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
-    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=1.5)
+    # A long lease: instance 2 does not look for blocked recoveries in the database during the
+    # test (it does every third of a lease once it has held one whole), so it can only know
+    # of the recovery blocked on instance 1 from instance 1's notification.
+    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=60)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     lonely = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "1"})
     assert_eventually(lambda: executor(r2, lonely.executor_id), 10)
@@ -253,6 +257,45 @@ def test_a_peer_joining_another_instance_wakes_a_blocked_recovery_at_once(
     assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
     # Well before the blocked recovery's own periodic re-check (30 s).
     assert time.time() - joined < 10
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
+    assert set(outcomes.values()) == {peer.executor_id}
+
+
+def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_wakes_it(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=60)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    lonely = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "1"})
+    assert_eventually(lambda: executor(r2, lonely.executor_id), 10)
+    # The instances' listening connections stop reading: the notification that the recovery
+    # waits is held in PostgreSQL until they resume, so instance 2 learns of it only after
+    # the peer has connected there (and its connection found nothing to wake).
+    with psycopg.connect(r1.database_url, autocommit=True) as conn:
+        listeners = [
+            int(pid) for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN relay_blocked'")
+        ]
+    assert len(listeners) == 2
+    for pid in listeners:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        lonely.kill()
+        assert_eventually(
+            lambda: (executor(r2, lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 15
+        )
+        peer = start_executor(r2.conductor_url, env=env)
+        assert_eventually(lambda: (executor(r2, peer.executor_id) or {}).get("relayInstance") == "relay-2", 10)
+        time.sleep(1.0)  # its connection is handled, and woke nothing
+        with r2.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries").json()
+        assert recovery["status"] == "waiting_for_peer"
+    finally:
+        for pid in listeners:
+            os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
+    assert time.time() - resumed < 5  # the notification woke it, not the 30 s re-check
     evidence = Evidence(evidence_db)
     outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
     assert set(outcomes.values()) == {peer.executor_id}

@@ -92,9 +92,10 @@ class Engine:
         self._repairing: asyncio.Task[None] | None = None
         # Apps that may have a recovery waiting for a peer or an operator, so that
         # a connect to any other app costs no query. Filled at start-up, by a
-        # recovery before it records itself blocked, and every few seconds from
-        # the database (a recovery blocked on another instance); never emptied,
-        # as a false "maybe" costs only one query.
+        # recovery before it records itself blocked, when another instance records
+        # one (its NOTIFY, :meth:`learn_blocked`), and every few seconds from the
+        # database (a notification lost); never emptied, as a false "maybe" costs
+        # only one query.
         self._maybe_blocked: set[tuple[str, str]] = set()
         self.graces = GraceStarter(database_url, gracestart.grace_queue(instance_id), self._grace_secs)
 
@@ -282,7 +283,19 @@ class Engine:
             await self.wake_recovery(rid, message)
 
     async def refresh_blocked(self) -> None:
-        self._maybe_blocked.update(await self.recoveries.apps_with_blocked())
+        for org, app in await self.recoveries.apps_with_blocked():
+            await self.learn_blocked(org, app)
+
+    async def learn_blocked(self, org: str, app: str) -> None:
+        """An app has a recovery waiting (read from the database, or announced by the instance that
+        recorded it). If this instance did not know yet, a peer of the app that connected here
+        meanwhile sent no wake-up: with one connected here, the app's recoveries are woken now."""
+        if (org, app) in self._maybe_blocked:
+            return
+        self._maybe_blocked.add((org, app))
+        serving, _ = await self.executors.serving(org, app)
+        if any(instance == self.instance_id for _, instance in serving):
+            await self.wake_app(org, app, {"reason": "peer_connected"})
 
     async def take_over(self, instances: list[str]) -> None:
         """Hand the pending DBOS workflows of ``instances`` to DBOS's recovery (idempotent),

@@ -8,6 +8,9 @@ PostgreSQL: a row in ``relay_rpc`` and a ``NOTIFY`` on the owner's channel.
 The owner claims the row (once), sends the frame over its socket, writes the
 reply into the row and notifies the requester's channel.
 
+The same listening connection hears :data:`relay.store.recoveries.BLOCKED_CHANNEL`, where a
+recovery that begins to wait for a peer announces its app; :attr:`Router.on_blocked` is told.
+
 Notifications are a wake-up, not the record: each side also polls the table
 every :data:`POLL_SECS`, so a notification lost to a dropped listening
 connection costs a second, not a request. A request the owner has not claimed
@@ -23,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -40,6 +44,7 @@ from relay.net.hub import Hub
 from relay.net.wire import Frame, reply_to
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from relay.store.recoveries import BLOCKED_CHANNEL
 from relay_protocol import ProtocolError as WireError
 from relay_protocol import Reply, Request, parse_request
 
@@ -89,6 +94,9 @@ class Router:
         self._serving: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.relayed = 0  # requests this instance sent to its executors for other instances
+        # Told (org, app) when a recovery of that app, on any instance, begins to wait; set once
+        # the durable layer can wake recoveries (before that, its start-up reads them all).
+        self.on_blocked: Callable[[str, str], Awaitable[None]] | None = None
 
     # -- asking ----------------------------------------------------------------
 
@@ -236,11 +244,15 @@ class Router:
             try:
                 async with await psycopg.AsyncConnection.connect(self.db.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {self.channel}")
+                    await conn.execute(f"LISTEN {BLOCKED_CHANNEL}")
                     delay = 0.2
                     # Whatever arrived while not listening is found by a poll right away.
                     self._spawn(self._serve_unpicked())
                     async for note in conn.notifies():
-                        self._on_notify(note.payload)
+                        if note.channel == BLOCKED_CHANNEL:
+                            self._on_blocked(note.payload)
+                        else:
+                            self._on_notify(note.payload)
             except psycopg.Error as exc:
                 log.warning("instance %s: request channel lost (%s); listening again in %.1fs",
                             self.instance_id, exc, delay)  # fmt: skip
@@ -270,6 +282,25 @@ class Router:
                 woken.set_result(None)
             return
         self._spawn(self._serve(rpc_id))
+
+    def _on_blocked(self, payload: str) -> None:
+        if self.on_blocked is None:
+            return
+        try:
+            data = json.loads(payload)
+            org, app = str(data["org"]), str(data["app"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("instance %s: ignored a blocked-recovery notification: %s", self.instance_id, exc)
+            return
+        self._spawn(self._tell_blocked(self.on_blocked, org, app))
+
+    async def _tell_blocked(self, on_blocked: Callable[[str, str], Awaitable[None]], org: str, app: str) -> None:
+        try:
+            await on_blocked(org, app)
+        except DatabaseError as exc:  # the periodic look at blocked recoveries tries again
+            log.warning("instance %s: waking recoveries of %s/%s failed: %s", self.instance_id, org, app, exc)
+        except Exception:
+            log.exception("instance %s: waking recoveries of %s/%s failed", self.instance_id, org, app)
 
     async def _close_stale(self, note: str) -> None:
         try:

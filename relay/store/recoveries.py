@@ -13,6 +13,7 @@ here, where each stage is first recorded, after the commit.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,6 +33,8 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 # One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
 _ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch = %(epoch)s"
 _TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
+# The NOTIFY channel every instance listens on for recoveries that begin to wait (payload: org, app).
+BLOCKED_CHANNEL = "relay_blocked"
 
 
 def _row_params(key: ExecutorKey, epoch: int) -> dict[str, Any]:
@@ -189,6 +192,9 @@ class RecoveryStore:
             await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
             await self._status(conn, ref.rid, status, None)
             detail = {"reason": reason, "recoveryId": ref.rid}
+            # Every instance hears of it when it commits: a peer connecting there wakes the recovery.
+            note = json.dumps({"org": ref.key.org, "app": ref.key.app})
+            await conn.execute("SELECT pg_notify(%s, %s)", (BLOCKED_CHANNEL, note))
             return await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
 
         if await self.db.writes.run(write):
