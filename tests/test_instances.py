@@ -237,44 +237,56 @@ def test_a_paused_instance_resumed_after_adoption_makes_no_write_and_exits(
     assert rec is not None and rec["relayInstance"] == "relay-2"
 
 
+def lonely_on_instance_1(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> tuple[RelayProcess, ExecutorProcess]:
+    """Instance 2 of two, and one executor with two jobs, on instance 1, which instance 2 has seen.
+
+    A long lease: an instance does not look for blocked recoveries in the database during the
+    test (it does every third of a lease once it has held one whole), so instance 2 can know of
+    one blocked on instance 1 only from instance 1's notification."""
+    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=60)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "1"}
+    lonely = start_executor(r1.conductor_url, env=env)
+    assert_eventually(lambda: executor(r2, lonely.executor_id), 10)
+    return r2, lonely
+
+
+def assert_recovered_by(evidence_db: str, peer: ExecutorProcess) -> None:
+    outcomes = assert_eventually(lambda: len(o := Evidence(evidence_db).outcomes()) >= 2 and o, 20)
+    assert set(outcomes.values()) == {peer.executor_id}
+
+
 def test_a_peer_joining_another_instance_wakes_a_blocked_recovery_at_once(
     start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
-    # A long lease: instance 2 does not look for blocked recoveries in the database during the
-    # test (it does every third of a lease once it has held one whole), so it can only know
-    # of the recovery blocked on instance 1 from instance 1's notification.
-    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=60)
-    env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    lonely = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "1"})
-    assert_eventually(lambda: executor(r2, lonely.executor_id), 10)
+    r2, lonely = lonely_on_instance_1(start_relay, start_executor, evidence_db)
     lonely.kill()
     blocked = assert_eventually(
         lambda: (rec := executor(r2, lonely.executor_id)) and rec["blockedReason"] == "no_healthy_peer" and rec, 15
     )
     assert blocked["relayInstance"] == "relay-1"  # its recovery waits on instance 1
-    peer = start_executor(r2.conductor_url, env=env)
+    peer = start_executor(r2.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
     joined = time.time()
     assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
     # Well before the blocked recovery's own periodic re-check (30 s).
     assert time.time() - joined < 10
-    evidence = Evidence(evidence_db)
-    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
-    assert set(outcomes.values()) == {peer.executor_id}
+    assert_recovered_by(evidence_db, peer)
 
 
 def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_wakes_it(
     start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
-    r1, r2 = instances(start_relay, 2, grace=1.0, instanceLeaseSecs=60)
-    env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    lonely = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "1"})
-    assert_eventually(lambda: executor(r2, lonely.executor_id), 10)
+    r2, lonely = lonely_on_instance_1(start_relay, start_executor, evidence_db)
     # The instances' listening connections stop reading: the notification that the recovery
     # waits is held in PostgreSQL until they resume, so instance 2 learns of it only after
     # the peer has connected there (and its connection found nothing to wake).
-    with psycopg.connect(r1.database_url, autocommit=True) as conn:
+    with psycopg.connect(r2.database_url, autocommit=True) as conn:
         listeners = [
-            int(pid) for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN relay_blocked'")
+            int(pid)
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN relay_blocked'"
+            )
         ]
     assert len(listeners) == 2
     for pid in listeners:
@@ -284,7 +296,7 @@ def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_
         assert_eventually(
             lambda: (executor(r2, lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 15
         )
-        peer = start_executor(r2.conductor_url, env=env)
+        peer = start_executor(r2.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
         assert_eventually(lambda: (executor(r2, peer.executor_id) or {}).get("relayInstance") == "relay-2", 10)
         time.sleep(1.0)  # its connection is handled, and woke nothing
         with r2.api() as api:
@@ -296,9 +308,7 @@ def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_
     resumed = time.time()
     assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
     assert time.time() - resumed < 5  # the notification woke it, not the 30 s re-check
-    evidence = Evidence(evidence_db)
-    outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
-    assert set(outcomes.values()) == {peer.executor_id}
+    assert_recovered_by(evidence_db, peer)
 
 
 def test_a_request_to_a_frozen_instance_is_withdrawn_and_sent_where_the_peer_reconnected(
