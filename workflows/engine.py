@@ -292,10 +292,14 @@ class Engine:
         meanwhile sent no wake-up: with one connected here, the app's recoveries are woken now."""
         if (org, app) in self._maybe_blocked:
             return
-        self._maybe_blocked.add((org, app))
-        serving, _ = await self.executors.serving(org, app)
-        if any(instance == self.instance_id for _, instance in serving):
-            await self.wake_app(org, app, {"reason": "peer_connected"})
+        self._maybe_blocked.add((org, app))  # first: a peer connecting from now on wakes them itself
+        try:
+            serving, _ = await self.executors.serving(org, app)
+            if any(instance == self.instance_id for _, instance in serving):
+                await self.wake_app(org, app, {"reason": "peer_connected"})
+        except BaseException:
+            self._maybe_blocked.discard((org, app))  # not learnt: the next read tries again
+            raise
 
     async def take_over(self, instances: list[str]) -> None:
         """Hand the pending DBOS workflows of ``instances`` to DBOS's recovery (idempotent),
