@@ -14,9 +14,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.ports import free_port
+from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from relay.config import RelayConfig
+from relay.store.apps import AppStore
+from relay.store.db import Database
+from relay.store.keys import KeyStore, grants_from_config
 
 StartRelay = Callable[..., RelayProcess]
 
@@ -105,6 +110,35 @@ def test_a_key_cannot_grant_more_than_it_has(start_relay: StartRelay) -> None:
         resp = client.post("/tokens/wider", json={"appNames": ["other"]})
         assert resp.status_code == 409
         assert client.post("/tokens/same", json=None).status_code == 201
+
+
+async def _syncs_at_once(url: str, instances: int, rounds: int) -> None:
+    config = RelayConfig.model_validate(relay_yaml(free_port()))
+    dbs = [Database(url) for _ in range(instances)]
+    try:
+        for db in dbs:
+            await db.open()
+        await dbs[0].migrate()
+        await AppStore(dbs[0]).sync_config(config)
+        expected = sorted(sha for sha, _ in grants_from_config(config))
+        for _ in range(rounds):
+            async with dbs[0].transaction() as conn:
+                await conn.execute("DELETE FROM tokens")
+            results = await asyncio.gather(*(KeyStore(db).sync_config(config) for db in dbs), return_exceptions=True)
+            assert [r for r in results if r is not None] == []
+            async with dbs[0].connection() as conn:
+                cur = await conn.execute("SELECT sha256 FROM tokens WHERE source = 'config' ORDER BY sha256")
+                assert [r["sha256"] for r in await cur.fetchall()] == expected
+    finally:
+        for db in dbs:
+            await db.close()
+
+
+def test_instances_starting_together_on_a_new_database_all_sync_the_keys_of_relay_yaml(postgres: Postgres) -> None:
+    """Instances starting at once wrote relay.yaml's keys in transactions of their own: two inserting
+    the same key collided on its secret's unique index, and one of them failed to start (seen in
+    bench.fleet). They now take turns."""
+    asyncio.run(_syncs_at_once(postgres.create_database("keys_at_once"), instances=16, rounds=150))
 
 
 def test_keys_from_relay_yaml_are_listed_but_managed_in_the_file(start_relay: StartRelay) -> None:

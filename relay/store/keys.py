@@ -23,9 +23,10 @@ from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
-# Held while the first start decides whether to make the first keys (any fixed number other
-# than the migrations' lock): instances starting together on one database make them once.
-FIRST_KEYS_LOCK_KEY = 7_215_420_113_002
+# Held while an instance writes relay.yaml's keys or decides whether to make the first keys (any
+# fixed number other than the migrations' lock): instances starting together on one database take
+# turns, and make the first keys once.
+KEYS_LOCK_KEY = 7_215_420_113_002
 FIRST_RUN_ACTOR = "relay:first-run"
 
 
@@ -98,6 +99,9 @@ class KeyStore:
         """Make relay.yaml's keys in the database match the file (keys removed from it stop working)."""
         rows = _config_rows(config)
         async with self.db.transaction() as conn:
+            # Two instances inserting the same key at once collide on its secret's unique index
+            # (ON CONFLICT covers the id only): one of them failed to start.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (KEYS_LOCK_KEY,))
             await conn.execute(
                 "DELETE FROM tokens WHERE source = 'config' AND NOT (id = ANY(%s))", ([r[0] for r in rows],)
             )
@@ -117,7 +121,7 @@ class KeyStore:
         return True. Under an advisory lock, so that of several instances starting together on one
         empty database exactly one makes them and the others find them."""
         async with self.db.transaction() as conn:
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (FIRST_KEYS_LOCK_KEY,))
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (KEYS_LOCK_KEY,))
             cur = await conn.execute("SELECT 1 FROM tokens LIMIT 1")
             if await cur.fetchone() is not None:
                 return False
