@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import yaml
 
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
@@ -116,6 +117,13 @@ class RelayProcess:
     def state_of(self, org: str, app: str, executor_id: str) -> str | None:
         record = self.executor(org, app, executor_id)
         return record["state"] if record else None
+
+    def runs_of(self, workflow_name: str, status: str | None = None) -> int:
+        """How many runs of one of Relay's own DBOS workflows its database holds, of ``status`` or any."""
+        sql = "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND (%s::text IS NULL OR status = %s)"
+        with psycopg.connect(self.database_url) as conn:
+            row = conn.execute(sql, (workflow_name, status, status)).fetchone()
+        return int(row[0]) if row else 0
 
 
 PAGE = 1000

@@ -286,6 +286,64 @@ def test_app_figures_match_the_system_database_on_every_instance(
     assert point_in_time(scrape(r2)) == {k: pytest.approx(v) for k, v in expected.items()}
 
 
+def peers_url(relay: RelayProcess) -> str:
+    return f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+
+def test_app_figures_ask_three_executors_of_an_app_whose_executors_all_fail(start_relay: StartRelay) -> None:
+    """Each window's job asked every executor of the app in turn while they failed: one request to
+    each executor of a fleet, every minute. It gives up after three."""
+    config = relay_yaml(free_port())
+    config["metrics"] = {"appFiguresWindowSecs": WINDOW}
+    relay = start_relay(config)
+    peers = [SimulatedPeer(peers_url(relay), f"failing-{i}", "answer") for i in range(8)]  # errors to the rest
+    for peer in peers:
+        peer.__enter__()
+    try:
+        assert_eventually(lambda: relay.runs_of("relay.app_figures", "SUCCESS") >= 4, 20, interval=0.2)
+        finished = relay.runs_of("relay.app_figures", "SUCCESS")
+        asked = sum(p.requests["get_workflow_aggregates"] for p in peers)
+        started = relay.runs_of("relay.app_figures")
+    finally:
+        for peer in peers:
+            peer.__exit__()
+    # Every finished job asked three (its first request failed, so the app had no figures); one
+    # in progress may have asked some of its three.
+    assert 3 * finished <= asked <= 3 * started, (finished, asked, started)
+    assert "no executor of app 'ledger' answered (3 asked)" in relay.log()
+    assert sum(p.requests["get_step_aggregates"] for p in peers) == 0
+
+
+def test_app_figures_skip_the_executors_of_a_version_whose_sdk_lacks_the_message(start_relay: StartRelay) -> None:
+    """An SDK that does not know the message answers so for every executor of its build: the others
+    of that version are not asked (nor counted), and an executor of another version answers."""
+    config = relay_yaml(free_port())
+    config["metrics"] = {"appFiguresWindowSecs": WINDOW}
+    relay = start_relay(config)
+    empty = {"get_workflow_aggregates": {"output": []}, "get_step_aggregates": {"output": []}}
+    # In id order the five old executors come first: most windows' turn begins among them.
+    old = [SimulatedPeer(peers_url(relay), f"a-old-{i}", "answer", version="v0", others="unknown") for i in range(5)]
+    new = SimulatedPeer(peers_url(relay), "b-new", "answer", version="v1", replies=empty)
+    for peer in [*old, new]:
+        peer.__enter__()
+    try:
+        assert_eventually(lambda: relay.runs_of("relay.app_figures", "SUCCESS") >= 4, 20, interval=0.2)
+        finished = relay.runs_of("relay.app_figures", "SUCCESS")
+        asked_new = new.requests["get_workflow_aggregates"] + new.requests["get_step_aggregates"]
+        asked_old = sum(p.requests["get_workflow_aggregates"] + p.requests["get_step_aggregates"] for p in old)
+        started = relay.runs_of("relay.app_figures")
+    finally:
+        for peer in [*old, new]:
+            peer.__exit__()
+    # Each job's five requests: every one answered by the new executor, after at most one old one.
+    assert 5 * finished <= asked_new <= 5 * started, (finished, asked_new, started)
+    assert asked_old <= asked_new
+    assert "no figures for the window" not in relay.log()
+    with psycopg.connect(relay.database_url) as conn:
+        (stored,) = conn.execute("SELECT count(*) FROM app_figures WHERE org = 'acme' AND app = 'ledger'").fetchone()  # type: ignore[misc]
+    assert stored == 1
+
+
 # -- the dashboard --------------------------------------------------------------------------------
 
 

@@ -12,8 +12,10 @@ import psycopg
 import pytest
 
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.config import parse_config
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
@@ -124,6 +126,27 @@ def test_a_live_executors_long_running_work_is_left_alone(
     assert not [a for a in actions if a.startswith(("reconcile.", "recovery."))], actions
     assert relay.state_of("acme", "ledger", busy.executor_id) == "HEALTHY"
     assert (scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") or 0) == 0
+
+
+def test_a_run_asks_three_executors_of_an_app_whose_executors_all_fail(start_relay: StartRelay) -> None:
+    """A run asked every executor of the app in turn while each failed the listing (and named each
+    one in its checkpoint and its warning): one request to every executor of a fleet, each run."""
+    relay = reconciling_relay(start_relay, grace=30, interval=0.3)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    peers = [SimulatedPeer(url, f"failing-{i}", "answer") for i in range(8)]  # an error reply to the listing
+    for peer in peers:
+        peer.__enter__()
+    try:
+        assert_eventually(lambda: relay.runs_of("relay.reconcile", "SUCCESS") >= 4, 20, interval=0.2)
+        finished = relay.runs_of("relay.reconcile", "SUCCESS")
+        asked = sum(p.requests["list_workflows"] for p in peers)
+        started = relay.runs_of("relay.reconcile")
+    finally:
+        for peer in peers:
+            peer.__exit__()
+    assert 3 * finished <= asked <= 3 * started, (finished, asked, started)
+    warnings = [line for line in relay.log().splitlines() if "reconcile acme/ledger:" in line]
+    assert warnings and all("(3 asked)" in line and line.count("list_workflows:") == 3 for line in warnings)
 
 
 def test_the_reconciler_is_configured_in_relay_yaml() -> None:

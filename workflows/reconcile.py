@@ -41,9 +41,9 @@ from relay.core.ids import ExecutorKey, recovery_id
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
 from relay.errors import ExecutorRequestError
 from relay.store.audit import audit_executor
-from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, WorkflowsOutput
+from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, WorkflowsOutput, clean_text
 from workflows.recovery import recover
-from workflows.services import dedupe_key, relay_step, services
+from workflows.services import dedupe_key, first_answer, relay_step, services
 
 log = logging.getLogger("relay.reconcile")
 
@@ -90,7 +90,7 @@ async def _pending(org: str, app: str, peer: str, timeout: float) -> list[Workfl
             ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
         )
         if reply.error_message:
-            raise ExecutorRequestError(f"list_workflows: {reply.error_message}")
+            raise ExecutorRequestError(f"{peer}: list_workflows: {clean_text(reply.error_message, 300)}")
         found.extend(reply.output)
         if len(reply.output) < PAGE:
             return found
@@ -110,16 +110,11 @@ async def find(org: str, app: str) -> FindRecord:
     settings = await svc.apps.settings_of(org, app)
     if settings is None:
         return {"ok": True, "stranded": []}
-    outputs: list[WorkflowsOutput] | None = None
-    errors: list[str] = []
-    for peer in await svc.executors.healthy_peers(org, app):
-        try:
-            outputs = await _pending(org, app, peer.executor_id, svc.liveness.recovery_ack_timeout_secs)
-            break
-        except ExecutorRequestError as exc:
-            errors.append(f"{peer.executor_id}: {exc}")
-    if outputs is None:
-        return {"ok": False, "error": "no executor answered (" + "; ".join(errors) + ")", "stranded": []}
+    timeout, spread = svc.liveness.recovery_ack_timeout_secs, DBOS.workflow_id or ""  # runs take turns
+    try:
+        _, outputs = await first_answer(org, app, lambda peer: _pending(org, app, peer, timeout), spread)
+    except ExecutorRequestError as exc:
+        return {"ok": False, "error": clean_text(str(exc), 1000), "stranded": []}
     workflows = [
         PendingWorkflow(w.workflow_id, w.executor_id or "", w.application_version or "", _updated_ms(w))
         for w in outputs

@@ -26,7 +26,7 @@ from dbos import DBOS
 from relay.config import AlertsConfig, LivenessConfig, ReconcilerConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
 from relay.domain.alerts import AlertSender, ConditionObserver
-from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor
+from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor, UnsupportedMessage
 from relay.store.alerts import AlertStore
 from relay.store.appfigures import AppFiguresStore
 from relay.store.appretention import AppRetentionStore
@@ -209,32 +209,61 @@ def dedupe_key() -> str:
     return f"{DBOS.workflow_id}:{DBOS.step_id}"
 
 
-async def ask_app(
-    org: str, app: str, make: Callable[[], Request], expected: type[R], spread: str = ""
-) -> tuple[str, R]:
-    """The reply of one healthy executor of the app, and which one gave it.
+# Executors of an app that a background job (the app's figures, its retention round, the reconciler)
+# asks before it gives up until its next round: an error that three executors give is the app's (its
+# SDK, its system database), not one executor's, and walking every executor of a fleet of thousands
+# sent one request to each, every minute (issue 15's idle CPU at 15,000 executors).
+ASK_APP_TRIES = 3
+# How old a read of the app's healthy executors may be (a job's requests come a few at once).
+ASK_APP_PEERS_MAX_AGE_SECS = 1.0
+
+
+async def first_answer(org: str, app: str, ask: Callable[[str], Awaitable[T]], spread: str = "") -> tuple[str, T]:
+    """What ``ask(executor_id)`` returns for one healthy executor of the app, and which one.
 
     Executors are asked in turn (from one picked by ``spread``, so that rounds spread over
-    them) until one answers without an error, each within ``executor_timeout_secs``.
-    Raises :class:`NoHealthyExecutor` when the app has none, :class:`NoAnswer` when none answered.
+    them) until ``ask`` returns, at most :data:`ASK_APP_TRIES` of them; ``ask`` raises
+    :class:`ExecutorRequestError` for an executor that failed. One whose SDK does not know the
+    message (:class:`UnsupportedMessage`) leaves out the others of its application version (the
+    same build, the same SDK), which are not counted as tried. Raises
+    :class:`NoHealthyExecutor` when the app has none, :class:`NoAnswer` when none answered.
     """
-    svc = services()
-    healthy = sorted(peer.executor_id for peer in await svc.executors.healthy_peers(org, app))
+    healthy = await services().executors.healthy_peers(org, app, ASK_APP_PEERS_MAX_AGE_SECS)
     if not healthy:
         raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
     start = zlib.crc32(spread.encode()) % len(healthy)
     problems: list[str] = []
-    for executor_id in healthy[start:] + healthy[:start]:
+    unsupported: set[str] = set()
+    for peer in healthy[start:] + healthy[:start]:
+        if len(problems) >= ASK_APP_TRIES:
+            break
+        if peer.application_version in unsupported:
+            continue
         try:
-            reply = await svc.ask(ExecutorKey(org, app, executor_id), make(), expected, svc.executor_timeout_secs)
+            return peer.executor_id, await ask(peer.executor_id)
+        except UnsupportedMessage as exc:
+            unsupported.add(peer.application_version)
+            problems.append(str(exc))
         except ExecutorRequestError as exc:
             problems.append(str(exc))
-            continue
+    raise NoAnswer(f"no executor of app {app!r} answered ({len(problems)} asked): " + "; ".join(problems))
+
+
+async def ask_app(
+    org: str, app: str, make: Callable[[], Request], expected: type[R], spread: str = ""
+) -> tuple[str, R]:
+    """The reply of one healthy executor of the app to ``make()``, and which one gave it: the first
+    that answers without an error, each asked within ``executor_timeout_secs``
+    (:func:`first_answer`)."""
+    svc = services()
+
+    async def one(executor_id: str) -> R:
+        reply = await svc.ask(ExecutorKey(org, app, executor_id), make(), expected, svc.executor_timeout_secs)
         if reply.error_message:
-            problems.append(f"{executor_id}: {reply.error_message[:300]}")
-            continue
-        return executor_id, reply
-    raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
+            raise ExecutorRequestError(f"{executor_id}: {reply.error_message[:300]}")
+        return reply
+
+    return await first_answer(org, app, one, spread)
 
 
 def sdk_iso(epoch_ms: int) -> str:
