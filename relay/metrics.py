@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
 from relay.core.alerts import Kind
+from relay.core.failover import RECOVERIES_AT_ONCE
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
@@ -125,7 +126,7 @@ class Metrics(Collector):
         held, waiting = self.recovery_turns()
         yield _gauge(
             "relay_recovery_turns_held",
-            "Recoveries at work on this instance: at most 40 at once, they take turns.",
+            f"Recoveries at work on this instance: at most {RECOVERIES_AT_ONCE} at once, they take turns.",
             held,
         )
         yield _gauge(

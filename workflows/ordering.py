@@ -35,13 +35,9 @@ import itertools
 import threading
 from contextvars import ContextVar
 
+from relay.core.failover import RECOVERIES_AT_ONCE
+
 _rank: ContextVar[float] = ContextVar("relay_death_rank", default=0.0)
-
-
-# Recoveries at work at once on an instance. Enough to keep two cores busy and to fill shared recovery
-# frames (100 measured the same); few enough that a group's earliest deaths are not held up by the
-# rest.
-RECOVERIES_AT_ONCE = 40
 
 
 def rank_by(due_at: float) -> None:
@@ -86,7 +82,7 @@ class Turns:
                 self._free -= 1
                 return
             waiter: asyncio.Future[None] = loop.create_future()
-            heapq.heappush(self._waiting, (_rank.get(), next(self._arrivals), loop, waiter))
+            heapq.heappush(self._waiting, (current_rank(), next(self._arrivals), loop, waiter))
         try:
             await waiter
         except asyncio.CancelledError:

@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 
 from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer
 
+# Recoveries at work at once on an instance (the others wait for a turn: workflows/ordering.py).
+# Enough to keep two cores busy and to fill shared recovery frames (100 measured the same); few
+# enough that a group's earliest deaths are not held up by the rest.
+RECOVERIES_AT_ONCE = 40
+
 
 @dataclass(frozen=True)
 class Facts:
