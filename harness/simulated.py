@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from harness.relay import RelayProcess
+from harness.waiting import assert_eventually
 from relay_protocol import unknown_type_reply
 
 T = TypeVar("T")
@@ -157,6 +159,22 @@ class SimulatedPeer:
         await asyncio.to_thread(hold.wait)
         with contextlib.suppress(ConnectionClosed):
             await ws.send(json.dumps(reply))
+
+
+def requests_over_runs(
+    relay: RelayProcess, peers: list[SimulatedPeer], workflow_name: str, runs: int = 4
+) -> tuple[int, list[Counter[str]], int]:
+    """Connect ``peers``, wait until ``runs`` runs of one of Relay's own workflows have finished,
+    and say what the peers were asked meanwhile: (runs finished before the requests were counted,
+    each peer's requests by type, runs started after they were counted)."""
+    with contextlib.ExitStack() as stack:
+        for peer in peers:
+            stack.enter_context(peer)
+        assert_eventually(lambda: relay.runs_of(workflow_name, "SUCCESS") >= runs, 20, interval=0.2)
+        finished = relay.runs_of(workflow_name, "SUCCESS")
+        asked = [Counter(peer.requests) for peer in peers]
+        started = relay.runs_of(workflow_name)
+    return finished, asked, started
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -26,7 +26,7 @@ from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
-from harness.simulated import SimulatedPeer
+from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
 from tests.prom import sample
 from tests.promql import PromQLError, metric_names
@@ -297,21 +297,13 @@ def test_app_figures_ask_three_executors_of_an_app_whose_executors_all_fail(star
     config["metrics"] = {"appFiguresWindowSecs": WINDOW}
     relay = start_relay(config)
     peers = [SimulatedPeer(peers_url(relay), f"failing-{i}", "answer") for i in range(8)]  # errors to the rest
-    for peer in peers:
-        peer.__enter__()
-    try:
-        assert_eventually(lambda: relay.runs_of("relay.app_figures", "SUCCESS") >= 4, 20, interval=0.2)
-        finished = relay.runs_of("relay.app_figures", "SUCCESS")
-        asked = sum(p.requests["get_workflow_aggregates"] for p in peers)
-        started = relay.runs_of("relay.app_figures")
-    finally:
-        for peer in peers:
-            peer.__exit__()
+    finished, requests, started = requests_over_runs(relay, peers, "relay.app_figures")
+    asked = sum(r["get_workflow_aggregates"] for r in requests)
     # Every finished job asked three (its first request failed, so the app had no figures); one
     # in progress may have asked some of its three.
     assert 3 * finished <= asked <= 3 * started, (finished, asked, started)
     assert "no executor of app 'ledger' answered (3 asked)" in relay.log()
-    assert sum(p.requests["get_step_aggregates"] for p in peers) == 0
+    assert sum(r["get_step_aggregates"] for r in requests) == 0
 
 
 def test_app_figures_skip_the_executors_of_a_version_whose_sdk_lacks_the_message(start_relay: StartRelay) -> None:
@@ -324,17 +316,9 @@ def test_app_figures_skip_the_executors_of_a_version_whose_sdk_lacks_the_message
     # In id order the five old executors come first: most windows' turn begins among them.
     old = [SimulatedPeer(peers_url(relay), f"a-old-{i}", "answer", version="v0", others="unknown") for i in range(5)]
     new = SimulatedPeer(peers_url(relay), "b-new", "answer", version="v1", replies=empty)
-    for peer in [*old, new]:
-        peer.__enter__()
-    try:
-        assert_eventually(lambda: relay.runs_of("relay.app_figures", "SUCCESS") >= 4, 20, interval=0.2)
-        finished = relay.runs_of("relay.app_figures", "SUCCESS")
-        asked_new = new.requests["get_workflow_aggregates"] + new.requests["get_step_aggregates"]
-        asked_old = sum(p.requests["get_workflow_aggregates"] + p.requests["get_step_aggregates"] for p in old)
-        started = relay.runs_of("relay.app_figures")
-    finally:
-        for peer in [*old, new]:
-            peer.__exit__()
+    finished, requests, started = requests_over_runs(relay, [*old, new], "relay.app_figures")
+    asked = [r["get_workflow_aggregates"] + r["get_step_aggregates"] for r in requests]
+    asked_old, asked_new = sum(asked[:-1]), asked[-1]
     # Each job's five requests: every one answered by the new executor, after at most one old one.
     assert 5 * finished <= asked_new <= 5 * started, (finished, asked_new, started)
     assert asked_old <= asked_new

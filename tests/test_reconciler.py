@@ -15,7 +15,7 @@ from harness.executors import Evidence, ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
-from harness.simulated import SimulatedPeer
+from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
 from relay.config import parse_config
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
@@ -134,16 +134,8 @@ def test_a_run_asks_three_executors_of_an_app_whose_executors_all_fail(start_rel
     relay = reconciling_relay(start_relay, grace=30, interval=0.3)
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     peers = [SimulatedPeer(url, f"failing-{i}", "answer") for i in range(8)]  # an error reply to the listing
-    for peer in peers:
-        peer.__enter__()
-    try:
-        assert_eventually(lambda: relay.runs_of("relay.reconcile", "SUCCESS") >= 4, 20, interval=0.2)
-        finished = relay.runs_of("relay.reconcile", "SUCCESS")
-        asked = sum(p.requests["list_workflows"] for p in peers)
-        started = relay.runs_of("relay.reconcile")
-    finally:
-        for peer in peers:
-            peer.__exit__()
+    finished, requests, started = requests_over_runs(relay, peers, "relay.reconcile")
+    asked = sum(r["list_workflows"] for r in requests)
     assert 3 * finished <= asked <= 3 * started, (finished, asked, started)
     warnings = [line for line in relay.log().splitlines() if "reconcile acme/ledger:" in line]
     assert warnings and all("(3 asked)" in line and line.count("list_workflows:") == 3 for line in warnings)
