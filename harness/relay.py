@@ -118,11 +118,13 @@ class RelayProcess:
         record = self.executor(org, app, executor_id)
         return record["state"] if record else None
 
-    def runs_of(self, workflow_name: str, status: str | None = None) -> int:
-        """How many runs of one of Relay's own DBOS workflows its database holds, of ``status`` or any."""
-        sql = "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND (%s::text IS NULL OR status = %s)"
+    def runs_of(self, workflow_name: str, status: str | None = None, since: float = 0.0) -> int:
+        """How many runs of one of Relay's own DBOS workflows its database holds, of ``status`` or any,
+        created at or after ``since`` (``time.time()``)."""
+        sql = """SELECT count(*) FROM dbos.workflow_status
+                 WHERE name = %s AND (%s::text IS NULL OR status = %s) AND created_at >= %s"""
         with psycopg.connect(self.database_url) as conn:
-            row = conn.execute(sql, (workflow_name, status, status)).fetchone()
+            row = conn.execute(sql, (workflow_name, status, status, int(since * 1000))).fetchone()
         return int(row[0]) if row else 0
 
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -164,17 +165,27 @@ class SimulatedPeer:
 def requests_over_runs(
     relay: RelayProcess, peers: list[SimulatedPeer], workflow_name: str, runs: int = 4
 ) -> tuple[int, list[Counter[str]], int]:
-    """Connect ``peers``, wait until ``runs`` runs of one of Relay's own workflows have finished,
-    and say what the peers were asked meanwhile: (runs finished before the requests were counted,
-    each peer's requests by type, runs started after they were counted)."""
+    """Connect ``peers`` (in order; acme/ledger's), and once they are all HEALTHY wait until ``runs`` runs of one of
+    Relay's own workflows have begun and finished since. Returns (those runs, each peer's requests
+    by type, all runs), read at a moment when no run is under way, so that every request counted
+    belongs to a finished run."""
     with contextlib.ExitStack() as stack:
         for peer in peers:
             stack.enter_context(peer)
-        assert_eventually(lambda: relay.runs_of(workflow_name, "SUCCESS") >= runs, 20, interval=0.2)
-        finished = relay.runs_of(workflow_name, "SUCCESS")
-        asked = [Counter(peer.requests) for peer in peers]
-        started = relay.runs_of(workflow_name)
-    return finished, asked, started
+        assert_eventually(lambda: all(relay.state_of("acme", "ledger", p.executor_id) == "HEALTHY" for p in peers), 10)
+        since = time.time() + 1.5  # a read of the app's healthy executors begun before is shared for a second
+        assert_eventually(lambda: relay.runs_of(workflow_name, "SUCCESS", since) >= runs, 20, interval=0.2)
+
+        def between_runs() -> tuple[int, list[Counter[str]], int] | None:
+            total = relay.runs_of(workflow_name)
+            if relay.runs_of(workflow_name, "SUCCESS") != total:
+                return None
+            asked, after = [Counter(peer.requests) for peer in peers], relay.runs_of(workflow_name, "SUCCESS", since)
+            return (after, asked, total) if relay.runs_of(workflow_name) == total else None
+
+        found = assert_eventually(between_runs, 10, interval=0.05)
+    assert found is not None
+    return found
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

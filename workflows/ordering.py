@@ -7,7 +7,7 @@ of a thousand advanced together, one step per round, and was recovered nearly
 all at once at the end, in no particular order.
 
 A recovery works only during a turn (:data:`TURNS`): at most
-:data:`RECOVERIES_AT_ONCE` at once on an instance, enough to keep its cores busy
+:data:`relay.core.failover.RECOVERIES_AT_ONCE` at once on an instance, enough to keep its cores busy
 and to fill shared recovery frames. It gives its turn back while it waits for a
 peer, an operator or its backoff. The waiting get the turns given back by rank:
 the moment the executor was due to be declared dead (:func:`rank_by`), set by

@@ -90,7 +90,7 @@ async def _pending(org: str, app: str, peer: str, timeout: float) -> list[Workfl
             ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
         )
         if reply.error_message:
-            raise ExecutorRequestError(f"{peer}: list_workflows: {clean_text(reply.error_message, 300)}")
+            raise ExecutorRequestError(f"list_workflows: {clean_text(reply.error_message, 300)}")
         found.extend(reply.output)
         if len(reply.output) < PAGE:
             return found

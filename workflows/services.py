@@ -223,9 +223,10 @@ async def first_answer(org: str, app: str, ask: Callable[[str], Awaitable[T]], s
 
     Executors are asked in turn (from one picked by ``spread``, so that rounds spread over
     them) until ``ask`` returns, at most :data:`ASK_APP_TRIES` of them; ``ask`` raises
-    :class:`ExecutorRequestError` for an executor that failed. One whose SDK does not know the
-    message (:class:`UnsupportedMessage`) leaves out the others of its application version (the
-    same build, the same SDK), which are not counted as tried. Raises
+    :class:`ExecutorRequestError` for an executor that failed (named in :class:`NoAnswer`'s
+    message). One whose SDK does not know the message (:class:`UnsupportedMessage`) leaves out
+    the others of its application version (the same build, the same SDK), which are not counted
+    as tried; any other failure makes the app's next read of its healthy executors a fresh one. Raises
     :class:`NoHealthyExecutor` when the app has none, :class:`NoAnswer` when none answered.
     """
     healthy = await services().executors.healthy_peers(org, app, ASK_APP_PEERS_MAX_AGE_SECS)
@@ -241,11 +242,13 @@ async def first_answer(org: str, app: str, ask: Callable[[str], Awaitable[T]], s
             continue
         try:
             return peer.executor_id, await ask(peer.executor_id)
-        except UnsupportedMessage as exc:
-            unsupported.add(peer.application_version)
-            problems.append(str(exc))
         except ExecutorRequestError as exc:
-            problems.append(str(exc))
+            if isinstance(exc, UnsupportedMessage):
+                unsupported.add(peer.application_version)
+            else:  # it may have left since the read: the next caller reads again
+                services().executors.forget_healthy(org, app)
+            text = str(exc)
+            problems.append(text if peer.executor_id in text else f"{peer.executor_id}: {text}")
     raise NoAnswer(f"no executor of app {app!r} answered ({len(problems)} asked): " + "; ".join(problems))
 
 
@@ -258,9 +261,10 @@ async def ask_app(
     svc = services()
 
     async def one(executor_id: str) -> R:
-        reply = await svc.ask(ExecutorKey(org, app, executor_id), make(), expected, svc.executor_timeout_secs)
+        request = make()
+        reply = await svc.ask(ExecutorKey(org, app, executor_id), request, expected, svc.executor_timeout_secs)
         if reply.error_message:
-            raise ExecutorRequestError(f"{executor_id}: {reply.error_message[:300]}")
+            raise ExecutorRequestError(f"{request.type.value}: {reply.error_message[:300]}")
         return reply
 
     return await first_answer(org, app, one, spread)
