@@ -165,10 +165,10 @@ class SimulatedPeer:
 def requests_over_runs(
     relay: RelayProcess, peers: list[SimulatedPeer], workflow_name: str, runs: int = 4
 ) -> tuple[int, list[Counter[str]], int]:
-    """Connect ``peers`` (in order; acme/ledger's), and once they are all HEALTHY wait until ``runs`` runs of one of
-    Relay's own workflows have begun and finished since. Returns (those runs, each peer's requests
-    by type, all runs), read at a moment when no run is under way, so that every request counted
-    belongs to a finished run."""
+    """Connect ``peers`` (in order; acme/ledger's) and, once they are all HEALTHY, wait until ``runs``
+    runs of one of Relay's own workflows have begun and finished since. Returns (those runs, each
+    peer's requests by type, all runs), read at a moment when no run is under way, so that every
+    request counted belongs to a finished run."""
     with contextlib.ExitStack() as stack:
         for peer in peers:
             stack.enter_context(peer)
