@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -68,6 +69,27 @@ EXIT_FENCED = 3
 
 
 Announce = Callable[[FirstKeys], None]
+
+
+class StopWatch:
+    """The step a stop is at. One that lasts over :attr:`every` seconds is logged while it lasts,
+    so that a stop that its process manager kills after its timeout still says where it was."""
+
+    every = 1.0
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.step, self.since = "closing its streams and sockets", time.monotonic()
+
+    def at(self, step: str) -> None:
+        self.step, self.since = step, time.monotonic()
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            took = time.monotonic() - self.since
+            if took >= self.every:
+                log.warning("instance %s: stopping: %s for %.1f s", self.instance_id, self.step, took)
 
 
 class Runtime:
@@ -219,22 +241,37 @@ class Runtime:
         gc.set_threshold(*GC_THRESHOLDS)
 
     async def stop(self) -> None:
+        clock = StopWatch(self.instance_id)
+        watching = asyncio.create_task(clock.watch())
+        try:
+            await self._stop(clock)
+        finally:
+            watching.cancel()
+
+    async def _stop(self, clock: StopWatch) -> None:
         await self.events.stop()
         await self.hub.stop()
         await self.tokens.stop()
         await self.adopter.stop()
         await self.hub.close_all()
         try:
+            clock.at("recording its executors' disconnection")
             await self.executors.instance_lost(self.instance_id)
+            clock.at("the repair sweep")
             await self.engine.sweep()
         finally:
+            clock.at("stopping its workers and starting the grace periods")
             await self.alert_loops.stop()
             await self.engine.stop_workers()
+            clock.at("stopping the router")
             await self.router.stop()
+            clock.at("stopping DBOS")
             await asyncio.to_thread(self.engine.destroy)
             try:
+                clock.at("giving up its lease")
                 await self.lease.stop()  # last: the lease covers every write above
             finally:
+                clock.at("closing its database pool")
                 await self.db.close()
 
     def _fenced(self) -> None:

@@ -134,3 +134,35 @@ async def stop_while_disconnections_wait(relay: RelayProcess, closed: int) -> No
         await blocker.rollback()
     await stopping
     await asyncio.gather(*(ws.wait_closed() for ws in sockets))
+
+
+def test_a_stop_held_up_says_at_which_step_while_it_waits(start_relay: StartRelay) -> None:
+    """A stop whose writes wait (here: on the executors' rows, held by a transaction) logs the step
+    it is at every second, so that a stop killed by its process manager still says where it was."""
+    relay = start_relay(grace=60)
+    asyncio.run(stop_while_the_rows_are_held(relay))
+    assert relay.proc is not None and relay.proc.returncode == 0, relay.log()[-3000:]
+    after = relay.log()[relay.log().index("Shutting down") :]
+    assert "Traceback" not in after, after[-3000:]
+    with psycopg.connect(relay.database_url) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM executors GROUP BY state").fetchall())
+    assert states == {"DISCONNECTED": 1}, states
+
+
+async def stop_while_the_rows_are_held(relay: RelayProcess) -> None:
+    ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+    await handshake(ws, "held-0")
+    deadline = time.monotonic() + 30
+    while healthy(relay) < 1:
+        assert time.monotonic() < deadline, "the executor never became HEALTHY"
+        await asyncio.sleep(0.1)
+    waiting = "instance relay-1: stopping: recording its executors' disconnection for "
+    async with await psycopg.AsyncConnection.connect(relay.database_url) as blocker:
+        await blocker.execute("SELECT 1 FROM executors FOR UPDATE")  # held until the rollback below
+        stopping = asyncio.create_task(asyncio.to_thread(relay.stop))
+        while waiting not in relay.log():
+            assert not stopping.done(), relay.log()[-3000:]
+            await asyncio.sleep(0.1)
+        await blocker.rollback()
+    await stopping
+    await ws.wait_closed()
