@@ -247,6 +247,7 @@ class Runtime:
             await self._stop(clock)
         finally:
             watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
 
     async def _stop(self, clock: StopWatch) -> None:
         await self.events.stop()
