@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 
 from bench.common import (
@@ -483,10 +484,33 @@ class MassResult:
     polls: int
     poll_failures: Counter[str]
     survivors: int
+    # CPU seconds used by each instance, this client and the whole machine, read at the abort, at
+    # the first poll after the grace's end, and when the registry held none of the victims (or
+    # at the timeout); and the victims whose sockets each instance held.
+    meters: list[Meters]
+    held: dict[str, int]
 
 
-async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassResult:
-    url = f"ws://127.0.0.1:{relay.port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}"
+@dataclass
+class Meters:
+    at: float  # time.monotonic()
+    cpu: dict[str, float]  # CPU seconds so far: each instance's, "client" and "machine"
+
+
+def read_meters(processes: list[tuple[str, psutil.Process]]) -> Meters:
+    def used(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+
+    machine = psutil.cpu_times()
+    cpu = {name: used(proc) for name, proc in processes}
+    cpu["client"] = used(psutil.Process())
+    cpu["machine"] = float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
+    return Meters(time.monotonic(), cpu)
+
+
+async def mass_failure(args: argparse.Namespace, relays: list[RelayProcess]) -> MassResult:
+    relay = relays[0]  # the API's listings go through the first instance; the registry is shared
     headers = {"Authorization": f"Bearer {API_KEYS[ORG]}"}
     async with httpx.AsyncClient(
         base_url=f"{relay.http}/v2/orgs/{ORG}", headers=headers, timeout=30, trust_env=False
@@ -497,7 +521,16 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             return {e["executorId"]: e["state"] for e in rows}
 
         started = time.monotonic()
-        fleet = await open_fleet(url, args.mass, 50)
+        # The fleet is spread over the instances in equal parts, each part connected to its instance.
+        parts = await asyncio.gather(
+            *(
+                open_fleet(f"ws://127.0.0.1:{r.port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}", n, 50)
+                for r, n in zip(relays, shares(args.mass, len(relays)), strict=True)
+            )
+        )
+        fleet = [sim for part in parts for sim in part]
+        held_by = {sim.executor_id: r.instance_id for r, part in zip(relays, parts, strict=True) for sim in part}
+        processes = [(r.instance_id, psutil.Process(r.proc.pid)) for r in relays if r.proc is not None]
         try:
             deadline = time.monotonic() + 60
             while len(await listed("HEALTHY")) < args.mass:
@@ -509,6 +542,7 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             victims = random.Random(args.seed).sample(fleet, args.mass // 2)
             victim_ids = {v.executor_id for v in victims}
             survivors = [s for s in fleet if s.executor_id not in victim_ids]
+            meters = [read_meters(processes)]
             aborted = time.time()
             for v in victims:
                 v.kill()  # as if the process died: no close frame
@@ -517,6 +551,8 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             deadline = time.monotonic() + args.recovery_timeout
             polls, poll_failures = 0, Counter[str]()
             while time.monotonic() < deadline:
+                if len(meters) == 1 and time.time() >= aborted + args.grace:
+                    meters.append(read_meters(processes))  # the grace's end
                 polls += 1
                 try:
                     remaining = victim_ids & set(await listed())
@@ -529,6 +565,9 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
                     gone = time.time() - aborted
                     break
                 await asyncio.sleep(MASS_POLL_SECS)
+            meters.append(read_meters(processes))
+            if len(meters) == 2:  # all gone within the grace: no time after it
+                meters.append(meters[1])
             if gone is None:
                 states = Counter(s for e, s in (await patiently(listed)).items() if e in victim_ids)
                 print(f"  victims still listed after {args.recovery_timeout:g} s: {dict(states)}", flush=True)
@@ -545,7 +584,7 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
             now_healthy = await patiently(lambda: listed("HEALTHY"))
         finally:
             # Relay first: survivors dropped before it stops would each start a grace period it must wind down.
-            await asyncio.to_thread(relay.stop)
+            await asyncio.gather(*(asyncio.to_thread(r.stop) for r in relays))
             await kill_all(fleet)
 
     def times(action: str) -> list[float]:
@@ -578,7 +617,14 @@ async def mass_failure(args: argparse.Namespace, relay: RelayProcess) -> MassRes
         polls=polls,
         poll_failures=poll_failures,
         survivors=len(survivors),
+        meters=meters,
+        held=Counter(held_by[v] for v in victim_ids),
     )
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` near-equal whole shares, the larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def print_mass(result: MassResult, args: argparse.Namespace) -> None:
@@ -626,19 +672,42 @@ def print_mass(result: MassResult, args: argparse.Namespace) -> None:
         print(f"other requests answered with an error: {dict(r.other_requests)}")
     print(f"API listings of the app's executors while it recovered: {r.polls}, failed: {dict(r.poll_failures) or 0}")
     print(f"survivors still HEALTHY afterwards: {r.survivors_healthy}/{r.survivors}")
+    print_cpu(r)
+
+
+def print_cpu(r: MassResult) -> None:
+    """CPU in % of a core, over the grace and after it; and each instance's milliseconds per victim it held."""
+    start, grace_end, end = r.meters
+    names = [n for n in start.cpu if n not in ("client", "machine")]
+    print(f"CPU, % of a core ({psutil.cpu_count()} CPUs on the machine)")
+    print(f"  {'phase':<34} {'secs':>6} " + " ".join(f"{n:>8}" for n in [*names, "client", "machine"]))
+    for label, a, b in (
+        ("the grace (abort to its end)", start, grace_end),
+        ("after it (to the last gone)", grace_end, end),
+    ):
+        secs = b.at - a.at
+        cells = " ".join(f"{(b.cpu[n] - a.cpu[n]) * 100 / secs:>8.0f}" if secs > 0 else f"{'-':>8}" for n in a.cpu)
+        print(f"  {label:<34} {secs:>6.1f} {cells}")
+    per_victim = ", ".join(
+        f"{n} {(end.cpu[n] - start.cpu[n]) * 1000 / r.held[n]:.1f} ms ({r.held[n]})" for n in names if r.held.get(n)
+    )
+    print(f"  instance CPU per victim it held, abort to the last gone: {per_victim}")
 
 
 def run_mass(args: argparse.Namespace, pg: Postgres, workdir: Path) -> MassResult:
     workdir.mkdir(parents=True, exist_ok=True)
-    config = relay_yaml(
-        free_port(), grace=args.grace, pingIntervalSecs=args.mass_ping_interval, pingWaitSecs=args.mass_ping_wait
-    )
-    relay = RelayProcess(workdir, pg.create_database("bench_mass"), config).start()
+    liveness = {"pingIntervalSecs": args.mass_ping_interval, "pingWaitSecs": args.mass_ping_wait}
+    database = pg.create_database("bench_mass")
+    relays: list[RelayProcess] = []
     try:
-        return asyncio.run(mass_failure(args, relay))
+        for i in range(args.mass_instances):
+            config = relay_yaml(free_port(), grace=args.grace, **liveness)
+            relays.append(RelayProcess(workdir, database, config, instance_id=f"relay-{i + 1}").start())
+        return asyncio.run(mass_failure(args, relays))
     finally:
-        relay.stop()
-        report_log("relay (mass failure)", relay.log_path)
+        for relay in relays:
+            relay.stop()
+            report_log(f"{relay.instance_id} (mass failure)", relay.log_path)
 
 
 # -- main -------------------------------------------------------------------------------
@@ -661,6 +730,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--mass-ping-interval", type=float, help="pingIntervalSecs in part B (default: --ping-interval)"
     )
     parser.add_argument("--mass-ping-wait", type=float, help="pingWaitSecs in part B (default: --ping-wait)")
+    parser.add_argument(
+        "--mass-instances", type=int, default=1, help="Relay instances in part B, on one database (default 1)"
+    )
     parser.add_argument("--settle", type=float, default=2.0, help="s between part B's fleet being up and the abort")
     parser.add_argument("--recovery-timeout", type=float, default=60.0, help="give a failover up this long, s")
     parser.add_argument("--seed", type=int, default=1, help="chooses part B's victims")
@@ -670,8 +742,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.mass_ping_interval = args.ping_interval
     if args.mass_ping_wait is None:
         args.mass_ping_wait = args.ping_wait
-    if args.round < 1 or args.peers < 1:
-        parser.error("--round and --peers must be at least 1")
+    if args.round < 1 or args.peers < 1 or args.mass_instances < 1:
+        parser.error("--round, --peers and --mass-instances must be at least 1")
     return args
 
 

@@ -42,13 +42,29 @@ def line(output: str, pattern: str) -> re.Match[str]:
 
 def test_failover_mass_failure_small(postgres: Postgres) -> None:
     out = run_bench(postgres, "bench.failover", "--kill9", "0", "--sigstop", "0", "--warmup", "0", "--mass", "40",
-                    "--settle", "0.5")  # fmt: skip
+                    "--settle", "0.5", "--mass-instances", "2")  # fmt: skip
     line(out, r"^machine: \d+ CPUs")
     line(out, rf"^every victim recovered and deleted {NUMBER} s after the abort .*, -?{NUMBER} s beyond")
     for milestone in ("DEAD", "recovery reply \\(survivor sent\\)", "recovered \\(recovery.succeeded\\)"):
         line(out, rf"^  {milestone} +20 ")
     line(out, r"^recovery frames received by the 20 survivors: \d+, covering 20 of 20 victims")
     line(out, r"^survivors still HEALTHY afterwards: 20/20$")
+    # Both instances held some of the fleet and report their CPU; the victims they held add up to 20.
+    line(out, r"^  phase +secs +relay-1 +relay-2 +client +machine$")
+    for phase in ("the grace \\(abort to its end\\)", "after it \\(to the last gone\\)"):
+        line(out, rf"^  {phase} +{NUMBER}( +{NUMBER}){{4}}$")
+    victims = rf"relay-1 {NUMBER} ms \((\d+)\), relay-2 {NUMBER} ms \((\d+)\)"
+    held = line(out, rf"^  instance CPU per victim it held, abort to the last gone: {victims}$")
+    assert int(held.group(1)) + int(held.group(2)) == 20, held.group(0)
+
+
+def test_durable_small(postgres: Postgres) -> None:
+    out = run_bench(postgres, "bench.durable", "--workflows", "20", "--concurrency", "5", "--stats-wait", "0")
+    line(out, r"^20 workflows of 3 steps, 5 at a time; per workflow:$")
+    for variant in ("dbos", "dbos-1", "bare"):
+        row = line(out, rf"^{variant} +({NUMBER}) +({NUMBER})( +{NUMBER}){{4}} +({NUMBER}|nan)$")
+        assert float(row.group(1)) > 0 and float(row.group(2)) > 0, row.group(0)
+    line(out, rf"^DBOS's CPU per workflow is {NUMBER}x the bare transactions'")
 
 
 def test_connections_small(postgres: Postgres) -> None:
