@@ -28,13 +28,15 @@ SIGSTOP):
 - workflows done: the last of the victim's workflows recording its outcome on a
   peer (``outcomes.at``, ``clock_timestamp()`` in PostgreSQL).
 
-Part B, mass failure: a fresh Relay and ``--mass`` simulated executors (all in
-this process, protocol-correct: they answer ``recovery`` with success and
-``exist_pending_workflows`` with ``exist: false``), then the sockets of half of
-them are aborted at the same moment. Reported: the time from the abort until
-Relay's registry holds none of them (each declared DEAD, recovered through a
+Part B, mass failure: a fresh Relay (``--mass-instances`` instances on one
+database, the fleet spread over them in equal parts) and ``--mass`` simulated
+executors (all in this process, protocol-correct: they answer ``recovery`` with
+success and ``exist_pending_workflows`` with ``exist: false``), then the sockets
+of half of them are aborted at the same moment. Reported: the time from the abort
+until Relay's registry holds none of them (each declared DEAD, recovered through a
 survivor, verified and deleted) minus ``executorTimeoutSecs``, per-victim
-milestones from the audit log, and the recovery frames the survivors received.
+milestones from the audit log, the recovery frames the survivors received, and
+the CPU of each instance, this client and the machine over the grace and after it.
 
 All clocks are this machine's wall clock (PostgreSQL's timestamps included).
 The benchmark prints figures; it asserts no target.
