@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+import psutil
 
 # Log lines worth printing after a run.
 PROBLEM_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback")
@@ -29,6 +30,18 @@ def problem_lines(log: Path) -> list[str]:
     if not log.exists():
         return []
     return [line for line in log.read_text(errors="replace").splitlines() if PROBLEM_LINE.search(line)]
+
+
+def cpu_secs(proc: psutil.Process) -> float:
+    """User and system CPU seconds of ``proc`` so far."""
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def machine_busy_secs() -> float:
+    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O), all cores summed."""
+    machine = psutil.cpu_times()
+    return float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
 
 
 def load_average() -> str:

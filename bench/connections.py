@@ -60,8 +60,10 @@ from websockets.protocol import State
 
 from bench.common import (
     BenchError,
+    cpu_secs,
     exit_on_sigterm,
     load_average,
+    machine_busy_secs,
     print_machine,
     problem_lines,
     raise_open_files,
@@ -402,16 +404,9 @@ class Result:
     absorbed: Absorbed | None  # None: a server that keeps no records (the bare one)
 
 
-def cpu_secs(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
 def cpu_meters(server: ServerProcess) -> dict[str, float]:
     """CPU seconds used so far by the server, this client, and the whole machine."""
-    machine = psutil.cpu_times()
-    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
-    return {"server": cpu_secs(server.process), "client": cpu_secs(psutil.Process()), "machine": busy}
+    return {"server": cpu_secs(server.process), "client": cpu_secs(psutil.Process()), "machine": machine_busy_secs()}
 
 
 async def handshakes(server: ServerProcess, fleet: Fleet, n: int, concurrency: int, http: httpx.AsyncClient) -> Held:

@@ -75,8 +75,10 @@ import psycopg
 
 from bench.common import (
     BenchError,
+    cpu_secs,
     exit_on_sigterm,
     load_average,
+    machine_busy_secs,
     patiently,
     print_machine,
     work_directory,
@@ -500,14 +502,9 @@ class Meters:
 
 
 def read_meters(processes: list[tuple[str, psutil.Process]]) -> Meters:
-    def used(proc: psutil.Process) -> float:
-        times = proc.cpu_times()
-        return float(times.user + times.system)
-
-    machine = psutil.cpu_times()
-    cpu = {name: used(proc) for name, proc in processes}
-    cpu["client"] = used(psutil.Process())
-    cpu["machine"] = float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
+    cpu = {name: cpu_secs(proc) for name, proc in processes}
+    cpu["client"] = cpu_secs(psutil.Process())
+    cpu["machine"] = machine_busy_secs()
     return Meters(time.monotonic(), cpu)
 
 

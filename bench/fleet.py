@@ -78,6 +78,7 @@ import psycopg
 
 from bench.common import (
     BenchError,
+    cpu_secs,
     exit_on_sigterm,
     load_average,
     patiently,
@@ -215,10 +216,9 @@ def own_cpu_secs() -> float:
 def process_cpu_secs(pid: int) -> float | None:
     """User+sys CPU seconds of a process (psutil reads /proc/<pid>/stat); None once it is gone."""
     try:
-        times = psutil.Process(pid).cpu_times()
+        return cpu_secs(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return None
-    return float(times.user + times.system)
 
 
 @dataclass
