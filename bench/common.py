@@ -39,9 +39,11 @@ def cpu_secs(proc: psutil.Process) -> float:
 
 
 def machine_busy_secs() -> float:
-    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O), all cores summed."""
+    """CPU seconds the whole machine has spent running something, all cores summed: user, nice,
+    system and interrupts (guest time is already in user and nice; idle, I/O wait and a virtual
+    machine's steal are not counted)."""
     machine = psutil.cpu_times()
-    return float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
+    return float(sum(getattr(machine, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq")))
 
 
 def load_average() -> str:

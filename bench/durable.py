@@ -9,8 +9,8 @@ a reference that makes transactions of the same shape with the same driver and n
 - ``dbos``: ``--workflows`` async DBOS workflows of ``--steps`` async steps each (their bodies do
   nothing), ``--concurrency`` at a time, DBOS configured as Relay configures it (its system
   database pool, its worker threads, no pre-ping);
-- ``dbos-1``: the same with one DBOS worker thread instead of Relay's, so that the cost of
-  handing each database call to a thread pool shows (the context switches);
+- ``dbos-1``: the same with one DBOS worker thread instead of Relay's 20, so that what many
+  threads cost shows (their context switches; each call is still handed to a thread);
 - ``bare``: per workflow, the transactions of DBOS's shape (the workflow's row inserted, each
   step's check and record, the row updated), each committed alone, with psycopg's async
   connections (one per concurrent workflow) on the event loop, as Relay's own stores make theirs.
@@ -36,7 +36,8 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
@@ -45,6 +46,8 @@ from bench.common import BenchError, load_average, print_machine
 from harness.postgres import Postgres
 
 VARIANTS = ("dbos", "dbos-1", "bare")
+# An idle backend reports its counters after 10 s (PostgreSQL's PGSTAT_IDLE_INTERVAL).
+STATS_SETTLE_SECS = 11.0
 
 
 @dataclass
@@ -73,11 +76,38 @@ def committed(url: str) -> int:
         return int(row[0])
 
 
-async def measured(variant: str, url: str, args: argparse.Namespace, run: Any, close: Any) -> Figures:
+# Each count of committed() is two transactions of its own in the count after it: its
+# connection's start and its SELECT.
+COUNT_OWN_XACTS = 2
+
+
+def until_no_backends(url: str, timeout: float = 30.0) -> None:
+    """Wait until no other backend is connected to the database: each one that exits reports
+    its counters."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"{row[0] if row else '?'} connections still open {timeout:g} s after the close")
+            time.sleep(0.05)
+
+
+async def measured(
+    variant: str,
+    url: str,
+    args: argparse.Namespace,
+    run: Callable[[int], Awaitable[None]],
+    close: Callable[[], Awaitable[None]],
+) -> Figures:
     """``run(round)`` twice, the second measured, then ``close()``. PostgreSQL's counters come from
     each backend at most once a second, and from an idle one after 10 s: the count before the
-    measured round waits ``--stats-wait`` s for the first round's; the one after follows the
-    close (a backend that exits reports its counters)."""
+    measured round waits ``--stats-wait`` s for the first round's (with less, it may include some
+    of them); the one after follows the close, once every backend has exited."""
     await run(0)
     await asyncio.sleep(args.stats_wait)
     xacts = committed(url)
@@ -87,10 +117,9 @@ async def measured(variant: str, url: str, args: argparse.Namespace, run: Any, c
     wall = time.perf_counter() - started
     user2, system2, switches2 = meters()
     await close()
-    await asyncio.sleep(0.5)
-    return Figures(
-        variant, args.workflows, wall, user2 - user, system2 - system, switches2 - switches, committed(url) - xacts - 1
-    )  # fmt: skip  (the first count's own transaction is one)
+    until_no_backends(url)  # blocking: nothing else runs now (and DBOS.destroy shut the loop's executor)
+    transactions = committed(url) - xacts - COUNT_OWN_XACTS
+    return Figures(variant, args.workflows, wall, user2 - user, system2 - system, switches2 - switches, transactions)
 
 
 # -- the DBOS variants ------------------------------------------------------------------------
@@ -220,6 +249,8 @@ def report(rows: list[Figures], args: argparse.Namespace) -> None:
             f"{r.variant:<8} {r.per(r.wall) * 1000:>8.2f} {cpu:>8.2f} {r.per(r.user) * 1000:>7.2f} "
             f"{r.per(r.system) * 1000:>7.2f} {r.per(r.switches):>9.1f} {xacts:>6.1f} {per_xact:>9.3f}"
         )
+    if args.stats_wait < STATS_SETTLE_SECS:
+        print(f"(--stats-wait below {STATS_SETTLE_SECS:g} s: the xacts may include some of the warm-up round's)")
     by = {r.variant: r for r in rows}
     dbos, bare = by["dbos"], by["bare"]
     ratio = (dbos.user + dbos.system) / (bare.user + bare.system) if bare.user + bare.system else float("inf")
@@ -235,7 +266,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in a child process
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--stats-wait", type=float, default=11.0, help="s for PostgreSQL's counters before a count (default 11)"
+        "--stats-wait",
+        type=float,
+        default=STATS_SETTLE_SECS,
+        help=f"s for PostgreSQL's counters before a count (default {STATS_SETTLE_SECS:g})",
     )
     args = parser.parse_args(argv)
     if args.workflows < 1 or args.steps < 1 or args.concurrency < 1:
@@ -252,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             figures = run_bare(args.url, args)
         else:
             figures = run_dbos(args.url, args, DBOS_THREADS if args.variant == "dbos" else 1, args.variant)
-        print(json.dumps(figures.__dict__))
+        print(json.dumps(asdict(figures)))
         return 0
     print_machine()
     pg = Postgres()

@@ -83,7 +83,7 @@ from bench.common import (
     print_machine,
     work_directory,
 )
-from bench.sim import kill_all, open_fleet
+from bench.sim import SimExecutor, kill_all, open_fleet
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
@@ -488,10 +488,10 @@ class MassResult:
     polls: int
     poll_failures: Counter[str]
     survivors: int
-    # CPU seconds used by each instance, this client and the whole machine, read at the abort, at
-    # the first poll after the grace's end, and when the registry held none of the victims (or
-    # at the timeout); and the victims whose sockets each instance held.
-    meters: list[Meters]
+    # CPU seconds used by each instance, this client and the whole machine, read once the fleet was
+    # HEALTHY (the settle's start), at the abort, at the grace's end, and when the registry held
+    # none of the victims (or at the timeout); and the victims whose sockets each instance held.
+    meters: dict[str, Meters]
     held: dict[str, int]
 
 
@@ -502,6 +502,7 @@ class Meters:
 
 
 def read_meters(processes: list[tuple[str, psutil.Process]]) -> Meters:
+    """CPU seconds so far of each instance, of this client and of the whole machine."""
     cpu = {name: cpu_secs(proc) for name, proc in processes}
     cpu["client"] = cpu_secs(psutil.Process())
     cpu["machine"] = machine_busy_secs()
@@ -520,38 +521,51 @@ async def mass_failure(args: argparse.Namespace, relays: list[RelayProcess]) -> 
             return {e["executorId"]: e["state"] for e in rows}
 
         started = time.monotonic()
-        # The fleet is spread over the instances in equal parts, each part connected to its instance.
-        parts = await asyncio.gather(
-            *(
-                open_fleet(f"ws://127.0.0.1:{r.port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}", n, 50)
-                for r, n in zip(relays, shares(args.mass, len(relays)), strict=True)
-            )
-        )
-        fleet = [sim for part in parts for sim in part]
-        held_by = {sim.executor_id: r.instance_id for r, part in zip(relays, parts, strict=True) for sim in part}
-        processes = [(r.instance_id, psutil.Process(r.proc.pid)) for r in relays if r.proc is not None]
+        fleet: list[SimExecutor] = []
+        held_by: dict[str, str] = {}
         try:
+            # The fleet is spread over the instances in equal parts, each part connected to its instance.
+            parts = await asyncio.gather(
+                *(
+                    open_fleet(f"ws://127.0.0.1:{r.port}/websocket/{APP}/{CONDUCTOR_KEYS[ORG]}", n, 50)
+                    for r, n in zip(relays, shares(args.mass, len(relays)), strict=True)
+                ),
+                return_exceptions=True,
+            )
+            for r, part in zip(relays, parts, strict=True):
+                if not isinstance(part, BaseException):
+                    fleet.extend(part)
+                    held_by.update((sim.executor_id, r.instance_id) for sim in part)
+            for part in parts:
+                if isinstance(part, BaseException):
+                    raise part  # the parts that opened are closed below
+            processes = [(r.instance_id, psutil.Process(r.proc.pid)) for r in relays if r.proc is not None]
             deadline = time.monotonic() + 60
             while len(await listed("HEALTHY")) < args.mass:
                 if time.monotonic() > deadline:
                     raise BenchError(f"not all {args.mass} simulated executors became HEALTHY within 60 s")
                 await asyncio.sleep(0.1)
             print(f"{args.mass} simulated executors HEALTHY in {time.monotonic() - started:.1f} s", flush=True)
+            meters = {"settled": read_meters(processes)}
             await asyncio.sleep(args.settle)
             victims = random.Random(args.seed).sample(fleet, args.mass // 2)
             victim_ids = {v.executor_id for v in victims}
             survivors = [s for s in fleet if s.executor_id not in victim_ids]
-            meters = [read_meters(processes)]
+            meters["abort"] = read_meters(processes)
             aborted = time.time()
             for v in victims:
                 v.kill()  # as if the process died: no close frame
             abort_secs = time.time() - aborted
+
+            async def at_grace_end() -> None:
+                await asyncio.sleep(aborted + args.grace - time.time())
+                meters["grace"] = read_meters(processes)
+
+            grace_end = asyncio.create_task(at_grace_end())
             gone: float | None = None
             deadline = time.monotonic() + args.recovery_timeout
             polls, poll_failures = 0, Counter[str]()
             while time.monotonic() < deadline:
-                if len(meters) == 1 and time.time() >= aborted + args.grace:
-                    meters.append(read_meters(processes))  # the grace's end
                 polls += 1
                 try:
                     remaining = victim_ids & set(await listed())
@@ -564,9 +578,10 @@ async def mass_failure(args: argparse.Namespace, relays: list[RelayProcess]) -> 
                     gone = time.time() - aborted
                     break
                 await asyncio.sleep(MASS_POLL_SECS)
-            meters.append(read_meters(processes))
-            if len(meters) == 2:  # all gone within the grace: no time after it
-                meters.append(meters[1])
+            meters["end"] = read_meters(processes)
+            if not grace_end.done():  # all gone within the grace: no time after it
+                grace_end.cancel()
+                meters["grace"] = meters["end"]
             if gone is None:
                 states = Counter(s for e, s in (await patiently(listed)).items() if e in victim_ids)
                 print(f"  victims still listed after {args.recovery_timeout:g} s: {dict(states)}", flush=True)
@@ -675,22 +690,31 @@ def print_mass(result: MassResult, args: argparse.Namespace) -> None:
 
 
 def print_cpu(r: MassResult) -> None:
-    """CPU in % of a core, over the grace and after it; and each instance's milliseconds per victim it held."""
-    start, grace_end, end = r.meters
-    names = [n for n in start.cpu if n not in ("client", "machine")]
+    """CPU in % of a core before the abort, over the grace and after it; and each instance's
+    milliseconds per victim it held, as they are and net of what it used before the abort."""
+    m = r.meters
+    names = [n for n in m["abort"].cpu if n not in ("client", "machine")]
     print(f"CPU, % of a core ({psutil.cpu_count()} CPUs on the machine)")
-    print(f"  {'phase':<34} {'secs':>6} " + " ".join(f"{n:>8}" for n in [*names, "client", "machine"]))
+    print(f"  {'phase':<34} {'secs':>6} " + " ".join(f"{n:>8}" for n in m["abort"].cpu))
     for label, a, b in (
-        ("the grace (abort to its end)", start, grace_end),
-        ("after it (to the last gone)", grace_end, end),
+        ("before the abort (the settle)", m["settled"], m["abort"]),
+        ("the grace (abort to its end)", m["abort"], m["grace"]),
+        ("after it (to the last gone)", m["grace"], m["end"]),
     ):
         secs = b.at - a.at
         cells = " ".join(f"{(b.cpu[n] - a.cpu[n]) * 100 / secs:>8.0f}" if secs > 0 else f"{'-':>8}" for n in a.cpu)
         print(f"  {label:<34} {secs:>6.1f} {cells}")
-    per_victim = ", ".join(
-        f"{n} {(end.cpu[n] - start.cpu[n]) * 1000 / r.held[n]:.1f} ms ({r.held[n]})" for n in names if r.held.get(n)
-    )
-    print(f"  instance CPU per victim it held, abort to the last gone: {per_victim}")
+    settle, window = m["abort"].at - m["settled"].at, m["end"].at - m["abort"].at
+    per_victim = []
+    for n in names:
+        if r.held.get(n):
+            used = m["end"].cpu[n] - m["abort"].cpu[n]
+            before = (m["abort"].cpu[n] - m["settled"].cpu[n]) / settle * window if settle > 0 else 0.0
+            per_victim.append(
+                f"{n} {used * 1000 / r.held[n]:.1f} ms, {(used - before) * 1000 / r.held[n]:.1f} net ({r.held[n]})"
+            )
+    label = "instance CPU per victim it held, abort to the last gone (net: less its rate before the abort)"
+    print(f"  {label}: {', '.join(per_victim)}")
 
 
 def run_mass(args: argparse.Namespace, pg: Postgres, workdir: Path) -> MassResult:
@@ -743,6 +767,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.mass_ping_wait = args.ping_wait
     if args.round < 1 or args.peers < 1 or args.mass_instances < 1:
         parser.error("--round, --peers and --mass-instances must be at least 1")
+    if args.mass > 1 and args.mass_instances > args.mass:
+        parser.error("--mass-instances must not exceed --mass")
     return args
 
 
