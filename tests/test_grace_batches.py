@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import psutil
@@ -21,19 +22,38 @@ from harness.waiting import assert_eventually
 from relay.core.ids import ExecutorKey, grace_id
 from tests.prom import scrape
 from workflows.engine import DBOS_THREADS
-from workflows.gracestart import GRACE_WORKFLOW, GraceStarter, grace_queue
+from workflows.gracestart import (
+    BURST_DELAY_SECS,
+    BURST_ROWS,
+    GRACE_WORKFLOW,
+    START_AT_ONCE_BELOW_SECS,
+    GraceStarter,
+    grace_queue,
+)
 from workflows.services import WORKFLOWS_VERSION
 
 # A queue no instance listens to: what is enqueued there stays ENQUEUED for the test to read.
 QUEUE = grace_queue("test-batches")
 GROUP = 8
 BURST = 40
+assert BURST >= BURST_ROWS
 DROPPED = 30
 BIG_BURST = 200
 
 
 def _key(i: int) -> ExecutorKey:
     return ExecutorKey("acme", "ledger", f"ex-{i}")
+
+
+def _delays(url: str, ids: list[str]) -> set[float | None]:
+    """Each row's delay (DELAYED until, less its creation: the client's clock less the database's,
+    on one machine), in seconds to the second."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT delay_until_epoch_ms - created_at FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)", (ids,)
+        ).fetchall()
+    assert len(rows) == len(ids)
+    return {None if d is None else round(d / 1000) for (d,) in rows}
 
 
 def _rows(client: DBOSClient, ids: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -77,8 +97,12 @@ async def _scenario(url: str) -> None:
         await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in burst))
         assert (starter.batches, starter.started) == (GROUP, GROUP - 1 + BURST)
         assert asked == [("acme", "ledger")]
-        assert {r[0] for r in _rows(client, burst).values()} == {"ENQUEUED"}
+        # A burst (BURST_ROWS or more in one transaction) waits DELAYED for BURST_DELAY_SECS before
+        # its queue may take it; the group above, started one by one, did not.
+        assert {r[0] for r in _rows(client, burst).values()} == {"DELAYED"}
         assert len(_rows(client, burst)) == BURST
+        assert _delays(url, burst) == {BURST_DELAY_SECS}
+        assert _delays(url, [i for i in ids if i != bad]) == {None}
 
         # Starting one that exists returns without a second row or an error.
         await starter.start(_key(0), 1, 1000.0)
@@ -208,3 +232,41 @@ def test_short_grace_periods_start_at_once_together_and_a_bad_one_fails_alone(st
         assert_eventually(lambda: "could not be started" in relay.log(), 10, what="the failure logged")
     finally:
         client.destroy()
+
+
+def test_a_burst_waits_delayed_and_still_declares_its_executors_dead_at_their_deadlines(start_relay: Any) -> None:
+    """A burst's grace periods wait DELAYED before their first step (so that the whole burst is
+    durable first), yet each declares its executor DEAD one grace period after its socket went:
+    the deadline is counted from the disconnection, not from the first step."""
+    grace = START_AT_ONCE_BELOW_SECS + BURST_DELAY_SECS + 2.0
+    relay: RelayProcess = start_relay(grace=grace)
+    dropped = 3 * BURST_ROWS
+    closed = 0.0
+
+    def stamp() -> None:
+        nonlocal closed
+        closed = time.time()
+
+    asyncio.run(_connect_and_drop(relay, dropped, "delayed", stamp))
+    with psycopg.connect(relay.database_url) as conn:
+
+        def delayed() -> int:
+            row = conn.execute(
+                """SELECT count(*) FROM dbos.workflow_status WHERE name = 'relay.grace_period'
+                    AND workflow_uuid LIKE 'grace:acme:ledger:delayed-%' AND delay_until_epoch_ms IS NOT NULL
+                    AND (started_at_epoch_ms IS NULL OR started_at_epoch_ms >= delay_until_epoch_ms)"""
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        assert_eventually(lambda: delayed() >= BURST_ROWS, 10, what="a burst's grace periods delayed")
+    ids = [f"delayed-{i}" for i in range(dropped)]
+    assert_eventually(
+        lambda: {relay.state_of("acme", "ledger", e) for e in ids} == {"DEAD"}, grace + 20, what="all DEAD"
+    )
+    with relay.api() as api:
+        entries = api.get("/audit", params={"action": "executor.dead", "limit": 1000}).json()
+    dead = {e["executorId"]: e["at"] for e in entries if e["action"] == "executor.dead"}
+    assert set(dead) >= set(ids)
+    late = sorted(datetime.fromisoformat(dead[e].replace("Z", "+00:00")).timestamp() - closed for e in ids)
+    # The sockets closed within a moment of ``closed``; each is declared DEAD one grace period on.
+    assert grace - 0.5 <= late[0] and late[-1] < grace + 2.0, (late[0], late[-1])

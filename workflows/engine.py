@@ -362,7 +362,7 @@ class Engine:
         stranded = [
             workflow_id
             for workflow_id, (status, queue) in found.items()
-            if status == "ENQUEUED" and gracestart.is_grace_queue(queue) and queue != self.graces.queue
+            if status in ("ENQUEUED", "DELAYED") and gracestart.is_grace_queue(queue) and queue != self.graces.queue
         ]
         if not stranded:
             return
