@@ -25,14 +25,15 @@ from workflows.engine import DBOS_THREADS
 from workflows.gracestart import (
     BURST_DELAY_SECS,
     BURST_ROWS,
+    DELAY_ONLY_WITH_SECS_LEFT,
     GRACE_WORKFLOW,
-    START_AT_ONCE_BELOW_SECS,
     GraceStarter,
     grace_queue,
 )
 from workflows.services import WORKFLOWS_VERSION
 
-# A queue no instance listens to: what is enqueued there stays ENQUEUED for the test to read.
+# A queue no instance listens to: what is enqueued there stays ENQUEUED for the test to read (a
+# DELAYED row becomes ENQUEUED when due: every instance's DBOS moves those of every queue).
 QUEUE = grace_queue("test-batches")
 GROUP = 8
 BURST = 40
@@ -93,16 +94,22 @@ async def _scenario(url: str) -> None:
         # goes in one transaction, the app's setting read once.
         assert starter.waiting == [bad]
         asked.clear()
-        burst = [starter.add(_key(100 + i), 2, 2000.0) for i in range(BURST)]
+        burst = [starter.add(_key(100 + i), 2, time.time()) for i in range(BURST)]
         await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in burst))
         assert (starter.batches, starter.started) == (GROUP, GROUP - 1 + BURST)
         assert asked == [("acme", "ledger")]
         # A burst (BURST_ROWS or more in one transaction) waits DELAYED for BURST_DELAY_SECS before
-        # its queue may take it; the group above, started one by one, did not.
-        assert {r[0] for r in _rows(client, burst).values()} == {"DELAYED"}
+        # its queue may take it (ENQUEUED once due); the group above, started one by one, did not.
+        assert {r[0] for r in _rows(client, burst).values()} <= {"DELAYED", "ENQUEUED"}
         assert len(_rows(client, burst)) == BURST
         assert _delays(url, burst) == {BURST_DELAY_SECS}
         assert _delays(url, [i for i in ids if i != bad]) == {None}
+        # Nor does a burst with too little of its grace left to wait that long as well: 3 s of 7.
+        late = [starter.add(_key(200 + i), 2, time.time() - 4.0) for i in range(BURST)]
+        await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in late))
+        assert starter.batches == GROUP + 1
+        assert 7.0 - 4.0 < DELAY_ONLY_WITH_SECS_LEFT <= 7.0
+        assert _delays(url, late) == {None}
 
         # Starting one that exists returns without a second row or an error.
         await starter.start(_key(0), 1, 1000.0)
@@ -189,14 +196,19 @@ def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of
     process = psutil.Process(relay.proc.pid)
     before = process.num_threads()
     most = before
+    expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * BIG_BURST
     with psycopg.connect(relay.database_url) as lock:
         lock.execute("LOCK TABLE dbos.operation_outputs IN EXCLUSIVE MODE")
         asyncio.run(_connect_and_drop(relay, BIG_BURST, "burst"))
-        until = time.monotonic() + 3.0
-        while time.monotonic() < until:
+        # Held until every grace period has been taken off the queue (a burst's wait DELAYED
+        # first) and its first checkpoint waits, then a second more.
+        give_up, until = time.monotonic() + 30.0, None
+        while until is None or time.monotonic() < until:
             most = max(most, process.num_threads())
+            if until is None and _grace_periods(relay, "burst") == expected:
+                until = time.monotonic() + 1.0
+            assert time.monotonic() < give_up, "the burst's grace periods were not all taken off the queue"
             time.sleep(0.05)
-    expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * BIG_BURST
     assert_eventually(lambda: _grace_periods(relay, "burst") == expected, 30, what="every grace period running")
     # Each one got as far as its wait: the durable timer, written when DBOS.recv begins.
     assert_eventually(lambda: _timers(relay, "burst") == BIG_BURST, 30, what="every grace period's timer")
@@ -238,9 +250,9 @@ def test_a_burst_waits_delayed_and_still_declares_its_executors_dead_at_their_de
     """A burst's grace periods wait DELAYED before their first step (so that the whole burst is
     durable first), yet each declares its executor DEAD one grace period after its socket went:
     the deadline is counted from the disconnection, not from the first step."""
-    grace = START_AT_ONCE_BELOW_SECS + BURST_DELAY_SECS + 2.0
+    grace = DELAY_ONLY_WITH_SECS_LEFT + 3.0  # delayed when enqueued within 3 s of the close
     relay: RelayProcess = start_relay(grace=grace)
-    dropped = 3 * BURST_ROWS
+    dropped = 4 * BURST_ROWS  # how they fall into transactions is the starter's: enough for one burst
     closed = 0.0
 
     def stamp() -> None:

@@ -9,7 +9,7 @@ sockets closing at once had their grace periods durable only after 6 to 9 s.
 Here they are enqueued on the instance's own DBOS queue (:func:`grace_queue`)
 with DBOS's ``DBOSClient.enqueue_in_transaction``: every start waiting when a
 transaction begins (up to ``max_batch``) goes in that one transaction. Once it
-commits, each grace period exists as a DBOS workflow (ENQUEUED): a crash of
+commits, each grace period exists as a DBOS workflow (ENQUEUED or DELAYED): a crash of
 Relay from then on loses none of them. Each instance listens to its own queue
 only (``DBOS.listen_queues``), so the instance that owns the executor's
 connection runs its timer, as before; its deadline is counted from the
@@ -55,7 +55,7 @@ from dbos import DBOS, DBOSClient, EnqueueOptions, SetWorkflowID
 from relay.core.ids import ExecutorKey, grace_id
 from relay.errors import DatabaseError
 from relay.store.db import CONNECT_TIMEOUT_SECS
-from workflows.grace import grace_period
+from workflows.grace import grace_period, remaining
 from workflows.services import RETRY_FIRST_SECS, RETRY_MAX_SECS, WORKFLOWS_VERSION
 
 log = logging.getLogger("relay.durable")
@@ -71,10 +71,14 @@ START_AT_ONCE_BELOW_SECS = 2 * GRACE_QUEUE_POLL_SECS
 # before its first grace periods run their first steps: started at once, those steps held the
 # interpreter three times as long as the enqueue of the rest (py-spy during 1,000 closes), and
 # the last of the burst became durable 2 to 5.5 s after the closes instead of 1.2 to 2.1 s.
-# Their deadlines do not move (counted from the disconnection); a grace period too short to wait
-# that long as well is not delayed.
+# Their deadlines do not move (counted from the disconnection), and one with too little of its
+# grace left to wait that long as well is not delayed: DBOS moves a DELAYED row to ENQUEUED in
+# its queue manager's loop (every DELAYED_CHECK_SECS), and the queue's worker takes it at its
+# next poll.
 BURST_ROWS = 32
 BURST_DELAY_SECS = 2.0
+DELAYED_CHECK_SECS = 1.0  # DBOS 3.2's queue manager
+DELAY_ONLY_WITH_SECS_LEFT = START_AT_ONCE_BELOW_SECS + BURST_DELAY_SECS + DELAYED_CHECK_SECS
 GRACE_QUEUE_PREFIX = "relay.grace:"
 GRACE_WORKFLOW = "relay.grace_period"
 
@@ -266,7 +270,7 @@ class GraceStarter:
         await asyncio.get_running_loop().run_in_executor(
             self._thread,
             self._enqueue,
-            [(workflow_id, args, _delay(burst, timeout)) for workflow_id, timeout, args in rows],
+            [(workflow_id, args, _delay(burst, timeout, args[5])) for workflow_id, timeout, args in rows],
         )
         self.batches += 1
 
@@ -332,9 +336,9 @@ def _as_database_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def _delay(burst: bool, timeout: float) -> float | None:
+def _delay(burst: bool, timeout: float, lost_at: float | None) -> float | None:
     """How long a grace period waits DELAYED before its queue may run it (None: not at all)."""
-    return BURST_DELAY_SECS if burst and timeout >= START_AT_ONCE_BELOW_SECS + BURST_DELAY_SECS else None
+    return BURST_DELAY_SECS if burst and remaining(timeout, lost_at) >= DELAY_ONLY_WITH_SECS_LEFT else None
 
 
 def _settle(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
