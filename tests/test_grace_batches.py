@@ -191,42 +191,26 @@ def test_a_burst_of_grace_periods_on_a_slow_database_runs_on_a_bounded_number_of
     thread each (some 3,000 for 5,000 sockets closing), and they queue past the pool's timeout and
     end grace periods in ERROR. Relay bounds that executor. Here the table of DBOS's checkpoints is
     locked while the burst begins, so that every grace period's first checkpoint waits."""
-    relay: RelayProcess = start_relay(grace=60.0)
+    # Under 5 s, so that the burst is not DELAYED (BURST_DELAY_SECS) and all of it is taken off
+    # the queue together while the table is locked.
+    grace = DELAY_ONLY_WITH_SECS_LEFT - 1.0
+    relay: RelayProcess = start_relay(grace=grace)
     assert relay.proc is not None
     process = psutil.Process(relay.proc.pid)
     before = process.num_threads()
     most = before
-    expected = [("PENDING", relay.instance_id, grace_queue(relay.instance_id))] * BIG_BURST
-    asyncio.run(_connect_and_drop(relay, BIG_BURST, "burst"))
-
-    def waiting() -> bool:
-        found = _grace_periods(relay, "burst")
-        delayed = sum(s == "DELAYED" for s, _, _ in found)
-        return len(found) == BIG_BURST and delayed >= BIG_BURST // 2 and delayed + _timers(relay, "burst") == BIG_BURST
-
-    def stuck() -> int:  # taken off the queue, their first checkpoint not written
-        return sum(s == "PENDING" for s, _, _ in _grace_periods(relay, "burst")) - _timers(relay, "burst")
-
-    # The burst is enqueued, most of it DELAYED (its first steps wait BURST_DELAY_SECS), and the
-    # rest (enqueued a few at a time, not delayed) wait in DBOS.recv, holding no connection. The
-    # table is locked before DBOS makes the DELAYED ones ENQUEUED, so that those of a transaction
-    # are taken off the queue together and each one's first checkpoint waits. (Those of a later
-    # transaction, due a moment later, may wait for a connection until the lock goes.) Without the
-    # bound, each waiting one is a thread: the lock is held until a quarter of the burst waits.
-    assert_eventually(waiting, 10, what="the burst enqueued, mostly DELAYED, the rest waiting")
     with psycopg.connect(relay.database_url) as lock:
         lock.execute("LOCK TABLE dbos.operation_outputs IN EXCLUSIVE MODE")
-        give_up, until = time.monotonic() + 30.0, None
-        while until is None or time.monotonic() < until:
+        asyncio.run(_connect_and_drop(relay, BIG_BURST, "burst"))
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
             most = max(most, process.num_threads())
-            if until is None and stuck() >= BIG_BURST // 4:
-                until = time.monotonic() + 1.0
-            assert time.monotonic() < give_up, "no quarter of the burst waited on its first checkpoint"
             time.sleep(0.05)
-    assert BIG_BURST // 4 > DBOS_THREADS + 4
-    assert_eventually(lambda: _grace_periods(relay, "burst") == expected, 30, what="every grace period running")
-    # Each one got as far as its wait: the durable timer, written when DBOS.recv begins.
+    # Each one got as far as its wait: the durable timer, written when DBOS.recv begins (its
+    # grace may have run out meanwhile: then it declares its executor dead), and none failed.
     assert_eventually(lambda: _timers(relay, "burst") == BIG_BURST, 30, what="every grace period's timer")
+    statuses = {s for s, _, _ in _grace_periods(relay, "burst")}
+    assert statuses <= {"PENDING", "SUCCESS"}, statuses
     most = max(most, process.num_threads())
     # A few threads begin on first use (the grace starter's own); without the bound, 88 here.
     assert most <= before + DBOS_THREADS + 4, (before, most)
