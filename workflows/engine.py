@@ -58,6 +58,8 @@ EVENT_WORKERS = 8
 DEFAULT_GRACE_SECS = 60.0
 # DBOS statuses of a workflow that still runs, or will: it needs no replacement.
 LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
+# Waiting on a queue: not taken by a worker yet (DELAYED: not before its due time).
+QUEUED = LIVE - {"PENDING"}
 # Workflow ids looked up in one query by the repair sweep.
 SWEEP_BATCH = 200
 
@@ -362,7 +364,7 @@ class Engine:
         stranded = [
             workflow_id
             for workflow_id, (status, queue) in found.items()
-            if status in ("ENQUEUED", "DELAYED") and gracestart.is_grace_queue(queue) and queue != self.graces.queue
+            if status in QUEUED and gracestart.is_grace_queue(queue) and queue != self.graces.queue
         ]
         if not stranded:
             return
