@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
-from dbos import DBOSClient
+from dbos import DBOSClient, EnqueueOptions
 from dbos._error import DBOSConflictingWorkflowError
 
 from harness.keys import CONDUCTOR_KEYS
@@ -281,3 +281,61 @@ def test_a_burst_waits_delayed_and_still_declares_its_executors_dead_at_their_de
     late = sorted(datetime.fromisoformat(dead[e].replace("Z", "+00:00")).timestamp() - closed for e in ids)
     # The sockets closed within a moment of ``closed``; each is declared DEAD one grace period on.
     assert grace - 0.5 <= late[0] and late[-1] < grace + 2.0, (late[0], late[-1])
+
+
+def test_grace_periods_left_delayed_or_enqueued_on_another_instances_queue_are_taken_over_by_the_owner(
+    start_relay: Any,
+) -> None:
+    """An instance adopted while its grace periods still waited on its queue (a burst's DELAYED
+    ones, or ENQUEUED ones not yet taken) left them where no worker listens: the owner's repair
+    sweep moves both kinds onto its own queue, and each declares its executor DEAD one grace
+    period after its disconnection."""
+    grace = 3.0
+    relay: RelayProcess = start_relay(grace=grace, repairIntervalSecs=1.0)
+    client = DBOSClient(system_database_url=relay.database_url)
+    gone = grace_queue("an-adopted-instance")
+    lost_at = 0.0
+
+    def strand() -> None:
+        """The grace periods of the disconnections to come, already waiting on ``gone``: Relay's own
+        start then finds their ids taken, as after an adoption. The first waits far beyond its
+        deadline (a DELAYED row that DBOS would not move by itself); the second is ENQUEUED."""
+        nonlocal lost_at
+        lost_at = time.time()
+        with psycopg.connect(relay.database_url) as conn:
+            epochs: dict[str, int] = dict(
+                conn.execute("SELECT executor_id, epoch FROM executors WHERE executor_id LIKE 'left-%'")
+            )
+        for i, delay in enumerate((600.0, None)):
+            executor_id = f"left-{i}"
+            epoch = int(epochs[executor_id])
+            options: EnqueueOptions = {
+                "queue_name": gone,
+                "workflow_name": GRACE_WORKFLOW,
+                "workflow_id": grace_id(ExecutorKey("acme", "ledger", executor_id), epoch),
+                "app_version": WORKFLOWS_VERSION,
+            }
+            if delay is not None:
+                options["delay_seconds"] = delay
+            client.enqueue(options, "acme", "ledger", executor_id, epoch, grace, lost_at)
+        assert sorted(s for s, _, _ in _grace_periods(relay, "left")) == ["DELAYED", "ENQUEUED"]
+
+    try:
+        asyncio.run(_connect_and_drop(relay, 2, "left", strand))
+        ids = ["left-0", "left-1"]
+        assert_eventually(
+            lambda: {relay.state_of("acme", "ledger", e) for e in ids} == {"DEAD"}, grace + 10, what="both DEAD"
+        )
+        assert _grace_periods(relay, "left") == [("SUCCESS", relay.instance_id, grace_queue(relay.instance_id))] * 2
+        assert "took over 2 grace period(s) waiting on another instance's queue" in relay.log()
+        with relay.api() as api:
+            entries = api.get("/audit", params={"action": "executor.dead", "limit": 100}).json()
+        late = sorted(
+            datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp() - lost_at
+            for e in entries
+            if e["executorId"] in ids
+        )
+        # The deadline is the stranded row's own (its disconnection's), not the takeover's.
+        assert len(late) == 2 and grace - 0.5 <= late[0] and late[-1] < grace + 2.5, late
+    finally:
+        client.destroy()
