@@ -37,6 +37,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -402,6 +403,8 @@ class Result:
     busy_after_close_secs: float | None  # None: still busy when we gave up waiting
     max_threads_after_close: int
     absorbed: Absorbed | None  # None: a server that keeps no records (the bare one)
+    handshake_cpu: dict[str, float]  # CPU seconds over the handshakes: server, client, machine
+    round: int = 0
 
 
 def cpu_meters(server: ServerProcess) -> dict[str, float]:
@@ -491,6 +494,7 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
         busy_after_close_secs=quiet.busy_secs,
         max_threads_after_close=quiet.max_threads,
         absorbed=absorbed,
+        handshake_cpu=held.handshake_cpu,
     )
     report_run(result, held, rss_before, fleet.failures)
     return result
@@ -533,10 +537,11 @@ def report_run(result: Result, held: Held, rss_before: int, failures: Counter[st
 # -- the run -----------------------------------------------------------------------
 
 
-def make_server(kind: str, n: int, workdir: Path, pg: Postgres) -> ServerProcess:
-    label = f"{kind}-{n}"
+def make_server(kind: str, n: int, workdir: Path, pg: Postgres, round_: int = 0) -> ServerProcess:
+    suffix = f"_{round_}" if round_ else ""
+    label = f"{kind}-{n}{suffix}"
     if kind == "relay":
-        return RelayServer(workdir, label, pg.create_database(f"relay_bench_{n}"))
+        return RelayServer(workdir, label, pg.create_database(f"relay_bench_{n}{suffix}"))
     return BareServer(workdir, label)
 
 
@@ -565,10 +570,15 @@ async def run_all(args: argparse.Namespace, pg: Postgres, workdir: Path) -> list
     results: list[Result] = []
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
         for n in args.sizes:
-            for kind in ("relay", "bare"):
-                result = await run_one(make_server(kind, n, workdir, pg), n, args, http)
-                if result is not None:
-                    results.append(result)
+            for round_ in range(args.rounds):
+                if args.rounds > 1:
+                    print(f"-- round {round_ + 1} of {args.rounds} at {n}", flush=True)
+                # Each round starts both servers afresh; their order alternates (ABBA), so that a
+                # machine that grows busier or quieter over the rounds favours neither.
+                for kind in ("relay", "bare") if round_ % 2 == 0 else ("bare", "relay"):
+                    result = await run_one(make_server(kind, n, workdir, pg, round_), n, args, http)
+                    if result is not None:
+                        results.append(replace(result, round=round_))
     return results
 
 
@@ -591,16 +601,34 @@ def print_table(results: list[Result]) -> None:
         )
     if not all(r.idle_covers_pings for r in results):
         print("* the idle window did not cover a whole ping round")
-    by_key = {(r.server, r.conns): r for r in results}
+    by_key = {(r.server, r.conns, r.round): r for r in results}
     for n in sorted({r.conns for r in results}):
-        relay, bare = by_key.get(("relay", n)), by_key.get(("bare", n))
-        if relay is None or bare is None:
+        pairs = [
+            (relay, bare)
+            for round_ in sorted({r.round for r in results})
+            if (relay := by_key.get(("relay", n, round_))) and (bare := by_key.get(("bare", n, round_)))
+        ]
+        if not pairs:
             continue
-        rate = relay.handshakes_per_sec / bare.handshakes_per_sec
-        memory = relay.kib_per_conn / bare.kib_per_conn if bare.kib_per_conn > 0 else float("nan")
+        rates = [relay.handshakes_per_sec / bare.handshakes_per_sec for relay, bare in pairs]
+        memories = [relay.kib_per_conn / bare.kib_per_conn if bare.kib_per_conn > 0 else float("nan")
+                    for relay, bare in pairs]  # fmt: skip
+        spread = f"median of {len(pairs)} rounds, {min(rates):.2f} to {max(rates):.2f}; " if len(pairs) > 1 else ""
         print(
-            f"ratios at {n}: relay/bare handshake rate {rate:.2f} (target >= 0.8), memory {memory:.2f} (target <= 1.5)"
+            f"ratios at {n}: relay/bare handshake rate {statistics.median(rates):.2f} ({spread}target >= 0.8),"
+            f" memory {statistics.median(memories):.2f} (target <= 1.5)"
         )
+        # On a machine shared by client, servers and PostgreSQL, the rate follows the CPU that a
+        # handshake costs all of them together, not the server's alone.
+        for i, kind in enumerate(("relay", "bare")):
+            ms = {
+                who: statistics.median(
+                    1000 * pair[i].handshake_cpu[who] / max(pair[i].conns - pair[i].failed, 1) for pair in pairs
+                )
+                for who in ("server", "client", "machine")
+            }
+            print(f"  CPU ms per handshake, {kind}: server {ms['server']:.2f}, client {ms['client']:.2f},"
+                  f" whole machine {ms['machine']:.2f}" + (" (medians)" if len(pairs) > 1 else ""))  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -608,6 +636,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="1000,5000", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--idle-secs", default=20.0, type=float, help="idle CPU window (default 20)")
     parser.add_argument("--concurrency", default=200, type=int, help="simultaneous opening handshakes")
+    parser.add_argument("--rounds", default=1, type=int, help="rounds of both servers per size, alternating (ABBA)")
     parser.add_argument("--log-dir", help="keep the servers' logs and configs here (default: a temporary directory)")
     parser.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -621,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, exit_on_sigterm)  # so that the finally blocks stop the servers
     print_machine()
     print(f"websockets {version('websockets')}, psutil {psutil.__version__}")
-    print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes", flush=True)
+    print(f"sizes {args.sizes}, idle window {args.idle_secs:g} s, {args.concurrency} concurrent handshakes,"
+          f" {args.rounds} round(s)", flush=True)  # fmt: skip
     raise_open_files(2 * max(args.sizes) + 1000)
     started = time.perf_counter()
     results = run(args)
