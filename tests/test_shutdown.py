@@ -18,8 +18,17 @@ import psycopg
 from websockets.asyncio.client import ClientConnection
 
 from harness.keys import CONDUCTOR_KEYS
-from harness.relay import RelayProcess
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, open_socket
+from relay.config import RelayConfig
+from relay.core.ids import ExecutorKey
+from relay.store.apps import AppStore
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore, Handshake
+from relay.store.lease import Lease
+from relay_protocol import ExecutorInfoReply
 from workflows.gracestart import grace_queue
 
 StartRelay = Callable[..., RelayProcess]
@@ -165,3 +174,61 @@ async def stop_while_the_rows_are_held(relay: RelayProcess) -> None:
         await blocker.rollback()
     await stopping
     await ws.wait_closed()
+
+
+async def _instance_lost_through_a_deadlock(url: str) -> None:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "deadlock-test", 30)
+        await lease.acquire()
+        executors = ExecutorStore(db)
+        for executor_id in ("ex-1", "ex-2"):  # in this order in the table: the statement meets ex-1 first
+            info = ExecutorInfoReply(request_id="r", executor_id=executor_id, application_version="v1",
+                                     hostname="host", language="python")  # fmt: skip
+            await executors.connected(Handshake(ExecutorKey("acme", "ledger", executor_id), info, "deadlock-test", "k"))
+        async with await psycopg.AsyncConnection.connect(url) as other:
+            # The other transaction (at the stop that failed in CI: the instance's own combined writes of
+            # disconnections) holds ex-2, and waits for ex-1 once the stop's statement holds it and waits
+            # for ex-2. It waits 10 s before looking for a deadlock, the stop's 1 s (PostgreSQL's
+            # default): the stop's transaction is the one PostgreSQL fails.
+            await other.execute("SET deadlock_timeout = '10s'")
+            await other.execute("UPDATE executors SET hostname = 'other' WHERE executor_id = 'ex-2'")
+            stop = asyncio.create_task(executors.instance_lost("deadlock-test"))
+
+            async def stop_waits() -> bool:
+                async with db.connection() as conn:
+                    cur = await conn.execute(
+                        """SELECT count(*) AS n FROM pg_stat_activity
+                            WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE executors SET state%%'"""
+                    )
+                    row = await cur.fetchone()
+                return row is not None and row["n"] == 1
+
+            for _ in range(100):
+                if await stop_waits():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the stop's statement never waited for ex-2")
+            await other.execute("UPDATE executors SET hostname = 'other' WHERE executor_id = 'ex-1'")
+            assert not stop.done()  # it failed on the deadlock and waits again, now for this transaction
+            await other.commit()
+        assert await asyncio.wait_for(stop, 10) == 2
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT executor_id, state, hostname FROM executors ORDER BY executor_id")
+            rows = [tuple(r.values()) for r in await cur.fetchall()]
+        assert rows == [("ex-1", "DISCONNECTED", "other"), ("ex-2", "DISCONNECTED", "other")], rows
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_stop_that_meets_a_deadlock_on_its_executors_rows_records_them_all_the_same(postgres: Postgres) -> None:
+    """Recording every executor of a stopping instance lost locks their rows in the table's order;
+    disconnections still being written lock them in theirs. PostgreSQL breaks such a deadlock by
+    failing one transaction: the stop's runs again (it failed one fresh-clone CI run with a traceback
+    and an "Application shutdown failed")."""
+    asyncio.run(_instance_lost_through_a_deadlock(postgres.create_database("deadlock")))

@@ -34,6 +34,11 @@ async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
     await pool.check()
 
 
+def deadlocked(exc: BaseException) -> bool:
+    """Whether PostgreSQL failed this transaction to break a deadlock (it may simply run again)."""
+    return isinstance(exc.__cause__, psycopg.errors.DeadlockDetected)
+
+
 # How long the current task waits for a connection of the pool; None: the pool's timeout.
 _patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("relay_db_patience", default=None)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,10 +30,15 @@ from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
 from relay.errors import DatabaseError, Fenced, RelayError
-from relay.store.db import Database
+from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
 
 E = ExecutorEvent
+log = logging.getLogger("relay.store")
+
+# Runs of the statement that records an instance's executors lost, when PostgreSQL fails it to break
+# a deadlock (each failure waits out deadlock_timeout, 1 s by default, first).
+INSTANCE_LOST_TRIES = 5
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
@@ -240,13 +246,26 @@ class ExecutorStore:
         """INSTANCE_LOST for every executor this instance held (start-up, shutdown).
 
         After a crash the sockets are gone but their rows still say HEALTHY.
+
+        At a shutdown, the disconnections of sockets that closed just before it may still be
+        being written, several to a transaction (:mod:`relay.store.combiner`), and lock the same
+        rows in another order: PostgreSQL then fails one of the two transactions to break the
+        deadlock, and this one runs again (the rows the other wrote are no longer HEALTHY).
         """
-        async with self.db.fenced() as conn:
-            cur = await conn.execute(
-                f"""UPDATE executors SET state = {_state_case(E.INSTANCE_LOST)}{_EFFECTS[E.INSTANCE_LOST]}
-                    WHERE relay_instance = %s AND state = ANY(%s)""",
-                (instance, [s.value for s in states_allowing(E.INSTANCE_LOST)]),
-            )
+        for attempt in range(1, INSTANCE_LOST_TRIES + 1):
+            try:
+                async with self.db.fenced() as conn:
+                    cur = await conn.execute(
+                        f"""UPDATE executors SET state = {_state_case(E.INSTANCE_LOST)}{_EFFECTS[E.INSTANCE_LOST]}
+                            WHERE relay_instance = %s AND state = ANY(%s)""",
+                        (instance, [s.value for s in states_allowing(E.INSTANCE_LOST)]),
+                    )
+                break
+            except DatabaseError as exc:
+                if attempt == INSTANCE_LOST_TRIES or not deadlocked(exc):
+                    raise
+                log.info("instance %s: recording its executors' disconnection met a deadlock; again (%d)",
+                         instance, attempt)  # fmt: skip
         self._count(E.INSTANCE_LOST, cur.rowcount, cur.rowcount)
         return cur.rowcount
 
