@@ -9,11 +9,13 @@ rest of Relay the workflow engine through the narrow protocols it needs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -90,6 +92,45 @@ class StopWatch:
             took = time.monotonic() - self.since
             if took >= self.every:
                 log.warning("instance %s: stopping: %s for %.1f s", self.instance_id, self.step, took)
+
+
+# How long a stop waits for DBOS's own (usually well under a second): DBOS 3.2 can hang in it when a
+# queue worker hands a workflow it just dequeued to DBOS's event loop after DBOS stopped that loop;
+# the wait for that worker then lasts DBOS's 10 s join timeout. Nothing is lost by not waiting: the
+# process is exiting, and what DBOS was starting is durable (it resumes at the next start).
+DBOS_STOP_SECS = 2.0
+
+
+async def run_for_at_most(fn: Callable[[], None], secs: float) -> bool:
+    """Run ``fn`` in a daemon thread of its own and wait for it at most ``secs`` seconds: True if
+    it returned (its exception is raised here), False if it is still running. Being a daemon, a
+    thread still running does not hold up the process's exit, as an executor's thread would."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            fn()
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name=f"relay-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(done), secs)
+    except TimeoutError:
+        return False
+    return True
 
 
 class Runtime:
@@ -257,6 +298,9 @@ class Runtime:
         await self.hub.close_all()
         try:
             clock.at("recording its executors' disconnection")
+            # First the disconnections still being written (sockets closed just before the stop,
+            # their handlers cancelled by uvicorn): they lock the same rows in another order.
+            await self.db.writes.settled()
             await self.executors.instance_lost(self.instance_id)
             clock.at("the repair sweep")
             await self.engine.sweep()
@@ -267,7 +311,9 @@ class Runtime:
             clock.at("stopping the router")
             await self.router.stop()
             clock.at("stopping DBOS")
-            await asyncio.to_thread(self.engine.destroy)
+            if not await run_for_at_most(self.engine.destroy, DBOS_STOP_SECS):
+                log.warning("instance %s: DBOS did not stop within %g s; the stop goes on without it",
+                            self.instance_id, DBOS_STOP_SECS)  # fmt: skip
             try:
                 clock.at("giving up its lease")
                 await self.lease.stop()  # last: the lease covers every write above

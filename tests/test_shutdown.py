@@ -11,10 +11,12 @@ periods (``Runtime.stop``). Real Relay, real PostgreSQL, simulated executors on 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 
 import psycopg
+import pytest
 from websockets.asyncio.client import ClientConnection
 
 from harness.keys import CONDUCTOR_KEYS
@@ -24,6 +26,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, open_socket
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
+from relay.runtime import run_for_at_most
 from relay.store.apps import AppStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
@@ -232,3 +235,28 @@ def test_a_stop_that_meets_a_deadlock_on_its_executors_rows_records_them_all_the
     failing one transaction: the stop's runs again (it failed one fresh-clone CI run with a traceback
     and an "Application shutdown failed")."""
     asyncio.run(_instance_lost_through_a_deadlock(postgres.create_database("deadlock")))
+
+
+def test_a_call_that_outlasts_its_bound_is_left_running_in_a_daemon_thread() -> None:
+    """How a stop waits for DBOS's own stop: at most a bound, and what is still running then does
+    not hold up the process's exit (a daemon thread). Returns and errors come through as they are."""
+
+    async def scenario() -> None:
+        release = threading.Event()
+        started = time.monotonic()
+        assert not await run_for_at_most(release.wait, 0.3)
+        assert 0.3 <= time.monotonic() - started < 2.0
+        (stuck,) = [t for t in threading.enumerate() if t.name == "relay-wait"]
+        assert stuck.daemon and stuck.is_alive()
+        release.set()
+        stuck.join(2)
+        assert not stuck.is_alive()
+        assert await run_for_at_most(lambda: None, 2.0)
+
+        def fails() -> None:
+            raise ValueError("from the thread")
+
+        with pytest.raises(ValueError, match="from the thread"):
+            await run_for_at_most(fails, 2.0)
+
+    asyncio.run(scenario())

@@ -95,6 +95,12 @@ class WriteCombiner:
             self._running.add(asyncio.get_running_loop().create_task(self._drain()))
         return await done
 
+    async def settled(self) -> None:
+        """Return once every write queued so far has committed or failed (a stop's first step:
+        the writes still in flight touch the rows its own statements are about to)."""
+        while self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
     async def _drain(self) -> None:
         try:
             while self._queue:
