@@ -94,6 +94,9 @@ class StopWatch:
                 log.warning("instance %s: stopping: %s for %.1f s", self.instance_id, self.step, took)
 
 
+# How long a stop waits for the combined writes in flight before it records its executors lost.
+WRITES_SETTLE_SECS = 1.0
+
 # How long a stop waits for DBOS's own (usually well under a second): DBOS 3.2 can hang in it when a
 # queue worker hands a workflow it just dequeued to DBOS's event loop after DBOS stopped that loop;
 # the wait for that worker then lasts DBOS's 10 s join timeout. Nothing is lost by not waiting: the
@@ -300,7 +303,7 @@ class Runtime:
             clock.at("recording its executors' disconnection")
             # First the disconnections still being written (sockets closed just before the stop,
             # their handlers cancelled by uvicorn): they lock the same rows in another order.
-            await self.db.writes.settled()
+            await self.db.writes.settled(WRITES_SETTLE_SECS)
             await self.executors.instance_lost(self.instance_id)
             clock.at("the repair sweep")
             await self.engine.sweep()

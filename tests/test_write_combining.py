@@ -232,3 +232,27 @@ async def _shared_peer_reads(url: str) -> None:
 
 def test_a_group_of_deaths_shares_its_reads_of_the_healthy_peers(postgres: Postgres) -> None:
     asyncio.run(_shared_peer_reads(postgres.create_database("combine_peers")))
+
+
+async def _settled(url: str) -> None:
+    async with _instances(url, "relay-1") as [(db, _, executors)]:
+        key, epoch = await _connect(executors, "relay-1", "ex-1", lost=False)
+        async with await psycopg.AsyncConnection.connect(url) as blocker:
+            await blocker.execute("SELECT 1 FROM executors FOR UPDATE")
+            write = asyncio.create_task(executors.apply(key, ExecutorEvent.LOST, epoch=epoch, instance="relay-1"))
+            await asyncio.sleep(0.3)  # its transaction waits for the row
+            write.cancel()  # its caller gone (a handler that uvicorn cancels): the transaction goes on
+            started = time.monotonic()
+            await db.writes.settled(0.5)
+            assert 0.5 <= time.monotonic() - started < 1.5  # bounded: that lane still waits
+            await blocker.rollback()
+        started = time.monotonic()
+        await db.writes.settled(10.0)  # the lane commits the write and ends
+        assert time.monotonic() - started < 2.0
+        assert (await _rows(db))[0] == {"ex-1": "DISCONNECTED"}
+
+
+def test_a_stop_awaits_the_combined_writes_in_flight_for_a_bounded_time(postgres: Postgres) -> None:
+    """Before a stop records its executors lost, it lets the combined writes in flight finish (they
+    lock the same rows): even a write whose caller is gone, and for at most the time it is given."""
+    asyncio.run(_settled(postgres.create_database("settled")))

@@ -95,11 +95,12 @@ class WriteCombiner:
             self._running.add(asyncio.get_running_loop().create_task(self._drain()))
         return await done
 
-    async def settled(self) -> None:
-        """Return once every write queued so far has committed or failed (a stop's first step:
-        the writes still in flight touch the rows its own statements are about to)."""
-        while self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+    async def settled(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until the lanes running now have nothing left to
+        write (a stop's first step: the writes in flight touch the rows its own statement is about
+        to; bounded, since new writes may keep a lane busy for as long as they come)."""
+        if self._running:
+            await asyncio.wait(list(self._running), timeout=timeout)
 
     async def _drain(self) -> None:
         try:
