@@ -20,6 +20,7 @@ from relay.api.common import (
     Body,
     Caller,
     Ctx,
+    DecodedRoute,
     JsonInteger,
     Page,
     PathId,
@@ -33,7 +34,7 @@ from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 from relay.domain.alerts import destination_of
 from relay.store.alerts import RuleRecord
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/alerting-rules")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/alerting-rules")
 
 # Where a field of relay.yaml's rule is in the API's body, for a 422's ``errors``.
 BODY_FIELDS = {

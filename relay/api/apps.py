@@ -9,13 +9,26 @@ from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import SkipJsonSchema
 
-from relay.api.common import Admin, ApiError, Body, Caller, Ctx, Given, JsonInteger, Page, actor, iso, optional
+from relay.api.common import (
+    Admin,
+    ApiError,
+    Body,
+    Caller,
+    Ctx,
+    DecodedRoute,
+    Given,
+    JsonInteger,
+    Page,
+    actor,
+    iso,
+    optional,
+)
 from relay.api.shapes import Shape
 from relay.core.lifecycle import ExecutorState
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
-router = APIRouter(prefix="/v2/orgs/{org}")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 # Thresholds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
 MAX_MS = 2**53
 # A retention setting: a positive integer, or null (off).

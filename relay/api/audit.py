@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, QueryName, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, iso, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 
-router = APIRouter(prefix="/v2/orgs/{org}")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 
 
 async def _reader(request: Request, org: str) -> KeyGrant:

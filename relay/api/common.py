@@ -12,7 +12,10 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.routing import Match
+from starlette.types import Scope
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant, Permission
@@ -85,12 +88,26 @@ def epoch_ms_iso(value: object) -> str | None:
         return None
 
 
-def _decode(value: str) -> str:
-    return unquote(value)
+class DecodedRoute(APIRoute):
+    """A route whose path parameters are decoded once, when the route matches.
+
+    :class:`relay.net.paths.PathKeeper` keeps ``%`` and ``/`` escaped inside each path segment so
+    that routing sees the segments the client sent; every parameter (an org, an app, a key's
+    name, a workflow id) is decoded here, before the permission checks and the handlers read it.
+    Decoding some parameters and not others made a key named ``team/ops`` impossible to delete
+    and an app named ``100%`` unreachable.
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        params = child.get("path_params")
+        if match is not Match.NONE and params:
+            child["path_params"] = {k: unquote(v) if isinstance(v, str) else v for k, v in params.items()}
+        return match, child
 
 
-# A path parameter that may hold any character, '/' included (relay.net.paths keeps it escaped).
-PathId = Annotated[str, AfterValidator(_decode)]
+# A path parameter that may hold any character, '/' included (decoded by DecodedRoute).
+PathId = str
 
 
 def context(request: Request) -> ApiContext:

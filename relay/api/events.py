@@ -24,12 +24,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from relay.api.common import Caller, Ctx
+from relay.api.common import Caller, Ctx, DecodedRoute
 from relay.auth import hash_key
 from relay.domain.events import END, Change, EventHub, Stream
 from relay.net.guard import bearer_key
 
-router = APIRouter(prefix="/v2/orgs/{org}", tags=["events"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}", tags=["events"])
 
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

@@ -17,6 +17,7 @@ from relay.api.common import (
     Body,
     Caller,
     Ctx,
+    DecodedRoute,
     Page,
     PathId,
     actor,
@@ -36,7 +37,7 @@ from relay.errors import (
 from relay.store.executors import ExecutorRecord
 from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, clean_text
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/executors")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/executors")
 
 
 class RecoverRequest(Body):

@@ -17,12 +17,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from relay.api.apps import app_or_404
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, iso, permitted
 from relay.api.shapes import Shape, utc
 from relay.auth import KeyGrant, Permission
 from relay.store.appfigures import granularity
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}")
 
 DEFAULT_METRICS = 10_000
 MAX_METRICS = 100_000

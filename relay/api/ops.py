@@ -14,12 +14,12 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from relay.api.common import Ctx, problem
+from relay.api.common import Ctx, DecodedRoute, problem
 from relay.appmetrics import SCOPES, ScrapeView
 from relay.auth import Permission
 from relay.net.guard import bearer_key
 
-router = APIRouter()
+router = APIRouter(route_class=DecodedRoute)
 STATIC = Path(__file__).resolve().parents[1] / "static"
 CONSOLE = STATIC / "console.html"
 # The console's scripts (ES modules) and styles are files of their own, so that no inline code

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from relay.api.common import ApiError, Ctx, authenticated, iso, permitted
+from relay.api.common import ApiError, Ctx, DecodedRoute, authenticated, iso, permitted
 from relay.auth import KeyGrant, Permission
 
-router = APIRouter(prefix="/v2/orgs/{org}", tags=["org"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}", tags=["org"])
 # Routes about the caller that name no org: a client holding only a key (the CLI) starts here.
-caller_router = APIRouter(prefix="/v2", tags=["org"])
+caller_router = APIRouter(route_class=DecodedRoute, prefix="/v2", tags=["org"])
 
 
 async def _member(request: Request, org: str) -> KeyGrant:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from relay.api import shapes
-from relay.api.common import ApiError, Caller, Ctx, PathId, answered
+from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, PathId, answered
 from relay_protocol import GetQueueReply, GetQueueRequest, ListQueuesReply, ListQueuesRequest
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/queues", tags=["queues"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/queues", tags=["queues"])
 
 
 @router.get("", response_model=list[shapes.Queue])

@@ -13,11 +13,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, Page, PathId, QueryName, iso, iso_text
+from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName, iso, iso_text
 from relay.api.shapes import Shape, one_of
 from relay.store.recoveries import RecoveryRow
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/recoveries")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/recoveries")
 
 
 class RecoveryAttempt(Shape):

@@ -5,7 +5,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from relay.api import shapes
-from relay.api.common import Admin, ApiError, Body, Caller, Ctx, PathId, QueryName, actor, answered, audited
+from relay.api.common import (
+    Admin,
+    ApiError,
+    Body,
+    Caller,
+    Ctx,
+    DecodedRoute,
+    PathId,
+    QueryName,
+    actor,
+    answered,
+    audited,
+)
 from relay.api.shapes import UtcTime, sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
@@ -23,7 +35,7 @@ from relay_protocol import (
     TriggerScheduleRequest,
 )
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
 
 
 class BackfillIn(Body):

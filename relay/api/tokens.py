@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import NO_NUL, Body, Ctx, Page, PathId, actor, iso, permitted, storable
+from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, actor, iso, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.store.keys import TokenRecord
 
-router = APIRouter(prefix="/v2/orgs/{org}/tokens")
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/tokens")
 TokenName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 

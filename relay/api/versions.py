@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from relay.api import shapes
-from relay.api.common import Admin, Body, Caller, Ctx, NonEmptyName, actor, answered, audited
+from relay.api.common import Admin, Body, Caller, Ctx, DecodedRoute, NonEmptyName, actor, answered, audited
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -13,7 +13,7 @@ from relay_protocol import (
     SetLatestApplicationVersionRequest,
 )
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"])
 
 
 class LatestIn(Body):

@@ -27,6 +27,7 @@ from relay.api.common import (
     Body,
     Caller,
     Ctx,
+    DecodedRoute,
     JsonInteger,
     Name,
     NonEmptyName,
@@ -75,7 +76,7 @@ from relay_protocol import (
     ResumeRequest,
 )
 
-router = APIRouter(prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
+router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
 
 
