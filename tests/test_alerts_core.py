@@ -139,6 +139,21 @@ def policy(*entries: str, public: bool = True) -> DestinationPolicy:
         ("127.0.0.1", "127.0.0.1", ("127.0.0.1",), True, True),
         ("mapped", "::ffff:10.0.0.1", (), True, False),
         ("mapped", "::ffff:10.0.0.1", ("10.0.0.0/8",), True, True),
+        # IPv4 addresses inside IPv6 ones: NAT64, local-use NAT64, 6to4, Teredo
+        ("nat64", "64:ff9b::a9fe:a9fe", (), True, False),  # 169.254.169.254, the metadata address
+        ("nat64", "64:ff9b::a00:1", (), True, False),
+        ("nat64", "64:ff9b::7f00:1", (), True, False),
+        ("nat64", "64:ff9b::a00:1", ("10.0.0.0/8",), True, True),
+        ("nat64", "64:ff9b::5db8:d822", (), True, True),  # 93.184.216.34
+        ("nat64", "64:ff9b::5db8:d822", ("64:ff9b::/96",), False, True),
+        ("local-nat64", "64:ff9b:1::a00:1", (), True, False),
+        ("local-nat64", "64:ff9b:1::5db8:d822", (), True, False),  # where the IPv4 address sits varies
+        ("local-nat64", "64:ff9b:1::a00:1", ("64:ff9b:1::/48",), True, True),
+        ("6to4", "2002:a00:1::1", (), True, False),
+        ("6to4", "2002:a9fe:a9fe::1", (), True, False),
+        ("6to4", "2002:5db8:d822::1", (), True, True),
+        ("teredo", "2001:0:4136:e378:8000:63bf:f5ff:fffe", (), True, False),  # its client is 10.0.0.1
+        ("plain-v6", "2606:4700::1111", (), True, True),
     ],
 )
 def test_the_allow_list(host: str, address: str, entries: tuple[str, ...], public: bool, allowed: bool) -> None:

@@ -5,11 +5,19 @@ the operator's network, sends to it. Without a limit that is a way to reach
 internal services (a database's HTTP port, a cloud's metadata address). So a
 destination is allowed when:
 
-- its host name is listed (``hooks.internal``, or ``*.example.com`` for any name under it), or
+- its host name is listed (``hooks.internal``, or ``*.example.com`` for any name under it; an
+  internationalised name is compared in its IDNA form), or
 - the address it resolves to is in a listed network (``10.1.2.3``, ``10.0.0.0/8``, ``::1``), or
 - the address is public (``allow_public``, the default), which excludes private, loopback,
   link-local (the metadata address 169.254.169.254 among them), shared, reserved and
   multicast addresses.
+
+An IPv6 address that carries an IPv4 address is judged by it too: IPv4-mapped
+(``::ffff:10.0.0.1``) and NAT64 (``64:ff9b::a00:1``, which a NAT64 gateway turns
+into 10.0.0.1) are the IPv4 address; a 6to4 (``2002:a00:1::1``) or Teredo
+address, reached through the IPv4 address it embeds, is public only if that is.
+The local-use NAT64 prefix (``64:ff9b:1::/48``) embeds its IPv4 address where
+the network chooses, so it is never public: only a listed network allows it.
 
 The caller resolves the name and asks about *every* address it got (a name may
 resolve to a public and a private address); :mod:`relay.net.webhook` then
@@ -23,8 +31,19 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import idna
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def ascii_host(host: str) -> str:
+    """A host name as DNS, the Host header and TLS know it: an internationalised name
+    (``bücher.example``) in its IDNA form (``xn--bcher-kva.example``, with the UTS 46 mapping
+    browsers use). Raises ValueError for a name IDNA does not allow."""
+    if host.isascii():
+        return host
+    return idna.encode(host, uts46=True).decode("ascii")
 
 
 def parse_entry(entry: str) -> Network | str:
@@ -38,22 +57,46 @@ def parse_entry(entry: str) -> Network | str:
     except ValueError:
         pass
     name = text.lower().rstrip(".")
+    under = "*." if name.startswith("*.") else ""
+    try:
+        name = under + ascii_host(name.removeprefix("*."))
+    except ValueError as exc:
+        raise ValueError(f"{entry!r} is not a valid internationalised host name ({exc})") from exc
     labels = name.removeprefix("*.").split(".")
     if not all(label and len(label) <= 63 and label.replace("-", "").isalnum() for label in labels):
         raise ValueError(f"{entry!r} is neither an address, a network (10.0.0.0/8) nor a host name (*.example.com)")
     return name
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: where it is, the network decides
+
+
 def _unmapped(address: Address) -> Address:
-    """An IPv4 address written as IPv6 (``::ffff:10.0.0.1``) is judged as the IPv4 address it is."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
+    """An IPv4 address written as IPv6 (``::ffff:10.0.0.1``, or ``64:ff9b::a00:1`` through NAT64)
+    is judged as the IPv4 address it is."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
+
+
+def _embedded(address: Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address is reached through: a 6to4 router, a Teredo server and client."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    return list(address.teredo or ())
 
 
 def is_public(address: Address) -> bool:
     address = _unmapped(address)
-    return address.is_global and not address.is_multicast
+    if address in LOCAL_NAT64:
+        return False
+    return address.is_global and not address.is_multicast and all(is_public(v4) for v4 in _embedded(address))
 
 
 @dataclass(frozen=True)
@@ -80,7 +123,7 @@ class DestinationPolicy:
         if self.host_listed(host):
             return None
         plain = _unmapped(address)
-        if any(plain in network for network in self.networks if network.version == plain.version):
+        if any(a in network for a in {address, plain} for network in self.networks if network.version == a.version):
             return None
         if self.allow_public and is_public(plain):
             return None
@@ -101,6 +144,11 @@ class DestinationPolicy:
 
 
 def _kind(address: Address) -> str:
+    if address in LOCAL_NAT64:
+        return "a local-use NAT64 address"
+    inside = [v4 for v4 in _embedded(address) if not is_public(v4)]
+    if inside:
+        return f"an address reached through {inside[0]}, {_kind(inside[0])}"
     if address.is_loopback:
         return "a loopback address"
     if address.is_link_local:
