@@ -317,6 +317,7 @@ class Runtime:
             if not await run_for_at_most(self.engine.destroy, DBOS_STOP_SECS):
                 log.warning("instance %s: DBOS did not stop within %g s; the stop goes on without it",
                             self.instance_id, DBOS_STOP_SECS)  # fmt: skip
+            self.webhooks.close()  # no delivery step runs any more: its DNS threads may go
             try:
                 clock.at("giving up its lease")
                 await self.lease.stop()  # last: the lease covers every write above

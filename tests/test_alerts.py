@@ -4,12 +4,17 @@ server in the test) and an app whose ``@DBOS.alert_handler`` writes what it rece
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import signal
+import socket
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -23,9 +28,11 @@ from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.config import RelayConfig
 from relay.core.alerts import Kind
+from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
 from relay.domain.alerts import ConditionObserver
+from relay.net.webhook import LOOKUP_THREADS, Attempt, WebhookSender
 from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.db import Database
@@ -444,3 +451,129 @@ def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: st
     never, healthy, deleted, recreated = asyncio.run(scenario())
     assert never == [] and healthy == [] and recreated == []
     assert [o.subject for o in deleted] == [{"appName": "ledger"}]
+
+
+# -- the webhook sender on its own, against a real receiver; names resolved by an injected lookup ------
+
+
+def resolving_to(*addresses: str, asked: list[str] | None = None) -> Callable[..., list[tuple[Any, ...]]]:
+    """A getaddrinfo for WebhookSender under which every name resolves to ``addresses``, in that
+    order (the names it is asked for are added to ``asked``)."""
+
+    def getaddrinfo(host: str, port: int, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        if asked is not None:
+            asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in addresses]
+
+    return getaddrinfo
+
+
+def test_webhook_lookups_that_hang_leave_the_threads_of_the_loops_default_executor_free() -> None:
+    """DBOS makes its executor, bounded, the loop's default; a webhook host whose name server never
+    answers holds a thread for each lookup well past the delivery's timeout. Those threads must be
+    the sender's own, few, and given back when the lookups end."""
+    answer = threading.Event()
+    lock = threading.Lock()
+    running, most = 0, 0
+    all_in: list[Callable[[], None]] = []  # sets an asyncio.Event once every lookup thread is taken
+
+    def hanging(host: str, port: int, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            if running == LOOKUP_THREADS:
+                all_in[0]()
+        answer.wait(10)
+        with lock:
+            running -= 1
+        return resolving_to("93.184.216.34")(host, port)
+
+    async def scenario() -> tuple[float, list[Attempt], str | None]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))  # DBOS's, with one thread left
+        taken = asyncio.Event()
+        all_in.append(lambda: loop.call_soon_threadsafe(taken.set))
+        sender = WebhookSender(DestinationPolicy.from_entries([]), 0.5, "t", getaddrinfo=hanging)
+        try:
+            posts = [asyncio.create_task(sender.post("https://tarpit.example/hook", b"{}", {})) for _ in range(5)]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(taken.wait(), 0.4)  # every lookup thread taken; the fifth waits
+            began = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loop.run_in_executor(None, lambda: None), 1.0)  # as a DBOS database call
+            waited = time.monotonic() - began
+            outcomes = await asyncio.gather(*posts)
+            answer.set()  # the name server answers at last: the threads are free for the next lookups
+            return waited, outcomes, await sender.check("https://tarpit.example/hook")
+        finally:
+            answer.set()
+            sender.close()
+
+    waited, outcomes, later = asyncio.run(scenario())
+    assert waited < 0.2, f"the loop's default executor waited {waited:.2f}s for a thread held by a webhook lookup"
+    assert all(not o.ok and o.retry and "0.5s" in (o.error or "") for o in outcomes), outcomes
+    assert most == LOOKUP_THREADS  # the fifth waited for a thread (and gave up), queued nowhere
+    assert later is None
+
+
+def test_a_webhook_goes_to_the_next_checked_address_when_one_cannot_be_connected_to() -> None:
+    """The host resolves to an address that refuses, one that drops the connection attempt (a full
+    accept queue), then the receiver's: all tried within the delivery's one timeout."""
+    with WebhookReceiver() as receiver, socket.socket() as tarpit, socket.socket() as queued:
+        tarpit.bind(("127.0.0.3", receiver.port))
+        tarpit.listen(0)
+        queued.connect(("127.0.0.3", receiver.port))  # the one connection its accept queue holds
+        getaddrinfo = resolving_to("127.0.0.2", "127.0.0.3", "127.0.0.1")
+        url = f"http://hooks.example:{receiver.port}/x"
+
+        async def scenario() -> tuple[Attempt, float, Attempt]:
+            sender = WebhookSender(DestinationPolicy.from_entries(["127.0.0.0/8"]), 2.0, "t", getaddrinfo=getaddrinfo)
+            down = WebhookSender(
+                DestinationPolicy.from_entries(["127.0.0.0/8"]), 2.0, "t", getaddrinfo=resolving_to("127.0.0.2")
+            )
+            try:
+                began = time.monotonic()
+                sent = await sender.post(url, b"{}", {})
+                return sent, time.monotonic() - began, await down.post(url, b"{}", {})
+            finally:
+                sender.close()
+                down.close()
+
+        sent, took, refused = asyncio.run(scenario())
+    assert sent.ok and sent.status == 200, sent
+    (delivery,) = receiver.deliveries()
+    assert delivery.headers["host"] == f"hooks.example:{receiver.port}"
+    assert took < 1.5, f"{took:.1f}s"  # the silent address had its share of the timeout (1 s), not all of it
+    assert not refused.ok and refused.retry and "ConnectError" in (refused.error or ""), refused
+
+
+def test_a_webhook_on_an_internationalised_host_name_is_sent_under_its_idna_name() -> None:
+    asked: list[str] = []
+    with WebhookReceiver() as receiver:
+        url = f"http://Bücher.example:{receiver.port}/x"
+
+        async def scenario() -> tuple[str | None, Attempt, str | None, str | None]:
+            getaddrinfo = resolving_to("127.0.0.1", asked=asked)
+            sender = WebhookSender(DestinationPolicy.from_entries(["127.0.0.1"]), 2.0, "t", getaddrinfo=getaddrinfo)
+            by_name = WebhookSender(
+                DestinationPolicy.from_entries(["bücher.example"]), 2.0, "t", getaddrinfo=getaddrinfo
+            )
+            try:
+                return (
+                    await sender.check(url),  # what the API asks when the rule is made
+                    await sender.post(url, b"{}", {}),
+                    await by_name.check(url),  # listed by its Unicode name
+                    await sender.check("http://\N{SNOWMAN}.example/x"),  # a name IDNA does not allow
+                )
+            finally:
+                sender.close()
+                by_name.close()
+
+        refused, sent, listed, snowman = asyncio.run(scenario())
+    assert refused is None and listed is None
+    assert sent.ok, sent
+    (delivery,) = receiver.deliveries()
+    assert delivery.headers["host"] == f"xn--bcher-kva.example:{receiver.port}"
+    assert set(asked) == {"xn--bcher-kva.example"}
+    assert snowman is not None and "internationalised" in snowman, snowman
