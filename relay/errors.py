@@ -22,6 +22,7 @@ only these::
     ├── TooManyRequests        an app already has its cap of requests in flight, or a key its
     │                          cap of event streams (429)
     ├── StreamsExhausted       this instance serves as many event streams as it allows (503)
+    ├── Forbidden              the caller's key may not act on what it names: a key beyond its powers (403)
     └── ActionRefused          an operator's action does not apply (the API answers 404 or 409)
         ├── NotFound               no such app, executor or recovery
         └── Conflict               the state does not allow it (a HEALTHY executor), or changed meanwhile
@@ -103,6 +104,11 @@ class TooManyRequests(RelayError):
 
 class StreamsExhausted(RelayError):
     """This instance serves as many event streams (the console's live updates) as it allows."""
+
+
+class Forbidden(RelayError):
+    """The caller's key may not act on what it names: another key with powers (permissions or apps)
+    beyond its own. The API answers 403, as for a permission the key lacks."""
 
 
 class ActionRefused(RelayError):

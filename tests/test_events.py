@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
@@ -244,6 +245,18 @@ def test_deleting_a_key_ends_its_streams(pair: Pair, streams: list[Stream]) -> N
     assert end["reason"] == "key deleted"
     assert stream.ended.wait(5), "the stream was not closed"
     assert open_stream(streams, pair.r1, key).status == 401
+
+
+def test_narrowing_a_key_ends_its_streams(pair: Pair, streams: list[Stream]) -> None:
+    """A stream sends what the key it was opened with may see: a key narrowed since (in relay.yaml,
+    whose sync rewrites the key's row as done here) ended its streams only if it was deleted."""
+    key = make_key(pair.r1, "ev-narrowed", ["application.read", "organization.read"])
+    stream = open_stream(streams, pair.r1, key)
+    with psycopg.connect(pair.database) as conn:
+        conn.execute("UPDATE tokens SET apps = ARRAY['other'] WHERE org = 'acme' AND name = 'ev-narrowed'")
+    end = stream.next(lambda n, _: n == "end", timeout=10)
+    assert end["reason"] == "key changed"
+    assert stream.ended.wait(5), "the stream was not closed"
 
 
 def test_a_stopping_instance_closes_its_streams_at_once(pair: Pair, streams: list[Stream]) -> None:

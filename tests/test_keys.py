@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from harness.keys import API_KEYS, VIEWER_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
@@ -172,3 +173,99 @@ def test_a_key_scoped_to_an_app_reaches_only_that_app(start_relay: StartRelay) -
 
     assert asyncio.run(attempt("other")) == 403
     assert asyncio.run(attempt("ledger")) == 101
+
+
+def test_a_key_scoped_to_apps_sees_renames_and_deletes_only_keys_within_its_powers(start_relay: StartRelay) -> None:
+    """Such a key deleted and renamed any key of its org (the org's admin keys, other apps' conductor
+    keys) and listed them all. It now acts on the keys it could have created, and lists only those."""
+    relay = start_relay()
+    limited = create(relay, "limited", {"permissions": ["token.write", "token.read"], "appNames": ["ledger"]})
+    create(relay, "billing-exec", {"appNames": ["billing"]})  # another app's conductor key
+    create(relay, "org-admin", {"permissions": ["application.write", "application.read", "token.write"]})
+    create(relay, "ledger-writer", {"permissions": ["application.write"], "appNames": ["ledger"]})  # beyond it
+    create(relay, "ledger-exec", {"appNames": ["ledger"]})
+    create(relay, "ledger-exec-2", None, key=limited)  # scoped to ledger, as its creator is
+    with api(relay, limited) as client:
+        for attempt in (
+            client.delete("/tokens/billing-exec"),
+            client.patch("/tokens/billing-exec", json={"newName": "x"}),
+            client.delete("/tokens/org-admin"),
+            client.patch("/tokens/org-admin", json={"newName": "pwned"}),
+            client.delete("/tokens/ledger-writer"),
+            client.delete("/tokens/ops"),  # relay.yaml's admin key
+        ):
+            assert attempt.status_code == 403, (attempt.request.url, attempt.text)
+            assert attempt.json()["error"]["code"] == "forbidden"
+        # The keys scoped to its apps (ledger-writer too: seen, not changed); filtered before paging,
+        # so that every page is whole and they add up to the list.
+        within = ["ledger-exec", "ledger-exec-2", "ledger-writer", "limited"]
+        assert [t["tokenName"] for t in client.get("/tokens").json()] == within
+        pages = [client.get("/tokens", params={"limit": 2, "offset": offset}).json() for offset in (0, 2)]
+        assert [[t["tokenName"] for t in page] for page in pages] == [within[:2], within[2:]]
+        assert client.patch("/tokens/ledger-exec", json={"newName": "ledger-exec-1"}).status_code == 200
+        assert client.delete("/tokens/ledger-exec-1").status_code == 204
+    with api(relay, API_KEYS["acme"]) as admin:
+        names = {t["tokenName"] for t in admin.get("/tokens").json()}
+    assert {"billing-exec", "org-admin", "ledger-writer", "ops", "prod"} <= names
+    assert "ledger-exec-1" not in names and "pwned" not in names
+
+
+def test_a_socket_whose_key_is_deleted_during_its_handshake_is_closed(start_relay: StartRelay) -> None:
+    """The key was checked when the socket opened, and the sockets of a deleted key were closed only
+    if the hub held them already: a socket in its handshake then was admitted, and stayed."""
+    relay = start_relay()
+    secret = create(relay, "robot", {"appNames": ["ledger"]})
+
+    async def scenario() -> tuple[int | None, str]:
+        ws = await open_socket(ws_url(relay, secret))  # accepted; Relay asked executor_info
+        with api(relay, API_KEYS["acme"]) as admin:
+            assert admin.delete("/tokens/robot").status_code == 204
+        await off_loop(assert_eventually, lambda: status(relay, secret) == 401, 3)  # the key ring reloaded
+        executor_id = await handshake(ws)
+        with pytest.raises(ConnectionClosed):
+            while True:  # whatever Relay sends before it closes the socket
+                await asyncio.wait_for(ws.recv(), 3)
+        return ws.close_code, executor_id
+
+    code, executor_id = asyncio.run(scenario())
+    assert code == 4401
+    # Lost like a socket whose key is deleted: its grace period runs.
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) == "DISCONNECTED", 3)
+
+
+def test_rotating_or_narrowing_a_key_in_relay_yaml_closes_the_sockets_it_no_longer_admits(
+    start_relay: StartRelay,
+) -> None:
+    """relay.yaml's keys keep their id when their secret or their apps change, and only the sockets of
+    keys whose id disappeared were closed: a rotated-out secret kept its sockets."""
+    config = relay_yaml(free_port(), grace=30)
+    keys = config["orgs"][0]["conductorKeys"]
+    keys.append({"name": "staging", "sha256": sha("ck-staging")})
+    relay1 = start_relay(config, instance_id="relay-1")
+
+    async def connect(key: str) -> tuple[ClientConnection, str]:
+        ws = await open_socket(ws_url(relay1, key))
+        executor_id = await handshake(ws)
+        await off_loop(assert_eventually, lambda: relay1.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+        return ws, executor_id
+
+    async def closed(ws: ClientConnection) -> int | None:
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await asyncio.wait_for(ws.recv(), 5)
+        return ws.close_code
+
+    async def scenario() -> list[tuple[int | None, str]]:
+        sockets = [await connect(CONDUCTOR_KEYS["acme"]), await connect("ck-staging")]
+        changed = copy.deepcopy(config)
+        changed["server"]["port"] = free_port()
+        changed["orgs"][0]["conductorKeys"] = [
+            {"name": "prod", "sha256": sha("a-fresh-secret")},  # rotated
+            {"name": "staging", "sha256": sha("ck-staging"), "apps": ["other"]},  # no longer for ledger
+        ]
+        await off_loop(start_relay, changed, "relay-2")  # writes relay.yaml's keys to the database
+        return [(await closed(ws), executor_id) for ws, executor_id in sockets]
+
+    for code, executor_id in asyncio.run(scenario()):
+        assert code == 4401
+        assert_eventually(lambda e=executor_id: relay1.state_of("acme", "ledger", e) == "DISCONNECTED", 3)

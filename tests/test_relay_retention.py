@@ -16,7 +16,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
-from relay.auth import KeyGrant, Permission
+from relay.auth import KeyGrant, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError, ExecutorTimeout
@@ -151,7 +151,8 @@ async def _send_to_a_peer_that_stopped_reading() -> tuple[float, bool]:
 
     grant = KeyGrant("k", "acme", "prod", frozenset({Permission.WEBSOCKET_CONNECT}))
     scope = {"extensions": {"relay.keepalive": Stuck()}}
-    conn = ExecutorConnection(None, grant, "ledger", "test", receive, never, scope)  # type: ignore[arg-type]
+    digest = hash_key("k")
+    conn = ExecutorConnection(None, grant, digest, "ledger", "test", receive, never, scope)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(ExecutorTimeout, match="did not take recovery"):

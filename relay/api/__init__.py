@@ -41,6 +41,7 @@ from relay.errors import (
     Conflict,
     DatabaseError,
     ExecutorRequestError,
+    Forbidden,
     NoHealthyExecutor,
     NotFound,
     StreamsExhausted,
@@ -112,6 +113,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(StreamsExhausted)
     async def _streams(_: Request, exc: StreamsExhausted) -> Response:
         return error_response(503, "too_many_streams", str(exc), headers={"Retry-After": "5"})
+
+    @api.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden) -> Response:
+        return error_response(403, "forbidden", str(exc))
 
     @api.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> Response:

@@ -7,7 +7,7 @@ it shows when a change concerns it. Events::
     event: ready         the stream is open: read the page now (changes from here on are sent)
     event: executor      {"app", "executorId", "state", "blockedReason", "relayInstance"}
     event: audit         {"id", "at", "app", "action", "executorId", "peerExecutorId"}
-    event: end           {"reason"}: the stream ends (shutdown, a slow reader, the key deleted)
+    event: end           {"reason"}: the stream ends (shutdown, a slow reader, the key deleted or changed)
 
 and a comment line (``: heartbeat``) every ``server.eventHeartbeatSecs`` when
 nothing happens. A deleted executor shows as the audit entry ``executor.deleted``.

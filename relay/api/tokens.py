@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, actor, iso, permitted, storable
+from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, iso, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.store.keys import TokenRecord
@@ -72,8 +72,9 @@ def token(record: TokenRecord) -> Token:
 
 
 @router.get("")
-async def list_tokens(org: str, ctx: Ctx, _: Reader, page: Page) -> list[Token]:
-    return [token(t) for t in await ctx.keys.list_tokens(org, page.limit, page.offset)]
+async def list_tokens(org: str, ctx: Ctx, who: Reader, page: Page) -> list[Token]:
+    """The org's keys; for a key scoped to apps, only the keys scoped to some of its apps."""
+    return [token(t) for t in await ctx.keys.list_tokens(org, page.limit, page.offset, within=who.apps)]
 
 
 @router.post("/{token_name}", status_code=201)
@@ -88,11 +89,13 @@ async def create_token(
 
 @router.patch("/{token_name}")
 async def rename_token(org: str, token_name: PathId, body: RenameToken, ctx: Ctx, who: Writer) -> Token:
-    return token(await ctx.tokens.rename(org, token_name, body.newName, actor(who)))
+    """403 for a key beyond the caller's powers (permissions it lacks, apps outside its scope)."""
+    return token(await ctx.tokens.rename(org, token_name, body.newName, who))
 
 
 @router.delete("/{token_name}", status_code=204)
 async def delete_token(org: str, token_name: PathId, ctx: Ctx, who: Writer) -> Response:
-    """Refused at once by every instance (within about a second); the sockets it opened are closed."""
-    await ctx.tokens.delete(org, token_name, actor(who))
+    """Refused at once by every instance (within about a second); the sockets it opened are closed.
+    403 for a key beyond the caller's powers (permissions it lacks, apps outside its scope)."""
+    await ctx.tokens.delete(org, token_name, who)
     return Response(status_code=204)

@@ -10,7 +10,9 @@ its apps if the key is scoped to apps, audit entries only with
 Streams are bounded: a key may hold ``server.maxEventStreamsPerKey`` on one
 instance and all keys together ``server.maxEventStreams``. A stream that does
 not keep up (its queue is full) is ended, and so is every stream of a key
-that was deleted; a console then starts a new one and reads its page again.
+that was deleted or changed (its secret rotated, its permissions or apps
+changed in relay.yaml); a console then starts a new one, with what its key
+may see now, and reads its page again.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ END = None  # put on a stream's queue to end it
 
 @dataclass(eq=False)
 class Stream:
-    grant: KeyGrant
+    grant: KeyGrant  # what it was opened with: it ends when the key ring's grant for its key differs
     digest: str  # the key's SHA-256: the stream ends when the key is no longer valid
     queue: asyncio.Queue[Change | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     ended: str | None = None  # why the stream was ended, if it was
@@ -166,8 +168,17 @@ class EventHub:
 
     def _drop_revoked(self) -> None:
         for stream in list(self.streams):
-            if self.keyring.grant_of_digest(stream.digest) is None:
+            grant = self.keyring.grant_of_digest(stream.digest)
+            if grant is None:
                 stream.end("key deleted")
+            elif _powers(grant) != _powers(stream.grant):
+                # Narrowed, the stream would go on with what its key may no longer see; widened, it
+                # would miss what it may see now. A rename alone leaves it be.
+                stream.end("key changed")
+
+
+def _powers(grant: KeyGrant) -> tuple[object, ...]:
+    return grant.key_id, grant.org, grant.permissions, grant.apps
 
 
 def executor_change(row: dict[str, Any]) -> Change:

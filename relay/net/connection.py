@@ -45,6 +45,7 @@ CLOSE_REPLACED = 4409
 CLOSE_NOT_ANSWERING = 4410
 CLOSE_KEY_REVOKED = 4401
 CLOSE_SHUTDOWN = 1001
+KEY_REVOKED_REASON = "the key of this connection was deleted or changed"
 
 
 # How long closing a socket may take before the connection is dropped (a peer that stopped reading).
@@ -53,10 +54,19 @@ CLOSE_TIMEOUT_SECS = 5.0
 
 class ExecutorConnection:
     def __init__(
-        self, hub: Hub, grant: KeyGrant, app: str, client: str, receive: Receive, send: Send, scope: Scope
+        self,
+        hub: Hub,
+        grant: KeyGrant,
+        digest: str,
+        app: str,
+        client: str,
+        receive: Receive,
+        send: Send,
+        scope: Scope,
     ) -> None:
         self.hub = hub
         self.grant = grant
+        self.digest = digest  # the SHA-256 of its key: the hub checks that the key stays valid
         self.org = grant.org
         self.app = app
         self.client = client
@@ -118,6 +128,12 @@ class ExecutorConnection:
             "executor %s connected (version %s, epoch %d)", self.name, printable(info.application_version), self.epoch
         )
         try:
+            if not self.hub.admits(self):
+                # Its key was deleted or changed during the handshake, after the hub's check and
+                # before the hub held the socket, where a reload of the key ring closes it: closed
+                # now, it is lost like any socket whose key is revoked (its grace period starts).
+                log.warning("executor %s: its key was deleted or changed during its handshake; closing", self.name)
+                await self.close(CLOSE_KEY_REVOKED, KEY_REVOKED_REASON)
             await self._serve()
         finally:
             self.hub.detach(self)

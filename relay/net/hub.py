@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from relay.auth import KeyRing, Permission
+from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
@@ -30,6 +30,7 @@ from relay.net.connection import (
     CLOSE_KEY_REVOKED,
     CLOSE_REPLACED,
     CLOSE_SHUTDOWN,
+    KEY_REVOKED_REASON,
     ExecutorConnection,
     Receive,
     Scope,
@@ -129,7 +130,10 @@ class Hub:
             self.counters["rejected_bad_app"] += 1
             await _deny(scope, send, 400, "bad_app", f"an app name is 1 to {MAX_APP_NAME} printable characters")
             return
-        grant = self.keyring.lookup(key)
+        # The digest is kept by the connection: the key ring may be reloaded during the handshake,
+        # and the socket is admitted only if its key is still valid once the executor is recorded.
+        digest = hash_key(key)
+        grant = self.keyring.grant_of_digest(digest) if key else None
         if grant is None or not grant.allows(Permission.WEBSOCKET_CONNECT, app):
             self.counters["rejected_bad_key"] += 1
             log.warning("refused executor connection from %s for app %s: bad or missing conductor key",
@@ -153,7 +157,7 @@ class Hub:
             self.counters["rejected_unknown_app"] += 1
             await _deny(scope, send, 404, "unknown_app", "no such app, and apps are not registered automatically")
             return
-        conn = ExecutorConnection(self, grant, app, client, receive, send, scope)
+        conn = ExecutorConnection(self, grant, digest, app, client, receive, send, scope)
         # The slots are taken here, before any await, so that simultaneous handshakes cannot
         # all pass the checks; the connection gives the handshake's back once past executor_info.
         self.pending_handshakes += 1
@@ -248,12 +252,32 @@ class Hub:
             return_exceptions=True,
         )
 
-    async def close_key(self, key_id: str) -> int:
-        """Close every socket opened here with a key that was deleted; returns how many."""
-        doomed = [c for c in self.connections.values() if c.grant.key_id == key_id]
+    def admits(self, conn: ExecutorConnection) -> bool:
+        """Whether the key ring still lets ``conn``'s key connect to its app: the same key (its secret
+        and its id) with ``websocket.connect``, on that app."""
+        grant = self.keyring.grant_of_digest(conn.digest)
+        return (
+            grant is not None
+            and grant.key_id == conn.grant.key_id
+            and grant.org == conn.org
+            and grant.allows(Permission.WEBSOCKET_CONNECT, conn.app)
+        )
+
+    async def close_unadmitted(self) -> int:
+        """Close every socket here that the key ring, just reloaded, no longer admits (its key deleted,
+        its secret rotated, or its permissions or apps narrowed); returns how many. A socket still in
+        its handshake is checked once its executor is recorded (:meth:`ExecutorConnection.run`)."""
+        doomed = [c for c in self.connections.values() if not self.admits(c)]
         for conn in doomed:
-            log.warning("executor %s: its key was deleted; closing its socket", conn.name)
-            await conn.close(CLOSE_KEY_REVOKED, "the key of this connection was deleted")
+            log.info("executor %s: its key was deleted or changed; closing its socket", conn.name)
+        await asyncio.gather(*(c.close(CLOSE_KEY_REVOKED, KEY_REVOKED_REASON) for c in doomed))
+        if doomed:
+            keys = Counter(printable(c.grant.name) for c in doomed)
+            log.warning(
+                "closed %d executor sockets whose key was deleted, rotated or narrowed (%s)",
+                len(doomed),
+                ", ".join(f"{name}: {n}" for name, n in sorted(keys.items())),
+            )
         return len(doomed)
 
     async def close_stale(self, key: ExecutorKey, epoch: int) -> bool:

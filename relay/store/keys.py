@@ -159,11 +159,18 @@ class KeyStore:
             row = await cur.fetchone()
         return str(row["f"]) if row else ""
 
-    async def list_tokens(self, org: str, limit: int, offset: int) -> list[TokenRecord]:
+    async def list_tokens(
+        self, org: str, limit: int, offset: int, within: frozenset[str] | None = None
+    ) -> list[TokenRecord]:
+        """A page of the org's keys; with ``within``, only the keys scoped to some of those apps
+        (what a key scoped to them may see). Filtered here, so that the pages stay whole."""
+        scope = sorted(within) if within is not None else None
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLUMNS} FROM tokens WHERE org = %s ORDER BY name, id LIMIT %s OFFSET %s",
-                (org, limit, offset),
+                f"""SELECT {_COLUMNS} FROM tokens
+                    WHERE org = %s AND (%s::text[] IS NULL OR (apps IS NOT NULL AND apps <@ %s::text[]))
+                    ORDER BY name, id LIMIT %s OFFSET %s""",
+                (org, scope, scope, limit, offset),
             )
             return [TokenRecord.from_row(r) for r in await cur.fetchall()]
 
