@@ -28,9 +28,7 @@ def relay(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def client(relay: RelayProcess, key: str = API_KEYS["acme"]) -> httpx.Client:
-    return httpx.Client(
-        base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {key}"}, timeout=10
-    )
+    return httpx.Client(base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
 
 def segment(name: str) -> str:
