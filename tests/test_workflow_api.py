@@ -482,14 +482,36 @@ def test_schedules_as_the_system_database_holds_them(world: World) -> None:
             "applicationName": app,
         }  # fmt: skip
         assert (workflow_name, cron) == ("tick", "0 * * * *")
-        assert listed["context"] is None  # only when asked
+        # With its context unasked, as Conductor serves an app not in private mode (dbos-mcp asks nothing).
+        assert listed["context"] == unpickled(context) == "ctx"
         assert ok(api.get(f"{LEDGER}/schedules/every-hour")) == listed
-        with_context = ok(api.get(f"{LEDGER}/schedules/every-hour", params={"loadContext": "true"}))
-        assert with_context["context"] == unpickled(context) == "ctx"
+        without = ok(api.get(f"{LEDGER}/schedules/every-hour", params={"loadContext": "false"}))
+        assert without == {**listed, "context": None}
+        assert ok(api.get(f"{LEDGER}/schedules", params={"loadContext": "false"})) == [without]
         assert ok(api.get(f"{LEDGER}/schedules", params={"workflowName": "tick"})) == [listed]
         assert ok(api.get(f"{LEDGER}/schedules", params={"scheduleNamePrefix": "every"})) == [listed]
         assert ok(api.get(f"{LEDGER}/schedules", params={"workflowName": "job"})) == []
         assert "no-such-schedule" in problem(api.get(f"{LEDGER}/schedules/no-such-schedule"), 404)["detail"]
+
+
+def test_a_schedules_last_run_is_served_in_utc(world: World) -> None:
+    """The SDK keeps it as text in the schedule's cron time zone; Relay serves every time in UTC."""
+    sql: LiteralString = "UPDATE dbos.workflow_schedules SET last_fired_at = %s WHERE schedule_name = 'every-hour'"
+    ((before,),) = query(world.sysdb, "SELECT last_fired_at FROM dbos.workflow_schedules")
+    try:
+        with world.api() as api:
+            for stored, served in (
+                ("2026-01-01T09:00:00-05:00", "2026-01-01T14:00:00Z"),  # America/New_York's 9:00
+                ("2026-07-01T09:00:00.250000+02:00", "2026-07-01T07:00:00.250000Z"),
+                ("2026-01-01T09:00:00", "2026-01-01T09:00:00Z"),  # no offset: UTC, as the SDK reads it
+            ):
+                with psycopg.connect(world.sysdb) as conn:
+                    conn.execute(sql, (stored,))
+                assert ok(api.get(f"{LEDGER}/schedules/every-hour"))["lastFiredAt"] == served, stored
+                assert [s["lastFiredAt"] for s in ok(api.get(f"{LEDGER}/schedules"))] == [served]
+    finally:
+        with psycopg.connect(world.sysdb) as conn:
+            conn.execute(sql, (before,))
 
 
 def versions_in_db(sysdb: str) -> dict[str, tuple[str, int, int]]:

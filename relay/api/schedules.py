@@ -52,8 +52,10 @@ async def list_schedules(
     status: QueryName | None = None,
     workflowName: QueryName | None = None,
     scheduleNamePrefix: QueryName | None = None,
-    loadContext: bool = False,
+    loadContext: bool = True,
 ) -> list[shapes.Schedule]:
+    """The app's schedules with their contexts, as Conductor serves them to an app not in private
+    mode (Relay has none; its clients send no parameter); ``loadContext=false`` leaves them out."""
     body = ListSchedulesBody(
         status=status, workflow_name=workflowName, schedule_name_prefix=scheduleNamePrefix, load_context=loadContext
     )
@@ -68,8 +70,10 @@ async def get_schedule(
     schedule_name: PathId,
     ctx: Ctx,
     _: Caller,
-    loadContext: bool = False,
+    loadContext: bool = True,
 ) -> shapes.Schedule:
+    """One schedule with its context (``loadContext=false`` leaves it out), as :func:`list_schedules`."""
+
     def ask() -> GetScheduleRequest:
         return GetScheduleRequest(schedule_name=schedule_name, load_context=loadContext)
 

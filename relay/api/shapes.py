@@ -72,6 +72,21 @@ def utc(value: datetime) -> datetime:
         return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
+def text_iso(value: str | None) -> str | None:
+    """A time the SDK keeps as ISO 8601 text in some zone (a schedule's last run, in its cron time
+    zone) as ISO 8601 UTC, as every other time served; None if absent or not such a time. One
+    without an offset is UTC, as the SDK reads one (its backfill)."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return utc(parsed).isoformat().replace("+00:00", "Z")
+
+
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d")
 
 
@@ -293,7 +308,7 @@ def schedule(s: ScheduleOutput) -> Schedule:
         cronExpression=s.schedule,
         status=s.status,
         context=s.context,
-        lastFiredAt=s.last_fired_at,
+        lastFiredAt=text_iso(s.last_fired_at),
         automaticBackfill=s.automatic_backfill,
         cronTimezone=s.cron_timezone,
         applicationName=s.application_name,
