@@ -778,6 +778,13 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
     with world.api() as api:
         assert ok(api.put("/apps/ghost-app"), 204) is None
         assert ok(api.put("/apps/ghost-app", json={"privateMode": False}), 204) is None  # again: nothing new
+        # Conductor's PATCH carries privateMode too (dbosctl app update --private-mode): false, as it is;
+        # true is refused by PUT and PATCH alike, Relay having no private mode.
+        assert ok(api.patch("/apps/ghost-app", json={"privateMode": False})) == ok(api.get("/apps/ghost-app"))
+        for method in ("PATCH", "PUT"):
+            refused = problem(api.request(method, "/apps/ghost-app", json={"privateMode": True}), 422)
+            assert "Relay has no private mode" in refused["detail"], method
+        problem(api.patch("/apps/no-such-app", json={"privateMode": False}), 404)
         apps = {a["name"]: a for a in ok(api.get("/apps"))}
         ghost = apps["ghost-app"]
         assert (ghost["status"], ghost["language"], ghost["executorTimeoutSecs"]) == ("UNAVAILABLE", None, 60)

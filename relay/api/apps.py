@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import SkipJsonSchema
 
@@ -35,8 +35,24 @@ MAX_MS = 2**53
 Threshold = Annotated[int, Field(gt=0, le=MAX_MS), JsonInteger] | None
 
 
+def _not_private(value: bool) -> bool:
+    if value:
+        raise ValueError("Relay has no private mode: it keeps no application data to hide; give false or leave it out")
+    return value
+
+
+# Conductor's privateMode, in its bodies: Relay serves an app's data only from its executors, and
+# never stores it, so that false is the only value it has (and the document says so).
+PrivateMode = Annotated[
+    bool,
+    AfterValidator(_not_private),
+    WithJsonSchema({"type": "boolean", "const": False, "description": "Relay has no private mode: false only"}),
+]
+
+
 class AppSettings(Body):
-    """Either setting or both; what is left out stays as it is."""
+    """Any of the settings; what is left out stays as it is. ``privateMode`` is taken (Conductor's
+    PATCH carries it, ``dbosctl app update --private-mode`` sends it), and only as false."""
 
     model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, json_schema_extra={"minProperties": 1})
 
@@ -48,10 +64,12 @@ class AppSettings(Body):
     gc_time_threshold_ms: Threshold = optional()
     gc_rows_threshold: Threshold = optional()
     global_timeout_ms: Threshold = optional()
+    private_mode: Annotated[PrivateMode, Given] = optional()  # never read: None when left out
 
     def changes(self) -> dict[str, Any]:
-        """The settings given (snake_case): the retention ones also when null (off)."""
-        return self.model_dump(exclude_unset=True)
+        """The settings given (snake_case): the retention ones also when null (off); not
+        ``privateMode``, which changes nothing."""
+        return self.model_dump(exclude_unset=True, exclude={"private_mode"})
 
 
 class Application(Shape):
@@ -117,7 +135,7 @@ async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> Application:
 
 
 class RegisterApp(Body):
-    privateMode: bool = False  # Relay never stores application data: accepted, and nothing to change
+    privateMode: PrivateMode = False  # accepted as false, and nothing to change
     # Relay's addition to Conductor's body: the retention settings, set as PATCH sets them.
     gcTimeThresholdMs: Threshold = optional()
     gcRowsThreshold: Threshold = optional()
@@ -149,6 +167,8 @@ async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
 async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Admin) -> Application:
     """Change an app's settings; a grace period already running keeps the value it started with."""
     changes = settings.changes()
+    if not changes and "private_mode" in settings.model_fields_set:
+        return application(await app_or_404(ctx, org, app))  # privateMode: false, as it is
     if not changes:
         raise ApiError(
             422,
