@@ -50,9 +50,12 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
+    ("GET", "/openapi.yaml"): PUBLIC,
+    ("GET", "/v2/openapi.json"): PUBLIC,  # /conductor/v2/openapi.json, as managed Conductor serves it
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
     ("GET", "/v2/whoami"): ANY_KEY,
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
+    ("GET", "/v2/orgs/{org}/permissions"): MEMBER,
     ("GET", "/v2/orgs/{org}/events"): Rule(P.APPLICATION_READ),
     ("GET", "/v2/orgs/{org}/instances"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/apps"): Rule(P.APPLICATION_READ),
@@ -219,3 +222,24 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
         assert call(relay, method, url, API_KEYS["globex"]) == 403, "another org's key"
     if rule.app:
         assert call(relay, method, url, keys["other-app"]) == 403, "a key scoped to another app"
+
+
+def test_the_grantable_permissions_are_what_a_key_may_be_given(
+    relay_for_matrix: RelayProcess, keys: dict[str, str]
+) -> None:
+    """Conductor's GET /v2/orgs/{org}/permissions (``dbosctl permission list``), under /conductor too:
+    every permission of Conductor's catalogue, by name, to any key of the org."""
+    catalogue = [
+        "organization.read", "organization.write", "application.read", "application.write",
+        "metric.read", "token.read", "token.write", "websocket.connect",
+    ]  # fmt: skip
+    for base in ("", "/conductor"):
+        for key in (API_KEYS["acme"], keys["websocket-only"]):
+            resp = httpx.get(
+                f"{relay_for_matrix.http}{base}/v2/orgs/acme/permissions", headers={"Authorization": f"Bearer {key}"}
+            )
+            assert (resp.status_code, resp.json()) == (200, catalogue), base
+    with httpx.Client(base_url=relay_for_matrix.http, headers={"Authorization": f"Bearer {API_KEYS['acme']}"}) as admin:
+        made = admin.post("/v2/orgs/acme/tokens/all-grantable", json={"permissions": catalogue})
+        assert made.status_code == 201, made.text
+        assert admin.delete("/v2/orgs/acme/tokens/all-grantable").status_code == 204

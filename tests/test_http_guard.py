@@ -17,6 +17,7 @@ import httpx
 import psutil
 import psycopg
 import pytest
+import yaml
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
@@ -414,6 +415,25 @@ def test_the_api_browser_loads_everything_from_relay_under_a_strict_policy(relay
     assert '"/openapi.json"' in script and "validatorUrl: null" in script
     assert httpx.get(f"{relay.http}/openapi.json").json()["info"]["title"] == "Relay"
     assert httpx.get(f"{relay.http}/redoc").status_code == 404
+
+
+def test_the_api_document_where_conductors_clients_fetch_it_and_no_key_needed(relay: RelayProcess) -> None:
+    """Self-hosted Conductor serves /openapi.yaml besides /openapi.json; managed Conductor serves
+    /conductor/v2/openapi.json, its servers entry at /conductor."""
+    document = httpx.get(f"{relay.http}/openapi.json").json()
+    resp = httpx.get(f"{relay.http}/openapi.yaml")
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/yaml"
+    assert yaml.safe_load(resp.text) == document
+    for path in ("/conductor/v2/openapi.json", "/v2/openapi.json"):
+        resp = httpx.get(f"{relay.http}{path}")
+        assert resp.status_code == 200, path
+        assert resp.json() == {**document, "servers": [{"url": "/conductor"}]}, path
+    # A client made from it resolves its paths under /conductor, where Relay serves them.
+    base = httpx.URL(f"{relay.http}/conductor/v2/openapi.json").join(resp.json()["servers"][0]["url"])
+    assert "/v2/orgs/{org}/apps" in document["paths"]
+    assert httpx.get(f"{base}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+    # Nothing else under the API's prefixes opened with it.
+    assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml").status_code == 401
 
 
 UNSAFE_JS = re.compile(r"\.(?:inner|outer)HTML\s*\+?=|insertAdjacentHTML|document\.write|\beval\(|new Function\(")

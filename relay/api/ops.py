@@ -1,4 +1,5 @@
-"""What operators and their tools poll: health, readiness, metrics; the console and the API browser.
+"""What operators and their tools poll: health, readiness, metrics; the console, the API browser and
+the API's document where Conductor's clients look for it.
 
 The probes are open and say nothing but their status (who may reach them is
 not known). ``/metrics`` names every org and app, so it needs a key with
@@ -11,7 +12,8 @@ import functools
 import re
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+import yaml
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from relay.api.common import Ctx, DecodedRoute, problem
@@ -78,6 +80,33 @@ async def swagger(name: str) -> Response:
 @functools.cache
 def _swagger_file(name: str) -> bytes:
     return (SWAGGER / name).read_bytes()
+
+
+# /openapi.json is FastAPI's. Conductor serves its document also in YAML (self-hosted), and at
+# /conductor/v2/openapi.json (managed: relay.net.paths serves that path as /v2/openapi.json), with
+# its servers entry at /conductor so that a client made from it calls the API under that prefix.
+# All open, as /openapi.json (relay.net.guard.OPEN_PATHS). No OpenAPI 3.0 downgrade
+# (/openapi-3.0.json): Relay has no way to check one against the 3.0 schema.
+SERVED_UNDER_CONDUCTOR = [{"url": "/conductor"}]
+
+
+@router.get("/openapi.yaml", include_in_schema=False)
+async def openapi_yaml(request: Request) -> Response:
+    """The API's document in YAML: made once, as FastAPI makes the JSON one once."""
+    api: FastAPI = request.app
+    text: str | None = getattr(api.state, "openapi_yaml", None)
+    if text is None:
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        text = yaml.dump(api.openapi(), Dumper=dumper, sort_keys=False, allow_unicode=True)
+        api.state.openapi_yaml = text
+    return Response(text, media_type="application/yaml")
+
+
+@router.get("/v2/openapi.json", include_in_schema=False)
+async def openapi_under_conductor(request: Request) -> JSONResponse:
+    """The API's document where managed Conductor serves it (``/conductor/v2/openapi.json``)."""
+    api: FastAPI = request.app
+    return JSONResponse({**api.openapi(), "servers": SERVED_UNDER_CONDUCTOR})
 
 
 @router.get("/healthz")

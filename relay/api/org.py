@@ -73,6 +73,15 @@ async def whoami_any_org(who: AnyKey) -> WhoAmI:
     return await whoami(who.org, who)
 
 
+@router.get("/permissions", response_model=list[Permission])
+async def grantable_permissions(org: str, _: Member) -> list[Permission]:
+    """Conductor's "list grantable permissions" (``dbosctl permission list``): every permission a key
+    may be given, as the names ``POST .../tokens/{name}`` takes (Conductor's documentation gives no
+    shape for it). Any key of the org may read it, as it may read its own (``whoami``): the catalogue
+    is Conductor's public one, the same for every org."""
+    return list(Permission)  # in the order Conductor's documentation lists them
+
+
 @router.get("/instances", response_model=list[Instance])
 async def instances(org: str, ctx: Ctx, _: OrgReader) -> list[Instance]:
     """Relay's instances and their leases, with how many of this org's executors each holds."""

@@ -42,6 +42,8 @@ log = logging.getLogger("relay.http")
 Lookup = Callable[[str], KeyGrant | None]
 
 API_PREFIXES = ("/v2/", "/conductor/v2/")
+# Under the API's prefix, yet open: the API's document, where managed Conductor serves it.
+OPEN_PATHS = frozenset({"/v2/openapi.json", "/conductor/v2/openapi.json"})
 PROBES = frozenset({"/healthz", "/readyz"})
 SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"))
 
@@ -132,7 +134,7 @@ class HttpGuard:
 
     def _refusal(self, path: str, headers: _Headers, limit: int) -> Response | None:
         """The answer to a request refused on its headers alone, or None to let it through."""
-        if is_api(path) and self.lookup(bearer_key(headers.get(b"authorization"))) is None:
+        if is_api(path) and path not in OPEN_PATHS and self.lookup(bearer_key(headers.get(b"authorization"))) is None:
             response = problem(
                 401,
                 "a valid API key is required: Authorization: Bearer <apiKey>",
