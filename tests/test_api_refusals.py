@@ -8,18 +8,21 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
-from relay.api.shapes import sdk_time
+from relay.api.shapes import Rfc3339, sdk_time
+from relay.api.workflows import WorkflowSearch
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
 
@@ -127,6 +130,8 @@ def test_what_the_protocol_cannot_carry_is_refused(
         ({"startTime": "0001-01-01T00:00:00+01:00"}, 200),  # year 0 in UTC: a 500 before; the first time
         ({"endTime": "9999-12-31T23:59:59-01:00"}, 200),  # year 10000: the last time
         ({"startTime": 0}, 422),  # RFC 3339, not seconds
+        ({"startTime": "2026-01-01T00:00:00"}, 422),  # RFC 3339 has an offset: not read in the server's zone
+        ({"endTime": "2026-01-01T00:00:00.5"}, 422),
     ],
 )
 def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
@@ -134,6 +139,23 @@ def test_times_reach_the_executor_in_a_form_it_reads_or_are_refused(
 ) -> None:
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/search", json=body)
     assert resp.status_code == status, resp.text
+
+
+def test_a_time_without_offset_is_refused_whatever_the_servers_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was read in the Relay process's zone: 00:00 reached the executor as 05:00 UTC in New York."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        for naive in ("2026-01-01T00:00:00", "2026-01-01 00:00", datetime(2026, 1, 1)):
+            with pytest.raises(ValidationError, match="needs its UTC offset"):
+                WorkflowSearch.model_validate({"startTime": naive})
+            with pytest.raises(ValidationError, match="needs its UTC offset"):
+                TypeAdapter(Rfc3339).validate_python(naive)  # a query's time (the audit's since)
+        sent = WorkflowSearch.model_validate({"startTime": "2026-01-01T00:00:00-05:00"}).body().start_time
+        assert sent == "2026-01-01T05:00:00.000000+00:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_sdk_time_is_what_python_3_10_reads() -> None:

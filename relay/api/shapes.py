@@ -98,10 +98,18 @@ def rfc3339(value: Any) -> Any:
     raise ValueError("expected an RFC 3339 date-time, such as 2026-01-31T12:00:00Z")
 
 
-# A time in a query: RFC 3339.
-Rfc3339 = Annotated[datetime, BeforeValidator(rfc3339)]
+def with_offset(value: datetime) -> datetime:
+    """A time that says which instant it is: RFC 3339 requires the offset, and a time without one
+    would otherwise be read in the server's own zone (a filter that differs from host to host)."""
+    if value.tzinfo is None:
+        raise ValueError("a time needs its UTC offset, as RFC 3339 writes it: 2026-01-31T12:00:00Z or +01:00")
+    return value
+
+
+# A time in a query: RFC 3339, offset included.
+Rfc3339 = Annotated[datetime, BeforeValidator(rfc3339), AfterValidator(with_offset)]
 # A time in a request body (strict otherwise): RFC 3339, any offset, read as the same instant in UTC.
-UtcTime = Annotated[datetime, Strict(False), BeforeValidator(rfc3339), AfterValidator(utc)]
+UtcTime = Annotated[datetime, Strict(False), BeforeValidator(rfc3339), AfterValidator(with_offset), AfterValidator(utc)]
 
 
 def sdk_time(value: datetime) -> str:
