@@ -252,6 +252,15 @@ def test_the_workflow_list_is_what_the_system_database_holds(world: World) -> No
         children = ok(api.get(f"{LEDGER}/workflows", params={"workflowName": "child"}))
         assert sorted(map(summary, children)) == sorted(db_workflows(world, "name = 'child'"))
         assert len(children) == 2
+        # status and workflowName repeat (any of the values), as the search's lists; one value of
+        # any other parameter (not the last one of two, taken silently).
+        either = ok(api.get(f"{LEDGER}/workflows", params=[("status", "SUCCESS"), ("status", "ERROR")]))
+        assert sorted(map(summary, either)) == sorted(db_workflows(world, "status IN ('SUCCESS', 'ERROR')"))
+        assert {w["status"] for w in either} == {"SUCCESS", "ERROR"}
+        named = ok(api.get(f"{LEDGER}/workflows", params=[("workflowName", "child"), ("workflowName", "parent")]))
+        assert sorted(map(summary, named)) == sorted(db_workflows(world, "name IN ('child', 'parent')"))
+        for twice in ([("limit", "3"), ("limit", "4")], [("sortDesc", "true"), ("sortDesc", "false")]):
+            assert twice[0][0] in problem(api.get(f"{LEDGER}/workflows", params=twice), 422)["detail"]
 
         page = ok(api.get(f"{LEDGER}/workflows", params={"limit": 3, "offset": 2}))
         assert [ms(w["createdAt"]) for w in page] == created_times(world)[2:5]

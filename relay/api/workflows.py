@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field
 
 from relay.api import shapes
@@ -32,7 +32,6 @@ from relay.api.common import (
     Name,
     NonEmptyName,
     PathId,
-    QueryName,
     actor,
     answered,
     audited,
@@ -151,23 +150,33 @@ async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[sh
     return [shapes.workflow(w) for w in answered(reply).output]
 
 
+# The list's query parameters that take one value: given twice, which one was meant is not known.
+SINGLE_VALUED = ("limit", "offset", "sortDesc", "loadInput", "loadOutput")
+
+
 @router.get("/workflows", response_model=list[shapes.Workflow])
 async def list_workflows(
+    request: Request,
     org: str,
     app: str,
     ctx: Ctx,
     _: Caller,
-    status: QueryName | None = None,
-    workflowName: QueryName | None = None,
+    status: Annotated[list[Name], Query(default_factory=list)],
+    workflowName: Annotated[list[Name], Query(default_factory=list)],
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
     loadInput: bool = False,
     loadOutput: bool = False,
 ) -> list[shapes.Workflow]:
+    """``status`` and ``workflowName`` may be repeated (any of the values), as the search's lists;
+    the other parameters are refused when repeated."""
+    repeated = [name for name in SINGLE_VALUED if len(request.query_params.getlist(name)) > 1]
+    if repeated:
+        raise ApiError(422, "invalid_request", f"given more than once: {', '.join(repeated)} (one value each)")
     search = WorkflowSearch(
-        status=[status] if status else None,
-        workflowName=[workflowName] if workflowName else None,
+        status=[v for v in status if v] or None,  # status= (empty) filters nothing, as before
+        workflowName=[v for v in workflowName if v] or None,
         limit=limit,
         offset=offset,
         sortDesc=sortDesc,
