@@ -26,6 +26,17 @@ from relay.errors import ConfigError
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_EXECUTOR_TIMEOUT_SECS = 60.0
 DEFAULT_MIN_INTERVAL_SECS = 300.0
+# The longest duration an alert rule or Relay's own timing takes: ten years. PostgreSQL computes
+# ``now()`` minus these (``make_interval``) and refuses an infinity (JSON's and YAML's 1e999), or
+# an interval reaching back before its earliest timestamp (from about 2e11 s); every delivery of
+# a rule with such a minIntervalSecs would fail. Finite, too (``allow_inf_nan=False``).
+MAX_SECS = 10 * 365 * 24 * 3600
+# Retention (``*Days``): at most a century, as near to keeping records for good as matters.
+MAX_DAYS = 36_500.0
+# Counts in alert rules (failed workflows, recovery attempts): what a 32-bit integer holds.
+MAX_COUNT = 2**31 - 1
+# Thresholds in milliseconds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
+MAX_MS = 2**53
 
 
 class _Model(BaseModel):
@@ -137,15 +148,15 @@ class AlertRuleConfig(_Model):
     format: Literal["json", "slack"] = "json"
     receiver_app: str | None = Field(default=None, min_length=1, max_length=256)
     # At least this long between two alerts of the rule about the same subject (a flapping executor).
-    min_interval_secs: float = Field(default=DEFAULT_MIN_INTERVAL_SECS, ge=0)
+    min_interval_secs: float = Field(default=DEFAULT_MIN_INTERVAL_SECS, ge=0, le=MAX_SECS, allow_inf_nan=False)
     workflow_name: str | None = Field(default=None, min_length=1, max_length=1024)
-    count: int | None = Field(default=None, ge=1)
-    window_secs: float | None = Field(default=None, gt=0)
+    count: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    window_secs: float | None = Field(default=None, gt=0, le=MAX_SECS, allow_inf_nan=False)
     queue_name: str | None = Field(default=None, min_length=1, max_length=1024)
-    threshold_secs: float | None = Field(default=None, gt=0)
-    for_secs: float | None = Field(default=None, ge=0)
+    threshold_secs: float | None = Field(default=None, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    for_secs: float | None = Field(default=None, ge=0, le=MAX_SECS, allow_inf_nan=False)
     reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
-    attempts: int | None = Field(default=None, ge=1)
+    attempts: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     @field_validator("webhook")
     @classmethod
@@ -213,14 +224,14 @@ def webhook_problem(url: str) -> str | None:
 
 class AppConfig(_Model):
     name: str = Field(min_length=1, max_length=256)
-    executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0)
+    executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0, le=MAX_SECS, allow_inf_nan=False)
     recover_to_latest_version: bool = False
     # Retention of the app's workflows in its system database, as DBOS Conductor's app settings
     # (None: off): finished workflows older than gcTimeThresholdMs, or beyond the newest
     # gcRowsThreshold, are deleted; unfinished ones older than globalTimeoutMs are cancelled.
-    gc_time_threshold_ms: int | None = Field(default=None, gt=0)
-    gc_rows_threshold: int | None = Field(default=None, gt=0)
-    global_timeout_ms: int | None = Field(default=None, gt=0)
+    gc_time_threshold_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gc_rows_threshold: int | None = Field(default=None, gt=0, le=MAX_MS)
+    global_timeout_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
     alerts: list[AlertRuleConfig] = []
 
     @model_validator(mode="after")
@@ -250,19 +261,19 @@ class OrgConfig(_Model):
 class RetentionConfig(_Model):
     """How long Relay keeps its own records (the applications' data has per-app settings)."""
 
-    audit_days: float = Field(default=90.0, gt=0)
+    audit_days: float = Field(default=90.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
     # Finished recoveries and their attempts.
-    recoveries_days: float = Field(default=30.0, gt=0)
+    recoveries_days: float = Field(default=30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
     # Relay's own finished DBOS workflows (grace periods, recoveries, this job).
-    relay_workflows_days: float = Field(default=7.0, gt=0)
+    relay_workflows_days: float = Field(default=7.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
     # Executor ids not seen for this long are forgotten (with the key each was bound to).
-    executor_ids_days: float = Field(default=30.0, gt=0)
-    interval_secs: float = Field(default=3600.0, gt=0)
+    executor_ids_days: float = Field(default=30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
+    interval_secs: float = Field(default=3600.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # How often each app with a retention setting (gcTimeThresholdMs, gcRowsThreshold,
     # globalTimeoutMs) gets a round: a `retention` request to one of its healthy executors.
-    apps_interval_secs: float = Field(default=600.0, gt=0)
+    apps_interval_secs: float = Field(default=600.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # The per-window counts that GET .../apps/{app}/metrics serves.
-    app_metrics_days: float = Field(default=7.0, gt=0)
+    app_metrics_days: float = Field(default=7.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
 
 
 class MetricsConfig(_Model):
@@ -283,15 +294,15 @@ class AlertsConfig(_Model):
     # False: only what allowedDestinations lists.
     allow_public_destinations: bool = True
     # How often each instance reads the audit log for ExecutorDead, RecoveryFailed, InstanceAdopted.
-    poll_interval_secs: float = Field(default=1.0, gt=0)
+    poll_interval_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # How often the other rules are evaluated (once per interval, by one instance).
-    check_interval_secs: float = Field(default=30.0, gt=0)
+    check_interval_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # A failed delivery is tried again after retryInitialSecs, doubling up to retryMaxSecs, maxAttempts in all.
-    retry_initial_secs: float = Field(default=1.0, gt=0)
-    retry_max_secs: float = Field(default=300.0, gt=0)
+    retry_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    retry_max_secs: float = Field(default=300.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     max_attempts: int = Field(default=30, ge=1)
     # One webhook request (connection, sending, the response's status line).
-    timeout_secs: float = Field(default=10.0, gt=0)
+    timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
 
     @field_validator("allowed_destinations")
     @classmethod

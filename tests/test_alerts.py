@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import psycopg
 
 from harness.executors import ExecutorProcess
@@ -26,8 +27,9 @@ from harness.receiver import Delivery, WebhookReceiver
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from relay.api.alerts import rule_json
 from relay.config import RelayConfig
-from relay.core.alerts import Kind
+from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
@@ -40,6 +42,7 @@ from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
+from workflows.alerts import due_alerts
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -382,6 +385,25 @@ def test_rules_through_the_api(start_relay: StartRelay) -> None:
             refused = create(body)
             assert refused.status_code == 422 and refused.json()["errors"][0]["location"] == where, refused.text
 
+        # JSON's 1e999 is an infinity; past ten years, PostgreSQL cannot take now() minus it: either
+        # made every delivery of the rule fail (or gave a 503 quoting SQL), and not a 422.
+        hook = '"webhook": "http://127.0.0.1:9/x"'
+        for kind, given, where, why in [
+            ("ExecutorDead", '"minIntervalSecs": 1e999', "body.minIntervalSecs", "finite number"),
+            ("ExecutorDead", '"minIntervalSecs": 2e11', "body.minIntervalSecs", "less than or equal to"),
+            ("WorkflowFailure", '"ruleMetadata": {"windowSecs": 1e999}', "body.ruleMetadata.windowSecs", "finite"),
+            ("WorkflowFailure", '"ruleMetadata": {"period_secs": 1e12}', "body.ruleMetadata.period_secs", "less"),
+            ("WorkflowFailure", '"ruleMetadata": {"count": 1e30}', "body.ruleMetadata.count", "less than"),
+            ("SlowQueue", '"ruleMetadata": {"thresholdSecs": 1e999}', "body.ruleMetadata.thresholdSecs", "finite"),
+            ("UnresponsiveApplication", '"ruleMetadata": {"forSecs": 1e999}', "body.ruleMetadata.forSecs", "finite"),
+            ("RecoveryFailed", '"ruleMetadata": {"attempts": 99999999999}', "body.ruleMetadata.attempts", "less"),
+        ]:
+            raw = f'{{"ruleType": "{kind}", {hook}, {given}}}'.encode()
+            refused = api.post("/apps/ledger/alerting-rules", content=raw, headers={"content-type": "application/json"})
+            assert refused.status_code == 422, (given, refused.status_code, refused.text)
+            (error,) = refused.json()["errors"]
+            assert error["location"] == where and why in error["message"], (given, error)
+
         missing = create({"ruleType": "ExecutorDead", "receivingAppName": "no-such-app"})
         assert missing.status_code == 404 and "no-such-app" in missing.json()["detail"]
         made = create({"ruleType": "WorkflowFailure", "minIntervalSecs": 60,
@@ -408,6 +430,35 @@ def test_rules_through_the_api(start_relay: StartRelay) -> None:
     with relay.api(key=VIEWER_KEYS["acme"]) as viewer:
         assert viewer.get("/apps/ledger/alerting-rules").status_code == 200
         assert viewer.post("/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead"}).status_code == 403
+
+
+def test_a_key_limited_to_apps_makes_rules_that_deliver_only_to_its_apps(start_relay: StartRelay) -> None:
+    """A key limited to ledger cannot route ledger's alerts to billing's executors, and learns
+    nothing of which apps exist: a 403 for any app outside its own, existing or not."""
+    relay = start_relay(alert_config(free_port(), []))
+    with relay.api() as admin:
+        assert admin.put("/apps/billing").status_code == 204
+        made = admin.post("/tokens/ledger-ops", json={"permissions": ["application.write", "application.read"],
+                                                      "appNames": ["ledger"]})  # fmt: skip
+        assert made.status_code == 201, made.text
+    with relay.api(key=made.json()["token"]) as limited:
+
+        def create(body: dict[str, Any]) -> httpx.Response:
+            return limited.post("/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead", **body})
+
+        to_billing, to_nowhere = create({"receivingAppName": "billing"}), create({"receivingAppName": "no-such-app"})
+        assert to_billing.status_code == 403 and "'billing'" in to_billing.json()["detail"], to_billing.text
+        assert to_nowhere.status_code == 403, to_nowhere.text  # not a 404: that would say billing exists
+        assert create({"receivingAppName": "ledger"}).status_code == 201
+        assert create({}).status_code == 201  # ledger's own executors
+        assert create({"webhook": "http://127.0.0.1:9/x"}).status_code == 201
+        listed = limited.get("/apps/ledger/alerting-rules").json()
+    assert sorted(r["receivingAppId"] or "webhook" for r in listed) == ["ledger", "ledger", "webhook"]
+    with relay.api() as admin:  # a key for every app may
+        made = admin.post(
+            "/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead", "receivingAppName": "billing"}
+        )
+        assert made.status_code == 201, made.text
 
 
 def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: str) -> None:
@@ -577,3 +628,144 @@ def test_a_webhook_on_an_internationalised_host_name_is_sent_under_its_idna_name
     assert delivery.headers["host"] == f"xn--bcher-kva.example:{receiver.port}"
     assert set(asked) == {"xn--bcher-kva.example"}
     assert snowman is not None and "internationalised" in snowman, snowman
+
+
+def with_store(relay_db: str, rules: list[dict[str, Any]], body: Callable[[Database, AlertStore], Any]) -> Any:
+    """``body(db, store)`` against a real database holding relay.yaml's ``rules``, under a lease."""
+    config = RelayConfig.model_validate(alert_config(free_port(), rules))
+
+    async def scenario() -> Any:
+        db = Database(relay_db)
+        await db.open()
+        await db.migrate()
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        try:
+            await AppStore(db).sync_config(config)
+            store = AlertStore(db)
+            await store.sync_config(config)
+            return await body(db, store)
+        finally:
+            await lease.stop()
+            await db.close()
+
+    return asyncio.run(scenario())
+
+
+def test_an_episode_held_back_by_the_repeat_interval_goes_out_once_the_interval_has_passed(relay_db: str) -> None:
+    """An app down, back for a moment, down again for good: the second outage begins within
+    minIntervalSecs of the first alert and is held back; the first round after the interval
+    delivers it (late, once) since it still holds, and the interval counts again from then."""
+    interval = 0.6
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": interval,
+              "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[tuple[float, int, bool]], list[Any], bool]:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        ((first, late),) = await due_alerts(store, rule, down)
+        assert not late and (await store.claim(first)).send
+        began = time.monotonic()
+        await store.finish(first, True, 1, None, "x", "d1")
+        assert await due_alerts(store, rule, []) == []  # back up: the episode ends
+        ((second, late),) = await due_alerts(store, rule, down)  # down again, within the interval
+        assert second.idempotency_key != first.idempotency_key and not late
+        assert not (await store.claim(second)).send  # held back
+        rounds: list[tuple[float, int, bool]] = []  # (when, alerts due, whether one was claimed)
+        while not any(sent for *_, sent in rounds):  # rounds go on while it keeps holding
+            assert time.monotonic() - began < interval + 3, f"never delivered: {len(rounds)} rounds"
+            due = await due_alerts(store, rule, down)
+            assert all(late and a.idempotency_key == second.idempotency_key for a, late in due), due
+            sent = [(await store.claim(alert, late)).send for alert, late in due]
+            rounds.append((time.monotonic() - began, len(due), any(sent)))
+            await asyncio.sleep(0.05)
+        after = [await due_alerts(store, rule, down) for _ in range(3)]  # still down: nothing more is due
+        await due_alerts(store, rule, [])  # up, and down again at once: within the interval of the late one
+        ((third, _),) = await due_alerts(store, rule, down)
+        return rounds, after, (await store.claim(third)).send
+
+    rounds, after, third_sent = with_store(relay_db, rules, body)
+    *before, (fired_at, _, _) = rounds
+    assert fired_at >= interval and all(due == 0 for _, due, _ in before), rounds  # not before the interval
+    assert after == [[], [], []], "delivered once"
+    assert not third_sent, "the next episode's interval counts from the late alert"
+
+
+def test_an_app_down_again_soon_after_it_came_back_is_alerted_once_the_interval_has_passed(
+    start_relay: StartRelay,
+) -> None:
+    """End to end: an app's only executor drops (an alert), comes back, drops again at once. The
+    second outage is held back by minIntervalSecs, and delivered, by its late workflow, once the
+    interval has passed (it still holds): before, no alert went out for it, however long it lasted."""
+    interval = 6.0  # long enough for the second outage to begin within it, on a busy machine too
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": interval,
+                  "webhook": receiver.url("/down")}]  # fmt: skip
+        relay = start_relay(alert_config(free_port(), rules, grace=60))  # DISCONNECTED all along, never dead
+
+        def rows(sql: str) -> list[tuple[Any, ...]]:
+            with psycopg.connect(relay.database_url, autocommit=True) as conn:
+                return conn.execute(sql).fetchall()
+
+        url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        with SimulatedPeer(url, "only-one", "answer"):
+            assert_eventually(lambda: relay.state_of("acme", "ledger", "only-one") == "HEALTHY", 10)
+        assert_eventually(lambda: receiver.payloads("UnresponsiveApplication"), 15, what="the first outage")
+        with SimulatedPeer(url, "only-one", "answer"):  # back: the episode ends at the next round
+            assert_eventually(lambda: rows("SELECT 1 FROM alert_conditions") == [], 10, what="the episode ended")
+        suppressed = assert_eventually(lambda: rows("SELECT idempotency_key FROM alerts WHERE status = 'suppressed'"),
+                                       10, what="the second outage held back")  # fmt: skip
+        (first, second) = assert_eventually(lambda: receiver.deliveries("UnresponsiveApplication")[1:] and
+                                            receiver.deliveries("UnresponsiveApplication"), interval + 15)  # fmt: skip
+        assert second.payload["idempotencyKey"] == suppressed[0][0]
+        assert second.at - first.at >= interval
+        assert_eventually(lambda: len(audit(relay, "alert.sent")) == 2, 10)
+    assert len(receiver.deliveries("UnresponsiveApplication")) == 2
+
+
+def test_the_audit_poll_reads_past_a_burst_of_more_than_a_page_of_entries(relay_db: str) -> None:
+    """1,500 deaths within a minute: entries read already (young enough to be read again, for those
+    committed late) never fill the page in place of new ones; two polls read them all."""
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[int], list[int], set[int]]:
+        async with db.transaction() as conn:
+            await conn.execute(
+                """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+                   SELECT 'acme', 'ledger', 'executor.dead', 'e' || g, 'relay', jsonb_build_object('epoch', 1)
+                   FROM generate_series(1, 1500) g"""
+            )
+            cur = await conn.execute("SELECT id FROM audit_log WHERE action = 'executor.dead' ORDER BY id")
+            ids = {int(r["id"]) for r in await cur.fetchall()}
+        cursor = await store.cursor()
+        first = [f.id for f in await store.audit_facts(cursor, 60.0)]
+        second = [f.id for f in await store.audit_facts(max(first), 60.0)]
+        return first, second, ids
+
+    first, second, ids = with_store(relay_db, [], body)
+    assert len(first) == 1000 and len(ids) == 1500
+    new = [i for i in second if i > max(first)]
+    assert len(new) == 500, f"the second poll read {len(new)} of the 500 entries after the first page"
+    assert set(first) | set(new) == ids
+    assert len(second) == 1500, "and the first page again (the overlap): entries committed late are found"
+
+
+def test_a_rule_made_with_an_infinite_interval_before_the_bound_still_delivers_and_lists(relay_db: str) -> None:
+    """The API took minIntervalSecs 1e999 (an infinity) before it was bounded: such a rule's
+    deliveries are claimed (every one failed, PostgreSQL refusing the interval) and it lists."""
+
+    async def body(db: Database, store: AlertStore) -> tuple[bool, bool, str]:
+        async with db.transaction() as conn:
+            record = await store.create(conn, {
+                "id": "r1", "org": "acme", "app": "ledger", "kind": "ExecutorDead", "params": {},
+                "min_interval_secs": float("inf"), "webhook_url": "http://127.0.0.1:9/", "secret": None,
+                "format": "json", "receiver_app": None, "created_by": "t"})  # fmt: skip
+        deaths = [AuditFact(n, "2026-01-01T00:00:00Z", time.time() + 10, "acme", "ledger", "executor.dead", "e1",
+                            {"epoch": n}) for n in (1, 2)]  # fmt: skip
+        first, second = (alerts_for_event(fact, [record.rule()])[0] for fact in deaths)
+        sent = (await store.claim(first)).send
+        held = (await store.claim(second)).send  # within the interval (ten years, as near as matters)
+        return sent, held, json.dumps(rule_json(record), allow_nan=False)
+
+    sent, held, listed = with_store(relay_db, [], body)
+    assert sent and not held
+    assert json.loads(listed)["minIntervalSecs"] == 10 * 365 * 24 * 3600

@@ -5,6 +5,7 @@ executor reads. Found by fuzzing the OpenAPI document
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -21,8 +22,10 @@ from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from relay.api import build_api
 from relay.api.shapes import Rfc3339, sdk_time
 from relay.api.workflows import WorkflowSearch
+from relay.store.db import Database
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
 
@@ -239,3 +242,45 @@ def test_a_key_for_an_app_name_postgresql_cannot_store_is_refused(api: httpx.Cli
     body, headers = json.dumps({"appNames": [app]}).encode(), {"content-type": "application/json"}
     resp = api.post(f"/v2/orgs/acme/tokens/{name}", content=body, headers=headers)
     assert resp.status_code == 422, resp.text  # 503 "database error", before
+
+
+PROBES = {
+    # An interval PostgreSQL cannot compute (what minIntervalSecs: 1e999 gave, before its bound).
+    "interval": ("SELECT now() - make_interval(secs => %s)", float("inf")),
+    # A NUL in a text: refused by psycopg itself, before it is sent.
+    "nul": ("SELECT %s::text", "a\x00b"),
+    # Not the request's values: the database's (or Relay's) trouble, a 503 as before.
+    "no-table": ("SELECT * FROM no_such_table WHERE id = %s", 1),
+}
+
+
+@pytest.mark.parametrize(("probe", "status"), [("interval", 422), ("nul", 422), ("no-table", 503)])
+def test_a_value_postgresql_refuses_is_a_422_that_quotes_no_sql(relay_db: str, probe: str, status: int) -> None:
+    """Whatever a handler passes on that PostgreSQL refuses as data (psycopg's DataError) is the
+    client's to correct, the same at every try: a 422 whose detail names the problem and quotes no
+    SQL, not a 503 "database unavailable". Other database errors stay 503. The handler here stands
+    for any route (those known to pass such values on now refuse them first)."""
+    api = build_api(None)
+
+    @api.get("/probe/{name}")
+    async def run(name: str) -> None:
+        db = Database(relay_db, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async with db.connection() as conn:
+                statement, value = PROBES[name]
+                await conn.execute(statement, (value,))
+        finally:
+            await db.close()
+
+    async def request() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://relay") as client:
+            return await client.get(f"/probe/{probe}")
+
+    resp = asyncio.run(request())
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    if status == 422:
+        detail = resp.json()["detail"]
+        assert detail.startswith("a value of the request was refused: ") and len(detail) > 40, detail
+        assert "SELECT" not in detail and "make_interval" not in detail and "LINE" not in detail, detail

@@ -137,6 +137,26 @@ def test_an_empty_file_is_all_defaults() -> None:
         ("orgs: [{name: a, apiKeys: [{name: k, sha256: '" + "0" * 64 + "', role: root}]}]", "role", "admin"),
         ("orgs: [{name: a, apps: [{name: x}, {name: x}]}]", "orgs.0", "unique"),
         ("- just\n- a list", "top level", "mapping"),
+        # Days and seconds that PostgreSQL would compute now() minus: finite, and not beyond the bound.
+        ("retention: {auditDays: .inf}", "retention.auditDays", "finite number"),
+        ("retention: {auditDays: 1e7}", "retention.auditDays", "less than or equal to 36500"),
+        ("retention: {executorIdsDays: .nan}", "retention.executorIdsDays", "finite number"),
+        (
+            "orgs: [{name: a, apps: [{name: x, alerts: [{kind: ExecutorDead, minIntervalSecs: .inf}]}]}]",
+            "orgs.0.apps.0.alerts.0.minIntervalSecs",
+            "finite number",
+        ),
+        (
+            "orgs: [{name: a, apps: [{name: x, alerts: [{kind: ExecutorDead, minIntervalSecs: 2e11}]}]}]",
+            "orgs.0.apps.0.alerts.0.minIntervalSecs",
+            "less than or equal to 315360000",
+        ),
+        (
+            "orgs: [{name: a, apps: [{name: x, alerts: [{kind: WorkflowFailure, windowSecs: 1e999}]}]}]",
+            "orgs.0.apps.0.alerts.0.windowSecs",
+            "finite number",
+        ),
+        ("orgs: [{name: a, apps: [{name: x, executorTimeoutSecs: .inf}]}]", "executorTimeoutSecs", "finite"),
         ("server: {port: [", "", "not valid YAML"),
     ],
 )

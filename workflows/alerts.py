@@ -16,7 +16,11 @@
   every instance starts the round's job, ``relay-alerts:{interval number}``;
   DBOS runs it once, on whichever instance got there first. It observes each
   rule (asking a healthy executor of the app where needed), records which
-  subjects hold since when, and starts the deliveries of those due.
+  subjects hold since when, and starts the deliveries of those due. An
+  episode held back by the rule's ``minIntervalSecs`` (it began soon after
+  the last alert about its subject) is delivered late, by
+  ``alert:{idempotency key}:late``, at the first round after the interval in
+  which it still holds.
 
 Delivery is at least once: an attempt whose answer was lost is made again
 with the same body and idempotency key, for the receiver to drop.
@@ -38,6 +42,7 @@ from relay.core.alerts import (
     EVENT_KINDS,
     Alert,
     Kind,
+    Observed,
     Rule,
     alerts_for_event,
     condition_alert,
@@ -76,9 +81,9 @@ class AttemptRecord(TypedDict):
 
 
 @relay_step("relay.alert.claim")
-async def claim(alert: dict[str, Any]) -> ClaimRecord:
+async def claim(alert: dict[str, Any], late: bool = False) -> ClaimRecord:
     svc = services().alerts
-    claimed = await svc.store.claim(Alert.from_json(alert))
+    claimed = await svc.store.claim(Alert.from_json(alert), late)
     settings = svc.settings
     return {
         "send": claimed.send,
@@ -107,8 +112,9 @@ async def finish(alert: dict[str, Any], sent: bool, attempts: int, error: str | 
 
 
 @DBOS.workflow(name="relay.alert.deliver", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def deliver(alert: dict[str, Any]) -> str:
-    claimed = await claim(alert)
+async def deliver(alert: dict[str, Any], late: bool = False) -> str:
+    """``late``: the alert was held back by minIntervalSecs, and goes out if the interval has passed."""
+    claimed = await claim(alert, late)
     if not claimed["send"]:
         return f"not sent: {claimed['reason']}"
     attempt = 0
@@ -148,28 +154,44 @@ def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:
     return []  # this round learns nothing about the rule; the next one asks again
 
 
+async def due_alerts(store: AlertStore, rule: Rule, observed: list[Observed]) -> list[tuple[Alert, bool]]:
+    """Record which subjects hold; (alert, late) of those due: not yet claimed, or held back by
+    minIntervalSecs and free to go out now (late), the episode still holding."""
+    by_key = {seen.key: seen for seen in observed}
+    due = await store.settle(rule, sorted(by_key), hold_secs(rule))
+    alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
+    keys = [a.idempotency_key for a in alerts]
+    claimed = await store.claimed(keys)
+    late = await store.late(sorted(claimed & set(keys))) if claimed else set()
+    return [(a, a.idempotency_key in late) for a in alerts if a.idempotency_key not in claimed - late]
+
+
+def late_workflow_id(alert: Alert) -> str:
+    """The late delivery's id: the first one ran (and held the alert back) under ``alert.workflow_id``."""
+    return f"{alert.workflow_id}:late"
+
+
 @relay_step("relay.alerts.evaluate", on_error=_evaluation_failed)
 async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Observe one rule, record which subjects hold, and return the alerts due and not yet claimed."""
+    """Observe one rule, record which subjects hold, and return the alerts due (:func:`due_alerts`)."""
     svc = services().alerts
     rule = _rule(data)
     observed = await svc.observer.observe(rule)
     if observed is None:
         return []
-    by_key = {seen.key: seen for seen in observed}
-    due = await svc.store.settle(rule, sorted(by_key), hold_secs(rule))
-    alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
-    claimed = await svc.store.claimed([a.idempotency_key for a in alerts])
-    return [a.to_json() for a in alerts if a.idempotency_key not in claimed]
+    return [{"alert": a.to_json(), "late": late} for a, late in await due_alerts(svc.store, rule, observed)]
 
 
 @DBOS.workflow(name="relay.alerts.check", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def check_conditions() -> int:
     started = 0
     for rule in await condition_rules():
-        for alert in await evaluate(rule):
-            with SetWorkflowID(Alert.from_json(alert).workflow_id):
-                await DBOS.start_workflow_async(deliver, alert)
+        for due in await evaluate(rule):
+            # A round checkpointed by an earlier version returned the alerts themselves.
+            data, late = (due["alert"], bool(due["late"])) if "late" in due else (due, False)
+            alert = Alert.from_json(data)
+            with SetWorkflowID(late_workflow_id(alert) if late else alert.workflow_id):
+                await DBOS.start_workflow_async(deliver, data, late)
             started += 1
     return started
 

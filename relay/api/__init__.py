@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -141,6 +142,13 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
 
     @api.exception_handler(DatabaseError)
     async def _db(_: Request, exc: DatabaseError) -> Response:
+        cause = exc.__cause__
+        if isinstance(cause, psycopg.DataError):
+            # PostgreSQL (or psycopg) refused a value of the request: out of range, not valid for its
+            # type. The client's to correct, the same at every try: not an outage. Only the primary
+            # message, which names the problem; the rest of the text can quote the statement.
+            reason = cause.diag.message_primary or (str(cause).splitlines() or ["not valid"])[0]
+            return error_response(422, "invalid_request", f"a value of the request was refused: {reason}")
         return error_response(503, "database_unavailable", str(exc))
 
     return api

@@ -29,10 +29,10 @@ from relay.api.common import (
     iso,
 )
 from relay.api.shapes import Shape
-from relay.config import AlertRuleConfig
+from relay.config import MAX_COUNT, MAX_SECS, AlertRuleConfig
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 from relay.domain.alerts import destination_of
-from relay.store.alerts import RuleRecord
+from relay.store.alerts import RuleRecord, interval_secs
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/alerting-rules")
 
@@ -47,8 +47,10 @@ BODY_FIELDS = {
 }
 
 
-Positive = Annotated[float, Field(gt=0)]
-Count = Annotated[int, Field(ge=1), JsonInteger]
+# Durations are finite and at most ten years (relay.config.MAX_SECS: PostgreSQL computes now() minus them).
+Positive = Annotated[float, Field(gt=0, le=MAX_SECS, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECS, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT), JsonInteger]
 Name = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
 
 
@@ -66,7 +68,7 @@ class RuleMetadata(Body):
     queue_name: Name | None = None
     thresholdSecs: Positive | None = None
     threshold_secs: Positive | None = None
-    forSecs: Annotated[float, Field(ge=0)] | None = None
+    forSecs: Seconds | None = None
     reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
     attempts: Count | None = None
 
@@ -121,7 +123,7 @@ class CreateAlertingRule(Body):
 
     ruleType: Annotated[Kind, Strict(False)]  # by value
     ruleMetadata: RuleMetadata | None = None
-    minIntervalSecs: Annotated[float, Field(ge=0)] | None = None
+    minIntervalSecs: Seconds | None = None
     receivingAppName: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)] | None = None
     webhook: Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)] | None = None
     secret: Annotated[str, Field(min_length=16, max_length=256, pattern=NO_NUL)] | None = None
@@ -167,7 +169,7 @@ def rule_json(record: RuleRecord) -> dict[str, Any]:
         "receivingAppId": record.receiver_app,
         "ruleType": record.kind.value,
         "ruleMetadata": record.params,
-        "minIntervalSecs": _number(record.min_interval_secs),
+        "minIntervalSecs": _number(interval_secs(record.min_interval_secs)),  # an infinity is no JSON
         "lastFiredAt": iso(record.last_fired_at),
         "org": record.org,
         "app": record.app,
@@ -227,8 +229,8 @@ async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: Page) -> lis
 
 @router.post("", status_code=201, response_model=AlertingRule, response_model_exclude_unset=True)
 async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, who: Admin) -> Any:
-    """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations), 404 when
-    its receiving app does not exist."""
+    """A rule; 422 when its webhook's destination is not allowed (alerts.allowedDestinations), 403 when
+    the key is limited to apps and its receiving app is not one of them, 404 when that app does not exist."""
     fields, errors = _rule_fields(body)
     if errors:
         return _invalid(errors)
@@ -236,6 +238,10 @@ async def create_rule(org: str, app: str, body: CreateAlertingRule, ctx: Ctx, wh
         rule = AlertRuleConfig.model_validate(fields)
     except ValidationError as exc:
         return _invalid(_locations(exc))
+    receiver = rule.receiver_app  # None: a webhook, or the rule's own app (which the key may touch)
+    if receiver is not None and who.apps is not None and receiver not in who.apps:
+        # Before the app is looked for: a 404 would tell a limited key which apps exist.
+        raise ApiError(403, "forbidden", f"this API key has no access to app {receiver!r} (receivingAppName)")
     refused = await ctx.alert_rules.refusal(org, app, rule)
     if refused is not None:
         return _invalid([{"location": refused[0], "message": refused[1]}])

@@ -24,13 +24,12 @@ from relay.api.common import (
     optional,
 )
 from relay.api.shapes import Shape
+from relay.config import MAX_MS
 from relay.core.lifecycle import ExecutorState
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
-# Thresholds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
-MAX_MS = 2**53
 # A retention setting: a positive integer, or null (off).
 Threshold = Annotated[int, Field(gt=0, le=MAX_MS), JsonInteger] | None
 

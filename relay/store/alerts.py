@@ -6,7 +6,9 @@
   sender, and the API shows a host and whether a secret is set.
 - ``alerts``: one row per idempotency key, claimed by the first step of its
   delivery workflow (which also applies the repeat interval) and finished by
-  its last one, with the ``alert.sent`` or ``alert.failed`` audit entry.
+  its last one, with the ``alert.sent`` or ``alert.failed`` audit entry. A
+  condition's episode held back by the interval (``suppressed``) is claimed
+  late once the interval has passed, if it still holds (:meth:`AlertStore.late`).
 - ``alert_conditions``: for condition rules, each subject for which the
   condition holds and since when; a subject that stops holding loses its row,
   so holding again is a new episode (a new alert).
@@ -24,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from relay.config import AlertRuleConfig, RelayConfig
+from relay.config import MAX_SECS, AlertRuleConfig, RelayConfig
 from relay.core.alerts import EVENT_ACTIONS, Alert, AuditFact, Kind, Rule
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
@@ -159,20 +161,29 @@ class AlertStore:
             await conn.execute("UPDATE alert_cursor SET last_id = greatest(last_id, %s) WHERE id = 1", (last_id,))
 
     async def audit_facts(self, after: int, overlap_secs: float, limit: int = 1000) -> list[AuditFact]:
-        """Entries that fire event rules: those after ``after``, and those of the last ``overlap_secs``
-        again (an entry's id is drawn before its transaction commits, so a later id can be seen
-        first). A ``recovery.failed`` comes with the failed attempts of that death so far."""
+        """Entries that fire event rules: the first ``limit`` after ``after``, and again the latest
+        ``limit`` of the last ``overlap_secs`` up to ``after`` (an entry's id is drawn before its
+        transaction commits, so a later id can be seen first). The two are read apart: entries
+        already read, however many, never stand in the way of new ones. A ``recovery.failed``
+        comes with the failed attempts of that death so far."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.detail, r.epoch AS recovery_epoch,
+                """WITH picked AS (
+                       (SELECT id FROM audit_log WHERE id > %(after)s AND action = ANY(%(actions)s)
+                        ORDER BY id LIMIT %(limit)s)
+                       UNION ALL
+                       (SELECT id FROM audit_log
+                        WHERE at > now() - make_interval(secs => %(overlap)s) AND id <= %(after)s
+                          AND action = ANY(%(actions)s)
+                        ORDER BY at DESC, id DESC LIMIT %(limit)s))
+                   SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.detail, r.epoch AS recovery_epoch,
                           (SELECT count(*) FROM recovery_attempts a JOIN recoveries r2 ON r2.id = a.recovery_id
                            WHERE r2.org = r.org AND r2.app = r.app AND r2.executor_id = r.executor_id
                              AND r2.epoch = r.epoch AND a.outcome = 'failed') AS failed_attempts
-                   FROM audit_log l
+                   FROM picked p JOIN audit_log l ON l.id = p.id
                    LEFT JOIN recoveries r ON l.action = 'recovery.failed' AND r.id = l.detail->>'recoveryId'
-                   WHERE (l.id > %s OR l.at > now() - make_interval(secs => %s)) AND l.action = ANY(%s)
-                   ORDER BY l.id LIMIT %s""",
-                (after, overlap_secs, list(EVENT_ACTIONS), limit),
+                   ORDER BY l.id""",
+                {"after": after, "overlap": overlap_secs, "actions": list(EVENT_ACTIONS), "limit": limit},
             )
             rows = await cur.fetchall()
         return [
@@ -221,6 +232,23 @@ class AlertStore:
             cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s)", (keys,))
             return {str(r["idempotency_key"]) for r in await cur.fetchall()}
 
+    async def late(self, keys: list[str]) -> set[str]:
+        """Which of these keys were held back by their rule's ``minIntervalSecs`` and may go out now:
+        no other alert about the subject went out within the interval. A condition's key stays the
+        same while its episode lasts, so without this an episode that began within the interval
+        of the last alert (an app down again a moment after it came back) would never be alerted."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT a.idempotency_key FROM alerts a JOIN alert_rules r ON r.id = a.rule_id
+                   WHERE a.idempotency_key = ANY(%s) AND a.status = 'suppressed'
+                     AND NOT EXISTS (
+                         SELECT 1 FROM alerts o WHERE o.rule_id = a.rule_id AND o.subject = a.subject
+                           AND o.status IN ('sending', 'sent')
+                           AND o.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
+                (keys, MAX_SECS),
+            )
+            return {str(r["idempotency_key"]) for r in await cur.fetchall()}
+
     async def app_executors(self, org: str, app: str) -> tuple[bool, int]:
         """(whether the app has had executors, its HEALTHY ones). It has had some while an executor
         of it is in the registry, or one's id is still remembered (``executor_ids``, kept after a
@@ -252,9 +280,10 @@ class AlertStore:
 
     # -- deliveries ----------------------------------------------------------------------------
 
-    async def claim(self, alert: Alert) -> Claim:
+    async def claim(self, alert: Alert, late: bool = False) -> Claim:
         """The delivery's first step: whether to send. Not when the key was delivered (or held back)
-        already, nor within the rule's repeat interval of another alert about the same subject."""
+        already, nor within the rule's repeat interval of another alert about the same subject.
+        ``late``: the key was held back, and is claimed now if the interval has passed."""
         key = alert.idempotency_key
         async with self.db.fenced() as conn:
             # One claim at a time per rule, so two alerts about one subject cannot both pass the interval.
@@ -264,23 +293,32 @@ class AlertStore:
             rule = await cur.fetchone()
             cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
             existing = await cur.fetchone()
-            if existing is not None:  # this step again after a crash, or the key delivered long ago
-                status = str(existing["status"])
+            status = None if existing is None else str(existing["status"])
+            if status is not None and not (late and status == "suppressed"):
+                # this step again after a crash, or the key delivered long ago
                 return Claim(status == "sending", f"already {status}")
             if rule is None:
                 return Claim(False, "its rule was deleted")
             cur = await conn.execute(
                 """SELECT 1 FROM alerts WHERE rule_id = %s AND subject = %s AND status IN ('sending', 'sent')
                    AND created_at > now() - make_interval(secs => %s) LIMIT 1""",
-                (alert.rule_id, alert.subject_key, rule["min_interval_secs"]),
+                (alert.rule_id, alert.subject_key, interval_secs(rule["min_interval_secs"])),
             )
             held_back = await cur.fetchone() is not None
-            await conn.execute(
-                """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-                (key, alert.rule_id, alert.org, alert.app, alert.kind, alert.subject_key,
-                 "suppressed" if held_back else "sending"),
-            )  # fmt: skip
+            if status is None:
+                await conn.execute(
+                    """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+                    (key, alert.rule_id, alert.org, alert.app, alert.kind, alert.subject_key,
+                     "suppressed" if held_back else "sending"),
+                )  # fmt: skip
+            elif not held_back:
+                # Held back, and going out now: the next alert's interval counts from now.
+                await conn.execute(
+                    """UPDATE alerts SET status = 'sending', created_at = now(), updated_at = now()
+                       WHERE idempotency_key = %s""",
+                    (key,),
+                )
             if held_back:
                 return Claim(False, f"another alert about {alert.subject_key} went out within minIntervalSecs")
             await conn.execute("UPDATE alert_rules SET last_fired_at = now() WHERE id = %s", (alert.rule_id,))
@@ -309,6 +347,12 @@ class AlertStore:
                 detail["error"] = error
             entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
             await write_audit(conn, alert.org, alert.app, entry)
+
+
+def interval_secs(min_interval_secs: float) -> float:
+    """A rule's repeat interval as PostgreSQL can take it: rules made before it was bounded may have
+    an infinity (JSON's 1e999), or more than PostgreSQL can subtract from now()."""
+    return min(min_interval_secs, float(MAX_SECS))
 
 
 def _iso(ts: datetime) -> str:
