@@ -13,15 +13,18 @@ single executor.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import pytest
+from dbos import DBOSClient
 from playwright.sync_api import Browser, Page, expect
 
 from harness.browser import axe_violations, chromium, chromium_path, screenshot, sign_in, watch
@@ -33,6 +36,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 
 expect.set_options(timeout=10_000)
+README = Path(__file__).resolve().parents[1] / "README.md"
 GRACE_SECS = 3.0  # payments: long enough to see DISCONNECTED on the page, short for the test
 APP_MODULE = "harness.workflow_app"
 
@@ -119,6 +123,11 @@ def go(page: Page, hash_route: str) -> None:
     page.evaluate("route => { location.hash = route; }", hash_route)
 
 
+def reads_of(workflow_id: str) -> Any:
+    """A predicate for ``page.expect_request``: the console reads this workflow (again)."""
+    return lambda r: r.method == "GET" and urlsplit(r.url).path.endswith(f"/workflows/{workflow_id}")
+
+
 def states_on_page(page: Page) -> list[str]:
     return list(page.eval_on_selector_all("tbody tr[data-state]", "rows => rows.map(r => r.dataset.state)"))
 
@@ -163,6 +172,20 @@ def test_sign_in_with_a_key_shows_the_apps_and_sign_out_forgets_the_key(world: W
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_role("heading", name="Sign in to Relay")).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('relay.key')") is None
+
+
+def test_a_key_refused_the_event_stream_asks_for_it_once_and_says_so(world: World, page: Page) -> None:
+    """A key that signs in but lacks ``application.read`` gets 403 from /events, and will every time:
+    the console stops there. Retrying, it asked again after 1, 3, 7 s... (then every 10 s)."""
+    with world.relay.api() as api:
+        made = api.post("/tokens/console-tokens-only", json={"permissions": ["token.read"]})
+    assert made.status_code == 201, made.text
+    watched = watch(page)
+    sign_in(page, world.relay.http, "acme", made.json()["token"])
+    page.wait_for_timeout(4_000)  # a console that retried would have asked twice more by now
+    streams = [path for _, path, _, _ in watched.requests if path.endswith("/events")]
+    assert streams == ["/v2/orgs/acme/events"], streams
+    expect(page.locator("#live")).to_have_text("Live updates are not available for this key")
 
 
 # -- an executor's death and recovery, live -----------------------------------------------------------
@@ -368,6 +391,61 @@ def test_a_read_only_key_sees_no_cancel_resume_or_fork(world: World, page: Page)
         expect(page.locator("button", has_text="Fork")).to_have_count(0)
 
 
+def test_an_actions_error_stays_after_the_refresh_its_audit_entry_brings(world: World, page: Page) -> None:
+    """Every action is audited, failed ones too, and the audit event reads the page again: the
+    outcome shown must survive that, until the operator acts again or leaves."""
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/failed-1")
+    page.get_by_role("button", name="Fork…").click()
+    dialog = page.get_by_role("dialog", name="Fork this workflow?")
+    dialog.get_by_label("New workflow id (optional)").fill("done-1")  # taken: 409
+    with page.expect_request(reads_of("failed-1")):  # the refresh the audit entry brings
+        dialog.get_by_role("button", name="Fork workflow").click()
+        expect(page.locator("#action-status")).to_contain_text("already exists")
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)  # that refresh is done
+    assert "already exists" in page.locator("#action-status").inner_text()
+
+
+def test_a_delayed_workflow_can_be_cancelled_not_resumed_and_is_a_status_to_filter_by(world: World, page: Page) -> None:
+    """DBOS 3.2 holds a workflow enqueued with a delay as DELAYED, and counts it as active: Resume
+    would enqueue it at once, skipping its delay."""
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "later", "workflow_name": "job", "workflow_id": "delayed-1",
+                        "delay_seconds": 36_000, "application_name": "ledger"}, 5)  # fmt: skip
+    finally:
+        client.destroy()
+    assert status_in_db(world.sysdb, "delayed-1") == "DELAYED"
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows?status=DELAYED")
+    expect(page.get_by_label("Status")).to_have_value("DELAYED")  # offered, and chosen from the address
+    listed = page.locator("tbody tr")
+    expect(listed).to_have_count(1)
+    expect(listed).to_contain_text("delayed-1")
+
+    listed.get_by_role("link", name="delayed-1").click()
+    expect(page.locator("dl.facts")).to_contain_text("DELAYED")
+    expect(page.get_by_role("button", name="Fork…")).to_be_visible()
+    expect(page.get_by_role("button", name="Resume…")).to_have_count(0)
+    watched = watch(page)
+    page.get_by_role("button", name="Cancel…").click()
+    page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+    assert_eventually(lambda: status_in_db(world.sysdb, "delayed-1") == "CANCELLED", 10, what="delayed-1 CANCELLED")
+    expect(page.locator("dl.facts")).to_contain_text("CANCELLED")
+    expect(page.locator("#action-status")).to_have_text("Cancelled delayed-1.")
+
+    def reads() -> list[str]:
+        return [path for _, path, _, _ in watched.requests if path.endswith("/workflows/delayed-1")]
+
+    for _ in range(50):  # the console's own read after the cancel, then the audit entry's
+        if len(reads()) >= 2:
+            break
+        page.wait_for_timeout(100)  # (Playwright reports requests while it waits)
+    assert len(reads()) >= 2, reads()
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    assert page.locator("#action-status").inner_text() == "Cancelled delayed-1."
+
+
 def test_the_console_polls_nothing_when_nothing_changes(world: World, page: Page) -> None:
     """The old dashboard read every app's executors every 5 s; the console reads a page once and again
     only when the event stream says something on it changed."""
@@ -425,6 +503,35 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
     instance = page.get_by_role("row", name="relay-1")
     expect(instance).to_contain_text("live")
     screenshot(page, "instances")
+
+
+def readme_audit_actions() -> set[str]:
+    """The audit actions README.md names: the audit log's row of the API table, and Operating workflows."""
+    text = README.read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if line.startswith("| `GET /v2/orgs/{org}/audit")]
+    start = text.index("Every change is audited (`GET /v2/orgs/{org}/audit")
+    named = re.findall(r"`([a-z_]+\.[a-z_]+)`", row + text[start : text.index("\n\n", start)])
+    return {a for a in named if not a.endswith((".read", ".write"))}  # not the permissions
+
+
+def test_the_audit_page_offers_every_action_and_keeps_to_the_app_filter_applied(world: World, page: Page) -> None:
+    admin(page, world)
+    go(page, "#/audit?app=ledger")
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+    offered = set(page.locator("#au-action option").evaluate_all("os => os.map(o => o.value)"))
+    actions = readme_audit_actions()
+    assert {"workflow.bulk_cancel", "token.renamed", "schedule.trigger", "application.create"} <= actions
+    assert actions - offered == set()
+
+    # Typed and not applied, another app is no filter yet: an entry of ledger's reads the page again,
+    # for ledger.
+    page.get_by_label("App", exact=True).fill("payments")
+    with page.expect_request(lambda r: urlsplit(r.url).path.endswith("/audit"), timeout=5_000) as asked:
+        with world.relay.api() as api:
+            refused = api.post("/apps/ledger/workflows/failed-1/fork", json={"newWorkflowId": "done-1"})
+        assert refused.status_code == 409, refused.text
+    assert parse_qs(urlsplit(asked.value.url).query)["app"] == ["ledger"]
+    expect(page.get_by_role("table", name="Audit entries").locator("tbody tr").first).to_contain_text("workflow.fork")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ import {api, enc} from "/static/console-api.js";
 import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, table, when} from "/static/console-ui.js";
 
 const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
-const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];
+const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];
+// Not finished: DBOS 3.2 holds a workflow enqueued with a delay as DELAYED until its time comes.
+// Such a workflow can be cancelled; resuming it would enqueue it at once, skipping its delay.
+const ACTIVE = ["PENDING", "ENQUEUED", "DELAYED"];
 const PAGE = 50;
 const AUDIT_PAGE = 100;
 
@@ -282,9 +285,15 @@ function workflowPage(ctx, app, workflowId) {
   let showData = false;
   const stepsLimit = 100;
   const stepsOffset = offsetOf(ctx.route.params);
+  // The last action's outcome. One element for the page's life, put back in each refresh of the
+  // data region: every action is audited, and the refresh the audit event brings must not wipe
+  // it. It goes when the operator acts again or leaves the page (a new page has its own).
+  const outcome = h("p", {id: "action-status", role: "status", class: "note"});
+  const tell = (text, failed = false) => { outcome.className = failed ? "alert" : "note"; outcome.textContent = text; };
 
   async function act(kind, body) {
     const verb = {cancel: "Cancelled", resume: "Resumed", fork: "Forked"}[kind];
+    tell("");
     try {
       const out = await api(`${base}/${kind}`, {method: "POST", body});
       if (kind === "fork" && out && out.workflowId) {
@@ -293,12 +302,10 @@ function workflowPage(ctx, app, workflowId) {
         return;
       }
       announce(`${verb} ${workflowId}`);
+      tell(`${verb} ${workflowId}.`);
       await page.refresh();
-      const msg = document.getElementById("action-status");
-      if (msg) msg.textContent = `${verb} ${workflowId}.`;
     } catch (err) {
-      const msg = document.getElementById("action-status");
-      if (msg) { msg.className = "alert"; msg.textContent = problemText(err); }
+      tell(problemText(err), true);
     }
   }
 
@@ -336,7 +343,7 @@ function workflowPage(ctx, app, workflowId) {
         api(`${base}/steps`, {params: {limit: stepsLimit, offset: stepsOffset, loadOutput: showData}}),
         api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: 0, loadInput: false, loadOutput: false}}),
       ]);
-      const active = w.status === "PENDING" || w.status === "ENQUEUED";
+      const active = ACTIVE.includes(w.status);
       const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
         active ? h("button", {type: "button", class: "danger", "data-focus-key": "cancel", onclick: confirmCancel}, "Cancel…") : null,
         !active && w.status !== "SUCCESS" ? h("button", {type: "button", "data-focus-key": "resume", onclick: confirmResume}, "Resume…") : null,
@@ -352,7 +359,7 @@ function workflowPage(ctx, app, workflowId) {
       const toggle = h("button", {type: "button", class: "secondary", "aria-pressed": String(showData), "data-focus-key": "toggle-data",
         onclick: async () => { showData = !showData; await page.refresh(); }}, showData ? "Hide inputs and outputs" : "Show inputs and outputs");
       return [
-        actions, h("p", {id: "action-status", role: "status", class: "note"}),
+        actions, outcome,
         h("dl", {class: "facts"}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
         toggle,
         showData ? h("div", {}, h("h2", {}, "Input"), h("pre", {}, w.input ?? "(none)"), h("h2", {}, "Output"), h("pre", {}, w.output ?? "(none)")) : null,
@@ -416,21 +423,33 @@ function schedulesPage(ctx, app) {
 
 // -- audit and instances ----------------------------------------------------------------------------
 
-const ACTIONS = ["executor.dead", "recovery.dispatched", "recovery.succeeded", "recovery.failed", "recovery.failover",
-  "recovery.waiting_for_peer", "recovery.awaiting_operator", "recovery.manual_requested", "executor.deleted",
-  "settings.updated", "relay.instance_adopted", "workflow.cancel", "workflow.resume", "workflow.fork",
-  "token.created", "token.deleted"];
+// Every action Relay audits (README: the audit log's row under REST API, Operating workflows, Alerts).
+const ACTIONS = [
+  "executor.dead", "recovery.dispatched", "recovery.failed", "recovery.failover", "recovery.waiting_for_peer",
+  "recovery.awaiting_operator", "recovery.workflow_moved", "recovery.succeeded", "recovery.restarted",
+  "recovery.manual_requested", "executor.deleted", "reconcile.found", "reconcile.recovered",
+  "workflow.cancel", "workflow.resume", "workflow.fork", "workflow.delete", "workflow.import",
+  "workflow.bulk_cancel", "workflow.bulk_resume", "workflow.bulk_delete", "workflow.bulk_fork_from_failure",
+  "schedule.pause", "schedule.resume", "schedule.trigger", "schedule.backfill",
+  "application.create", "application.delete", "application.set_latest_version", "settings.updated",
+  "retention.sent", "retention.skipped", "retention.checked",
+  "alert.sent", "alert.failed", "alerting_rule.create", "alerting_rule.delete",
+  "token.created", "token.renamed", "token.deleted", "relay.instance_adopted",
+];
 
 function auditPage(ctx) {
   const params = ctx.route.params;
   const offset = offsetOf(params);
   const scoped = ctx.who.appNames !== null;
+  // The filters applied are the address's, not what is typed in the form and not yet submitted.
+  const app = params.get("app") || (scoped ? ctx.who.appNames[0] || "" : "");
+  const applied = {app, executorId: params.get("executorId") || "", action: params.get("action") || "", since: params.get("since") || ""};
   const fields = {
-    app: h("input", {id: "au-app", name: "app", value: params.get("app") || (scoped ? ctx.who.appNames[0] || "" : ""), required: scoped}),
-    executorId: h("input", {id: "au-executor", name: "executorId", value: params.get("executorId") || "", size: 36}),
+    app: h("input", {id: "au-app", name: "app", value: app, required: scoped}),
+    executorId: h("input", {id: "au-executor", name: "executorId", value: applied.executorId, size: 36}),
     action: h("select", {id: "au-action", name: "action"}, h("option", {value: ""}, "Any action"),
-      ACTIONS.map((a) => h("option", {value: a, selected: params.get("action") === a}, a))),
-    since: h("input", {id: "au-since", name: "since", type: "datetime-local", value: params.get("since") || ""}),
+      ACTIONS.map((a) => h("option", {value: a, selected: applied.action === a}, a))),
+    since: h("input", {id: "au-since", name: "since", type: "datetime-local", value: applied.since}),
   };
   const labels = {app: "App", executorId: "Executor id", action: "Action", since: "Since"};
   const controls = h("form", {class: "filters", "aria-label": "Filter the audit log"},
@@ -442,10 +461,10 @@ function auditPage(ctx) {
   return basePage({
     section: "audit", title: "Audit log", controls,
     intro: h("p", {class: "note"}, `Newest first, ${AUDIT_PAGE} entries at a time.`),
-    relevant: (name, data) => name === "audit" && offset === 0 && (!fields.app.value || data.app === fields.app.value),
+    relevant: (name, data) => name === "audit" && offset === 0 && (!app || data.app === app),
     async load() {
-      const q = {app: fields.app.value.trim(), executorId: params.get("executorId"), action: params.get("action"),
-        since: params.get("since") ? new Date(params.get("since")).toISOString() : undefined,
+      const q = {app, executorId: applied.executorId, action: applied.action,
+        since: applied.since ? new Date(applied.since).toISOString() : undefined,
         limit: AUDIT_PAGE, offset, sortDesc: true};
       if (scoped && !q.app) return h("p", {class: "note"}, "This key is limited to apps: name one of them.");
       const rows = await api("/audit", {params: q});
@@ -458,7 +477,7 @@ function auditPage(ctx) {
           ["Detail", (e) => h("code", {}, JSON.stringify(e.detail))],
         ], rows, {empty: "No entry matches."}),
         pager("Audit pages", {offset, limit: AUDIT_PAGE, shown: rows.length,
-          go: (o) => ctx.go(["audit"], {...Object.fromEntries(Object.entries(fields).map(([k, el]) => [k, el.value.trim()])), offset: o})}),
+          go: (o) => ctx.go(["audit"], {...applied, offset: o})}),
       ];
     },
   });

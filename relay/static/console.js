@@ -82,7 +82,7 @@ function signOut() {
 
 function setLive(state) {
   live.className = `live ${state === "on" ? "on" : state ? "off" : ""}`;
-  live.textContent = state === "on" ? "Live" : state === "off" ? "Reconnecting…" : "";
+  live.textContent = {on: "Live", off: "Reconnecting…", denied: "Live updates are not available for this key"}[state] || "";
 }
 
 // -- pages --------------------------------------------------------------------------------------
@@ -157,6 +157,9 @@ async function startStream() {
     } catch (err) {
       if (controller.signal.aborted) return;
       if (err.status === 401) { signOut(); return; }
+      // A key without application.read is refused the stream, and will be refused it every time:
+      // asking again would only cost a request every 10 s for as long as the tab is open.
+      if (err.status === 403) { setLive("denied"); return; }
     }
     if (stream !== controller) return;
     setLive("off");
