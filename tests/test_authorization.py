@@ -53,6 +53,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/openapi.yaml"): PUBLIC,
     ("GET", "/v2/openapi.json"): PUBLIC,  # /conductor/v2/openapi.json, as managed Conductor serves it
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
+    ("GET", "/v1/metrics"): Rule(P.METRIC_READ, org=False),  # Conductor's scrape path
     ("GET", "/v2/whoami"): ANY_KEY,
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
     ("GET", "/v2/orgs/{org}/permissions"): MEMBER,

@@ -224,8 +224,8 @@ def test_app_figures_match_the_system_database_on_every_instance(
     assert_eventually(lambda: point_in_time(scrape(r1)) == {k: pytest.approx(v) for k, v in expected.items()}, 5)
     # Any instance serves them, whichever computed them.
     assert point_in_time(scrape(r2)) == point_in_time(scrape(r1))
-    # OpenMetrics to a scraper that asks for it, as Conductor's documentation scrapes.
-    resp = httpx.get(f"{r1.http}/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}",
+    # OpenMetrics to a scraper that asks for it, at Conductor's path, as Conductor's documentation scrapes.
+    resp = httpx.get(f"{r1.http}/v1/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}",
                      "Accept": "application/openmetrics-text"}, timeout=5)  # fmt: skip
     assert resp.headers["content-type"].startswith("application/openmetrics-text") and resp.text.endswith("# EOF\n")
     opened = {(s.name.removeprefix(PREFIX), tuple(sorted(s.labels.items()))): s.value

@@ -129,6 +129,8 @@ async def readyz(ctx: Ctx) -> Response:
 EXPOSITION = {"schema": {"type": "string"}}
 
 
+# Conductor's scrape path (its documentation's Prometheus jobs use ``metrics_path: /v1/metrics``).
+@router.get("/v1/metrics", response_class=Response, include_in_schema=False)
 @router.get(
     "/metrics",
     response_class=Response,
