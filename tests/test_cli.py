@@ -38,6 +38,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.cli import main
 from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from relay.cli.output import cell as table_cell
 
 APP_MODULE = "harness.workflow_app"
 # The module (relay.cli.workflows, as an attribute, is its click group).
@@ -234,6 +235,22 @@ def test_exit_codes_scripts_can_rely_on(world: World) -> None:
     assert relay_process(world, "no-such-command").code == EXIT_USAGE
 
 
+def test_a_key_with_spaces_or_a_line_end_is_used_and_a_bad_key_is_never_printed(world: World, cli: Cli) -> None:
+    """A key read from a file edited on Windows ends in \\r, one pasted may carry spaces: httpx refused
+    the header, and the line was "cannot reach Relay ... b'Bearer <the key>\\r'", exit 5 (try again)."""
+    secret = API_KEYS["acme"]
+    with_cr = relay_process(world, "whoami", "--json", key=secret + "\r")
+    assert with_cr.code == EXIT_OK and with_cr.json()["org"] == "acme", with_cr.err
+    for key in (f" {secret} ", secret + "\r\n", f"\t{secret}"):
+        assert ok(cli("whoami", "--json", key=key)).json()["org"] == "acme"
+    assert ok(cli("whoami", "--json", "--key", secret + "\r", key=None)).json()["org"] == "acme"
+    # A character no key has: refused before any request (exit 2), and the key is not in the line.
+    for key in ("kéy-" + secret, secret[:12] + "\x01" + secret[12:], secret + "\x1b]0;x\x07", "a\rb" + secret):
+        refused = cli("apps", key=key)
+        assert refused.code == EXIT_USAGE and "not printable ASCII" in refused.err, refused.err
+        assert secret not in refused.err and secret[12:] not in refused.err, refused.err
+
+
 def test_help_lists_every_command() -> None:
     done = subprocess.run([sys.executable, "-m", "relay", "--help"], capture_output=True, text=True, timeout=30)
     for command in ("serve", "init", "keys", "whoami", "apps", "executors", "recover", "recoveries", "audit",
@@ -315,6 +332,36 @@ def test_workflows_get_and_steps(world: World, cli: Cli) -> None:
         world, "GET", "/apps/ledger/workflows/done-1/steps"
     )
     assert ok(cli("workflows", "steps", "ledger", "odd/steps", "--json")).json()[0]["stepName"].endswith("shout")
+
+
+def test_tables_show_control_characters_escaped_and_json_keeps_them(world: World, cli: Cli) -> None:
+    """A workflow's name, error or output (an exception's message may quote a caller's input) is the
+    executor's data: OSC sequences in it set the terminal's title or write its clipboard (OSC 52), an
+    8-bit CSI (0x9b) clears the screen. Tables and the key/value lines show them escaped."""
+    evil = "boom\x1b]0;pwned\x07\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b2J\x7fend"
+    shown = r"boom\x1b]0;pwned\x07\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b2J\x7fend"
+    with psycopg.connect(world.sysdb) as conn:
+        # A cancelled workflow as an executor records it, out of the other tests' selections.
+        conn.execute(
+            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at, executor_id,"
+            " application_version, application_id) SELECT 'esc-1', 'CANCELLED', %s, now_ms, now_ms, executor_id,"
+            " 'v1', '' FROM dbos.workflow_status, (SELECT (extract(epoch from now()) * 1000)::bigint AS now_ms) t"
+            " WHERE workflow_uuid = 'done-1' ON CONFLICT DO NOTHING",
+            (evil,),
+        )
+    got = ok(cli("workflows", "get", "ledger", "esc-1")).out
+    assert f"\nname:        {shown}\n" in got, got
+    (row,) = ok(cli("workflows", "list", "ledger", "--prefix", "esc-")).table()
+    assert row["NAME"] == shown
+    # --json: the same values, exact; no control character written raw either (DEL and C1 escaped too).
+    raw = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+    one = ok(cli("workflows", "get", "ledger", "esc-1", "--json")).out
+    assert not raw.search(one) and json.loads(one) == api_json(world, "GET", "/apps/ledger/workflows/esc-1")
+    listed = ok(cli("workflows", "list", "ledger", "--prefix", "esc-", "--json")).out
+    assert not raw.search(listed) and [w["workflowName"] for w in json.loads(listed)] == [evil]
+    # A JSON value in a cell (an audit entry's detail), and a NUL.
+    assert table_cell({"detail": "\x1b]0;x\x07\x9b"}) == r'{"detail":"\u001b]0;x\u0007\x9b"}'
+    assert table_cell("a\x00b\x85c\td") == r"a\x00b c d"
 
 
 def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

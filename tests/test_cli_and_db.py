@@ -7,13 +7,17 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from harness.ports import free_port
 from harness.postgres import Postgres
+from relay.cli import main, without_secrets
+from relay.config import load_config
 from relay.errors import DatabaseError
 from relay.store.db import Database, patiently
 from relay.store.migrations import MIGRATIONS
@@ -141,3 +145,86 @@ def test_a_workflow_step_waits_longer_for_a_connection_than_the_pool_does(relay_
     refused, waited = asyncio.run(scenario())
     assert refused  # past the pool's timeout
     assert 0.5 < waited < 3.0  # the patient read waited for the held connection, longer than the pool would
+
+
+def test_serve_refuses_a_port_out_of_range() -> None:
+    """--port 99999 listened on 99999 - 65536 = 34463 and printed :99999."""
+    for port in ("99999", "65536", "-1"):
+        result = run_relay("serve", "--port", port, "--database-url", "postgresql://nobody@127.0.0.1:1/none")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("relay: Invalid value for '--port'") and "0<=x<=65535" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("org", "host"),
+    [("1234", "127.0.0.1"), ("on", "127.0.0.1"), ("null", "0.0.0.0"), ("ops: east", "127.0.0.1"), ("acme", "::"),
+     ("#1 'x' \"y\"", "::1")],
+)  # fmt: skip
+def test_relay_init_writes_what_it_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], org: str, host: str
+) -> None:
+    """Unquoted, 1234, on and null were read back as an int, a boolean and null (refused by
+    ``relay serve``), and ``ops: east`` or ``::`` made a file that is not YAML."""
+    path = tmp_path / "relay.yaml"
+    assert main(["init", "--path", str(path), "--org", org, "--host", host]) == 0, capsys.readouterr().err
+    config = load_config(path)
+    assert (config.orgs[0].name, config.server.host, config.server.port) == (org, host, 8080)
+    assert "# 0.0.0.0 to accept executors from other machines" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["serve", "--log-level", "bogus"], {}, "Invalid value for '--log-level'"),
+        (["serve"], {"RELAY_LOG_LEVEL": "loud"}, "Invalid value for '--log-level'"),
+        (["apps", "--url", "http://[::1"], {"RELAY_API_KEY": "k"}, "not a URL: 'http://[::1'"),
+        (["apps", "--url", "relay:8080"], {"RELAY_API_KEY": "k"}, "not an http(s) URL"),
+        (["audit", "--since", "1000000d"], {"RELAY_API_KEY": "k"}, "not a time: '1000000d' is out of range"),
+        (["audit", "--since", "0001-01-01"], {"RELAY_API_KEY": "k"}, "not a time: '0001-01-01' is out of range"),
+        (["apps"], {"RELAY_API_KEY": "kéy"}, "the API key is not printable ASCII"),
+        (["no-such-command"], {}, "No such command 'no-such-command' (see 'relay -h')"),
+    ],
+    ids=["log-level", "log-level-env", "malformed-url", "no-scheme", "huge-age", "year-0", "non-ascii-key", "command"],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], said: str) -> None:
+    """Each of these was a traceback and exit 1 (ValueError, httpx.InvalidURL, OverflowError,
+    UnicodeEncodeError), or exit 5 "cannot reach Relay" for a URL without http://."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    result = subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, timeout=30,
+                            env={**clean, **env})  # fmt: skip
+    err = result.stderr
+    assert result.returncode == 2 and err.startswith("relay: ") and err.count("\n") == 1 and said in err, err
+    assert "kéy" not in err
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1_never_a_traceback() -> None:
+    """An answer the command does not expect (here a server that answers {} to everything, not
+    Relay): one line naming the error, no traceback, and no key."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = run_relay("apps", "--url", url, "--key", "relay_secret-key", env={"RELAY_API_KEY": ""})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1 and result.stderr == "relay: internal error: KeyError: 'org'\n", result.stderr
+
+
+def test_an_internal_error_line_leaves_out_the_keys_and_passwords(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_API_KEY", "relay_k2")
+    text = "boom relay_k1, relay_k2, relay_k3\nat postgresql://me:pw@db/x"
+    assert without_secrets(text, ["apps", "--key=relay_k1"]) == "boom ***, ***, relay_k3 at postgresql://me:***@db/x"
+    assert without_secrets("relay_k3 \x1b]0;x\x07", ["--key", "relay_k3"]) == r"*** \x1b]0;x\x07"

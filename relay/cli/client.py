@@ -10,7 +10,7 @@ line, ``relay: <status> <title>: <detail>``, and the exit code of
 from __future__ import annotations
 
 import functools
-import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -19,10 +19,12 @@ import click
 import httpx
 
 from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for
+from relay.cli.output import json_text, visible
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # The workflow API's own deadline is 25 s (server.executorRequestDeadlineSecs); leave it room.
 TIMEOUT_SECS = 60.0
+_PASSWORD = re.compile(r"(//[^/@:\s]*:)[^/@\s]*@")
 
 
 def segment(value: str) -> str:
@@ -34,14 +36,20 @@ class Api:
     """One server and one key; :meth:`org_path` builds paths under ``/v2/orgs/{org}``."""
 
     def __init__(self, url: str, key: str | None, org: str | None, as_json: bool) -> None:
-        if not key:
-            raise CliError("no API key: give --key or set RELAY_API_KEY", EXIT_USAGE)
+        self._key = checked_key(key)
         self.url = url.rstrip("/")
+        self.shown_url = without_password(self.url)
+        try:
+            parsed = httpx.URL(self.url)
+        except httpx.InvalidURL as exc:
+            raise CliError(f"not a URL: {self.shown_url!r} ({exc})", EXIT_USAGE) from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise CliError(f"not an http(s) URL: {self.shown_url!r} (like {DEFAULT_URL})", EXIT_USAGE)
         self.as_json = as_json
         self._org = org
         self._http = httpx.Client(
             base_url=self.url,
-            headers={"Authorization": f"Bearer {key}", "User-Agent": "relay-cli"},
+            headers={"Authorization": f"Bearer {self._key}", "User-Agent": "relay-cli"},
             timeout=TIMEOUT_SECS,
         )
 
@@ -70,9 +78,14 @@ class Api:
         try:
             resp = self._http.request(method, path, params=clean, json=body)
         except httpx.TimeoutException as exc:
-            raise CliError(f"Relay at {self.url} did not answer in time ({exc})", EXIT_UNAVAILABLE) from exc
+            raise CliError(
+                f"Relay at {self.shown_url} did not answer in time ({self._reason(exc)})", EXIT_UNAVAILABLE
+            ) from exc
+        except httpx.LocalProtocolError as exc:
+            # Not Relay's fault, and no better later: this request cannot be sent as it is.
+            raise CliError(f"cannot send the request to Relay at {self.shown_url}: {self._reason(exc)}") from exc
         except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach Relay at {self.url}: {exc}", EXIT_UNAVAILABLE) from exc
+            raise CliError(f"cannot reach Relay at {self.shown_url}: {self._reason(exc)}", EXIT_UNAVAILABLE) from exc
         if resp.is_error:
             raise CliError(describe_error(resp), exit_code_for(resp.status_code))
         if not resp.content:
@@ -81,6 +94,32 @@ class Api:
             return resp.json()
         except ValueError as exc:
             raise CliError(f"{method} {path}: the answer is not JSON: {resp.text[:200]!r}") from exc
+
+    def _reason(self, exc: httpx.HTTPError) -> str:
+        """An httpx error's message for the error line, without the key: h11 quotes a header it refuses."""
+        if isinstance(exc, httpx.LocalProtocolError):
+            return f"{type(exc).__name__}: not a valid HTTP request"
+        text = str(exc) or type(exc).__name__
+        return visible(text.replace(self._key, "***"))
+
+
+def checked_key(key: str | None) -> str:
+    """The key as given, without the spaces or line end around it (a file edited on Windows ends in \\r).
+
+    A key is printable ASCII: any other character is refused here (exit 2) rather than by
+    httpx's header check, and never printed, since the error lines end up in CI logs.
+    """
+    key = (key or "").strip()
+    if not key:
+        raise CliError("no API key: give --key or set RELAY_API_KEY", EXIT_USAGE)
+    if not (key.isascii() and key.isprintable()):
+        raise CliError("the API key is not printable ASCII (check --key or RELAY_API_KEY)", EXIT_USAGE)
+    return key
+
+
+def without_password(url: str) -> str:
+    """``url`` (or a message) as the error lines show it: a URL's password (``//user:pass@host``) as ``***``."""
+    return _PASSWORD.sub(r"\1***@", url)
 
 
 def describe_error(resp: httpx.Response) -> str:
@@ -94,13 +133,14 @@ def describe_error(resp: httpx.Response) -> str:
         if isinstance(problem, dict):
             title = str(problem.get("title") or title)
             detail = str(problem.get("detail") or "")
+    title, detail = visible(title), visible(detail)  # a detail may quote an executor's error
     hint = " (is the key right? give --key or set RELAY_API_KEY)" if resp.status_code == 401 else ""
     return f"{resp.status_code} {title}: {detail}{hint}" if detail else f"{resp.status_code} {title}{hint}"
 
 
 def print_json(data: Any) -> None:
-    """The API's JSON, as it came, indented."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    """The API's JSON, as it came, indented (see :func:`json_text`)."""
+    click.echo(json_text(data))
 
 
 def api_command(func: Callable[..., int | None]) -> Callable[..., int]:

@@ -23,8 +23,8 @@ def whoami(api: Api) -> None:
         print_json(me)
         return
     apps = ", ".join(me["appNames"]) if me["appNames"] is not None else "every app"
-    click.echo(f"org:         {me['org']}\nkey:         {me['tokenName']}")
-    click.echo(f"permissions: {', '.join(me['permissions']) or '-'}\napps:        {apps}")
+    click.echo(f"org:         {cell(me['org'])}\nkey:         {cell(me['tokenName'])}")
+    click.echo(f"permissions: {cell(', '.join(me['permissions']))}\napps:        {cell(apps)}")
 
 
 @click.command()
@@ -113,7 +113,7 @@ def recover(api: Api, app: str, executor: str, to_latest: bool) -> None:
     if api.as_json:
         print_json(started)
         return
-    rid = started["recoveryId"]
+    rid = cell(started["recoveryId"])
     click.echo(f"recovery {rid} started; follow it with: relay recoveries {app} {rid}")
 
 

@@ -20,6 +20,23 @@ from relay.cli.errors import EXIT_USAGE, CliError
 MISSING = "-"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# C0 and C1 control characters and DEL. A terminal acts on them: ESC and the 8-bit CSI (0x9b) start
+# sequences that set its title, write its clipboard (OSC 52), move the cursor over earlier lines. Text
+# from executors (workflow names, errors, outputs) and from the API is shown with them escaped.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The ones json.dumps writes as they are (it escapes those below 0x20); in JSON they can only be in strings.
+_JSON_UNESCAPED = re.compile(r"[\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters written as escapes (``\\x1b``), so that none reaches the terminal."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented JSON, DEL and C1 escaped too (``\\u009b``): the same values, nothing raw for a terminal."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    return _JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def cell(value: Any) -> str:
@@ -28,8 +45,9 @@ def cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return " ".join(str(value).split())  # one line per row, whatever the value holds
+        return visible(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    # One line per row, whatever the value holds; no control character reaches the terminal.
+    return visible(" ".join(str(value).split()))
 
 
 def clip(text: str, width: int) -> str:
@@ -105,16 +123,20 @@ def time_option(value: str | None, now: datetime | None = None) -> str | None:
     if value is None:
         return None
     match = _RELATIVE.match(value.strip())
-    if match:
-        ago = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-        moment = (now or datetime.now(UTC)) - ago
-    else:
-        try:
-            moment = datetime.fromisoformat(value.strip())
-        except ValueError as exc:
-            raise CliError(
-                f"not a time: {value!r} (ISO 8601 like 2026-01-31T12:00:00Z, or an age like 15m, 2h, 7d)", EXIT_USAGE
-            ) from exc
-        if moment.tzinfo is None:
-            moment = moment.astimezone()  # a time written without a zone is the local time
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    try:
+        if match:
+            ago = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+            moment = (now or datetime.now(UTC)) - ago
+        else:
+            try:
+                moment = datetime.fromisoformat(value.strip())
+            except ValueError as exc:
+                raise CliError(
+                    f"not a time: {value!r} (ISO 8601 like 2026-01-31T12:00:00Z, or an age like 15m, 2h, 7d)",
+                    EXIT_USAGE,
+                ) from exc
+            if moment.tzinfo is None:
+                moment = moment.astimezone()  # a time written without a zone is the local time
+        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    except (OverflowError, ValueError) as exc:  # 1000000d ago; 0001-01-01 local, east of UTC: before year 1
+        raise CliError(f"not a time: {value!r} is out of range (years 1 to 9999)", EXIT_USAGE) from exc

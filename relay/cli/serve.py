@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import yaml
 
 from relay.auth import hash_key, new_key, new_secret
 from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from relay.domain.firstrun import FirstKeys
 
 EXIT_CONFIG = EXIT_USAGE
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def paste_lines(executor_url: str, api_url: str, admin_key: str, conductor_key: str, org: str) -> str:
@@ -69,12 +71,14 @@ def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
 @click.command()
 @click.option("--config", help="relay.yaml  [default: $RELAY_CONFIG, else no file: built-in defaults]")
 @click.option("--host", help="Address to listen on (overrides server.host).")
-@click.option("--port", type=int, help="Port to listen on (overrides server.port).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (overrides server.port).")
 @click.option("--database-url", help="PostgreSQL URL  [default: $RELAY_DATABASE_URL, else embedded in $RELAY_HOME]")
 @click.option(
     "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    metavar="LEVEL",
     default=lambda: os.environ.get("RELAY_LOG_LEVEL", "INFO"),
-    help="DEBUG, INFO, WARNING or ERROR  [default: $RELAY_LOG_LEVEL, else INFO]",
+    help="DEBUG, INFO, WARNING, ERROR or CRITICAL  [default: $RELAY_LOG_LEVEL, else INFO]",
 )
 def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
     """Run Relay. With no org configured, the first start makes the org "default" and prints its keys once."""
@@ -146,7 +150,7 @@ RELAY_YAML = """\
 # Every setting and its default: README.md, "Configuration".
 
 server:
-  host: {host}            # 0.0.0.0 to accept executors from other machines
+  host: {host}         # 0.0.0.0 to accept executors from other machines
   port: {port}
 
 database:
@@ -179,6 +183,12 @@ orgs:
 """
 
 
+def yaml_string(value: str) -> str:
+    """``value`` as a double-quoted YAML scalar: a string read back as the same string, never the
+    int, boolean or null that ``1234``, ``on`` or ``null`` are unquoted, nor a mapping (``ops: east``)."""
+    return yaml.safe_dump(value, default_style='"', allow_unicode=True, width=1 << 30).rstrip("\n")
+
+
 @click.command()
 @click.option("--path", default="relay.yaml", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
@@ -191,9 +201,9 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
     text = RELAY_YAML.format(
         now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         path=path,
-        host=host,
+        host=yaml_string(host),
         port=port,
-        org=org,
+        org=yaml_string(org),
         admin_sha=hash_key(admin),
         conductor_sha=hash_key(conductor),
     )
@@ -205,6 +215,7 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
     except OSError as exc:
         raise CliError(f"{path}: cannot write: {exc.strerror or exc}", EXIT_ERROR) from exc
     shown = host if host not in ("0.0.0.0", "::", "") else "HOST"
+    shown = f"[{shown}]" if ":" in shown else shown  # an IPv6 address in a URL
     click.echo(f"Wrote {path}: org {org!r} with an admin key and a conductor key (their hashes only).")
     click.echo("The keys are shown this once:\n")
     click.echo(paste_lines(f"ws://{shown}:{port}/", f"http://{shown}:{port}/", admin, conductor, org))

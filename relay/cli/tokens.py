@@ -9,7 +9,7 @@ import click
 from relay.auth import ADMIN, CONDUCTOR, VIEWER, Permission
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import page_hint, show_table, when
+from relay.cli.output import cell, page_hint, show_table, when
 
 ROLES = {"admin": ADMIN, "viewer": VIEWER, "conductor": CONDUCTOR}
 
@@ -80,7 +80,7 @@ def create(api: Api, name: str, role: str | None, permissions: tuple[str, ...], 
         print_json(made)
         return
     click.echo(f"key {made['tokenName']!r} created in org {api.org!r}; its secret, shown this once:")
-    click.echo(f"  {made['token']}")
+    click.echo(f"  {cell(made['token'])}")
 
 
 @tokens.command("delete")

@@ -245,7 +245,7 @@ def _bulk_command(
                 click.echo("no workflows match: nothing to do", err=True)
             else:
                 click.echo(f"{past} {len(ids)} workflow{'s' if len(ids) != 1 else ''}:")
-                click.echo("\n".join(f"  {i}" for i in ids))
+                click.echo("\n".join(f"  {cell(i)}" for i in ids))
 
         for decorate in reversed(extra):
             run = decorate(run)
@@ -294,4 +294,4 @@ def fork(
     if api.as_json:
         print_json(made)
         return
-    click.echo(f"forked {workflow_id} from step {from_step}: {made['workflowId']}")
+    click.echo(f"forked {cell(workflow_id)} from step {from_step}: {cell(made['workflowId'])}")
