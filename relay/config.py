@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import idna
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -204,6 +205,15 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def ascii_host(host: str) -> str:
+    """A host name as DNS, the Host header and TLS know it: an internationalised name
+    (``bücher.example``) in its IDNA form (``xn--bcher-kva.example``, with the UTS 46 mapping
+    browsers use). Raises ValueError (idna's errors are UnicodeErrors) for a name IDNA does not allow."""
+    if host.isascii():
+        return host
+    return idna.encode(host, uts46=True).decode("ascii")
+
+
 def webhook_problem(url: str) -> str | None:
     """What is wrong with a webhook URL as written (the allow-list is checked apart); None if nothing."""
     try:
@@ -308,7 +318,7 @@ class AlertsConfig(_Model):
     @classmethod
     def _entries(cls, value: list[str]) -> list[str]:
         for entry in value:
-            parse_entry(entry)
+            parse_entry(entry, ascii_host)
         return value
 
     @model_validator(mode="after")
@@ -318,7 +328,7 @@ class AlertsConfig(_Model):
         return self
 
     def policy(self) -> DestinationPolicy:
-        return DestinationPolicy.from_entries(self.allowed_destinations, self.allow_public_destinations)
+        return DestinationPolicy.from_entries(self.allowed_destinations, self.allow_public_destinations, ascii_host)
 
 
 class ReconcilerConfig(_Model):

@@ -28,7 +28,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.api.alerts import rule_json
-from relay.config import RelayConfig
+from relay.config import RelayConfig, ascii_host
 from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
@@ -608,7 +608,10 @@ def test_a_webhook_on_an_internationalised_host_name_is_sent_under_its_idna_name
             getaddrinfo = resolving_to("127.0.0.1", asked=asked)
             sender = WebhookSender(DestinationPolicy.from_entries(["127.0.0.1"]), 2.0, "t", getaddrinfo=getaddrinfo)
             by_name = WebhookSender(
-                DestinationPolicy.from_entries(["bücher.example"]), 2.0, "t", getaddrinfo=getaddrinfo
+                DestinationPolicy.from_entries(["bücher.example"], to_ascii=ascii_host),
+                2.0,
+                "t",
+                getaddrinfo=getaddrinfo,
             )
             try:
                 return (

@@ -28,27 +28,28 @@ else between the check and the connection (DNS rebinding).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-import idna
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def ascii_host(host: str) -> str:
-    """A host name as DNS, the Host header and TLS know it: an internationalised name
-    (``bücher.example``) in its IDNA form (``xn--bcher-kva.example``, with the UTS 46 mapping
-    browsers use). Raises ValueError for a name IDNA does not allow."""
-    if host.isascii():
-        return host
-    return idna.encode(host, uts46=True).decode("ascii")
+ToAscii = Callable[[str], str]
 
 
-def parse_entry(entry: str) -> Network | str:
+def ascii_only(host: str) -> str:
+    """``host`` if it is ASCII; an internationalised name needs a converter to its IDNA form
+    (:func:`relay.config.ascii_host`: the core imports nothing beyond the standard library)."""
+    if not host.isascii():
+        raise ValueError("an internationalised host name needs its IDNA form (xn--...)")
+    return host
+
+
+def parse_entry(entry: str, to_ascii: ToAscii = ascii_only) -> Network | str:
     """One entry of ``alerts.allowedDestinations``: a network (an address is a /32 or /128) or a
-    host name (lower case; ``*.`` in front for any name under a domain). Raises ValueError."""
+    host name (lower case, in its IDNA form by ``to_ascii``; ``*.`` in front for any name under a
+    domain). Raises ValueError."""
     text = entry.strip()
     if not text:
         raise ValueError("an empty entry")
@@ -59,7 +60,7 @@ def parse_entry(entry: str) -> Network | str:
     name = text.lower().rstrip(".")
     under = "*." if name.startswith("*.") else ""
     try:
-        name = under + ascii_host(name.removeprefix("*."))
+        name = under + to_ascii(name.removeprefix("*."))
     except ValueError as exc:
         raise ValueError(f"{entry!r} is not a valid internationalised host name ({exc})") from exc
     labels = name.removeprefix("*.").split(".")
@@ -106,8 +107,10 @@ class DestinationPolicy:
     allow_public: bool = True
 
     @classmethod
-    def from_entries(cls, entries: Iterable[str], allow_public: bool = True) -> DestinationPolicy:
-        parsed = [parse_entry(e) for e in entries]
+    def from_entries(
+        cls, entries: Iterable[str], allow_public: bool = True, to_ascii: ToAscii = ascii_only
+    ) -> DestinationPolicy:
+        parsed = [parse_entry(e, to_ascii) for e in entries]
         return cls(
             tuple(p for p in parsed if not isinstance(p, str)),
             tuple(p for p in parsed if isinstance(p, str)),

@@ -36,9 +36,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from relay.config import webhook_problem
+from relay.config import ascii_host, webhook_problem
 from relay.core.alerts import retryable_status
-from relay.core.destinations import Address, DestinationPolicy, ascii_host
+from relay.core.destinations import Address, DestinationPolicy
 
 # httpx logs every request's URL at INFO (httpcore its details at DEBUG), and a webhook's URL may
 # hold a secret: neither logs below WARNING, whatever Relay's log level.
