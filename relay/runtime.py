@@ -308,22 +308,24 @@ class Runtime:
             clock.at("the repair sweep")
             await self.engine.sweep()
         finally:
-            clock.at("stopping its workers and starting the grace periods")
-            await self.alert_loops.stop()
-            await self.engine.stop_workers()
-            clock.at("stopping the router")
-            await self.router.stop()
-            clock.at("stopping DBOS")
-            if not await run_for_at_most(self.engine.destroy, DBOS_STOP_SECS):
-                log.warning("instance %s: DBOS did not stop within %g s; the stop goes on without it",
-                            self.instance_id, DBOS_STOP_SECS)  # fmt: skip
-            self.webhooks.close()  # no delivery step runs any more: its DNS threads may go
             try:
-                clock.at("giving up its lease")
-                await self.lease.stop()  # last: the lease covers every write above
+                clock.at("stopping its workers and starting the grace periods")
+                await self.alert_loops.stop()
+                await self.engine.stop_workers()
+                clock.at("stopping the router")
+                await self.router.stop()
+                clock.at("stopping DBOS")
+                if not await run_for_at_most(self.engine.destroy, DBOS_STOP_SECS):
+                    log.warning("instance %s: DBOS did not stop within %g s; the stop goes on without it",
+                                self.instance_id, DBOS_STOP_SECS)  # fmt: skip
             finally:
-                clock.at("closing its database pool")
-                await self.db.close()
+                self.webhooks.close()  # no delivery step runs any more: its DNS threads may go
+                try:
+                    clock.at("giving up its lease")
+                    await self.lease.stop()  # last: the lease covers every write above
+                finally:
+                    clock.at("closing its database pool")
+                    await self.db.close()
 
     def _fenced(self) -> None:
         """Another instance adopted this one's lease (it was paused or cut off past it).

@@ -424,13 +424,15 @@ def test_the_api_document_where_conductors_clients_fetch_it_and_no_key_needed(re
     resp = httpx.get(f"{relay.http}/openapi.yaml")
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/yaml"
     assert yaml.safe_load(resp.text) == document
+    api_paths = {path: item for path, item in document["paths"].items() if path.startswith("/v2/")}
+    assert "/v2/orgs/{org}/apps" in api_paths and "/healthz" in document["paths"]
     for path in ("/conductor/v2/openapi.json", "/v2/openapi.json"):
         resp = httpx.get(f"{relay.http}{path}")
         assert resp.status_code == 200, path
-        assert resp.json() == {**document, "servers": [{"url": "/conductor"}]}, path
-    # A client made from it resolves its paths under /conductor, where Relay serves them.
+        assert resp.json() == {**document, "paths": api_paths, "servers": [{"url": "/conductor"}]}, path
+    # A client made from it resolves every path it lists under /conductor, where Relay serves them
+    # (the probes and /metrics, not served there, are left out of this copy).
     base = httpx.URL(f"{relay.http}/conductor/v2/openapi.json").join(resp.json()["servers"][0]["url"])
-    assert "/v2/orgs/{org}/apps" in document["paths"]
     assert httpx.get(f"{base}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
     # Nothing else under the API's prefixes opened with it.
     assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml").status_code == 401

@@ -186,16 +186,22 @@ def test_a_key_scoped_to_apps_sees_renames_and_deletes_only_keys_within_its_powe
     create(relay, "ledger-exec", {"appNames": ["ledger"]})
     create(relay, "ledger-exec-2", None, key=limited)  # scoped to ledger, as its creator is
     with api(relay, limited) as client:
+        # The keys it may not list are, to it, as keys that do not exist (a 403 would tell it which
+        # names its org's other keys have); the one it lists but may not change is a 403.
         for attempt in (
             client.delete("/tokens/billing-exec"),
             client.patch("/tokens/billing-exec", json={"newName": "x"}),
             client.delete("/tokens/org-admin"),
             client.patch("/tokens/org-admin", json={"newName": "pwned"}),
-            client.delete("/tokens/ledger-writer"),
             client.delete("/tokens/ops"),  # relay.yaml's admin key
         ):
-            assert attempt.status_code == 403, (attempt.request.url, attempt.text)
-            assert attempt.json()["error"]["code"] == "forbidden"
+            assert attempt.status_code == 404, (attempt.request.url, attempt.text)
+            assert attempt.json()["detail"] == client.delete("/tokens/no-such-key").json()["detail"].replace(
+                "no-such-key", attempt.request.url.path.rsplit("/", 1)[1]
+            )
+        beyond = client.delete("/tokens/ledger-writer")
+        assert beyond.status_code == 403, beyond.text
+        assert beyond.json()["error"]["code"] == "forbidden"
         # The keys scoped to its apps (ledger-writer too: seen, not changed); filtered before paging,
         # so that every page is whole and they add up to the list.
         within = ["ledger-exec", "ledger-exec-2", "ledger-writer", "limited"]

@@ -112,8 +112,20 @@ async def finish(alert: dict[str, Any], sent: bool, attempts: int, error: str | 
 
 
 @DBOS.workflow(name="relay.alert.deliver", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def deliver(alert: dict[str, Any], late: bool = False) -> str:
-    """``late``: the alert was held back by minIntervalSecs, and goes out if the interval has passed."""
+async def deliver(alert: dict[str, Any]) -> str:
+    return await _deliver(alert, late=False)
+
+
+@DBOS.workflow(name="relay.alert.deliver_late", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def deliver_late(alert: dict[str, Any]) -> str:
+    """An alert held back by minIntervalSecs, sent if the interval has passed. A workflow of its own,
+    with the arguments ``deliver`` has always had: during a rolling upgrade an instance of 0.2.0
+    that recovers a delivery then meets either a shape it knows or a name it does not (which it
+    leaves to an instance of this release), never a call it would fail."""
+    return await _deliver(alert, late=True)
+
+
+async def _deliver(alert: dict[str, Any], late: bool) -> str:
     claimed = await claim(alert, late)
     if not claimed["send"]:
         return f"not sent: {claimed['reason']}"
@@ -179,7 +191,9 @@ async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     observed = await svc.observer.observe(rule)
     if observed is None:
         return []
-    return [{"alert": a.to_json(), "late": late} for a, late in await due_alerts(svc.store, rule, observed)]
+    # On time, an alert as 0.2.0 checkpointed it (an instance of 0.2.0 resuming this round during a
+    # rolling upgrade reads those); late, wrapped, which no alert's own members can be mistaken for.
+    return [{"late": a.to_json()} if late else a.to_json() for a, late in await due_alerts(svc.store, rule, observed)]
 
 
 @DBOS.workflow(name="relay.alerts.check", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
@@ -187,11 +201,11 @@ async def check_conditions() -> int:
     started = 0
     for rule in await condition_rules():
         for due in await evaluate(rule):
-            # A round checkpointed by an earlier version returned the alerts themselves.
-            data, late = (due["alert"], bool(due["late"])) if "late" in due else (due, False)
+            late = set(due) == {"late"}
+            data = due["late"] if late else due
             alert = Alert.from_json(data)
             with SetWorkflowID(late_workflow_id(alert) if late else alert.workflow_id):
-                await DBOS.start_workflow_async(deliver, data, late)
+                await DBOS.start_workflow_async(deliver_late if late else deliver, data)
             started += 1
     return started
 

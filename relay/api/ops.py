@@ -106,7 +106,11 @@ async def openapi_yaml(request: Request) -> Response:
 async def openapi_under_conductor(request: Request) -> JSONResponse:
     """The API's document where managed Conductor serves it (``/conductor/v2/openapi.json``)."""
     api: FastAPI = request.app
-    return JSONResponse({**api.openapi(), "servers": SERVED_UNDER_CONDUCTOR})
+    document = api.openapi()
+    # Only the API's own paths: under this document's servers entry, /healthz or /metrics would be
+    # called as /conductor/healthz, which is not served.
+    paths = {path: item for path, item in document.get("paths", {}).items() if path.startswith("/v2/")}
+    return JSONResponse({**document, "paths": paths, "servers": SERVED_UNDER_CONDUCTOR})
 
 
 @router.get("/healthz")

@@ -72,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("relay: aborted", err=True)
         return EXIT_ERROR
     except Exception as exc:
-        # A bug, or an error no command expected: one line, still no traceback (it is logged at
-        # DEBUG, which `relay serve --log-level DEBUG` shows) and no secret from the command line.
-        log.debug("internal error", exc_info=True)
+        # A bug, or an error no command expected: one line, no traceback on the terminal, and no
+        # secret from the command line. Where logging is set up (`relay serve`), the traceback goes
+        # to the log at ERROR, where an operator looks for why a server stopped; elsewhere at DEBUG.
+        level = logging.ERROR if logging.getLogger().handlers else logging.DEBUG
+        log.log(level, "internal error", exc_info=True)
         message = without_secrets(f"{type(exc).__name__}: {exc}", argv if argv is not None else sys.argv[1:])
         click.echo(f"relay: internal error: {message}", err=True)
         return EXIT_ERROR

@@ -100,7 +100,9 @@ class Tokens:
         caller's powers (the caller could have created it) and is managed here, not in relay.yaml.
         Without the second rule a key scoped to one app could delete the org's admin keys."""
         record = await self.keys.get(conn, org, name)
-        if record is None:
+        if record is None or not listed_for(caller, record):
+            # A key the caller may not list is one it cannot tell from a missing one: a 403 would
+            # tell a key scoped to apps which names its org's other keys have.
             raise NotFound(f"no key named {name!r} in org {org!r}")
         beyond = beyond_powers(caller, record)
         if beyond:
@@ -139,6 +141,13 @@ class Tokens:
                 log.warning("cannot reload the keys: %s", exc)
             except Exception:  # a bug: logged, and the next round tries again (a dead watcher misses every revocation)
                 log.exception("cannot reload the keys")
+
+
+def listed_for(caller: KeyGrant, record: TokenRecord) -> bool:
+    """Whether ``GET /tokens`` shows the key ``record`` to ``caller``: every key to a caller that
+    reaches every app, the keys scoped to some of its apps to one scoped to apps (as
+    :meth:`relay.store.keys.KeyStore.list_tokens` filters)."""
+    return caller.apps is None or (record.apps is not None and set(record.apps) <= caller.apps)
 
 
 def beyond_powers(caller: KeyGrant, record: TokenRecord) -> str | None:
