@@ -465,41 +465,28 @@ def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: st
     """An app counts as having had executors while their ids are remembered, not only while their
     records last: a verified recovery deletes a record, and an app never connected stays quiet."""
     rules = [{"kind": "UnresponsiveApplication", "forSecs": 1, "webhook": "http://127.0.0.1:9/"}]
-    config = RelayConfig.model_validate(alert_config(free_port(), rules))
 
-    async def scenario() -> tuple[list[Any], list[Any], list[Any], list[Any]]:
-        db = Database(relay_db)
-        await db.open()
-        await db.migrate()
-        lease = Lease(db, "relay-1", 30)
-        await lease.acquire()
-        try:
-            await AppStore(db).sync_config(config)
-            alerts = AlertStore(db)
-            await alerts.sync_config(config)
-            kinds = frozenset({Kind.UNRESPONSIVE_APPLICATION})
-            (rule,) = [r for r in await alerts.rules_of(kinds) if r.app == "ledger"]
-            observer = ConditionObserver(alerts, gateway=None)  # type: ignore[arg-type]  # not asked for this kind
-            never = await observer.observe(rule)
-            executors = ExecutorStore(db)
-            key = ExecutorKey("acme", "ledger", "only-one")
-            info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
-            epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
-            healthy = await observer.observe(rule)
-            lost, dead = ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED
-            for event in (lost, dead, ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED):  # deleted
-                assert await executors.apply(key, event, epoch=epoch)
-            deleted = await observer.observe(rule) or []
-            # The app deleted (no record left) and created again: its old ids are an earlier app's.
-            async with db.transaction() as conn:
-                assert await AppStore.delete(conn, "acme", "ledger")
-            await AppStore(db).ensure("acme", "ledger")
-            return never or [], healthy or [], deleted, await observer.observe(rule) or []
-        finally:
-            await lease.stop()
-            await db.close()
+    async def scenario(db: Database, alerts: AlertStore) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        kinds = frozenset({Kind.UNRESPONSIVE_APPLICATION})
+        (rule,) = [r for r in await alerts.rules_of(kinds) if r.app == "ledger"]
+        observer = ConditionObserver(alerts, gateway=None)  # type: ignore[arg-type]  # not asked for this kind
+        never = await observer.observe(rule)
+        executors = ExecutorStore(db)
+        key = ExecutorKey("acme", "ledger", "only-one")
+        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+        epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
+        healthy = await observer.observe(rule)
+        lost, dead = ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED
+        for event in (lost, dead, ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED):  # deleted
+            assert await executors.apply(key, event, epoch=epoch)
+        deleted = await observer.observe(rule) or []
+        # The app deleted (no record left) and created again: its old ids are an earlier app's.
+        async with db.transaction() as conn:
+            assert await AppStore.delete(conn, "acme", "ledger")
+        await AppStore(db).ensure("acme", "ledger")
+        return never or [], healthy or [], deleted, await observer.observe(rule) or []
 
-    never, healthy, deleted, recreated = asyncio.run(scenario())
+    never, healthy, deleted, recreated = with_store(relay_db, rules, scenario)
     assert never == [] and healthy == [] and recreated == []
     assert [o.subject for o in deleted] == [{"appName": "ledger"}]
 
