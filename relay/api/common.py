@@ -73,13 +73,6 @@ def iso(ts: datetime | None) -> str | None:
     return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def iso_text(value: str) -> str | None:
-    try:
-        return iso(datetime.fromisoformat(value))
-    except ValueError:
-        return None
-
-
 def epoch_ms_iso(value: object) -> str | None:
     """The SDK sends workflow times as epoch milliseconds in a string."""
     try:

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName, iso, iso_text
-from relay.api.shapes import Shape, one_of
+from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName, iso
+from relay.api.shapes import Shape, one_of, text_iso
 from relay.store.recoveries import RecoveryRow
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/recoveries")
@@ -84,7 +84,7 @@ def recovery(row: RecoveryRow) -> Recovery:
                 mode=a["mode"],
                 outcome=a["outcome"],
                 error=a["error"],
-                at=iso_text(a["at"]),
+                at=text_iso(a["at"]),
                 dispatchedAt=at(dispatched),
                 endedAt=at(ended),
                 verifiedBy=succeeded["detail"].get("verifiedBy") if succeeded is not None else None,
