@@ -101,10 +101,17 @@ def _no_cross_app(h: History) -> list[str]:
     return problems
 
 
+# What declares an executor's life over: its grace period's end, or the reconciler bringing a
+# deleted record back DEAD because its work was found stranded (a new life of the same id).
+DEATHS = ("executor.dead", "reconcile.recovered")
+
+
 def _dead_were_handled(h: History) -> list[str]:
+    """The last life of every executor declared dead ended: recovered (deleted), blocked, or back."""
     problems = []
-    for executor in sorted({e["executorId"] for e in h.audit if e["action"] == "executor.dead"}):
-        later = [e["action"] for e in h.audit if e["executorId"] == executor]
+    for executor in sorted({e["executorId"] for e in h.audit if e["action"] in DEATHS}):
+        mine = [e["action"] for e in h.audit if e["executorId"] == executor]
+        later = mine[max(i for i, a in enumerate(mine) if a in DEATHS) :]
         record = h.registry.get(executor)
         recovered = "executor.deleted" in later
         blocked = record is not None and record["state"] == "DEAD" and record.get("blockedReason")
@@ -117,7 +124,7 @@ def _dead_were_handled(h: History) -> list[str]:
 
 def _audit_is_complete(h: History) -> list[str]:
     """Every deletion has, since the executor's previous deletion (one life, which may have taken
-    several recovery runs), its ``executor.dead``, and the ``recovery.dispatched`` and
+    several recovery runs), its death (:data:`DEATHS`), and the ``recovery.dispatched`` and
     ``recovery.succeeded`` of the very run that deleted it (by ``recoveryId``, when the entries
     name it). An executor that died more than once, or whose recovery took a second run, is
     checked life by life and run by run, not against its whole history."""
@@ -128,7 +135,7 @@ def _audit_is_complete(h: History) -> list[str]:
         before = life.setdefault(executor, [])
         if action == "executor.deleted":
             run = _recovery_id(entry)
-            if not any(e["action"] == "executor.dead" for e in before):
+            if not any(e["action"] in DEATHS for e in before):
                 problems.append(f"executor {executor} was deleted without executor.dead before it in the audit log")
             for needed in ("recovery.dispatched", "recovery.succeeded"):
                 if not any(e["action"] == needed and (run is None or _recovery_id(e) in (run, None)) for e in before):

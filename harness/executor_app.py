@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -123,6 +124,18 @@ def wait_for_gate(path: str) -> None:
         time.sleep(0.01)
 
 
+def tick(gate: str, every: float) -> None:
+    """Once the file ``gate`` exists, start a long sleeper every ``every`` seconds (``tick-{n}``): a
+    process visibly at work, as a live executor cut off from Relay is."""
+    wait_for_gate(gate)
+    n = 0
+    while True:
+        with SetWorkflowID(f"tick-{GlobalParams.executor_id}-{n}"):
+            DBOS.start_workflow(sleeper, 600.0)
+        n += 1
+        time.sleep(every)
+
+
 def main() -> None:
     config: DBOSConfig = {
         "name": ENV["RELAY_TEST_APP"],
@@ -150,6 +163,9 @@ def main() -> None:
     for i in range(int(ENV.get("RELAY_TEST_JOBS", "0"))):
         with SetWorkflowID(f"{prefix}-{i}"):
             DBOS.start_workflow(job, float(ENV.get("RELAY_TEST_JOB_SLEEP", "2")))
+    if ENV.get("RELAY_TEST_TICK_GATE"):
+        args = (ENV["RELAY_TEST_TICK_GATE"], float(ENV.get("RELAY_TEST_TICK_SECS", "0.2")))
+        threading.Thread(target=tick, args=args, daemon=True).start()
     print(f"READY {GlobalParams.executor_id}", flush=True)
     while True:
         time.sleep(3600)

@@ -169,6 +169,8 @@ RECONCILED = {
     "executors_found": "Executor ids whose PENDING workflows the reconciler found stranded.",
     "workflows_found": "PENDING workflows the reconciler found stranded.",
     "recoveries_started": "Recoveries the reconciler started for stranded executor ids.",
+    "executors_alive": "Executor ids with no record and old PENDING workflows that the reconciler left alone: "
+    "a workflow of theirs was created or completed within the grace period.",
 }
 
 

@@ -186,6 +186,26 @@ def test_each_life_of_an_executor_needs_its_own_death_and_recovery() -> None:
     assert check(h) == []
 
 
+def test_a_life_brought_back_by_the_reconciler_has_reconcile_recovered_as_its_death() -> None:
+    """A record deleted after its recovery and brought back DEAD by the reconciler (its work found
+    stranded) is a new life; ``reconcile.recovered`` declares it dead, and its recovery must still
+    dispatch, succeed and end in a deletion or a block."""
+    first_life = [("executor.dead", None), ("recovery.dispatched", R1), ("recovery.succeeded", R1),
+                  ("executor.deleted", R1)]  # fmt: skip
+    third = "recovery:acme:ledger:e1:9"
+    h = sound()
+    h.audit = run_entries("e1", *first_life, ("reconcile.found", None), ("reconcile.recovered", third),
+                          ("recovery.dispatched", third), ("recovery.succeeded", third),
+                          ("executor.deleted", third))  # fmt: skip
+    assert check(h) == []
+    h.audit = run_entries("e1", *first_life, ("reconcile.found", None), ("recovery.dispatched", third),
+                          ("recovery.succeeded", third), ("executor.deleted", third))  # fmt: skip
+    assert check(h) == ["executor e1 was deleted without executor.dead before it in the audit log"]
+    h.audit = run_entries("e1", *first_life, ("reconcile.recovered", third), ("recovery.dispatched", third))
+    h.registry["e1"] = {"state": "RECOVERING"}
+    assert check(h) == ["executor e1 was declared dead but neither recovered nor blocked (RECOVERING)"]
+
+
 def test_each_death_must_produce_exactly_one_alert_key() -> None:
     h = sound()
     h.audit[0]["detail"] = {"epoch": 3}

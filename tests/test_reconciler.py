@@ -14,6 +14,7 @@ import pytest
 from harness.executors import Evidence, ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
+from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
@@ -126,6 +127,46 @@ def test_a_live_executors_long_running_work_is_left_alone(
     assert not [a for a in actions if a.startswith(("reconcile.", "recovery."))], actions
     assert relay.state_of("acme", "ledger", busy.executor_id) == "HEALTHY"
     assert (scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") or 0) == 0
+
+
+def test_an_executor_at_work_after_its_recovery_is_left_alone_until_it_stops(
+    start_relay: StartRelay, start_executor: StartExecutor, tmp_path: Any
+) -> None:
+    """The soak of seed 25: an executor cut off from Relay past its grace period is declared dead,
+    recovered and deleted, and goes on starting workflows under its id. Its old PENDING ones are
+    not stranded while it is at work; once it stops, a later run recovers them."""
+    relay = reconciling_relay(start_relay, grace=1.0, interval=0.3)
+    gate = tmp_path / "tick"
+    peer = start_executor(relay.conductor_url)
+    with TcpProxy(("127.0.0.1", relay.port)) as proxy:
+        cut_off = start_executor(f"ws://127.0.0.1:{proxy.port}/", env={"RELAY_TEST_TICK_GATE": str(gate)})
+        assert_eventually(lambda: relay.state_of("acme", "ledger", cut_off.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        search = {"workflowIdPrefix": [f"tick-{cut_off.executor_id}"], "status": ["PENDING"], "limit": 1000}
+        proxy.partition()
+        assert_eventually(lambda: "executor.deleted" in audit_actions(relay, cut_off.executor_id), 20)
+        gate.touch()  # it starts a sleeper every 0.2 s, each PENDING for 600 s
+        time.sleep(1.5)  # its first ones are older than the grace period now
+        runs = scrape(relay.http, "relay_reconcile_runs_total", org="acme", app="ledger") or 0
+        assert_eventually(lambda: (scrape(relay.http, "relay_reconcile_runs_total", org="acme", app="ledger") or 0)
+                          >= runs + 3, 15)  # fmt: skip
+        actions = audit_actions(relay, cut_off.executor_id)
+        assert not [a for a in actions if a.startswith("reconcile.")], actions
+        assert (scrape(relay.http, "relay_reconcile_executors_alive_total", org="acme", app="ledger") or 0) >= 1
+        with relay.api() as api:
+            ticks = api.post("/apps/ledger/workflows/search", json=search).json()
+        assert ticks and {w["executorId"] for w in ticks} == {cut_off.executor_id}
+        # It stops: its work ages past the grace period and is recovered as stranded.
+        cut_off.kill()
+        assert_eventually(lambda: "reconcile.recovered" in audit_actions(relay, cut_off.executor_id), 20)
+    assert_eventually(lambda: audit_actions(relay, cut_off.executor_id)[-1] == "executor.deleted", 20)
+
+    def moved() -> list[dict[str, Any]] | None:  # re-enqueued by the recovery, then dequeued by the peer
+        with relay.api() as api:
+            found: list[dict[str, Any]] = api.post("/apps/ledger/workflows/search", json=search).json()
+        return found if {w["executorId"] for w in found} == {peer.executor_id} else None
+
+    assert len(assert_eventually(moved, 20)) >= len(ticks)
 
 
 def test_a_run_asks_three_executors_of_an_app_whose_executors_all_fail(start_relay: StartRelay) -> None:

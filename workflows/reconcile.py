@@ -19,6 +19,13 @@ instance does the work. The run:
    (or the version policy blocks it, as usual) and success is verified with
    ``exist_pending_workflows`` before the record is deleted again.
 
+An executor id with a workflow created or completed within the grace period is
+left alone, however old its PENDING ones: a process under that id is at work,
+cut off from Relay but not from its database (a network cut longer than the
+grace period; the soak of seed 25 met one, starting workflows 4 s after its
+recovery). Once it stops, its work ages past the grace period and a later run
+recovers it.
+
 The risk: an executor alive but not connected to Relay (a network cut longer
 than the grace period, after which Relay deleted its record) has its work
 re-run by a peer. The guards are those of a death: its record is gone only
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 from typing import NotRequired, TypedDict
 
 from dbos import DBOS, SetWorkflowID
@@ -96,6 +104,27 @@ async def _pending(org: str, app: str, peer: str, timeout: float) -> list[Workfl
             return found
 
 
+async def _at_work(org: str, app: str, peer: str, executor_ids: list[str], since_ms: int, timeout: float) -> set[str]:
+    """Those of ``executor_ids`` with a workflow (of any status) created or completed since
+    ``since_ms``, as ``peer`` reads them: a process under that id is alive."""
+    since = datetime.fromtimestamp(since_ms / 1000, UTC).isoformat()
+    alive = set()
+    for executor_id in executor_ids:
+        for created in (True, False):
+            body = ListWorkflowsBody(executor_id=executor_id, start_time=since if created else None,
+                                     completed_after=None if created else since, limit=1, load_input=False,
+                                     load_output=False)  # fmt: skip
+            reply = await services().ask(
+                ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
+            )
+            if reply.error_message:
+                raise ExecutorRequestError(f"list_workflows: {clean_text(reply.error_message, 300)}")
+            if any(w.executor_id == executor_id for w in reply.output):
+                alive.add(executor_id)
+                break
+    return alive
+
+
 def _updated_ms(w: WorkflowsOutput) -> int | None:
     try:
         return int(w.updated_at) if w.updated_at is not None else None
@@ -121,13 +150,28 @@ async def find(org: str, app: str) -> FindRecord:
         if w.status == "PENDING"
     ]
     gone = await svc.executors.gone(org, app, candidate_ids(workflows))
+    now_ms = int(time.time() * 1000)
     stranded = find_stranded(
         workflows,
         gone,
-        now_ms=int(time.time() * 1000),
+        now_ms=now_ms,
         grace_secs=settings.executor_timeout_secs,
         include_unknown=svc.reconciler.include_unknown_executors,
     )
+    if stranded:
+        since_ms = now_ms - int(settings.executor_timeout_secs * 1000)
+        ids = [s.executor_id for s in stranded]
+        try:
+            _, alive = await first_answer(
+                org, app, lambda peer: _at_work(org, app, peer, ids, since_ms, timeout), spread
+            )
+        except ExecutorRequestError as exc:
+            return {"ok": False, "error": clean_text(str(exc), 1000), "stranded": []}
+        for executor_id in sorted(alive):
+            log.warning("reconcile %s/%s: executor %s has no record but is at work (a workflow created or "
+                        "completed within the grace period): left alone", org, app, executor_id)  # fmt: skip
+        count(org, app, "executors_alive", len(alive))
+        stranded = [s for s in stranded if s.executor_id not in alive]
     async with svc.executors.db.fenced() as conn:
         for s in stranded:
             detail = {"workflows": len(s.workflow_ids), "workflowIds": list(s.workflow_ids[:AUDITED_IDS]),
