@@ -36,6 +36,9 @@ MAX_SECS = 10 * 365 * 24 * 3600
 MAX_DAYS = 36_500.0
 # Counts in alert rules (failed workflows, recovery attempts): what a 32-bit integer holds.
 MAX_COUNT = 2**31 - 1
+# Sizes in bytes (frames, bodies, relayed replies): at most 1 GiB, the most PostgreSQL holds in one
+# value (a relayed reply passes through it), and more than one message should ever hold in memory.
+MAX_BYTES = 2**30
 # Thresholds in milliseconds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
 MAX_MS = 2**53
 
@@ -48,43 +51,43 @@ class ServerConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     # An executor that has not answered executor_info by then is disconnected.
-    handshake_timeout_secs: float = Field(default=10.0, gt=0)
+    handshake_timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # Replies can carry whole workflow lists; the contract asks for at least 64 MiB.
-    max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=MAX_BYTES)
     # Connections accepted but not yet past executor_info; beyond it, 503.
-    max_pending_handshakes: int = Field(default=10_000, ge=1)
+    max_pending_handshakes: int = Field(default=10_000, ge=1, le=MAX_COUNT)
     # Requests about an app's workflows go to its executors: each executor gets this long to
     # answer before the next is asked, within a deadline for the whole request (Conductor's
     # clients give up at 30 s); at most this many requests per app are in flight (beyond: 429).
-    executor_request_timeout_secs: float = Field(default=5.0, gt=0)
-    executor_request_deadline_secs: float = Field(default=25.0, gt=0)
-    max_executor_requests_per_app: int = Field(default=32, ge=1)
+    executor_request_timeout_secs: float = Field(default=5.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    executor_request_deadline_secs: float = Field(default=25.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    max_executor_requests_per_app: int = Field(default=32, ge=1, le=MAX_COUNT)
     # The largest reply relayed between instances (through the database); a larger one is a 502.
-    max_relayed_reply_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_relayed_reply_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=MAX_BYTES)
     # The largest body of POST .../workflows/import (an exported workflow, children included).
-    max_import_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    max_import_bytes: int = Field(default=64 * 1024 * 1024, ge=1, le=MAX_BYTES)
     # Executor sockets one key may hold open on one instance; beyond it, 429.
-    max_sockets_per_key: int = Field(default=10_000, ge=1)
+    max_sockets_per_key: int = Field(default=10_000, ge=1, le=MAX_COUNT)
     # HTTP request bodies beyond it get 413 (routes may have a larger limit, relay/net/guard.py).
-    max_request_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_request_body_bytes: int = Field(default=1024 * 1024, ge=1, le=MAX_BYTES)
     # HTTP requests in progress (not WebSockets, not /healthz or /readyz); beyond it, 503.
-    max_concurrent_requests: int = Field(default=200, ge=1)
+    max_concurrent_requests: int = Field(default=200, ge=1, le=MAX_COUNT)
     # A connection whose request headers are not complete this long after it opened
     # (or after the request began, on a kept-alive connection) is closed: a slow client cannot hold it.
-    header_timeout_secs: float = Field(default=10.0, gt=0)
+    header_timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # An idle kept-alive HTTP connection is closed after this long. Longer than load balancers'
     # idle timeouts (AWS's 60 s) and clients' pools (httpx's 5 s), so that they close first: a
     # request is never sent on a connection Relay is closing at that moment.
-    keep_alive_secs: int = Field(default=75, ge=1)
+    keep_alive_secs: int = Field(default=75, ge=1, le=MAX_SECS)
     # /metrics without a key (it names every org and app); otherwise a key with metric.read.
     public_metrics: bool = False
     # GET /v2/orgs/{org}/events (the console's live updates): how often each instance reads what
     # changed (only while a stream is open), how often an idle stream gets a heartbeat, and how
     # many streams one key, and all keys together, may hold open on one instance (beyond: 429, 503).
-    event_poll_secs: float = Field(default=0.5, gt=0)
-    event_heartbeat_secs: float = Field(default=15.0, gt=0)
-    max_event_streams_per_key: int = Field(default=8, ge=1)
-    max_event_streams: int = Field(default=256, ge=1)
+    event_poll_secs: float = Field(default=0.5, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    event_heartbeat_secs: float = Field(default=15.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    max_event_streams_per_key: int = Field(default=8, ge=1, le=MAX_COUNT)
+    max_event_streams: int = Field(default=256, ge=1, le=MAX_COUNT)
 
 
 class DatabaseConfig(_Model):
@@ -92,18 +95,18 @@ class DatabaseConfig(_Model):
 
 
 class LivenessConfig(_Model):
-    ping_interval_secs: float = Field(default=20.0, gt=0)
-    ping_wait_secs: float = Field(default=25.0, gt=0)
-    recovery_ack_timeout_secs: float = Field(default=30.0, gt=0)
-    failover_backoff_initial_secs: float = Field(default=1.0, gt=0)
-    failover_backoff_max_secs: float = Field(default=30.0, gt=0)
-    instance_lease_secs: float = Field(default=15.0, gt=0)
+    ping_interval_secs: float = Field(default=20.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    ping_wait_secs: float = Field(default=25.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    recovery_ack_timeout_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    failover_backoff_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    failover_backoff_max_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    instance_lease_secs: float = Field(default=15.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # How often an instance compares its open sockets with the rows it owns (a lost
     # disconnection is recorded then; a socket another connection replaced is closed).
-    socket_check_secs: float = Field(default=10.0, gt=0)
+    socket_check_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # How often each instance's repair sweep looks for executors it owns whose grace
     # period or recovery workflow is not running (ended in ERROR, cancelled, never started).
-    repair_interval_secs: float = Field(default=30.0, gt=0)
+    repair_interval_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> LivenessConfig:
@@ -292,7 +295,7 @@ class MetricsConfig(_Model):
     # False: no figures are asked of the executors (Relay's own metrics are unaffected).
     app_figures: bool = True
     # The clock-aligned window the rates and maxima cover (DBOS Conductor's: a minute).
-    app_figures_window_secs: float = Field(default=60.0, ge=0.5, le=3600)
+    app_figures_window_secs: float = Field(default=60.0, ge=0.5, le=3600, allow_inf_nan=False)
 
 
 class AlertsConfig(_Model):
@@ -310,7 +313,7 @@ class AlertsConfig(_Model):
     # A failed delivery is tried again after retryInitialSecs, doubling up to retryMaxSecs, maxAttempts in all.
     retry_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     retry_max_secs: float = Field(default=300.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    max_attempts: int = Field(default=30, ge=1)
+    max_attempts: int = Field(default=30, ge=1, le=MAX_COUNT)
     # One webhook request (connection, sending, the response's status line).
     timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
 
@@ -336,7 +339,7 @@ class ReconcilerConfig(_Model):
 
     enabled: bool = True
     # How often each app's PENDING workflows are looked over (one run per app and interval).
-    interval_secs: float = Field(default=300.0, gt=0)
+    interval_secs: float = Field(default=300.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # Apps it never looks at (the off switch per app).
     skip_apps: list[str] = []
     # Also recover the workflows of executor ids Relay never registered (never "local").
@@ -373,15 +376,23 @@ class RelayConfig(_Model):
                         raise ValueError(f"orgs.{org.name}.apps.{app.name}.alerts.{n}.webhook: {refused}")
         return self
 
-    def with_overrides(self, **changes: Any) -> RelayConfig:
-        """A copy with server/database fields replaced (command-line options)."""
-        server = self.server.model_copy(
-            update={k: v for k, v in changes.items() if k in ("host", "port") and v is not None}
-        )
-        database = self.database
-        if changes.get("database_url"):
-            database = DatabaseConfig(url=changes["database_url"])
-        return self.model_copy(update={"server": server, "database": database})
+    def with_overrides(
+        self, *, host: str | None = None, port: int | None = None, database_url: str | None = None
+    ) -> RelayConfig:
+        """A copy with server/database fields replaced (command-line options, RELAY_DATABASE_URL),
+        validated as the file is: an option cannot give what relay.yaml would be refused for.
+        Raises ConfigError."""
+        data = self.model_dump()
+        if host is not None:
+            data["server"]["host"] = host
+        if port is not None:
+            data["server"]["port"] = port
+        if database_url:
+            data["database"]["url"] = database_url
+        try:
+            return RelayConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, "the command line's options")) from exc
 
 
 def literal_refusal(policy: DestinationPolicy, url: str) -> str | None:

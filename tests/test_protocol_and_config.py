@@ -157,6 +157,18 @@ def test_an_empty_file_is_all_defaults() -> None:
             "finite number",
         ),
         ("orgs: [{name: a, apps: [{name: x, executorTimeoutSecs: .inf}]}]", "executorTimeoutSecs", "finite"),
+        # Every duration of every section: an infinite handshake timeout or ping wait would never fire.
+        ("server: {handshakeTimeoutSecs: .inf}", "server.handshakeTimeoutSecs", "finite number"),
+        ("server: {eventHeartbeatSecs: 1e999}", "server.eventHeartbeatSecs", "finite number"),
+        ("server: {keepAliveSecs: 1000000000000}", "server.keepAliveSecs", "less than or equal to 315360000"),
+        ("liveness: {pingWaitSecs: .inf}", "liveness.pingWaitSecs", "finite number"),
+        ("liveness: {repairIntervalSecs: 1.0e10}", "liveness.repairIntervalSecs", "less than or equal to 315360000"),
+        ("reconciler: {intervalSecs: .inf}", "reconciler.intervalSecs", "finite number"),
+        ("metrics: {appFiguresWindowSecs: .nan}", "metrics.appFiguresWindowSecs", "finite number"),
+        # Sizes and counts: finite, and within what one message or a 32-bit count holds.
+        ("server: {maxFrameBytes: 100000000000000000000}", "server.maxFrameBytes", "less than or equal to 1073741824"),
+        ("server: {maxEventStreams: 4294967296}", "server.maxEventStreams", "less than or equal to 2147483647"),
+        ("alerts: {maxAttempts: 4294967296}", "alerts.maxAttempts", "less than or equal to 2147483647"),
         ("server: {port: [", "", "not valid YAML"),
     ],
 )
@@ -166,6 +178,25 @@ def test_bad_files_name_the_field_and_the_reason(text: str, where: str, why: str
     message = str(info.value)
     assert message.startswith("conf/relay.yaml: ")
     assert where in message and why in message
+
+
+def test_command_line_overrides_are_validated_as_the_file_is() -> None:
+    """``relay serve --host/--port/--database-url`` (and RELAY_DATABASE_URL) replace fields of the
+    loaded file: the result is checked as the file was, with the same error."""
+    config = parse_config(GOOD)
+    changed = config.with_overrides(host="0.0.0.0", port=9001, database_url="postgresql://db/relay")
+    assert (changed.server.host, changed.server.port, changed.database.url) == (
+        "0.0.0.0",
+        9001,
+        "postgresql://db/relay",
+    )
+    assert changed.orgs == config.orgs and changed.liveness == config.liveness  # the rest as it was
+    assert config.with_overrides() == config
+    with pytest.raises(ConfigError) as info:
+        config.with_overrides(port=70000)
+    assert "server.port" in str(info.value) and "less than or equal to 65535" in str(info.value)
+    with pytest.raises(ConfigError, match=r"server\.host"):
+        config.with_overrides(host=["not", "a", "host"])  # type: ignore[arg-type]
 
 
 def test_new_keys_are_random_and_hashed() -> None:
