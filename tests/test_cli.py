@@ -364,6 +364,32 @@ def test_tables_show_control_characters_escaped_and_json_keeps_them(world: World
     assert table_cell("a\x00b\x85c\td") == r"a\x00b c d"
 
 
+def test_tables_and_json_show_bidirectional_controls_escaped(world: World, cli: Cli) -> None:
+    """An override or an isolate (U+202E, U+2066...) in a workflow's name (or its error) makes a terminal
+    show the text after it reordered (Trojan Source): ``ok\u202egnp.exe`` reads as ``okexe.png``.
+    Tables, the key/value lines and ``--json`` show them escaped, the values unchanged."""
+    bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    evil = f"ok\u202egnp.exe{bidi}end"
+    shown = r"ok\u202egnp.exe\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069end"
+    with psycopg.connect(world.sysdb) as conn:
+        conn.execute(
+            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at,"
+            " executor_id, application_version, application_id) SELECT 'bidi-1', 'CANCELLED', %s, now_ms,"
+            " now_ms, executor_id, 'v1', '' FROM dbos.workflow_status,"
+            " (SELECT (extract(epoch from now()) * 1000)::bigint AS now_ms) t"
+            " WHERE workflow_uuid = 'done-1' ON CONFLICT DO NOTHING",
+            (evil,),
+        )
+    (row,) = ok(cli("workflows", "list", "ledger", "--prefix", "bidi-")).table()
+    assert row["NAME"] == shown
+    got = ok(cli("workflows", "get", "ledger", "bidi-1")).out
+    assert f"\nname:        {shown}\n" in got, got
+    raw = re.compile(f"[{bidi}]")
+    listed = ok(cli("workflows", "list", "ledger", "--prefix", "bidi-", "--json")).out
+    assert not raw.search(listed) and r"ok\u202egnp.exe" in listed
+    assert [w["workflowName"] for w in json.loads(listed)] == [evil]
+
+
 def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     # Forks of the waiting workflow from its first step wait too: PENDING workflows of our own.
     forked = ok(cli("workflows", "fork", "ledger", "waiting-1", "--from-step", "1", "--new-id", "cli-a"))

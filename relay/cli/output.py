@@ -21,20 +21,32 @@ MISSING = "-"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # C0 and C1 control characters and DEL. A terminal acts on them: ESC and the 8-bit CSI (0x9b) start
-# sequences that set its title, write its clipboard (OSC 52), move the cursor over earlier lines. Text
-# from executors (workflow names, errors, outputs) and from the API is shown with them escaped.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# sequences that set its title, write its clipboard (OSC 52), move the cursor over earlier lines.
+# And the bidirectional formatting characters (the marks U+200E, U+200F, U+061C, the embeddings and
+# overrides U+202A-U+202E, the isolates U+2066-U+2069): a terminal that reorders text shows what
+# follows one in another order than it has ("Trojan Source", CVE-2021-42574), so that a workflow
+# name or an error can hide what is beside it. Text from executors (workflow names, errors, outputs)
+# and from the API is shown with all of them escaped.
+_BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(rf"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 # The ones json.dumps writes as they are (it escapes those below 0x20); in JSON they can only be in strings.
-_JSON_UNESCAPED = re.compile(r"[\x7f-\x9f]")
+_JSON_UNESCAPED = re.compile(rf"[\x7f-\x9f{_BIDI}]")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def visible(text: str) -> str:
-    """``text`` with its control characters written as escapes (``\\x1b``), so that none reaches the terminal."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with its control and bidirectional characters written as escapes (``\\x1b``,
+    ``\\u202e``), so that none reaches the terminal."""
+    return _CONTROLS.sub(lambda m: _escape(m.group()), text)
 
 
 def json_text(data: Any) -> str:
-    """``data`` as indented JSON, DEL and C1 escaped too (``\\u009b``): the same values, nothing raw for a terminal."""
+    """``data`` as indented JSON, DEL, C1 and the bidirectional characters escaped too (``\\u009b``,
+    ``\\u202e``): the same values, nothing raw for a terminal."""
     text = json.dumps(data, indent=2, ensure_ascii=False)
     return _JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
