@@ -37,6 +37,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.cli import main
+from relay.cli.client import Api
 from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from relay.cli.output import cell as table_cell
 
@@ -432,6 +433,42 @@ def test_fork_cancel_and_resume_one_many_and_by_filter(world: World, cli: Cli, m
     assert ("workflow.bulk_resume", ["cli-a", "cli-b"]) in actions and ("workflow.fork", ["waiting-1"]) in actions
     ok(cli("workflows", "cancel", "ledger", "cli-a"))
     assert cli("workflows", "cancel", "ledger").code == EXIT_USAGE  # neither ids nor filters
+
+
+def test_a_selection_by_filter_loses_no_workflow_that_changes_while_it_is_read(
+    world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four PENDING workflows, read two a page; the first finishes once the first page is read.
+    Paged by offset, the second page (offset 2 of the three still PENDING) would start past the
+    third, which is never cancelled. Each page starts at the last one's creation time instead."""
+    ids = [f"sel-{n}" for n in range(1, 5)]
+    with psycopg.connect(world.sysdb) as conn:
+        for n, workflow_id in enumerate(ids):
+            conn.execute(
+                "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at,"
+                " executor_id, application_version, application_id) SELECT %s, 'PENDING', 'parent', now_ms + %s,"
+                " now_ms, executor_id, 'v1', '' FROM dbos.workflow_status,"
+                " (SELECT (extract(epoch from now()) * 1000)::bigint AS now_ms) t WHERE workflow_uuid = 'done-1'",
+                (workflow_id, n),
+            )
+    monkeypatch.setattr(workflow_commands, "SEARCH_PAGE", 2)
+    searches: list[Any] = []
+    real_call = Api.call
+
+    def call(api: Api, method: str, path: str, **kwargs: Any) -> Any:
+        answer = real_call(api, method, path, **kwargs)
+        if path.endswith("/workflows/search"):
+            searches.append(kwargs["body"])
+            if len(searches) == 1:  # sel-1 finishes while the selection is being read
+                query(world.sysdb, "UPDATE dbos.workflow_status SET status = 'SUCCESS' WHERE workflow_uuid = 'sel-1'"
+                      " RETURNING 1")  # fmt: skip
+        return answer
+
+    monkeypatch.setattr(Api, "call", call)
+    done = ok(cli("workflows", "cancel", "ledger", "--prefix", "sel-", "--status", "PENDING", "--yes", "--json"))
+    assert done.json() == {"action": "cancel", "workflowIds": ids}
+    assert [db_status(world, w) for w in ids] == ["SUCCESS", "CANCELLED", "CANCELLED", "CANCELLED"]
+    assert len(searches) > 1 and "selecting the workflows to cancel: 2 so far" in done.err
 
 
 # -- recovery and the audit log ------------------------------------------------------------------

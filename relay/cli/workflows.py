@@ -1,16 +1,16 @@
 """``relay workflows``: an app's workflows through Conductor's API (served by the app's executors).
 
 ``list`` takes Conductor's filters (``POST .../workflows/search``). ``cancel`` and
-``resume`` take workflow ids, or filters that select them (all of the matches,
-read first, a page at a time, with a count on stderr, then changed in batches through the bulk
-routes, with a progress bar);
-a selection by filters asks for confirmation, or ``--yes``.
-"""
+``resume`` take workflow ids, or filters that select them (all of the matches, read first,
+a page at a time from the last page's creation time, with a count on stderr, then changed
+in batches through the bulk routes, with a progress bar); a selection by filters asks for
+confirmation, or ``--yes``."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -167,6 +167,50 @@ def steps(api: Api, app: str, workflow_id: str) -> None:
     )
 
 
+def _matching(api: Api, app: str, search: dict[str, Any], verb: str) -> list[str]:
+    """Every workflow the search selects, oldest first, read a page at a time, each one once.
+
+    The API sorts by creation time alone (to the millisecond) and pages by offset. Paged by offset,
+    a selection loses a workflow whenever one already read leaves it (a PENDING one finishes) and
+    the next page's start moves past one not yet read; and workflows created in the same
+    millisecond may come in another order on the next page, one taken twice and one never. So each
+    page starts at the creation time of the page before's last workflow (that millisecond's
+    workflows are read again, and taken once). Only a whole page created in one millisecond makes
+    that millisecond read by offset, after which the next page starts past it.
+    """
+    path = api.org_path("apps", app, "workflows", "search")
+    selected: dict[str, None] = {}
+    start, offset = search.get("startTime"), 0
+    within: str | None = None  # the millisecond read by offset, if any
+    while True:
+        bounds = {"startTime": start} if within is None else {"startTime": _ms(within), "endTime": _ms(within)}
+        body = {**search, **{k: v for k, v in bounds.items() if v}, "limit": SEARCH_PAGE, "offset": offset}
+        page = api.call("POST", path, body=body)
+        selected.update(dict.fromkeys(w["workflowId"] for w in page))
+        if len(page) < SEARCH_PAGE:
+            if within is None:
+                return list(selected)
+            start, offset, within = _ms(within, after=True), 0, None
+            continue
+        first, last = page[0]["createdAt"], page[-1]["createdAt"]
+        if last is None:  # no creation time to start from (beyond the year 9999): by offset
+            offset += len(page)
+        elif within is not None or first == last:
+            within, offset = last, offset + len(page)
+        else:
+            start, offset = _ms(last), 0
+        # A selection of several pages takes a while: say how far it has come.
+        click.echo(f"selecting the workflows to {verb}: {len(selected)} so far", err=True)
+
+
+def _ms(created_at: str, after: bool = False) -> str:
+    """A bound of the search on the millisecond of ``created_at`` (or the next one, ``after``). The
+    SDKs bring a bound to milliseconds, truncating (the Python SDK's ``int(... * 1000)``) or
+    rounding: a quarter of a millisecond past lands on that millisecond either way."""
+    moment = datetime.fromisoformat(created_at) + timedelta(milliseconds=1.25 if after else 0.25)
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _select(api: Api, app: str, ids: Sequence[str], filters: dict[str, Any], verb: str, yes: bool) -> list[str]:
     """The ids to act on: those given, or every workflow the filters select (confirmed)."""
     if not _filtered(filters):
@@ -175,15 +219,7 @@ def _select(api: Api, app: str, ids: Sequence[str], filters: dict[str, Any], ver
                 f"name the workflows to {verb}, or select them with filters (--status, --name...)", EXIT_USAGE
             )
         return list(dict.fromkeys(ids))
-    selected: list[str] = []
-    while True:
-        body = {**_search(filters, ids), "limit": SEARCH_PAGE, "offset": len(selected)}
-        page = api.call("POST", api.org_path("apps", app, "workflows", "search"), body=body)
-        selected += [w["workflowId"] for w in page]
-        if len(page) < SEARCH_PAGE:
-            break
-        # A selection of several pages takes a while: say how far it has come.
-        click.echo(f"selecting the workflows to {verb}: {len(selected)} so far", err=True)
+    selected = _matching(api, app, _search(filters, ids), verb)
     if selected and not yes:
         if not sys.stdin.isatty():
             raise CliError(f"the filters select {len(selected)} workflows; give --yes to {verb} them", EXIT_USAGE)
