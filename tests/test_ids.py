@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.core.ids import ExecutorKey, RecoveryRef, recovery_id, recovery_run
+from relay.core.ids import ExecutorKey, RecoveryRef, grace_id, id_part, recovery_id, recovery_run
 from relay.core.peers import Mode, Peer, candidates, choose_peer, order_peers, verifiers
+from workflows.appretention import round_id
+from workflows.reconcile import reconcile_id
 
 KEY = ExecutorKey("acme", "ledger", "ex-1")
 
@@ -46,6 +48,38 @@ def test_an_executor_id_with_colons_and_digits_is_read_against_the_known_epoch()
     odd = ExecutorKey("acme", "ledger", "host:42")
     assert recovery_run(odd, 1000001, recovery_id(odd, 1000001, 3)) == 3
     assert recovery_run(odd, 1000001, recovery_id(odd, 1000001)) == 1
+
+
+def app_ids(org: str, app: str) -> list[str]:
+    """Every workflow id Relay builds from an org and an app name."""
+    key = ExecutorKey(org, app, "ex:1")
+    return [grace_id(key, 7), recovery_id(key, 7), recovery_id(key, 7, 2),
+            round_id(org, app, 600, now=6000), reconcile_id(org, app, 60, now=6000)]  # fmt: skip
+
+
+def test_an_org_and_app_with_colons_never_share_another_apps_workflow_ids() -> None:
+    """Names may contain ':' (relay.yaml and the API take any printable name): org 'a:b' with app
+    'c' and org 'a' with app 'b:c' are two apps, each with its own grace periods and rounds."""
+    assert set(app_ids("a:b", "c")).isdisjoint(app_ids("a", "b:c"))
+    assert set(app_ids("a%3Ab", "c")).isdisjoint(app_ids("a:b", "c"))  # the escape escaped in turn
+
+
+def test_the_ids_of_names_without_colon_or_percent_are_those_of_earlier_releases() -> None:
+    """In-place upgrades: a workflow started by an earlier release is found again under its id."""
+    assert app_ids("acme", "ledger.v2_x-y z/é") == [
+        "grace:acme:ledger.v2_x-y z/é:ex:1:7",
+        "recovery:acme:ledger.v2_x-y z/é:ex:1:7",
+        "recovery:acme:ledger.v2_x-y z/é:ex:1:7:2",
+        "relay-app-retention:acme:ledger.v2_x-y z/é:10",
+        "reconcile:acme:ledger.v2_x-y z/é:100",
+    ]
+
+
+@given(st.text(alphabet="ab:%3A", max_size=6), st.text(alphabet="ab:%3A", max_size=6))
+def test_an_id_part_is_one_to_one_and_has_no_colon(one: str, other: str) -> None:
+    assert ":" not in id_part(one)
+    assert (id_part(one) == id_part(other)) == (one == other)
+    assert id_part(one.replace(":", "").replace("%", "")) == one.replace(":", "").replace("%", "")
 
 
 def test_a_recovery_is_verified_by_another_executor_first_and_its_own_peer_last() -> None:

@@ -2,9 +2,10 @@
 
 Every instance's engine starts, once per ``retention.appsIntervalSecs``, the
 round of each app that has a retention setting on, under the id
-``relay-app-retention:{org}:{app}:{interval number}``; DBOS runs an id once,
-so each app gets one round per interval whichever instances are up, and a
-round interrupted by a crash resumes on an instance that adopts it.
+``relay-app-retention:{org}:{app}:{interval number}`` (org and app escaped by
+:func:`relay.core.ids.app_part`); DBOS runs an id once, so each app gets one
+round per interval whichever instances are up, and a round interrupted by a
+crash resumes on an instance that adopts it.
 
 A round first looks at what the app's previous round left (the SDK runs a
 round in the background and answers ``success: true`` at once, also when it
@@ -25,6 +26,7 @@ from typing import Any
 
 from dbos import DBOS
 
+from relay.core.ids import app_part
 from relay.errors import ExecutorRequestError
 from relay.store.appretention import RetentionRound
 from relay_protocol import (
@@ -47,7 +49,7 @@ UNFINISHED = ["PENDING", "ENQUEUED", "DELAYED"]
 def round_id(org: str, app: str, interval_secs: float, now: float | None = None) -> str:
     """The id of this interval's round of an app: the same on every instance."""
     bucket = int((time.time() if now is None else now) // interval_secs)
-    return f"relay-app-retention:{org}:{app}:{bucket}"
+    return f"relay-app-retention:{app_part(org, app)}:{bucket}"
 
 
 async def _count(org: str, app: str, rid: str, body: GetWorkflowAggregatesBody) -> int:

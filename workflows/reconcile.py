@@ -45,7 +45,7 @@ from typing import NotRequired, TypedDict
 
 from dbos import DBOS, SetWorkflowID
 
-from relay.core.ids import ExecutorKey, recovery_id
+from relay.core.ids import ExecutorKey, app_part, recovery_id
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
 from relay.errors import ExecutorRequestError
 from relay.store.audit import audit_executor
@@ -76,8 +76,9 @@ class FindRecord(TypedDict):
 
 
 def reconcile_id(org: str, app: str, interval_secs: float, now: float | None = None) -> str:
-    """The id of this interval's run for the app: the same on every instance."""
-    return f"reconcile:{org}:{app}:{int((time.time() if now is None else now) // interval_secs)}"
+    """The id of this interval's run for the app: the same on every instance (org and app escaped by
+    :func:`app_part`: one app's run is never another's)."""
+    return f"reconcile:{app_part(org, app)}:{int((time.time() if now is None else now) // interval_secs)}"
 
 
 def count(org: str, app: str, what: str, n: int = 1) -> None:

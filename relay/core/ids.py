@@ -10,6 +10,13 @@ a new one. The first run keeps the id Relay 0.2.0 gave it,
 ``recovery:{org}:{app}:{executor}:{epoch}``, so that grace periods started by
 that release start the same workflow and its rows stay readable; run ``n``
 (2, 3, ...) is ``recovery:{org}:{app}:{executor}:{epoch}:{n}``.
+
+An org or app name may contain ``:`` (relay.yaml and the API take any printable
+name), so each goes into an id through :func:`id_part`, which escapes ``%`` and
+``:``: org ``a:b`` with app ``c`` and org ``a`` with app ``b:c`` would otherwise
+share their ids, and DBOS would run one app's workflow and skip the other's.
+A name with neither character is left as it is, so the ids of such names are
+those earlier releases gave.
 """
 
 from __future__ import annotations
@@ -34,16 +41,27 @@ def printable(text: str, limit: int = 300) -> str:
     return shown + ("..." if len(text) > limit else "")
 
 
+def id_part(name: str) -> str:
+    """``name`` as one ``:``-separated part of a workflow id: ``%`` and ``:`` escaped (as in a URL),
+    so that no two names give the same part and the part has no ``:``; any other name unchanged."""
+    return name.replace("%", "%25").replace(":", "%3A")
+
+
+def app_part(org: str, app: str) -> str:
+    """``{org}:{app}`` in a workflow id, each escaped by :func:`id_part`: one app, one text."""
+    return f"{id_part(org)}:{id_part(app)}"
+
+
 def grace_id(key: ExecutorKey, epoch: int) -> str:
     """The grace-period workflow's id: one per disconnection."""
-    return f"grace:{key.org}:{key.app}:{key.executor_id}:{epoch}"
+    return f"grace:{app_part(key.org, key.app)}:{key.executor_id}:{epoch}"
 
 
 def recovery_id(key: ExecutorKey, epoch: int, run: int = 1) -> str:
     """The id of run ``run`` of a death's recovery workflow, also the API's ``recoveryId``."""
     if run < 1:
         raise ValueError(f"recovery runs count from 1, not {run}")
-    first = f"recovery:{key.org}:{key.app}:{key.executor_id}:{epoch}"
+    first = f"recovery:{app_part(key.org, key.app)}:{key.executor_id}:{epoch}"
     return first if run == 1 else f"{first}:{run}"
 
 
