@@ -28,7 +28,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.api.alerts import rule_json
-from relay.config import RelayConfig, ascii_host
+from relay.config import AlertsConfig, RelayConfig, ascii_host
 from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
@@ -42,7 +42,7 @@ from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
-from workflows.alerts import due_alerts
+from workflows.alerts import AlertLoops, due_alerts
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -737,6 +737,32 @@ def test_the_audit_poll_reads_past_a_burst_of_more_than_a_page_of_entries(relay_
     assert len(new) == 500, f"the second poll read {len(new)} of the 500 entries after the first page"
     assert set(first) | set(new) == ids
     assert len(second) == 1500, "and the first page again (the overlap): entries committed late are found"
+
+
+def test_an_audit_entry_committed_long_after_its_transaction_began_is_still_read(relay_db: str) -> None:
+    """An entry is dated its transaction's start and its id drawn before the commit: a transaction
+    open longer than the overlap (an instance paused in it) commits an entry older than the window,
+    below the cursor. The poll reads back to the oldest transaction open at the previous poll."""
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[str], list[str]]:
+        loops = AlertLoops(store, AlertsConfig(), lambda: True)
+        loops.overlap_secs = 0.3  # the window of a minute, shortened (an hour's pause, shortened too)
+        death = """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+                   VALUES ('acme', 'ledger', 'executor.dead', %s, 'relay', '{}')"""
+        async with await psycopg.AsyncConnection.connect(relay_db) as slow:
+            async with slow.transaction():
+                await slow.execute(death, ("slow",))
+                async with db.transaction() as conn:  # a later id, committed first
+                    await conn.execute(death, ("quick",))
+                first = await loops.read_facts(await store.cursor())
+                await store.advance(max(f.id for f in first))
+                await asyncio.sleep(1.0)  # the transaction stays open past the window, then commits
+            second = await loops.read_facts(await store.cursor())
+        return [str(f.executor_id) for f in first], [str(f.executor_id) for f in second]
+
+    first, second = with_store(relay_db, [], body)
+    assert "quick" in first and "slow" not in first
+    assert "slow" in second, f"the late entry was never read: {second}"
 
 
 def test_a_rule_made_with_an_infinite_interval_before_the_bound_still_delivers_and_lists(relay_db: str) -> None:

@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypedDict
 
 from dbos import DBOS, SetWorkflowID
@@ -41,6 +42,7 @@ from relay.core.alerts import (
     CONDITION_KINDS,
     EVENT_KINDS,
     Alert,
+    AuditFact,
     Kind,
     Observed,
     Rule,
@@ -57,7 +59,8 @@ from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, se
 log = logging.getLogger("relay.alerts")
 
 # Audit entries of the last minute are read again at every poll: an entry's id is drawn before
-# its transaction commits, so one with a lower id than the cursor may appear after it.
+# its transaction commits, so one with a lower id than the cursor may appear after it. Further
+# back when a transaction was open longer at the previous poll (AlertLoops.read_facts).
 OVERLAP_SECS = 60.0
 
 
@@ -230,6 +233,10 @@ class AlertLoops:
         self.settings = settings
         self.lease_held = lease_held
         self._cursor = 0
+        self.overlap_secs = OVERLAP_SECS
+        # When the oldest transaction open at the previous poll began: entries committed since that
+        # poll are no older (each is dated its transaction's start), whatever their ids.
+        self._open_since: datetime | None = None
         self._started: dict[str, float] = {}  # workflow ids this instance started lately
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -253,11 +260,19 @@ class AlertLoops:
                 log.exception("reading the audit log for alerts failed")
             await asyncio.sleep(self.settings.poll_interval_secs)
 
+    async def read_facts(self, after: int) -> list[AuditFact]:
+        """The audit entries that fire event rules after the cursor ``after``, and again those up to it
+        that may have been committed since the previous read (the cursor is :meth:`poll_events`')."""
+        open_since = await self.store.open_since()  # first: for entries the read below cannot see yet
+        facts = await self.store.audit_facts(after, self.overlap_secs, not_before=self._open_since)
+        self._open_since = open_since
+        return facts
+
     async def poll_events(self) -> int:
         """Start the delivery of every alert the new audit entries fire; returns how many were started."""
         rules = await self.store.rules_of(EVENT_KINDS)
         after = max(self._cursor, await self.store.cursor())
-        facts = await self.store.audit_facts(after, OVERLAP_SECS)
+        facts = await self.read_facts(after)
         now = time.monotonic()
         found = [a for fact in facts for a in alerts_for_event(fact, rules) if a.workflow_id not in self._started]
         claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()

@@ -160,12 +160,29 @@ class AlertStore:
         async with self.db.connection() as conn:
             await conn.execute("UPDATE alert_cursor SET last_id = greatest(last_id, %s) WHERE id = 1", (last_id,))
 
-    async def audit_facts(self, after: int, overlap_secs: float, limit: int = 1000) -> list[AuditFact]:
+    async def open_since(self) -> datetime:
+        """When the oldest transaction of Relay's open now began (now, if none is): an audit entry not
+        committed yet is dated its transaction's start (``now()``), so none committed later is older.
+        Read before the entries it is meant for, in a statement of its own."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT least(now(), min(xact_start)) AS since FROM pg_stat_activity
+                   WHERE datname = current_database() AND usename = current_user"""
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        since: datetime = row["since"]
+        return since
+
+    async def audit_facts(
+        self, after: int, overlap_secs: float, limit: int = 1000, not_before: datetime | None = None
+    ) -> list[AuditFact]:
         """Entries that fire event rules: the first ``limit`` after ``after``, and again the latest
         ``limit`` of the last ``overlap_secs`` up to ``after`` (an entry's id is drawn before its
-        transaction commits, so a later id can be seen first). The two are read apart: entries
-        already read, however many, never stand in the way of new ones. A ``recovery.failed``
-        comes with the failed attempts of that death so far."""
+        transaction commits, so a later id can be seen first), or since ``not_before`` if that is
+        earlier (a transaction open longer). The two are read apart: entries already read, however
+        many, never stand in the way of new ones. A ``recovery.failed`` comes with the failed
+        attempts of that death so far."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """WITH picked AS (
@@ -173,7 +190,8 @@ class AlertStore:
                         ORDER BY id LIMIT %(limit)s)
                        UNION ALL
                        (SELECT id FROM audit_log
-                        WHERE at > now() - make_interval(secs => %(overlap)s) AND id <= %(after)s
+                        WHERE at >= least(now() - make_interval(secs => %(overlap)s), %(not_before)s::timestamptz)
+                          AND id <= %(after)s
                           AND action = ANY(%(actions)s)
                         ORDER BY at DESC, id DESC LIMIT %(limit)s))
                    SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.detail, r.epoch AS recovery_epoch,
@@ -183,7 +201,13 @@ class AlertStore:
                    FROM picked p JOIN audit_log l ON l.id = p.id
                    LEFT JOIN recoveries r ON l.action = 'recovery.failed' AND r.id = l.detail->>'recoveryId'
                    ORDER BY l.id""",
-                {"after": after, "overlap": overlap_secs, "actions": list(EVENT_ACTIONS), "limit": limit},
+                {
+                    "after": after,
+                    "overlap": overlap_secs,
+                    "actions": list(EVENT_ACTIONS),
+                    "limit": limit,
+                    "not_before": not_before,
+                },
             )
             rows = await cur.fetchall()
         return [
