@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import inspect
 import json
 import signal
 import socket
@@ -15,7 +16,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -34,6 +36,7 @@ from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
 from relay.domain.alerts import ConditionObserver
+from relay.metrics import ALERTS_SENT
 from relay.net.webhook import LOOKUP_THREADS, Attempt, WebhookSender
 from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
@@ -42,7 +45,8 @@ from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
-from workflows.alerts import AlertLoops, due_alerts
+from workflows.alerts import AlertLoops, due_alerts, finish
+from workflows.services import Services, bind
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -763,6 +767,43 @@ def test_an_audit_entry_committed_long_after_its_transaction_began_is_still_read
     first, second = with_store(relay_db, [], body)
     assert "quick" in first and "slow" not in first
     assert "slow" in second, f"the late entry was never read: {second}"
+
+
+def sent_count(kind: str) -> float:
+    (metric,) = ALERTS_SENT.collect()
+    return sum(s.value for s in metric.samples if s.name.endswith("_total") and s.labels["kind"] == kind)
+
+
+def test_a_delivery_recorded_twice_by_its_step_run_again_is_counted_once(relay_db: str) -> None:
+    """DBOS runs a step again when its checkpoint was not written: a workflow resumed in this process
+    while its first execution, stale, had already recorded the outcome. The step's body, run twice
+    under the same step (its audit entry's key), counts the alert once in relay_alerts_sent_total."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/"}]
+
+    async def body(db: Database, store: AlertStore) -> tuple[float, float, int]:
+        (rule,) = await store.rules_of(frozenset({Kind.EXECUTOR_DEAD}))
+        fact = AuditFact(1, "2026-01-01T00:00:00Z", time.time(), "acme", "ledger", "executor.dead", "e1", {"epoch": 9})
+        (alert,) = alerts_for_event(fact, [rule])
+        assert (await store.claim(alert)).send
+        bind(cast(Services, SimpleNamespace(alerts=SimpleNamespace(store=store), loop=asyncio.get_running_loop())))
+        step_body = inspect.unwrap(finish)  # what DBOS runs for the step, without its checkpoint
+        try:
+            before = sent_count(alert.kind)
+            await step_body(alert.to_json(), True, 1, None, "x")
+            once = sent_count(alert.kind) - before
+            await step_body(alert.to_json(), True, 1, None, "x")  # the same step, run again
+            twice = sent_count(alert.kind) - before
+        finally:
+            bind(None)
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT count(*) AS n FROM audit_log WHERE action = 'alert.sent'")
+            entries = await cur.fetchone()
+        assert entries is not None
+        return once, twice, int(entries["n"])
+
+    once, twice, entries = with_store(relay_db, rules, body)
+    assert (once, entries) == (1, 1)
+    assert twice == 1, "the alert was counted twice"
 
 
 def test_a_rule_made_with_an_infinite_interval_before_the_bound_still_delivers_and_lists(relay_db: str) -> None:

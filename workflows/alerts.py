@@ -110,8 +110,10 @@ async def send(alert: dict[str, Any], attempt: int) -> AttemptRecord:
 @relay_step("relay.alert.finish")
 async def finish(alert: dict[str, Any], sent: bool, attempts: int, error: str | None, destination: str) -> None:
     record = Alert.from_json(alert)
-    await services().alerts.store.finish(record, sent, attempts, error, destination, dedupe_key())
-    (ALERTS_SENT if sent else ALERTS_FAILED).labels(record.kind).inc()
+    # Counted by the run that wrote the outcome: DBOS runs the step again when its checkpoint was not
+    # written (a resumed workflow whose first execution, in this process too, got this far).
+    if await services().alerts.store.finish(record, sent, attempts, error, destination, dedupe_key()):
+        (ALERTS_SENT if sent else ALERTS_FAILED).labels(record.kind).inc()
 
 
 @DBOS.workflow(name="relay.alert.deliver", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)

@@ -350,8 +350,9 @@ class AlertStore:
 
     async def finish(
         self, alert: Alert, sent: bool, attempts: int, error: str | None, destination: str, dedupe: str
-    ) -> None:
-        """The delivery's outcome, and its ``alert.sent`` or ``alert.failed`` audit entry."""
+    ) -> bool:
+        """The delivery's outcome, and its ``alert.sent`` or ``alert.failed`` audit entry; False if
+        that entry was written before (the step recording it ran again: count it once)."""
         status = "sent" if sent else "failed"
         async with self.db.fenced() as conn:
             await conn.execute(
@@ -370,7 +371,7 @@ class AlertStore:
             if error is not None:
                 detail["error"] = error
             entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
-            await write_audit(conn, alert.org, alert.app, entry)
+            return await write_audit(conn, alert.org, alert.app, entry)
 
 
 def interval_secs(min_interval_secs: float) -> float:
