@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import httpx
 import psycopg
+from dbos import DBOSClient, EnqueueOptions
 
 from harness.executors import ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS, VIEWER_KEYS
@@ -46,7 +47,7 @@ from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
 from workflows.alerts import AlertLoops, due_alerts, finish
-from workflows.services import Services, bind
+from workflows.services import WORKFLOWS_VERSION, Services, bind
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -356,6 +357,90 @@ def test_conditions_fire_to_webhooks_and_to_an_apps_alert_handler(
         headers = [d.headers["x-relay-idempotency-key"] for d in receiver.deliveries()]
         assert len(headers) == len(set(headers)) == 2
         assert len(received(evidence_db, "SlowQueue")) == 1 and len(received(evidence_db, "RecoveryBlocked")) == 1
+
+
+def test_apps_whose_executors_do_not_answer_hold_up_no_other_apps_alert(start_relay: StartRelay) -> None:
+    """Five apps whose only executor never answers, each with a WorkflowFailure rule that waits
+    executorRequestTimeoutSecs (1 s) for it, come before ledger's rule in every round: ledger's
+    failures arrive about a timeout after the round began, not after the five (5 s) as when the
+    round asked one rule after the other."""
+    timeout, interval, mute = 1.0, 6.0, [f"mute-{n}" for n in range(5)]
+    with WebhookReceiver() as receiver:
+        config = alert_config(free_port(), [], checkIntervalSecs=interval)
+        config["server"]["executorRequestTimeoutSecs"] = timeout
+        config["orgs"][0]["apps"] += [
+            {"name": app, "alerts": [{"kind": "WorkflowFailure", "webhook": receiver.url(f"/{app}")}]} for app in mute
+        ]
+        relay = start_relay(config)
+        failed = {"get_workflow_aggregates": {"output": [{"group": {"name": "charge"}, "count": 2}]}}
+        with contextlib.ExitStack() as stack:
+            for app in [*mute, "ledger"]:
+                url = f"ws://127.0.0.1:{relay.port}/websocket/{app}/{CONDUCTOR_KEYS['acme']}"
+                replies = {} if app in mute else failed
+                stack.enter_context(SimulatedPeer(url, f"{app}-1", "answer", replies=replies, others="silent"))
+            for app in [*mute, "ledger"]:
+                assert_eventually(lambda app=app: relay.state_of("acme", app, f"{app}-1") == "HEALTHY", 10)
+            # Inserted well inside an interval, so that the round which began at its start has read its
+            # rules already and the next one is the first to see it. Its id sorts after relay.yaml's
+            # (config-...): the last rule of every round.
+            assert_eventually(lambda: 1.0 < time.time() % interval < interval - 1.0, interval)
+            with psycopg.connect(relay.database_url, autocommit=True) as conn:
+                conn.execute(
+                    """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, source)
+                       VALUES ('z-ledger', 'acme', 'ledger', 'WorkflowFailure', '{}', 0, %s, 'api')""",
+                    (receiver.url("/ledger"),),
+                )
+            began = (time.time() // interval + 1) * interval  # the next round's
+            first = assert_eventually(lambda: [d for d in receiver.deliveries() if d.path == "/ledger"], 3 * interval)
+        assert first[0].payload["app"] == "ledger" and first[0].payload["workflowName"] == "*"
+        took = first[0].at - began
+        assert 0 < took < 3 * timeout, f"ledger's alert came {took:.1f} s after its round began"
+        assert not [d for d in receiver.deliveries() if d.path != "/ledger"], "the mute apps never answered"
+
+
+def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_relay: StartRelay) -> None:
+    """This release's rounds are ``relay.alerts.round`` (the rules in one step, evaluated at once). A
+    ``relay.alerts.check`` (one step per rule) that an instance of the previous release began, handed
+    to DBOS's recovery (its internal queue) in a rolling upgrade, still runs here, with its steps; and
+    an interval whose round that instance started first is left to it, without a warning."""
+    interval = 1.0
+    rules = [{"kind": "UnresponsiveApplication", "webhook": "http://127.0.0.1:9/"},
+             {"kind": "RecoveryBlocked", "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+    relay = start_relay(alert_config(free_port(), rules, checkIntervalSecs=interval))
+
+    def steps(workflow_id: str) -> list[str]:
+        with psycopg.connect(relay.database_url) as conn:
+            rows = conn.execute(
+                "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+                (workflow_id,),
+            ).fetchall()
+        return [name for (name,) in rows]
+
+    later = int(time.time() // interval) + 3  # an interval to come, whose round the old instance began
+    client = DBOSClient(system_database_url=relay.database_url, application_name="relay")
+    try:
+        options: EnqueueOptions = {
+            "workflow_name": "relay.alerts.check",
+            "queue_name": "_dbos_internal_queue",
+            "workflow_id": f"relay-alerts:{later}",
+            "app_version": WORKFLOWS_VERSION,
+        }
+        assert client.enqueue(options).get_result() == 0
+    finally:
+        client.destroy()
+    assert steps(f"relay-alerts:{later}") == ["relay.alerts.rules", "relay.alerts.evaluate", "relay.alerts.evaluate"]
+    assert_eventually(lambda: time.time() > (later + 1.5) * interval, 4 * interval)
+
+    with psycopg.connect(relay.database_url) as conn:
+        rounds = conn.execute(
+            "SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'relay.alerts.round' AND status = 'SUCCESS'"
+        )
+        ours = [wid for (wid,) in rounds.fetchall()]
+    assert ours and all(wid.startswith("relay-alerts:") for wid in ours)
+    assert steps(ours[0]) == ["relay.alerts.rules", "relay.alerts.evaluate_all"]
+    assert f"relay-alerts:{later + 1}" in ours, "the round after it is this release's"
+    assert relay.runs_of("relay.alerts.check") == 1, "this release starts its rounds as relay.alerts.round"
+    assert "cannot start the alert check" not in relay.log()
 
 
 def test_rules_through_the_api(start_relay: StartRelay) -> None:

@@ -14,8 +14,9 @@
   and starts the delivery of each alert it finds; DBOS runs each id once.
 - **Conditions** (the other kinds): once per ``alerts.checkIntervalSecs``
   every instance starts the round's job, ``relay-alerts:{interval number}``;
-  DBOS runs it once, on whichever instance got there first. It observes each
-  rule (asking a healthy executor of the app where needed), records which
+  DBOS runs it once, on whichever instance got there first. It observes the
+  rules, several at once (asking a healthy executor of the app where needed:
+  an app that does not answer holds up no other app's rules), records which
   subjects hold since when, and starts the deliveries of those due. An
   episode held back by the rule's ``minIntervalSecs`` (it began soon after
   the last alert about its subject) is delivered late, by
@@ -36,6 +37,7 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from dbos import DBOS, SetWorkflowID
+from dbos._error import DBOSConflictingWorkflowError
 
 from relay.config import AlertsConfig
 from relay.core.alerts import (
@@ -54,7 +56,7 @@ from relay.core.peers import backoff
 from relay.errors import DatabaseError
 from relay.metrics import ALERTS_FAILED, ALERTS_SENT
 from relay.store.alerts import AlertStore
-from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, _database_trouble, dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.alerts")
 
@@ -188,30 +190,86 @@ def late_workflow_id(alert: Alert) -> str:
     return f"{alert.workflow_id}:late"
 
 
-@relay_step("relay.alerts.evaluate", on_error=_evaluation_failed)
-async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
+async def _evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Observe one rule, record which subjects hold, and return the alerts due (:func:`due_alerts`)."""
     svc = services().alerts
     rule = _rule(data)
     observed = await svc.observer.observe(rule)
     if observed is None:
         return []
-    # On time, an alert as 0.2.0 checkpointed it (an instance of 0.2.0 resuming this round during a
-    # rolling upgrade reads those); late, wrapped, which no alert's own members can be mistaken for.
+    # On time, an alert as relay.alerts.evaluate has always checkpointed it (an earlier build resuming
+    # a round of relay.alerts.check during a rolling upgrade reads those); late, wrapped, which no
+    # alert's own members can be mistaken for. relay.alerts.evaluate_all checkpoints the same shapes.
     return [{"late": a.to_json()} if late else a.to_json() for a, late in await due_alerts(svc.store, rule, observed)]
+
+
+@relay_step("relay.alerts.evaluate", on_error=_evaluation_failed)
+async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One rule of a round of ``relay.alerts.check`` (:func:`_evaluate`)."""
+    return await _evaluate(data)
+
+
+# Rules of a round evaluated at once: each may wait for an app's executors (executorRequestTimeoutSecs,
+# a few times over when several are tried), and one after the other N unresponsive apps held every
+# later rule, and so every other app's alerts, back by N timeouts or more at every round.
+ROUND_CONCURRENCY = 8
+
+
+@relay_step("relay.alerts.evaluate_all")
+async def evaluate_all(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerts due of every rule (:func:`_evaluate`), ``ROUND_CONCURRENCY`` rules at a time: one
+    checkpoint for the round, in the order of ``rules`` whichever rule finished first, so that the
+    deliveries start in the same order when the round is resumed. A rule whose evaluation fails is
+    left to the next round, as ``evaluate`` leaves it; database trouble fails the step (tried
+    again, every rule with it) once the others have finished."""
+    slots = asyncio.Semaphore(ROUND_CONCURRENCY)
+
+    async def one(data: dict[str, Any]) -> list[dict[str, Any]]:
+        async with slots:
+            try:
+                return await _evaluate(data)
+            except Exception as exc:
+                if _database_trouble(exc):
+                    raise
+                log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
+                return _evaluation_failed(exc)
+
+    found = await asyncio.gather(*(one(data) for data in rules), return_exceptions=True)
+    for result in found:
+        if isinstance(result, BaseException):
+            raise result
+    return [due for result in found if not isinstance(result, BaseException) for due in result]
+
+
+async def _start_deliveries(found: list[dict[str, Any]]) -> int:
+    """Start the delivery of each alert due (a plain alert on time, ``{"late": alert}`` late)."""
+    for due in found:
+        late = set(due) == {"late"}
+        data = due["late"] if late else due
+        alert = Alert.from_json(data)
+        with SetWorkflowID(late_workflow_id(alert) if late else alert.workflow_id):
+            await DBOS.start_workflow_async(deliver_late if late else deliver, data)
+    return len(found)
+
+
+@DBOS.workflow(name="relay.alerts.round", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def condition_round() -> int:
+    """A round of the condition rules: every rule evaluated at once (:func:`evaluate_all`), then the
+    deliveries of the alerts due started, in the rules' order. A workflow of its own beside
+    ``relay.alerts.check`` (one step per rule, one after the other), whose steps differ: during a
+    rolling upgrade an instance of the previous release that recovers this round meets a name it
+    does not know (and leaves it to an instance of this release), never checkpoints it would read
+    as its own; this release still finishes the rounds of ``relay.alerts.check`` that one started."""
+    return await _start_deliveries(await evaluate_all(await condition_rules()))
 
 
 @DBOS.workflow(name="relay.alerts.check", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def check_conditions() -> int:
+    """The round of earlier releases, one rule after the other: kept for the rounds they started
+    (this release starts :func:`condition_round`). Its steps must stay as they are."""
     started = 0
     for rule in await condition_rules():
-        for due in await evaluate(rule):
-            late = set(due) == {"late"}
-            data = due["late"] if late else due
-            alert = Alert.from_json(data)
-            with SetWorkflowID(late_workflow_id(alert) if late else alert.workflow_id):
-                await DBOS.start_workflow_async(deliver_late if late else deliver, data)
-            started += 1
+        started += await _start_deliveries(await evaluate(rule))
     return started
 
 
@@ -299,7 +357,11 @@ class AlertLoops:
             try:
                 if self.lease_held() and await self.store.rules_of(CONDITION_KINDS):
                     with SetWorkflowID(workflow_id):
-                        await DBOS.start_workflow_async(check_conditions)
+                        await DBOS.start_workflow_async(condition_round)
+            except DBOSConflictingWorkflowError:
+                # An instance of the previous release started this interval's round as relay.alerts.check
+                # first (a rolling upgrade): the round runs there, once, as it would here.
+                log.debug("the alert check %s was started by an instance of the previous release", workflow_id)
             except Exception as exc:
                 log.warning("cannot start the alert check %s: %s", workflow_id, exc)
             await asyncio.sleep(interval - time.time() % interval + 0.01)
