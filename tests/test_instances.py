@@ -343,3 +343,45 @@ def test_a_request_to_a_frozen_instance_is_withdrawn_and_sent_where_the_peer_rec
     evidence = Evidence(evidence_db)
     outcomes = assert_eventually(lambda: len(o := evidence.outcomes()) >= 2 and o, 20)
     assert set(outcomes.values()) == {peer.executor_id}
+
+
+def test_an_instance_cut_off_from_the_database_does_not_get_its_live_executors_declared_dead(
+    start_executor: StartExecutor, tmp_path: Path
+) -> None:
+    """Instance 1 loses its database (a network cut) but not its executors. Its lease runs out and
+    instance 2 adopts it; the executor's socket on instance 1 is open and answering all along, so
+    the executor's connection was never gone (the contract: an executor is declared dead "when its
+    connection has been gone longer than the application's grace period"). Instance 1, which knows
+    its lease is lost, should let its executors go (close their sockets) so that they reconnect
+    through the load balancer to a live instance, rather than hold them until the adopter's grace
+    period declares them DEAD and recovers their workflows while they still run."""
+    from harness.pgserver import PostgresServer
+
+    lease, grace = 1.5, 2.0
+    server = PostgresServer("relay-cut")
+    started: list[RelayProcess] = []
+    try:
+        database = server.create_database("relay")
+        with TcpProxy(("127.0.0.1", server.port)) as pg, TcpProxy(("127.0.0.1", 1)) as lb:
+            config = relay_yaml(free_port(), grace=grace, instanceLeaseSecs=lease)
+            r1 = RelayProcess(tmp_path, server.url(database, pg.port), config, "relay-1")
+            started.append(r1.start())
+            config = relay_yaml(free_port(), grace=grace, instanceLeaseSecs=lease)
+            r2 = RelayProcess(tmp_path, server.url(database), config, "relay-2")
+            started.append(r2.start())
+            lb.target = ("127.0.0.1", r1.port)
+            ex = start_executor(f"ws://127.0.0.1:{lb.port}/")
+            assert_eventually(lambda: (executor(r2, ex.executor_id) or {}).get("relayInstance") == "relay-1", 10)
+            # The load balancer's health check (/readyz) takes instance 1 out once its lease is lost.
+            lb.target = ("127.0.0.1", r2.port)
+            pg.partition()
+            assert_eventually(lambda: [e for e in audit(r2) if e["action"] == "relay.instance_adopted"], 15)
+            time.sleep(grace + 2.0)  # past the adopter's grace period, and a margin
+            assert "executor.dead" not in audit_actions(r2, ex.executor_id)
+            rec = executor(r2, ex.executor_id)
+            assert rec is not None and rec["state"] == "HEALTHY" and rec["relayInstance"] == "relay-2", rec
+            pg.heal()
+    finally:
+        for relay in started:
+            relay.stop()
+        server.close()
