@@ -385,3 +385,40 @@ def test_an_instance_cut_off_from_the_database_does_not_get_its_live_executors_d
         for relay in started:
             relay.stop()
         server.close()
+
+
+def test_a_relayed_request_the_owner_cannot_read_is_answered_with_an_error_not_left_to_time_out(
+    start_relay: StartRelay,
+) -> None:
+    """A request handed to the instance holding the socket that this instance cannot read (a
+    message type of a newer Relay, during a rolling upgrade; a row it cannot parse) is claimed and
+    then dropped (``Router._serve`` logs it and returns): the asking instance hears nothing and
+    waits out its whole timeout (5 s an executor, 25 s a workflow API request) for a 502 saying
+    the executor did not answer, which is false. The owner should write the error back at once."""
+    from relay.net.router import channel
+
+    relay = start_relay(relay_yaml(free_port()), instance_id="relay-1")
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        row = conn.execute(
+            """WITH r AS (
+                   INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
+                                          request, timeout_secs)
+                   VALUES ('relay-1', 'relay-2', 'acme', 'ledger', 'ex-1', %s, 20) RETURNING id)
+               SELECT id, pg_notify(%s, id::text) FROM r""",
+            (json.dumps({"type": "a_message_of_a_newer_release", "request_id": "q-1"}), channel("relay-1")),
+        ).fetchone()
+        assert row is not None
+        rpc_id = row[0]
+
+        def state() -> tuple[Any, Any, Any]:
+            got = conn.execute(
+                "SELECT picked_at, answered_at, error_kind FROM relay_rpc WHERE id = %s", (rpc_id,)
+            ).fetchone()
+            assert got is not None
+            return got[0], got[1], got[2]
+
+        assert_eventually(lambda: state()[0] is not None, 5, what="the owner claims the request")
+        time.sleep(2.0)
+        picked, answered, kind = state()
+        assert answered is not None, "claimed, and never answered: the asker waits out its timeout"
+        assert kind is not None
