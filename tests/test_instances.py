@@ -419,6 +419,6 @@ def test_a_relayed_request_the_owner_cannot_read_is_answered_with_an_error_not_l
 
         assert_eventually(lambda: state()[0] is not None, 5, what="the owner claims the request")
         time.sleep(2.0)
-        picked, answered, kind = state()
+        _picked, answered, kind = state()
         assert answered is not None, "claimed, and never answered: the asker waits out its timeout"
         assert kind is not None
