@@ -152,9 +152,9 @@ class Runtime:
         self.keys = KeyStore(self.db)
         self.keyring = KeyRing(grants_from_config(config))
         self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
-        self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
+        self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine, self.lease)
         self.router = Router(self.db, self.executors, self.hub, instance_id, config.server.max_relayed_reply_bytes)
         self.hub.elsewhere = self.router
         self.tokens = Tokens(self.db, self.keys, self.keyring, self.hub)

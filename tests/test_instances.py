@@ -4,6 +4,7 @@ instance, and fencing of a paused one. Real processes throughout."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,11 +16,14 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
+from websockets.exceptions import InvalidStatus
 
 from harness.executors import Evidence, ExecutorProcess
 from harness.ports import free_port
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.simulated import open_socket
 from harness.waiting import assert_eventually
 from tests.prom import AUTH
 
@@ -380,7 +384,10 @@ def test_an_instance_cut_off_from_the_database_does_not_get_its_live_executors_d
             assert "executor.dead" not in audit_actions(r2, ex.executor_id)
             rec = executor(r2, ex.executor_id)
             assert rec is not None and rec["state"] == "HEALTHY" and rec["relayInstance"] == "relay-2", rec
+            assert "closing its 1 executor sockets so that they reconnect to a live instance" in r1.log()
             pg.heal()
+            # Back on the database, instance 1 finds itself adopted and exits, as a paused one does.
+            assert r1.proc is not None and r1.proc.wait(10) == 3
     finally:
         for relay in started:
             relay.stop()
@@ -422,3 +429,62 @@ def test_a_relayed_request_the_owner_cannot_read_is_answered_with_an_error_not_l
         _picked, answered, kind = state()
         assert answered is not None, "claimed, and never answered: the asker waits out its timeout"
         assert kind is not None
+
+
+def test_an_instance_lets_its_executors_go_only_past_its_lease_and_admits_them_again_once_renewed(
+    start_executor: StartExecutor, tmp_path: Path
+) -> None:
+    """A database blip shorter than the lease closes nothing. A cut past the lease closes the
+    executors' sockets and refuses handshakes (503) while the lease is not held, writing nothing;
+    the lease renewed (nobody adopted it), the instance admits them again and nobody dies."""
+    from harness.keys import CONDUCTOR_KEYS
+    from harness.pgserver import PostgresServer
+
+    lease = 1.5
+    server = PostgresServer("relay-blip")
+    try:
+        database = server.create_database("relay")
+        with TcpProxy(("127.0.0.1", server.port)) as pg:
+            config = relay_yaml(free_port(), grace=30.0, instanceLeaseSecs=lease)
+            r1 = RelayProcess(tmp_path, server.url(database, pg.port), config, "relay-1").start()
+            try:
+                ex = start_executor(r1.conductor_url)
+                first = assert_eventually(
+                    lambda: (r := executor(r1, ex.executor_id)) and r["state"] == "HEALTHY" and r, 10
+                )
+                pg.partition()
+                time.sleep(lease / 3)
+                pg.heal()
+                time.sleep(lease)
+                rec = executor(r1, ex.executor_id)
+                assert rec is not None and rec["connectedAt"] == first["connectedAt"], "a blip closed the socket"
+                assert "executor sockets so that they reconnect" not in r1.log()
+
+                pg.partition()
+                assert_eventually(lambda: "closing its 1 executor sockets" in r1.log(), lease + 3, what="let go")
+
+                async def handshake() -> int:
+                    url = f"ws://127.0.0.1:{r1.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+                    with pytest.raises(InvalidStatus) as info:
+                        await open_socket(url)
+                    return info.value.response.status_code
+
+                assert asyncio.run(handshake()) == 503
+                pg.heal()
+                again = assert_eventually(
+                    lambda: (
+                        (r := executor(r1, ex.executor_id))
+                        and r["state"] == "HEALTHY"
+                        and r["connectedAt"] != first["connectedAt"]
+                        and r
+                    ),
+                    10,
+                    what="the executor admitted again",
+                )
+                assert again["relayInstance"] == "relay-1"
+                assert "executor.dead" not in audit_actions(r1, ex.executor_id)
+                assert r1.proc is not None and r1.proc.poll() is None
+            finally:
+                r1.stop()
+    finally:
+        server.close()

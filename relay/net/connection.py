@@ -45,6 +45,8 @@ CLOSE_REPLACED = 4409
 CLOSE_NOT_ANSWERING = 4410
 CLOSE_KEY_REVOKED = 4401
 CLOSE_SHUTDOWN = 1001
+# This instance lost its lease: the SDK reconnects, through the load balancer, to a live instance.
+CLOSE_LEASE_LOST = 1012
 KEY_REVOKED_REASON = "the key of this connection was deleted or changed"
 
 
@@ -76,6 +78,7 @@ class ExecutorConnection:
         self._loop = asyncio.get_running_loop()
         self._waiting: dict[str, asyncio.Future[Frame]] = {}
         self._closed = False
+        self._let_go = False  # closed because this instance lost its lease: its disconnection is not written
         self._handshaking = True  # holds one of the hub's pending_handshakes
         self.key: ExecutorKey | None = None
         self.epoch = 0
@@ -181,6 +184,11 @@ class ExecutorConnection:
             self._abort()
         except Exception as exc:  # the socket may already be gone; closing is best effort
             log.debug("executor %s: close failed: %s", self.name, exc)
+
+    async def let_go(self) -> None:
+        """Close the socket because this instance lost its lease (:meth:`relay.net.hub.Hub.let_go`)."""
+        self._let_go = True
+        await self.close(CLOSE_LEASE_LOST, "relay instance lost its lease, reconnect")
 
     def _abort(self) -> None:
         self._closed = True
@@ -309,6 +317,14 @@ class ExecutorConnection:
             # one statement and starts their grace periods. One write per socket here made a
             # shutdown with thousands of executors outlast uvicorn's graceful window.
             log.debug("executor %s: socket closed by the shutdown", self.name)
+            return
+        if self._let_go:
+            # The database is out of reach, and if another instance adopts this one the executor is
+            # the adopter's: nothing is written now, and no grace period starts here. If this instance
+            # holds its lease again instead, its socket check records the disconnection then (unless the
+            # executor has reconnected meanwhile).
+            log.info("executor %s: let go, this instance lost its lease; disconnection not recorded", self.name)
+            self.hub.disconnection_unrecorded()
             return
         lost_at = time.time()
         try:

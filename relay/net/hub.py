@@ -3,7 +3,9 @@
 The hub checks each new socket's key and app, hands it to an
 :class:`relay.net.connection.ExecutorConnection`, records its executor as
 connected (taking the id over from an older socket, wherever that is), and
-keeps the sockets and the rows it owns in step.
+keeps the sockets and the rows it owns in step. While this instance does not
+hold its lease, it holds no executor: it refuses handshakes and closes the
+sockets it has (:meth:`Hub.let_go`).
 
 :meth:`Hub.request` sends a request frame to an executor connected here and
 awaits the reply with the same ``request_id``; replies are matched by the
@@ -39,6 +41,7 @@ from relay.net.connection import (
 from relay.net.wire import Frame
 from relay.store.apps import AppStore
 from relay.store.executors import ExecutorStore, Handshake
+from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply, Request
 
 log = logging.getLogger("relay.hub")
@@ -98,6 +101,7 @@ class Hub:
         executors: ExecutorStore,
         instance_id: str,
         events: HubEvents,
+        lease: Lease,
     ) -> None:
         self.config = config
         self.keyring = keyring
@@ -105,6 +109,7 @@ class Hub:
         self.executors = executors
         self.instance_id = instance_id
         self.events = events
+        self.lease = lease
         self.elsewhere: Elsewhere | None = None  # set by the composition root (the router)
         self.connections: dict[ExecutorKey, ExecutorConnection] = {}
         self.pending_handshakes = 0
@@ -112,6 +117,7 @@ class Hub:
         self.counters: Counter[str] = Counter()
         self._known_apps: set[tuple[str, str]] = set()
         self._checker: asyncio.Task[None] | None = None
+        self._lease_watch: asyncio.Task[None] | None = None
         # Set when a disconnection could not be recorded (the database is out): the socket check
         # then runs every pingIntervalSecs until it gets through, not every socketCheckSecs.
         self._unrecorded = asyncio.Event()
@@ -139,6 +145,13 @@ class Hub:
             log.warning("refused executor connection from %s for app %s: bad or missing conductor key",
                         client, printable(app))  # fmt: skip
             await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key, or not for this app")
+            return
+        if not self.lease.held:
+            # Cut off from the database or paused past its lease: the handshake's fenced write would
+            # fail, and another instance may be adopting this one. The SDK tries again, through the
+            # load balancer, which has taken this instance out (its /readyz fails the same way).
+            self.counters["rejected_not_ready"] += 1
+            await _deny(scope, send, 503, "not_ready", "this relay instance is not ready, retry later")
             return
         if self.pending_handshakes >= self.config.server.max_pending_handshakes:
             self.counters["rejected_busy"] += 1
@@ -293,12 +306,51 @@ class Hub:
 
     def start(self) -> None:
         self._checker = asyncio.create_task(self._check_forever())
+        self._lease_watch = asyncio.create_task(self._watch_lease())
 
     async def stop(self) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
-            await asyncio.gather(self._checker, return_exceptions=True)
-            self._checker = None
+        tasks = [t for t in (self._checker, self._lease_watch) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._checker = self._lease_watch = None
+
+    async def _watch_lease(self) -> None:
+        """Let the executors go whenever the lease is not held (:meth:`let_go`): at the moment it
+        runs out, and again every renewal period while it stays out (a handshake that was recorded
+        just before it ran out may still join)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self.lease.held_until() - loop.time()
+            if left > 0:
+                await asyncio.sleep(left)  # a renewal meanwhile moves the end on: looked at again then
+                continue
+            if self.connections:
+                await self.let_go()
+            await asyncio.sleep(self.lease.renew_every)
+
+    async def let_go(self) -> int:
+        """Close every socket here, this instance no longer holding its lease; returns how many.
+
+        It has had no renewal confirmed for a whole lease (a network cut from the database, a
+        pause): another instance may adopt it from now on, and would declare its executors DEAD
+        at the end of their grace period, recovering their work while they still run it over
+        their sockets here. Closed with 1012 (service restart), the SDK reconnects through the
+        load balancer to a live instance, and that connection ends the adopter's grace period.
+        Their disconnections are not written (:meth:`ExecutorConnection._record_lost`): the
+        database is out of reach, and the executors are the adopter's if it adopts. A lease
+        renewed in time instead finds its rows without sockets at the socket check, which
+        records them lost then. A database blip shorter than the lease closes nothing.
+        """
+        doomed = list(self.connections.values())
+        if not doomed:
+            return 0
+        self.counters["let_go_lease_lost"] += len(doomed)
+        log.warning("instance %s: its lease is not held (no renewal confirmed for %g s); closing its %d "
+                    "executor sockets so that they reconnect to a live instance",
+                    self.instance_id, self.lease.lease_secs, len(doomed))  # fmt: skip
+        await asyncio.gather(*(c.let_go() for c in doomed))
+        return len(doomed)
 
     def disconnection_unrecorded(self) -> None:
         """A socket closed and its disconnection failed to record: the executor's row stays HEALTHY

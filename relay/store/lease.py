@@ -3,7 +3,8 @@
 The lease is *held* while the last renewal that the database confirmed was
 sent less than ``instanceLeaseSecs`` ago, by this process's monotonic clock:
 an instance that was paused (``SIGSTOP``) or cut off from the database past
-its lease does not count itself ready until a renewal succeeds again. A
+its lease does not count itself ready until a renewal succeeds again, and
+holds no executor meanwhile (:meth:`relay.net.hub.Hub.let_go`). A
 renewal succeeds only while the row's ``lease_epoch`` is still this
 instance's: an instance that adopts an expired lease raises the epoch, and
 the old holder then knows it was fenced out.
@@ -107,6 +108,12 @@ class Lease:
     @property
     def held(self) -> bool:
         return not self.fenced and asyncio.get_running_loop().time() < self._valid_until
+
+    def held_until(self) -> float:
+        """The loop time at which the lease stops being held, unless a renewal is confirmed first
+        (0 once fenced). Past it, another instance may adopt this one: the hub then lets its
+        executors go (:meth:`relay.net.hub.Hub.let_go`)."""
+        return 0.0 if self.fenced else self._valid_until
 
     def held_for(self) -> float:
         """Seconds this lease has been held without a gap (0 when it is not held).
