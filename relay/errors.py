@@ -16,6 +16,7 @@ only these::
     │   ├── ExecutorBadReply       the reply broke the protocol (wrong shape or types)
     │   ├── ExecutorRefused        the reply carried only an error
     │   │   └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
+    │   ├── RequestNotServed       the instance holding the socket could not serve a request relayed to it
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
     ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)
@@ -82,6 +83,12 @@ class ExecutorRefused(ExecutorRequestError):
 
 class UnsupportedMessage(ExecutorRefused):
     """The executor's SDK does not know the message ("Unknown message type")."""
+
+
+class RequestNotServed(ExecutorRequestError):
+    """The instance holding the executor's socket could not serve a request relayed to it: one it
+    cannot read (a message type of a newer release, during a rolling upgrade), or a failure of its
+    own. The executor was not asked."""
 
 
 class NoHealthyExecutor(ExecutorRequestError):

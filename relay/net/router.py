@@ -13,7 +13,10 @@ recovery that begins to wait for a peer announces its app; :attr:`Router.on_bloc
 
 Notifications are a wake-up, not the record: each side also polls the table
 every :data:`POLL_SECS`, so a notification lost to a dropped listening
-connection costs a second, not a request. A request the owner has not claimed
+connection costs a second, not a request. Once claimed, a request is always
+answered, unless the database fails: a request the owner cannot read (a message
+type of a newer release, during a rolling upgrade) comes back as an error saying
+why (:class:`relay.errors.RequestNotServed`). A request the owner has not claimed
 within :data:`PICKUP_SECS` (it died, and its lease has not run out yet) is
 withdrawn and the owner looked up again. Rows are deleted once read (or after
 :data:`KEEP_SECS` if nobody read them).
@@ -39,6 +42,7 @@ from relay.errors import (
     ExecutorNotConnected,
     ExecutorRequestError,
     ExecutorTimeout,
+    RequestNotServed,
 )
 from relay.net.hub import Hub
 from relay.net.wire import Frame, reply_to
@@ -60,11 +64,15 @@ CLOSE_NOTE = "close "
 # How often a request for an executor that is not connected anywhere looks again.
 OWNER_RECHECK_SECS = 0.1
 
+# The error kinds an owner writes back. An asker of an older release reads a kind it does not know
+# as "gone" (a 502 all the same, with the owner's message).
+UNSERVED = "unserved"
 _ERRORS: dict[str, type[ExecutorRequestError]] = {
     "not_connected": ExecutorNotConnected,
     "timeout": ExecutorTimeout,
     "gone": ExecutorGone,
     "too_large": ExecutorBadReply,
+    UNSERVED: RequestNotServed,
 }
 
 
@@ -337,53 +345,66 @@ class Router:
             self._spawn(self._serve(rpc_id))
 
     async def _serve(self, rpc_id: int) -> None:
-        """Claim a request addressed to this instance, send it to the executor, write back the reply."""
+        """Claim a request addressed to this instance, send it to the executor, write back the reply.
+
+        Once claimed, the request is answered whatever happens short of the database failing: a
+        request this instance cannot read (a message type of a newer release, during a rolling
+        upgrade) or any other failure is written back as an ``unserved`` error, so that the asker
+        fails at once with the reason rather than waiting out its timeout for a false "did not
+        answer". (The database failing, the asker times out: there is no other way to tell it.)
+        """
         try:
-            async with self.db.connection() as conn:
-                cur = await conn.execute(
-                    """UPDATE relay_rpc SET picked_at = now()
-                       WHERE id = %s AND target_instance = %s AND picked_at IS NULL
-                       RETURNING org, app, executor_id, request, requester_instance, timeout_secs,
-                                 GREATEST(timeout_secs - EXTRACT(EPOCH FROM now() - created_at), 0.001) AS left""",
-                    (rpc_id, self.instance_id),
-                )
-                row = await cur.fetchone()
+            row = await self._claim(rpc_id)
             if row is None:
                 return  # another notification or poll claimed it, or the requester withdrew it
             key = ExecutorKey(row["org"], row["app"], row["executor_id"])
-            request = parse_request(json.loads(row["request"]))
-            text: str | None = None
-            kind: str | None = None
-            error: str | None = None
             try:
-                text = json.dumps(await self.hub.request(key, request, float(row["left"])))
-                self.relayed += 1
-            except ExecutorRequestError as exc:
-                kind, error = _error_kind(exc), str(exc)
-            if text is not None and len(text) > self.max_reply_bytes:
-                # A reply travels through the database once; beyond this, ask for less (a page).
-                kind, error, text = (
-                    "too_large",
-                    f"the reply of executor {key} is over {self.max_reply_bytes} bytes",
-                    None,
-                )
+                text, kind, error = await self._answer(key, row)
+            except DatabaseError:
+                raise  # nothing can be written back
+            except Exception as exc:
+                if isinstance(exc, (WireError, ValueError, KeyError, TypeError)):  # a request it cannot read
+                    log.warning("instance %s: cannot serve relayed request %d: %s", self.instance_id, rpc_id, exc)
+                else:
+                    log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
+                text, kind = None, UNSERVED
+                error = f"instance {self.instance_id}, holding the socket of executor {key}, could not serve it: {exc}"
             async with self.db.connection() as conn:
                 await conn.execute(
                     """WITH u AS (
                            UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
                            WHERE id = %s RETURNING id)
                        SELECT pg_notify(%s, id::text) FROM u""",
-                    (
-                        text,
-                        kind,
-                        error,
-                        rpc_id,
-                        channel(row["requester_instance"]),
-                    ),
+                    (text, kind, error, rpc_id, channel(str(row["requester_instance"]))),
                 )
-            log.debug("instance %s: relayed %s to %s for %s", self.instance_id, request.type.value, key,
+            log.debug("instance %s: answered request %d to %s for %s", self.instance_id, rpc_id, key,
                       row["requester_instance"])  # fmt: skip
-        except (DatabaseError, WireError, ValueError, KeyError, TypeError) as exc:
+        except DatabaseError as exc:
             log.warning("instance %s: relayed request %d failed: %s", self.instance_id, rpc_id, exc)
         except Exception:
             log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
+
+    async def _claim(self, rpc_id: int) -> dict[str, Any] | None:
+        """The request's row, claimed for this instance; None if it is not there to claim."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """UPDATE relay_rpc SET picked_at = now()
+                   WHERE id = %s AND target_instance = %s AND picked_at IS NULL
+                   RETURNING org, app, executor_id, request, requester_instance, timeout_secs,
+                             GREATEST(timeout_secs - EXTRACT(EPOCH FROM now() - created_at), 0.001) AS left""",
+                (rpc_id, self.instance_id),
+            )
+            return await cur.fetchone()
+
+    async def _answer(self, key: ExecutorKey, row: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+        """Ask the executor the claimed request: (the reply's text, or an error kind and message)."""
+        request = parse_request(json.loads(row["request"]))
+        try:
+            text = json.dumps(await self.hub.request(key, request, float(row["left"])))
+        except ExecutorRequestError as exc:
+            return None, _error_kind(exc), str(exc)
+        self.relayed += 1
+        if len(text) > self.max_reply_bytes:
+            # A reply travels through the database once; beyond this, ask for less (a page).
+            return None, "too_large", f"the reply of executor {key} is over {self.max_reply_bytes} bytes"
+        return text, None, None
