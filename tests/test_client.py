@@ -244,3 +244,40 @@ def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str, tmp_path
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert " passed" in result.stdout.splitlines()[-1]
+
+
+# -- Reviewer's confirmations (ops): each fails on the code as it is. ------------------------------
+
+CONNECT_AND_LOG = """
+import logging, sys, tempfile, time
+from dbos import DBOS
+import relay_client
+
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+DBOS(config={"name": "ledger", "system_database_url": f"sqlite:///{tempfile.mkdtemp()}/sys.sqlite",
+             "application_version": "v1", "executor_id": relay_client.new_executor_id()})
+DBOS.launch()
+for url in sys.argv[2:]:
+    connection = relay_client.connect(url, key=sys.argv[1], app="ledger")
+    time.sleep(3)
+    connection.stop()
+DBOS.destroy()
+print("DONE")
+"""
+
+
+def test_the_client_never_logs_its_key_whatever_the_url(start_relay: StartRelay, client_py: Path) -> None:
+    """client/README.md: "Logs under dbos.relay_client ... never logs the key". An http:// URL (the one
+    Relay prints for the console, a likely slip) makes websockets raise InvalidURI, whose text is the
+    whole URL with the key in its path: logged with its traceback at every retry, about once a second."""
+    relay = start_relay()
+    key = "ck-acme-secret"  # the conductor key of org acme (harness/keys.py)
+    result = subprocess.run(
+        [str(client_py), "-c", CONNECT_AND_LOG, key, f"http://127.0.0.1:{relay.port}/"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert "DONE" in result.stdout, result.stderr[-3000:]
+    logged = result.stderr
+    assert "relay_client" in logged
+    leaks = [line for line in logged.splitlines() if key in line]
+    assert leaks == [], f"{len(leaks)} log lines carry the key, e.g. {leaks[:2]}"

@@ -301,3 +301,69 @@ def test_relay_init_writes_a_relay_yaml_that_relay_serve_takes_as_it_is(
         me = api.get("/whoami").json()
     assert me["org"] == "default" and me["tokenName"] == "admin" and "token.write" in me["permissions"]
     assert_conductor_key_connects(relay.port, conductor)
+
+
+# -- Reviewer's confirmations (ops): each fails on the code as it is. ------------------------------
+
+
+def test_a_second_relay_serve_on_a_port_in_use_leaves_the_running_one_alone(
+    tmp_path: Path, relay_db: str, sysdb: str, request: pytest.FixtureRequest
+) -> None:
+    """`./run.sh` run twice (or a second `relay serve` on a port taken): the second's start-up takes the
+    lease of the same instance id (hostname:port, the default) and marks the running instance's
+    executors DISCONNECTED before it tries to listen; the running instance is fenced out and exits
+    (code 3). With a short lease the second then gets the port; with the default one it fails to
+    listen and exits too, and no Relay is left."""
+    from harness.relay import relay_yaml
+
+    config = tmp_path / "relay.yaml"
+    port = free_port()
+    doc = relay_yaml(port, grace=30, instanceLeaseSecs=1.5)
+    config.write_text(__import__("yaml").safe_dump(doc))
+    first = Serve(tmp_path, "--config", str(config), "--database-url", relay_db, instance_id="first")
+    first.env.pop("RELAY_INSTANCE_ID")  # the default, hostname:port, as ./run.sh runs it
+    first.port, first.args = port, ["--port", str(port), *first.args[2:]]
+    request.addfinalizer(first.stop)
+    first.launch().wait_ready(60)
+    executor = ExecutorProcess(tmp_path, sysdb, f"ws://127.0.0.1:{port}/")
+    request.addfinalizer(executor.stop)
+
+    def state() -> str | None:
+        with first.api("api-acme-secret", org="acme") as api:
+            resp = api.get(f"/apps/ledger/executors/{executor.executor_id}")
+        return resp.json()["state"] if resp.status_code == 200 else None
+
+    assert_eventually(lambda: state() == "HEALTHY", 20, what="executor HEALTHY")
+
+    second = Serve(tmp_path, "--config", str(config), "--database-url", relay_db, instance_id="second")
+    second.env.pop("RELAY_INSTANCE_ID")
+    second.port, second.args = port, ["--port", str(port), *second.args[2:]]
+    request.addfinalizer(second.stop)
+    second.launch()
+    time.sleep(6)  # its start-up, and four lease periods of the running instance
+    assert first.proc is not None
+    assert first.proc.poll() is None, f"the running instance exited ({first.proc.returncode}):\n{first.stderr()[-1500:]}"
+    assert second.proc is not None and second.proc.poll() is not None, "the second took the port"
+    assert state() == "HEALTHY"
+
+
+def test_after_a_crash_the_next_clean_stop_still_stops_the_embedded_postgres(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """README ("Running it in production"): on SIGTERM or SIGINT "the embedded PostgreSQL [is] stopped".
+    A Relay killed once (kill -9, OOM, a power cut of the process) leaves its pid in embedded_postgres'
+    list of the server's users (pgdata/.handle_pids.json); no later stop is ever the last user, so from
+    then on every clean stop leaves the embedded PostgreSQL running."""
+    home = tmp_path / "home"
+    relay = Serve(tmp_path, home=home)
+    request.addfinalizer(relay.stop)
+    relay.launch().wait_ready(120)
+    assert relay.proc is not None
+    relay.proc.kill()  # a crash: the embedded PostgreSQL outlives it, as it must
+    relay.proc.wait(10)
+
+    relay.launch().wait_ready(60)  # the next start joins that server
+    postmaster = int((home / "pgdata" / "postmaster.pid").read_text().split()[0])
+    request.addfinalizer(lambda: psutil.pid_exists(postmaster) and os.kill(postmaster, signal.SIGTERM))
+    assert relay.stop(signal.SIGTERM) == 0
+    assert_eventually(lambda: not psutil.pid_exists(postmaster), 10, what="embedded postgres stopped")

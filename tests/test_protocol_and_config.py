@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from harness.ports import free_port
 from relay.api.shapes import ms_iso
 from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
@@ -240,3 +245,41 @@ def test_a_frame_nested_as_deep_as_the_decoder_takes_is_cleaned() -> None:
     for _ in range(depth - 1):
         inner = inner[0]
     assert inner == ["\ufffd"]
+
+
+# -- Reviewer's confirmations (ops): each fails on the code as it is. ------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "liveness: {instanceLeaseSecs: .inf}",  # int(inf) in the lease's statement timeout: OverflowError
+        "liveness: {instanceLeaseSecs: 1e12}",  # a statement_timeout PostgreSQL refuses
+    ],
+)
+def test_relay_serve_refuses_an_unusable_duration_as_a_bad_file(text: str, tmp_path: Path, relay_db: str) -> None:
+    """README, Configuration: "A bad file gets one message naming the file, the field and the reason,
+    and exit code 2". The liveness and server durations have no upper bound and take .inf (the
+    retention and alert ones are bounded, MAX_SECS, and finite): such a file is accepted, and the start
+    then fails with a traceback and uvicorn's exit code 3, the code of an instance fenced out."""
+    path = tmp_path / "relay.yaml"
+    path.write_text(text + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RELAY_CONFIG", "RELAY_DATABASE_URL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "relay", "serve", "--config", str(path), "--database-url", relay_db,
+         "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr[-1500:]
+    assert result.returncode == 2, result.stderr[-1500:]
+    assert "liveness.instanceLeaseSecs" in result.stderr
+
+
+def test_a_key_given_twice_is_an_error_not_a_silent_override() -> None:
+    """Unknown fields are errors "so that a typo never silently falls back to a default" (relay/config.py);
+    a section written twice (a second `orgs:` appended to a file) silently drops the first: here the org
+    acme and its keys, which then stop working at the next start."""
+    text = GOOD + "orgs: [{name: globex}]\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "relay.yaml")
+    assert "orgs" in str(info.value)
