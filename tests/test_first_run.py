@@ -367,3 +367,18 @@ def test_after_a_crash_the_next_clean_stop_still_stops_the_embedded_postgres(
     request.addfinalizer(lambda: psutil.pid_exists(postmaster) and os.kill(postmaster, signal.SIGTERM))
     assert relay.stop(signal.SIGTERM) == 0
     assert_eventually(lambda: not psutil.pid_exists(postmaster), 10, what="embedded postgres stopped")
+
+
+def test_the_urls_printed_for_an_ipv6_host_are_urls(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -> None:
+    """contract §6: `relay serve` "Prints the executor URL and the dashboard URL", and the first start
+    the lines to paste into a DBOS application. With `--host ::1` they read ws://::1:PORT/, which no
+    client parses as host ::1 and port PORT (an IPv6 address in a URL needs brackets, as `relay init`
+    writes it)."""
+    relay = Serve(tmp_path, "--host", "::1", "--database-url", relay_db)
+    request.addfinalizer(relay.stop)
+    relay.launch()
+    assert_eventually(lambda: "conductor_url:" in relay.stdout(), 60, what="the first start's lines")
+    out = relay.stdout()
+    assert f"executors connect to: ws://[::1]:{relay.port}/" in out, out
+    assert f"conductor_url: ws://[::1]:{relay.port}/" in out, out
+    assert f"export RELAY_URL=http://[::1]:{relay.port}\n" in out, out
