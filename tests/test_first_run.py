@@ -382,3 +382,38 @@ def test_the_urls_printed_for_an_ipv6_host_are_urls(tmp_path: Path, relay_db: st
     assert f"executors connect to: ws://[::1]:{relay.port}/" in out, out
     assert f"conductor_url: ws://[::1]:{relay.port}/" in out, out
     assert f"export RELAY_URL=http://[::1]:{relay.port}\n" in out, out
+
+
+def test_the_embedded_postgres_starts_again_after_a_power_cut_whose_pid_was_reused(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A machine or container that died with Relay leaves pgdata/postmaster.pid behind. After the restart
+    its pid is often another process's (a container numbers its processes from 1 again): the embedded
+    PostgreSQL is then taken for running, Relay connects to a socket that is not there and exits, and
+    does so at every restart until someone deletes the file by hand."""
+    home = tmp_path / "home"
+    relay = Serve(tmp_path, home=home)
+    request.addfinalizer(relay.stop)
+    relay.launch().wait_ready(120)
+    pidfile = home / "pgdata" / "postmaster.pid"
+    postmaster = psutil.Process(int(pidfile.read_text().split()[0]))
+    servers = [postmaster, *postmaster.children(recursive=True)]
+    assert relay.proc is not None
+    relay.proc.kill()  # the power cut: Relay and its PostgreSQL at once
+    for proc in servers:
+        proc.kill()
+    psutil.wait_procs(servers, timeout=10)
+    relay.proc.wait(10)
+    assert pidfile.exists()
+    # After the restart, the pid it names belongs to some other process.
+    other = subprocess.Popen(["sleep", "120"])
+    request.addfinalizer(other.kill)
+    lines = pidfile.read_text().split("\n")
+    pidfile.write_text("\n".join([str(other.pid), *lines[1:]]))
+
+    relay.launch()
+    assert relay.proc is not None
+    deadline = time.monotonic() + 60
+    while not relay._ready():  # raises at once if relay exits
+        assert time.monotonic() < deadline, "relay /readyz"
+        time.sleep(0.2)
