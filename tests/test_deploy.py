@@ -362,3 +362,19 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
     # Stopped as compose stops containers (SIGTERM): both shut down cleanly.
     assert relay.proc is not None and relay.proc.returncode == 0, relay.log()[-3000:]
     assert sample.proc is not None and sample.proc.returncode == 0, sample.log()[-3000:]
+
+
+# -- Reviewer's confirmations (ops): each fails on the code as it is. ------------------------------
+
+
+def test_the_images_data_volume_is_writable_by_the_user_it_runs_as() -> None:
+    """README: "mount ... a volume at /home/relay/data for the embedded database" (the image's RELAY_HOME).
+    The image runs as `relay` (uid 10001), but nothing creates /home/relay/data before `VOLUME`: Docker
+    then makes the mount point, and a new volume mounted there, owned by root (moby/moby#3124, #34916),
+    so the embedded PostgreSQL cannot be created in it (`mkdir .../pgdata`: permission denied). A new
+    named volume takes the owner of the image's folder only when the image has that folder."""
+    recipe = read_dockerfile(ROOT / "Dockerfile")
+    assert recipe.env["RELAY_HOME"] in recipe.volumes
+    home = recipe.env["RELAY_HOME"]
+    made = [cmd for _, cmd in recipe.runs if home in cmd and ("chown" in cmd or "install -d" in cmd)]
+    assert made, f"no RUN creates {home} owned by the image's user before VOLUME: {recipe.runs}"
