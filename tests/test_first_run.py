@@ -24,6 +24,7 @@ import httpx
 import psutil
 import psycopg
 import pytest
+import yaml
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -319,7 +320,7 @@ def test_a_second_relay_serve_on_a_port_in_use_leaves_the_running_one_alone(
     config = tmp_path / "relay.yaml"
     port = free_port()
     doc = relay_yaml(port, grace=30, instanceLeaseSecs=1.5)
-    config.write_text(__import__("yaml").safe_dump(doc))
+    config.write_text(yaml.safe_dump(doc))
     first = Serve(tmp_path, "--config", str(config), "--database-url", relay_db, instance_id="first")
     first.env.pop("RELAY_INSTANCE_ID")  # the default, hostname:port, as ./run.sh runs it
     first.port, first.args = port, ["--port", str(port), *first.args[2:]]
@@ -342,7 +343,9 @@ def test_a_second_relay_serve_on_a_port_in_use_leaves_the_running_one_alone(
     second.launch()
     time.sleep(6)  # its start-up, and four lease periods of the running instance
     assert first.proc is not None
-    assert first.proc.poll() is None, f"the running instance exited ({first.proc.returncode}):\n{first.stderr()[-1500:]}"
+    assert first.proc.poll() is None, (
+        f"the running instance exited ({first.proc.returncode}):\n{first.stderr()[-1500:]}"
+    )
     assert second.proc is not None and second.proc.poll() is not None, "the second took the port"
     assert state() == "HEALTHY"
 
@@ -369,7 +372,9 @@ def test_after_a_crash_the_next_clean_stop_still_stops_the_embedded_postgres(
     assert_eventually(lambda: not psutil.pid_exists(postmaster), 10, what="embedded postgres stopped")
 
 
-def test_the_urls_printed_for_an_ipv6_host_are_urls(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -> None:
+def test_the_urls_printed_for_an_ipv6_host_are_urls(
+    tmp_path: Path, relay_db: str, request: pytest.FixtureRequest
+) -> None:
     """contract §6: `relay serve` "Prints the executor URL and the dashboard URL", and the first start
     the lines to paste into a DBOS application. With `--host ::1` they read ws://::1:PORT/, which no
     client parses as host ::1 and port PORT (an IPv6 address in a URL needs brackets, as `relay init`
@@ -407,7 +412,7 @@ def test_the_embedded_postgres_starts_again_after_a_power_cut_whose_pid_was_reus
     assert pidfile.exists()
     # After the restart, the pid it names belongs to some other process.
     other = subprocess.Popen(["sleep", "120"])
-    request.addfinalizer(other.kill)
+    request.addfinalizer(lambda: (other.kill(), other.wait()))
     lines = pidfile.read_text().split("\n")
     pidfile.write_text("\n".join([str(other.pid), *lines[1:]]))
 
