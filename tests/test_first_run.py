@@ -361,13 +361,14 @@ def test_after_a_crash_the_next_clean_stop_still_stops_the_embedded_postgres(
     relay = Serve(tmp_path, home=home)
     request.addfinalizer(relay.stop)
     relay.launch().wait_ready(120)
+    postmaster = int((home / "pgdata" / "postmaster.pid").read_text().split()[0])
+    request.addfinalizer(lambda: psutil.pid_exists(postmaster) and os.kill(postmaster, signal.SIGTERM))
     assert relay.proc is not None
     relay.proc.kill()  # a crash: the embedded PostgreSQL outlives it, as it must
     relay.proc.wait(10)
 
-    relay.launch().wait_ready(60)  # the next start joins that server
-    postmaster = int((home / "pgdata" / "postmaster.pid").read_text().split()[0])
-    request.addfinalizer(lambda: psutil.pid_exists(postmaster) and os.kill(postmaster, signal.SIGTERM))
+    relay.launch().wait_ready(60)  # the next start joins that server (its postmaster.pid is not stale)
+    assert int((home / "pgdata" / "postmaster.pid").read_text().split()[0]) == postmaster
     assert relay.stop(signal.SIGTERM) == 0
     assert_eventually(lambda: not psutil.pid_exists(postmaster), 10, what="embedded postgres stopped")
 
