@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -371,8 +372,16 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped
 
 
-def serve(config: RelayConfig, database_url: str, instance_id: str, announce: Announce | None = None) -> None:
-    """Run until SIGINT or SIGTERM; returns after a graceful shutdown."""
+def serve(
+    config: RelayConfig,
+    database_url: str,
+    instance_id: str,
+    announce: Announce | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Run until SIGINT or SIGTERM; returns after a graceful shutdown. ``sockets``: listening already,
+    by the caller, before anything touched the database (``relay serve``); without them uvicorn
+    binds server.host and server.port itself, once the start-up is done."""
     runtime = Runtime(config, database_url, instance_id, announce)
     server = uvicorn.Server(uvicorn_config(runtime.asgi(), config))
     log.info("relay instance %s starting", instance_id)
@@ -380,7 +389,7 @@ def serve(config: RelayConfig, database_url: str, instance_id: str, announce: An
     # into a return so the caller can still stop the embedded database.
     signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except (KeyboardInterrupt, _Stopped):
         pass
     if not server.started:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -348,6 +349,34 @@ def test_a_second_relay_serve_on_a_port_in_use_leaves_the_running_one_alone(
     )
     assert second.proc is not None and second.proc.poll() is not None, "the second took the port"
     assert state() == "HEALTHY"
+    # It failed on the port, before it touched the database: one line, and the exit code of a bad option.
+    assert second.stderr().splitlines() == [
+        f"relay: cannot listen on 127.0.0.1:{port}: the port is in use (another relay serve?); "
+        "choose another with --port"
+    ]
+    assert second.proc.returncode == 2
+
+
+def test_relay_serve_on_port_0_names_itself_and_its_urls_by_the_port_it_got(
+    tmp_path: Path, relay_db: str, request: pytest.FixtureRequest
+) -> None:
+    """`--port 0` lets the system choose the port. The default instance id and the URLs printed carry
+    the port chosen, not 0: two such instances on one database would otherwise share the id
+    hostname:0, and each start would take the other's lease."""
+    relay = Serve(tmp_path, "--database-url", relay_db)
+    relay.env.pop("RELAY_INSTANCE_ID")
+    relay.args[1] = "0"
+    request.addfinalizer(relay.stop)
+    relay.launch()
+    assert_eventually(lambda: "console and API:" in relay.stdout(), 60, what="the URLs printed")
+    out = relay.stdout()
+    found = re.search(r"console and API: +http://127\.0\.0\.1:(\d+)/$", out, re.M)
+    assert found, out
+    relay.port = int(found.group(1))
+    assert relay.port != 0
+    assert f"Relay instance {socket.gethostname()}:{relay.port}\n" in out, out
+    assert f"executors connect to: ws://127.0.0.1:{relay.port}/" in out, out
+    relay.wait_ready(60)
 
 
 def test_after_a_crash_the_next_clean_stop_still_stops_the_embedded_postgres(

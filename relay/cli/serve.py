@@ -8,8 +8,10 @@ keys for those who prefer a file.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,6 +103,18 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
         click.echo(f"relay: {exc}", err=True)
         return EXIT_CONFIG
 
+    # The port first: a second `relay serve` on a port in use must fail before it touches the
+    # database, where it would take over the lease of the instance listening there (the default
+    # instance id, hostname:port, is the same) and mark that instance's executors DISCONNECTED.
+    server = settings.server
+    try:
+        sockets = listen_on(server.host, server.port)
+    except OSError as exc:
+        click.echo(f"relay: {cannot_listen(server.host, server.port, exc)}", err=True)
+        return EXIT_CONFIG
+    if server.port == 0:  # the port the system chose: in the URLs printed and the default instance id
+        settings = settings.with_overrides(port=sockets[0].getsockname()[1])
+
     from relay.embedded import EmbeddedPostgres
     from relay.net.server import default_instance_id, public_urls
     from relay.runtime import serve as run
@@ -122,14 +136,49 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
         click.echo(f"  executors connect to: {executor_url}   (DBOS conductor_url)")
         click.echo(f"  console and API:      {dashboard_url}")
         sys.stdout.flush()
-        run(settings, url, instance_id, announce)
+        run(settings, url, instance_id, announce, sockets)
     except DatabaseError as exc:
         click.echo(f"relay: {exc}", err=True)
         return EXIT_ERROR
     finally:
+        for sock in sockets:
+            sock.close()
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def listen_on(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on ``host`` and ``port`` as uvicorn's would (asyncio's create_server: one
+    per address the host resolves to, IPv6 ones IPv6 only); with port 0, all on the port the first
+    one got. Listening at once, not only bound: Linux lets two sockets with SO_REUSEADDR bind one
+    port as long as neither listens, so two Relays starting together would both get this far.
+    Connections made before uvicorn serves wait in the backlog."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen()
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> str:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: the port is in use (another relay serve?); choose another with --port"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 @click.group()
