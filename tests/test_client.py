@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +259,11 @@ DBOS(config={"name": "ledger", "system_database_url": f"sqlite:///{tempfile.mkdt
              "application_version": "v1", "executor_id": relay_client.new_executor_id()})
 DBOS.launch()
 for url in sys.argv[2:]:
-    connection = relay_client.connect(url, key=sys.argv[1], app="ledger")
+    try:
+        connection = relay_client.connect(url, key=sys.argv[1], app="ledger")
+    except ValueError as exc:
+        logging.getLogger("app").warning("refused %s: %s", url, exc)
+        continue
     time.sleep(3)
     connection.stop()
 DBOS.destroy()
@@ -268,16 +273,45 @@ print("DONE")
 
 def test_the_client_never_logs_its_key_whatever_the_url(start_relay: StartRelay, client_py: Path) -> None:
     """client/README.md: "Logs under dbos.relay_client ... never logs the key". An http:// URL (the one
-    Relay prints for the console, a likely slip) makes websockets raise InvalidURI, whose text is the
-    whole URL with the key in its path: logged with its traceback at every retry, about once a second."""
+    Relay prints for the console, a likely slip) made websockets raise InvalidURI, whose text is the
+    whole URL with the key in its path: logged with its traceback at every retry, about once a second.
+    connect() now refuses such a URL at once. A ws:// URL can still end in that error: a proxy that
+    redirects to https:// (websockets follows redirects), played here by a real HTTP server; what
+    the client logs of it has the key blanked, once, and no traceback."""
     relay = start_relay()
     key = "ck-acme-secret"  # the conductor key of org acme (harness/keys.py)
-    result = subprocess.run(
-        [str(client_py), "-c", CONNECT_AND_LOG, key, f"http://127.0.0.1:{relay.port}/"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+    redirects: list[str] = []
+
+    class RedirectToHttps(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # websockets reads no other
+
+        def do_GET(self) -> None:
+            redirects.append(self.path)
+            self.send_response(301)
+            self.send_header("Location", f"https://127.0.0.1:{relay.port}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), RedirectToHttps)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        result = subprocess.run(
+            [str(client_py), "-c", CONNECT_AND_LOG, key, f"http://127.0.0.1:{relay.port}/",
+             f"ws://127.0.0.1:{proxy.server_address[1]}/"],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
     assert "DONE" in result.stdout, result.stderr[-3000:]
     logged = result.stderr
-    assert "relay_client" in logged
     leaks = [line for line in logged.splitlines() if key in line]
     assert leaks == [], f"{len(leaks)} log lines carry the key, e.g. {leaks[:2]}"
+    assert "Traceback" not in logged, logged[-3000:]
+    assert f"refused http://127.0.0.1:{relay.port}/: the URL must start with ws:// or wss://" in logged, logged
+    assert len(redirects) >= 2 and all(path == "/websocket/ledger/" + key for path in redirects), redirects
+    warned = [line for line in logged.splitlines() if "relay_client: Unexpected error" in line]
+    assert len(warned) == 1 and "/websocket/ledger/***" in warned[0], warned

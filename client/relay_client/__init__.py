@@ -18,7 +18,7 @@ from typing import Any
 from dbos import DBOS
 
 from relay_client import _internals, ids, lifecycle
-from relay_client.connection import Connection
+from relay_client.connection import Connection, check_url
 from relay_client.errors import ConnectRefused, RelayClientError
 from relay_client.handlers import Handlers, Identity
 from relay_client.ids import new_executor_id
@@ -48,11 +48,13 @@ def connect(
     metadata. For ``wss://``, ``ca_file`` names the CA bundle to trust, or
     ``ssl_context`` is used as given (default: the system's CAs).
 
-    Raises :class:`ConnectRefused` when DBOS is not launched, when its executor id
+    Raises ValueError for a URL that is not ``ws://`` or ``wss://`` (the console's ``http://`` URL, say),
+    before anything else. Raises :class:`ConnectRefused` when DBOS is not launched, when its executor id
     is ``local`` or was not drawn from :func:`new_executor_id` (recovery by id
     would take other processes' work), when a conductor key is configured, or
     when a connection of this process is already running.
     """
+    check_url(url)  # before anything is checked, claimed or started
     instance = _refuse_unsafe()
     executor_id = ids.claim(DBOS.executor_id, instance)
     if lifecycle.active():

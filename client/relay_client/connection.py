@@ -15,6 +15,11 @@ answers, and reconnects until stopped.
   until stopped.
 - :meth:`Connection.stop` closes the socket with a close frame and ends the
   thread; it is safe from any thread, and more than once.
+- The key is part of the URL it connects to, and websockets puts that URL in some
+  of its errors (a redirect to an ``https://`` URL: ``InvalidURI``) and, at DEBUG,
+  the request line in its log, so every problem is logged with the key blanked
+  out, as a warning without a traceback, once until the problem changes, and
+  websockets gets a logger that blanks it out too.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import random
 import ssl
 import threading
 from collections.abc import Callable
-from urllib.parse import quote
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -49,9 +55,42 @@ def reconnect_delay() -> float:
     return min(2.0, random.uniform(0.5, 1.5))
 
 
+def check_url(base: str) -> None:
+    """Raise ValueError unless ``base`` is a URL the client can connect to (``ws://`` or ``wss://``,
+    a host, no query or fragment). Such a URL fails the same way at every retry, and websockets'
+    error would carry the whole URL, key included; the message here names only the part at fault."""
+    try:
+        parts = urlsplit(base)
+        port = parts.port  # ValueError for a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise ValueError(f"not a URL Relay can be reached at: {exc}") from None
+    if parts.scheme not in ("ws", "wss"):
+        # An http:// URL is the likely slip: the console's, which `relay serve` prints next to the executors' one.
+        raise ValueError(f"the URL must start with ws:// or wss:// (Relay's executor URL), not {parts.scheme}://")
+    if not parts.hostname:
+        raise ValueError("the URL has no host")
+    if port == 0:
+        raise ValueError("port 0 is not a port to connect to")
+    if parts.query or parts.fragment:
+        raise ValueError("the URL must not have a query or a fragment: the client adds websocket/{app}/{key} to it")
+
+
 def websocket_url(base: str, app: str, key: str) -> str:
     """Relay's executor endpoint under ``base``: ``.../websocket/{app}/{key}``."""
     return f"{base.rstrip('/')}/websocket/{quote(app, safe='')}/{quote(key, safe='')}"
+
+
+class _Redacting(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger for websockets that writes its lines, arguments filled in, through ``redact``."""
+
+    def __init__(self, logger: logging.Logger, redact: Callable[[str], str]) -> None:
+        super().__init__(logger, {})
+        self._redact = redact
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            text = str(msg) % args if args else str(msg)
+            super().log(level, "%s", self._redact(text), **kwargs)
 
 
 class Connection:
@@ -72,11 +111,14 @@ class Connection:
     ) -> None:
         if max_concurrent_requests < 1 or send_queue_size < 1:
             raise ValueError("max_concurrent_requests and send_queue_size must be at least 1")
+        check_url(base_url)
         self.app = app
         self.executor_id = handlers.identity.executor_id
         self.handlers = handlers
         self._url = websocket_url(base_url, app, key)
         self._shown_url = websocket_url(base_url, app, "") + "***"  # the key is never logged
+        # The key as errors may spell it: as given, and as it is in the URL's path.
+        self._secrets = sorted({key, quote(key, safe="")} - {""}, key=len, reverse=True)
         self._ssl = ssl_context
         self._max_concurrent = max_concurrent_requests
         self._send_queue_size = send_queue_size
@@ -131,8 +173,8 @@ class Connection:
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
-        except Exception:
-            log.exception("relay_client: the connection thread failed")
+        except Exception as exc:
+            log.error("relay_client: the connection thread failed: %s", self._redact(repr(exc)))
         finally:
             self._connected.clear()
 
@@ -175,6 +217,7 @@ class Connection:
                 ping_interval=PING_INTERVAL_SECS,
                 ping_timeout=PING_TIMEOUT_SECS,
                 max_size=self._max_frame_bytes,
+                logger=_Redacting(logging.getLogger("websockets.client"), self._redact),
             ) as ws:
                 self._note_problem("")
                 log.info("relay_client: connected to %s as executor %s", self._shown_url, self.executor_id)
@@ -185,11 +228,18 @@ class Connection:
         except (OSError, TimeoutError, ConnectionClosed) as exc:
             self._note_problem(f"Connection to Relay lost: {exc!r}")
         except Exception as exc:
-            log.exception("relay_client: unexpected error on the connection to Relay")
-            self._note_problem(f"Unexpected error: {exc!r}")
+            # No traceback: its text is the exception's, and it would come at every retry.
+            self._note_problem(f"Unexpected error on the connection to Relay: {exc!r}")
+
+    def _redact(self, text: str) -> str:
+        """``text`` with the key replaced by ``***``, as in the URL the client shows."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _note_problem(self, problem: str) -> None:
-        """Log a connection problem once, not at every retry."""
+        """Log a connection problem once, not at every retry, never with the key in it."""
+        problem = self._redact(problem)
         if problem and problem != self._last_error:
             log.warning("relay_client: %s; reconnecting", problem)
         self._last_error = problem

@@ -96,6 +96,23 @@ def test_refuses_before_launch(tmp_path: Path) -> None:
         relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest")
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:8080/", "ws:// or wss://"),  # the console's URL, which Relay prints next to ours
+        ("ws:///", "no host"),
+        ("ws://127.0.0.1:80800/", "Port out of range"),
+        ("ws://127.0.0.1:8080/?x=1", "query or a fragment"),
+        ("ws://127.0.0.1:8080/#relay", "query or a fragment"),
+    ],
+)
+def test_refuses_a_url_it_cannot_connect_to_and_never_shows_the_key(url: str, reason: str) -> None:
+    """At once, before DBOS is looked at: websockets would fail the same way at every retry."""
+    with pytest.raises(ValueError, match=reason) as refused:
+        relay_client.connect(url, key="ck-secret", app="clienttest")
+    assert "ck-secret" not in str(refused.value)
+
+
 @pytest.mark.parametrize("executor_id", [None, "local", "typed-by-hand", "00000000-0000-4000-8000-000000000000"])
 def test_refuses_an_id_not_from_new_executor_id(tmp_path: Path, executor_id: str | None) -> None:
     app.launch(tmp_path, executor_id)
