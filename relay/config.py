@@ -32,6 +32,11 @@ DEFAULT_MIN_INTERVAL_SECS = 300.0
 # an interval reaching back before its earliest timestamp (from about 2e11 s); every delivery of
 # a rule with such a minIntervalSecs would fail. Finite, too (``allow_inf_nan=False``).
 MAX_SECS = 10 * 365 * 24 * 3600
+# The instance lease: at most a week, far beyond any use (an instance that dies is replaced a lease
+# later). Its own connection runs under a statement_timeout of a quarter of it (relay/store/lease.py),
+# in milliseconds, which PostgreSQL takes up to 2^31 - 1 (24.8 days): a lease of MAX_SECS would
+# stop every start, with a traceback, at the first renewal.
+MAX_LEASE_SECS = 7 * 24 * 3600
 # Retention (``*Days``): at most a century, as near to keeping records for good as matters.
 MAX_DAYS = 36_500.0
 # Counts in alert rules (failed workflows, recovery attempts): what a 32-bit integer holds.
@@ -100,7 +105,7 @@ class LivenessConfig(_Model):
     recovery_ack_timeout_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     failover_backoff_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     failover_backoff_max_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    instance_lease_secs: float = Field(default=15.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    instance_lease_secs: float = Field(default=15.0, gt=0, le=MAX_LEASE_SECS, allow_inf_nan=False)
     # How often an instance compares its open sockets with the rows it owns (a lost
     # disconnection is recorded then; a socket another connection replaced is closed).
     socket_check_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
@@ -413,9 +418,38 @@ def _describe(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error. YAML says a
+    mapping's keys are unique, but PyYAML keeps the last silently: a second ``orgs:`` appended to the
+    file would drop the first, with its keys. Keys a merge (``<<: *base``) brings may still be
+    overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # a key that is not hashable: the constructor below refuses it
+            if first is not None:
+                raise _DuplicateKey(f"line {line}: the key {key!r} is given twice in a mapping (first on line {first})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_config(text: str, source: str = "relay.yaml") -> RelayConfig:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     if raw is None:

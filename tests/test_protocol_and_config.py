@@ -167,6 +167,8 @@ def test_an_empty_file_is_all_defaults() -> None:
         ("server: {eventHeartbeatSecs: 1e999}", "server.eventHeartbeatSecs", "finite number"),
         ("server: {keepAliveSecs: 1000000000000}", "server.keepAliveSecs", "less than or equal to 315360000"),
         ("liveness: {pingWaitSecs: .inf}", "liveness.pingWaitSecs", "finite number"),
+        # A quarter of the lease, in milliseconds, is a PostgreSQL statement_timeout (at most 2^31 - 1).
+        ("liveness: {instanceLeaseSecs: 1e7}", "liveness.instanceLeaseSecs", "less than or equal to 604800"),
         ("liveness: {repairIntervalSecs: 1.0e10}", "liveness.repairIntervalSecs", "less than or equal to 315360000"),
         ("reconciler: {intervalSecs: .inf}", "reconciler.intervalSecs", "finite number"),
         ("metrics: {appFiguresWindowSecs: .nan}", "metrics.appFiguresWindowSecs", "finite number"),
@@ -175,6 +177,9 @@ def test_an_empty_file_is_all_defaults() -> None:
         ("server: {maxEventStreams: 4294967296}", "server.maxEventStreams", "less than or equal to 2147483647"),
         ("alerts: {maxAttempts: 4294967296}", "alerts.maxAttempts", "less than or equal to 2147483647"),
         ("server: {port: [", "", "not valid YAML"),
+        # A key given twice: YAML keeps one silently (a second `orgs:` appended would drop the first).
+        ("server: {port: 1}\nliveness: {}\nserver: {host: x}", "line 3", "the key 'server' is given twice"),
+        ("orgs: [{name: a, apps: [{name: x,\n  name: y}]}]", "line 2", "'name' is given twice"),
     ],
 )
 def test_bad_files_name_the_field_and_the_reason(text: str, where: str, why: str) -> None:
@@ -255,6 +260,9 @@ def test_a_frame_nested_as_deep_as_the_decoder_takes_is_cleaned() -> None:
     [
         "liveness: {instanceLeaseSecs: .inf}",  # int(inf) in the lease's statement timeout: OverflowError
         "liveness: {instanceLeaseSecs: 1e12}",  # a statement_timeout PostgreSQL refuses
+        # Within ten years (MAX_SECS), but a quarter of it in milliseconds (the lease connection's
+        # statement_timeout) is beyond PostgreSQL's 2^31 - 1.
+        "liveness: {instanceLeaseSecs: 1e7}",
     ],
 )
 def test_relay_serve_refuses_an_unusable_duration_as_a_bad_file(text: str, tmp_path: Path, relay_db: str) -> None:
@@ -273,6 +281,12 @@ def test_relay_serve_refuses_an_unusable_duration_as_a_bad_file(text: str, tmp_p
     assert "Traceback" not in result.stderr, result.stderr[-1500:]
     assert result.returncode == 2, result.stderr[-1500:]
     assert "liveness.instanceLeaseSecs" in result.stderr
+
+
+def test_a_merge_may_still_override_what_it_brings() -> None:
+    """YAML's merge key (``<<: *base``) is for overriding: a key it brings, given again, is no duplicate."""
+    merged = parse_config("server: {<<: {port: 1, host: a.example}, port: 2}").server
+    assert (merged.port, merged.host) == (2, "a.example")
 
 
 def test_a_key_given_twice_is_an_error_not_a_silent_override() -> None:
