@@ -35,6 +35,7 @@ from harness.postgres import Postgres
 from harness.waiting import assert_eventually
 from relay.config import RelayConfig, load_config
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
+from relay.net.server import public_urls
 from relay.store.db import Database
 from relay.store.keys import KeyStore
 
@@ -417,6 +418,21 @@ def test_the_urls_printed_for_an_ipv6_host_are_urls(
     assert f"executors connect to: ws://[::1]:{relay.port}/" in out, out
     assert f"conductor_url: ws://[::1]:{relay.port}/" in out, out
     assert f"export RELAY_URL=http://[::1]:{relay.port}\n" in out, out
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [
+        ("::1", "[::1]"),
+        ("fe80::1%eth0", "[fe80::1%25eth0]"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("relay.internal", "relay.internal"),
+    ],
+)
+def test_the_printed_urls_bracket_an_ipv6_address_and_escape_its_zone(host: str, shown: str) -> None:
+    """RFC 3986 brackets an IPv6 address in a URL; RFC 6874 writes its zone's % as %25."""
+    config = RelayConfig.model_validate({"server": {"host": host, "port": 8080}})
+    assert public_urls(config) == (f"ws://{shown}:8080/", f"http://{shown}:8080/")
 
 
 def test_the_embedded_postgres_starts_again_after_a_power_cut_whose_pid_was_reused(

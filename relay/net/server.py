@@ -59,9 +59,14 @@ def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
 
 
 def public_urls(config: RelayConfig) -> tuple[str, str]:
+    """The executors' and the console's URLs, as `relay serve` prints them (`relay init` writes the same)."""
     host = config.server.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
+    if ":" in host:
+        # An IPv6 address in a URL is bracketed (RFC 3986), its zone's % escaped (RFC 6874):
+        # ws://::1:8080/ is read by no client as host ::1 and port 8080.
+        host = f"[{host.replace('%', '%25')}]"
     base = f"{host}:{config.server.port}"
     return f"ws://{base}/", f"http://{base}/"
 
