@@ -2,7 +2,11 @@
 # your own server (and for several instances, which must share one database).
 FROM python:3.11-slim
 
-RUN useradd --create-home --uid 10001 relay
+# The data volume's folder (RELAY_HOME, the embedded PostgreSQL's) is made here, owned by relay:
+# Docker gives a new volume mounted there the folder's owner; without the folder, the mount point
+# and the volume belong to root, and relay cannot create its database in it.
+RUN useradd --create-home --uid 10001 relay \
+ && install -d -o relay -g relay /home/relay/data
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY relay ./relay
