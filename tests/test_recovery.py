@@ -384,3 +384,28 @@ def test_an_executor_back_from_the_dead_is_watched_again(
     with relay.api() as api:
         recoveries = api.get("/apps/ledger/recoveries", params={"executorId": a1.executor_id}).json()
     assert [r["status"] for r in recoveries] == ["succeeded", "succeeded"]
+
+
+def test_recover_to_latest_never_moves_work_onto_an_older_version(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    """Review (core): ``recoverToLatestVersion`` recovers onto the *latest* version (contract rule 3).
+    A dead executor on v2, the newest version of the app, with peers only on the older v1 (a partial
+    rollback), has no peer on the latest version: its work must not be moved back onto v1's code."""
+    relay = start_relay(grace=0.5)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
+    v1 = start_executor(relay.conductor_url, version="v1", env=env)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", v1.executor_id) == "HEALTHY", 10)
+    time.sleep(0.5)  # v2 is registered after v1: the newer version by the system database's timestamps
+    a2 = start_executor(relay.conductor_url, version="v2",
+                        env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})  # fmt: skip
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a2.executor_id) == "HEALTHY", 10)
+    a2.kill()
+    assert_eventually(lambda: (relay.executor("acme", "ledger", a2.executor_id) or {}).get("state") == "DEAD"
+                      or "recovery.dispatched" in audit_actions(relay, a2.executor_id), 10)  # fmt: skip
+    time.sleep(4.0)
+    actions = audit_actions(relay, a2.executor_id)
+    assert "recovery.workflow_moved" not in actions, actions
+    assert Evidence(evidence_db).outcome_versions() == {}, "v2's workflows were moved onto the older v1"
