@@ -409,3 +409,35 @@ def test_recover_to_latest_never_moves_work_onto_an_older_version(
     actions = audit_actions(relay, a2.executor_id)
     assert "recovery.workflow_moved" not in actions, actions
     assert Evidence(evidence_db).outcome_versions() == {}, "v2's workflows were moved onto the older v1"
+
+
+def test_an_operator_recovery_names_this_executors_run_not_another_executors(start_relay: StartRelay) -> None:
+    """Review (core): an executor id may contain colons and digits (relay/core/ids.py says so). The
+    run 1 id of executor ``x:{E}`` dead at epoch F, ``recovery:acme:ledger:x:{E}:{F}``, is also the id
+    that run F of executor ``x``'s death at epoch E would have: Relay takes the one for the other."""
+    relay = start_relay(grace=0.3)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    def dies_alone(executor_id: str) -> int:
+        with SimulatedPeer(url, executor_id, "close"):
+            # (The second one may be asked to recover the first and close at once.)
+            assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) is not None, 5)
+        assert_eventually(
+            lambda: (relay.executor("acme", "ledger", executor_id) or {}).get("blockedReason") == "no_healthy_peer", 10
+        )
+        with psycopg.connect(relay.database_url) as conn:
+            row = conn.execute("SELECT epoch FROM executors WHERE executor_id = %s", (executor_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    x = f"x-{uuid.uuid4()}"
+    epoch = dies_alone(x)
+    dies_alone(f"{x}:{epoch}")
+    with relay.api() as api:
+        (own,) = api.get("/apps/ledger/recoveries", params={"executorId": x}).json()
+        assert own["run"] == 1 and own["status"] in ("dispatching", "waiting_for_peer")  # live
+        resp = api.post(f"/apps/ledger/executors/{x}/recover")
+        assert resp.status_code == 202, resp.text
+        audit = api.get("/audit", params={"executorId": x}).json()
+    requested = next(e for e in audit if e["action"] == "recovery.manual_requested")
+    assert resp.json()["recoveryId"] == own["recoveryId"], (resp.json(), requested["detail"])
