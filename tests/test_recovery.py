@@ -441,3 +441,24 @@ def test_an_operator_recovery_names_this_executors_run_not_another_executors(sta
         audit = api.get("/audit", params={"executorId": x}).json()
     requested = next(e for e in audit if e["action"] == "recovery.manual_requested")
     assert resp.json()["recoveryId"] == own["recoveryId"], (resp.json(), requested["detail"])
+
+
+def test_a_dead_executor_with_a_healthy_peer_is_not_reported_as_having_none(start_relay: StartRelay) -> None:
+    """Review (core): ``blockedReason: no_healthy_peer`` tells the operator that the app has no healthy
+    executor to recover onto (contract section 2). With recoverToLatestVersion on and a healthy peer on
+    another version that cannot name the latest version (it answers list_application_versions with an
+    error), the dead executor is reported as having no healthy peer, and the recovery as waiting for
+    one, while the API lists that peer HEALTHY."""
+    relay = start_relay(grace=0.3)
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, str(uuid.uuid4()), "close", version="v2") as peer:
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 5)
+        dead = str(uuid.uuid4())
+        with SimulatedPeer(url, dead, "close", version="v1"):
+            assert_eventually(lambda: relay.state_of("acme", "ledger", dead) == "HEALTHY", 5)
+        record = assert_eventually(lambda: (r := relay.executor("acme", "ledger", dead)) and r["blockedReason"] and r,
+                                   10)  # fmt: skip
+        assert relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY"
+        assert record["blockedReason"] != "no_healthy_peer", record
