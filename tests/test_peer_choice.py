@@ -6,7 +6,17 @@ from collections import Counter
 
 import pytest
 
-from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer, order_peers
+from relay.core.peers import (
+    AppVersion,
+    BlockedReason,
+    Mode,
+    Peer,
+    backoff,
+    blocked_note,
+    choose_peer,
+    latest_version,
+    order_peers,
+)
 from relay_protocol import ListStepsReply, WorkflowSteps
 from relay_protocol import ProtocolError as WireError
 from workflows.recovery import first_unfinished_step
@@ -67,6 +77,40 @@ def test_latest_unknown_or_without_a_peer_is_not_guessed() -> None:
 def test_same_version_wins_even_when_latest_is_allowed() -> None:
     choice = choose_peer("dead", "v1", [Peer("x", "v2"), Peer("y", "v1")], allow_latest=True, latest_version="v2")
     assert choice.peer == Peer("y", "v1") and choice.mode is Mode.SAME_VERSION
+
+
+def test_the_latest_version_is_the_newest_listed_not_the_newest_a_peer_runs() -> None:
+    listed = [AppVersion("v1", 100, 100), AppVersion("v2", 200, 200)]
+    # A dead v2 executor, peers only on v1 (a partial rollback): v2 is the latest, and no peer runs it.
+    assert latest_version(listed, "v2") == "v2"
+    assert choose_peer("dead", "v2", [Peer("x", "v1")], allow_latest=True, latest_version="v2").blocked is (
+        BlockedReason.NO_HEALTHY_PEER
+    )
+    assert latest_version(listed, "v1") == "v2"
+    assert latest_version([AppVersion("v1", 300, 100), AppVersion("v2", 200, 200)], "v0") == "v1"  # DBOS's latest
+    assert latest_version([], "v1") is None
+
+
+def test_work_is_never_moved_onto_a_version_older_than_its_own() -> None:
+    # An operator marked v1 latest in DBOS (its timestamp moved up): v2's work still does not go back to v1.
+    listed = [AppVersion("v1", 300, 100), AppVersion("v2", 200, 200)]
+    assert latest_version(listed, "v2") is None
+    assert latest_version(listed, "v0") == "v1"  # v0 is not listed: nothing says v1 is older than it
+
+
+def test_a_block_says_why_when_the_app_has_healthy_peers() -> None:
+    peers = [Peer("x", "v2"), Peer("y", "v1")]
+    assert blocked_note(BlockedReason.NO_HEALTHY_PEER, [], None) is None
+    unknown = blocked_note(BlockedReason.NO_HEALTHY_PEER, peers, None, "x: list_application_versions: boom")
+    assert unknown == (
+        "healthy peers run other versions (v1, v2), but the latest version is not known: "
+        "x: list_application_versions: boom"
+    )
+    assert blocked_note(BlockedReason.NO_HEALTHY_PEER, peers, "v3") == (
+        "no healthy peer runs the latest version, v3; healthy peers run v1, v2"
+    )
+    forbidden = blocked_note(BlockedReason.VERSION_UPGRADE_NOT_ALLOWED, peers, None)
+    assert forbidden is not None and "(v1, v2)" in forbidden
 
 
 def test_exponential_backoff_is_capped() -> None:

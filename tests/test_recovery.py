@@ -183,8 +183,10 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
 ) -> None:
     relay = start_relay(grace=0.5)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    v2 = start_executor(relay.conductor_url, version="v2", env=env)
+    # a1 first: v2, registered after v1, is the newer version by the system database's timestamps.
     a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "3"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", a1.executor_id) == "HEALTHY", 10)
+    v2 = start_executor(relay.conductor_url, version="v2", env=env)
     assert_eventually(lambda: relay.state_of("acme", "ledger", v2.executor_id) == "HEALTHY", 10)
     a1.kill()
 
@@ -443,12 +445,12 @@ def test_an_operator_recovery_names_this_executors_run_not_another_executors(sta
     assert resp.json()["recoveryId"] == own["recoveryId"], (resp.json(), requested["detail"])
 
 
-def test_a_dead_executor_with_a_healthy_peer_is_not_reported_as_having_none(start_relay: StartRelay) -> None:
-    """Review (core): ``blockedReason: no_healthy_peer`` tells the operator that the app has no healthy
-    executor to recover onto (contract section 2). With recoverToLatestVersion on and a healthy peer on
-    another version that cannot name the latest version (it answers list_application_versions with an
-    error), the dead executor is reported as having no healthy peer, and the recovery as waiting for
-    one, while the API lists that peer HEALTHY."""
+def test_a_dead_executor_with_a_healthy_peer_says_why_none_will_do(start_relay: StartRelay) -> None:
+    """Review (core): ``blockedReason: no_healthy_peer`` alone would tell the operator that the app has
+    no healthy executor to recover onto. With recoverToLatestVersion on and a healthy peer on another
+    version that cannot name the latest version (it answers list_application_versions with an error),
+    the reason stays one of the contract's two (section 2), and the recovery's error and its audit
+    entry say why: healthy peers exist, on other versions, and none could name the latest one."""
     relay = start_relay(grace=0.3)
     with relay.api() as api:
         assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
@@ -461,4 +463,11 @@ def test_a_dead_executor_with_a_healthy_peer_is_not_reported_as_having_none(star
         record = assert_eventually(lambda: (r := relay.executor("acme", "ledger", dead)) and r["blockedReason"] and r,
                                    10)  # fmt: skip
         assert relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY"
-        assert record["blockedReason"] != "no_healthy_peer", record
+        assert record["blockedReason"] == "no_healthy_peer", record
+        with relay.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": dead}).json()
+            audit = api.get("/audit", params={"executorId": dead}).json()
+    (waiting,) = [e for e in audit if e["action"] == "recovery.waiting_for_peer"]
+    for why in (recovery["error"], waiting["detail"]["error"]):
+        assert why.startswith("healthy peers run other versions (v2), but the latest version is not known"), why
+        assert f"{peer.executor_id}: list_application_versions: not supported by the simulated peer" in why, why

@@ -127,13 +127,15 @@ def test_a_nul_byte_in_a_peers_error_is_a_failed_attempt_and_the_next_peer_recov
 def latest_version_setup(
     start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> tuple[RelayProcess, ExecutorProcess, ExecutorProcess]:
-    """Relay, a v2 executor, and a v1 victim with jobs; the app recovers onto the latest version."""
+    """Relay, a v1 victim with jobs, and a v2 executor; the app recovers onto the latest version.
+    The victim starts first: v2 is then the newer version by the system database's timestamps."""
     relay = start_relay(grace=0.5, recoveryAckTimeoutSecs=3.0, failoverBackoffInitialSecs=0.3)
     with relay.api() as api:
         assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    good = start_executor(relay.conductor_url, version="v2", env=env)
     victim = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "3"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+    good = start_executor(relay.conductor_url, version="v2", env=env)
     return relay, good, victim
 
 

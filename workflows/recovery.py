@@ -58,7 +58,16 @@ from dbos import DBOS
 
 from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
 from relay.core.ids import ExecutorKey, RecoveryRef
-from relay.core.peers import BlockedReason, Mode, Peer, candidates, verifiers
+from relay.core.peers import (
+    AppVersion,
+    BlockedReason,
+    Mode,
+    Peer,
+    blocked_note,
+    candidates,
+    latest_version,
+    verifiers,
+)
 from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
 from relay_protocol import (
@@ -97,6 +106,8 @@ BLOCKED_RECHECK_SECS = 30.0
 # (or one being read): a group of deaths then shares its reads. Recording a block reads afresh,
 # and so does the round after a wait: it was woken because the peers changed.
 PEERS_MAX_AGE_SECS = 0.5
+# The peers' errors that a recovery's note of an unknown latest version names (the rest are counted).
+LATEST_ERRORS_SHOWN = 3
 
 
 class FactsRecord(TypedDict):
@@ -105,7 +116,8 @@ class FactsRecord(TypedDict):
     dead: bool
     peers: list[list[str]]  # [executor id, application version]: the round's candidates (all healthy in 0.2.0)
     allow_latest: bool
-    latest: str | None
+    latest: str | None  # the newest version the system database lists (0.2.0: the newest a peer ran)
+    latest_unknown: NotRequired[str]  # why ``latest`` is None though it was needed (not in 0.2.0's)
     ack_timeout: float
     backoff_initial: float
     backoff_max: float
@@ -197,48 +209,63 @@ async def _gather(
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, peers_max_age)
     app = await svc.apps.settings_of(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
-    latest = None
-    if allow_latest:
-        others = [p for p in healthy if p.executor_id != ref.key.executor_id]
-        if others and not any(p.application_version == version for p in others):
-            latest = await _latest_version(ref, others, svc.liveness.recovery_ack_timeout_secs)
-    return {
+    record: FactsRecord = {
         "dead": dead,
         "peers": [[p.executor_id, p.application_version] for p in candidates(ref.key.executor_id, healthy)],
         "allow_latest": allow_latest,
-        "latest": latest,
+        "latest": None,
         "ack_timeout": svc.liveness.recovery_ack_timeout_secs,
         "backoff_initial": svc.liveness.failover_backoff_initial_secs,
         "backoff_max": svc.liveness.failover_backoff_max_secs,
     }
+    if allow_latest:
+        others = [p for p in healthy if p.executor_id != ref.key.executor_id]
+        if others and not any(p.application_version == version for p in others):
+            latest, unknown = await _latest_version(ref, version, others, svc.liveness.recovery_ack_timeout_secs)
+            record["latest"] = latest
+            if unknown is not None:
+                record["latest_unknown"] = unknown
+    return record
 
 
-async def _latest_version(ref: RecoveryRef, peers: list[Peer], timeout: float) -> str | None:
-    """The newest application version that a healthy peer runs, by the system database's timestamps."""
-    running = {p.application_version for p in peers}
+async def _latest_version(
+    ref: RecoveryRef, version: str, peers: list[Peer], timeout: float
+) -> tuple[str | None, str | None]:
+    """The version to move the dead executor's work onto (:func:`relay.core.peers.latest_version`),
+    read from the first peer that lists the app's versions (they share its system database); or
+    None and the reason."""
+    errors: list[str] = []
     for peer in (p.executor_id for p in peers):
         try:
             reply = await _ask(ref, peer, ListApplicationVersionsRequest(), ListApplicationVersionsReply, timeout)
             if isinstance(reply, str):
                 log.info("recovery %s: no versions from %s: %s", ref.rid, peer, reply)
+                errors.append(f"{peer}: {reply}")
                 continue
-            ranked = sorted(
-                (v for v in reply.output if v.version_name in running),
-                key=lambda v: (v.version_timestamp, v.created_at),
-            )
+            listed = [AppVersion(v.version_name, v.version_timestamp, v.created_at) for v in reply.output]
         except DatabaseError:
             raise
         except Exception as exc:  # one peer's odd answer costs that peer, not the recovery
             log.warning("recovery %s: reading %s's versions failed: %s: %s", ref.rid, peer, type(exc).__name__, exc)
+            errors.append(f"{peer}: {type(exc).__name__}: {exc}")
             continue
-        if ranked:
-            return ranked[-1].version_name
-    return None
+        if not listed:
+            errors.append(f"{peer}: list_application_versions listed none")
+            continue
+        latest = latest_version(listed, version)
+        if latest is None:
+            newest = max(listed, key=lambda v: (v.timestamp, v.created_at)).name
+            return None, f"the version listed as latest, {newest}, is older than the executor's own, {version}"
+        return latest, None
+    more = f"; {len(errors) - LATEST_ERRORS_SHOWN} more" if len(errors) > LATEST_ERRORS_SHOWN else ""
+    shown = "; ".join(errors[:LATEST_ERRORS_SHOWN]) + more
+    return None, clean_text(f"no peer could list the application versions ({shown})", 1000)
 
 
 @relay_step("relay.mark_blocked")
-async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts) -> bool:
-    """Record that the recovery waits; True if the peers changed since the facts were gathered.
+async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts, note: str | None = None) -> bool:
+    """Record that the recovery waits (``note``: why, in words, as the recovery's error and in its
+    audit entry); True if the peers changed since the facts were gathered.
 
     A peer that connected after the facts were gathered but before the block
     was recorded sent no wake-up (nothing was waiting yet), so the recovery
@@ -248,7 +275,7 @@ async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts)
     svc = services()
     status = "waiting_for_peer" if reason is BlockedReason.NO_HEALTHY_PEER else "awaiting_operator"
     svc.note_blocked(ref.key.org, ref.key.app)
-    await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key())
+    await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key(), note)
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
     return set(candidates(ref.key.executor_id, healthy)) != set(gathered.peers)
 
@@ -502,7 +529,8 @@ async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, t
             await abandon(ref, decision.reason)
             return "abandoned"
         if isinstance(decision, Block):
-            if decision.record and await mark_blocked(ref, decision.reason, facts):
+            note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"))
+            if decision.record and await mark_blocked(ref, decision.reason, facts, note):
                 continue
             turn.give_back()
             policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))

@@ -33,7 +33,7 @@ class Facts:
     dead: bool  # the executor is still DEAD or RECOVERING at this recovery's epoch
     peers: tuple[Peer, ...]  # HEALTHY executors of the same org and app
     allow_latest: bool  # recoverToLatestVersion, or an operator's permission
-    latest: str | None  # the newest version a healthy peer runs, when it was needed and known
+    latest: str | None  # the newest version the app's system database lists, when it was needed and known
     ack_timeout: float
     backoff_initial: float
     backoff_max: float

@@ -82,6 +82,33 @@ def _in_order(keyed: list[tuple[tuple[object, ...], str]]) -> Iterator[str]:
         yield heapq.heappop(keyed)[1]
 
 
+@dataclass(frozen=True)
+class AppVersion:
+    """An application version as the app's system database lists it (``list_application_versions``)."""
+
+    name: str
+    timestamp: int  # DBOS's order of "latest" (``set_latest_application_version`` moves one up)
+    created_at: int
+
+
+def latest_version(versions: Sequence[AppVersion], dead_version: str) -> str | None:
+    """The version a dead executor's workflows may be moved onto (contract rule 3): the newest one the
+    system database lists, whether or not a peer runs it.
+
+    Not one that only the peers run: a dead executor on the newest version, with peers left only on
+    an older one (a partial rollback), would have its work moved back onto older code. For the same
+    reason, a version created before the dead executor's own is never the answer, even when an
+    operator has marked it latest in DBOS: None then, and None when nothing is listed.
+    """
+    if not versions:
+        return None
+    newest = max(versions, key=lambda v: (v.timestamp, v.created_at))
+    own = [v for v in versions if v.name == dead_version]
+    if any(newest.created_at < v.created_at for v in own):
+        return None
+    return newest.name
+
+
 def choose_peer(
     dead_executor_id: str,
     dead_version: str,
@@ -95,8 +122,10 @@ def choose_peer(
 
     ``healthy`` are the HEALTHY executors of the same org and app (the caller
     never passes another app's). ``latest_version`` is the newest application
-    version that has a healthy peer; without it the newest is unknown and no
-    cross-version move is proposed.
+    version (:func:`latest_version`); without it the newest is unknown and no
+    cross-version move is proposed. With no peer on it either, the recovery
+    waits for one (``no_healthy_peer``: moving is allowed, so it is a peer it
+    lacks, not an operator's permission).
     """
     others = [p for p in healthy if p.executor_id != dead_executor_id]
     if not others:
@@ -111,6 +140,27 @@ def choose_peer(
         # The peers run versions other than the latest one: nothing is safe to choose.
         return Choice(None, blocked=BlockedReason.NO_HEALTHY_PEER)
     return _next(dead_executor_id, newest, tried, Mode.LATEST_VERSION)
+
+
+def blocked_note(
+    reason: BlockedReason,
+    peers: Sequence[Peer],
+    latest_version: str | None,
+    latest_unknown: str | None = None,
+) -> str | None:
+    """Why a recovery waits, in words, when its ``reason`` alone would mislead: the app has healthy
+    peers, only none the recovery may use. ``peers``: the healthy executors of the app other than
+    the dead one. ``latest_unknown``: why the latest version could not be named, if it could not.
+    None when there is no peer at all (``no_healthy_peer`` says it all)."""
+    versions = ", ".join(sorted({p.application_version for p in peers}))
+    if not versions:
+        return None
+    if reason is BlockedReason.VERSION_UPGRADE_NOT_ALLOWED:
+        return f"healthy peers run only other versions ({versions}) and moving work onto the latest is not allowed"
+    if latest_version is None:
+        why = latest_unknown or "no peer named it"
+        return f"healthy peers run other versions ({versions}), but the latest version is not known: {why}"
+    return f"no healthy peer runs the latest version, {latest_version}; healthy peers run {versions}"
 
 
 def _next(dead_executor_id: str, candidates: list[Peer], tried: frozenset[str], mode: Mode) -> Choice:

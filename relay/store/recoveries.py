@@ -186,12 +186,19 @@ class RecoveryStore:
             rows = await cur.fetchall()
         return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])): int(r["run"]) for r in rows}
 
-    async def set_blocked(self, ref: RecoveryRef, reason: str, status: str, dedupe: str) -> None:
+    async def set_blocked(
+        self, ref: RecoveryRef, reason: str, status: str, dedupe: str, error: str | None = None
+    ) -> None:
+        """The recovery waits for ``reason``; ``error``: why, in words, when the reason alone would
+        mislead (the app has healthy peers, only none this recovery may use), kept as the
+        recovery's error and in the audit entry."""
 
         async def write(conn: Conn) -> bool:
             await self.executors.apply(ref.key, E.BLOCKED, epoch=ref.epoch, reason=reason, conn=conn)
-            await self._status(conn, ref.rid, status, None)
+            await self._status(conn, ref.rid, status, error)
             detail = {"reason": reason, "recoveryId": ref.rid}
+            if error is not None:
+                detail["error"] = error
             # Every instance hears of it when it commits: a peer connecting there wakes the recovery.
             note = json.dumps({"org": ref.key.org, "app": ref.key.app})
             await conn.execute("SELECT pg_notify(%s, %s)", (BLOCKED_CHANNEL, note))
