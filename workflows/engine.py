@@ -32,6 +32,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
+from dbos._serialization import WorkflowInputs
 
 from relay.config import ReconcilerConfig
 from relay.core.appfigures import Window
@@ -410,13 +411,17 @@ class Engine:
         """For each death: its latest recovery run (0: none yet) and whether that run is live.
 
         Runs are found among DBOS's workflows and in the recoveries table (a run
-        whose DBOS record was garbage-collected still holds its number).
+        whose DBOS record was garbage-collected still holds its number). A
+        workflow found by its id's prefix counts only if its inputs name this
+        death: an executor id may hold ``:`` and digits, so run ``n`` of
+        executor ``x`` dead at epoch ``E`` has the id of run 1 of executor
+        ``x:E`` dead at epoch ``n`` (:mod:`relay.core.ids`).
         """
         if not deaths:
             return {}
         found = await DBOS.list_workflows_async(
             workflow_id_prefix=[recovery_id(key, epoch) for key, epoch in deaths],
-            load_input=False,
+            load_input=True,
             load_output=False,
         )
         recorded = await self.recoveries.latest_runs(deaths)
@@ -426,10 +431,27 @@ class Engine:
                 run: status.status
                 for status in found
                 if (run := recovery_run(key, epoch, status.workflow_id)) is not None
+                and _recovers(status.input, key, epoch)
             }
             latest = max([*statuses, recorded.get((key, epoch), 0)])
             result[(key, epoch)] = (latest, statuses.get(latest) in LIVE)
         return result
+
+
+# The parameters of workflows.recovery.recover, Relay 0.2.0's as this release's.
+_RECOVER_PARAMS = ("org", "app", "executor_id", "epoch", "trigger")
+
+
+def _recovers(inputs: WorkflowInputs | None, key: ExecutorKey, epoch: int) -> bool:
+    """Whether a ``relay.recover`` workflow's inputs name this death (org and app are in its id,
+    escaped: only the executor and the epoch can be another's). Inputs that cannot be read leave
+    it to the id: a run of this death, as earlier releases took it."""
+    if not isinstance(inputs, dict):
+        return True
+    named = dict(zip(_RECOVER_PARAMS, inputs.get("args") or (), strict=False)) | dict(inputs.get("kwargs") or {})
+    if "executor_id" not in named or "epoch" not in named:
+        return True
+    return bool(named["executor_id"] == key.executor_id and named["epoch"] == epoch)
 
 
 async def _grace_statuses(workflow_ids: list[str]) -> dict[str, tuple[str, str | None]]:

@@ -72,7 +72,11 @@ def recovery_run(key: ExecutorKey, epoch: int, rid: str) -> int | None:
     """The run of this death's recovery that ``rid`` names; None if it names none of them.
 
     Read against the known executor and epoch, never by splitting the id: an
-    executor id may itself contain colons and digits.
+    executor id may itself contain colons and digits. Even so the id alone
+    cannot tell run ``n`` of executor ``x`` dead at epoch ``E`` from run 1 of
+    executor ``x:E`` dead at epoch ``n``: both are ``...:x:E:n``. Where a
+    workflow found by its id could be either, its inputs decide
+    (:meth:`workflows.engine.Engine._latest_runs`).
     """
     first = recovery_id(key, epoch)
     if rid == first:
