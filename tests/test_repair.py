@@ -188,3 +188,42 @@ def test_an_operator_recovery_after_the_run_ended_starts_run_2(
         audit = api.get("/audit", params={"executorId": victim.executor_id}).json()
     requests = [e["detail"] for e in audit if e["action"] == "recovery.manual_requested"]
     assert [(d["recoveryId"], d["newRun"]) for d in requests] == [(first, False), (f"{first}:2", True)]
+
+
+def test_a_grace_period_the_repair_sweep_restarts_counts_from_the_disconnection(
+    start_relay: StartRelay, start_executor: StartExecutor, relay_db: str
+) -> None:
+    """A DISCONNECTED executor whose grace period is missing (Relay crashed before it started it;
+    here deleted with DBOS's tools while Relay is down) gets one from the start-up sweep, whose
+    deadline is still the disconnection's plus the grace period, not the restart's."""
+    grace = 4.0
+    relay = start_relay(grace=grace, repairIntervalSecs=3600)  # only the start-up sweep
+    victim = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+    victim.kill()
+    record = assert_eventually(
+        lambda: (r := relay.executor("acme", "ledger", victim.executor_id)) and r["state"] == "DISCONNECTED" and r, 5
+    )
+    assert relay.proc is not None
+    relay.proc.kill()
+    relay.proc.wait()
+    with psycopg.connect(relay_db) as conn:
+        (epoch,) = conn.execute(
+            "SELECT epoch FROM executors WHERE executor_id = %s", (victim.executor_id,)
+        ).fetchone() or (0,)
+    client = DBOSClient(system_database_url=relay_db)
+    try:
+        client.delete_workflows([f"grace:acme:ledger:{victim.executor_id}:{epoch}"])
+    finally:
+        client.destroy()
+    assert dbos_status(relay_db, f"grace:acme:ledger:{victim.executor_id}:{epoch}") is None
+    # Back after the deadline has passed: the executor is declared dead at once.
+    time.sleep(max(0.0, ts(record["disconnectedAt"]).timestamp() + grace - time.time()))
+    relay.start()
+    ready = time.time()
+    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) in ("DEAD", "RECOVERING"), 10)
+    with relay.api() as api:
+        audit = api.get("/audit", params={"executorId": victim.executor_id}).json()
+    (dead,) = [e for e in audit if e["action"] == "executor.dead"]
+    # (A grace period counted from the start-up sweep would end about ``grace`` after it.)
+    assert ts(dead["at"]).timestamp() - ready < grace / 2, "a new grace period was counted from the restart"

@@ -247,7 +247,7 @@ class Engine:
 
     async def _grace_secs(self, org: str, app: str) -> float:
         """A grace period's length: the app's setting when it starts, counted from the disconnection
-        when the hub gave its time (see :func:`workflows.grace.grace_period`), else from its start."""
+        as the hub and the repair sweep give its time (see :func:`workflows.grace.grace_period`)."""
         settings = await self.apps.settings_of(org, app)
         return settings.executor_timeout_secs if settings else DEFAULT_GRACE_SECS
 
@@ -330,8 +330,9 @@ class Engine:
     async def repair(self) -> None:
         """Every executor this instance owns that is not HEALTHY gets its workflow running (idempotent).
 
-        - DISCONNECTED, and no grace period for that epoch: one is started (it
-          waits the app's whole grace period from now).
+        - DISCONNECTED, and no grace period for that epoch: one is started, its
+          deadline the app's grace period after the disconnection (at once if
+          that has passed).
         - DISCONNECTED, and its grace period ended without declaring it DEAD (cancelled,
           in ERROR, dead-lettered): once the grace period has passed since the
           disconnection, it is declared DEAD here, as the grace period would have
@@ -384,7 +385,10 @@ class Engine:
             return  # it will declare the executor dead, or has, and start its recovery
         if row.state is ExecutorState.DISCONNECTED:
             if grace is None:
-                await self.graces.start(key, epoch)
+                # Counted from the disconnection, as the hub's start would have: the time read from
+                # the database's clock as an age, so that a skew between the clocks does not move it.
+                lost_at = None if row.disconnected_secs is None else time.time() - row.disconnected_secs
+                await self.graces.start(key, epoch, lost_at)
             elif row.grace_over:
                 # Guarded on state and epoch: when the executor reconnected after the rows were read
                 # (which also ends the grace period, SUCCESS), this is a no-op and nothing is logged;

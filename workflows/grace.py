@@ -32,8 +32,8 @@ def remaining(timeout_secs: float, lost_at: float | None) -> float:
 
     ``lost_at`` (``time.time()`` when the hub found the socket gone) makes the grace period
     end ``timeout_secs`` after the disconnection, however long the workflow waited to start:
-    behind a group of disconnections, or a slow database. Runs that 0.2.0 started (or that the
-    repair sweep starts) have none, and wait ``timeout_secs`` from here. On a replay, DBOS
+    behind a group of disconnections, or a slow database. The repair sweep gives the
+    disconnection's time too. Runs that 0.2.0 started have none, and wait ``timeout_secs`` from here. On a replay, DBOS
     keeps the deadline it recorded the first time, so reading the clock here is safe.
     """
     if lost_at is None:

@@ -88,6 +88,8 @@ class Unfinished:
     epoch: int
     # Its disconnection is older than the app's grace period (the app's value now).
     grace_over: bool
+    # Seconds since its disconnection, by the database's clock (None: no disconnection recorded).
+    disconnected_secs: float | None = None
 
 
 # What an event sets besides the state (the state itself comes from the table).
@@ -625,7 +627,8 @@ class ExecutorStore:
             cur = await conn.execute(
                 """SELECT e.org, e.app, e.executor_id, e.state, e.epoch,
                           COALESCE(e.disconnected_at + make_interval(secs => a.executor_timeout_secs) <= now(), true)
-                              AS grace_over
+                              AS grace_over,
+                          extract(epoch FROM now() - e.disconnected_at) AS disconnected_secs
                    FROM executors e LEFT JOIN apps a ON a.org = e.org AND a.name = e.app
                    WHERE e.relay_instance = %s AND e.state <> 'HEALTHY'
                    ORDER BY e.org, e.app, e.executor_id""",
@@ -634,7 +637,8 @@ class ExecutorStore:
             rows = await cur.fetchall()
         return [
             Unfinished(ExecutorKey(r["org"], r["app"], r["executor_id"]), ExecutorState(r["state"]), int(r["epoch"]),
-                       bool(r["grace_over"]))
+                       bool(r["grace_over"]),
+                       None if r["disconnected_secs"] is None else float(r["disconnected_secs"]))
             for r in rows
         ]  # fmt: skip
 
