@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import httpx
 import psycopg
@@ -443,6 +444,33 @@ def test_an_operator_recovery_names_this_executors_run_not_another_executors(sta
         audit = api.get("/audit", params={"executorId": x}).json()
     requested = next(e for e in audit if e["action"] == "recovery.manual_requested")
     assert resp.json()["recoveryId"] == own["recoveryId"], (resp.json(), requested["detail"])
+
+
+def test_a_blocked_recoverys_why_follows_the_peers_when_its_reason_stays(start_relay: StartRelay) -> None:
+    """Blocked with no peer at all (no note), then woken by a peer on another version that cannot
+    name the latest one: the reason is still no_healthy_peer, so no new block is recorded, but the
+    recovery's error now says why none of the healthy peers will do."""
+    relay = start_relay(grace=0.3)
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    dead = str(uuid.uuid4())
+    with SimulatedPeer(url, dead, "close", version="v1"):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", dead) == "HEALTHY", 5)
+
+    def recovery() -> dict[str, Any]:  # its one run, once it has begun
+        with relay.api() as api:
+            found = api.get("/apps/ledger/recoveries", params={"executorId": dead}).json()
+        assert len(found) <= 1, found
+        return dict(found[0]) if found else {}
+
+    assert_eventually(lambda: recovery().get("status") == "waiting_for_peer", 10)
+    assert recovery()["error"] is None  # no peer at all: the reason says it all
+    with SimulatedPeer(url, str(uuid.uuid4()), "close", version="v2") as peer:
+        why = assert_eventually(lambda: recovery()["error"], 10)
+        assert why.startswith("healthy peers run other versions (v2), but the latest version is not known"), why
+        assert peer.executor_id in why
+        assert relay.executor("acme", "ledger", dead)["blockedReason"] == "no_healthy_peer"
 
 
 def test_a_dead_executor_with_a_healthy_peer_says_why_none_will_do(start_relay: StartRelay) -> None:

@@ -107,22 +107,32 @@ async def _pending(org: str, app: str, peer: str, timeout: float) -> list[Workfl
 
 async def _at_work(org: str, app: str, peer: str, executor_ids: list[str], since_ms: int, timeout: float) -> set[str]:
     """Those of ``executor_ids`` with a workflow (of any status) created or completed since
-    ``since_ms``, as ``peer`` reads them: a process under that id is alive."""
+    ``since_ms``, as ``peer`` reads them: a process under that id is alive. Two requests for all of
+    them; only when one fills its page (a busy executor may hide the others) is each id not seen
+    yet asked for on its own."""
     since = datetime.fromtimestamp(since_ms / 1000, UTC).isoformat()
-    alive = set()
-    for executor_id in executor_ids:
-        for created in (True, False):
-            body = ListWorkflowsBody(executor_id=executor_id, start_time=since if created else None,
-                                     completed_after=None if created else since, limit=1, load_input=False,
-                                     load_output=False)  # fmt: skip
-            reply = await services().ask(
-                ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
-            )
-            if reply.error_message:
-                raise ExecutorRequestError(f"list_workflows: {clean_text(reply.error_message, 300)}")
-            if any(w.executor_id == executor_id for w in reply.output):
-                alive.add(executor_id)
-                break
+
+    async def seen(ids: list[str], created: bool, limit: int) -> tuple[set[str], bool]:
+        body = ListWorkflowsBody(executor_id=ids, start_time=since if created else None,
+                                 completed_after=None if created else since, limit=limit, load_input=False,
+                                 load_output=False)  # fmt: skip
+        reply = await services().ask(
+            ExecutorKey(org, app, peer), ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout
+        )
+        if reply.error_message:
+            raise ExecutorRequestError(f"list_workflows: {clean_text(reply.error_message, 300)}")
+        return {w.executor_id for w in reply.output if w.executor_id in ids}, len(reply.output) >= limit
+
+    alive: set[str] = set()
+    for created in (True, False):
+        left = [i for i in executor_ids if i not in alive]
+        if not left:
+            break
+        found, full = await seen(left, created, PAGE)
+        alive |= found
+        if full:
+            for executor_id in [i for i in left if i not in alive]:
+                alive |= (await seen([executor_id], created, 1))[0]
     return alive
 
 

@@ -517,6 +517,7 @@ async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, t
     policy = FailoverPolicy(executor_id, version)
     moves = _Moves()
     waited = False
+    noted: str | None = None  # the block's note last written
     while True:
         if first is not None:
             record = first
@@ -530,8 +531,16 @@ async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, t
             return "abandoned"
         if isinstance(decision, Block):
             note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"))
-            if decision.record and await mark_blocked(ref, decision.reason, facts, note):
-                continue
+            if decision.record:
+                noted = note
+                if await mark_blocked(ref, decision.reason, facts, note):
+                    continue
+            elif note != noted:
+                # The same reason with other peers: the recovery's error says why anew. Not a step
+                # (a recovery an earlier release began keeps its steps' order when it resumes here);
+                # an idempotent write, run again on a replay.
+                noted = note
+                await services().recoveries.renote_blocked(ref, note)
             turn.give_back()
             policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))
             await turn.take()

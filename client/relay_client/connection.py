@@ -29,7 +29,9 @@ import contextlib
 import logging
 import random
 import ssl
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -90,6 +92,14 @@ class _Redacting(logging.LoggerAdapter):  # type: ignore[type-arg]
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
             text = str(msg) % args if args else str(msg)
+            exc_info = kwargs.pop("exc_info", None)
+            if exc_info:  # the traceback's text too (an exception's message may hold the URL), redacted
+                if exc_info is True:
+                    exc_info = sys.exc_info()
+                elif isinstance(exc_info, BaseException):
+                    exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+                if isinstance(exc_info, tuple) and exc_info[0] is not None:
+                    text += "\n" + "".join(traceback.format_exception(*exc_info)).rstrip()
             super().log(level, "%s", self._redact(text), **kwargs)
 
 

@@ -236,3 +236,25 @@ def test_wss_with_a_ca_of_ones_own(tmp_path: Path, fresh_dbos: str) -> None:
         assert [info["executor_id"] for info in relay.infos] == [fresh_dbos, "e3"]
     finally:
         relay.stop()
+
+
+def test_a_traceback_logged_through_the_websockets_logger_is_redacted_too(caplog: pytest.LogCaptureFixture) -> None:
+    """websockets may log with exc_info: the exception's text (a URL with the key in it) is redacted
+    with the message, and no traceback goes out unredacted."""
+    import logging
+
+    from relay_client.connection import _Redacting
+
+    secret = "ck-acme-secret"
+    logger = _Redacting(logging.getLogger("websockets.client.test"), lambda text: text.replace(secret, "***"))
+    with caplog.at_level(logging.DEBUG, logger="websockets.client.test"):
+        try:
+            raise ValueError(f"ws://relay/websocket/ledger/{secret} isn't a valid URI")
+        except ValueError:
+            logger.debug("connect failed", exc_info=True)
+        logger.warning("failed: %s", ValueError(secret), exc_info=ValueError(f"again {secret}"))
+    assert len(caplog.records) == 2
+    for record in caplog.records:
+        shown = caplog.handler.format(record)
+        assert secret not in shown and "***" in shown, shown
+        assert record.exc_info is None

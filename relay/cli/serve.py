@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 EXIT_CONFIG = EXIT_USAGE
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+# The listening queue while Relay starts (uvicorn's own backlog, which it would set): a fleet that
+# reconnects during a restart waits in it rather than being refused.
+BACKLOG = 2048
+
 
 def paste_lines(executor_url: str, api_url: str, admin_key: str, conductor_key: str, org: str) -> str:
     """What to paste where: the admin key for the console and the CLI, the conductor key for DBOS apps."""
@@ -166,7 +170,7 @@ def listen_on(host: str, port: int) -> list[socket.socket]:
             if port == 0 and len(sockets) > 1:
                 address = (address[0], sockets[0].getsockname()[1], *address[2:])
             sock.bind(address)
-            sock.listen()
+            sock.listen(BACKLOG)
     except OSError:
         for sock in sockets:
             sock.close()

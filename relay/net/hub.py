@@ -321,12 +321,17 @@ class Hub:
         just before it ran out may still join)."""
         loop = asyncio.get_running_loop()
         while True:
-            left = self.lease.held_until() - loop.time()
-            if left > 0:
-                await asyncio.sleep(left)  # a renewal meanwhile moves the end on: looked at again then
-                continue
-            if self.connections:
-                await self.let_go()
+            try:
+                left = self.lease.held_until() - loop.time()
+                if left > 0:
+                    await asyncio.sleep(left)  # a renewal meanwhile moves the end on: looked at again then
+                    continue
+                if self.connections:
+                    await self.let_go()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never die: an instance that stopped watching would hold executors again
+                log.exception("instance %s: watching the lease failed; watching on", self.instance_id)
             await asyncio.sleep(self.lease.renew_every)
 
     async def let_go(self) -> int:

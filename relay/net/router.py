@@ -50,7 +50,7 @@ from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.recoveries import BLOCKED_CHANNEL
 from relay_protocol import ProtocolError as WireError
-from relay_protocol import Reply, Request, parse_request
+from relay_protocol import Reply, Request, clean_text, parse_request
 
 log = logging.getLogger("relay.router")
 R = TypeVar("R", bound=Reply)
@@ -368,7 +368,9 @@ class Router:
                 else:
                     log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
                 text, kind = None, UNSERVED
-                error = f"instance {self.instance_id}, holding the socket of executor {key}, could not serve it: {exc}"
+                # Cleaned (a NUL, which PostgreSQL refuses, would leave the asker waiting after all) and bounded.
+                why = f"instance {self.instance_id}, holding the socket of executor {key}, could not serve it: {exc}"
+                error = clean_text(why, 2000)
             async with self.db.connection() as conn:
                 await conn.execute(
                     """WITH u AS (

@@ -34,6 +34,11 @@ from relay.store.db import Database
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
+# How far back the alert poll reads for a transaction still open (AlertStore.open_since): Relay's
+# own are short; an instance paused inside one for longer than this loses its entries' alerts.
+OPEN_SINCE_MAX_SECS = 3600.0
+
+
 @dataclass(frozen=True)
 class RuleRecord:
     id: str
@@ -163,11 +168,16 @@ class AlertStore:
     async def open_since(self) -> datetime:
         """When the oldest transaction of Relay's open now began (now, if none is): an audit entry not
         committed yet is dated its transaction's start (``now()``), so none committed later is older.
-        Read before the entries it is meant for, in a statement of its own."""
+        Read before the entries it is meant for, in a statement of its own. At most
+        :data:`OPEN_SINCE_MAX_SECS` back: a session of the same user left open for hours (a
+        ``pg_dump``, a psql idle in a transaction) would otherwise make every poll read that far."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT least(now(), min(xact_start)) AS since FROM pg_stat_activity
-                   WHERE datname = current_database() AND usename = current_user"""
+                """SELECT greatest(least(now(), min(xact_start)), now() - make_interval(secs => %s)) AS since
+                   FROM pg_stat_activity
+                   WHERE datname = current_database() AND usename = current_user
+                     AND backend_type = 'client backend' AND pid <> pg_backend_pid()""",
+                (OPEN_SINCE_MAX_SECS,),
             )
             row = await cur.fetchone()
         assert row is not None

@@ -207,6 +207,20 @@ class RecoveryStore:
         if await self.db.writes.run(write):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
 
+    async def renote_blocked(self, ref: RecoveryRef, error: str | None) -> None:
+        """A blocked recovery's ``error`` (why it waits, in words) brought up to date when the peers
+        changed but its reason did not (no new audit entry, no step: idempotent, it may run again)."""
+
+        async def write(conn: Conn) -> None:
+            await conn.execute(
+                """UPDATE recoveries SET error = %s, updated_at = now()
+                   WHERE id = %s AND status IN ('waiting_for_peer', 'awaiting_operator')
+                     AND error IS DISTINCT FROM %s""",
+                (error, ref.rid, error),
+            )
+
+        await self.db.writes.run(write)
+
     async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
 
