@@ -56,7 +56,7 @@ from relay.core.peers import backoff
 from relay.errors import DatabaseError
 from relay.metrics import ALERTS_FAILED, ALERTS_SENT
 from relay.store.alerts import AlertStore
-from workflows.services import MAX_RECOVERY_ATTEMPTS, _database_trouble, dedupe_key, relay_step, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, database_trouble, dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.alerts")
 
@@ -229,7 +229,7 @@ async def evaluate_all(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
             try:
                 return await _evaluate(data)
             except Exception as exc:
-                if _database_trouble(exc):
+                if database_trouble(exc):
                     raise
                 log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
                 return _evaluation_failed(exc)

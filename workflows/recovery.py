@@ -66,6 +66,7 @@ from relay.core.peers import (
     blocked_note,
     candidates,
     latest_version,
+    newest_version,
     verifiers,
 )
 from relay.errors import DatabaseError, ExecutorRequestError
@@ -254,7 +255,7 @@ async def _latest_version(
             continue
         latest = latest_version(listed, version)
         if latest is None:
-            newest = max(listed, key=lambda v: (v.timestamp, v.created_at)).name
+            newest = newest_version(listed).name
             return None, f"the version listed as latest, {newest}, is older than the executor's own, {version}"
         return latest, None
     more = f"; {len(errors) - LATEST_ERRORS_SHOWN} more" if len(errors) > LATEST_ERRORS_SHOWN else ""

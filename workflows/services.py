@@ -148,7 +148,7 @@ def services() -> Services:
 STEP_CONNECTION_WAIT_SECS = 60.0
 
 
-def _database_trouble(exc: BaseException) -> bool:
+def database_trouble(exc: BaseException) -> bool:
     """Worth retrying: PostgreSQL unreachable or busy, the lease not held. Not a statement
     refused for the data in it (NUL in a text, say), which fails the same way every time."""
     return isinstance(exc, DatabaseError) and not isinstance(exc.__cause__, psycopg.DataError)
@@ -186,7 +186,7 @@ def relay_step(
             try:
                 return await svc.on_loop(patiently(fn(*args, **kwargs), STEP_CONNECTION_WAIT_SECS))
             except Exception as exc:
-                if on_error is None or _database_trouble(exc):
+                if on_error is None or database_trouble(exc):
                     raise
                 log.warning("step %s of %s failed: %s: %s", name, DBOS.workflow_id, type(exc).__name__, exc)
                 return on_error(exc)
@@ -197,7 +197,7 @@ def relay_step(
             interval_seconds=0.5,
             backoff_rate=1.5,
             max_attempts=20,
-            should_retry=_database_trouble,
+            should_retry=database_trouble,
         )(on_relay_loop)
         return step
 

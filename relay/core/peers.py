@@ -91,6 +91,11 @@ class AppVersion:
     created_at: int
 
 
+def newest_version(versions: Sequence[AppVersion]) -> AppVersion:
+    """The version DBOS counts as latest: the newest by its version timestamp, then creation time."""
+    return max(versions, key=lambda v: (v.timestamp, v.created_at))
+
+
 def latest_version(versions: Sequence[AppVersion], dead_version: str) -> str | None:
     """The version a dead executor's workflows may be moved onto (contract rule 3): the newest one the
     system database lists, whether or not a peer runs it.
@@ -102,7 +107,7 @@ def latest_version(versions: Sequence[AppVersion], dead_version: str) -> str | N
     """
     if not versions:
         return None
-    newest = max(versions, key=lambda v: (v.timestamp, v.created_at))
+    newest = newest_version(versions)
     own = [v for v in versions if v.name == dead_version]
     if any(newest.created_at < v.created_at for v in own):
         return None
