@@ -743,8 +743,8 @@ def test_an_episode_held_back_by_the_repeat_interval_goes_out_once_the_interval_
     async def body(db: Database, store: AlertStore) -> tuple[list[tuple[float, int, bool]], list[Any], bool]:
         (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
         ((first, late),) = await due_alerts(store, rule, down)
+        began = time.monotonic()  # the interval counts from the claim (its transaction's now()), after this
         assert not late and (await store.claim(first)).send
-        began = time.monotonic()
         await store.finish(first, True, 1, None, "x", "d1")
         assert await due_alerts(store, rule, []) == []  # back up: the episode ends
         ((second, late),) = await due_alerts(store, rule, down)  # down again, within the interval
