@@ -16,7 +16,8 @@ only these::
     │   ├── ExecutorBadReply       the reply broke the protocol (wrong shape or types)
     │   ├── ExecutorRefused        the reply carried only an error
     │   │   └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
-    │   ├── RequestNotServed       the instance holding the socket could not serve a request relayed to it
+    │   ├── RequestNotServed       the instance holding the socket could not serve a request relayed to it,
+    │   │                          or died before answering it
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
     ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)
@@ -88,7 +89,8 @@ class UnsupportedMessage(ExecutorRefused):
 class RequestNotServed(ExecutorRequestError):
     """The instance holding the executor's socket could not serve a request relayed to it: one it
     cannot read (a message type of a newer release, during a rolling upgrade), or a failure of its
-    own. The executor was not asked."""
+    own (the executor was not asked); or it died, or started again, after taking the request and
+    before answering (the executor may have had it)."""
 
 
 class NoHealthyExecutor(ExecutorRequestError):

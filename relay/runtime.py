@@ -156,7 +156,14 @@ class Runtime:
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine, self.lease)
-        self.router = Router(self.db, self.executors, self.hub, instance_id, config.server.max_relayed_reply_bytes)
+        self.router = Router(
+            self.db,
+            self.executors,
+            self.hub,
+            instance_id,
+            config.server.max_relayed_reply_bytes,
+            lease_secs=config.liveness.instance_lease_secs,
+        )
         self.hub.elsewhere = self.router
         self.tokens = Tokens(self.db, self.keys, self.keyring, self.hub)
         server = config.server

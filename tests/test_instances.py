@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
-from harness.simulated import open_socket
+from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
 from tests.prom import AUTH
 
@@ -447,13 +449,71 @@ def test_an_asker_reads_an_unserved_request_as_a_502_that_says_why_and_an_unknow
         Router._reply_of(key, "relay-1", {"error_kind": "a_kind_of_a_newer_release", "error": why, "reply": None})
 
 
+@pytest.mark.parametrize("then", ["killed", "restarted"])
+def test_a_routed_request_whose_claiming_instance_is_killed_is_answered_at_once_not_at_its_timeout(
+    start_relay: StartRelay, then: str
+) -> None:
+    """Instance 2 asks an executor whose socket instance 1 holds; instance 1 claims the request,
+    sends the frame (the executor never answers) and is killed (-9) before answering, and maybe
+    started again at once by its process manager (a new process, which knows nothing of the
+    claim, renewing the same lease). Nobody will ever write the answer: the asker should notice
+    that the claimer is gone (its lease ran out, or it started again) and answer at once, not
+    wait out its whole timeout (60 s here) for a false "did not answer"."""
+    lease = 4.0
+    r1, r2 = instances(start_relay, 2, instanceLeaseSecs=lease, recoveryAckTimeoutSecs=60)
+    url = f"ws://127.0.0.1:{r1.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with (
+        SimulatedPeer(url, "hangs-1", on_recovery="silent", others="silent") as hangs,
+        psycopg.connect(r2.database_url, autocommit=True) as conn,
+    ):
+        assert_eventually(lambda: (executor(r2, "hangs-1") or {}).get("relayInstance") == "relay-1", 10)
+
+        def claimed() -> bool:
+            row = conn.execute("SELECT count(*) FROM relay_rpc WHERE picked_at IS NOT NULL").fetchone()
+            return row is not None and row[0] == 1 and hangs.requests["list_workflows"] == 1
+
+        def ask() -> tuple[httpx.Response, float]:
+            with r2.api() as api:
+                resp = api.get("/apps/ledger/executors/hangs-1/workflows", timeout=90)
+            return resp, time.time()
+
+        pool = ThreadPoolExecutor(1)
+        try:
+            answer = pool.submit(ask)
+            assert_eventually(claimed, 10, what="instance 1 claims the request and sends the frame")
+            # A live claimer is waited for, past several looks at its lease.
+            time.sleep(lease * 2 / 3)
+            assert not answer.done(), answer.result()[0].text
+            assert r1.proc is not None
+            killed = time.time()
+            r1.proc.kill()
+            r1.proc.wait()
+            if then == "restarted":
+                r1.start()
+            try:
+                resp, answered = answer.result(timeout=lease + 10)
+            except TimeoutError:
+                pytest.fail(f"no answer {lease + 10:g}s after the claimer was {then} (the ask's timeout is 60 s)")
+            took = answered - killed
+        finally:
+            pool.shutdown(wait=False)
+        # The claimer's lease runs out within ``lease`` (unless renewed by the new process, which
+        # started after the claim); the asker looks every third of it.
+        assert took < lease + 4, took
+        assert resp.status_code == 409, resp.text
+        assert "executor_not_connected" in resp.text and "relay-1" in resp.text, resp.text
+        # Withdrawn by the asker: nothing left for a revived claimer to answer, and sent once.
+        row = conn.execute("SELECT count(*) FROM relay_rpc").fetchone()
+        assert row is not None and row[0] == 0
+        assert hangs.requests["list_workflows"] == 1
+
+
 def test_an_instance_lets_its_executors_go_only_past_its_lease_and_admits_them_again_once_renewed(
     start_executor: StartExecutor, tmp_path: Path
 ) -> None:
     """A database blip shorter than the lease closes nothing. A cut past the lease closes the
     executors' sockets and refuses handshakes (503) while the lease is not held, writing nothing;
     the lease renewed (nobody adopted it), the instance admits them again and nobody dies."""
-    from harness.keys import CONDUCTOR_KEYS
     from harness.pgserver import PostgresServer
 
     lease = 1.5

@@ -18,7 +18,11 @@ answered, unless the database fails: a request the owner cannot read (a message
 type of a newer release, during a rolling upgrade) comes back as an error saying
 why (:class:`relay.errors.RequestNotServed`). A request the owner has not claimed
 within :data:`PICKUP_SECS` (it died, and its lease has not run out yet) is
-withdrawn and the owner looked up again. Rows are deleted once read (or after
+withdrawn and the owner looked up again. A request whose claimer is gone before
+answering (killed: its lease ran out; or started again, not knowing the claim) is
+withdrawn too, and the asker answers at once (:meth:`Router._claimer_gone`): it
+looks at the claimer's lease every third of a lease, as often as the lease is
+renewed, once a request has waited that long. Rows are deleted once read (or after
 :data:`KEEP_SECS` if nobody read them).
 """
 
@@ -90,9 +94,18 @@ def _error_kind(exc: ExecutorRequestError) -> str:
 
 class Router:
     def __init__(
-        self, db: Database, executors: ExecutorStore, hub: Hub, instance_id: str, max_reply_bytes: int = 64 << 20
+        self,
+        db: Database,
+        executors: ExecutorStore,
+        hub: Hub,
+        instance_id: str,
+        max_reply_bytes: int = 64 << 20,
+        lease_secs: float = 15.0,
     ) -> None:
         self.db = db
+        # How often an asker looks whether the instance that claimed its request is still alive:
+        # a dead one's lease runs out within ``lease_secs``, and a live one renews it this often.
+        self.claimer_check_secs = lease_secs / 3
         self.max_reply_bytes = max_reply_bytes
         self.executors = executors
         self.hub = hub
@@ -177,6 +190,7 @@ class Router:
             row = await cur.fetchone()
         assert row is not None
         rpc_id = int(row["id"])
+        check_claimer_at = loop.time() + self.claimer_check_secs
         woken: asyncio.Future[None] = loop.create_future()
         self._replies[rpc_id] = woken
         taken = picked = False
@@ -193,13 +207,19 @@ class Router:
                                     owner, request.type.value, key, PICKUP_SECS)  # fmt: skip
                         return None
                     picked = True
+                if loop.time() >= check_claimer_at:
+                    if await self._withdraw_from_gone_claimer(rpc_id):
+                        taken = True
+                        raise await self._claimer_gone(key, owner, request)
+                    check_claimer_at = loop.time() + self.claimer_check_secs
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise ExecutorTimeout(
                         f"executor {key} (on instance {owner}) did not answer {request.type.value} within {timeout:g}s"
                     )
+                wait = min(remaining, POLL_SECS, max(check_claimer_at - loop.time(), 0.001))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(woken), min(remaining, POLL_SECS))
+                    await asyncio.wait_for(asyncio.shield(woken), wait)
                 if woken.done():
                     woken = loop.create_future()
                     self._replies[rpc_id] = woken
@@ -225,6 +245,32 @@ class Router:
         async with self.db.connection() as conn:
             cur = await conn.execute("DELETE FROM relay_rpc WHERE id = %s AND picked_at IS NULL", (rpc_id,))
             return cur.rowcount == 1
+
+    async def _withdraw_from_gone_claimer(self, rpc_id: int) -> bool:
+        """Delete the claimed, unanswered request if the instance that claimed it is gone: its lease
+        ran out (killed, or cut off from the database), or it started again since the claim (a new
+        process does not know it). A reply written first keeps the row (read at the next look); one
+        written after finds no row: the asker hears one answer, whichever comes first."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """DELETE FROM relay_rpc r USING relay_instances i
+                   WHERE r.id = %s AND i.instance_id = r.target_instance
+                     AND r.picked_at IS NOT NULL AND r.answered_at IS NULL
+                     AND (i.lease_expires_at < now() OR i.started_at > r.picked_at)""",
+                (rpc_id,),
+            )
+            return cur.rowcount == 1
+
+    async def _claimer_gone(self, key: ExecutorKey, owner: str, request: Request) -> ExecutorRequestError:
+        """The error for a request whose claimer died before answering (the executor may have had the
+        frame: it is not sent again). Not connected, if the executor's row says no live instance
+        holds it now; otherwise not served."""
+        log.warning("instance %s, which claimed a %s for %s, is gone before answering",
+                    owner, request.type.value, key)  # fmt: skip
+        why = f"instance {owner}, which took the {request.type.value} for executor {key}, is gone before answering"
+        if await self.executors.owner(key) is None:
+            return ExecutorNotConnected(f"executor {key} is not connected to any live Relay instance ({why})")
+        return RequestNotServed(why)
 
     @staticmethod
     def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Frame:
