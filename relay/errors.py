@@ -17,7 +17,7 @@ only these::
     │   ├── ExecutorRefused        the reply carried only an error
     │   │   └── UnsupportedMessage     "Unknown message type": the executor's SDK lacks it
     │   ├── RequestNotServed       the instance holding the socket could not serve a request relayed to it,
-    │   │                          or died before answering it
+    │   │                          or died before answering it (502)
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
     ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)

@@ -5,11 +5,13 @@ instance, and fencing of a paused one. Real processes throughout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -506,6 +508,63 @@ def test_a_routed_request_whose_claiming_instance_is_killed_is_answered_at_once_
         row = conn.execute("SELECT count(*) FROM relay_rpc").fetchone()
         assert row is not None and row[0] == 0
         assert hangs.requests["list_workflows"] == 1
+
+
+@contextlib.contextmanager
+def an_owner_that_cannot_serve(database_url: str, executor_id: str) -> Iterator[None]:
+    """An instance ``relay-9`` (live lease) holding the socket of ``executor_id``, played through the
+    database: it claims each request relayed to it and writes back ``unserved``, as an instance of
+    another release does with a message type it cannot read."""
+    from relay.net.router import channel
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO relay_instances (instance_id, lease_epoch, lease_expires_at, started_at, renewed_at)
+               VALUES ('relay-9', 1, now() + interval '1 hour', now(), now())"""
+        )
+        conn.execute(
+            """INSERT INTO executors (org, app, executor_id, state, application_version, connected_at,
+                                      relay_instance)
+               VALUES ('acme', 'ledger', %s, 'HEALTHY', 'v1', now(), 'relay-9')""",
+            (executor_id,),
+        )
+    stop = threading.Event()
+
+    def serve() -> None:
+        why = f"instance relay-9, holding the socket of executor {executor_id}, could not serve it: unknown type"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            while not stop.wait(0.05):
+                claimed = conn.execute(
+                    """UPDATE relay_rpc SET picked_at = now(), answered_at = now(), error_kind = 'unserved',
+                              error = %s
+                       WHERE target_instance = 'relay-9' AND picked_at IS NULL RETURNING id, requester_instance""",
+                    (why,),
+                ).fetchall()
+                for rpc_id, requester in claimed:
+                    conn.execute("SELECT pg_notify(%s, %s)", (channel(requester), str(rpc_id)))
+
+    owner = threading.Thread(target=serve, daemon=True)
+    owner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        owner.join(5)
+
+
+def test_a_request_the_owner_claimed_but_could_not_serve_is_answered_request_not_served(
+    start_relay: StartRelay,
+) -> None:
+    """The owner claimed the request and wrote back why it could not serve it: the executor was not
+    asked and has not left. The API said 502 ``executor_gone`` (an executor's workflows) or
+    ``no_executor_answered`` (the workflow API); both are false: it answers ``request_not_served``."""
+    relay = start_relay(relay_yaml(free_port()), instance_id="relay-1")
+    with an_owner_that_cannot_serve(relay.database_url, "ex-elsewhere"), relay.api() as api:
+        for path in ("/apps/ledger/executors/ex-elsewhere/workflows", "/apps/ledger/workflows"):
+            resp = api.get(path)
+            assert resp.status_code == 502, (path, resp.text)
+            assert resp.json()["error"]["code"] == "request_not_served", (path, resp.text)
+            assert "could not serve it: unknown type" in resp.json()["detail"], (path, resp.text)
 
 
 def test_an_instance_lets_its_executors_go_only_past_its_lease_and_admits_them_again_once_renewed(

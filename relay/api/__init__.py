@@ -45,6 +45,7 @@ from relay.errors import (
     Forbidden,
     NoHealthyExecutor,
     NotFound,
+    RequestNotServed,
     StreamsExhausted,
     TooManyRequests,
     UnsendableRequest,
@@ -98,6 +99,11 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     @api.exception_handler(UnsupportedMessage)
     async def _unsupported(_: Request, exc: UnsupportedMessage) -> Response:
         return error_response(501, "not_supported_by_executor", str(exc))
+
+    @api.exception_handler(RequestNotServed)
+    async def _not_served(_: Request, exc: RequestNotServed) -> Response:
+        # Not "no executor answered" nor "gone": the executor was not asked, and is still connected.
+        return error_response(502, "request_not_served", str(exc))
 
     @api.exception_handler(ExecutorRequestError)
     async def _no_answer(_: Request, exc: ExecutorRequestError) -> Response:

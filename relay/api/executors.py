@@ -33,6 +33,7 @@ from relay.errors import (
     ExecutorRefused,
     ExecutorRequestError,
     ExecutorTimeout,
+    RequestNotServed,
 )
 from relay.store.executors import ExecutorRecord
 from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, clean_text
@@ -168,6 +169,8 @@ async def get_executor_workflows(
         raise ApiError(504, "executor_timeout", str(exc)) from exc
     except (ExecutorRefused, ExecutorBadReply) as exc:
         raise ApiError(502, "executor_error", str(exc)) from exc
+    except RequestNotServed:
+        raise  # the instance holding the socket failed, not the executor: the API's own answer
     except ExecutorRequestError as exc:
         raise ApiError(502, "executor_gone", str(exc)) from exc
     if reply.error_message:

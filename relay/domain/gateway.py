@@ -31,6 +31,7 @@ from relay.errors import (
     ExecutorRequestError,
     NoAnswer,
     NoHealthyExecutor,
+    RequestNotServed,
     TooManyRequests,
     UnsendableRequest,
     UnsupportedMessage,
@@ -72,8 +73,10 @@ class ExecutorGateway:
     ) -> R:
         """The reply of one healthy executor of the app to the request ``make()`` builds (a new
         request id per executor tried). Raises :class:`NoHealthyExecutor` (the API's 503),
-        :class:`NoAnswer` (502), :class:`UnsupportedMessage` (501), :class:`TooManyRequests` (429),
-        :class:`UnsendableRequest` (422) before any executor is asked."""
+        :class:`NoAnswer` (502), :class:`RequestNotServed` (502: every executor tried is on an
+        instance that could not serve the request, so none was asked), :class:`UnsupportedMessage`
+        (501), :class:`TooManyRequests` (429), :class:`UnsendableRequest` (422) before any executor
+        is asked."""
         try:
             make().to_frame()
         except WireError as exc:
@@ -95,6 +98,7 @@ class ExecutorGateway:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.deadline_secs
         problems: list[str] = []
+        unserved = 0  # of the problems, those where the instance holding the socket could not serve
         tried: set[str] = set()
         healthy, cached = await self._healthy(org, app, fresh=not repeatable)
         while True:
@@ -117,11 +121,14 @@ class ExecutorGateway:
                     log.warning("app %s: %s", app, exc)
                 except ExecutorRequestError as exc:
                     problems.append(str(exc))
+                    unserved += isinstance(exc, RequestNotServed)
                 self.executors.forget_healthy(org, app)
             if not cached or deadline <= loop.time():
                 break
             # The list was read a moment ago and none of it answered: read the registry again.
             healthy, cached = await self._healthy(org, app, fresh=True)
+        if problems and unserved == len(problems):  # no executor was asked: none failed to answer
+            raise RequestNotServed(f"no executor of app {app!r} could be asked: " + "; ".join(problems[:3]))
         raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
 
     async def _healthy(self, org: str, app: str, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
