@@ -11,7 +11,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import idna
@@ -46,6 +46,14 @@ MAX_COUNT = 2**31 - 1
 MAX_BYTES = 2**30
 # Thresholds in milliseconds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
 MAX_MS = 2**53
+
+# The settings relay.yaml and the API both take (an app's grace period and retention, an alert rule's
+# parameters), each bounded here once and used by both, so that a value one takes the other takes too.
+Duration = Annotated[float, Field(gt=0, le=MAX_SECS, allow_inf_nan=False)]
+DurationOrZero = Annotated[float, Field(ge=0, le=MAX_SECS, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+# An app's retention threshold (gcTimeThresholdMs, gcRowsThreshold, globalTimeoutMs).
+RetentionThreshold = Annotated[int, Field(gt=0, le=MAX_MS)]
 
 
 class _Model(BaseModel):
@@ -157,15 +165,15 @@ class AlertRuleConfig(_Model):
     format: Literal["json", "slack"] = "json"
     receiver_app: str | None = Field(default=None, min_length=1, max_length=256)
     # At least this long between two alerts of the rule about the same subject (a flapping executor).
-    min_interval_secs: float = Field(default=DEFAULT_MIN_INTERVAL_SECS, ge=0, le=MAX_SECS, allow_inf_nan=False)
+    min_interval_secs: DurationOrZero = DEFAULT_MIN_INTERVAL_SECS
     workflow_name: str | None = Field(default=None, min_length=1, max_length=1024)
-    count: int | None = Field(default=None, ge=1, le=MAX_COUNT)
-    window_secs: float | None = Field(default=None, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    count: Count | None = None
+    window_secs: Duration | None = None
     queue_name: str | None = Field(default=None, min_length=1, max_length=1024)
-    threshold_secs: float | None = Field(default=None, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    for_secs: float | None = Field(default=None, ge=0, le=MAX_SECS, allow_inf_nan=False)
+    threshold_secs: Duration | None = None
+    for_secs: DurationOrZero | None = None
     reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
-    attempts: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    attempts: Count | None = None
 
     @field_validator("webhook")
     @classmethod
@@ -242,14 +250,14 @@ def webhook_problem(url: str) -> str | None:
 
 class AppConfig(_Model):
     name: str = Field(min_length=1, max_length=256)
-    executor_timeout_secs: float = Field(default=DEFAULT_EXECUTOR_TIMEOUT_SECS, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    executor_timeout_secs: Duration = DEFAULT_EXECUTOR_TIMEOUT_SECS
     recover_to_latest_version: bool = False
     # Retention of the app's workflows in its system database, as DBOS Conductor's app settings
     # (None: off): finished workflows older than gcTimeThresholdMs, or beyond the newest
     # gcRowsThreshold, are deleted; unfinished ones older than globalTimeoutMs are cancelled.
-    gc_time_threshold_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
-    gc_rows_threshold: int | None = Field(default=None, gt=0, le=MAX_MS)
-    global_timeout_ms: int | None = Field(default=None, gt=0, le=MAX_MS)
+    gc_time_threshold_ms: RetentionThreshold | None = None
+    gc_rows_threshold: RetentionThreshold | None = None
+    global_timeout_ms: RetentionThreshold | None = None
     alerts: list[AlertRuleConfig] = []
 
     @model_validator(mode="after")

@@ -29,7 +29,8 @@ from relay.api.common import (
     iso,
 )
 from relay.api.shapes import Shape
-from relay.config import MAX_COUNT, MAX_SECS, AlertRuleConfig
+from relay.config import AlertRuleConfig, Duration, DurationOrZero
+from relay.config import Count as ConfigCount
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 from relay.domain.alerts import destination_of
 from relay.store.alerts import RuleRecord, interval_secs
@@ -47,10 +48,9 @@ BODY_FIELDS = {
 }
 
 
-# Durations are finite and at most ten years (relay.config.MAX_SECS: PostgreSQL computes now() minus them).
-Positive = Annotated[float, Field(gt=0, le=MAX_SECS, allow_inf_nan=False)]
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECS, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=1, le=MAX_COUNT), JsonInteger]
+# The bounds are relay.yaml's (relay.config): durations finite and at most ten years (PostgreSQL
+# computes now() minus them), counts what a 32-bit integer holds.
+Count = Annotated[ConfigCount, JsonInteger]
 Name = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
 
 
@@ -62,13 +62,13 @@ class RuleMetadata(Body):
     workflow_name: Name | None = None
     count: Count | None = None
     threshold: Count | None = None
-    windowSecs: Positive | None = None
-    period_secs: Positive | None = None
+    windowSecs: Duration | None = None
+    period_secs: Duration | None = None
     queueName: Name | None = None
     queue_name: Name | None = None
-    thresholdSecs: Positive | None = None
-    threshold_secs: Positive | None = None
-    forSecs: Seconds | None = None
+    thresholdSecs: Duration | None = None
+    threshold_secs: Duration | None = None
+    forSecs: DurationOrZero | None = None
     reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
     attempts: Count | None = None
 
@@ -123,7 +123,7 @@ class CreateAlertingRule(Body):
 
     ruleType: Annotated[Kind, Strict(False)]  # by value
     ruleMetadata: RuleMetadata | None = None
-    minIntervalSecs: Seconds | None = None
+    minIntervalSecs: DurationOrZero | None = None
     receivingAppName: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)] | None = None
     webhook: Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)] | None = None
     secret: Annotated[str, Field(min_length=16, max_length=256, pattern=NO_NUL)] | None = None

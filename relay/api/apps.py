@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, WithJsonSchema
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import SkipJsonSchema
 
 from relay.api.common import (
     Admin,
@@ -20,18 +19,19 @@ from relay.api.common import (
     JsonInteger,
     Page,
     actor,
+    given,
     iso,
     optional,
 )
 from relay.api.shapes import Shape
-from relay.config import MAX_MS
+from relay.config import Duration, RetentionThreshold
 from relay.core.lifecycle import ExecutorState
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 # A retention setting: a positive integer, or null (off).
-Threshold = Annotated[int, Field(gt=0, le=MAX_MS), JsonInteger] | None
+Threshold = Annotated[RetentionThreshold, JsonInteger] | None
 
 
 def _not_private(value: bool) -> bool:
@@ -55,10 +55,8 @@ class AppSettings(Body):
 
     model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, json_schema_extra={"minProperties": 1})
 
-    executor_timeout_secs: Annotated[Annotated[float, Field(gt=0, le=7 * 24 * 3600)] | SkipJsonSchema[None], Given] = (
-        optional()
-    )
-    recover_to_latest_version: Annotated[bool | SkipJsonSchema[None], Given] = optional()
+    executor_timeout_secs: Annotated[Duration | None, Given] = given()
+    recover_to_latest_version: Annotated[bool | None, Given] = given()
     # Retention of the app's workflows (Conductor's settings); null turns one off.
     gc_time_threshold_ms: Threshold = optional()
     gc_rows_threshold: Threshold = optional()
