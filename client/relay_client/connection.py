@@ -4,10 +4,13 @@ answers, and reconnects until stopped.
 - Relay speaks first (``executor_info``); the client only answers.
 - Requests are served on worker threads (``asyncio.to_thread``), at most
   ``max_concurrent_requests`` at once, because DBOS's synchronous API refuses a
-  thread with a running event loop. Replies go through a bounded queue to one
-  sender, so a reply that Relay is slow to take holds its handler back rather
-  than memory growing without bound. Replies to the requests of a connection
-  that has closed are dropped: they were asked on a socket that is gone.
+  thread with a running event loop. The next frame is read only when one of
+  those turns is free, so a flood of requests waits in the socket (TCP slows
+  Relay down) rather than in memory here. Replies go through a bounded queue to
+  one sender, and a turn ends once its reply is queued, so a reply that Relay is
+  slow to take holds its handler back rather than memory growing without bound.
+  Replies to the requests of a connection that has closed are dropped: they were
+  asked on a socket that is gone.
 - The socket answers Relay's pings (websockets does) and pings Relay every 20 s,
   giving up on it when no pong comes within 15 s, as the SDK's client does.
 - After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so
@@ -278,17 +281,25 @@ class Connection:
         self, ws: ClientConnection, outbox: asyncio.Queue[str], requests: asyncio.Semaphore,
         handling: set[asyncio.Task[None]],
     ) -> None:  # fmt: skip
+        def finished(task: asyncio.Task[None]) -> None:
+            # The turn ends with the task, however it ends (cancelled before it began, too).
+            handling.discard(task)
+            requests.release()
+
         async for message in ws:
             if isinstance(message, bytes):
                 log.warning("relay_client: ignoring a binary frame from Relay")
                 continue
-            task = asyncio.create_task(self._answer(message, outbox, requests))
+            # A turn before the next frame is taken off the socket: requests beyond the turns wait in
+            # websockets' buffer and the socket's (TCP slows Relay down), not as a task each here.
+            await requests.acquire()
+            task = asyncio.create_task(self._answer(message, outbox))
             handling.add(task)
-            task.add_done_callback(handling.discard)
+            task.add_done_callback(finished)
 
-    async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
-        async with requests:
-            reply = await asyncio.to_thread(self.handlers.answer, text)
+    async def _answer(self, text: str, outbox: asyncio.Queue[str]) -> None:
+        """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
+        reply = await asyncio.to_thread(self.handlers.answer, text)
         if reply is not None:
             await outbox.put(reply)
 

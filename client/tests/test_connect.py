@@ -7,6 +7,7 @@ connection and records what the client answers and how the socket ends.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import ssl
@@ -32,10 +33,13 @@ from relay_client.handlers import Handlers, Identity
 class FakeRelay:
     """Accepts executors on ``/websocket/{app}/{key}``, asks executor_info, keeps what happens."""
 
-    def __init__(self, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, port: int = 0, tls: ssl.SSLContext | None = None, flood: int = 0) -> None:
         self.scheme = "wss" if tls else "ws"
+        self.flood = flood  # requests sent at once after executor_info is answered
+        self.flooded = threading.Event()
         self.paths: list[str] = []
         self.infos: list[dict[str, object]] = []
+        self.replies: list[dict[str, object]] = []
         self.close_codes: list[int | None] = []
         self.connected_at: list[float] = []
         self._server: Server = serve(self._handle, "127.0.0.1", port, ssl=tls)
@@ -49,8 +53,11 @@ class FakeRelay:
         ws.send(json.dumps({"type": "executor_info", "request_id": f"info-{len(self.paths)}"}))
         try:
             self.infos.append(json.loads(ws.recv(timeout=5)))
+            for n in range(self.flood):
+                ws.send(json.dumps({"type": "executor_info", "request_id": f"flood-{n}"}))
+            self.flooded.set()
             while True:
-                ws.recv()
+                self.replies.append(json.loads(ws.recv()))
         except ConnectionClosed:
             pass
         except TimeoutError:
@@ -258,3 +265,63 @@ def test_a_traceback_logged_through_the_websockets_logger_is_redacted_too(caplog
         shown = caplog.handler.format(record)
         assert secret not in shown and "***" in shown, shown
         assert record.exc_info is None
+
+
+class SlowHandlers(Handlers):
+    """Handlers whose answers to the flood wait for ``gate``, counting those that began."""
+
+    def __init__(self, identity: Identity) -> None:
+        super().__init__(identity)
+        self.gate = threading.Event()
+        self.began = 0
+        self._lock = threading.Lock()
+
+    def answer(self, text: str | bytes) -> str | None:
+        if "flood-" in str(text):
+            with self._lock:
+                self.began += 1
+            self.gate.wait(30)
+        return super().answer(text)
+
+
+def answering(connection: Connection) -> int:
+    """The tasks the connection's loop holds for requests (served, or waiting for a turn)."""
+
+    async def count() -> int:
+        tasks = asyncio.all_tasks()
+        return sum(getattr(t.get_coro(), "__qualname__", "") == "Connection._answer" for t in tasks)
+
+    assert connection._loop is not None
+    return asyncio.run_coroutine_threadsafe(count(), connection._loop).result(5)
+
+
+def test_a_flood_of_requests_waits_in_the_socket_not_as_a_task_each() -> None:
+    """Relay sends 100 requests at once to a client serving 2 at a time, its handlers slow: the client
+    holds at most 2 request tasks (it took one per frame as it came, 100 of them, each holding its
+    frame), the rest wait in the socket; once the handlers go on, every request is answered."""
+    turns, flood = 2, 100
+    relay = FakeRelay(flood=flood)
+    handlers = SlowHandlers(Identity(executor_id="e4", application_version="v1"))
+    try:
+        with Connection(relay.url, key="k", app="clienttest", handlers=handlers, max_concurrent_requests=turns) as c:
+            c.start()
+            eventually(lambda: relay.flooded.is_set() and handlers.began == turns)
+            # Every request was sent before this point: a client reading them all would hold a task each.
+            peak, watched_until = 0, time.monotonic() + 1.0
+            while time.monotonic() < watched_until:
+                peak = max(peak, answering(c))
+                time.sleep(0.02)
+            assert peak <= turns and handlers.began == turns, (peak, handlers.began)
+            handlers.gate.set()
+
+            def all_answered() -> bool:
+                nonlocal peak
+                peak = max(peak, answering(c))
+                return len(relay.replies) == flood
+
+            eventually(all_answered, timeout=30)
+            assert peak <= turns
+        assert sorted(str(r["request_id"]) for r in relay.replies) == sorted(f"flood-{n}" for n in range(flood))
+        assert {r["executor_id"] for r in relay.replies} == {"e4"}
+    finally:
+        relay.stop()
