@@ -78,6 +78,20 @@ def test_other_versions_wait_for_an_operator_whose_permission_is_remembered() ->
     assert policy.blocked is None
 
 
+def test_only_an_operators_nudge_ends_a_backoff_and_its_permission_is_kept() -> None:
+    """A backoff's wait reads wake-ups as a blocked wait does; only an operator's ends it (the
+    others, left over from a block, are consumed and the wait goes on)."""
+    policy = FailoverPolicy("dead", "v1")
+    policy.failed(dispatch(policy.decide(FACTS)), FACTS)
+    assert not policy.woken({"reason": "peer_connected", "peer": "p"})
+    assert not policy.woken({"reason": "settings_updated"})
+    assert not policy.woken(None) and not policy.woken("operator")
+    assert policy.woken({"reason": "operator", "toLatestVersion": False})
+    assert not policy.operator_allows_latest
+    assert policy.woken({"reason": "operator", "toLatestVersion": True})
+    assert policy.operator_allows_latest
+
+
 def test_a_reason_that_changes_is_recorded_again() -> None:
     policy = FailoverPolicy("dead", "v1")
     assert policy.decide(replace(FACTS, peers=())).record

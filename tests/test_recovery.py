@@ -341,6 +341,32 @@ def test_operator_recovery_skips_the_grace_period(
                                                    "recovery.succeeded", "executor.deleted"])  # fmt: skip
 
 
+def test_an_operators_recover_ends_a_failed_attempts_backoff_at_once(start_relay: StartRelay) -> None:
+    """An attempt fails and the recovery backs off for a minute; the operator's recover wakes it
+    and the next attempt begins within seconds, not after the backoff."""
+    relay = start_relay(grace=0.3, failoverBackoffInitialSecs=60, failoverBackoffMaxSecs=60)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    refusal = {"recovery": {"success": False}}
+    with SimulatedPeer(url, str(uuid.uuid4()), "answer", replies=refusal) as bad:
+        assert_eventually(lambda: relay.state_of("acme", "ledger", bad.executor_id) == "HEALTHY", 5)
+        dead = str(uuid.uuid4())
+        with SimulatedPeer(url, dead, "close"):
+            assert_eventually(lambda: relay.state_of("acme", "ledger", dead) == "HEALTHY", 5)
+        assert_eventually(lambda: "recovery.failed" in audit_actions(relay, dead), 15)
+        assert bad.recovery_requests == 1
+        with relay.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": dead}).json()
+            resp = api.post(f"/apps/ledger/executors/{dead}/recover")
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["recoveryId"] == recovery["recoveryId"]  # the run in its backoff, nudged
+        assert_eventually(lambda: bad.recovery_requests == 2, 15)
+    with relay.api() as api:
+        audit = api.get("/audit", params={"executorId": dead}).json()
+    failed = next(e for e in audit if e["action"] == "recovery.failed")
+    again = [e for e in audit if e["action"] == "recovery.dispatched"][1]
+    assert (ts(again["at"]) - ts(failed["at"])).total_seconds() < 20  # the backoff was 60 s
+
+
 def test_patch_validates_and_audits(start_relay: StartRelay) -> None:
     relay = start_relay()
     with relay.api() as api:

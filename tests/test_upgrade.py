@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import tarfile
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -19,9 +20,11 @@ from pathlib import Path
 import psycopg
 
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 
 RELEASE = Path(__file__).resolve().parent / "upgrade" / "relay-0.2.0.tar.gz"
@@ -118,6 +121,62 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
             assert recovery["status"] == "succeeded"
             assert workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS"
         assert "recovery.waiting_for_peer" in audit_actions(new, lonely.executor_id)
+    finally:
+        new.stop()
+
+
+def recorded_operations(relay_db: str, workflow_id: str) -> list[str]:
+    with psycopg.connect(relay_db) as conn:
+        rows = conn.execute(
+            "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+            (workflow_id,),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_a_recovery_of_0_2_0_in_its_backoff_sleep_finishes_after_the_upgrade(
+    tmp_path: Path, relay_db: str, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    """0.2.0 waits out a failed attempt's backoff in DBOS.sleep; this code waits in DBOS.recv (an
+    operator's nudge ends it) only in runs it starts. A run 0.2.0 began, killed with its sleep
+    recorded, must replay that sleep here and finish in the same run."""
+    old_home = tmp_path / "relay-0.2.0"
+    old_home.mkdir()
+    with tarfile.open(RELEASE) as release:
+        release.extractall(old_home, filter="data")
+    config = relay_yaml(free_port(), grace=0.3, failoverBackoffInitialSecs=8, failoverBackoffMaxSecs=8)
+    old = RelayProcess(old_home, relay_db, config, "relay-1").start()
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10"}
+    url = f"ws://127.0.0.1:{old.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, str(uuid.uuid4()), "answer", replies={"recovery": {"success": False}}) as bad:
+        victim = start_executor(old.conductor_url, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"})
+        assert_eventually(lambda: old.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+        victim.kill()  # its one peer refuses: the attempt fails and 0.2.0 sleeps out its backoff
+        with psycopg.connect(relay_db) as conn:
+            rid = assert_eventually(
+                lambda: (r := conn.execute("SELECT id FROM recoveries WHERE executor_id = %s",
+                                           (victim.executor_id,)).fetchone()) and str(r[0]), 10)  # fmt: skip
+        assert_eventually(lambda: "DBOS.sleep" in recorded_operations(relay_db, rid), 15)
+        assert bad.recovery_requests == 1
+    assert_eventually(lambda: old.state_of("acme", "ledger", bad.executor_id) == "DEAD", 10)
+    old.signal(signal.SIGKILL)
+    assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+
+    new = RelayProcess(tmp_path, relay_db, config, "relay-1")
+    try:
+        new.start()
+        rescuer = start_executor(new.conductor_url, env=env)
+        outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 2), 60)
+        assert outcomes == {"ledger-0": rescuer.executor_id, "ledger-1": rescuer.executor_id}
+        assert_eventually(lambda: new.executor("acme", "ledger", victim.executor_id) is None, 20)
+        with new.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": victim.executor_id}).json()
+        assert recovery["recoveryId"] == rid and recovery["status"] == "succeeded", recovery
+        assert [a["outcome"] for a in recovery["attempts"]] == ["failed", "succeeded"]
+        assert workflow_status(relay_db, rid) == "SUCCESS"  # the same run, not one the repair sweep began
+        operations = recorded_operations(relay_db, rid)
+        assert operations.count("DBOS.sleep") == 1 and "DBOS.recv" not in operations, operations
     finally:
         new.stop()
 

@@ -264,7 +264,7 @@ class Engine:
         """The death's recovery: the run that is live, or else a new run started now; returns its id."""
         rid, live = await self.current_recovery(key, epoch)
         if not live:
-            await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
+            await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger, nudgeable_backoff=True)
         return rid
 
     async def current_recovery(self, key: ExecutorKey, epoch: int) -> tuple[str, bool]:
@@ -442,7 +442,8 @@ class Engine:
         return result
 
 
-# The parameters of workflows.recovery.recover, Relay 0.2.0's as this release's.
+# The parameters of workflows.recovery.recover that name its death, Relay 0.2.0's as this release's
+# (``nudgeable_backoff`` came after, passed by keyword).
 _RECOVER_PARAMS = ("org", "app", "executor_id", "epoch", "trigger")
 
 
@@ -473,9 +474,9 @@ async def _send(workflow_id: str, message: dict[str, Any], topic: str) -> None:
         log.debug("no workflow %s to tell %s", workflow_id, topic)
 
 
-async def _start(workflow_id: str, fn: Any, *args: Any) -> None:
+async def _start(workflow_id: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     # A workflow id names the disconnection or death (and run) it is for: starting
     # it twice (a retry, the repair sweep, two instances at once) finds the first
     # one. It runs as a task on Relay's loop.
     with SetWorkflowID(workflow_id):
-        await DBOS.start_workflow_async(fn, *args)
+        await DBOS.start_workflow_async(fn, *args, **kwargs)

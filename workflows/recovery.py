@@ -10,7 +10,8 @@ version. Success is verified with ``exist_pending_workflows`` before the
 record is deleted, asked of another executor of the app than the one that
 recovered whenever one answers (:func:`relay.core.peers.verifiers`); a
 failure moves on to the next candidate after the policy's backoff
-(``DBOS.sleep``). What an executor answers can fail an attempt, never the
+(``DBOS.recv``, which an operator's ``recover`` ends at once; ``DBOS.sleep`` in
+a run begun without ``nudgeable_backoff``). What an executor answers can fail an attempt, never the
 workflow: a step that talks to executors turns any exception but database
 trouble into a failed outcome with its reason (:func:`relay_step`'s
 ``on_error``).
@@ -39,6 +40,12 @@ its first step, from the first step DBOS recorded for it (none: a new run).
 Merging is safe because each part is: a re-run of a merged step repeats an
 idempotent write and an idempotent request.
 
+The backoff's wait: a run started by an earlier release (or by this code before
+``nudgeable_backoff``) recorded its backoffs as ``DBOS.sleep``, which a replay
+cannot read back as a ``DBOS.recv`` (two recorded operations, not one); so only
+a run started with ``nudgeable_backoff=True``, as every start now passes it,
+waits in ``DBOS.recv``, and earlier runs keep sleeping.
+
 Upgrades: the workflow's name is Relay 0.2.0's, and so are, for the runs it
 started, its steps' names, their order and their outputs' shapes, so a
 recovery that release started finishes under this one (a key added to an
@@ -51,6 +58,7 @@ checkpoints.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
 from typing import NotRequired, TypedDict, TypeVar
 
@@ -426,8 +434,11 @@ async def _verify(
 
 
 @relay_step("relay.fail_attempt")
-async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) -> None:
+async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) -> float:
+    """Record the failed attempt; returns when (``time.time()``), from which its backoff counts
+    (a checkpoint of a release before ``nudgeable_backoff`` holds None: such a run sleeps)."""
     await services().recoveries.fail_attempt(ref, attempt, peer, error, dedupe_key())
+    return time.time()
 
 
 @relay_step("relay.succeed")
@@ -492,17 +503,38 @@ async def _first_step(rid: str) -> str | None:
     return await until_done(read, f"recovery {rid}: reading its first step", DatabaseError, log)
 
 
+async def _wait_out_backoff(policy: FailoverPolicy, until: float) -> None:
+    """The backoff after a failed attempt, until ``until`` (``time.time()``), ended at once by an
+    operator's nudge, which is read as a blocked wait reads it (:meth:`FailoverPolicy.woken`).
+
+    Other wake-ups found here were sent while the run was blocked (peers and settings wake only
+    a blocked run) and were left over: they are consumed and the wait goes on. Whether to wait
+    again depends only on what each ``DBOS.recv`` returned, never on the clock, so a replay makes
+    the same calls; the clock only sets each one's timeout (the first one's is recorded by DBOS).
+    """
+    while True:
+        message = await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=max(0.0, until - time.time()))
+        if message is None or policy.woken(message):
+            return
+
+
 @DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
+async def recover(
+    org: str, app: str, executor_id: str, epoch: int, trigger: str, nudgeable_backoff: bool = False
+) -> str:
+    """``nudgeable_backoff``: wait out a backoff in ``DBOS.recv`` (an operator's nudge ends it); every
+    start passes True, and a run begun without it (an earlier release's) keeps its ``DBOS.sleep``."""
     turn = Turn()
     await turn.take()
     try:
-        return await _run(org, app, executor_id, epoch, trigger, turn)
+        return await _run(org, app, executor_id, epoch, trigger, turn, nudgeable_backoff)
     finally:
         turn.give_back()
 
 
-async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, turn: Turn) -> str:
+async def _run(
+    org: str, app: str, executor_id: str, epoch: int, trigger: str, turn: Turn, nudgeable_backoff: bool
+) -> str:
     rid = DBOS.workflow_id
     assert rid is not None
     ref = RecoveryRef(ExecutorKey(org, app, executor_id), epoch, rid)
@@ -572,7 +604,11 @@ async def _run(org: str, app: str, executor_id: str, epoch: int, trigger: str, t
             if result["ok"]:
                 await succeed(ref, decision.attempt, peer, result.get("verifier"))
                 return "succeeded"
-        await fail_attempt(ref, decision.attempt, peer, result.get("error", "failed"))
+        failed_at = await fail_attempt(ref, decision.attempt, peer, result.get("error", "failed"))
+        delay = policy.failed(decision, facts)
         turn.give_back()
-        await DBOS.sleep_async(policy.failed(decision, facts))
+        if nudgeable_backoff:  # a run begun with it recorded when each attempt failed
+            await _wait_out_backoff(policy, failed_at + delay)
+        else:
+            await DBOS.sleep_async(delay)
         await turn.take()

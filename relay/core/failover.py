@@ -24,6 +24,8 @@ from relay.core.peers import BlockedReason, Mode, Peer, backoff, choose_peer
 # Enough to keep two cores busy and to fill shared recovery frames (100 measured the same); few
 # enough that a group's earliest deaths are not held up by the rest.
 RECOVERIES_AT_ONCE = 40
+# The ``reason`` of the wake-up an operator's ``recover`` sends (relay.domain.operator).
+OPERATOR_NUDGE = "operator"
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,14 @@ class FailoverPolicy:
         self.attempt += 1
         return Dispatch(self.attempt, choice.peer, choice.mode, self.last_failed, self.delay)
 
-    def woken(self, message: object) -> None:
-        """A wake-up while blocked; an operator's may allow moving onto the latest version."""
-        if isinstance(message, dict) and message.get("toLatestVersion"):
+    def woken(self, message: object) -> bool:
+        """A wake-up, read while blocked or during a backoff; an operator's may allow moving onto the
+        latest version. True if it is an operator's nudge (``recover``), which ends a backoff."""
+        if not isinstance(message, dict):
+            return False
+        if message.get("toLatestVersion"):
             self.operator_allows_latest = True
+        return message.get("reason") == OPERATOR_NUDGE
 
     def failed(self, dispatch: Dispatch, facts: Facts) -> float:
         """The attempt failed: skip its peer this round; returns the backoff before the next one."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from relay.core.failover import OPERATOR_NUDGE
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
@@ -108,8 +109,8 @@ class Operator:
         if rec.state is ExecutorState.DISCONNECTED:
             await self.durable.end_grace(key, rec.epoch, "operator recovery")
         # A new run reads the message when it first waits (an operator's permission to move
-        # onto the latest version reaches it so).
-        await self.durable.wake_recovery(rid, {"reason": "operator", "toLatestVersion": to_latest_version})
+        # onto the latest version reaches it so); a run in its backoff stops waiting.
+        await self.durable.wake_recovery(rid, {"reason": OPERATOR_NUDGE, "toLatestVersion": to_latest_version})
         await self._until_recorded(rid)
         return rid
 
