@@ -14,6 +14,7 @@ so the ways it happens in production, without touching Relay's own tables:
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,9 @@ import psycopg
 from dbos import DBOSClient
 
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess, audit_actions
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
@@ -227,3 +230,28 @@ def test_a_grace_period_the_repair_sweep_restarts_counts_from_the_disconnection(
     (dead,) = [e for e in audit if e["action"] == "executor.dead"]
     # (A grace period counted from the start-up sweep would end about ``grace`` after it.)
     assert ts(dead["at"]).timestamp() - ready < grace / 2, "a new grace period was counted from the restart"
+
+
+def test_a_cancelled_recoverys_record_stops_waiting_once_its_executor_is_back(
+    start_relay: StartRelay, relay_db: str
+) -> None:
+    """A recovery run cancelled with DBOS's tools while it waits for a peer, then its executor
+    reconnects (the same id, after a network blip) before any sweep starts a run 2: the record must
+    not go on saying ``waiting_for_peer`` for an executor that is back and no run that is live."""
+    relay = start_relay(grace=0.3, repairIntervalSecs=3600)  # only the start-up sweep
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    executor_id = str(uuid.uuid4())
+    with SimulatedPeer(url, executor_id, "close"):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+    assert_eventually(
+        lambda: (relay.executor("acme", "ledger", executor_id) or {}).get("blockedReason") == "no_healthy_peer", 10
+    )
+    (run,) = recoveries(relay, executor_id)
+    assert run["status"] == "waiting_for_peer"
+    cancel(relay_db, run["recoveryId"])
+    with SimulatedPeer(url, executor_id, "close"):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 5)
+        ended = assert_eventually(lambda: (r := recoveries(relay, executor_id)[0])["status"] == "failed" and r, 10)
+    assert "reconnected" in ended["error"], ended
+    assert dbos_status(relay_db, run["recoveryId"]) == "CANCELLED"
+    assert audit_actions(relay, executor_id).count("recovery.failed") == 1

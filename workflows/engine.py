@@ -61,6 +61,8 @@ DEFAULT_GRACE_SECS = 60.0
 LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
 # Waiting on a queue: not taken by a worker yet (DELAYED: not before its due time).
 QUEUED = LIVE - {"PENDING"}
+# Why a recovery's record ends when its executor reconnects and no run of it is live.
+BACK_WITH_NO_RUN = "the executor reconnected; no recovery run was live (it had ended without finishing)"
 # Workflow ids looked up in one query by the repair sweep.
 SWEEP_BATCH = 200
 
@@ -230,6 +232,7 @@ class Engine:
     async def _work(self) -> None:
         handlers: dict[str, Callable[[ExecutorKey, int, int | None, float], Awaitable[None]]] = {
             "connected": self._reconnected,
+            "back_from_dead": self._back_from_dead,
         }
         while True:
             kind, key, epoch, previous, at = await self._events.get()
@@ -242,8 +245,12 @@ class Engine:
         # Not through the workers: grace periods that begin together start in one transaction.
         self.graces.add(key, epoch, lost_at)
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None) -> None:
+    async def executor_connected(
+        self, key: ExecutorKey, epoch: int, grace_epoch: int | None, dead_epoch: int | None = None
+    ) -> None:
         self._events.put_nowait(("connected", key, epoch, grace_epoch, time.time()))
+        if dead_epoch is not None:
+            self._events.put_nowait(("back_from_dead", key, epoch, dead_epoch, time.time()))
 
     async def _grace_secs(self, org: str, app: str) -> float:
         """A grace period's length: the app's setting when it starts, counted from the disconnection
@@ -257,6 +264,15 @@ class Engine:
             await self.graces.attempted(grace_id(key, grace_epoch))
             await _send(grace_id(key, grace_epoch), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
+
+    async def _back_from_dead(self, key: ExecutorKey, _epoch: int, dead_epoch: int | None, _at: float) -> None:
+        """The executor reconnected while DEAD or RECOVERING. A live recovery run finds it back and
+        ends itself; a run that ended without finishing (cancelled, in ERROR, dead-lettered) left its
+        record saying it is at work, and no sweep looks at a HEALTHY executor: that record ends here."""
+        assert dead_epoch is not None
+        _, live = (await self._latest_runs([(key, dead_epoch)]))[(key, dead_epoch)]
+        if not live:
+            await self.recoveries.end_unfinished(key, dead_epoch, BACK_WITH_NO_RUN)
 
     # -- Durable ------------------------------------------------------------------------
 

@@ -49,13 +49,21 @@ log = logging.getLogger("relay.hub")
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
 
 
+# A record in one of these states when its executor connects again: that death's recovery is over.
+DEATH_STATES = frozenset({ExecutorState.DEAD, ExecutorState.RECOVERING})
+
+
 class HubEvents(Protocol):
     """What the durable layer wants to hear from the hub (grace periods, wake-ups)."""
 
-    async def executor_connected(self, key: ExecutorKey, epoch: int, grace_epoch: int | None) -> None:
+    async def executor_connected(
+        self, key: ExecutorKey, epoch: int, grace_epoch: int | None, dead_epoch: int | None = None
+    ) -> None:
         """``grace_epoch``: the epoch of the disconnection this connection ends, when the record was
         DISCONNECTED (its grace period waits for word of the reconnect); None otherwise (a new executor,
-        one taken over from another socket, or one already DEAD, whose grace period is over)."""
+        one taken over from another socket, or one already DEAD, whose grace period is over).
+        ``dead_epoch``: the epoch of the death it ends, when the record was DEAD or RECOVERING (its
+        recovery is over)."""
         ...
 
     async def executor_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None: ...
@@ -226,7 +234,8 @@ class Hub:
         # instant before the row is locked is missed, and its grace period waits its time out, then
         # finds the executor reconnected, as the epoch guard on declaring it dead does.)
         ended = result.previous_epoch if result.previous_state is ExecutorState.DISCONNECTED else None
-        await self.events.executor_connected(key, result.epoch, ended)
+        dead = result.previous_epoch if result.previous_state in DEATH_STATES else None
+        await self.events.executor_connected(key, result.epoch, ended, dead)
         return result.epoch
 
     async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:

@@ -375,6 +375,27 @@ class RecoveryStore:
 
         await self.db.writes.run(write)
 
+    async def end_unfinished(self, key: ExecutorKey, epoch: int, reason: str) -> list[str]:
+        """The records of this death's runs that still say they are at work, when the executor is back
+        and none of them is live: ``failed`` with ``reason``, and ``recovery.failed`` audited, as a
+        run that found the executor back writes (:meth:`abandon`). Returns their ids."""
+
+        async def write(conn: Conn) -> list[str]:
+            cur = await conn.execute(
+                """UPDATE recoveries SET status = 'failed', error = %s, updated_at = now()
+                   WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s
+                     AND status NOT IN ('succeeded', 'failed')
+                   RETURNING id""",
+                (reason, key.org, key.app, key.executor_id, epoch),
+            )
+            ended = sorted(str(r["id"]) for r in await cur.fetchall())
+            for rid in ended:
+                detail = {"error": reason, "recoveryId": rid, "final": True}
+                await audit_executor(conn, key, "recovery.failed", f"back:{rid}", detail=detail)
+            return ended
+
+        return await self.db.writes.run(write)
+
     async def get(
         self,
         org: str,
