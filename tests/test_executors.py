@@ -62,14 +62,16 @@ def test_request_reaches_the_executor_and_its_reply_comes_back(
 
 
 def test_kill_9_is_disconnected_within_ping_wait(start_relay: StartRelay, start_executor: StartExecutor) -> None:
-    relay = start_relay(pingIntervalSecs=0.5, pingWaitSecs=3.0)
+    # A missed pong tells no sooner than pingWaitSecs - pingIntervalSecs (5.5 s) after the kill: room
+    # for a loaded machine to see the closed socket well before that.
+    relay = start_relay(pingIntervalSecs=0.5, pingWaitSecs=6.0)
     ex = start_executor(relay.conductor_url)
     assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY", 10)
-    killed = time.monotonic()
     ex.kill()
-    assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 3.0 + 0.5)
+    killed = time.monotonic()  # (the process is reaped: Relay may have seen the socket close already)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 6.0 + 0.5)
     # The kernel closes a killed process's socket, so Relay knows at once.
-    assert time.monotonic() - killed < 1.5
+    assert time.monotonic() - killed < 4.0
     record = relay.executor("acme", "ledger", ex.executor_id)
     assert record is not None and record["disconnectedAt"] is not None
 
@@ -81,18 +83,26 @@ def test_sigstop_is_disconnected_after_ping_wait_and_not_before(
     relay = start_relay(pingIntervalSecs=interval, pingWaitSecs=wait)
     ex = start_executor(relay.conductor_url)
     assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY", 10)
-    time.sleep(2 * interval)  # a few ping rounds, so that the last pong is recent
+    # Any frame counts as heard: a request answered through the executor is a frame Relay reads
+    # after ``heard`` (not a pong that a busy machine may have kept from coming in the last interval).
+    heard = time.monotonic()
+    with relay.api() as api:
+        assert api.get(f"/apps/ledger/executors/{ex.executor_id}/workflows").status_code == 200
     stopped = time.monotonic()
     ex.pause()
     try:
-        # The socket stays open; only the missing pongs tell. The last pong came
-        # at most one interval before the stop, so nothing may happen before
-        # wait - interval has passed.
-        while time.monotonic() < stopped + wait - interval - 0.1:
-            assert relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY"
+        # The socket stays open; only the missing pongs tell, and not before ``heard`` + wait:
+        # every state read that has ended by then must be HEALTHY.
+        while True:
+            state = relay.state_of("acme", "ledger", ex.executor_id)
+            if time.monotonic() >= heard + wait:
+                break
+            assert state == "HEALTHY"
             time.sleep(0.05)
-        assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", interval + 1.0)
-        assert time.monotonic() - stopped < wait + 1.0
+        # And soon after: within the 2 s the chaos checker allows a loaded machine past pingWaitSecs
+        # (chaos/dbrules.py, HEALTHY_TOLERANCE_SECS).
+        assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 2.0)
+        assert time.monotonic() - stopped < wait + 2.0
         assert f"executor acme/ledger/{ex.executor_id}: nothing heard for 2s" in relay.log()
     finally:
         ex.resume()
