@@ -113,38 +113,50 @@ def test_a_workflow_step_waits_longer_for_a_connection_than_the_pool_does(relay_
     """In a group failure the pool's queue can outlast its timeout: a step's reads wait (they are
     retried anyway, at a higher cost), the others still fail after the pool's timeout."""
 
-    async def scenario() -> tuple[bool, float]:
+    async def scenario() -> tuple[bool, float, float, float]:
         db = Database(relay_db, min_size=1, max_size=1)
         db.pool.timeout = 0.5  # the pool's 10 s, shortened for the test
         await db.open()
+        taken, release = asyncio.Event(), asyncio.Event()
         try:
 
-            async def hold(secs: float) -> None:
-                async with db.connection() as conn:
-                    await conn.execute("SELECT pg_sleep(%s)", (secs,))
+            async def hold() -> float:
+                async with db.connection():
+                    taken.set()
+                    await release.wait()
+                    released = time.monotonic()  # the connection goes back to the pool after this
+                return released
+
+            asked: list[float] = []
 
             async def read() -> float:
+                asked.append(time.monotonic())
                 async with db.connection() as conn:
                     await conn.execute("SELECT 1")
                 return time.monotonic()
 
-            held = asyncio.create_task(hold(1.5))
-            await asyncio.sleep(0.1)
+            # Held until the test lets go (not for a time that a slow start of the test could use up).
+            held = asyncio.create_task(hold())
+            await taken.wait()
             try:
                 await read()
                 refused = False
             except DatabaseError:
                 refused = True
-            started = time.monotonic()
-            answered = await patiently(read(), 5.0)
-            await held
-            return refused, answered - started
+            patient = asyncio.create_task(patiently(read(), 5.0))
+            await asyncio.sleep(0)  # the task runs up to its wait for a connection
+            assert len(asked) == 2
+            await asyncio.sleep(1.0)  # twice the pool's timeout, counted from when the read asked
+            release.set()
+            return refused, asked[1], await held, await patient
         finally:
+            release.set()
             await db.close()
 
-    refused, waited = asyncio.run(scenario())
+    refused, started, released, answered = asyncio.run(scenario())
     assert refused  # past the pool's timeout
-    assert 0.5 < waited < 3.0  # the patient read waited for the held connection, longer than the pool would
+    # The patient read waited for the held connection, longer than the pool would.
+    assert answered >= released and released - started >= 1.0
 
 
 def test_serve_refuses_a_port_out_of_range() -> None:
