@@ -140,7 +140,11 @@ def test_a_reconnect_through_another_instance_moves_ownership_and_ends_the_old_g
         assert back["relayInstance"] == "relay-2"
         # Instance 1's grace period was told through the database, long before its deadline.
         assert_eventually(lambda: [w[1] for w in relay_workflow(r1, grace)] == ["SUCCESS"], 3)
-        assert time.time() < ts(first["disconnectedAt"]) + 6.0
+        # Ended before its deadline: timed by its own end, not by when this test saw it (later).
+        with psycopg.connect(r1.database_url) as conn:
+            row = conn.execute("SELECT updated_at FROM dbos.workflow_status WHERE workflow_uuid LIKE %s", (grace,))
+            (ended_ms,) = row.fetchone() or (None,)
+        assert ended_ms is not None and ended_ms / 1000 < ts(first["disconnectedAt"]) + 6.0
         time.sleep(max(0.0, ts(first["disconnectedAt"]) + 7.0 - time.time()))
         assert executor(r1, ex.executor_id)["state"] == "HEALTHY"  # type: ignore[index]
         assert "executor.dead" not in audit_actions(r1, ex.executor_id)
@@ -177,7 +181,8 @@ def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
     adopter = adopted[0]["detail"]["adoptedBy"]
     assert adopter in ("relay-2", "relay-3")
     assert adopted[0]["detail"]["executors"] == 2
-    assert ts(adopted[0]["at"]) - killed_at < lease + 1.5  # the lease, a scan interval, some slack
+    # The lease, a scan interval (lease / 3), and the 2 s the chaos checker allows a loaded machine.
+    assert ts(adopted[0]["at"]) - killed_at < lease + lease / 3 + 2.0
 
     # The dead instance's grace period resumed on the adopter, with its original deadline.
     dead = assert_eventually(
@@ -315,7 +320,9 @@ def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_
             os.kill(pid, signal.SIGCONT)
     resumed = time.time()
     assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
-    assert time.time() - resumed < 5  # the notification woke it, not the 30 s re-check
+    # The notification woke it, not the 30 s re-check (the recovery is done in this time too: as
+    # above, 10 s leaves a loaded machine room for it and is still far from the re-check).
+    assert time.time() - resumed < 10
     assert_recovered_by(evidence_db, peer)
 
 
