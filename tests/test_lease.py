@@ -162,16 +162,18 @@ async def _held_for(url: str) -> None:
     await db.open()
     try:
         await db.migrate()
-        lease = Lease(db, "held-test", 0.4)
+        # A lease of 1.2 s renewed after 0.3 s: a loaded machine's late renewal still falls within it
+        # (with 0.4 s, 0.1 s of lag made a gap).
+        lease = Lease(db, "held-test", 1.2)
         await lease.acquire()
         assert lease.held and 0 <= lease.held_for() < 0.4
         await asyncio.sleep(0.3)
         assert await lease.renew()
         assert lease.held_for() >= 0.3  # renewed in time: held without a gap
-        await asyncio.sleep(0.6)  # no renewal within the lease (a pause, a lost database)
+        await asyncio.sleep(1.5)  # no renewal within the lease (a pause, a lost database)
         assert not lease.held and lease.held_for() == 0.0
         assert await lease.renew()  # nobody adopted it: back, but only just
-        assert lease.held and lease.held_for() < 0.1
+        assert lease.held and lease.held_for() < 1.0  # counted from this renewal, not from 1.8 s ago
         await lease.stop()
     finally:
         await db.close()
