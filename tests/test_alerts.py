@@ -427,9 +427,11 @@ def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_re
             ).fetchall()
         return [name for (name,) in rows]
 
-    later = int(time.time() // interval) + 3  # an interval to come, whose round the old instance began
     client = DBOSClient(system_database_url=relay.database_url, application_name="relay")
     try:
+        # An interval to come, whose round the old instance began: counted once the client is made (a
+        # loaded machine may take seconds to), so that it is still to come when the round is enqueued.
+        later = int(time.time() // interval) + 3
         options: EnqueueOptions = {
             "workflow_name": "relay.alerts.check",
             "queue_name": "_dbos_internal_queue",
