@@ -20,7 +20,7 @@ from workflows import recovery as _recovery  # noqa: F401
 
 def test_relays_workflows_are_never_dead_lettered_by_dbos() -> None:
     registry = _get_or_create_dbos_registry()
-    for name in ("relay.grace_period", "relay.recover", "relay.recover.v2"):
+    for name in ("relay.grace_period", "relay.recover"):
         info = get_func_info(registry.workflow_info_map[name])
         assert info is not None
         assert info.max_recovery_attempts is None or info.max_recovery_attempts >= 1_000_000, name

@@ -280,7 +280,7 @@ class Engine:
         """The death's recovery: the run that is live, or else a new run started now; returns its id."""
         rid, live = await self.current_recovery(key, epoch)
         if not live:
-            await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger)
+            await _start(rid, recover, key.org, key.app, key.executor_id, epoch, trigger, nudgeable_backoff=True)
         return rid
 
     async def current_recovery(self, key: ExecutorKey, epoch: int) -> tuple[str, bool]:
@@ -458,8 +458,8 @@ class Engine:
         return result
 
 
-# The parameters of workflows.recovery.recover (``relay.recover.v2``) that name its death, those of
-# Relay 0.2.0's ``relay.recover`` too.
+# The parameters of workflows.recovery.recover that name its death, Relay 0.2.0's as this release's
+# (``nudgeable_backoff`` came after, passed by keyword).
 _RECOVER_PARAMS = ("org", "app", "executor_id", "epoch", "trigger")
 
 

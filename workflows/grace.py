@@ -60,5 +60,5 @@ async def grace_period(
     if not await declare_dead(org, app, executor_id, epoch):
         return "not dead: it reconnected or was handled already"
     with SetWorkflowID(recovery_id(ExecutorKey(org, app, executor_id), epoch)):
-        await DBOS.start_workflow_async(recover, org, app, executor_id, epoch, "grace_period")
+        await DBOS.start_workflow_async(recover, org, app, executor_id, epoch, "grace_period", nudgeable_backoff=True)
     return "dead"

@@ -230,7 +230,9 @@ async def reconcile(org: str, app: str) -> dict[str, int]:
         if epoch is None:
             continue
         with SetWorkflowID(recovery_id(ExecutorKey(org, app, stranded["executorId"]), epoch)):
-            await DBOS.start_workflow_async(recover, org, app, stranded["executorId"], epoch, "reconcile")
+            await DBOS.start_workflow_async(
+                recover, org, app, stranded["executorId"], epoch, "reconcile", nudgeable_backoff=True
+            )
         started += 1
     if started:
         log.info("reconcile %s/%s: recovering %d stranded executors", org, app, started)

@@ -11,7 +11,7 @@ record is deleted, asked of another executor of the app than the one that
 recovered whenever one answers (:func:`relay.core.peers.verifiers`); a
 failure moves on to the next candidate after the policy's backoff
 (``DBOS.recv``, which an operator's ``recover`` ends at once; ``DBOS.sleep`` in
-a run of ``relay.recover``, an earlier release's). What an executor answers can fail an attempt, never the
+a run begun without ``nudgeable_backoff``). What an executor answers can fail an attempt, never the
 workflow: a step that talks to executors turns any exception but database
 trouble into a failed outcome with its reason (:func:`relay_step`'s
 ``on_error``).
@@ -40,11 +40,11 @@ its first step, from the first step DBOS recorded for it (none: a new run).
 Merging is safe because each part is: a re-run of a merged step repeats an
 idempotent write and an idempotent request.
 
-The backoff's wait: a run started by an earlier release recorded its backoffs
-as ``DBOS.sleep``, which a replay cannot read back as a ``DBOS.recv`` (two
-recorded operations, not one); so only a run of ``relay.recover.v2``, as every
-start now begins, waits in ``DBOS.recv``, and runs of ``relay.recover`` keep
-sleeping.
+The backoff's wait: a run started by an earlier release (or by this code before
+``nudgeable_backoff``) recorded its backoffs as ``DBOS.sleep``, which a replay
+cannot read back as a ``DBOS.recv`` (two recorded operations, not one); so only
+a run started with ``nudgeable_backoff=True``, as every start now passes it,
+waits in ``DBOS.recv``, and earlier runs keep sleeping.
 
 Upgrades: the workflow's name is Relay 0.2.0's, and so are, for the runs it
 started, its steps' names, their order and their outputs' shapes, so a
@@ -436,7 +436,7 @@ async def _verify(
 @relay_step("relay.fail_attempt")
 async def fail_attempt(ref: RecoveryRef, attempt: int, peer: str, error: str) -> float:
     """Record the failed attempt; returns when (``time.time()``), from which its backoff counts
-    (a checkpoint of an earlier release holds None: such a run, of ``relay.recover``, sleeps)."""
+    (a checkpoint of a release before ``nudgeable_backoff`` holds None: such a run sleeps)."""
     await services().recoveries.fail_attempt(ref, attempt, peer, error, dedupe_key())
     return time.time()
 
@@ -518,25 +518,12 @@ async def _wait_out_backoff(policy: FailoverPolicy, until: float) -> None:
             return
 
 
-@DBOS.workflow(name="relay.recover.v2", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def recover(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
-    """A death's recovery run, as every start now begins one: merged steps, and a backoff that an
-    operator's nudge ends (``DBOS.recv``). A name of its own beside :func:`recover_0_2_0`, whose
-    steps differ: during a rolling upgrade an instance of 0.2.0 that would resume this run meets a
-    name it does not know and leaves it to an instance of this release, never steps it would
-    misread (0.2.0's six steps, its ``DBOS.sleep``)."""
-    return await _taking_turns(org, app, executor_id, epoch, trigger, nudgeable_backoff=True)
-
-
 @DBOS.workflow(name="relay.recover", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
-async def recover_0_2_0(org: str, app: str, executor_id: str, epoch: int, trigger: str) -> str:
-    """The runs an earlier release began under this name (Relay 0.2.0's, and this code's before
-    ``relay.recover.v2``): they resume here with the steps they recorded, backoffs in ``DBOS.sleep``.
-    Nothing starts it any more; its name, parameters and steps must stay as they are."""
-    return await _taking_turns(org, app, executor_id, epoch, trigger, nudgeable_backoff=False)
-
-
-async def _taking_turns(org: str, app: str, executor_id: str, epoch: int, trigger: str, nudgeable_backoff: bool) -> str:
+async def recover(
+    org: str, app: str, executor_id: str, epoch: int, trigger: str, nudgeable_backoff: bool = False
+) -> str:
+    """``nudgeable_backoff``: wait out a backoff in ``DBOS.recv`` (an operator's nudge ends it); every
+    start passes True, and a run begun without it (an earlier release's) keeps its ``DBOS.sleep``."""
     turn = Turn()
     await turn.take()
     try:
