@@ -42,6 +42,7 @@ class FakeRelay:
         self.replies: list[dict[str, object]] = []
         self.close_codes: list[int | None] = []
         self.connected_at: list[float] = []
+        self.sockets: list[ServerConnection] = []
         self._server: Server = serve(self._handle, "127.0.0.1", port, ssl=tls)
         self.port: int = self._server.socket.getsockname()[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -49,6 +50,7 @@ class FakeRelay:
 
     def _handle(self, ws: ServerConnection) -> None:
         self.connected_at.append(time.monotonic())
+        self.sockets.append(ws)
         self.paths.append(ws.request.path if ws.request else "")
         ws.send(json.dumps({"type": "executor_info", "request_id": f"info-{len(self.paths)}"}))
         try:
@@ -323,5 +325,26 @@ def test_a_flood_of_requests_waits_in_the_socket_not_as_a_task_each() -> None:
             assert peak <= turns
         assert sorted(str(r["request_id"]) for r in relay.replies) == sorted(f"flood-{n}" for n in range(flood))
         assert {r["executor_id"] for r in relay.replies} == {"e4"}
+    finally:
+        relay.stop()
+
+
+def test_relays_pings_are_answered_while_a_flood_of_requests_waits_for_a_turn() -> None:
+    """Relay floods a client serving 2 at a time with slow handlers, then pings it (as the hub does
+    every pingIntervalSecs): the pong must come while the handlers are still busy, or Relay takes a
+    live executor for dead after pingWaitSecs (a handler may well take longer, a big list_workflows)."""
+    turns, flood = 2, 100
+    relay = FakeRelay(flood=flood)
+    handlers = SlowHandlers(Identity(executor_id="e5", application_version="v1"))
+    try:
+        with Connection(relay.url, key="k", app="clienttest", handlers=handlers, max_concurrent_requests=turns) as c:
+            c.start()
+            eventually(lambda: relay.flooded.is_set() and handlers.began == turns)
+            time.sleep(0.5)  # the flood is in the client's socket: the ping comes after it, as it would
+            pong = relay.sockets[-1].ping()
+            answered = pong.wait(10)
+            handlers.gate.set()
+            assert answered, "the client answered no ping while its handlers were busy"
+            eventually(lambda: len(relay.replies) == flood, timeout=30)
     finally:
         relay.stop()
