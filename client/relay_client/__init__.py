@@ -39,6 +39,7 @@ def connect(
     ssl_context: ssl.SSLContext | None = None,
     max_concurrent_requests: int = 4,
     send_queue_size: int = 64,
+    max_waiting_requests: int = 64,
 ) -> Connection:
     """Connect this launched DBOS process to Relay at ``url`` (``ws://`` or ``wss://``) as an executor of ``app``.
 
@@ -64,7 +65,7 @@ def connect(
         url, key=key, app=app, ssl_context=_tls(url, ca_file, ssl_context),
         handlers=Handlers(identity),
         max_concurrent_requests=max_concurrent_requests, send_queue_size=send_queue_size,
-        alive=lambda: _internals.live_instance() is instance,
+        max_waiting_requests=max_waiting_requests, alive=lambda: _internals.live_instance() is instance,
     )  # fmt: skip
     connection.handlers.retention = Retention(stopping=lambda: not connection.running)
     lifecycle.track(connection)

@@ -4,11 +4,14 @@ answers, and reconnects until stopped.
 - Relay speaks first (``executor_info``); the client only answers.
 - Requests are served on worker threads (``asyncio.to_thread``), at most
   ``max_concurrent_requests`` at once, because DBOS's synchronous API refuses a
-  thread with a running event loop. The next frame is read only when one of
-  those turns is free, so a flood of requests waits in the socket (TCP slows
-  Relay down) rather than in memory here. Replies go through a bounded queue to
-  one sender, and a turn ends once its reply is queued, so a reply that Relay is
-  slow to take holds its handler back rather than memory growing without bound.
+  thread with a running event loop. Frames are read as they come, so Relay's
+  pings are answered however busy the handlers are; up to
+  ``max_waiting_requests`` more requests wait for a turn, and a request beyond
+  those is answered at once with its failure reply saying the client is busy
+  (memory stays bounded, and Relay hears why instead of waiting out its
+  timeout). Replies go through a bounded queue to one sender, and a turn ends
+  once its reply is queued, so a reply that Relay is slow to take holds its
+  handler back rather than memory growing without bound.
   Replies to the requests of a connection that has closed are dropped: they were
   asked on a socket that is gone.
 - The socket answers Relay's pings (websockets does) and pings Relay every 20 s,
@@ -121,9 +124,12 @@ class Connection:
         send_queue_size: int = 64,
         max_frame_bytes: int | None = None,
         alive: Callable[[], bool] = lambda: True,
+        max_waiting_requests: int = 64,
     ) -> None:
         if max_concurrent_requests < 1 or send_queue_size < 1:
             raise ValueError("max_concurrent_requests and send_queue_size must be at least 1")
+        if max_waiting_requests < 0:
+            raise ValueError("max_waiting_requests must be at least 0")
         check_url(base_url)
         self.app = app
         self.executor_id = handlers.identity.executor_id
@@ -134,6 +140,7 @@ class Connection:
         self._secrets = sorted({key, quote(key, safe="")} - {""}, key=len, reverse=True)
         self._ssl = ssl_context
         self._max_concurrent = max_concurrent_requests
+        self._max_held = max_concurrent_requests + max_waiting_requests
         self._send_queue_size = send_queue_size
         self._max_frame_bytes = max_frame_bytes
         self._alive = alive
@@ -281,27 +288,40 @@ class Connection:
         self, ws: ClientConnection, outbox: asyncio.Queue[str], requests: asyncio.Semaphore,
         handling: set[asyncio.Task[None]],
     ) -> None:  # fmt: skip
-        def finished(task: asyncio.Task[None]) -> None:
-            # The turn ends with the task, however it ends (cancelled before it began, too).
-            handling.discard(task)
-            requests.release()
-
+        # Every frame is read as it comes (not only when a turn is free): a socket left unread would
+        # hold Relay's pings back too, once websockets' buffer is full, and Relay would take a busy
+        # executor for a dead one. What bounds memory is the number of requests held.
+        refused = 0  # since the client was last able to take a request: logged once, then counted
         async for message in ws:
             if isinstance(message, bytes):
                 log.warning("relay_client: ignoring a binary frame from Relay")
                 continue
-            # A turn before the next frame is taken off the socket: requests beyond the turns wait in
-            # websockets' buffer and the socket's (TCP slows Relay down), not as a task each here.
-            await requests.acquire()
-            task = asyncio.create_task(self._answer(message, outbox))
+            if len(handling) >= self._max_held:
+                refused += 1
+                await self._refuse(message, outbox, len(handling), log.warning if refused == 1 else log.debug)
+                continue
+            if refused:
+                log.info("relay_client: taking requests again; %d refused while busy", refused)
+                refused = 0
+            task = asyncio.create_task(self._answer(message, outbox, requests))
             handling.add(task)
-            task.add_done_callback(finished)
+            task.add_done_callback(handling.discard)
 
-    async def _answer(self, text: str, outbox: asyncio.Queue[str]) -> None:
-        """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
-        reply = await asyncio.to_thread(self.handlers.answer, text)
+    async def _refuse(self, text: str, outbox: asyncio.Queue[str], held: int, note: Callable[..., None]) -> None:
+        why = (f"relay_client: busy, {held} requests in progress or waiting for one of "
+               f"{self._max_concurrent} turns; not served, ask again later")  # fmt: skip
+        note("%s", why)
+        reply = self.handlers.refuse(text, why)
         if reply is not None:
+            # Waits only while the replies before it are not taken (Relay reads none: its pings wait too).
             await outbox.put(reply)
+
+    async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
+        """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
+        async with requests:
+            reply = await asyncio.to_thread(self.handlers.answer, text)
+            if reply is not None:
+                await outbox.put(reply)
 
     async def _send(self, ws: ClientConnection, outbox: asyncio.Queue[str]) -> None:
         while True:

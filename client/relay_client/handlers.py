@@ -161,6 +161,21 @@ class Handlers:
 
     def answer(self, text: str | bytes) -> str | None:
         """The reply to the frame ``text``, or None when it cannot be addressed (no type or request id)."""
+        request = self._read(text)
+        return request if not isinstance(request, Request) else self.respond(request)
+
+    def refuse(self, text: str | bytes, reason: str) -> str | None:
+        """The request's failure reply saying ``reason``, without serving it (the client is too busy to
+        take it): the reply its handler gives when it fails, or what :meth:`answer` replies to a frame
+        it cannot read."""
+        request = self._read(text)
+        if not isinstance(request, Request):
+            return request
+        return ROUTES[request.type].failed(request, reason).to_json()
+
+    def _read(self, text: str | bytes) -> Request | str | None:
+        """The frame's request; or the reply already due (an unknown type, a malformed request); or
+        None when it cannot be addressed (no type or request id)."""
         try:
             frame = decode_frame(text)
         except ProtocolError as exc:
@@ -169,7 +184,7 @@ class Handlers:
         try:
             if frame["type"] in UNSERVED:
                 raise UnknownMessageType(frame["type"], frame["request_id"])
-            request = parse_request(frame)
+            return parse_request(frame)
         except UnknownMessageType as exc:
             log.warning("Unexpected message type: %s", exc.frame_type[:64])
             return _dumps(unknown_type_reply(exc.frame_type, exc.request_id))
@@ -180,7 +195,6 @@ class Handlers:
             return _dumps(
                 ErrorReply(type=frame["type"], request_id=frame["request_id"], error_message=str(exc)).to_frame()
             )
-        return self.respond(request)
 
     def respond(self, request: Request) -> str:
         """The reply's text: the handler's reply, or its failure reply if it raised or cannot be sent."""

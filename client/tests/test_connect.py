@@ -297,23 +297,26 @@ def answering(connection: Connection) -> int:
     return asyncio.run_coroutine_threadsafe(count(), connection._loop).result(5)
 
 
-def test_a_flood_of_requests_waits_in_the_socket_not_as_a_task_each() -> None:
-    """Relay sends 100 requests at once to a client serving 2 at a time, its handlers slow: the client
-    holds at most 2 request tasks (it took one per frame as it came, 100 of them, each holding its
-    frame), the rest wait in the socket; once the handlers go on, every request is answered."""
-    turns, flood = 2, 100
+def test_a_flood_of_requests_beyond_the_waiting_room_is_refused_at_once_not_held_as_a_task_each() -> None:
+    """Relay sends 100 requests at once to a client serving 2 at a time with 10 more waiting, its
+    handlers slow: the client holds at most 12 request tasks (it took one per frame as it came, 100
+    of them, each holding its frame) and answers the other 88 at once with their failure reply
+    saying it is busy; once the handlers go on, the 12 held are served."""
+    turns, waiting, flood = 2, 10, 100
     relay = FakeRelay(flood=flood)
     handlers = SlowHandlers(Identity(executor_id="e4", application_version="v1"))
     try:
-        with Connection(relay.url, key="k", app="clienttest", handlers=handlers, max_concurrent_requests=turns) as c:
+        with Connection(relay.url, key="k", app="clienttest", handlers=handlers, max_concurrent_requests=turns,
+                        max_waiting_requests=waiting) as c:  # fmt: skip
             c.start()
             eventually(lambda: relay.flooded.is_set() and handlers.began == turns)
-            # Every request was sent before this point: a client reading them all would hold a task each.
+            # The refusals come while the handlers are still held: nothing waits for them.
+            eventually(lambda: len(relay.replies) == flood - turns - waiting, timeout=10)
             peak, watched_until = 0, time.monotonic() + 1.0
             while time.monotonic() < watched_until:
                 peak = max(peak, answering(c))
                 time.sleep(0.02)
-            assert peak <= turns and handlers.began == turns, (peak, handlers.began)
+            assert peak <= turns + waiting and handlers.began == turns, (peak, handlers.began)
             handlers.gate.set()
 
             def all_answered() -> bool:
@@ -322,9 +325,13 @@ def test_a_flood_of_requests_waits_in_the_socket_not_as_a_task_each() -> None:
                 return len(relay.replies) == flood
 
             eventually(all_answered, timeout=30)
-            assert peak <= turns
+            assert peak <= turns + waiting
         assert sorted(str(r["request_id"]) for r in relay.replies) == sorted(f"flood-{n}" for n in range(flood))
-        assert {r["executor_id"] for r in relay.replies} == {"e4"}
+        served = [r for r in relay.replies if r["executor_id"] == "e4"]
+        refused = [r for r in relay.replies if r["executor_id"] != "e4"]
+        assert len(served) == turns + waiting and handlers.began == turns + waiting
+        assert len(refused) == flood - turns - waiting
+        assert all("busy" in str(r["error_message"]) for r in refused), refused[0]
     finally:
         relay.stop()
 
