@@ -29,6 +29,9 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
+from relay.domain.gateway import ExecutorGateway, GatewayLimits
+from relay.errors import NoAnswer, RequestLost, RequestNotServed
+from relay_protocol import ListQueuesReply, ListQueuesRequest
 from tests.prom import AUTH
 
 StartRelay = Callable[..., RelayProcess]
@@ -630,3 +633,35 @@ def test_an_instance_lets_its_executors_go_only_past_its_lease_and_admits_them_a
                 r1.stop()
     finally:
         server.close()
+
+
+def test_a_request_lost_with_its_instance_is_not_read_as_one_no_executor_was_asked() -> None:
+    """The workflow API's verdict when its executors' instances fail it: every one unserved (none
+    asked: ``request_not_served``, which a script may retry); one lost with the instance that took
+    it (that executor may have had it) makes it "no executor answered", not "could not be asked"."""
+
+    class Registry:
+        async def serving(self, org: str, app: str, ttl: float = 0.0) -> tuple[list[tuple[str, str]], bool]:
+            return [("e1", "relay-1"), ("e2", "relay-2")], False
+
+        def forget_healthy(self, org: str, app: str) -> None:
+            pass
+
+    class Instances:
+        def __init__(self, errors: dict[str, Exception]) -> None:
+            self.errors = errors
+
+        async def ask(self, key: Any, request: Any, expected: Any, timeout: float, owner: str) -> Any:
+            raise self.errors[key.executor_id]
+
+    def verdict(errors: dict[str, Exception]) -> BaseException:
+        gateway = ExecutorGateway(Registry(), Instances(errors), GatewayLimits())  # type: ignore[arg-type]
+        with pytest.raises((RequestNotServed, NoAnswer)) as caught:
+            asyncio.run(gateway.ask("acme", "ledger", lambda: ListQueuesRequest(), ListQueuesReply))
+        return caught.value
+
+    unserved = RequestNotServed("relay-x cannot read it")
+    assert type(verdict({"e1": unserved, "e2": unserved})) is RequestNotServed
+    lost = RequestLost("relay-2, which took it, is gone before answering; the executor may have had it")
+    mixed = verdict({"e1": unserved, "e2": lost})
+    assert type(mixed) is NoAnswer and "may have had it" in str(mixed), mixed

@@ -102,7 +102,8 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
 
     @api.exception_handler(RequestNotServed)
     async def _not_served(_: Request, exc: RequestNotServed) -> Response:
-        # Not "no executor answered" nor "gone": the executor was not asked, and is still connected.
+        # Not "no executor answered" nor "gone": the instance holding the socket failed, the executor is
+        # still connected (not asked; or, RequestLost, asked by an instance that died before answering).
         return error_response(502, "request_not_served", str(exc))
 
     @api.exception_handler(ExecutorRequestError)

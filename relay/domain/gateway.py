@@ -31,6 +31,7 @@ from relay.errors import (
     ExecutorRequestError,
     NoAnswer,
     NoHealthyExecutor,
+    RequestLost,
     RequestNotServed,
     TooManyRequests,
     UnsendableRequest,
@@ -121,7 +122,8 @@ class ExecutorGateway:
                     log.warning("app %s: %s", app, exc)
                 except ExecutorRequestError as exc:
                     problems.append(str(exc))
-                    unserved += isinstance(exc, RequestNotServed)
+                    # Lost: the instance took it and died; the executor may have had it.
+                    unserved += isinstance(exc, RequestNotServed) and not isinstance(exc, RequestLost)
                 self.executors.forget_healthy(org, app)
             if not cached or deadline <= loop.time():
                 break

@@ -46,6 +46,7 @@ from relay.errors import (
     ExecutorNotConnected,
     ExecutorRequestError,
     ExecutorTimeout,
+    RequestLost,
     RequestNotServed,
 )
 from relay.net.hub import Hub
@@ -264,13 +265,13 @@ class Router:
     async def _claimer_gone(self, key: ExecutorKey, owner: str, request: Request) -> ExecutorRequestError:
         """The error for a request whose claimer died before answering (the executor may have had the
         frame: it is not sent again). Not connected, if the executor's row says no live instance
-        holds it now; otherwise not served."""
+        holds it now; otherwise lost (:class:`RequestLost`)."""
         log.warning("instance %s, which claimed a %s for %s, is gone before answering",
                     owner, request.type.value, key)  # fmt: skip
         why = f"instance {owner}, which took the {request.type.value} for executor {key}, is gone before answering"
         if await self.executors.owner(key) is None:
             return ExecutorNotConnected(f"executor {key} is not connected to any live Relay instance ({why})")
-        return RequestNotServed(why)
+        return RequestLost(f"{why}; the executor may have had it")
 
     @staticmethod
     def _reply_of(key: ExecutorKey, owner: str, answer: dict[str, Any]) -> Frame:
