@@ -36,7 +36,7 @@ from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
-from relay.domain.alerts import ConditionObserver
+from relay.domain.alerts import ConditionObserver, RuleEvaluations
 from relay.metrics import ALERTS_SENT
 from relay.net.webhook import LOOKUP_THREADS, Attempt, WebhookSender
 from relay.store.alerts import AlertStore
@@ -360,11 +360,13 @@ def test_conditions_fire_to_webhooks_and_to_an_apps_alert_handler(
 
 
 def round_began(relay: RelayProcess, idempotency_key: str) -> float:
-    """When the round that started the delivery ``alert:{idempotency_key}`` began: its first step."""
+    """When the round that started the delivery ``alert:{idempotency_key}`` began: its first step (the
+    delivery's parent is the rule's workflow, whose parent is the round)."""
     with psycopg.connect(relay.database_url) as conn:
         row = conn.execute(
             """SELECT min(o.started_at_epoch_ms) FROM dbos.workflow_status w
-               JOIN dbos.operation_outputs o ON o.workflow_uuid = w.parent_workflow_id
+               JOIN dbos.workflow_status r ON r.workflow_uuid = w.parent_workflow_id
+               JOIN dbos.operation_outputs o ON o.workflow_uuid = r.parent_workflow_id
                WHERE w.workflow_uuid = %s""",
             (f"alert:{idempotency_key}",),
         ).fetchone()
@@ -409,8 +411,72 @@ def test_apps_whose_executors_do_not_answer_hold_up_no_other_apps_alert(start_re
         assert not [d for d in receiver.deliveries() if d.path != "/ledger"], "the mute apps never answered"
 
 
+def test_an_apps_alert_goes_out_while_another_apps_rule_waits_for_its_hanging_executors(
+    start_relay: StartRelay,
+) -> None:
+    """App hanging's two executors are connected and never answer: its WorkflowFailure rule waits
+    executorRequestTimeoutSecs (5 s) for each, 10 s, in every round. Ledger's only executor drops:
+    its UnresponsiveApplication alert arrives within a few seconds, not once hanging's evaluation
+    has given up, as when a round started its deliveries only after every rule was evaluated."""
+    timeout = 5.0
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0,
+                  "webhook": receiver.url("/ledger")}]  # fmt: skip
+        config = alert_config(free_port(), rules, grace=60)  # DISCONNECTED all along, never dead
+        config["server"]["executorRequestTimeoutSecs"] = timeout
+        config["orgs"][0]["apps"].append(
+            {"name": "hanging", "alerts": [{"kind": "WorkflowFailure", "webhook": receiver.url("/hanging")}]}
+        )
+        relay = start_relay(config)
+
+        def url(app: str) -> str:
+            return f"ws://127.0.0.1:{relay.port}/websocket/{app}/{CONDUCTOR_KEYS['acme']}"
+
+        with contextlib.ExitStack() as stack:
+            hanging = [stack.enter_context(SimulatedPeer(url("hanging"), f"hanging-{n}", "answer", others="silent"))
+                       for n in (1, 2)]  # fmt: skip
+            with SimulatedPeer(url("ledger"), "ledger-1", "answer"):
+                for app, executor in [("hanging", "hanging-1"), ("hanging", "hanging-2"), ("ledger", "ledger-1")]:
+                    assert_eventually(lambda a=app, e=executor: relay.state_of("acme", a, e) == "HEALTHY", 10)
+                assert_eventually(lambda: any(p.requests["get_workflow_aggregates"] for p in hanging), 10,
+                                  what="hanging's rule waiting for its executors")  # fmt: skip
+                dropped = time.time()  # before the drop, which the alert follows
+            (alert,) = assert_eventually(lambda: receiver.deliveries("UnresponsiveApplication"), 4 * timeout)
+        took = alert.at - dropped
+        assert alert.payload["app"] == "ledger"
+        assert took < timeout, f"ledger's alert came {took:.1f} s after its executor dropped"
+        assert not receiver.deliveries("WorkflowFailure"), "hanging's executors never answered"
+
+
+def test_a_rule_still_being_evaluated_is_left_out_of_the_next_rounds_and_holds_one_turn() -> None:
+    """Rounds come every checkIntervalSecs whether or not a hanging app's rule has finished: a round
+    after the first skips the rule, rather than take another turn for it, so that rules of hanging
+    apps do not pile up until every turn is theirs and the other rules wait."""
+
+    async def scenario() -> tuple[list[bool], bool, bool]:
+        turns = RuleEvaluations(at_once=2)
+        hanging, released = asyncio.Event(), asyncio.Event()
+
+        async def evaluate(rule_id: str) -> bool:
+            async with turns.turn(rule_id) as evaluating:
+                if evaluating and rule_id == "hanging":
+                    hanging.set()
+                    await released.wait()
+                return evaluating
+
+        first = asyncio.create_task(evaluate("hanging"))
+        await hanging.wait()
+        later_rounds = [await asyncio.wait_for(evaluate("hanging"), 5) for _ in range(3)]  # each skips it at once
+        other = await asyncio.wait_for(evaluate("ledger"), 5)  # the turn left is free
+        released.set()
+        return later_rounds, other, await first
+
+    later_rounds, other, first = asyncio.run(scenario())
+    assert later_rounds == [False, False, False] and other and first
+
+
 def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_relay: StartRelay) -> None:
-    """This release's rounds are ``relay.alerts.round`` (the rules in one step, evaluated at once). A
+    """This release's rounds are ``relay.alerts.round`` (a workflow per rule, each evaluated in one step). A
     ``relay.alerts.check`` (one step per rule) that an instance of the previous release began, handed
     to DBOS's recovery (its internal queue) in a rolling upgrade, still runs here, with its steps; and
     an interval whose round that instance started first is left to it, without a warning."""
@@ -450,7 +516,14 @@ def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_re
         )
         ours = [wid for (wid,) in rounds.fetchall()]
     assert ours and all(wid.startswith("relay-alerts:") for wid in ours)
-    assert steps(ours[0]) == ["relay.alerts.rules", "relay.alerts.evaluate_all"]
+    assert steps(ours[0]) == ["relay.alerts.rules", "relay.alerts.rule", "relay.alerts.rule"]  # one per rule
+    with psycopg.connect(relay.database_url) as conn:
+        rule_runs = conn.execute(
+            "SELECT workflow_uuid, name FROM dbos.workflow_status WHERE parent_workflow_id = %s", (ours[0],)
+        ).fetchall()
+    assert [name for _, name in rule_runs] == ["relay.alerts.rule", "relay.alerts.rule"]
+    for wid, _ in rule_runs:
+        assert wid.startswith(f"{ours[0]}:rule:") and steps(wid) == ["relay.alerts.evaluate_rule"], wid
     assert f"relay-alerts:{later + 1}" in ours, "the round after it is this release's"
     assert relay.runs_of("relay.alerts.check") == 1, "this release starts its rounds as relay.alerts.round"
     assert "cannot start the alert check" not in relay.log()

@@ -14,10 +14,11 @@
   and starts the delivery of each alert it finds; DBOS runs each id once.
 - **Conditions** (the other kinds): once per ``alerts.checkIntervalSecs``
   every instance starts the round's job, ``relay-alerts:{interval number}``;
-  DBOS runs it once, on whichever instance got there first. It observes the
-  rules, several at once (asking a healthy executor of the app where needed:
-  an app that does not answer holds up no other app's rules), records which
-  subjects hold since when, and starts the deliveries of those due. An
+  DBOS runs it once, on whichever instance got there first. It starts one
+  workflow per rule, ``{round id}:rule:{rule id}``, which observes the rule
+  (asking a healthy executor of the app where needed), records which subjects
+  hold since when, and starts the deliveries of those due at once: an app
+  that does not answer holds up no other rule's alerts. An
   episode held back by the rule's ``minIntervalSecs`` (it began soon after
   the last alert about its subject) is delivered late, by
   ``alert:{idempotency key}:late``, at the first round after the interval in
@@ -199,7 +200,7 @@ async def _evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     # On time, an alert as relay.alerts.evaluate has always checkpointed it (an earlier build resuming
     # a round of relay.alerts.check during a rolling upgrade reads those); late, wrapped, which no
-    # alert's own members can be mistaken for. relay.alerts.evaluate_all checkpoints the same shapes.
+    # alert's own members can be mistaken for. relay.alerts.evaluate_rule checkpoints the same shapes.
     return [{"late": a.to_json()} if late else a.to_json() for a, late in await due_alerts(svc.store, rule, observed)]
 
 
@@ -209,36 +210,22 @@ async def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     return await _evaluate(data)
 
 
-# Rules of a round evaluated at once: each may wait for an app's executors (executorRequestTimeoutSecs,
-# a few times over when several are tried), and one after the other N unresponsive apps held every
-# later rule, and so every other app's alerts, back by N timeouts or more at every round.
-ROUND_CONCURRENCY = 8
-
-
-@relay_step("relay.alerts.evaluate_all")
-async def evaluate_all(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The alerts due of every rule (:func:`_evaluate`), ``ROUND_CONCURRENCY`` rules at a time: one
-    checkpoint for the round, in the order of ``rules`` whichever rule finished first, so that the
-    deliveries start in the same order when the round is resumed. A rule whose evaluation fails is
-    left to the next round, as ``evaluate`` leaves it; database trouble fails the step (tried
-    again, every rule with it) once the others have finished."""
-    slots = asyncio.Semaphore(ROUND_CONCURRENCY)
-
-    async def one(data: dict[str, Any]) -> list[dict[str, Any]]:
-        async with slots:
-            try:
-                return await _evaluate(data)
-            except Exception as exc:
-                if database_trouble(exc):
-                    raise
-                log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
-                return _evaluation_failed(exc)
-
-    found = await asyncio.gather(*(one(data) for data in rules), return_exceptions=True)
-    for result in found:
-        if isinstance(result, BaseException):
-            raise result
-    return [due for result in found if not isinstance(result, BaseException) for due in result]
+@relay_step("relay.alerts.evaluate_rule")
+async def evaluate_rule(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The alerts due of one rule of a round (:func:`_evaluate`), in the shapes ``evaluate`` checkpoints.
+    It waits for a turn among the rules this instance evaluates at once, and a rule whose evaluation
+    by an earlier round still waits for its app is left to the next round. A failed evaluation is
+    left to the next round as ``evaluate`` leaves it; database trouble fails the step (tried again)."""
+    async with services().alerts.evaluations.turn(data["id"]) as evaluating:
+        if not evaluating:
+            return []
+        try:
+            return await _evaluate(data)
+        except Exception as exc:
+            if database_trouble(exc):
+                raise
+            log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
+            return _evaluation_failed(exc)
 
 
 async def _start_deliveries(found: list[dict[str, Any]]) -> int:
@@ -252,15 +239,34 @@ async def _start_deliveries(found: list[dict[str, Any]]) -> int:
     return len(found)
 
 
+@DBOS.workflow(name="relay.alerts.rule", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def condition_rule(data: dict[str, Any]) -> int:
+    """One rule of a round: evaluated (:func:`evaluate_rule`), then the deliveries of its alerts due
+    started, whatever the round's other rules are doing."""
+    return await _start_deliveries(await evaluate_rule(data))
+
+
+def rule_workflow_id(round_id: str, rule_id: str) -> str:
+    """A rule's workflow in a round: started once however often the round is resumed."""
+    return f"{round_id}:rule:{rule_id}"
+
+
 @DBOS.workflow(name="relay.alerts.round", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def condition_round() -> int:
-    """A round of the condition rules: every rule evaluated at once (:func:`evaluate_all`), then the
-    deliveries of the alerts due started, in the rules' order. A workflow of its own beside
-    ``relay.alerts.check`` (one step per rule, one after the other), whose steps differ: during a
-    rolling upgrade an instance of the previous release that recovers this round meets a name it
-    does not know (and leaves it to an instance of this release), never checkpoints it would read
-    as its own; this release still finishes the rounds of ``relay.alerts.check`` that one started."""
-    return await _start_deliveries(await evaluate_all(await condition_rules()))
+    """A round of the condition rules: one workflow per rule (:func:`condition_rule`), so that each
+    rule's alerts go out as soon as it is evaluated, not once the slowest rule of the round (an app
+    whose executors hang: executorRequestTimeoutSecs a few times over) is. It returns once they are
+    started: it has nothing to do after them, and DBOS resumes each of them on its own. A workflow
+    of its own beside ``relay.alerts.check`` (one step per rule, one after the other), whose steps
+    differ: during a rolling upgrade an instance of the previous release that recovers this round
+    meets a name it does not know (and leaves it to an instance of this release), never checkpoints
+    it would read as its own; this release still finishes the rounds of ``relay.alerts.check`` that
+    one started."""
+    rules = await condition_rules()
+    for data in rules:
+        with SetWorkflowID(rule_workflow_id(DBOS.workflow_id or "", data["id"])):
+            await DBOS.start_workflow_async(condition_rule, data)
+    return len(rules)
 
 
 @DBOS.workflow(name="relay.alerts.check", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)

@@ -17,7 +17,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 import psycopg
@@ -25,7 +25,7 @@ from dbos import DBOS
 
 from relay.config import AlertsConfig, LivenessConfig, ReconcilerConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
-from relay.domain.alerts import AlertSender, ConditionObserver
+from relay.domain.alerts import AlertSender, ConditionObserver, RuleEvaluations
 from relay.errors import DatabaseError, ExecutorRequestError, NoAnswer, NoHealthyExecutor, UnsupportedMessage
 from relay.store.alerts import AlertStore
 from relay.store.appfigures import AppFiguresStore
@@ -97,6 +97,7 @@ class AlertServices:
     observer: ConditionObserver
     sender: AlertSender
     settings: AlertsConfig
+    evaluations: RuleEvaluations = field(default_factory=RuleEvaluations)
 
 
 @dataclass(frozen=True)

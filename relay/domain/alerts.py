@@ -9,6 +9,8 @@
   recovery waiting) or asked of a healthy executor of the app (failed
   workflows, a queue held up: ``get_workflow_aggregates``); ``None`` when it
   cannot be known now (no executor answered), which changes nothing.
+- :class:`RuleEvaluations`: how many condition rules this instance evaluates
+  at once, and which.
 - :class:`AlertSender`: one attempt at delivering an alert, to its rule's
   webhook (signed) or to the alert handler of its receiving app's executors
   (the protocol's ``alert`` message), as the rule says at that moment.
@@ -16,10 +18,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -228,6 +233,36 @@ class ConditionObserver:
             }
             found.append(Observed({"queueName": queue}, queue, message, metadata))
         return found
+
+
+# Condition rules an instance evaluates at once: each may wait for an app's executors
+# (executorRequestTimeoutSecs, a few times over when several are tried), and the database and the
+# executors take a round's rules a few at a time rather than all at once.
+EVALUATIONS_AT_ONCE = 8
+
+
+class RuleEvaluations:
+    """The turns of the condition rules' evaluations on this instance: :data:`EVALUATIONS_AT_ONCE` at a
+    time, and one at a time per rule. A rule whose app hangs is still being evaluated by an earlier
+    round when the next rounds come (every ``checkIntervalSecs``): those learn nothing about it rather
+    than pile up behind it, each holding a turn that the other rules wait for."""
+
+    def __init__(self, at_once: int = EVALUATIONS_AT_ONCE) -> None:
+        self._turns = asyncio.Semaphore(at_once)
+        self._busy: set[str] = set()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, rule_id: str) -> AsyncIterator[bool]:
+        """Yields once the rule may be evaluated (True), or at once False if it is being evaluated."""
+        if rule_id in self._busy:
+            yield False
+            return
+        self._busy.add(rule_id)
+        try:
+            async with self._turns:
+                yield True
+        finally:
+            self._busy.discard(rule_id)
 
 
 class AlertSender:
