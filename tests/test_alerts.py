@@ -476,13 +476,15 @@ def test_a_rule_still_being_evaluated_is_left_out_of_the_next_rounds_and_holds_o
 
 
 def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_relay: StartRelay) -> None:
-    """This release's rounds are ``relay.alerts.round`` (a workflow per rule, each evaluated in one step). A
+    """This release's rounds are ``relay.alerts.round`` (a workflow per rule asked of its app's executors,
+    each evaluated in one step; the rules read from the registry in one step of the round's). A
     ``relay.alerts.check`` (one step per rule) that an instance of the previous release began, handed
     to DBOS's recovery (its internal queue) in a rolling upgrade, still runs here, with its steps; and
     an interval whose round that instance started first is left to it, without a warning."""
     interval = 1.0
     rules = [{"kind": "UnresponsiveApplication", "webhook": "http://127.0.0.1:9/"},
-             {"kind": "RecoveryBlocked", "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+             {"kind": "RecoveryBlocked", "webhook": "http://127.0.0.1:9/"},
+             {"kind": "WorkflowFailure", "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
     relay = start_relay(alert_config(free_port(), rules, checkIntervalSecs=interval))
 
     def steps(workflow_id: str) -> list[str]:
@@ -507,7 +509,7 @@ def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_re
         assert client.enqueue(options).get_result() == 0
     finally:
         client.destroy()
-    assert steps(f"relay-alerts:{later}") == ["relay.alerts.rules", "relay.alerts.evaluate", "relay.alerts.evaluate"]
+    assert steps(f"relay-alerts:{later}") == ["relay.alerts.rules"] + ["relay.alerts.evaluate"] * 3
     assert_eventually(lambda: time.time() > (later + 1.5) * interval, 4 * interval)
 
     with psycopg.connect(relay.database_url) as conn:
@@ -516,12 +518,13 @@ def test_a_round_the_previous_release_began_finishes_with_its_own_steps(start_re
         )
         ours = [wid for (wid,) in rounds.fetchall()]
     assert ours and all(wid.startswith("relay-alerts:") for wid in ours)
-    assert steps(ours[0]) == ["relay.alerts.rules", "relay.alerts.rule", "relay.alerts.rule"]  # one per rule
+    # A workflow for the rule asked of executors; the two read from the registry in the round's own step.
+    assert steps(ours[0]) == ["relay.alerts.rules", "relay.alerts.rule", "relay.alerts.evaluate_registry"]
     with psycopg.connect(relay.database_url) as conn:
         rule_runs = conn.execute(
             "SELECT workflow_uuid, name FROM dbos.workflow_status WHERE parent_workflow_id = %s", (ours[0],)
         ).fetchall()
-    assert [name for _, name in rule_runs] == ["relay.alerts.rule", "relay.alerts.rule"]
+    assert [name for _, name in rule_runs] == ["relay.alerts.rule"]
     for wid, _ in rule_runs:
         assert wid.startswith(f"{ours[0]}:rule:") and steps(wid) == ["relay.alerts.evaluate_rule"], wid
     assert f"relay-alerts:{later + 1}" in ours, "the round after it is this release's"

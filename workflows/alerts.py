@@ -44,6 +44,7 @@ from relay.config import AlertsConfig
 from relay.core.alerts import (
     CONDITION_KINDS,
     EVENT_KINDS,
+    EXECUTOR_KINDS,
     Alert,
     AuditFact,
     Kind,
@@ -228,6 +229,28 @@ async def evaluate_rule(data: dict[str, Any]) -> list[dict[str, Any]]:
             return _evaluation_failed(exc)
 
 
+@relay_step("relay.alerts.evaluate_registry")
+async def evaluate_registry(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerts due of the round's rules read from Relay's registry alone (no executor is asked:
+    each is a query or two), one after the other, in one checkpoint. A rule whose evaluation fails
+    is left to the next round; database trouble fails the step (tried again)."""
+    found: list[dict[str, Any]] = []
+    for data in rules:
+        try:
+            found += await _evaluate(data)
+        except Exception as exc:
+            if database_trouble(exc):
+                raise
+            log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
+    return found
+
+
+def asks_executors(data: dict[str, Any]) -> bool:
+    """Whether the rule's condition is asked of its app's executors (which may hang), not read from
+    the registry."""
+    return Kind(data["kind"]) in EXECUTOR_KINDS
+
+
 async def _start_deliveries(found: list[dict[str, Any]]) -> int:
     """Start the delivery of each alert due (a plain alert on time, ``{"late": alert}`` late)."""
     for due in found:
@@ -253,19 +276,24 @@ def rule_workflow_id(round_id: str, rule_id: str) -> str:
 
 @DBOS.workflow(name="relay.alerts.round", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
 async def condition_round() -> int:
-    """A round of the condition rules: one workflow per rule (:func:`condition_rule`), so that each
-    rule's alerts go out as soon as it is evaluated, not once the slowest rule of the round (an app
-    whose executors hang: executorRequestTimeoutSecs a few times over) is. It returns once they are
-    started: it has nothing to do after them, and DBOS resumes each of them on its own. A workflow
-    of its own beside ``relay.alerts.check`` (one step per rule, one after the other), whose steps
-    differ: during a rolling upgrade an instance of the previous release that recovers this round
-    meets a name it does not know (and leaves it to an instance of this release), never checkpoints
-    it would read as its own; this release still finishes the rounds of ``relay.alerts.check`` that
-    one started."""
+    """A round of the condition rules. A rule asked of its app's executors gets a workflow of its own
+    (:func:`condition_rule`), whose alerts go out as soon as it is evaluated, not once the slowest
+    rule of the round (an app whose executors hang: executorRequestTimeoutSecs a few times over) is.
+    The rules read from the registry alone are evaluated together in the round's own step, then their
+    deliveries started: they never wait for an executor, and a workflow each would cost five DBOS
+    transactions a rule every round. The round does not wait for its rules' workflows: it has nothing
+    to do after them, and DBOS resumes each of them on its own. A workflow of its own beside
+    ``relay.alerts.check`` (one step per rule, one after the other), whose steps differ: during a
+    rolling upgrade an instance of the previous release that recovers this round meets a name it
+    does not know (and leaves it to an instance of this release), never checkpoints it would read
+    as its own; this release still finishes the rounds of ``relay.alerts.check`` that one started."""
     rules = await condition_rules()
-    for data in rules:
+    for data in filter(asks_executors, rules):
         with SetWorkflowID(rule_workflow_id(DBOS.workflow_id or "", data["id"])):
             await DBOS.start_workflow_async(condition_rule, data)
+    registry = [data for data in rules if not asks_executors(data)]
+    if registry:
+        await _start_deliveries(await evaluate_registry(registry))
     return len(rules)
 
 
