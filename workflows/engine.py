@@ -270,9 +270,9 @@ class Engine:
         ends itself; a run that ended without finishing (cancelled, in ERROR, dead-lettered) left its
         record saying it is at work, and no sweep looks at a HEALTHY executor: that record ends here."""
         assert dead_epoch is not None
-        _, live = (await self._latest_runs([(key, dead_epoch)]))[(key, dead_epoch)]
+        latest, live = (await self._latest_runs([(key, dead_epoch)]))[(key, dead_epoch)]
         if not live:
-            await self.recoveries.end_unfinished(key, dead_epoch, BACK_WITH_NO_RUN)
+            await self.recoveries.end_unfinished(key, dead_epoch, BACK_WITH_NO_RUN, latest)
 
     # -- Durable ------------------------------------------------------------------------
 

@@ -375,18 +375,20 @@ class RecoveryStore:
 
         await self.db.writes.run(write)
 
-    async def end_unfinished(self, key: ExecutorKey, epoch: int, reason: str) -> list[str]:
-        """The records of this death's runs that still say they are at work, when the executor is back
-        and none of them is live: ``failed`` with ``reason``, and ``recovery.failed`` audited, as a
-        run that found the executor back writes (:meth:`abandon`). Returns their ids."""
+    async def end_unfinished(self, key: ExecutorKey, epoch: int, reason: str, up_to_run: int) -> list[str]:
+        """The records of this death's runs up to ``up_to_run`` that still say they are at work, when the
+        executor is back and none of them is live: ``failed`` with ``reason``, and ``recovery.failed``
+        audited, as a run that found the executor back writes (:meth:`abandon`). A later run (started
+        by the sweep or an operator after the runs were looked at) is live, and ends itself. Returns
+        their ids."""
 
         async def write(conn: Conn) -> list[str]:
             cur = await conn.execute(
                 """UPDATE recoveries SET status = 'failed', error = %s, updated_at = now()
-                   WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s
+                   WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s AND run <= %s
                      AND status NOT IN ('succeeded', 'failed')
                    RETURNING id""",
-                (reason, key.org, key.app, key.executor_id, epoch),
+                (reason, key.org, key.app, key.executor_id, epoch, up_to_run),
             )
             ended = sorted(str(r["id"]) for r in await cur.fetchall())
             for rid in ended:
