@@ -948,3 +948,37 @@ def test_501_when_the_executors_sdk_does_not_know_the_message(world: World) -> N
     assert_eventually(lambda: not healthy(world.r2, "old-sdk", old.executor_id), 10)
     with world.api(world.r2) as api:
         problem(api.get("/apps/old-sdk/workflows"), 503)
+
+
+# What relay_client answers a request it is too busy to take (Handlers.refuse): the request's failure
+# reply, its payload empty, saying it is busy. Another executor of the app may well be free.
+BUSY = ("relay_client: busy, 68 requests in progress or waiting for one of 4 turns; "
+        "not served, ask again later")  # fmt: skip
+
+
+def test_a_read_moves_on_when_an_executor_says_it_is_too_busy_to_take_it(world: World) -> None:
+    """App ``crowded``: an executor whose relay_client refuses every request (too many waiting for a
+    turn) and a real one. A read that asks the busy one first must get the real one's answer, as it
+    does when the busy one stays silent (the client before the refusal), only sooner: the busy one
+    said it did not serve the request, so nothing was done and asking the next executor is safe."""
+    sysdb = world.postgres.create_database("sys")
+    real = ExecutorProcess(world.workdir, sysdb, world.r2.conductor_url, app="crowded", version="vc",
+                           module=APP_MODULE)  # fmt: skip
+    refusal = {"output": [], "error_message": BUSY}
+    try:
+        with SimulatedPeer(executor_url(world.r2, "crowded"), f"busy-{uuid.uuid4()}", "silent",
+                           replies={"list_application_versions": refusal}) as busy, world.api(world.r2) as api:  # fmt: skip
+            for executor_id in (real.executor_id, busy.executor_id):
+                assert_eventually(lambda: healthy(world.r2, "crowded", executor_id), 10)  # noqa: B023
+            expected = versions_in_db(sysdb)
+            met_busy_first = 0
+            for _ in range(4):
+                asked = busy.requests["list_application_versions"]
+                resp = api.get("/apps/crowded/versions")
+                met_busy_first += busy.requests["list_application_versions"] > asked
+                assert resp.status_code == 200, (resp.status_code, resp.text)
+                assert {v["versionName"]: (v["versionId"], ms(v["versionTimestamp"]), ms(v["createdAt"]))
+                        for v in resp.json()} == expected  # fmt: skip
+            assert met_busy_first, "the busy executor was never asked first"
+    finally:
+        real.stop()
