@@ -966,8 +966,15 @@ def test_a_read_moves_on_when_an_executor_says_it_is_too_busy_to_take_it(world: 
                            module=APP_MODULE)  # fmt: skip
     refusal = {"output": [], "error_message": BUSY}
     try:
-        with SimulatedPeer(executor_url(world.r2, "crowded"), f"busy-{uuid.uuid4()}", "silent",
-                           replies={"list_application_versions": refusal}) as busy, world.api(world.r2) as api:  # fmt: skip
+        with (
+            SimulatedPeer(
+                executor_url(world.r2, "crowded"),
+                f"busy-{uuid.uuid4()}",
+                "silent",
+                replies={"list_application_versions": refusal},
+            ) as busy,
+            world.api(world.r2) as api,
+        ):
             for executor_id in (real.executor_id, busy.executor_id):
                 assert_eventually(lambda: healthy(world.r2, "crowded", executor_id), 10)  # noqa: B023
             expected = versions_in_db(sysdb)
