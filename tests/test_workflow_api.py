@@ -964,7 +964,7 @@ def test_a_read_moves_on_when_an_executor_says_it_is_too_busy_to_take_it(world: 
     sysdb = world.postgres.create_database("sys")
     real = ExecutorProcess(world.workdir, sysdb, world.r2.conductor_url, app="crowded", version="vc",
                            module=APP_MODULE)  # fmt: skip
-    refusal = {"output": [], "error_message": BUSY}
+    refusal = {"error_message": BUSY}  # relay_client's Handlers.refuse: an error and no payload
     try:
         with (
             SimulatedPeer(

@@ -165,13 +165,16 @@ class Handlers:
         return request if not isinstance(request, Request) else self.respond(request)
 
     def refuse(self, text: str | bytes, reason: str) -> str | None:
-        """The request's failure reply saying ``reason``, without serving it (the client is too busy to
-        take it): the reply its handler gives when it fails, or what :meth:`answer` replies to a frame
-        it cannot read."""
+        """The reply to a request not served (the client is too busy to take it): an error and no
+        payload, which Relay reads as a refusal (another executor may be asked), not as an answer
+        with an error (a handler that ran and failed); or what :meth:`answer` replies to a frame it
+        cannot read."""
         request = self._read(text)
         if not isinstance(request, Request):
             return request
-        return ROUTES[request.type].failed(request, reason).to_json()
+        return _dumps(
+            ErrorReply(type=request.type.value, request_id=request.request_id, error_message=reason).to_frame()
+        )
 
     def _read(self, text: str | bytes) -> Request | str | None:
         """The frame's request; or the reply already due (an unknown type, a malformed request); or
