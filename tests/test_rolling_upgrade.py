@@ -40,6 +40,13 @@ def grace_row(conn: psycopg.Connection[tuple[object, ...]], executor_id: str) ->
     return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
 
 
+def settled(row: tuple[str, str, str]) -> bool:
+    """Whether a grace period's row says who took it, for good: not still queued, and not PENDING on
+    0.2.0's instance, which is the moment between taking it and failing it."""
+    _, status, by = row
+    return status not in ("ENQUEUED", "DELAYED") and not (status == "PENDING" and by == "relay-2")
+
+
 def hand_to_old_release(relay_db: str, new: RelayProcess, executor_id: str) -> tuple[str, str, str]:
     """Stop this code's instance the moment its grace period for ``executor_id`` is on the queue,
     until some instance has taken it: only 0.2.0's queue worker runs meanwhile."""
@@ -50,9 +57,9 @@ def hand_to_old_release(relay_db: str, new: RelayProcess, executor_id: str) -> t
             time.sleep(0.002)
         new.signal(signal.SIGSTOP)
         try:
-            return assert_eventually(
-                lambda: (r := grace_row(conn, executor_id)) and r[1] not in ("ENQUEUED", "DELAYED") and r, 10
-            )
+            # Taken: by 0.2.0, which fails it at once (PENDING for an instant, then ERROR); or by this
+            # code's worker just before it stopped (PENDING on relay-1: it waits out the grace period).
+            return assert_eventually(lambda: (r := grace_row(conn, executor_id)) and settled(r) and r, 10)
         finally:
             new.signal(signal.SIGCONT)
 
