@@ -14,11 +14,12 @@
   and starts the delivery of each alert it finds; DBOS runs each id once.
 - **Conditions** (the other kinds): once per ``alerts.checkIntervalSecs``
   every instance starts the round's job, ``relay-alerts:{interval number}``;
-  DBOS runs it once, on whichever instance got there first. It starts one
-  workflow per rule, ``{round id}:rule:{rule id}``, which observes the rule
-  (asking a healthy executor of the app where needed), records which subjects
-  hold since when, and starts the deliveries of those due at once: an app
-  that does not answer holds up no other rule's alerts. An
+  DBOS runs it once, on whichever instance got there first. A rule asked of
+  its app's executors gets a workflow of its own, ``{round id}:rule:{rule id}``,
+  which observes the rule, records which subjects hold since when, and starts
+  the deliveries of those due at once: an app that does not answer holds up no
+  other rule's alerts. The rules read from the registry are observed together
+  in the round's own step, and their deliveries started after it. An
   episode held back by the rule's ``minIntervalSecs`` (it began soon after
   the last alert about its subject) is delivered late, by
   ``alert:{idempotency key}:late``, at the first round after the interval in
@@ -218,15 +219,7 @@ async def evaluate_rule(data: dict[str, Any]) -> list[dict[str, Any]]:
     by an earlier round still waits for its app is left to the next round. A failed evaluation is
     left to the next round as ``evaluate`` leaves it; database trouble fails the step (tried again)."""
     async with services().alerts.evaluations.turn(data["id"]) as evaluating:
-        if not evaluating:
-            return []
-        try:
-            return await _evaluate(data)
-        except Exception as exc:
-            if database_trouble(exc):
-                raise
-            log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
-            return _evaluation_failed(exc)
+        return await _evaluate_or_skip(data) if evaluating else []
 
 
 @relay_step("relay.alerts.evaluate_registry")
@@ -234,15 +227,19 @@ async def evaluate_registry(rules: list[dict[str, Any]]) -> list[dict[str, Any]]
     """The alerts due of the round's rules read from Relay's registry alone (no executor is asked:
     each is a query or two), one after the other, in one checkpoint. A rule whose evaluation fails
     is left to the next round; database trouble fails the step (tried again)."""
-    found: list[dict[str, Any]] = []
-    for data in rules:
-        try:
-            found += await _evaluate(data)
-        except Exception as exc:
-            if database_trouble(exc):
-                raise
-            log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
-    return found
+    return [due for data in rules for due in await _evaluate_or_skip(data)]
+
+
+async def _evaluate_or_skip(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`_evaluate`; a rule whose evaluation fails is logged and left to the next round (nothing
+    due), database trouble raised (it fails the step, which is tried again)."""
+    try:
+        return await _evaluate(data)
+    except Exception as exc:
+        if database_trouble(exc):
+            raise
+        log.warning("alert rule %s in %s failed: %s: %s", data["id"], DBOS.workflow_id, type(exc).__name__, exc)
+        return _evaluation_failed(exc)
 
 
 def asks_executors(data: dict[str, Any]) -> bool:
