@@ -41,7 +41,13 @@ def healthy(relay: RelayProcess, app: str = "ledger") -> set[str]:
     return {r["executorId"] for r in rows}
 
 
-async def close_code(ws: ClientConnection, timeout: float = 5) -> int | None:
+# How long a socket may wait for Relay's close: forty bad handshakes come together with forty honest
+# ones, each honest one a durable registry write, on a 2-core machine that CI loads further (a close
+# came later than 5 s once there). What the tests check is the close and its code, not how soon.
+CLOSE_WAIT_SECS = 15.0
+
+
+async def close_code(ws: ClientConnection, timeout: float = CLOSE_WAIT_SECS) -> int | None:
     with pytest.raises(ConnectionClosed):
         while True:
             await asyncio.wait_for(ws.recv(), timeout)
