@@ -65,7 +65,7 @@ MUTANTS = (
     Mutant("lease-gives-up", "an instance stops renewing its lease at its first failed renewal",
            "db-outages.json",
            (Edit("relay/store/lease.py",
-                 '                log.warning("instance %s could not renew its lease: %s", self.instance_id, exc)\n',
+                 '                failed += 1\n',
                  '                return\n'),)),
     Mutant("no-frame", "the recovery frame never sent (its success assumed)", "liar.json",
            (Edit("workflows/recovery.py",

@@ -15,6 +15,7 @@ import pytest
 
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.config import RelayConfig
@@ -335,3 +336,64 @@ async def _a_stuck_renewal_gives_way(url: str) -> None:
 
 def test_a_renewal_stuck_on_a_lock_times_out_within_the_renewal_period(postgres: Postgres) -> None:
     asyncio.run(_a_stuck_renewal_gives_way(postgres.create_database("stuck")))
+
+
+async def _a_cut_just_past_a_renewal_period() -> None:
+    """The worst moment for a cut: just before a renewal is due. The cut (1.3 renewal periods)
+    fails that renewal and the next; waiting for the beat after, the lease ran out before it."""
+    from harness.pgserver import PostgresServer
+
+    server = PostgresServer("lease-cut")
+    try:
+        database = server.create_database("relay")
+        with TcpProxy(("127.0.0.1", server.port)) as pg:
+            await _cut(Database(server.url(database, pg.port)), pg)
+    finally:
+        server.close()
+
+
+async def _cut(db: Database, pg: TcpProxy) -> None:
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "cut-test", 3.0)
+        await lease.acquire()
+        lease.start()
+        period = lease.renew_every
+        try:
+            # Just after a renewal confirmed, wait until the next one is nearly due.
+            since = lease.held_until()
+            await wait_until(lambda: lease.held_until() > since, 2 * period)
+            await asyncio.sleep(period * 0.9)
+            pg.partition()
+            cut = time.monotonic()
+            lost_at: float | None = None
+            while time.monotonic() - cut < 1.3 * period:
+                if not lease.held and lost_at is None:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            pg.heal()
+            before = lease.held_until()
+            while lease.held_until() == before and lost_at is None:
+                if not lease.held:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after the cut began"
+            assert lease.held  # renewed again once the database was back
+        finally:
+            await lease.stop()
+    finally:
+        await db.close()
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_cut_of_the_database_just_past_a_renewal_period_keeps_the_lease() -> None:
+    # A failed renewal is tried again soon, not at the next beat: the lease survives a cut of up to
+    # about two thirds of it, whenever the cut begins.
+    asyncio.run(_a_cut_just_past_a_renewal_period())

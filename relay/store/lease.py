@@ -44,6 +44,10 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 # Renewals come every third of the lease; a statement of the lease's own
 # connection may take this share of that period, connecting at most all of it.
 STATEMENT_SHARE = 0.75
+# A failed renewal is tried again after this share of the renewal period, until one succeeds:
+# a cut of the database shorter than about two thirds of the lease (less the time to connect
+# again) leaves the lease held.
+RETRY_SHARE = 0.1
 
 
 class Lease:
@@ -65,6 +69,11 @@ class Lease:
     @property
     def renew_every(self) -> float:
         return self.lease_secs / 3
+
+    @property
+    def retry_every(self) -> float:
+        """The wait before trying again after a failed renewal."""
+        return self.renew_every * RETRY_SHARE
 
     async def _connection(self) -> Conn:
         """The lease's own connection, opened if it is not (first use, or after a failure)."""
@@ -201,13 +210,27 @@ class Lease:
             await self._drop()
 
     async def _keep(self) -> None:
-        # On a fixed beat from the last renewal sent, however long a renewal took.
+        # On a fixed beat from the last renewal sent, however long a renewal took; after a failed
+        # one, again every RETRY_SHARE of the period until one succeeds. Waiting for the next beat
+        # instead, a cut of the database just longer than a third of the lease, beginning just
+        # before a beat, outlived the lease: the cut failed one beat, and the next came too late.
         loop = asyncio.get_running_loop()
         beat = loop.time()
+        failed = 0
         while not self.fenced:
             beat = max(beat + self.renew_every, loop.time())
             await asyncio.sleep(beat - loop.time())
             try:
                 await self.renew()
             except DatabaseError as exc:
-                log.warning("instance %s could not renew its lease: %s", self.instance_id, exc)
+                failed += 1
+                if failed == 1:
+                    log.warning("instance %s could not renew its lease (trying again every %g s): %s",
+                                self.instance_id, self.retry_every, exc)  # fmt: skip
+                else:
+                    log.debug("instance %s could not renew its lease (try %d): %s", self.instance_id, failed, exc)
+                beat = loop.time() + self.retry_every - self.renew_every
+                continue
+            if failed:
+                log.info("instance %s renewed its lease again after %d failed tries", self.instance_id, failed)
+                failed = 0
