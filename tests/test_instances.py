@@ -29,9 +29,7 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
-from relay.domain.gateway import ExecutorGateway, GatewayLimits
-from relay.errors import NoAnswer, RequestLost, RequestNotServed
-from relay_protocol import ListQueuesReply, ListQueuesRequest
+from relay.errors import RequestNotServed
 from tests.prom import AUTH
 
 StartRelay = Callable[..., RelayProcess]
@@ -450,7 +448,7 @@ def test_an_asker_reads_an_unserved_request_as_a_502_that_says_why_and_an_unknow
     """The asker's side of the test above: ``unserved`` is a :class:`RequestNotServed` (the API's
     502, with the owner's reason); a kind of a newer release still fails at once, as ``gone``."""
     from relay.core.ids import ExecutorKey
-    from relay.errors import ExecutorGone, RequestNotServed
+    from relay.errors import ExecutorGone
     from relay.net.router import Router
 
     key = ExecutorKey("acme", "ledger", "ex-1")
@@ -642,33 +640,63 @@ def test_an_instance_lets_its_executors_go_only_past_its_lease_and_admits_them_a
         server.close()
 
 
-def test_a_request_lost_with_its_instance_is_not_read_as_one_no_executor_was_asked() -> None:
-    """The workflow API's verdict when its executors' instances fail it: every one unserved (none
-    asked: ``request_not_served``, which a script may retry); one lost with the instance that took
-    it (that executor may have had it) makes it "no executor answered", not "could not be asked"."""
+def test_a_request_lost_with_its_instance_is_not_read_as_one_no_executor_was_asked(
+    start_relay: StartRelay,
+) -> None:
+    """The workflow API's verdict when its executors' instances fail it. e2's instance cannot serve
+    the request (none asked); e1's instance takes it and is killed before answering, while e1
+    connects again elsewhere. e1 may have had the request, so the read is "no executor answered",
+    not ``request_not_served`` (which says no executor was asked, and invites a retry). Every
+    executor unserved is ``request_not_served``:
+    ``test_a_request_the_owner_claimed_but_could_not_serve_is_answered_request_not_served``."""
+    lease = 4.0
 
-    class Registry:
-        async def serving(self, org: str, app: str, ttl: float = 0.0) -> tuple[list[tuple[str, str]], bool]:
-            return [("e1", "relay-1"), ("e2", "relay-2")], False
+    def config() -> dict[str, Any]:
+        doc = relay_yaml(free_port(), grace=30, instanceLeaseSecs=lease)
+        doc["server"].update(executorRequestTimeoutSecs=60, executorRequestDeadlineSecs=90)
+        return doc
 
-        def forget_healthy(self, org: str, app: str) -> None:
-            pass
+    r1, r2 = (start_relay(config(), instance_id=f"relay-{i}") for i in (1, 2))
+    with (
+        SimulatedPeer(
+            f"ws://127.0.0.1:{r1.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}",
+            "e1",
+            on_recovery="silent",
+            others="silent",
+        ),  # fmt: skip
+        an_owner_that_cannot_serve(r2.database_url, "e2"),
+        psycopg.connect(r2.database_url, autocommit=True) as conn,
+    ):
+        assert_eventually(lambda: (executor(r2, "e1") or {}).get("relayInstance") == "relay-1", 10)
 
-    class Instances:
-        def __init__(self, errors: dict[str, Exception]) -> None:
-            self.errors = errors
+        def claimed() -> bool:
+            row = conn.execute(
+                """SELECT count(*) FROM relay_rpc WHERE requester_instance = 'relay-2' AND executor_id = 'e1'
+                   AND request::jsonb->>'type' = 'list_queues' AND picked_at IS NOT NULL"""
+            ).fetchone()
+            return row is not None and row[0] == 1
 
-        async def ask(self, key: Any, request: Any, expected: Any, timeout: float, owner: str) -> Any:
-            raise self.errors[key.executor_id]
+        def ask() -> httpx.Response:
+            with r2.api() as api:
+                return api.get("/apps/ledger/queues", timeout=120)
 
-    def verdict(errors: dict[str, Exception]) -> BaseException:
-        gateway = ExecutorGateway(Registry(), Instances(errors), GatewayLimits())  # type: ignore[arg-type]
-        with pytest.raises((RequestNotServed, NoAnswer)) as caught:
-            asyncio.run(gateway.ask("acme", "ledger", lambda: ListQueuesRequest(), ListQueuesReply))
-        return caught.value
-
-    unserved = RequestNotServed("relay-x cannot read it")
-    assert type(verdict({"e1": unserved, "e2": unserved})) is RequestNotServed
-    lost = RequestLost("relay-2, which took it, is gone before answering; the executor may have had it")
-    mixed = verdict({"e1": unserved, "e2": lost})
-    assert type(mixed) is NoAnswer and "may have had it" in str(mixed), mixed
+        pool = ThreadPoolExecutor(1)
+        try:
+            answer = pool.submit(ask)
+            assert_eventually(claimed, 10, what="instance 1 claims the request for e1")
+            assert r1.proc is not None
+            r1.proc.kill()
+            r1.proc.wait()
+            url2 = f"ws://127.0.0.1:{r2.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+            with SimulatedPeer(url2, "e1", on_recovery="silent"):
+                assert_eventually(lambda: (executor(r2, "e1") or {}).get("relayInstance") == "relay-2", 10)
+                try:
+                    resp = answer.result(timeout=lease + 15)
+                except TimeoutError:
+                    pytest.fail(f"no answer {lease + 15:g}s after the claimer was killed (its timeout is 60 s)")
+        finally:
+            pool.shutdown(wait=False)
+    assert resp.status_code == 502, resp.text
+    problem = resp.json()
+    assert problem["error"]["code"] == "no_executor_answered", resp.text
+    assert "may have had it" in problem["detail"] and "could not serve it" in problem["detail"], resp.text

@@ -177,20 +177,7 @@ class Router:
         loop = asyncio.get_running_loop()
         pickup_by = loop.time() + PICKUP_SECS
         timeout = max(deadline - loop.time(), 0.001)
-        body = request.to_frame()
-        async with self.db.connection() as conn:
-            # One statement, one round trip: the row, and the owner's wake-up when it commits.
-            cur = await conn.execute(
-                """WITH r AS (
-                       INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
-                                              request, timeout_secs)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)
-                   SELECT id, pg_notify(%s, id::text) FROM r""",
-                (owner, self.instance_id, key.org, key.app, key.executor_id, json.dumps(body), timeout, channel(owner)),
-            )
-            row = await cur.fetchone()
-        assert row is not None
-        rpc_id = int(row["id"])
+        rpc_id = await self._post(owner, key, request, timeout)
         check_claimer_at = loop.time() + self.claimer_check_secs
         woken: asyncio.Future[None] = loop.create_future()
         self._replies[rpc_id] = woken
@@ -230,6 +217,23 @@ class Router:
                 with contextlib.suppress(DatabaseError):
                     async with self.db.connection() as conn:
                         await conn.execute("DELETE FROM relay_rpc WHERE id = %s", (rpc_id,))
+
+    async def _post(self, owner: str, key: ExecutorKey, request: Request, timeout: float) -> int:
+        """The request's row for ``owner``, and its id."""
+        async with self.db.connection() as conn:
+            # One statement, one round trip: the row, and the owner's wake-up when it commits.
+            cur = await conn.execute(
+                """WITH r AS (
+                       INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
+                                              request, timeout_secs)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)
+                   SELECT id, pg_notify(%s, id::text) FROM r""",
+                (owner, self.instance_id, key.org, key.app, key.executor_id, json.dumps(request.to_frame()), timeout,
+                 channel(owner)),
+            )  # fmt: skip
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row["id"])
 
     async def _take_answer(self, rpc_id: int) -> dict[str, Any] | None:
         """The reply (or error) once written, deleting the row in the same statement."""
