@@ -397,3 +397,85 @@ def test_a_cut_of_the_database_just_past_a_renewal_period_keeps_the_lease() -> N
     # A failed renewal is tried again soon, not at the next beat: the lease survives a cut of up to
     # about two thirds of it, whenever the cut begins.
     asyncio.run(_a_cut_just_past_a_renewal_period())
+
+
+class _VanishingProxy(TcpProxy):
+    """``vanish()``: the database's host is gone without a word (a failover, a crash of its machine):
+    the connections open through the proxy stay open but nothing passes on them any more, ever (no
+    reset comes back), and new ones are refused until ``heal()`` (the new primary is up)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        super().__init__(target)
+        self._dead: set[asyncio.StreamWriter] = set()
+
+    def vanish(self) -> None:
+        async def silence() -> None:
+            self._dead |= self._writers
+
+        self.partitioned = True
+        asyncio.run_coroutine_threadsafe(silence(), self._loop).result()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:  # type: ignore[override]
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                if writer in self._dead:
+                    continue  # swallowed: the peer is gone
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+
+async def _a_silent_cut(db: Database, pg: _VanishingProxy) -> None:
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "silent-cut-test", 3.0)
+        await lease.acquire()
+        lease.start()
+        period = lease.renew_every
+        try:
+            since = lease.held_until()
+            await wait_until(lambda: lease.held_until() > since, 2 * period)
+            await asyncio.sleep(period * 0.9)
+            pg.vanish()  # just before a renewal is due; a third of the lease, well within two thirds
+            cut = time.monotonic()
+            lost_at: float | None = None
+            while time.monotonic() - cut < period:
+                if not lease.held and lost_at is None:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            pg.heal()
+            before = lease.held_until()
+            deadline = time.monotonic() + lease.lease_secs
+            while lease.held_until() == before and lost_at is None and time.monotonic() < deadline:
+                if not lease.held:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after a silent cut of {period:g}s began"
+            assert lease.held_until() != before, "no renewal confirmed within a lease of the database's return"
+        finally:
+            # The hung statement is cancelled here; the lease's ending is not what is tested.
+            with contextlib.suppress(DatabaseError):
+                await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_silent_cut_of_a_third_of_the_lease_keeps_the_lease() -> None:
+    """A cut in which the database's host vanishes without resetting the lease's connection (no
+    reply, no RST: a failover, a crashed machine) is a cut like any other: the README promises
+    that one of up to about two thirds of the lease closes nothing, whenever it begins. The
+    renewal sent on the dead connection must give way (``statement_timeout`` is the server's,
+    and the server is gone), so that a retry on a new connection renews the lease."""
+    from harness.pgserver import PostgresServer
+
+    async def run() -> None:
+        server = PostgresServer("lease-silent")
+        try:
+            database = server.create_database("relay")
+            with _VanishingProxy(("127.0.0.1", server.port)) as pg:
+                await _a_silent_cut(Database(server.url(database, pg.port)), pg)
+        finally:
+            server.close()
+
+    asyncio.run(run())
