@@ -479,3 +479,82 @@ def test_a_silent_cut_of_a_third_of_the_lease_keeps_the_lease() -> None:
             server.close()
 
     asyncio.run(run())
+
+
+class _UnansweringProxy(TcpProxy):
+    """``go_quiet()``: the connections open through the proxy are reset (the old primary shut down),
+    and the database's address then answers nothing: a connection begun meanwhile gets no reply,
+    ever (its SYNs dropped until it gives up), until ``heal()``; later ones pass again."""
+
+    quiet = False
+
+    def go_quiet(self) -> None:
+        self.quiet = True
+        self.cut()
+
+    def heal(self) -> None:
+        self.quiet = False
+        super().heal()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.quiet:
+            with contextlib.suppress(OSError):
+                while await client_r.read(65536):
+                    pass  # nobody there
+            return
+        await super()._serve(client_r, client_w)
+
+
+async def _a_cut_that_answers_nothing(db: Database, pg: _UnansweringProxy) -> None:
+    await db.open()
+    try:
+        await db.migrate()
+        lease = Lease(db, "quiet-cut-test", 3.0)
+        await lease.acquire()
+        lease.start()
+        period = lease.renew_every
+        try:
+            since = lease.held_until()
+            await wait_until(lambda: lease.held_until() > since, 2 * period)
+            await asyncio.sleep(period * 0.9)
+            pg.go_quiet()  # just before a renewal is due: half the lease, within "about two thirds"
+            cut = time.monotonic()
+            lost_at: float | None = None
+            while time.monotonic() - cut < 1.5 * period:
+                if not lease.held and lost_at is None:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            pg.heal()
+            before = lease.held_until()
+            deadline = time.monotonic() + lease.lease_secs
+            while lease.held_until() == before and lost_at is None and time.monotonic() < deadline:
+                if not lease.held:
+                    lost_at = time.monotonic() - cut
+                await asyncio.sleep(0.01)
+            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after a cut of {1.5 * period:g}s began"
+            assert lease.held_until() != before, "no renewal confirmed within a lease of the database's return"
+        finally:
+            with contextlib.suppress(DatabaseError):
+                await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_cut_whose_connection_attempts_get_no_answer_keeps_the_lease_for_half_of_it() -> None:
+    """The retry is every thirtieth of the lease only when a connection attempt fails at once.
+    When the database's address answers nothing during the cut (a failover whose new primary is
+    not up yet), each attempt waits out its connect timeout, a whole renewal period: the retries
+    come every 1.1 periods, and a cut of half the lease beginning just before a renewal outlives
+    it, against the README's "up to about two thirds of the lease ... whenever it begins"."""
+    from harness.pgserver import PostgresServer
+
+    async def run() -> None:
+        server = PostgresServer("lease-quiet")
+        try:
+            database = server.create_database("relay")
+            with _UnansweringProxy(("127.0.0.1", server.port)) as pg:
+                await _a_cut_that_answers_nothing(Database(server.url(database, pg.port)), pg)
+        finally:
+            server.close()
+
+    asyncio.run(run())
