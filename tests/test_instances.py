@@ -649,7 +649,9 @@ def test_a_request_lost_with_its_instance_is_not_read_as_one_no_executor_was_ask
     not ``request_not_served`` (which says no executor was asked, and invites a retry). Every
     executor unserved is ``request_not_served``:
     ``test_a_request_the_owner_claimed_but_could_not_serve_is_answered_request_not_served``."""
-    lease = 4.0
+    # e1 must be connected again before relay-1's lease runs out (at least two thirds of it after
+    # the kill): 9 s leaves six for it on a loaded machine.
+    lease = 9.0
 
     def config() -> dict[str, Any]:
         doc = relay_yaml(free_port(), grace=30, instanceLeaseSecs=lease)

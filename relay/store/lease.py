@@ -27,7 +27,10 @@ process manager starts it again with a new epoch).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +51,10 @@ STATEMENT_SHARE = 0.75
 # a cut of the database shorter than about two thirds of the lease (less the time to connect
 # again) leaves the lease held.
 RETRY_SHARE = 0.1
+# Attempts to connect pending at once, at most (each gives up after a renewal period).
+MAX_ATTEMPTS = 8
+# How long a statement whose socket was shut may take to fail.
+SHUT_WAIT_SECS = 1.0
 
 
 class Lease:
@@ -64,6 +71,7 @@ class Lease:
         self._renewal_failed = False
         self._task: asyncio.Task[None] | None = None
         self._conn: Conn | None = None
+        self._attempts: set[asyncio.Future[Conn]] = set()
         self.on_fenced: Callable[[], None] | None = None
 
     @property
@@ -75,44 +83,82 @@ class Lease:
         """The wait before trying again after a failed renewal."""
         return self.renew_every * RETRY_SHARE
 
-    async def _connection(self) -> Conn:
-        """The lease's own connection, opened if it is not (first use, or after a failure)."""
+    async def _connection(self, patience: float) -> Conn:
+        """The lease's own connection: the open one, or else one that an attempt to connect opens
+        within ``patience`` (:meth:`_connect`). Each call without an open connection begins an
+        attempt and takes the first that connects, an earlier one still pending included: where a
+        cut drops packets, a new attempt reaches the database as soon as it is back, while an
+        older one waits for its own SYN to be sent again (after 1, 3, 7 s...)."""
         if self._conn is not None and not self._conn.closed:
             return self._conn
+        if len(self._attempts) < MAX_ATTEMPTS:
+            self._attempts.add(asyncio.ensure_future(self._connect()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        while True:
+            conn, error = await self._settle_attempts()
+            if conn is not None:
+                self._conn = conn
+                return conn
+            left = deadline - loop.time()
+            if left <= 0 or not self._attempts:
+                raise DatabaseError(f"lease connection: {error or f'no answer within {patience:g}s'}")
+            await asyncio.wait(set(self._attempts), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _settle_attempts(self) -> tuple[Conn | None, str | None]:
+        """The first connection that the ended attempts opened (any other is closed), and the
+        last error among them."""
+        conn: Conn | None = None
+        error: str | None = None
+        for attempt in [a for a in self._attempts if a.done()]:
+            self._attempts.discard(attempt)
+            if attempt.cancelled():
+                continue
+            exc = attempt.exception()
+            if exc is not None:
+                error = str(exc)
+            elif conn is None:
+                conn = attempt.result()
+            else:
+                await _close(attempt.result())
+        return conn, error
+
+    async def _connect(self) -> Conn:
+        """A new connection whose statements time out well within the renewal period; an attempt
+        that has no answer within the period gives up."""
         timeout_ms = max(1, int(self.renew_every * STATEMENT_SHARE * 1000))
         try:
             conn = await asyncio.wait_for(
                 psycopg.AsyncConnection.connect(self.db.url, autocommit=True, row_factory=dict_row),
                 self.renew_every,
             )
-            await conn.execute(f"SET statement_timeout = {timeout_ms}")
         except (psycopg.Error, TimeoutError) as exc:
-            raise DatabaseError(f"lease connection: {exc or type(exc).__name__}") from exc
-        self._conn = conn
+            raise DatabaseError(f"{exc or type(exc).__name__}") from exc
+        try:
+            await _bounded(conn, f"SET statement_timeout = {timeout_ms}", (), self.renew_every)
+        except BaseException:
+            await _close(conn)
+            raise
         return conn
 
     async def _execute(
-        self, query: str, params: dict[str, Any] | tuple[Any, ...]
+        self, query: str, params: dict[str, Any] | tuple[Any, ...], patience: float | None = None
     ) -> psycopg.AsyncCursor[dict[str, Any]]:
-        """One statement on the lease's connection; a failure closes it (the next use opens a new one)."""
-        conn = await self._connection()
+        """One statement on the lease's connection (connecting within ``patience``, by default a
+        renewal period), answered within a renewal period; a failure closes it (the next use
+        opens a new one)."""
+        conn = await self._connection(self.renew_every if patience is None else patience)
         try:
-            return await conn.execute(query, params)
-        except psycopg.Error as exc:
-            await self._drop()
-            raise DatabaseError(f"lease: {exc}") from exc
+            return await _bounded(conn, query, params, self.renew_every)
         except BaseException:
-            # Cancelled mid-statement: the connection's state is unknown.
+            # Failed, timed out or cancelled mid-statement: the connection's state is unknown.
             await self._drop()
             raise
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                await conn.close()
-            except psycopg.Error as exc:
-                log.debug("closing the lease's connection: %s", exc)
+            await _close(conn)
 
     @property
     def held(self) -> bool:
@@ -165,7 +211,9 @@ class Lease:
         log.info("instance %s holds its lease (epoch %d)", self.instance_id, self.epoch)
         return self.epoch
 
-    async def renew(self) -> bool:
+    async def renew(self, patience: float | None = None) -> bool:
+        """Renew the lease (False: fenced out). ``patience``: how long to wait for a connection
+        when none is open (:meth:`_connection`); by default a renewal period."""
         sent = asyncio.get_running_loop().time()
         try:
             cur = await self._execute(
@@ -173,6 +221,7 @@ class Lease:
                           renewed_at = now()
                    WHERE instance_id = %s AND lease_epoch = %s""",
                 (self.lease_secs, self.instance_id, self.epoch),
+                patience,
             )
         except DatabaseError:
             self._renewal_failed = True
@@ -208,6 +257,12 @@ class Lease:
                 )
         finally:
             await self._drop()
+            attempts, self._attempts = self._attempts, set()
+            for attempt in attempts:
+                attempt.cancel()
+            for attempt in attempts:
+                with contextlib.suppress(BaseException):
+                    await _close(await attempt)
 
     async def _keep(self) -> None:
         # On a fixed beat from the last renewal sent, however long a renewal took; after a failed
@@ -221,7 +276,7 @@ class Lease:
             beat = max(beat + self.renew_every, loop.time())
             await asyncio.sleep(beat - loop.time())
             try:
-                await self.renew()
+                await self.renew(patience=self.retry_every if failed else None)
             except DatabaseError as exc:
                 failed += 1
                 if failed == 1:
@@ -234,3 +289,51 @@ class Lease:
             if failed:
                 log.info("instance %s renewed its lease again after %d failed tries", self.instance_id, failed)
                 failed = 0
+
+
+async def _bounded(
+    conn: Conn, query: str, params: dict[str, Any] | tuple[Any, ...], limit: float
+) -> psycopg.AsyncCursor[dict[str, Any]]:
+    """``conn.execute``, answered within ``limit`` seconds or failed with :class:`DatabaseError`.
+
+    The server's ``statement_timeout`` bounds a statement stuck on a lock, but not one whose
+    database host went away without a reset (a failover, a crashed machine): the socket stays
+    open and nothing comes back until the kernel gives up, a quarter of an hour later. Such a
+    statement is ended by shutting its socket, which fails it at once. Cancelling it instead
+    would make psycopg first ask the gone server to cancel it, for up to ten seconds.
+    """
+    statement = asyncio.ensure_future(conn.execute(query, params))
+    answered = False
+    try:
+        await asyncio.wait({statement}, timeout=limit)
+        answered = statement.done()
+    finally:  # also when cancelled
+        if not statement.done():
+            _shut(conn)
+            await asyncio.wait({statement}, timeout=SHUT_WAIT_SECS)
+            if not statement.done():
+                statement.cancel()
+    if not answered:
+        if not statement.cancelled():
+            statement.exception()  # retrieved: the socket's shutdown, not worth a word
+        raise DatabaseError(f"lease: no answer within {limit:g}s")
+    exc = statement.exception()
+    if isinstance(exc, psycopg.Error):
+        raise DatabaseError(f"lease: {exc}") from exc
+    if exc is not None:
+        raise exc
+    return statement.result()
+
+
+def _shut(conn: Conn) -> None:
+    """Shut the connection's socket (a duplicate of its descriptor, so that libpq's stays valid)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+async def _close(conn: Conn) -> None:
+    try:
+        await conn.close()
+    except psycopg.Error as exc:
+        log.debug("closing the lease's connection: %s", exc)
