@@ -14,8 +14,9 @@ again after a failure, not one of the pool's: a pool kept busy by a burst of
 work (a mass disconnection, slow API requests) would otherwise hold up the
 renewal until the lease ran out, and the instance would be adopted while
 perfectly alive. Its statements time out well within the renewal period
-(:data:`STATEMENT_SHARE` of it), so a renewal stuck on a lock or a dead
-connection gives way to the next one in time.
+(:data:`STATEMENT_SHARE` of it) on the server, so a renewal stuck on a lock
+gives way to the next one in time, and within the period on the client
+(:func:`_bounded`), for a connection whose server is gone without a word.
 
 Every write bound to what this instance owns goes through
 :meth:`relay.store.db.Database.fenced`, which checks the same row in the same
