@@ -73,6 +73,7 @@ class Lease:
         self._task: asyncio.Task[None] | None = None
         self._conn: Conn | None = None
         self._attempts: set[asyncio.Future[Conn]] = set()
+        self._leftovers: set[asyncio.Future[Any]] = set()  # attempts given up, and their closes
         self.on_fenced: Callable[[], None] | None = None
 
     @property
@@ -100,11 +101,28 @@ class Lease:
             conn, error = await self._settle_attempts()
             if conn is not None:
                 self._conn = conn
+                self._give_up_attempts()
                 return conn
             left = deadline - loop.time()
             if left <= 0 or not self._attempts:
                 raise DatabaseError(f"lease connection: {error or f'no answer within {patience:g}s'}")
             await asyncio.wait(set(self._attempts), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+    def _give_up_attempts(self) -> None:
+        """Cancel the attempts still pending; one that connected meanwhile has its connection closed."""
+        attempts, self._attempts = self._attempts, set()
+        for attempt in attempts:
+            attempt.cancel()
+            self._leftovers.add(attempt)
+            attempt.add_done_callback(self._discard)
+
+    def _discard(self, attempt: asyncio.Future[Any]) -> None:
+        self._leftovers.discard(attempt)
+        if attempt.cancelled() or attempt.exception() is not None:
+            return
+        closing = asyncio.ensure_future(_close(attempt.result()))
+        self._leftovers.add(closing)
+        closing.add_done_callback(self._leftovers.discard)
 
     async def _settle_attempts(self) -> tuple[Conn | None, str | None]:
         """The first connection that the ended attempts opened (any other is closed), and the
@@ -258,12 +276,9 @@ class Lease:
                 )
         finally:
             await self._drop()
-            attempts, self._attempts = self._attempts, set()
-            for attempt in attempts:
-                attempt.cancel()
-            for attempt in attempts:
-                with contextlib.suppress(BaseException):
-                    await _close(await attempt)
+            self._give_up_attempts()
+            await asyncio.gather(*list(self._leftovers), return_exceptions=True)
+            await asyncio.gather(*list(self._leftovers), return_exceptions=True)  # the closes they began
 
     async def _keep(self) -> None:
         # On a fixed beat from the last renewal sent, however long a renewal took; after a failed
