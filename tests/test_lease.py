@@ -7,7 +7,7 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -338,54 +338,6 @@ def test_a_renewal_stuck_on_a_lock_times_out_within_the_renewal_period(postgres:
     asyncio.run(_a_stuck_renewal_gives_way(postgres.create_database("stuck")))
 
 
-async def _a_cut_just_past_a_renewal_period() -> None:
-    """The worst moment for a cut: just before a renewal is due. The cut (1.3 renewal periods)
-    fails that renewal and the next; waiting for the beat after, the lease ran out before it."""
-    from harness.pgserver import PostgresServer
-
-    server = PostgresServer("lease-cut")
-    try:
-        database = server.create_database("relay")
-        with TcpProxy(("127.0.0.1", server.port)) as pg:
-            await _cut(Database(server.url(database, pg.port)), pg)
-    finally:
-        server.close()
-
-
-async def _cut(db: Database, pg: TcpProxy) -> None:
-    await db.open()
-    try:
-        await db.migrate()
-        lease = Lease(db, "cut-test", 3.0)
-        await lease.acquire()
-        lease.start()
-        period = lease.renew_every
-        try:
-            # Just after a renewal confirmed, wait until the next one is nearly due.
-            since = lease.held_until()
-            await wait_until(lambda: lease.held_until() > since, 2 * period)
-            await asyncio.sleep(period * 0.9)
-            pg.partition()
-            cut = time.monotonic()
-            lost_at: float | None = None
-            while time.monotonic() - cut < 1.3 * period:
-                if not lease.held and lost_at is None:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            pg.heal()
-            before = lease.held_until()
-            while lease.held_until() == before and lost_at is None:
-                if not lease.held:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after the cut began"
-            assert lease.held  # renewed again once the database was back
-        finally:
-            await lease.stop()
-    finally:
-        await db.close()
-
-
 async def wait_until(condition: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -393,10 +345,71 @@ async def wait_until(condition: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.005)
 
 
+P = TypeVar("P", bound=TcpProxy)
+
+
+def _a_cut_just_before_a_renewal(proxy: type[P], begin: Callable[[P], None], periods: float) -> None:
+    """A 3 s lease, renewed through ``proxy``, whose database is cut (``begin``) at the worst moment,
+    just before a renewal is due, for ``periods`` renewal periods, then healed: the lease must be
+    held throughout, and renewed again within a lease of the database's return."""
+    from harness.pgserver import PostgresServer
+
+    async def run(db: Database, pg: P) -> None:
+        await db.open()
+        try:
+            await db.migrate()
+            lease = Lease(db, "cut-test", 3.0)
+            await lease.acquire()
+            lease.start()
+            period = lease.renew_every
+            try:
+                # Just after a renewal confirmed, wait until the next one is nearly due.
+                since = lease.held_until()
+                await wait_until(lambda: lease.held_until() > since, 2 * period)
+                await asyncio.sleep(period * 0.9)
+                begin(pg)
+                cut = time.monotonic()
+                lost_at: float | None = None
+                while time.monotonic() - cut < periods * period:
+                    if not lease.held and lost_at is None:
+                        lost_at = time.monotonic() - cut
+                    await asyncio.sleep(0.01)
+                pg.heal()
+                before = lease.held_until()
+                deadline = time.monotonic() + lease.lease_secs
+                while lease.held_until() == before and lost_at is None and time.monotonic() < deadline:
+                    if not lease.held:
+                        lost_at = time.monotonic() - cut
+                    await asyncio.sleep(0.01)
+                cut_secs = periods * period
+                assert lost_at is None, f"the lease ran out {lost_at:.2f}s after a cut of {cut_secs:g}s began"
+                assert lease.held_until() != before, "no renewal confirmed within a lease of the database's return"
+                assert lease.held
+            finally:
+                # A statement cut off may fail the lease's ending; that is not what is tested.
+                with contextlib.suppress(DatabaseError):
+                    await lease.stop()
+        finally:
+            await db.close()
+
+    async def main() -> None:
+        server = PostgresServer("lease-cut")
+        try:
+            database = server.create_database("relay")
+            pg = proxy(("127.0.0.1", server.port))
+            with pg:
+                await run(Database(server.url(database, pg.port)), pg)
+        finally:
+            server.close()
+
+    asyncio.run(main())
+
+
 def test_a_cut_of_the_database_just_past_a_renewal_period_keeps_the_lease() -> None:
-    # A failed renewal is tried again soon, not at the next beat: the lease survives a cut of up to
-    # about two thirds of it, whenever the cut begins.
-    asyncio.run(_a_cut_just_past_a_renewal_period())
+    """A failed renewal is tried again soon, not at the next beat: the lease survives a cut of up to
+    about two thirds of it, whenever the cut begins. Here the cut (1.3 renewal periods, connections
+    refused) fails the renewal due and the next; waiting for the beat after, the lease ran out."""
+    _a_cut_just_before_a_renewal(TcpProxy, TcpProxy.partition, 1.3)
 
 
 class _VanishingProxy(TcpProxy):
@@ -425,60 +438,13 @@ class _VanishingProxy(TcpProxy):
         writer.transport.abort()
 
 
-async def _a_silent_cut(db: Database, pg: _VanishingProxy) -> None:
-    await db.open()
-    try:
-        await db.migrate()
-        lease = Lease(db, "silent-cut-test", 3.0)
-        await lease.acquire()
-        lease.start()
-        period = lease.renew_every
-        try:
-            since = lease.held_until()
-            await wait_until(lambda: lease.held_until() > since, 2 * period)
-            await asyncio.sleep(period * 0.9)
-            pg.vanish()  # just before a renewal is due; a third of the lease, well within two thirds
-            cut = time.monotonic()
-            lost_at: float | None = None
-            while time.monotonic() - cut < period:
-                if not lease.held and lost_at is None:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            pg.heal()
-            before = lease.held_until()
-            deadline = time.monotonic() + lease.lease_secs
-            while lease.held_until() == before and lost_at is None and time.monotonic() < deadline:
-                if not lease.held:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after a silent cut of {period:g}s began"
-            assert lease.held_until() != before, "no renewal confirmed within a lease of the database's return"
-        finally:
-            # The hung statement is cancelled here; the lease's ending is not what is tested.
-            with contextlib.suppress(DatabaseError):
-                await lease.stop()
-    finally:
-        await db.close()
-
-
 def test_a_silent_cut_of_a_third_of_the_lease_keeps_the_lease() -> None:
     """A cut in which the database's host vanishes without resetting the lease's connection (no
     reply, no RST: a failover, a crashed machine) is a cut like any other: the README promises
     that one of up to about two thirds of the lease closes nothing, whenever it begins. The
     renewal sent on the dead connection must give way (``statement_timeout`` is the server's,
     and the server is gone), so that a retry on a new connection renews the lease."""
-    from harness.pgserver import PostgresServer
-
-    async def run() -> None:
-        server = PostgresServer("lease-silent")
-        try:
-            database = server.create_database("relay")
-            with _VanishingProxy(("127.0.0.1", server.port)) as pg:
-                await _a_silent_cut(Database(server.url(database, pg.port)), pg)
-        finally:
-            server.close()
-
-    asyncio.run(run())
+    _a_cut_just_before_a_renewal(_VanishingProxy, _VanishingProxy.vanish, 1.0)
 
 
 class _UnansweringProxy(TcpProxy):
@@ -505,56 +471,10 @@ class _UnansweringProxy(TcpProxy):
         await super()._serve(client_r, client_w)
 
 
-async def _a_cut_that_answers_nothing(db: Database, pg: _UnansweringProxy) -> None:
-    await db.open()
-    try:
-        await db.migrate()
-        lease = Lease(db, "quiet-cut-test", 3.0)
-        await lease.acquire()
-        lease.start()
-        period = lease.renew_every
-        try:
-            since = lease.held_until()
-            await wait_until(lambda: lease.held_until() > since, 2 * period)
-            await asyncio.sleep(period * 0.9)
-            pg.go_quiet()  # just before a renewal is due: half the lease, within "about two thirds"
-            cut = time.monotonic()
-            lost_at: float | None = None
-            while time.monotonic() - cut < 1.5 * period:
-                if not lease.held and lost_at is None:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            pg.heal()
-            before = lease.held_until()
-            deadline = time.monotonic() + lease.lease_secs
-            while lease.held_until() == before and lost_at is None and time.monotonic() < deadline:
-                if not lease.held:
-                    lost_at = time.monotonic() - cut
-                await asyncio.sleep(0.01)
-            assert lost_at is None, f"the lease ran out {lost_at:.2f}s after a cut of {1.5 * period:g}s began"
-            assert lease.held_until() != before, "no renewal confirmed within a lease of the database's return"
-        finally:
-            with contextlib.suppress(DatabaseError):
-                await lease.stop()
-    finally:
-        await db.close()
-
-
 def test_a_cut_whose_connection_attempts_get_no_answer_keeps_the_lease_for_half_of_it() -> None:
     """The retry is every thirtieth of the lease only when a connection attempt fails at once.
     When the database's address answers nothing during the cut (a failover whose new primary is
     not up yet), each attempt waits out its connect timeout, a whole renewal period: the retries
     come every 1.1 periods, and a cut of half the lease beginning just before a renewal outlives
     it, against the README's "up to about two thirds of the lease ... whenever it begins"."""
-    from harness.pgserver import PostgresServer
-
-    async def run() -> None:
-        server = PostgresServer("lease-quiet")
-        try:
-            database = server.create_database("relay")
-            with _UnansweringProxy(("127.0.0.1", server.port)) as pg:
-                await _a_cut_that_answers_nothing(Database(server.url(database, pg.port)), pg)
-        finally:
-            server.close()
-
-    asyncio.run(run())
+    _a_cut_just_before_a_renewal(_UnansweringProxy, _UnansweringProxy.go_quiet, 1.5)
