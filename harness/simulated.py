@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -70,13 +70,15 @@ class SimulatedPeer:
     ``exist_pending_workflows`` without having recovered anything, and
     ``"answer"`` sends what ``replies`` gives for it. ``replies`` maps a
     message type to the fields of its reply (besides ``type`` and
-    ``request_id``), sent as they are, however wrong. Any other request gets
+    ``request_id``), sent as they are, however wrong, or a function of the
+    request that gives them. Any other request gets
     what ``others`` says: ``"error"`` an error reply, as an SDK answers a
     request it cannot serve; ``"silent"`` no answer at all (an executor that
     hangs, its socket still answering pings); ``"unknown"`` the SDK's reply to
     a message type it does not know (an older SDK). With ``hold``, its reply to
     ``recovery`` waits until ``hold`` is set (the socket keeps answering
-    everything else meanwhile).
+    everything else meanwhile). ``slow`` maps a message type to how long its
+    replies wait (the socket reads on meanwhile: a slow executor).
     """
 
     def __init__(
@@ -85,9 +87,10 @@ class SimulatedPeer:
         executor_id: str,
         on_recovery: str,
         version: str = "v1",
-        replies: dict[str, dict[str, Any]] | None = None,
+        replies: dict[str, dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         others: str = "error",
         hold: threading.Event | None = None,
+        slow: dict[str, float] | None = None,
     ) -> None:
         if on_recovery not in ("close", "silent", "lie", "answer"):
             raise ValueError(f"unknown behaviour {on_recovery!r}")
@@ -100,6 +103,7 @@ class SimulatedPeer:
         self.version = version
         self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
         self.hold = hold
+        self.slow = slow or {}
         self._held: set[asyncio.Task[None]] = set()
         self.requests: Counter[str] = Counter()
         self._ready = threading.Event()
@@ -138,7 +142,9 @@ class SimulatedPeer:
                 if kind == "recovery" and self.on_recovery == "silent":
                     continue
                 if kind in self.replies:
-                    reply = {"type": kind, "request_id": request["request_id"], **self.replies[kind]}
+                    fields = self.replies[kind]
+                    fields = fields(request) if callable(fields) else fields
+                    reply = {"type": kind, "request_id": request["request_id"], **fields}
                 elif self.others == "silent":
                     continue
                 elif self.others == "unknown":
@@ -147,13 +153,29 @@ class SimulatedPeer:
                     error = {"error_message": "not supported by the simulated peer"}
                     reply = {"type": kind, "request_id": request["request_id"], **error}
                 if kind == "recovery" and self.hold is not None:
-                    task = asyncio.get_running_loop().create_task(self._send_when_released(ws, reply, self.hold))
-                    self._held.add(task)
-                    task.add_done_callback(self._held.discard)
+                    self._later(self._send_when_released(ws, reply, self.hold))
+                    continue
+                if kind in self.slow:
+                    self._later(self._send_after(ws, reply, self.slow[kind]))
                     continue
                 await ws.send(json.dumps(reply))
         except ConnectionClosed:
             return
+        finally:
+            for task in list(self._held):  # replies still waiting die with the socket
+                task.cancel()
+            await asyncio.gather(*self._held, return_exceptions=True)
+
+    def _later(self, sending: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(sending)
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
+    @staticmethod
+    async def _send_after(ws: ClientConnection, reply: dict[str, Any], delay: float) -> None:
+        await asyncio.sleep(delay)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps(reply))
 
     @staticmethod
     async def _send_when_released(ws: ClientConnection, reply: dict[str, Any], hold: threading.Event) -> None:

@@ -3,6 +3,7 @@ real Relay, real PostgreSQL and real DBOS 3.2 executors."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -63,6 +64,13 @@ def reconciling_relay(start_relay: StartRelay, grace: float, interval: float = 0
     return relay
 
 
+def ended_before(relay: RelayProcess, workflow_name: str, t: float) -> bool:
+    """Whether every run of one of Relay's workflows begun before ``t`` has ended."""
+    begun = relay.runs_of(workflow_name) - relay.runs_of(workflow_name, since=t)
+    ended = relay.runs_of(workflow_name, "SUCCESS") - relay.runs_of(workflow_name, "SUCCESS", since=t)
+    return begun > 0 and begun == ended
+
+
 def steps_once(evidence: Evidence) -> Counter[tuple[str, str]]:
     return Counter((w, s) for w, s, _ in evidence.step_runs())
 
@@ -104,6 +112,46 @@ def test_work_stranded_while_relay_was_down_is_completed_exactly_once(
     assert recovery["trigger"] == "reconcile" and recovery["status"] == "succeeded"
     assert scrape(relay.http, "relay_reconcile_workflows_found_total", org="acme", app="ledger") == 6
     assert scrape(relay.http, "relay_reconcile_recoveries_started_total", org="acme", app="ledger") == 1
+
+
+def test_runs_that_overlap_recover_a_stranded_executor_once(start_relay: StartRelay) -> None:
+    """A run outlasts its interval when the executor it asks is slow, so the next runs list the
+    same stranded work before the first brings the executor back (CI met it with real executors):
+    one claim, one pair of audit entries, one recovery, counted once."""
+    config: dict[str, Any] = relay_yaml(free_port(), grace=1.0)
+    config["reconciler"] = {"enabled": True, "intervalSecs": 0.3, "includeUnknownExecutors": True}
+    relay: RelayProcess = start_relay(config)
+    old = str(int((time.time() - 60) * 1000))
+    stranded = {"WorkflowUUID": "job-0", "Status": "PENDING", "WasForkedFrom": False, "ExecutorID": "lost-1",
+                "ApplicationVersion": "v1", "CreatedAt": old, "UpdatedAt": old}  # fmt: skip
+    recovered = threading.Event()
+
+    def listing(request: dict[str, Any]) -> dict[str, Any]:
+        body = request["body"]
+        at_work = body.get("start_time") or body.get("completed_after")  # none: lost-1 started nothing since
+        return {"output": [] if at_work or recovered.is_set() else [stranded]}
+
+    def recovery(request: dict[str, Any]) -> dict[str, Any]:
+        recovered.set()
+        return {"success": True}
+
+    # Each listing takes a second, each run three of them: a run begun every 0.3 s overlaps the next nine.
+    replies = {"list_workflows": listing, "recovery": recovery, "exist_pending_workflows": {"exist": False}}
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "peer-1", "answer", replies=replies, slow={"list_workflows": 1.0}) as peer:
+        assert_eventually(lambda: "executor.deleted" in audit_actions(relay, "lost-1"), 30)
+        # Every run that may have listed lost-1's work before its recovery has ended.
+        deleted = time.time()
+        assert_eventually(lambda: ended_before(relay, "relay.reconcile", deleted), 20, interval=0.2)
+        assert peer.recovery_requests == 1
+    actions = audit_actions(relay, "lost-1")
+    assert [a for a in actions if a.startswith("reconcile.")] == ["reconcile.found", "reconcile.recovered"], actions
+    assert actions.count("recovery.succeeded") == 1 and actions.count("executor.deleted") == 1, actions
+    for metric in ("executors_found", "workflows_found", "recoveries_started"):
+        assert scrape(relay.http, f"relay_reconcile_{metric}_total", org="acme", app="ledger") == 1, metric
+    with relay.api() as api:
+        (only,) = api.get("/apps/ledger/recoveries", params={"executorId": "lost-1"}).json()
+    assert only["trigger"] == "reconcile" and only["status"] == "succeeded"
 
 
 def test_a_live_executors_long_running_work_is_left_alone(

@@ -10,14 +10,21 @@ instance does the work. The run:
 
 1. asks a healthy executor of the app (through the router) for its PENDING
    workflows, and keeps those that are stranded (:mod:`relay.core.stranded`:
-   an owner with no record in the registry, not updated for the grace period),
-   auditing ``reconcile.found`` for each such executor id;
+   an owner with no record in the registry, not updated for the grace period).
+   It writes nothing;
 2. brings each such executor's record back DEAD (the lifecycle's STRANDED
    event), owned by the instance that runs the step, audits
-   ``reconcile.recovered`` with the recovery's id, and starts that recovery:
-   the same workflow as for any death, so the peer is one of the same version
-   (or the version policy blocks it, as usual) and success is verified with
+   ``reconcile.found`` and ``reconcile.recovered`` (with the recovery's id) in
+   the same transaction, and starts that recovery: the same workflow as for
+   any death, so the peer is one of the same version (or the version policy
+   blocks it, as usual) and success is verified with
    ``exist_pending_workflows`` before the record is deleted again.
+
+Runs of one app may overlap (a run outlasts its interval when an executor is
+slow to answer, or two instances' clocks straddle an interval's end). Step 2
+therefore acts only if nothing was audited about the executor since step 1
+began: a run whose listing predates another run's claim, or the recovery that
+followed it, leaves the executor to that one (and to later runs).
 
 An executor id with a workflow created or completed within the grace period is
 left alone, however old its PENDING ones: a process under that id is at work,
@@ -48,7 +55,7 @@ from dbos import DBOS, SetWorkflowID
 from relay.core.ids import ExecutorKey, app_part, recovery_id
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
 from relay.errors import ExecutorRequestError
-from relay.store.audit import audit_executor
+from relay.store.audit import audit_executor, audited_detail
 from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, WorkflowsOutput, clean_text
 from workflows.recovery import recover
 from workflows.services import dedupe_key, first_answer, relay_step, services
@@ -73,6 +80,9 @@ class FindRecord(TypedDict):
     ok: bool
     error: NotRequired[str]
     stranded: list[StrandedRecord]
+    # The newest audit entry's id before the listing (absent in runs of 0.2.0 and of the release
+    # before this one's fix).
+    auditMark: NotRequired[int]
 
 
 def reconcile_id(org: str, app: str, interval_secs: float, now: float | None = None) -> str:
@@ -151,6 +161,7 @@ async def find(org: str, app: str) -> FindRecord:
     if settings is None:
         return {"ok": True, "stranded": []}
     timeout, spread = svc.liveness.recovery_ack_timeout_secs, DBOS.workflow_id or ""  # runs take turns
+    mark = await svc.executors.audit_mark()
     try:
         _, outputs = await first_answer(org, app, lambda peer: _pending(org, app, peer, timeout), spread)
     except ExecutorRequestError as exc:
@@ -183,14 +194,6 @@ async def find(org: str, app: str) -> FindRecord:
                         "completed within the grace period): left alone", org, app, executor_id)  # fmt: skip
         count(org, app, "executors_alive", len(alive))
         stranded = [s for s in stranded if s.executor_id not in alive]
-    async with svc.executors.db.fenced() as conn:
-        for s in stranded:
-            detail = {"workflows": len(s.workflow_ids), "workflowIds": list(s.workflow_ids[:AUDITED_IDS]),
-                      "applicationVersion": s.application_version, "registered": s.registered}  # fmt: skip
-            key = ExecutorKey(org, app, s.executor_id)
-            await audit_executor(conn, key, "reconcile.found", f"{dedupe_key()}:{s.executor_id}", detail=detail)
-    count(org, app, "executors_found", len(stranded))
-    count(org, app, "workflows_found", sum(len(s.workflow_ids) for s in stranded))
     return {
         "ok": True,
         "stranded": [
@@ -198,23 +201,33 @@ async def find(org: str, app: str) -> FindRecord:
              "registered": s.registered}
             for s in stranded
         ],
+        "auditMark": mark,
     }  # fmt: skip
 
 
 @relay_step("relay.reconcile.reinstate")
-async def reinstate(org: str, app: str, stranded: StrandedRecord) -> int | None:
-    """The executor's record back DEAD, owned by this instance, and ``reconcile.recovered`` audited;
-    its epoch, or None if it has a live record now (it connected meanwhile)."""
+async def reinstate(org: str, app: str, stranded: StrandedRecord, audit_mark: int | None = None) -> int | None:
+    """The executor's record back DEAD, owned by this instance, and ``reconcile.found`` and
+    ``reconcile.recovered`` audited; its epoch. None if it has a record now (it connected, or
+    another run brought it back) or anything was audited about it since ``audit_mark``."""
     svc = services()
     key = ExecutorKey(org, app, stranded["executorId"])
     async with svc.executors.db.fenced() as conn:
-        epoch = await svc.executors.stranded(conn, key, stranded["version"], svc.instance_id)
+        done = await audited_detail(conn, dedupe_key())
+        if done is not None:  # this step, run again after a crash
+            return int(done["epoch"])
+        epoch = await svc.executors.stranded(conn, key, stranded["version"], svc.instance_id, audit_mark)
         if epoch is None:
             return None
         ids = stranded["workflowIds"]
+        found = {"workflows": len(ids), "workflowIds": ids[:AUDITED_IDS], "applicationVersion": stranded["version"],
+                 "registered": stranded["registered"]}  # fmt: skip
+        await audit_executor(conn, key, "reconcile.found", f"{dedupe_key()}:found", detail=found)
         detail = {"epoch": epoch, "recoveryId": recovery_id(key, epoch), "applicationVersion": stranded["version"],
                   "workflows": len(ids), "workflowIds": ids[:AUDITED_IDS]}  # fmt: skip
         await audit_executor(conn, key, "reconcile.recovered", dedupe_key(), detail=detail)
+    count(org, app, "executors_found")
+    count(org, app, "workflows_found", len(ids))
     count(org, app, "recoveries_started")
     return epoch
 
@@ -226,7 +239,7 @@ async def reconcile(org: str, app: str) -> dict[str, int]:
         log.warning("reconcile %s/%s: %s", org, app, found.get("error"))
     started = 0
     for stranded in found["stranded"]:
-        epoch = await reinstate(org, app, stranded)
+        epoch = await reinstate(org, app, stranded, found.get("auditMark"))
         if epoch is None:
             continue
         with SetWorkflowID(recovery_id(ExecutorKey(org, app, stranded["executorId"]), epoch)):

@@ -49,6 +49,14 @@ async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) 
     return cur.rowcount == 1
 
 
+async def audited_detail(conn: Conn, dedupe: str) -> dict[str, Any] | None:
+    """The detail of the entry written under ``dedupe``, or None if there is none (a step that runs
+    again after a crash finds what it did)."""
+    cur = await conn.execute("SELECT detail FROM audit_log WHERE dedupe_key = %s", (dedupe,))
+    row = await cur.fetchone()
+    return None if row is None else dict(row["detail"])
+
+
 async def audit_executor(
     conn: Conn,
     key: ExecutorKey,

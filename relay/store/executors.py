@@ -431,12 +431,16 @@ class ExecutorStore:
                 for r in await cur.fetchall()
             }
 
-    async def stranded(self, conn: Conn, key: ExecutorKey, version: str, instance: str) -> int | None:
+    async def stranded(
+        self, conn: Conn, key: ExecutorKey, version: str, instance: str, audit_mark: int | None
+    ) -> int | None:
         """STRANDED: the record of an executor that has none comes back DEAD, owned by ``instance``
         (whose repair sweep then watches its recovery), in the caller's fenced transaction.
 
-        Returns its epoch; None if a record exists that is not DEAD or RECOVERING (the
-        executor connected meanwhile). A step re-run after a crash finds its own record.
+        Returns its epoch; None if it has a record now (it connected, or another run of the
+        reconciler brought it back), or if an audit entry about it was written after
+        ``audit_mark`` (:meth:`audit_mark`, read before its work was listed): the listing may
+        predate a recovery that has moved that work since, so a later run looks again.
         """
         check_transition(None, E.STRANDED)
         cur = await conn.execute(
@@ -446,22 +450,25 @@ class ExecutorStore:
                     COALESCE(i.first_seen_at, now()), COALESCE(i.last_seen_at, now()), now(), %(instance)s
                FROM (SELECT 1) one LEFT JOIN executor_ids i
                     ON i.org = %(org)s AND i.app = %(app)s AND i.executor_id = %(id)s
+               WHERE %(mark)s::bigint IS NULL
+                  OR NOT EXISTS (SELECT 1 FROM audit_log a
+                                 WHERE a.org = %(org)s AND a.app = %(app)s AND a.executor_id = %(id)s
+                                   AND a.id > %(mark)s::bigint)
                ON CONFLICT (org, app, executor_id) DO NOTHING
                RETURNING epoch""",
-            {"org": key.org, "app": key.app, "id": key.executor_id, "version": version, "instance": instance},
-        )
+            {"org": key.org, "app": key.app, "id": key.executor_id, "version": version, "instance": instance,
+             "mark": audit_mark},
+        )  # fmt: skip
         row = await cur.fetchone()
         self._count(E.STRANDED, int(row is not None))
-        if row is not None:
-            return int(row["epoch"])
-        cur = await conn.execute(
-            "SELECT state, epoch FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
-            (key.org, key.app, key.executor_id),
-        )
-        existing = await cur.fetchone()
-        if existing is None or existing["state"] not in (ExecutorState.DEAD.value, ExecutorState.RECOVERING.value):
-            return None
-        return int(existing["epoch"])
+        return None if row is None else int(row["epoch"])
+
+    async def audit_mark(self) -> int:
+        """The newest audit entry's id: what :meth:`stranded` takes as its ``audit_mark``."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT COALESCE(max(id), 0) AS mark FROM audit_log")
+            row = await cur.fetchone()
+            return int(row["mark"]) if row else 0
 
     # -- reads ----------------------------------------------------------------------
 
