@@ -8,12 +8,17 @@ evidence database stay on the session's server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from harness.executors import Evidence, ExecutorProcess
@@ -23,6 +28,7 @@ from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from relay.errors import DatabaseError
 from relay.store.db import Database
+from relay.store.lease import Lease
 
 StartExecutor = Callable[..., ExecutorProcess]
 # How long the database stays down: longer than the lease's renewal period and the SDK's reconnect.
@@ -220,3 +226,90 @@ def test_the_pool_reconnects_soon_after_a_long_outage(relay_pg: PostgresServer) 
     print(f"answered {waited:.2f} s (waiting through the outage) and {asked:.2f} s after the database returned")
     # About one attempt a second, and the 2 s the chaos checker allows a loaded machine.
     assert waited < 1.0 + 2.0 and asked < 1.0 + 2.0
+
+
+def _tcp_timers(pid: int, port: int) -> list[tuple[int, float]]:
+    """The timer of each established TCP socket of process ``pid`` to ``port``, and the seconds
+    until it fires (``/proc/net/tcp``: 0 none, 1 retransmission, 2 keepalive or another, 4 a
+    zero-window probe). An idle socket with keepalive on has its keepalive timer due within
+    ``keepalives_idle``."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    ticks = os.sysconf("SC_CLK_TCK")
+    timers = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                remote_port, state, timer, inode = int(fields[2].split(":")[1], 16), fields[3], fields[5], fields[9]
+                if inode in inodes and remote_port == port and state == "01":  # ESTABLISHED
+                    kind, due = timer.split(":")
+                    timers.append((int(kind, 16), int(due, 16) / ticks))
+    return timers
+
+
+def test_every_connection_of_relay_to_its_database_probes_an_idle_host_within_ten_seconds(
+    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer
+) -> None:
+    """A database host lost without a reset leaves each connection's socket open: an idle one was
+    found dead only after libpq's default keepalive idle of two hours. The pool's, the lease's and
+    DBOS's connections all probe after 10 s idle (``keepalives_idle``)."""
+    relay = relay_on_own_db(grace=5)
+    assert relay.proc is not None
+    pid = relay.proc.pid
+    # The pool's, the lease's and DBOS's own (its system database engine and queue listener).
+    assert_eventually(lambda: len(_tcp_timers(pid, relay_pg.port)) >= 4 or None, 10)
+    for _ in range(3):  # one snapshot may catch a socket between two timers
+        timers = _tcp_timers(pid, relay_pg.port)
+        late = [(kind, due) for kind, due in timers if kind not in (1, 2, 4) or due > 10.5]
+        assert timers and not late, (late, len(timers))
+        time.sleep(0.2)
+
+
+def _tcp_options(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int, int, int, int]:
+    sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    try:
+        return (
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        )
+    finally:
+        sock.close()
+
+
+def test_the_pools_and_the_leases_sockets_carry_the_tcp_settings_unless_the_url_gives_its_own(
+    relay_pg: PostgresServer,
+) -> None:
+    """Sent data unacknowledged for 30 s fails the connection (``tcp_user_timeout``), an idle one
+    whose host stops answering fails after 10 + 3 x 5 s of keepalives: read from the sockets
+    themselves, of the pool's connections and the lease's. The database URL's own settings win.
+    (What the kernel does with them is its own; a test cannot drop packets without privileges.)"""
+    if not relay_pg.running():
+        relay_pg.start()
+    url = relay_pg.url(relay_pg.create_database("tcp"))
+
+    async def options(db_url: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async with db.connection() as conn:
+                pooled = _tcp_options(conn)
+            lease = Lease(db, "tcp-test", 3.0)
+            try:
+                lease_conn = await lease._connection(3.0)
+                return pooled, _tcp_options(lease_conn)
+            finally:
+                await lease.stop()
+        finally:
+            await db.close()
+
+    assert asyncio.run(options(url)) == ((1, 10, 5, 3, 30_000),) * 2
+    given = asyncio.run(options(f"{url}?tcp_user_timeout=5000&keepalives_idle=30"))
+    assert given == ((1, 30, 5, 3, 5000),) * 2

@@ -301,7 +301,8 @@ class Router:
         delay = 0.2
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.db.url, autocommit=True) as conn:
+                # Keepalives find a lost host under this idle connection (db.TCP_SETTINGS).
+                async with await psycopg.AsyncConnection.connect(self.db.conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {self.channel}")
                     await conn.execute(f"LISTEN {BLOCKED_CHANNEL}")
                     delay = 0.2

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -27,6 +28,33 @@ T = TypeVar("T")
 # Replacing a lost connection: an attempt is given up after this long, and another begins.
 RECONNECT_GIVE_UP_SECS = 2.0
 CONNECT_TIMEOUT_SECS = 5
+
+
+# A database host lost without a reset (a failover, a crashed machine, a dropped route) leaves each
+# connection's socket open, and the server's statement_timeout cannot end a statement the server
+# never got: a query sent on it would wait until the kernel gives up on the socket (about a quarter
+# of an hour on Linux), and an idle connection would never be found dead. With these libpq
+# settings, sent data not acknowledged for 30 s, or an idle connection whose host stops answering
+# keepalives for 10 + 3 x 5 s, fails the connection. Each applies to TCP connections only; a
+# setting given in the database URL wins.
+TCP_SETTINGS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def tcp_settings(url: str) -> dict[str, int]:
+    """:data:`TCP_SETTINGS`, less those the database URL gives."""
+    given = conninfo_to_dict(url)
+    return {name: value for name, value in TCP_SETTINGS.items() if name not in given}
+
+
+def with_tcp_settings(url: str) -> str:
+    """The database URL as a libpq connection string, with :func:`tcp_settings` added."""
+    return make_conninfo(url, **tcp_settings(url))
 
 
 async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
@@ -61,10 +89,12 @@ class Database:
 
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 16) -> None:
         self.url = url
+        # What Relay's own connections connect to: the URL with the TCP settings.
+        self.conninfo = with_tcp_settings(url)
         # (instance id, lease epoch) that :meth:`fenced` checks; set by relay.cluster.lease.Lease.
         self.fence: tuple[str, int] | None = None
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
-            url,
+            self.conninfo,
             connection_class=psycopg.AsyncConnection[dict[str, Any]],
             min_size=min_size,
             max_size=max_size,

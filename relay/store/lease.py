@@ -148,7 +148,7 @@ class Lease:
         timeout_ms = max(1, int(self.renew_every * STATEMENT_SHARE * 1000))
         try:
             conn = await asyncio.wait_for(
-                psycopg.AsyncConnection.connect(self.db.url, autocommit=True, row_factory=dict_row),
+                psycopg.AsyncConnection.connect(self.db.conninfo, autocommit=True, row_factory=dict_row),
                 self.renew_every,
             )
         except (psycopg.Error, TimeoutError) as exc:
