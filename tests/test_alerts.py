@@ -1007,3 +1007,45 @@ def test_a_rule_made_with_an_infinite_interval_before_the_bound_still_delivers_a
     sent, held, listed = with_store(relay_db, [], body)
     assert sent and not held
     assert json.loads(listed)["minIntervalSecs"] == 10 * 365 * 24 * 3600
+
+
+def test_rounds_that_overlap_on_two_instances_alert_one_episode_once(start_relay: StartRelay) -> None:
+    """A rule's evaluation outlasts its round when the executor it asks is slow; the per-instance turn
+    keeps that instance's later rounds off the rule, but the other instance's rounds evaluate it. The
+    failures begin just after the first reading ("none"), which comes back 6 s later: by then the
+    other instance's rounds have seen them and alerted. The stale reading must not end the episode
+    (README: "while it keeps holding it is one alert"): one idempotency key, one alert."""
+    slow_secs = 6.0
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "WorkflowFailure", "webhook": receiver.url(), "minIntervalSecs": 0}]
+        configs = [alert_config(free_port(), rules) for _ in range(2)]
+        for config in configs:
+            config["server"]["executorRequestTimeoutSecs"] = 3 * slow_secs
+            config["metrics"] = {"appFigures": False}  # the rule's requests are the only aggregates
+        r1, _r2 = (start_relay(config, instance_id=f"relay-{n}") for n, config in enumerate(configs, 1))
+        slow = {"get_workflow_aggregates": slow_secs}
+        failing = {"output": [{"group": {"name": "charge"}, "count": 2}]}
+        first_asked: list[float] = []
+
+        def aggregates(request: dict[str, Any]) -> dict[str, Any]:
+            if not first_asked:
+                first_asked.append(time.time())
+                return {"output": []}  # no failure yet; this reply waits slow_secs
+            slow.clear()  # every later reading is answered at once, and sees the failures
+            return failing
+
+        url = f"ws://127.0.0.1:{r1.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        replies: dict[str, Any] = {"get_workflow_aggregates": aggregates}
+        with SimulatedPeer(url, "ledger-1", "answer", replies=replies, slow=slow):
+            first = assert_eventually(lambda: receiver.deliveries("WorkflowFailure"), 20, what="the first alert")
+            # The other instance alerted while the first reading was still on its way.
+            assert first[0].at < first_asked[0] + slow_secs, (first[0].at - first_asked[0], slow_secs)
+            # The stale reading has been settled, and rounds went on for a few seconds since.
+            time.sleep(max(0.0, first_asked[0] + slow_secs + 4 - time.time()))
+        with psycopg.connect(r1.database_url) as conn:
+            ran = conn.execute(
+                """SELECT executor_id, count(*) FROM dbos.workflow_status WHERE name = 'relay.alerts.rule'
+                   GROUP BY executor_id ORDER BY executor_id"""
+            ).fetchall()
+        keys = [d.payload["idempotencyKey"] for d in receiver.deliveries("WorkflowFailure", accepted=True)]
+        assert len(set(keys)) == 1, f"one episode of failures alerted as {sorted(set(keys))} (rule runs: {ran})"
