@@ -12,9 +12,10 @@ import psycopg
 from dbos import DBOSClient
 
 from harness.executors import ExecutorProcess
-from harness.keys import VIEWER_KEYS
+from harness.keys import CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
@@ -155,3 +156,32 @@ def test_global_timeout_cancels_old_unfinished_workflows_and_needs_application_w
         assert api.patch("/apps/ledger", json={"globalTimeoutMs": None}).json()["globalTimeoutMs"] is None
         assert api.patch("/apps/ledger", json={"globalTimeoutMs": 0}).status_code == 422
         assert api.patch("/apps/ledger", json={"executorTimeoutSecs": None}).status_code == 422
+
+
+def test_rounds_that_overlap_check_a_round_once(start_relay: StartRelay) -> None:
+    """A round outlasts its interval when the executor it asks is slow (each aggregate here takes
+    1.5 s, rounds begin every 0.5 s), so the next rounds read the same previous round as unchecked
+    before the first records its check. Each must not record it again: a round is checked once, and
+    its one ``retention.checked`` entry says what its row says, not several entries with other
+    figures for the same round (the row keeping the first, the audit log all of them)."""
+    relay = start_relay(config(gcTimeThresholdMs=1000))
+    asked: list[int] = []
+
+    def aggregates(request: dict[str, Any]) -> dict[str, Any]:
+        asked.append(len(asked) + 1)
+        return {"output": [{"group": {"status": "SUCCESS"}, "count": len(asked)}]}  # a new figure each time
+
+    replies: dict[str, Any] = {"get_workflow_aggregates": aggregates, "retention": {"success": True}}
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "ledger-1", "answer", replies=replies, slow={"get_workflow_aggregates": 1.5}):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", "ledger-1") == "HEALTHY", 10)
+        assert_eventually(lambda: len(audit(relay, "retention.checked")) >= 4, 20, what="rounds checked")
+    checks: dict[str, list[int]] = {}
+    for entry in audit(relay, "retention.checked"):
+        checks.setdefault(entry["detail"]["roundId"], []).append(entry["detail"]["remaining"]["finishedBeforeCutoff"])
+    with psycopg.connect(relay.database_url) as conn:
+        stored = conn.execute("""SELECT id, (remaining->>'finishedBeforeCutoff')::int FROM app_retention_rounds
+                                 WHERE checked_at IS NOT NULL""").fetchall()  # fmt: skip
+    rows: dict[str, int | None] = dict(stored)
+    twice = {rid: (found, rows.get(rid)) for rid, found in checks.items() if len(found) > 1}
+    assert not twice, f"rounds checked more than once (audited figures, the row's): {twice}"
