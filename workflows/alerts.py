@@ -176,11 +176,14 @@ def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:
     return []  # this round learns nothing about the rule; the next one asks again
 
 
-async def due_alerts(store: AlertStore, rule: Rule, observed: list[Observed]) -> list[tuple[Alert, bool]]:
-    """Record which subjects hold; (alert, late) of those due: not yet claimed, or held back by
-    minIntervalSecs and free to go out now (late), the episode still holding."""
+async def due_alerts(
+    store: AlertStore, rule: Rule, observed: list[Observed], reading: int | None = None
+) -> list[tuple[Alert, bool]]:
+    """Record which subjects hold (unless a reading newer than ``reading`` was recorded first); (alert,
+    late) of those due: not yet claimed, or held back by minIntervalSecs and free to go out now
+    (late), the episode still holding."""
     by_key = {seen.key: seen for seen in observed}
-    due = await store.settle(rule, sorted(by_key), hold_secs(rule))
+    due = await store.settle(rule, sorted(by_key), hold_secs(rule), reading)
     alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
     keys = [a.idempotency_key for a in alerts]
     claimed = await store.claimed(keys)
@@ -197,13 +200,17 @@ async def _evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Observe one rule, record which subjects hold, and return the alerts due (:func:`due_alerts`)."""
     svc = services().alerts
     rule = _rule(data)
+    reading = await svc.store.reading()
     observed = await svc.observer.observe(rule)
     if observed is None:
         return []
     # On time, an alert as relay.alerts.evaluate has always checkpointed it (an earlier build resuming
     # a round of relay.alerts.check during a rolling upgrade reads those); late, wrapped, which no
     # alert's own members can be mistaken for. relay.alerts.evaluate_rule checkpoints the same shapes.
-    return [{"late": a.to_json()} if late else a.to_json() for a, late in await due_alerts(svc.store, rule, observed)]
+    return [
+        {"late": a.to_json()} if late else a.to_json()
+        for a, late in await due_alerts(svc.store, rule, observed, reading)
+    ]
 
 
 @relay_step("relay.alerts.evaluate", on_error=_evaluation_failed)

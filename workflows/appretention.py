@@ -99,8 +99,8 @@ async def check_previous(org: str, app: str) -> dict[str, Any]:
         remaining = await _remaining(org, app, rid, checked)
     except ExecutorRequestError as exc:  # looked at by the next round, then
         return {"checked": None, "error": clean_text(str(exc), 500)}
-    await svc.app_retention.record_check(checked, remaining, dedupe_key())
-    return {"checked": checked.id, "remaining": remaining}
+    recorded = await svc.app_retention.record_check(checked, remaining, dedupe_key())
+    return {"checked": checked.id, "remaining": remaining, "recorded": recorded}
 
 
 @relay_step("relay.app_retention.send", on_error=_failed)

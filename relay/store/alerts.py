@@ -238,13 +238,35 @@ class AlertStore:
 
     # -- conditions ------------------------------------------------------------------------
 
-    async def settle(self, rule: Rule, holding: list[str], hold_secs: float) -> list[tuple[str, int, str]]:
+    async def reading(self) -> int:
+        """A number for an evaluation about to read its rule's condition: later readings draw larger
+        ones, on every instance (:meth:`settle`)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT nextval('alert_readings') AS n")
+            row = await cur.fetchone()
+            return int(row["n"]) if row else 0
+
+    async def settle(
+        self, rule: Rule, holding: list[str], hold_secs: float, reading: int | None = None
+    ) -> list[tuple[str, int, str]]:
         """Record which subjects the condition holds for now; returns (subject, episode, since) of
-        those that have held for ``hold_secs``. A subject no longer holding ends its episode."""
+        those that have held for ``hold_secs``. A subject no longer holding ends its episode.
+
+        ``reading`` (:meth:`reading`, drawn before the condition was read): a reading older than
+        one the rule has settled already changes nothing and returns nothing. Evaluations of one
+        rule overlap (on two instances, or a slow executor's reply outlasting a round), and an
+        old "not holding" would otherwise end an episode that a newer reading had alerted, so the
+        next round alerted it again as a new one; an old "holding" would begin an episode that
+        had ended."""
         async with self.db.fenced() as conn:
-            cur = await conn.execute("SELECT 1 FROM alert_rules WHERE id = %s FOR UPDATE", (rule.id,))
-            if await cur.fetchone() is None:
+            cur = await conn.execute("SELECT settled_reading FROM alert_rules WHERE id = %s FOR UPDATE", (rule.id,))
+            row = await cur.fetchone()
+            if row is None:
                 return []  # deleted meanwhile
+            if reading is not None:
+                if row["settled_reading"] is not None and row["settled_reading"] > reading:
+                    return []  # a newer reading settled first
+                await conn.execute("UPDATE alert_rules SET settled_reading = %s WHERE id = %s", (reading, rule.id))
             await conn.execute(
                 "DELETE FROM alert_conditions WHERE rule_id = %s AND NOT (subject = ANY(%s))", (rule.id, holding)
             )

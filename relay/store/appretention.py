@@ -96,17 +96,22 @@ class AppRetentionStore:
             row = await cur.fetchone()
         return RetentionRound(**row) if row else None
 
-    async def record_check(self, checked: RetentionRound, remaining: dict[str, int | None], dedupe: str) -> None:
-        """What was left, seen by a later round, of the workflows ``checked`` targeted."""
+    async def record_check(self, checked: RetentionRound, remaining: dict[str, int | None], dedupe: str) -> bool:
+        """What was left, seen by a later round, of the workflows ``checked`` targeted; nothing if the
+        round was checked already (rounds that overlap read it unchecked alike: the first to record
+        its check is the one, in its row and in the audit log). Whether this call recorded it."""
         async with self.db.fenced() as conn:
-            await conn.execute(
+            cur = await conn.execute(
                 """UPDATE app_retention_rounds SET checked_at = now(), remaining = %s
                    WHERE id = %s AND checked_at IS NULL""",
                 (Jsonb(remaining), checked.id),
             )
+            if cur.rowcount == 0:
+                return False
             detail = {"roundId": checked.id, **checked.parameters(), "remaining": remaining}
             entry = AuditEntry("retention.checked", "relay", None, checked.executor_id, detail, dedupe)
             await write_audit(conn, checked.org, checked.app, entry)
+            return True
 
     async def rounds(self, org: str, app: str, limit: int = 100) -> list[RetentionRound]:
         """The app's latest rounds, newest first."""

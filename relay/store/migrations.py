@@ -367,4 +367,13 @@ MIGRATIONS: list[tuple[int, str]] = [
             CHECK (trigger IN ('grace_period', 'operator', 'repair', 'reconcile'));
         """,
     ),
+    (
+        12,
+        """
+        -- Each evaluation of an alert rule draws a number before it reads; the rule remembers the
+        -- newest reading it settled, and an older one that comes back later changes nothing.
+        CREATE SEQUENCE alert_readings;
+        ALTER TABLE alert_rules ADD COLUMN settled_reading bigint;
+        """,
+    ),
 ]
