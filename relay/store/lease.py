@@ -319,6 +319,10 @@ async def _bounded(
     would make psycopg first ask the gone server to cancel it, for up to ten seconds.
     """
     statement = asyncio.ensure_future(conn.execute(query, params))
+    # A statement given up on fails once its socket is shut, perhaps after this returns or is
+    # cancelled: its failure is retrieved here, expected and not worth a word (asyncio would log an
+    # ERROR with a traceback for each).
+    statement.add_done_callback(_retrieved)
     answered = False
     try:
         await asyncio.wait({statement}, timeout=limit)
@@ -330,8 +334,6 @@ async def _bounded(
             if not statement.done():
                 statement.cancel()
     if not answered:
-        if not statement.cancelled():
-            statement.exception()  # retrieved: the socket's shutdown, not worth a word
         raise DatabaseError(f"lease: no answer within {limit:g}s")
     exc = statement.exception()
     if isinstance(exc, psycopg.Error):
@@ -339,6 +341,11 @@ async def _bounded(
     if exc is not None:
         raise exc
     return statement.result()
+
+
+def _retrieved(statement: asyncio.Future[Any]) -> None:
+    if not statement.cancelled():
+        statement.exception()
 
 
 def _shut(conn: Conn) -> None:
