@@ -1049,3 +1049,28 @@ def test_rounds_that_overlap_on_two_instances_alert_one_episode_once(start_relay
             ).fetchall()
         keys = [d.payload["idempotencyKey"] for d in receiver.deliveries("WorkflowFailure", accepted=True)]
         assert len(set(keys)) == 1, f"one episode of failures alerted as {sorted(set(keys))} (rule runs: {ran})"
+
+
+def test_an_older_reading_changes_nothing_and_a_reset_sequence_does_not_silence_a_rule(relay_db: str) -> None:
+    """Evaluations of a rule that overlap settle in any order: an older reading that comes back
+    after a newer one changes nothing (the episode the newer one saw goes on, under its key). If the
+    readings' sequence goes back (a restore, a copy by logical replication, which leaves sequences
+    behind), the rule still settles its readings instead of finding each stale for ever."""
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0,
+              "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+
+    async def body(db: Database, store: AlertStore) -> None:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        older, newer = await store.reading(), await store.reading()
+        ((first, _),) = await due_alerts(store, rule, down, newer)
+        assert await due_alerts(store, rule, [], older) == []  # "up", read before: nothing ends
+        ((same, _),) = await due_alerts(store, rule, down, await store.reading())
+        assert same.idempotency_key == first.idempotency_key
+        async with db.connection() as conn:
+            await conn.execute("ALTER SEQUENCE alert_readings RESTART WITH 1")
+        assert await due_alerts(store, rule, [], await store.reading()) == []  # up: the episode ends
+        ((again, _),) = await due_alerts(store, rule, down, await store.reading())  # down: a new one
+        assert again.idempotency_key != first.idempotency_key
+
+    with_store(relay_db, rules, body)

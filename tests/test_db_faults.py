@@ -287,10 +287,12 @@ def _tcp_options(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int, int, int
 def test_the_pools_and_the_leases_sockets_carry_the_tcp_settings_unless_the_url_gives_its_own(
     relay_pg: PostgresServer,
 ) -> None:
-    """Sent data unacknowledged for 30 s fails the connection (``tcp_user_timeout``), an idle one
-    whose host stops answering fails after 10 + 3 x 5 s of keepalives: read from the sockets
-    themselves, of the pool's connections and the lease's. The database URL's own settings win.
-    (What the kernel does with them is its own; a test cannot drop packets without privileges.)"""
+    """Sent data unacknowledged for 30 s fails the connection (``tcp_user_timeout``), and an idle
+    one is probed after 10 s, every 5 s (on Linux, ``tcp_user_timeout`` also ends it 30 s after its
+    host was last heard from): read from the sockets themselves, of the pool's connections and the
+    lease's. The database URL's own settings win. (What the kernel then does is the kernel's: a
+    host lost under an idle socket with these settings, in a network namespace whose loopback
+    went down, failed it after 30.6 s.)"""
     if not relay_pg.running():
         relay_pg.start()
     url = relay_pg.url(relay_pg.create_database("tcp"))

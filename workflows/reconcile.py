@@ -80,8 +80,8 @@ class FindRecord(TypedDict):
     ok: bool
     error: NotRequired[str]
     stranded: list[StrandedRecord]
-    # The newest audit entry's id before the listing (absent in runs of 0.2.0 and of the release
-    # before this one's fix).
+    # The newest audit entry's id before the listing (absent in runs begun by a build before this
+    # guard; 0.2.0 has no reconciler).
     auditMark: NotRequired[int]
 
 

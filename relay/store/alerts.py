@@ -257,14 +257,20 @@ class AlertStore:
         rule overlap (on two instances, or a slow executor's reply outlasting a round), and an
         old "not holding" would otherwise end an episode that a newer reading had alerted, so the
         next round alerted it again as a new one; an old "holding" would begin an episode that
-        had ended."""
+        had ended. A rule whose recorded reading is ahead of the sequence itself (the sequence was
+        reset: a restore, a copy by logical replication, which leaves sequences behind) takes the
+        reading, rather than finding every later one stale for ever."""
         async with self.db.fenced() as conn:
-            cur = await conn.execute("SELECT settled_reading FROM alert_rules WHERE id = %s FOR UPDATE", (rule.id,))
+            cur = await conn.execute(
+                """SELECT settled_reading, settled_reading > (SELECT last_value FROM alert_readings) AS ahead
+                   FROM alert_rules WHERE id = %s FOR UPDATE""",
+                (rule.id,),
+            )
             row = await cur.fetchone()
             if row is None:
                 return []  # deleted meanwhile
             if reading is not None:
-                if row["settled_reading"] is not None and row["settled_reading"] > reading:
+                if row["settled_reading"] is not None and row["settled_reading"] > reading and not row["ahead"]:
                     return []  # a newer reading settled first
                 await conn.execute("UPDATE alert_rules SET settled_reading = %s WHERE id = %s", (reading, rule.id))
             await conn.execute(

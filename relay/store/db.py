@@ -33,10 +33,12 @@ CONNECT_TIMEOUT_SECS = 5
 # A database host lost without a reset (a failover, a crashed machine, a dropped route) leaves each
 # connection's socket open, and the server's statement_timeout cannot end a statement the server
 # never got: a query sent on it would wait until the kernel gives up on the socket (about a quarter
-# of an hour on Linux), and an idle connection would never be found dead. With these libpq
-# settings, sent data not acknowledged for 30 s, or an idle connection whose host stops answering
-# keepalives for 10 + 3 x 5 s, fails the connection. Each applies to TCP connections only; a
-# setting given in the database URL wins.
+# of an hour on Linux), and an idle connection would be probed only after two hours. With these
+# libpq settings, sent data not acknowledged for 30 s fails the connection, and an idle one is
+# probed after 10 s, every 5 s; on Linux tcp_user_timeout also decides when unanswered probes end
+# it (tcp(7): it overrides the probe count), 30 s after the host was last heard from (keepalives_count
+# counts where tcp_user_timeout is not supported). Each applies to TCP connections only; a setting
+# given in the database URL wins.
 TCP_SETTINGS: dict[str, int] = {
     "keepalives": 1,
     "keepalives_idle": 10,
