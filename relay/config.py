@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import idna
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -105,6 +107,20 @@ class ServerConfig(_Model):
 
 class DatabaseConfig(_Model):
     url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _libpq_url(cls, url: str | None) -> str | None:
+        """A URL libpq reads (``postgresql://...`` or ``key=value`` pairs), refused at start-up with
+        libpq's own reason rather than failing deep inside (``postgresql+psycopg://`` is
+        SQLAlchemy's, not libpq's; a query parameter libpq does not know is refused too)."""
+        if url is not None:
+            try:
+                conninfo_to_dict(url)
+            except psycopg.ProgrammingError as exc:
+                reason = str(exc).replace(url, "the URL")  # which may hold a password
+                raise ValueError(f"not a PostgreSQL connection URL that libpq reads: {reason}") from None
+        return url
 
 
 class LivenessConfig(_Model):

@@ -73,6 +73,22 @@ def test_keys_new_prints_a_key_and_its_hash() -> None:
     assert hashlib.sha256(key.group(1).encode()).hexdigest() == digest.group(1)
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("postgresql+psycopg://relay:s3cret@db.example/relay", 'missing "=" after "the URL"'),  # SQLAlchemy's
+        ("postgresql://relay:s3cret@db.example/relay?pool_size=4", 'invalid URI query parameter: "pool_size"'),
+    ],
+)
+def test_a_database_url_libpq_cannot_read_is_a_config_error_that_shows_no_password(url: str, reason: str) -> None:
+    """Refused before anything starts, with libpq's reason, exit 2 and no traceback (it was an
+    "internal error" with one), and without echoing the URL, whose password libpq's message holds."""
+    result = run_relay("serve", "--port", str(free_port()), "--database-url", url)
+    assert result.returncode == 2, result.stderr
+    assert "database.url" in result.stderr and reason in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "s3cret" not in result.stderr
+
+
 def test_unreachable_database_fails_cleanly(tmp_path: Path) -> None:
     result = run_relay(
         "serve", "--port", str(free_port()), "--database-url", "postgresql://nobody@127.0.0.1:1/none", timeout=60
