@@ -33,7 +33,6 @@ from typing import Any
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
 from dbos._serialization import WorkflowInputs
-from psycopg.conninfo import conninfo_to_dict
 
 from relay.config import ReconcilerConfig
 from relay.core.appfigures import Window
@@ -41,7 +40,7 @@ from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.errors import DatabaseError
 from relay.store.apps import AppStore
-from relay.store.db import tcp_settings
+from relay.store.db import with_tcp_settings
 from relay.store.executors import ExecutorStore, Unfinished
 from relay.store.recoveries import RecoveryStore
 from workflows import gracestart, ordering
@@ -122,7 +121,7 @@ class Engine:
         wf_services.bind(services)
         config: DBOSConfig = {
             "name": "relay",
-            "system_database_url": self.database_url,
+            "system_database_url": with_tcp_settings(self.database_url),
             "application_version": wf_services.WORKFLOWS_VERSION,
             "executor_id": self.instance_id,
             "log_level": "WARNING",
@@ -131,17 +130,7 @@ class Engine:
             # No round trip before every transaction to test the pooled connection: after the
             # database restarts, the first use of each stale connection fails instead, DBOS
             # retries it (its db_retry), and SQLAlchemy replaces the whole pool at once.
-            # DBOS's own connect_args (application_name, and connect_timeout from the URL or 10 s)
-            # are replaced by these, so they are given again, with the TCP settings of Relay's
-            # other connections (relay.store.db.TCP_SETTINGS).
-            "db_engine_kwargs": {
-                "pool_pre_ping": False,
-                "connect_args": {
-                    "application_name": "dbos_transact",
-                    **({} if "connect_timeout" in conninfo_to_dict(self.database_url) else {"connect_timeout": 10}),
-                    **tcp_settings(self.database_url),
-                },
-            },
+            "db_engine_kwargs": {"pool_pre_ping": False},
         }
         DBOS(config=config)
         gracestart.declare_queue(self.instance_id)

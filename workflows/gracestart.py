@@ -54,7 +54,7 @@ from dbos import DBOS, DBOSClient, EnqueueOptions, SetWorkflowID
 
 from relay.core.ids import ExecutorKey, grace_id
 from relay.errors import DatabaseError
-from relay.store.db import CONNECT_TIMEOUT_SECS, tcp_settings
+from relay.store.db import CONNECT_TIMEOUT_SECS, with_tcp_settings
 from workflows.grace import grace_period, remaining
 from workflows.services import RETRY_FIRST_SECS, RETRY_MAX_SECS, WORKFLOWS_VERSION
 
@@ -122,8 +122,7 @@ _CONNECTION_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError)
 
 class GraceStarter:
     def __init__(self, database_url: str, queue: str, timeout_of: TimeoutOf, *, max_batch: int = 500) -> None:
-        self._url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
-        self._tcp_settings = tcp_settings(database_url)
+        self._url = sa.make_url(with_tcp_settings(database_url)).set(drivername="postgresql+psycopg")
         self.queue = queue
         self._timeout_of = timeout_of
         self.max_batch = max_batch
@@ -150,7 +149,7 @@ class GraceStarter:
             pool_size=2,
             max_overflow=2,
             pool_pre_ping=False,  # as DBOS's engine: a stale connection fails once and the batch is retried
-            connect_args={"connect_timeout": CONNECT_TIMEOUT_SECS, **self._tcp_settings},
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_SECS},
         )
         self._client = DBOSClient(system_database_engine=self._engine)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-grace-start")

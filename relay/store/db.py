@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -55,8 +56,16 @@ def tcp_settings(url: str) -> dict[str, int]:
 
 
 def with_tcp_settings(url: str) -> str:
-    """The database URL as a libpq connection string, with :func:`tcp_settings` added."""
-    return make_conninfo(url, **tcp_settings(url))
+    """The database URL with :func:`tcp_settings` added, for every connection Relay makes: as query
+    parameters of a ``postgresql://`` URL (psycopg's, DBOS's and SQLAlchemy's engines all read
+    them), or to a libpq ``key=value`` string."""
+    extra = tcp_settings(url)
+    if not extra:
+        return url
+    if "://" not in url:
+        return make_conninfo(url, **extra)
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(query="&".join(filter(None, [parts.query, urlencode(extra)]))))
 
 
 async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
