@@ -185,3 +185,82 @@ def test_rounds_that_overlap_check_a_round_once(start_relay: StartRelay) -> None
     rows: dict[str, int | None] = dict(stored)
     twice = {rid: (found, rows.get(rid)) for rid, found in checks.items() if len(found) > 1}
     assert not twice, f"rounds checked more than once (audited figures, the row's): {twice}"
+
+
+# Holds DBOS's checkpoint of a round's check step, so that Relay can be killed after the check has
+# committed and before DBOS has recorded the step: the step then runs again when Relay restarts.
+HOLD_CHECKPOINT = """
+    CREATE FUNCTION test_hold_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN PERFORM pg_sleep(600); RETURN NEW; END $$;
+    CREATE TRIGGER test_hold_checkpoint BEFORE INSERT ON dbos.operation_outputs FOR EACH ROW
+      WHEN (NEW.function_name = 'relay.app_retention.check') EXECUTE FUNCTION test_hold_checkpoint();
+"""
+RELEASE_CHECKPOINT = """
+    SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep';
+    DROP TRIGGER test_hold_checkpoint ON dbos.operation_outputs;
+    DROP FUNCTION test_hold_checkpoint();
+"""
+
+
+def test_a_check_run_again_after_a_crash_checks_its_own_round_not_an_older_one(start_relay: StartRelay) -> None:
+    """A round's check that committed and then lost its step to a crash (before DBOS recorded the
+    step) runs again when Relay restarts. It must find the check it made: taking the previous round
+    as unchecked again, it would have found an older unchecked round instead and checked it under
+    the step's key, already used, so that round's row said it was checked and the audit log had no
+    entry for it."""
+    settings = config()  # no retention yet: the one round comes when it is turned on
+    settings["retention"]["appsIntervalSecs"] = 20  # the next round after it, 20 s later
+    relay = start_relay(settings)
+    replies: dict[str, Any] = {
+        "get_workflow_aggregates": {"output": [{"group": {"status": "SUCCESS"}, "count": 7}]},
+        "retention": {"success": True},
+    }
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        for round_id, hours in (("older", 2), ("newer", 1)):  # two rounds sent, neither checked yet
+            conn.execute(
+                """INSERT INTO app_retention_rounds (id, org, app, executor_id, status, gc_cutoff_epoch_ms, sent_at)
+                   VALUES (%s, 'acme', 'ledger', 'gone', 'dispatched', 1, now() - %s * interval '1 hour')""",
+                (round_id, hours),
+            )
+        conn.execute(HOLD_CHECKPOINT)
+    with SimulatedPeer(url, "ledger-1", "answer", replies=replies):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", "ledger-1") == "HEALTHY", 10)
+        with relay.api() as api:
+            assert api.patch("/apps/ledger", json={"gcTimeThresholdMs": 1000}).status_code == 200
+
+        def held() -> bool:  # the check of "newer" committed, its checkpoint waits
+            with psycopg.connect(relay.database_url) as conn:
+                row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").fetchone()
+            return bool(row and row[0]) and [e["detail"]["roundId"] for e in audit(relay, "retention.checked")] == [
+                "newer"
+            ]
+
+        assert_eventually(held, 30, what="a check committed and its checkpoint held")
+        assert relay.proc is not None
+        relay.proc.kill()
+        relay.proc.wait()
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(RELEASE_CHECKPOINT)
+    # The step runs again once Relay is back and an executor can answer it: until then its first
+    # read waits on this lock (without an executor it would give up and check nothing).
+    with psycopg.connect(relay.database_url) as lock:
+        lock.execute("LOCK TABLE app_retention_rounds IN ACCESS EXCLUSIVE MODE")
+        relay.start()
+        with SimulatedPeer(url, "ledger-2", "answer", replies=replies):
+            assert_eventually(lambda: relay.state_of("acme", "ledger", "ledger-2") == "HEALTHY", 10)
+            lock.rollback()
+
+            def the_round_ended() -> bool:
+                with psycopg.connect(relay.database_url) as conn:
+                    rows = conn.execute(
+                        "SELECT status, recovery_attempts FROM dbos.workflow_status WHERE name = 'relay.app_retention'"
+                    ).fetchall()
+                return len(rows) == 1 and rows[0][0] == "SUCCESS" and rows[0][1] >= 2  # it ran again
+
+            assert_eventually(the_round_ended, 20, what="the round run again and ended")
+    with psycopg.connect(relay.database_url) as conn:
+        checked = [r for (r,) in conn.execute("SELECT id FROM app_retention_rounds WHERE checked_at IS NOT NULL")]
+    audited = [e["detail"]["roundId"] for e in audit(relay, "retention.checked")]  # read after: it has them all
+    assert checked == ["newer"], (checked, audited)
+    assert audited == ["newer"], audited

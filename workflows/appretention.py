@@ -92,6 +92,12 @@ async def check_previous(org: str, app: str) -> dict[str, Any]:
     """Record what the app's previous dispatched round left behind (nothing to do without one)."""
     svc = services()
     rid = DBOS.workflow_id or ""
+    dedupe = dedupe_key()
+    # Run again after a crash that followed its commit, the step finds its own check rather than
+    # taking an older unchecked round, whose entry its key (already used) would have lost.
+    done = await svc.app_retention.checked_under(dedupe)
+    if done is not None:
+        return {"checked": done["roundId"], "remaining": done["remaining"], "recorded": True}
     checked = await svc.app_retention.unchecked(org, app, before=rid)
     if checked is None:
         return {"checked": None}
@@ -99,7 +105,7 @@ async def check_previous(org: str, app: str) -> dict[str, Any]:
         remaining = await _remaining(org, app, rid, checked)
     except ExecutorRequestError as exc:  # looked at by the next round, then
         return {"checked": None, "error": clean_text(str(exc), 500)}
-    recorded = await svc.app_retention.record_check(checked, remaining, dedupe_key())
+    recorded = await svc.app_retention.record_check(checked, remaining, dedupe)
     return {"checked": checked.id, "remaining": remaining, "recorded": recorded}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from relay.store.audit import AuditEntry, write_audit
+from relay.store.audit import AuditEntry, audited_detail, write_audit
 from relay.store.db import Database
 
 
@@ -95,6 +95,11 @@ class AppRetentionStore:
             )
             row = await cur.fetchone()
         return RetentionRound(**row) if row else None
+
+    async def checked_under(self, dedupe: str) -> dict[str, Any] | None:
+        """The detail of the check recorded under ``dedupe`` (a step's key), or None."""
+        async with self.db.connection() as conn:
+            return await audited_detail(conn, dedupe)
 
     async def record_check(self, checked: RetentionRound, remaining: dict[str, int | None], dedupe: str) -> bool:
         """What was left, seen by a later round, of the workflows ``checked`` targeted; nothing if the
