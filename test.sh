@@ -30,6 +30,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+# Executors on DBOS's TypeScript SDK 5.2 (tests/test_typescript_sdk.py) run on Node.js 20 or later,
+# their packages installed by npm from the npm registry on first use.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if ! command -v npm >/dev/null 2>&1 || [ "$node_major" -lt 20 ]; then
+  echo "test.sh: Node.js 20 or later and npm are needed (tests/test_typescript_sdk.py runs executors on" \
+       "DBOS's TypeScript SDK, which needs Node.js 20; Debian 12's own nodejs package is 18)." >&2
+  exit 1
+fi
 .venv/bin/ruff check relay workflows tests bench chaos harness protocol deploy client
 .venv/bin/ruff format --check relay workflows tests bench chaos harness protocol deploy client
 .venv/bin/mypy relay workflows chaos bench harness protocol/relay_protocol deploy

@@ -49,8 +49,10 @@ class ExecutorProcess:
         self, workdir: Path, sysdb_url: str, conductor_url: str, org: str = "acme", app: str = "ledger",
         version: str = "v1", sleepers: int = 0, key: str | None = None, env: dict[str, str] | None = None,
         python: str | Path = sys.executable, module: str = "harness.executor_app",
+        command: list[str] | None = None,
     ) -> None:  # fmt: skip
-        """``python``/``module``: another program, e.g. harness.client_app in the client's venv."""
+        """``python``/``module``: another program, e.g. harness.client_app in the client's venv;
+        ``command``: one that is not Python (harness.ts_executor's TypeScript app)."""
         self.org = org
         self.app = app
         self.log_path = workdir / f"executor-{uuid.uuid4().hex[:6]}.log"
@@ -66,7 +68,7 @@ class ExecutorProcess:
         }
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(python), "-m", module],
+            command or [str(python), "-m", module],
             stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
         )  # fmt: skip
         self.executor_id = self._wait_ready()

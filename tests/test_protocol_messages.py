@@ -159,7 +159,12 @@ def test_bodies_carry_the_sdks_defaults() -> None:
         False,
         False,
     ]
-    assert body["status"] == "PENDING" and body["workflow_uuids"] is None
+    assert body["status"] == "PENDING"
+    # A filter that is None is left out, not sent as null: the TypeScript SDK reads
+    # was_forked_from: null as "was_forked_from = NULL" and has_parent: null as "no parent".
+    assert not {"workflow_uuids", "was_forked_from", "has_parent"} & set(body), body
+    aggregates = p.GetWorkflowAggregatesRequest(body=p.GetWorkflowAggregatesBody(group_by_status=True)).to_frame()
+    assert aggregates["body"]["group_by_status"] is True and None not in aggregates["body"].values()
     assert p.ListQueuesRequest.from_frame({"type": "list_queues", "request_id": "r"}).body == p.ListQueuesBody()
     fork = p.ForkWorkflowRequest(body=p.ForkWorkflowBody(workflow_id="w", start_step=2)).to_frame()["body"]
     assert fork["application_version"] is None and fork["new_workflow_id"] is None  # the SDK indexes both

@@ -1,21 +1,29 @@
 """The ``body`` objects some requests carry.
 
 A filter typed ``str | list[str] | None`` takes one value or any of several;
-null means no filter, as leaving it out does. Times in filters are ISO 8601
-strings. Booleans carry the SDK's own default for a missing key, so a body
-built here means the same whether or not a key is sent.
+None means no filter. Times in filters are ISO 8601 strings. Booleans carry the
+SDK's own default for a missing key, so a body built here means the same whether
+or not a key is sent.
+
+The filter bodies (``OMIT_NULL``) leave a filter that is None out of the frame
+rather than send it as null: the Python SDK reads a missing key and a null alike,
+but the TypeScript SDK (5.2) takes ``was_forked_from: null`` as "was_forked_from
+= NULL", which no workflow matches, and ``has_parent: null`` as "has no parent",
+so a listing sent with them found nothing. The other bodies send every field:
+the Python SDK reads some of theirs with ``[]`` (ForkWorkflowBody, RetentionBody).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True, kw_only=True)
 class _WorkflowFilter:
     """What list_workflows and list_queued_workflows share."""
 
+    OMIT_NULL: ClassVar[bool] = True
     workflow_uuids: list[str] | None = None
     workflow_name: str | list[str] | None = None
     authenticated_user: str | list[str] | None = None
@@ -103,6 +111,8 @@ class RetentionBody:
 
 @dataclass(frozen=True, kw_only=True)
 class ListSchedulesBody:
+    OMIT_NULL: ClassVar[bool] = True
+
     status: str | list[str] | None = None
     workflow_name: str | list[str] | None = None
     schedule_name_prefix: str | list[str] | None = None
@@ -113,6 +123,8 @@ class ListSchedulesBody:
 @dataclass(frozen=True, kw_only=True)
 class GetWorkflowAggregatesBody:
     """At least one group_by flag must be set; with no select flag the SDK counts."""
+
+    OMIT_NULL: ClassVar[bool] = True
 
     group_by_status: bool = False
     group_by_name: bool = False
@@ -152,6 +164,8 @@ class GetWorkflowAggregatesBody:
 class GetStepAggregatesBody:
     """At least one group_by flag must be set; with no select flag the SDK counts."""
 
+    OMIT_NULL: ClassVar[bool] = True
+
     group_by_function_name: bool = False
     group_by_status: bool = False
     select_count: bool = False
@@ -167,4 +181,6 @@ class GetStepAggregatesBody:
 
 @dataclass(frozen=True, kw_only=True)
 class ListQueuesBody:
+    OMIT_NULL: ClassVar[bool] = True
+
     application_name: str | list[str] | None = None

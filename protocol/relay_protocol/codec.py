@@ -173,6 +173,8 @@ class _Encoder:
     def __init__(self, cls: type) -> None:
         self._cls = cls
         self._fields: tuple[tuple[str, str, frozenset[type], Converter], ...] | None = None
+        # A class with OMIT_NULL leaves its null fields out of the object rather than sending them.
+        self._omit_null = bool(getattr(cls, "OMIT_NULL", False))
 
     def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter], ...]:
         self._fields = tuple(
@@ -188,6 +190,8 @@ class _Encoder:
         encoded: dict[str, Any] = {}
         for name, wire, passes, convert in fields:
             value = getattr(obj, name)
+            if value is None and self._omit_null:
+                continue
             if type(value) not in passes:
                 try:
                     value = convert(value)

@@ -1,0 +1,238 @@
+// A real DBOS application on the TypeScript SDK (@dbos-inc/dbos-sdk 5.2), connected to Relay by
+// the SDK's own conductor client: harness/executor_app.py's counterpart, with the same settings
+// (RELAY_TEST_* in the environment). It prints "READY <executor id>" once DBOS has launched and
+// its jobs have started, then runs until killed. RELAY_TEST_SEED=1 first leaves done-1, its child,
+// failed-1 and waiting-1 in the system database (see seed()); RELAY_TEST_JOBS starts that many
+// `job` workflows (job-0, ...), RELAY_TEST_SLEEPERS that many long `sleeper` ones.
+//
+// Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL), as the Python app writes it:
+// - step_evidence: one row per execution of a step, keyed by (workflow id, step) but not unique
+//   (a step is at-least-once, so a repeat shows as an extra row);
+// - outcomes: written by a datasource transaction, which commits together with its checkpoint, so a
+//   workflow's outcome appears exactly once (primary key).
+'use strict';
+
+const { AsyncLocalStorage } = require('node:async_hooks');
+const { DBOS } = require('@dbos-inc/dbos-sdk');
+const datasource = require('@dbos-inc/dbos-sdk/datasource');
+const { Pool } = require('pg');
+const { SuperJSON } = require('superjson');
+
+const ENV = process.env;
+const EVIDENCE_URL = ENV.RELAY_TEST_EVIDENCE;
+const APP = ENV.RELAY_TEST_APP;
+const VERSION = ENV.RELAY_TEST_APP_VERSION || 'v1';
+
+// A transactional data source on node-postgres, after the SDK's data source contract
+// (@dbos-inc/dbos-sdk/datasource): the function's transaction also records its completion
+// (dbos.transaction_completion, keyed by workflow and step), checks that this execution still owns
+// the workflow, and commits both together; a step run again finds its completion and replays it.
+// DBOS's published data source packages (@dbos-inc/postgres-datasource 4.24, knex, drizzle) are
+// built for SDK 4 and do not load on 5.2 (they call schema helpers 5.x no longer exports).
+class EvidenceDataSource {
+  constructor(name, url) {
+    this.name = name;
+    this.pool = new Pool({ connectionString: url, max: 4 });
+    this.clients = new AsyncLocalStorage();
+    datasource.registerDataSource(this);
+  }
+
+  async initialize() {
+    const client = await this.pool.connect();
+    try {
+      await client.query('BEGIN');
+      await datasource.initializeDataSourceSchemaPG(async (sql) => (await client.query(sql)).rows);
+      await client.query('COMMIT');
+    } catch (err) {
+      await client.query('ROLLBACK');
+      throw err;
+    } finally {
+      client.release();
+    }
+  }
+
+  async destroy() {
+    await this.pool.end();
+  }
+
+  // The transaction's client, inside a transaction function.
+  get client() {
+    return this.clients.getStore();
+  }
+
+  async recorded(workflowID, stepID) {
+    const rows = await this.pool.query(
+      'SELECT output, error FROM dbos.transaction_completion WHERE workflow_id = $1 AND function_num = $2',
+      [workflowID, stepID],
+    );
+    return rows.rows[0];
+  }
+
+  async invokeTransactionFunction(_config, target, func, ...args) {
+    const workflowID = DBOS.workflowID;
+    const stepID = DBOS.stepID;
+    const durable = workflowID !== undefined && stepID !== undefined;
+    if (durable) {
+      const done = await this.recorded(workflowID, stepID);
+      if (done) return datasource.replayRecordedStep(done);
+    }
+    const client = await this.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const result = await this.clients.run(client, () => func.call(target, ...args));
+      if (durable) {
+        await client.query(
+          'INSERT INTO dbos.transaction_completion (workflow_id, function_num, output) VALUES ($1, $2, $3)',
+          [workflowID, stepID, SuperJSON.stringify(result)],
+        );
+        await datasource.assertStillOwnsWorkflow(workflowID);
+      }
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {});
+      if (durable && datasource.isPGKeyConflictError(err)) {
+        // Another execution of the same step committed first: its outcome is the step's.
+        const done = await this.recorded(workflowID, stepID);
+        if (done) return datasource.replayRecordedStep(done);
+      }
+      throw err;
+    } finally {
+      client.release();
+    }
+  }
+}
+
+const ds = EVIDENCE_URL ? new EvidenceDataSource('evidence', EVIDENCE_URL) : undefined;
+
+async function prepareEvidence() {
+  const client = await ds.pool.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query('SELECT pg_advisory_xact_lock(42)');
+    await client.query(`CREATE TABLE IF NOT EXISTS step_evidence (
+        workflow_id text NOT NULL, step text NOT NULL, executor_id text NOT NULL,
+        app text NOT NULL, version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    await client.query(`CREATE TABLE IF NOT EXISTS outcomes (
+        workflow_id text PRIMARY KEY, executor_id text NOT NULL, app text NOT NULL,
+        version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    await client.query('COMMIT');
+  } finally {
+    client.release();
+  }
+}
+
+const evidence = DBOS.registerStep(
+  async (step) => {
+    await ds.pool.query(
+      'INSERT INTO step_evidence (workflow_id, step, executor_id, app, version) VALUES ($1, $2, $3, $4, $5)',
+      [DBOS.workflowID, step, DBOS.executorID, APP, VERSION],
+    );
+  },
+  { name: 'evidence' },
+);
+
+const recordOutcome = ds
+  ? datasource.registerTransaction(
+        'evidence',
+        async (workflowId) => {
+          await ds.client.query('INSERT INTO outcomes (workflow_id, executor_id, app, version) VALUES ($1, $2, $3, $4)', [
+            workflowId,
+            DBOS.executorID,
+            APP,
+            VERSION,
+          ]);
+        },
+        { name: 'recordOutcome' },
+      )
+  : async () => {};
+
+const noteStep = DBOS.registerStep(async (n) => n, { name: 'noteStep' });
+
+const job = DBOS.registerWorkflow(
+  async (sleepSecs) => {
+    await evidence('start');
+    await DBOS.sleep(sleepSecs * 1000);
+    await evidence('after_sleep');
+    await recordOutcome(DBOS.workflowID);
+    return 'done';
+  },
+  { name: 'job' },
+);
+
+const sleeper = DBOS.registerWorkflow(
+  async (seconds) => {
+    await noteStep(1);
+    await DBOS.sleep(seconds * 1000);
+    return 'slept';
+  },
+  { name: 'sleeper' },
+);
+
+// What RELAY_TEST_SEED=1 leaves in the system database (harness/workflow_app.py's, in small):
+// done-1 (a step, a child done-1-child, an event; SUCCESS), failed-1 (ERROR) and waiting-1 (waits
+// for a message: PENDING).
+const add = DBOS.registerStep(async (a, b) => a + b, { name: 'add' });
+
+const child = DBOS.registerWorkflow(async (n) => `child ${n}`, { name: 'child' });
+
+const parent = DBOS.registerWorkflow(
+  async (n) => {
+    const sum = await add(n, n);
+    const handle = await DBOS.startWorkflow(child, { workflowID: `${DBOS.workflowID}-child` })(sum);
+    const got = await handle.getResult();
+    await DBOS.setEvent('progress', sum);
+    return `TOTAL ${sum} ${got}`;
+  },
+  { name: 'parent' },
+);
+
+const failing = DBOS.registerWorkflow(
+  async (n) => {
+    await add(n, 0);
+    throw new Error(`failed on purpose with ${n}`);
+  },
+  { name: 'failing' },
+);
+
+const waiting = DBOS.registerWorkflow(async () => DBOS.recv('go', 3600), { name: 'waiting' });
+
+async function seed() {
+  await (await DBOS.startWorkflow(parent, { workflowID: 'done-1' })(1)).getResult();
+  await (await DBOS.startWorkflow(failing, { workflowID: 'failed-1' })(3)).getResult().catch(() => {});
+  await DBOS.startWorkflow(waiting, { workflowID: 'waiting-1' })();
+}
+
+async function main() {
+  if (EVIDENCE_URL) {
+    await prepareEvidence();
+  }
+  DBOS.setConfig({
+    name: APP,
+    systemDatabaseUrl: ENV.RELAY_TEST_SYSDB,
+    systemDatabasePoolSize: 4,
+    applicationVersion: VERSION,
+    logLevel: ENV.RELAY_TEST_LOG_LEVEL || 'info',
+  });
+  await DBOS.launch({
+    conductorURL: ENV.RELAY_TEST_CONDUCTOR_URL,
+    conductorKey: ENV.RELAY_TEST_CONDUCTOR_KEY,
+    conductorExecutorMetadata: { test: true },
+  });
+  if (ENV.RELAY_TEST_SEED) {
+    await seed();
+  }
+  for (let i = 0; i < Number(ENV.RELAY_TEST_SLEEPERS || '0'); i++) {
+    await DBOS.startWorkflow(sleeper)(3600);
+  }
+  const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
+  for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
+    await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
+  }
+  process.stdout.write(`READY ${DBOS.executorID}\n`);
+}
+
+main().catch((err) => {
+  process.stderr.write(`${err && err.stack ? err.stack : err}\n`);
+  process.exit(1);
+});
