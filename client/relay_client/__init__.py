@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 from dbos import DBOS
 
@@ -93,7 +94,7 @@ def _refuse_unsafe() -> DBOS:
 def _tls(url: str, ca_file: str | None, ssl_context: ssl.SSLContext | None) -> ssl.SSLContext | None:
     if ca_file is not None and ssl_context is not None:
         raise ValueError("give ca_file or ssl_context, not both")
-    if not url.startswith("wss://"):
+    if urlsplit(url).scheme != "wss":  # urlsplit lowers the scheme: WSS:// is wss://
         if ca_file is not None or ssl_context is not None:
             raise ValueError(f"ca_file and ssl_context are for wss:// URLs, not {url.split(':', 1)[0]}://")
         return None

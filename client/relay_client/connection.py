@@ -2,9 +2,14 @@
 answers, and reconnects until stopped.
 
 - Relay speaks first (``executor_info``); the client only answers.
-- Requests are served on worker threads (``asyncio.to_thread``), at most
+- Requests are served on worker threads of the connection's own, at most
   ``max_concurrent_requests`` at once, because DBOS's synchronous API refuses a
-  thread with a running event loop. Frames are read as they come, so Relay's
+  thread with a running event loop. A thread cannot be cancelled: a handler still
+  running when its socket is lost runs to its end and keeps its thread, so it
+  counts against ``max_concurrent_requests`` on the next socket too. The
+  handshake's ``executor_info`` (the first frame of each socket) is answered on a
+  thread of its own, so handlers left running never keep the executor from
+  joining again; and stopping does not wait for them. Frames are read as they come, so Relay's
   pings are answered however busy the handlers are; up to
   ``max_waiting_requests`` more requests wait for a turn, and a request beyond
   those is answered at once with its failure reply saying the client is busy
@@ -39,6 +44,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -150,6 +156,9 @@ class Connection:
         self._stop_event: asyncio.Event | None = None
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"relay-client-{app}", daemon=True)
+        # Made by each run of the thread's loop (see the module's docstring).
+        self._workers: ThreadPoolExecutor | None = None
+        self._greeter: ThreadPoolExecutor | None = None
         self._last_error = ""
 
     # --- Control, from any thread ---
@@ -206,6 +215,9 @@ class Connection:
                 stop_event.set()
         watcher = asyncio.create_task(self._watch(stop_event))
         requests = asyncio.Semaphore(self._max_concurrent)
+        name = f"relay-client-{self.app}"
+        self._workers = ThreadPoolExecutor(self._max_concurrent, thread_name_prefix=f"{name}-request")
+        self._greeter = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-handshake")
         try:
             while not stop_event.is_set():
                 await self._connect_once(stop_event, requests)
@@ -215,6 +227,9 @@ class Connection:
                     await asyncio.wait_for(stop_event.wait(), reconnect_delay())
         finally:
             watcher.cancel()
+            # Handlers still running finish on their own; stopping does not wait for them.
+            for pool in (self._workers, self._greeter):
+                pool.shutdown(wait=False, cancel_futures=True)
         log.info("relay_client: connection to Relay stopped")
 
     async def _watch(self, stop_event: asyncio.Event) -> None:
@@ -292,9 +307,16 @@ class Connection:
         # hold Relay's pings back too, once websockets' buffer is full, and Relay would take a busy
         # executor for a dead one. What bounds memory is the number of requests held.
         refused = 0  # since the client was last able to take a request: logged once, then counted
+        first = True
         async for message in ws:
             if isinstance(message, bytes):
                 log.warning("relay_client: ignoring a binary frame from Relay")
+                continue
+            if first:  # the handshake: Relay speaks first, with executor_info
+                first = False
+                greeting = asyncio.create_task(self._greet(message, outbox))
+                handling.add(greeting)
+                greeting.add_done_callback(handling.discard)
                 continue
             if len(handling) >= self._max_held:
                 refused += 1
@@ -319,9 +341,15 @@ class Connection:
     async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
         """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
         async with requests:
-            reply = await asyncio.to_thread(self.handlers.answer, text)
+            reply = await asyncio.get_running_loop().run_in_executor(self._workers, self.handlers.answer, text)
             if reply is not None:
                 await outbox.put(reply)
+
+    async def _greet(self, text: str, outbox: asyncio.Queue[str]) -> None:
+        """Answer the socket's first frame (the handshake) on the handshake's own thread."""
+        reply = await asyncio.get_running_loop().run_in_executor(self._greeter, self.handlers.answer, text)
+        if reply is not None:
+            await outbox.put(reply)
 
     async def _send(self, ws: ClientConnection, outbox: asyncio.Queue[str]) -> None:
         while True:

@@ -9,6 +9,7 @@ and each belongs to the first DBOS launch that connects with it.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 import weakref
@@ -53,5 +54,17 @@ def claim(executor_id: object, instance: DBOS) -> str:
         _owners[executor_id] = weakref.ref(instance)
     return executor_id
 
+
+def _forget_in_child() -> None:
+    """A forked process is not the one that drew the ids: it draws its own (gunicorn --preload, a
+    multiprocessing pool that forks). Otherwise every worker would connect under its parent's id,
+    and Relay would take them for one executor."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _issued.clear()
+    _owners.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 _HOW = 'Configure DBOS with DBOS(config={..., "executor_id": relay_client.new_executor_id()}).'
