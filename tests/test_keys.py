@@ -275,3 +275,26 @@ def test_rotating_or_narrowing_a_key_in_relay_yaml_closes_the_sockets_it_no_long
     for code, executor_id in asyncio.run(scenario()):
         assert code == 4401
         assert_eventually(lambda e=executor_id: relay1.state_of("acme", "ledger", e) == "DISCONNECTED", 3)
+
+
+def test_a_key_an_instances_relay_yaml_no_longer_has_is_removed_everywhere_and_the_audit_log_says_so(
+    start_relay: StartRelay,
+) -> None:
+    """Keys are shared by every instance: one started with a relay.yaml that lacks a key takes it
+    from all of them (the README asks for the same relay.yaml everywhere). That used to happen with
+    no word anywhere; the operator whose key stops working now finds who removed it and why."""
+    config = relay_yaml(free_port(), grace=30)
+    config["orgs"][0]["apiKeys"].append({"name": "oncall", "sha256": sha("ak-oncall"), "role": "admin"})
+    relay1 = start_relay(config, instance_id="relay-1")
+    assert status(relay1, "ak-oncall") == 200
+    changed = copy.deepcopy(config)
+    changed["server"]["port"] = free_port()
+    changed["orgs"][0]["apiKeys"].pop()  # this instance's relay.yaml is an older one
+    relay2 = start_relay(changed, instance_id="relay-2")
+    assert_eventually(lambda: status(relay1, "ak-oncall") == 401, 5)
+    with api(relay1, API_KEYS["acme"]) as client:
+        entries = [e for e in client.get("/audit").json() if e["action"] == "token.deleted"]
+    assert [(e["actor"], e["detail"]["tokenName"], e["detail"]["source"]) for e in entries] == [
+        ("relay.yaml", "oncall", "config")
+    ]
+    assert "'oncall' of org 'acme' is not in this instance's relay.yaml" in relay2.log()

@@ -10,6 +10,7 @@ a key came from: ``config`` (relay.yaml), ``api`` (the tokens API) or
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,10 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 # turns, and make the first keys once.
 KEYS_LOCK_KEY = 7_215_420_113_002
 FIRST_RUN_ACTOR = "relay:first-run"
+# Who removes a key that relay.yaml no longer has (its audit entry's actor).
+CONFIG_ACTOR = "relay.yaml"
+
+log = logging.getLogger("relay.keys")
 
 
 @dataclass(frozen=True)
@@ -102,9 +107,18 @@ class KeyStore:
             # Two instances inserting the same key at once collide on its secret's unique index
             # (ON CONFLICT covers the id only): one of them failed to start.
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (KEYS_LOCK_KEY,))
-            await conn.execute(
-                "DELETE FROM tokens WHERE source = 'config' AND NOT (id = ANY(%s))", ([r[0] for r in rows],)
+            cur = await conn.execute(
+                "DELETE FROM tokens WHERE source = 'config' AND NOT (id = ANY(%s)) RETURNING org, name",
+                ([r[0] for r in rows],),
             )
+            # Every instance shares the keys: one started with another relay.yaml (or none) takes the
+            # file's keys from all of them, so it says so, in the log and in the audit log.
+            for removed in await cur.fetchall():
+                org, name = str(removed["org"]), str(removed["name"])
+                log.warning("key %r of org %r is not in this instance's relay.yaml: it no longer works, on any "
+                            "instance (give every instance the same relay.yaml)", name, org)  # fmt: skip
+                detail = {"tokenName": name, "source": "config", "reason": "not in the relay.yaml of this instance"}
+                await write_audit(conn, org, None, AuditEntry("token.deleted", CONFIG_ACTOR, detail=detail))
             for row in rows:
                 # A key moved from relay.yaml into the API (or the other way) keeps one row per secret.
                 await conn.execute("DELETE FROM tokens WHERE sha256 = %s AND id <> %s", (row[3], row[0]))
