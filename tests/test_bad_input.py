@@ -18,6 +18,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from relay.net.hub import RefusalLog
 from tests.prom import AUTH, sample
 
 StartRelay = Callable[..., RelayProcess]
@@ -251,6 +252,9 @@ def test_flood_of_connection_attempts_leaves_others_alone(
     assert_bystander_untouched(relay, ex, connected_at)
     metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH).text
     assert sample(metrics, "relay_hub_events_total", kind="rejected_bad_key") == 300
+    # Counted, each of them, but logged once a minute per host and app (an executor with a deleted
+    # key tries again every second for as long as it runs: a line each was the log's whole volume).
+    assert relay.log().count("bad or missing conductor key") == 1
     assert sample(metrics, "relay_hub_events_total", kind="rejected_handshake_timeout") == 100
 
 
@@ -284,3 +288,14 @@ def test_unknown_websocket_path_is_404(start_relay: StartRelay) -> None:
         return info.value.response.status_code
 
     assert asyncio.run(attempt()) == 404
+
+
+def test_a_refusal_is_logged_again_after_its_interval_with_the_number_refused_in_between() -> None:
+    refusals = RefusalLog(every=0.2)
+    assert refusals.due("bad_key", "10.0.0.1", "ledger") == 0  # the first: logged
+    assert [refusals.due("bad_key", "10.0.0.1", "ledger") for _ in range(3)] == [None] * 3
+    assert refusals.due("bad_key", "10.0.0.2", "ledger") == 0  # another host: its own line
+    assert refusals.due("bad_key", "10.0.0.1", "billing") == 0  # another app too
+    time.sleep(0.25)
+    assert refusals.due("bad_key", "10.0.0.1", "ledger") == 3  # logged again, saying how many since
+    assert refusals.due("bad_key", "10.0.0.1", "ledger") is None

@@ -101,6 +101,20 @@ def test_every_message_type_has_a_request_and_a_reply() -> None:
 # --- Round trips ---
 
 
+def as_sent(request: p.Request) -> p.Request:
+    """What a frame carries of ``request``: a sparse body (relay_protocol.bodies) leaves an optional
+    empty list out, as it leaves out None, so it comes back as None."""
+    body = getattr(request, "body", None)
+    if body is None or not getattr(type(body), "SPARSE", False):
+        return request
+    empty = {
+        f.name: None
+        for f in dataclasses.fields(body)
+        if getattr(body, f.name) == [] and f.default is not dataclasses.MISSING
+    }
+    return dataclasses.replace(request, body=dataclasses.replace(body, **empty)) if empty else request
+
+
 @pytest.mark.parametrize("message_type", ALL_TYPES, ids=str)
 @EXAMPLES
 @given(data=st.data())
@@ -109,8 +123,8 @@ def test_request_round_trip(message_type: p.MessageType, data: st.DataObject) ->
     request = data.draw(instances(cls))
     frame = request.to_frame()
     assert frame["type"] == message_type.value and frame["request_id"] == request.request_id
-    assert cls.from_frame(frame) == request
-    assert p.parse_request(p.decode_frame(request.to_json())) == request
+    assert cls.from_frame(frame) == as_sent(request)
+    assert p.parse_request(p.decode_frame(request.to_json())) == as_sent(request)
 
 
 @pytest.mark.parametrize("message_type", ALL_TYPES, ids=str)

@@ -124,6 +124,10 @@ def test_the_workflow_list_search_and_aggregates_are_what_the_system_database_ho
         assert summaries(searched) == db_summaries(sysdb, "status IN ('SUCCESS', 'PENDING')")
         by_parent = ok(api.post(f"{LEDGER}/workflows/search", json={"parentWorkflowId": ["done-1"]}))
         assert [w["workflowId"] for w in by_parent] == ["done-1-child"]
+        # An empty list is no filter, as to the Python SDK (the TypeScript SDK made "status IN ()" of
+        # it, a syntax error: 502).
+        searched = ok(api.post(f"{LEDGER}/workflows/search", json={"status": [], "workflowName": ["parent"]}))
+        assert [w["workflowId"] for w in searched] == ["done-1"]
 
         by_status = ok(api.post(f"{LEDGER}/workflows/aggregates", json={"groupByStatus": True, "selectCount": True}))
         db = query(sysdb, "SELECT status, count(*) FROM dbos.workflow_status GROUP BY status")
@@ -160,6 +164,21 @@ def test_a_workflow_its_steps_and_the_changes_an_operator_makes(
         assert_eventually(lambda: db_status(sysdb, "done-1-fork") == "SUCCESS", 20)
         forked = ok(api.get(f"{LEDGER}/workflows/done-1-fork"))
         assert (forked["forkedFrom"], forked["output"]) == ("done-1", "'TOTAL 2 child 2'")
+        # Fork-from-failure's modes not chosen are left out (the TypeScript SDK counted a null one as
+        # chosen and refused every request: "Exactly one of ...", 502).
+        body = {"workflowIds": ["failed-1"], "fromLastFailure": True}
+        (refork,) = ok(api.post(f"{LEDGER}/workflows/bulk-fork-from-failure", json=body))["workflowIds"]
+        assert query(sysdb, "SELECT forked_from FROM dbos.workflow_status WHERE workflow_uuid = %s", refork) == [
+            ("failed-1",)
+        ]
+        # By default from the first step: the TypeScript SDK's is step 0, which a fork from step 1
+        # would have copied (with its first run's times) rather than run again.
+        drawn = ok(api.post(f"{LEDGER}/workflows/done-1/fork", json={}), 201)["workflowId"]
+        assert_eventually(lambda: db_status(sysdb, drawn) == "SUCCESS", 20)
+        sql: LiteralString = """SELECT workflow_uuid, started_at_epoch_ms FROM dbos.operation_outputs
+                                WHERE function_id = 0 AND workflow_uuid = ANY(%s)"""
+        first_steps = dict(query(sysdb, sql, ["done-1", drawn]))
+        assert first_steps[drawn] > first_steps["done-1"], first_steps  # run again, not copied
 
 
 def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typescript_peer(

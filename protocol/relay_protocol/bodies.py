@@ -5,12 +5,15 @@ None means no filter. Times in filters are ISO 8601 strings. Booleans carry the
 SDK's own default for a missing key, so a body built here means the same whether
 or not a key is sent.
 
-The filter bodies (``OMIT_NULL``) leave a filter that is None out of the frame
-rather than send it as null: the Python SDK reads a missing key and a null alike,
-but the TypeScript SDK (5.2) takes ``was_forked_from: null`` as "was_forked_from
-= NULL", which no workflow matches, and ``has_parent: null`` as "has no parent",
-so a listing sent with them found nothing. The other bodies send every field:
-the Python SDK reads some of theirs with ``[]`` (ForkWorkflowBody, RetentionBody).
+The sparse bodies (``SPARSE``: the filters, fork-from-failure, rewind) leave an
+optional field that is None or an empty list out of the frame rather than send
+it: the Python SDK reads a missing key, a null and an empty list alike (no
+filter, not chosen), but the TypeScript SDK (5.2) takes ``was_forked_from: null``
+as "was_forked_from = NULL", which no workflow matches, ``has_parent: null`` as
+"has no parent", ``status: []`` as "status IN ()", a syntax error, and a
+fork-from-failure's ``from_step: null`` as a mode chosen. Required fields are
+always sent. ForkWorkflowBody and RetentionBody send every field: the Python SDK
+reads some of their optional ones with ``[]``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, ClassVar
 class _WorkflowFilter:
     """What list_workflows and list_queued_workflows share."""
 
-    OMIT_NULL: ClassVar[bool] = True
+    SPARSE: ClassVar[bool] = True
     workflow_uuids: list[str] | None = None
     workflow_name: str | list[str] | None = None
     authenticated_user: str | list[str] | None = None
@@ -78,6 +81,8 @@ class ForkWorkflowBody:
 class ForkFromFailureBody:
     """Fork each workflow from its last failure, its last step, a step number or a step name."""
 
+    SPARSE: ClassVar[bool] = True
+
     workflow_ids: list[str]
     application_version: str | None = None
     queue_name: str | None = None
@@ -91,6 +96,8 @@ class ForkFromFailureBody:
 @dataclass(frozen=True, kw_only=True)
 class RewindWorkflowBody:
     """start_step null (or 0) means step 1."""
+
+    SPARSE: ClassVar[bool] = True
 
     workflow_id: str
     start_step: int | None = None
@@ -111,7 +118,7 @@ class RetentionBody:
 
 @dataclass(frozen=True, kw_only=True)
 class ListSchedulesBody:
-    OMIT_NULL: ClassVar[bool] = True
+    SPARSE: ClassVar[bool] = True
 
     status: str | list[str] | None = None
     workflow_name: str | list[str] | None = None
@@ -124,7 +131,7 @@ class ListSchedulesBody:
 class GetWorkflowAggregatesBody:
     """At least one group_by flag must be set; with no select flag the SDK counts."""
 
-    OMIT_NULL: ClassVar[bool] = True
+    SPARSE: ClassVar[bool] = True
 
     group_by_status: bool = False
     group_by_name: bool = False
@@ -164,7 +171,7 @@ class GetWorkflowAggregatesBody:
 class GetStepAggregatesBody:
     """At least one group_by flag must be set; with no select flag the SDK counts."""
 
-    OMIT_NULL: ClassVar[bool] = True
+    SPARSE: ClassVar[bool] = True
 
     group_by_function_name: bool = False
     group_by_status: bool = False
@@ -181,6 +188,6 @@ class GetStepAggregatesBody:
 
 @dataclass(frozen=True, kw_only=True)
 class ListQueuesBody:
-    OMIT_NULL: ClassVar[bool] = True
+    SPARSE: ClassVar[bool] = True
 
     application_name: str | list[str] | None = None

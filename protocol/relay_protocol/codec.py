@@ -172,13 +172,20 @@ class _Encoder:
 
     def __init__(self, cls: type) -> None:
         self._cls = cls
-        self._fields: tuple[tuple[str, str, frozenset[type], Converter], ...] | None = None
-        # A class with OMIT_NULL leaves its null fields out of the object rather than sending them.
-        self._omit_null = bool(getattr(cls, "OMIT_NULL", False))
+        self._fields: tuple[tuple[str, str, frozenset[type], Converter, bool], ...] | None = None
+        # A class with SPARSE leaves out an optional field that is None or an empty list (see
+        # relay_protocol.bodies) rather than sending it.
+        self._sparse = bool(getattr(cls, "SPARSE", False))
 
-    def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter], ...]:
+    def _prepare(self) -> tuple[tuple[str, str, frozenset[type], Converter, bool], ...]:
         self._fields = tuple(
-            (spec.name, spec.wire, _passes(spec.annotation, spec.rule), _converter(spec.annotation, spec.rule, False))
+            (
+                spec.name,
+                spec.wire,
+                _passes(spec.annotation, spec.rule),
+                _converter(spec.annotation, spec.rule, False),
+                self._sparse and not spec.required,
+            )
             for spec in field_specs(self._cls)
         )
         return self._fields
@@ -188,9 +195,9 @@ class _Encoder:
         if fields is None:
             fields = self._prepare()
         encoded: dict[str, Any] = {}
-        for name, wire, passes, convert in fields:
+        for name, wire, passes, convert, sparse in fields:
             value = getattr(obj, name)
-            if value is None and self._omit_null:
+            if sparse and (value is None or value == []):
                 continue
             if type(value) not in passes:
                 try:

@@ -359,7 +359,9 @@ class ResumeIn(Body):
 
 
 class ForkIn(Body):
-    startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 1
+    # By default from the first step, whichever the SDK: the TypeScript SDK numbers steps from 0,
+    # the Python SDK from 1 (to which 0 and 1 are the same: the steps before it are copied).
+    startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 0
     appVersion: Name | None = None
     newWorkflowId: NonEmptyName | None = None
     queueName: Name | None = None

@@ -306,7 +306,8 @@ def resume(to_queue: str | None) -> Bodies:
 @workflows.command("fork")
 @click.argument("app")
 @click.argument("workflow_id")
-@click.option("--from-step", type=click.IntRange(0), default=1, show_default=True, help="Run again from this step.")
+@click.option("--from-step", type=click.IntRange(0), default=0, show_default=True,
+              help="Run again from this step (0: the first, in either SDK's numbering).")  # fmt: skip
 @click.option("--to-version", help="Run the fork on this application version.")
 @click.option("--new-id", help="The fork's workflow id (default: a new UUID).")
 @click.option("--queue", help="Enqueue the fork on this queue.")

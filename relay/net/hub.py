@@ -98,6 +98,36 @@ def valid_app_name(app: str) -> bool:
 MAX_APP_NAME = 256
 # A socket check leaves alone what changed in the last moments: a handshake being recorded.
 SETTLED_SECS = 2.0
+# A refused handshake is logged once a minute per reason, host and app: an executor with a deleted
+# key tries again every second for as long as it runs.
+REFUSAL_LOG_EVERY_SECS = 60.0
+REFUSAL_LOG_KEYS = 10_000
+
+
+class RefusalLog:
+    """When to log a refused handshake: the first of each (reason, host, app), then once per
+    ``every`` seconds with the number refused in between (the metrics count every one)."""
+
+    def __init__(self, every: float = REFUSAL_LOG_EVERY_SECS) -> None:
+        self.every = every
+        self._seen: dict[tuple[str, str, str], tuple[float, int]] = {}
+
+    def due(self, reason: str, host: str, app: str) -> int | None:
+        """None: not now; else how many were refused since the last line (0 for the first)."""
+        now = time.monotonic()
+        key = (reason, host, app)
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.every:
+            self._seen[key] = (last[0], last[1] + 1)
+            return None
+        if last is None and len(self._seen) >= REFUSAL_LOG_KEYS:  # bounded: forget the quiet ones
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.every}
+        self._seen[key] = (now, 0)
+        return 0 if last is None else last[1]
+
+
+def _since(count: int) -> str:
+    return f" ({count} more refused since the last such line)" if count else ""
 
 
 class Hub:
@@ -129,11 +159,13 @@ class Hub:
         # Set when a disconnection could not be recorded (the database is out): the socket check
         # then runs every pingIntervalSecs until it gets through, not every socketCheckSecs.
         self._unrecorded = asyncio.Event()
+        self._refusals = RefusalLog()
 
     # -- ASGI entry point -------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = _client(scope)
+        host = client.rsplit(":", 1)[0]
         route = parse_websocket_path(scope["path"])
         if route is None:
             self.counters["rejected_not_found"] += 1
@@ -150,8 +182,9 @@ class Hub:
         grant = self.keyring.grant_of_digest(digest) if key else None
         if grant is None or not grant.allows(Permission.WEBSOCKET_CONNECT, app):
             self.counters["rejected_bad_key"] += 1
-            log.warning("refused executor connection from %s for app %s: bad or missing conductor key",
-                        client, printable(app))  # fmt: skip
+            if (since := self._refusals.due("bad_key", host, app)) is not None:
+                log.warning("refused executor connection from %s for app %s: bad or missing conductor key%s",
+                            client, printable(app), _since(since))  # fmt: skip
             await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key, or not for this app")
             return
         if not self.lease.held:
@@ -163,15 +196,17 @@ class Hub:
             return
         if self.pending_handshakes >= self.config.server.max_pending_handshakes:
             self.counters["rejected_busy"] += 1
-            log.warning(
-                "refused executor connection from %s: %d handshakes already pending", client, self.pending_handshakes
-            )
+            if (since := self._refusals.due("busy", host, "")) is not None:
+                log.warning("refused executor connection from %s: %d handshakes already pending%s",
+                            client, self.pending_handshakes, _since(since))  # fmt: skip
             await _deny(scope, send, 503, "busy", "too many pending handshakes, retry later")
             return
         if self.sockets_by_key[grant.key_id] >= self.config.server.max_sockets_per_key:
             self.counters["rejected_key_sockets"] += 1
-            log.warning("refused executor connection from %s: key %s already holds %d sockets",
-                        client, printable(grant.name), self.sockets_by_key[grant.key_id])  # fmt: skip
+            if (since := self._refusals.due("key_sockets", host, grant.key_id)) is not None:
+                held = self.sockets_by_key[grant.key_id]
+                log.warning("refused executor connection from %s: key %s already holds %d sockets%s",
+                            client, printable(grant.name), held, _since(since))  # fmt: skip
             await _deny(scope, send, 429, "too_many_sockets", "this key holds too many sockets, retry later")
             return
         if not await self._app_allowed(grant.org, app):
