@@ -11,7 +11,6 @@ the same requests as the Python ones against it.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -191,7 +190,9 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peer = start_ts(relay.conductor_url, env=env)
     assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 20)
-    doomed = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "4"})
+    doomed = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "8"})
+    # Known to Relay before it dies (its client connects as DBOS launches, beside the jobs).
+    assert_eventually(lambda: relay.state_of("acme", "ledger", doomed.executor_id) == "HEALTHY", 20)
     doomed.kill()
 
     evidence = Evidence(evidence_db)
@@ -211,7 +212,7 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
 
 
 def test_typescript_work_stranded_while_relay_was_down_is_found_and_completed_exactly_once(
-    start_relay: StartRelay, start_ts: StartTs, evidence_db: str, relay_db: str
+    start_relay: StartRelay, start_ts: StartTs, evidence_db: str, relay_db: str, sysdb: str
 ) -> None:
     """The reconciler lists the stranded work through a TypeScript executor (list_workflows by
     executor id and status): test_reconciler.py's test on the TypeScript SDK."""
@@ -222,7 +223,12 @@ def test_typescript_work_stranded_while_relay_was_down_is_found_and_completed_ex
     assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 20)
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: len(evidence.step_runs()) >= 4 or None, 10)
-    time.sleep(0.5)  # the first steps' checkpoints
+
+    def first_steps_recorded() -> bool:  # so that a recovery does not run them again
+        sql: LiteralString = "SELECT count(*) FROM dbos.operation_outputs WHERE function_name = 'evidence'"
+        return query(sysdb, sql)[0][0] >= 4
+
+    assert_eventually(first_steps_recorded, 10)
     assert relay.proc is not None
     relay.proc.kill()  # Relay dies; the victim dies while it is down, and its record is lost with it
     relay.proc.wait()

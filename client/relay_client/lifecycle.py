@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import threading
 from typing import Any
 
@@ -50,6 +51,17 @@ def stop_all(timeout: float = 10.0) -> None:
         connections, _connections[:] = list(_connections), []
     for connection in connections:
         connection.stop(timeout)
+
+
+def _forget_in_child() -> None:
+    """A forked process has none of its parent's connection threads (nor a lock another thread of
+    the parent held at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _connections.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _install() -> None:

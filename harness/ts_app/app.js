@@ -81,17 +81,23 @@ class EvidenceDataSource {
       await client.query('BEGIN');
       const result = await this.clients.run(client, () => func.call(target, ...args));
       if (durable) {
-        await client.query(
-          'INSERT INTO dbos.transaction_completion (workflow_id, function_num, output) VALUES ($1, $2, $3)',
-          [workflowID, stepID, SuperJSON.stringify(result)],
-        );
+        try {
+          await client.query(
+            'INSERT INTO dbos.transaction_completion (workflow_id, function_num, output) VALUES ($1, $2, $3)',
+            [workflowID, stepID, SuperJSON.stringify(result)],
+          );
+        } catch (err) {
+          // Only the completion's own conflict means another execution recorded the step first; a
+          // conflict in the function's statements (a second outcome) is its error, not hidden.
+          throw datasource.isPGKeyConflictError(err) ? new datasource.DBOSStepAlreadyRecordedError(workflowID, stepID) : err;
+        }
         await datasource.assertStillOwnsWorkflow(workflowID);
       }
       await client.query('COMMIT');
       return result;
     } catch (err) {
       await client.query('ROLLBACK').catch(() => {});
-      if (durable && datasource.isPGKeyConflictError(err)) {
+      if (err instanceof datasource.DBOSStepAlreadyRecordedError) {
         // Another execution of the same step committed first: its outcome is the step's.
         const done = await this.recorded(workflowID, stepID);
         if (done) return datasource.replayRecordedStep(done);
