@@ -286,6 +286,14 @@ def test_relay_init_writes_a_relay_yaml_that_relay_serve_takes_as_it_is(
     config = load_config(path)
     assert [o.name for o in config.orgs] == ["default"] and config.orgs[0].api_keys[0].role == "admin"
 
+    # What relay serve would refuse is not written: an empty org's name, say.
+    refused = run_relay("init", "--path", str(tmp_path / "bad.yaml"), "--org", "", cwd=tmp_path)
+    assert refused.returncode == 2 and "orgs.0.name" in refused.stderr, refused.stderr
+    assert not (tmp_path / "bad.yaml").exists() and not SECRET.search(refused.stdout)
+    # Port 0 is the system's choice at start: no URL is printed with it.
+    zero = run_relay("init", "--path", str(tmp_path / "zero.yaml"), "--port", "0", cwd=tmp_path)
+    assert zero.returncode == 0 and ":0/" not in zero.stdout and "ws://127.0.0.1:PORT/" in zero.stdout
+
     # Never overwritten without --force; with it, fresh keys.
     again = run_relay("init", cwd=tmp_path)
     assert again.returncode == 2 and "exists; give --force" in again.stderr and "Traceback" not in again.stderr

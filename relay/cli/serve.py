@@ -260,6 +260,13 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
         admin_sha=hash_key(admin),
         conductor_sha=hash_key(conductor),
     )
+    from relay.config import parse_config
+    from relay.errors import ConfigError
+
+    try:  # a file `relay serve` would refuse is not written (an empty --org, say)
+        parse_config(text, "the relay.yaml it would write")
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
     try:
         with open(path, "w" if force else "x", encoding="utf-8") as file:
             file.write(text)
@@ -271,5 +278,6 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
     shown = f"[{shown}]" if ":" in shown else shown  # an IPv6 address in a URL
     click.echo(f"Wrote {path}: org {org!r} with an admin key and a conductor key (their hashes only).")
     click.echo("The keys are shown this once:\n")
-    click.echo(paste_lines(f"ws://{shown}:{port}/", f"http://{shown}:{port}/", admin, conductor, org))
+    port_shown = port or "PORT"  # port 0: the system's choice, which `relay serve` prints
+    click.echo(paste_lines(f"ws://{shown}:{port_shown}/", f"http://{shown}:{port_shown}/", admin, conductor, org))
     click.echo(f"Start Relay with:  ./run.sh --config {path}   (or relay serve --config {path})")
