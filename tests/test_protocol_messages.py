@@ -136,8 +136,14 @@ def test_reply_round_trip(message_type: p.MessageType, data: st.DataObject) -> N
     frame = reply.to_frame()
     assert list(frame)[:2] == ["type", "request_id"] and list(frame)[-1] == "error_message"
     assert cls.from_frame(frame) == reply
-    parsed = p.parse_reply(p.decode_frame(reply.to_json().encode()), cls, request_id=reply.request_id)
-    assert parsed == reply
+    decoded = p.decode_frame(reply.to_json().encode())
+    if reply.error_message == p.UNKNOWN_TYPE_ERROR:
+        # The SDK's answer to a type it does not know, whatever else the frame holds: no payload.
+        # (Hypothesis draws the string from the protocol's source; a fresh CI run met it.)
+        with pytest.raises(p.ErrorOnlyReply):
+            p.parse_reply(decoded, cls, request_id=reply.request_id)
+        return
+    assert p.parse_reply(decoded, cls, request_id=reply.request_id) == reply
 
 
 def test_optional_fields_are_sent_as_null_and_may_be_left_out() -> None:
