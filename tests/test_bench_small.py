@@ -91,11 +91,15 @@ def test_connections_small(postgres: Postgres) -> None:
                       rf" ({NUMBER}); target >= 0.8\), memory -?{NUMBER}")  # fmt: skip
     assert [float(ratio.group(i)) for i in (2, 3)] == pytest.approx(ratios, abs=0.006), (ratios, ratio.group(0))
     assert float(ratio.group(1)) == pytest.approx(sum(ratios) / 2, abs=0.006), (ratios, ratio.group(0))
+    # CPU times come in clock ticks (10 ms): over 40 handshakes a tick is 0.25 ms of each figure, and
+    # the medians are taken figure by figure. The processes' sum may pass the machine's by a tick of
+    # each of the three (a fresh CI run had 0.63 + 0.38 against 0.75), not by more.
+    slack = 3 * (1000 / os.sysconf("SC_CLK_TCK")) / 40
     for server in ("relay", "bare"):
         cpu = line(out, rf"^  CPU ms per handshake, {server}: server ({NUMBER}), client ({NUMBER}),"
                         rf" whole machine ({NUMBER}) \(medians\)$")  # fmt: skip
         server_ms, client_ms, machine_ms = (float(cpu.group(i)) for i in (1, 2, 3))
-        assert 0 < server_ms and 0 < client_ms and server_ms + client_ms <= machine_ms * 1.2 + 0.1, cpu.group(0)
+        assert 0 < server_ms and 0 < client_ms and server_ms + client_ms <= machine_ms * 1.2 + slack, cpu.group(0)
     line(out, r"^  \d+ open, 0 failed; all held after")
     line(out, rf"^  closes absorbed .*: registry up to date {NUMBER} s, grace periods started {NUMBER} s,"
               rf" their durable timers recorded {NUMBER} s$")  # fmt: skip
