@@ -3,7 +3,8 @@
 
 Its packages are installed on first use with ``npm ci`` from its package-lock.json (into
 harness/ts_app/node_modules, kept; a lock file makes two test workers install them once).
-Node.js 20 or later and npm are needed (test.sh installs Debian's when they are missing).
+Node.js 20 or later and npm are needed: test.sh stops and says so when they are missing (Debian
+12's own nodejs is 18, too old for the SDK).
 """
 
 from __future__ import annotations

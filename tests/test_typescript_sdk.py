@@ -25,6 +25,7 @@ from harness.relay import RelayProcess, audit_actions
 from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
 from tests.test_reconciler import reconciling_relay, steps_once
+from tests.test_recovery import in_order
 
 StartRelay = Callable[..., RelayProcess]
 StartTs = Callable[..., ExecutorProcess]
@@ -44,12 +45,6 @@ def start_ts(tmp_path: Path, sysdb: str) -> Iterator[StartTs]:
     yield start
     for executor in started:
         executor.stop()
-
-
-def in_order(actions: list[str], expected: list[str]) -> bool:
-    """``expected`` appears in ``actions`` as a subsequence."""
-    it = iter(actions)
-    return all(any(a == e for a in it) for e in expected)
 
 
 def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
