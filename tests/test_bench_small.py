@@ -86,11 +86,17 @@ def test_connections_small(postgres: Postgres) -> None:
     assert sorted(r[0] for r in rows) == ["bare", "bare", "relay", "relay"], f"after {header.group(0)!r}:\n{out}"
     assert all(float(r[1]) > 0 for r in rows), out
     rates = {server: [float(r[1]) for r in rows if r[0] == server] for server in ("relay", "bare")}
-    ratios = sorted(relay / bare for relay, bare in zip(rates["relay"], rates["bare"], strict=True))
+    pairs = sorted((relay / bare, relay, bare) for relay, bare in zip(rates["relay"], rates["bare"], strict=True))
+    ratios = [r for r, _, _ in pairs]
+    # The table prints whole handshakes a second, so a ratio taken from it is off by up to half a
+    # handshake in each rate (a fresh CI run: 2.94 printed against 2.932 from rates near 100/s),
+    # plus the printed ratio's own rounding.
+    slacks = [r * (0.5 / relay + 0.5 / bare) + 0.006 for r, relay, bare in pairs]
     ratio = line(out, rf"^ratios at 40: relay/bare handshake rate ({NUMBER}) \(median of 2 rounds, ({NUMBER}) to"
                       rf" ({NUMBER}); target >= 0.8\), memory -?{NUMBER}")  # fmt: skip
-    assert [float(ratio.group(i)) for i in (2, 3)] == pytest.approx(ratios, abs=0.006), (ratios, ratio.group(0))
-    assert float(ratio.group(1)) == pytest.approx(sum(ratios) / 2, abs=0.006), (ratios, ratio.group(0))
+    for printed, expected, allowed in zip((float(ratio.group(i)) for i in (2, 3)), ratios, slacks, strict=True):
+        assert printed == pytest.approx(expected, abs=allowed), (ratios, ratio.group(0))
+    assert float(ratio.group(1)) == pytest.approx(sum(ratios) / 2, abs=sum(slacks) / 2), (ratios, ratio.group(0))
     # CPU times come in clock ticks (10 ms): over 40 handshakes a tick is 0.25 ms of each figure, and
     # the medians are taken figure by figure. The processes' sum may pass the machine's by a tick of
     # each of the three (a fresh CI run had 0.63 + 0.38 against 0.75), not by more.
