@@ -430,16 +430,25 @@ def test_the_api_document_where_conductors_clients_fetch_it_and_no_key_needed(re
     resp = httpx.get(f"{relay.http}/openapi.yaml")
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/yaml"
     assert yaml.safe_load(resp.text) == document
-    api_paths = {path: item for path, item in document["paths"].items() if path.startswith("/v2/")}
-    assert "/v2/orgs/{org}/apps" in api_paths and "/healthz" in document["paths"]
+    also = ("/healthz", "/readyz", "/metrics")
+    api_paths = {path: item for path, item in document["paths"].items() if path.startswith("/v2/") or path in also}
+    assert "/v2/orgs/{org}/apps" in api_paths and all(path in api_paths for path in also)
     for path in ("/conductor/v2/openapi.json", "/v2/openapi.json"):
         resp = httpx.get(f"{relay.http}{path}")
         assert resp.status_code == 200, path
         assert resp.json() == {**document, "paths": api_paths, "servers": [{"url": "/conductor"}]}, path
     # A client made from it resolves every path it lists under /conductor, where Relay serves them
-    # (the probes and /metrics, not served there, are left out of this copy).
+    # (the contract: every path of the API, the probes and /metrics also under /conductor).
     base = httpx.URL(f"{relay.http}/conductor/v2/openapi.json").join(resp.json()["servers"][0]["url"])
     assert httpx.get(f"{base}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+    assert httpx.get(f"{base}/healthz").json() == httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{base}/readyz").json() == {"status": "ready"}
+    assert httpx.get(f"{base}/metrics").status_code == httpx.get(f"{relay.http}/metrics").status_code == 401
+    for scrape in ("/metrics", "/v1/metrics"):
+        resp = httpx.get(f"{base}{scrape}", headers=ADMIN)
+        assert resp.status_code == 200 and "relay_lease_held" in resp.text, scrape
+    # Not the console or the API's document at the root.
+    assert httpx.get(f"{base}/openapi.json").status_code == 404
     # Nothing else under the API's prefixes opened with it.
     assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml").status_code == 401
 

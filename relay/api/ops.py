@@ -20,6 +20,7 @@ from relay.api.common import Ctx, DecodedRoute, problem
 from relay.appmetrics import SCOPES, ScrapeView
 from relay.auth import Permission
 from relay.net.guard import bearer_key
+from relay.net.paths import served_under_conductor
 
 router = APIRouter(route_class=DecodedRoute)
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -107,9 +108,8 @@ async def openapi_under_conductor(request: Request) -> JSONResponse:
     """The API's document where managed Conductor serves it (``/conductor/v2/openapi.json``)."""
     api: FastAPI = request.app
     document = api.openapi()
-    # Only the API's own paths: under this document's servers entry, /healthz or /metrics would be
-    # called as /conductor/healthz, which is not served.
-    paths = {path: item for path, item in document.get("paths", {}).items() if path.startswith("/v2/")}
+    # Only the paths also served under /conductor, where this document's servers entry points.
+    paths = {path: item for path, item in document.get("paths", {}).items() if served_under_conductor(path)}
     return JSONResponse({**document, "paths": paths, "servers": SERVED_UNDER_CONDUCTOR})
 
 

@@ -1,5 +1,6 @@
-"""Request paths as routes should see them: ``/conductor/v2/...`` served as ``/v2/...``, and a
-percent-encoded ``/`` inside one segment kept inside it.
+"""Request paths as routes should see them: ``/conductor/v2/...`` served as ``/v2/...`` (and the
+probes and ``/metrics`` under ``/conductor`` as well), and a percent-encoded ``/`` inside one
+segment kept inside it.
 
 ASGI servers decode ``%2F`` before routing, so a workflow id ``a/steps`` sent as
 ``/workflows/a%2Fsteps`` would be taken for the steps route of workflow ``a``.
@@ -18,6 +19,15 @@ from relay.net.server import Asgi
 from relay.problem import problem
 
 CONDUCTOR_PREFIX = "/conductor"
+# What is also served under CONDUCTOR_PREFIX: the API, the probes and the scrape paths (the
+# contract's REST section). Not the console, its assets or /openapi.json (the API's document is
+# at /conductor/v2/openapi.json).
+ALSO_UNDER_CONDUCTOR = frozenset({"/healthz", "/readyz", "/metrics", "/v1/metrics"})
+
+
+def served_under_conductor(path: str) -> bool:
+    """Whether ``path`` (without the prefix) is also served as ``/conductor`` + ``path``."""
+    return path.startswith("/v2/") or path in ALSO_UNDER_CONDUCTOR
 
 
 def keep(segment: str) -> str:
@@ -33,7 +43,9 @@ class PathKeeper:
             await self.app(scope, receive, send)
             return
         raw = bytes(scope.get("raw_path") or scope["path"].encode()).split(b"?", 1)[0]
-        if raw.startswith(CONDUCTOR_PREFIX.encode() + b"/v2/"):
+        if raw.startswith(CONDUCTOR_PREFIX.encode() + b"/") and served_under_conductor(
+            raw[len(CONDUCTOR_PREFIX) :].decode("latin-1")
+        ):
             raw = raw[len(CONDUCTOR_PREFIX) :]
         segments = [unquote_to_bytes(segment).decode("utf-8", "replace") for segment in raw.split(b"/")]
         if any("\x00" in segment for segment in segments):
