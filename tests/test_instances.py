@@ -702,3 +702,37 @@ def test_a_request_lost_with_its_instance_is_not_read_as_one_no_executor_was_ask
     problem = resp.json()
     assert problem["error"]["code"] == "no_executor_answered", resp.text
     assert "may have had it" in problem["detail"] and "could not serve it" in problem["detail"], resp.text
+
+
+def test_an_app_served_by_no_instance_holding_its_lease_is_a_503_that_says_why(start_relay: StartRelay) -> None:
+    """A HEALTHY executor whose instance's lease ran out (the instance stalled, or lost its
+    database) is not asked: its socket dies with the instance. The 503 says so, and a warning does,
+    rather than only that the app has no healthy executor, which the registry contradicts; with
+    none HEALTHY it counts them by state."""
+    relay = start_relay()
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with relay.api() as api:
+        resp = api.get("/apps/ledger/queues")
+        assert resp.status_code == 503 and resp.json()["detail"].endswith("connected (none has connected)"), resp.text
+        with SimulatedPeer(url, "served-1", on_recovery="silent", replies={"list_queues": {"output": []}}):
+            assert_eventually(lambda: (executor(relay, "served-1") or {}).get("state") == "HEALTHY", 10)
+            assert api.get("/apps/ledger/queues").json() == []
+
+            def lapsed() -> str | None:
+                # The instance renews every 5 s, and reads which executors serve an app at most
+                # once a second: its lease is made to run out again until a request sees it so.
+                with psycopg.connect(relay.database_url, autocommit=True) as conn:
+                    conn.execute(
+                        "UPDATE relay_instances SET lease_expires_at = now() - interval '2 s' WHERE instance_id = %s",
+                        (relay.instance_id,),
+                    )
+                resp = api.get("/apps/ledger/queues")
+                return str(resp.json()["detail"]) if resp.status_code == 503 else None
+
+            detail = assert_eventually(lapsed, 15)
+            expected = "app 'ledger' has no healthy executor connected (HEALTHY 1 held by relay-1, whose lease ran out "
+            assert detail.startswith(expected), detail
+            assert "app acme/ledger not served: its executors are HEALTHY 1 held by relay-1" in relay.log()
+            # Its next renewal, and the app is served again.
+            assert_eventually(lambda: api.get("/apps/ledger/queues").status_code == 200, 15)
+        assert_eventually(lambda: "connected (1 DISCONNECTED)" in api.get("/apps/ledger/queues").text, 10)

@@ -104,7 +104,7 @@ class ExecutorGateway:
         healthy, cached = await self._healthy(org, app, fresh=not repeatable)
         while True:
             if not healthy:
-                raise NoHealthyExecutor(f"app {app!r} has no healthy executor connected")
+                raise NoHealthyExecutor(await self._none_healthy(org, app))
             start = next(self._turns) % max(len(healthy), 1)
             order = [e for e in healthy[start:] + healthy[:start] if e[0] not in tried]
             for executor_id, owner in order if repeatable else order[:1]:
@@ -132,6 +132,15 @@ class ExecutorGateway:
         if problems and unserved == len(problems):  # no executor was asked: none failed to answer
             raise RequestNotServed(f"no executor of app {app!r} could be asked: " + "; ".join(problems[:3]))
         raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
+
+    async def _none_healthy(self, org: str, app: str) -> str:
+        """The 503's detail: that the app has no healthy executor, and what the registry says of its
+        executors. An executor HEALTHY on an instance whose lease ran out is a warning as well: the
+        app is not served though its executors may be connected."""
+        why = await self.executors.why_none_serving(org, app)
+        if why.startswith("HEALTHY"):
+            log.warning("app %s/%s not served: its executors are %s", org, app, why)
+        return f"app {app!r} has no healthy executor connected ({why})"
 
     async def _healthy(self, org: str, app: str, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
         """The app's serving executors, and whether they are a read shared from less than the TTL

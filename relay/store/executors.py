@@ -542,6 +542,34 @@ class ExecutorStore:
             )
             return HealthyRead(await cur.fetchall())
 
+    async def why_none_serving(self, org: str, app: str) -> str:
+        """Why :meth:`serving` has nobody, for an operator: the app's executors by state, and
+        HEALTHY ones held by an instance whose lease ran out (it stalled or lost the database;
+        another instance adopts it, or it renews in time and serves them again)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT e.state, e.relay_instance,
+                          i.lease_expires_at IS NOT NULL AND i.lease_expires_at <= now() AS lapsed,
+                          extract(epoch FROM now() - i.lease_expires_at) AS lapsed_secs, count(*) AS n
+                   FROM executors e LEFT JOIN relay_instances i ON i.instance_id = e.relay_instance
+                   WHERE e.org = %s AND e.app = %s
+                   GROUP BY 1, 2, 3, 4 ORDER BY 1, 2""",
+                (org, app),
+            )
+            rows = await cur.fetchall()
+        states: Counter[str] = Counter()
+        lapsed: list[str] = []
+        for row in rows:
+            states[row["state"]] += row["n"]
+            if row["state"] == ExecutorState.HEALTHY.value and row["lapsed"]:
+                lapsed.append(f"{row['n']} held by {row['relay_instance']}, whose lease ran out"
+                              f" {float(row['lapsed_secs']):.1f} s ago")  # fmt: skip
+        if lapsed:
+            return "HEALTHY " + "; ".join(lapsed)
+        if not states:
+            return "none has connected"
+        return ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+
     async def healthy_peers(self, org: str, app: str, max_age: float = 0.0) -> tuple[Peer, ...]:
         """The app's HEALTHY executors (id and application version), in order of id.
 
