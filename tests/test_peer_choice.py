@@ -131,6 +131,10 @@ def steps_of(*frames: dict[str, object]) -> list[WorkflowSteps]:
         ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": "6"}], 3),
         ([{"function_id": 1, "completed_at_epoch_ms": "5"}, {"function_id": 2, "completed_at_epoch_ms": None}], 2),
         ([{"function_id": 1, "output": "x"}, {"function_id": 3, "error": "boom"}], 4),
+        # TypeScript's steps start at 0: an unfinished first step is run again, not copied as done.
+        ([{"function_id": 0, "completed_at_epoch_ms": None}], 0),
+        ([{"function_id": 0, "completed_at_epoch_ms": "5"}, {"function_id": 1, "completed_at_epoch_ms": None}], 1),
+        ([{"function_id": 0, "completed_at_epoch_ms": "5"}], 1),
     ],
 )
 def test_first_unfinished_step(steps: list[dict[str, object]], expected: int) -> None:

@@ -360,14 +360,19 @@ async def move_workflow(ref: RecoveryRef, peer: str, workflow_id: str, target: s
 
 
 def first_unfinished_step(steps: list[WorkflowSteps]) -> int:
-    """The first step without a recorded completion; after the last step if all completed."""
+    """The first step without a recorded completion; after the last step if all completed.
+
+    The TypeScript SDK numbers steps from 0, the Python SDK from 1: an unfinished step 0 (a
+    TypeScript workflow's first) is where the rewind starts, since the rewind copies every step
+    before it as done. With no step recorded, 1: nothing is copied in either SDK.
+    """
     done: list[int] = []
     unfinished: list[int] = []
     for s in steps:
         finished = s.completed_at_epoch_ms is not None or s.output is not None or bool(s.error)
         (done if finished else unfinished).append(s.function_id)
     if unfinished:
-        return max(1, min(unfinished))
+        return min(unfinished)
     return max(done, default=0) + 1
 
 
