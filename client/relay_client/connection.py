@@ -23,7 +23,13 @@ answers, and reconnects until stopped.
   giving up on it when no pong comes within 15 s, as the SDK's client does.
 - After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so
   executors cut off together do not all come back in the same instant), forever
-  until stopped.
+  until stopped: a Relay restarting or out of reach is tried again soon, since
+  the executor's grace period runs meanwhile. A running Relay's refusal waits
+  longer each time in a row (twice as long, jittered): one that will repeat (a
+  bad or deleted key, an app it does not serve: HTTP 4xx, close codes 4400, 4401,
+  4403, 4409) up to :data:`REFUSED_MAX_SECS`; Relay too busy (429, 503, another
+  5xx, close codes 4408, 4410) up to :data:`BUSY_MAX_SECS`. A socket that was
+  open :data:`STEADY_SECS` or more before it ended starts the count over.
 - :meth:`Connection.stop` closes the socket with a close frame and ends the
   thread; it is safe from any thread, and more than once.
 - The key is part of the URL it connects to, and websockets puts that URL in some
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
 import ssl
@@ -64,9 +71,50 @@ CLOSE_TIMEOUT_SECS = 5.0
 WATCH_INTERVAL_SECS = 0.5
 
 
-def reconnect_delay() -> float:
-    """About a second, jittered, never more than two."""
-    return min(2.0, random.uniform(0.5, 1.5))
+#: The wait before trying again after a loss, give or take its jitter (0.5 to 1.5 times it).
+RECONNECT_SECS = 1.0
+#: The longest wait, give or take its jitter, between tries that Relay refuses and will refuse again.
+REFUSED_MAX_SECS = 30.0
+#: The longest wait, give or take its jitter, between tries that Relay is too busy to take.
+BUSY_MAX_SECS = 8.0
+#: A socket open this long before it ended starts the count of refusals in a row over.
+STEADY_SECS = 10.0
+#: Close codes after which trying again is refused again: a bad handshake, a deleted key, a key
+#: not for this app, another connection with this executor id (relay.net.connection).
+REFUSED_CLOSE_CODES = frozenset({4400, 4401, 4403, 4409})
+#: Close codes of a Relay or executor too slow: the handshake was not answered in time, pings were not.
+BUSY_CLOSE_CODES = frozenset({4408, 4410})
+
+
+class Retry(enum.Enum):
+    """How the last try ended, for the wait before the next one."""
+
+    SOON = "soon"  # lost, or Relay out of reach: about a second
+    BUSY = "busy"
+    REFUSED = "refused"
+
+
+def reconnect_delay(retry: Retry = Retry.SOON, in_a_row: int = 0) -> float:
+    """The wait before the next try: :data:`RECONNECT_SECS` (a second) times a jitter of 0.5 to
+    1.5; after ``in_a_row`` refusals of one kind in a row, 2 ** (in_a_row - 1) times that, up to
+    the kind's most (:data:`REFUSED_MAX_SECS`, :data:`BUSY_MAX_SECS`) times the jitter."""
+    jitter = random.uniform(0.5, 1.5)
+    if retry is Retry.SOON or in_a_row <= 0:
+        return jitter * RECONNECT_SECS
+    most = REFUSED_MAX_SECS if retry is Retry.REFUSED else BUSY_MAX_SECS
+    return jitter * min(most, RECONNECT_SECS * 2.0 ** min(in_a_row - 1, 30))
+
+
+def retry_after_status(status: int) -> Retry:
+    """A handshake refused with an HTTP ``status``: 429 and 5xx (busy, not ready, a balancer with
+    no Relay behind it) pass; any other 4xx (a bad key, an app Relay does not serve) repeats."""
+    return Retry.BUSY if status == 429 or status >= 500 else Retry.REFUSED
+
+
+def retry_after_close(code: int | None) -> Retry:
+    if code in REFUSED_CLOSE_CODES:
+        return Retry.REFUSED
+    return Retry.BUSY if code in BUSY_CLOSE_CODES else Retry.SOON
 
 
 def check_url(base: str) -> None:
@@ -218,13 +266,16 @@ class Connection:
         name = f"relay-client-{self.app}"
         self._workers = ThreadPoolExecutor(self._max_concurrent, thread_name_prefix=f"{name}-request")
         self._greeter = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-handshake")
+        last, in_a_row = Retry.SOON, 0
         try:
             while not stop_event.is_set():
-                await self._connect_once(stop_event, requests)
+                retry, lasted = await self._connect_once(stop_event, requests)
                 if stop_event.is_set():
                     break
+                in_a_row = in_a_row + 1 if retry is last and lasted < STEADY_SECS else 1
+                last = retry
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop_event.wait(), reconnect_delay())
+                    await asyncio.wait_for(stop_event.wait(), reconnect_delay(retry, in_a_row))
         finally:
             watcher.cancel()
             # Handlers still running finish on their own; stopping does not wait for them.
@@ -242,7 +293,11 @@ class Connection:
                     self._stopping = True
                 stop_event.set()
 
-    async def _connect_once(self, stop_event: asyncio.Event, requests: asyncio.Semaphore) -> None:
+    async def _connect_once(self, stop_event: asyncio.Event, requests: asyncio.Semaphore) -> tuple[Retry, float]:
+        """One socket, from connecting to its end: how it ended, which says when to try again, and
+        how long it was open (0 if it never opened)."""
+        loop = asyncio.get_running_loop()
+        opened: float | None = None
         try:
             async with connect(
                 self._url,
@@ -254,17 +309,26 @@ class Connection:
                 max_size=self._max_frame_bytes,
                 logger=_Redacting(logging.getLogger("websockets.client"), self._redact),
             ) as ws:
+                opened = loop.time()
                 self._note_problem("")
                 log.info("relay_client: connected to %s as executor %s", self._shown_url, self.executor_id)
                 await self._serve(ws, stop_event, requests)
+            retry = retry_after_close(ws.close_code)
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace")[:500] if exc.response.body else ""
             self._note_problem(f"Relay refused the connection ({exc.response.status_code}): {body}")
-        except (OSError, TimeoutError, ConnectionClosed) as exc:
+            retry = retry_after_status(exc.response.status_code)
+        except ConnectionClosed as exc:
             self._note_problem(f"Connection to Relay lost: {exc!r}")
+            retry = retry_after_close(exc.rcvd.code if exc.rcvd is not None else None)
+        except (OSError, TimeoutError) as exc:
+            self._note_problem(f"Connection to Relay lost: {exc!r}")
+            retry = Retry.SOON
         except Exception as exc:
             # No traceback: its text is the exception's, and it would come at every retry.
             self._note_problem(f"Unexpected error on the connection to Relay: {exc!r}")
+            retry = Retry.SOON
+        return retry, 0.0 if opened is None else loop.time() - opened
 
     def _redact(self, text: str) -> str:
         """``text`` with the key replaced by ``***``, as in the URL the client shows."""

@@ -26,6 +26,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 import relay_client
 from relay_client import _internals, lifecycle
+from relay_client import connection as connection_module
 from relay_client.connection import Connection
 from relay_client.handlers import Handlers, Identity
 
@@ -356,3 +357,110 @@ def test_relays_pings_are_answered_while_a_flood_of_requests_waits_for_a_turn() 
             eventually(lambda: len(relay.replies) == flood, timeout=30)
     finally:
         relay.stop()
+
+
+class ScriptedRefusals:
+    """Relay's answers to one client's tries, in order: an HTTP status refuses the handshake; a
+    close code closes the socket once ``executor_info`` is answered, after ``(code, secs)`` open.
+    Past the script it holds the socket. Keeps when each try came and when each ended."""
+
+    def __init__(self, script: list[int | tuple[int, float]]) -> None:
+        self.script = script
+        self.tries: list[float] = []
+        self.ended: list[float] = []
+        self._server: Server = serve(self._handle, "127.0.0.1", 0, process_request=self._process)
+        self.url = f"ws://127.0.0.1:{self._server.socket.getsockname()[1]}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _step(self) -> tuple[int, float] | None:
+        n = len(self.tries)
+        step = self.script[n - 1] if n <= len(self.script) else None
+        return (step, 0.0) if isinstance(step, int) else step
+
+    def _process(self, connection: ServerConnection, request: object) -> object:
+        self.tries.append(time.monotonic())
+        step = self._step()
+        if step is not None and step[0] < 1000:
+            self.ended.append(time.monotonic())
+            return connection.respond(step[0], "refused by the script\n")
+        return None
+
+    def _handle(self, ws: ServerConnection) -> None:
+        step = self._step()
+        ws.send(json.dumps({"type": "executor_info", "request_id": f"info-{len(self.tries)}"}))
+        try:
+            ws.recv(timeout=5)
+            if step is None:
+                ws.recv()
+                return
+            time.sleep(step[1])
+            ws.close(step[0], "closed by the script")
+        except ConnectionClosed:
+            pass
+        self.ended.append(time.monotonic())
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("script", "waits"),
+    [
+        # A bad key (401), or a key deleted while connected (4401): twice as long each time, up to the most.
+        ([401] * 4, [1, 2, 4, 4]),
+        ([4401] * 4, [1, 2, 4, 4]),
+        ([404, 404, 4403], [1, 2, 4]),  # refusals of one kind in a row, whatever the code
+        # Relay busy or not ready (503, 429), a handshake it timed out: up to the shorter most.
+        ([503, 429, 503, 503], [1, 2, 3, 3]),
+        ([4408, 4408, 4408], [1, 2, 3]),
+        # Lost (Relay restarting: 1012; its error: 1011): about a second, every time.
+        ([1012, 1012, 1011, 1012], [1, 1, 1, 1]),
+        # A kind that changes starts over; so does a socket that was open a while before its refusal.
+        ([401, 401, 503, 503], [1, 2, 1, 2]),
+        ([401, 401, 401, (4401, 0.6)], [1, 2, 4, 1]),
+    ],
+)
+def test_refusals_in_a_row_are_tried_again_less_and_less_often(
+    monkeypatch: pytest.MonkeyPatch, script: list[int | tuple[int, float]], waits: list[float]
+) -> None:
+    """A running Relay that refuses an executor refuses it again: trying every second forever (a
+    deleted key, an instance that is not ready) costs Relay a handshake a second per executor, and
+    logs one refusal each. Waits here in tenths of the real ones, their jitter at its middle."""
+    tenth = 0.1
+    monkeypatch.setattr(connection_module, "RECONNECT_SECS", tenth)
+    monkeypatch.setattr(connection_module, "REFUSED_MAX_SECS", 4 * tenth)
+    monkeypatch.setattr(connection_module, "BUSY_MAX_SECS", 3 * tenth)
+    monkeypatch.setattr(connection_module, "STEADY_SECS", 0.5)
+    monkeypatch.setattr(connection_module.random, "uniform", lambda low, high: (low + high) / 2)
+    relay = ScriptedRefusals(script)
+    identity = Identity(executor_id="e-refused", application_version="v1")
+    try:
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as conn:
+            conn.start()
+            eventually(lambda: len(relay.tries) > len(script), timeout=10)
+        gaps = [later - ended for later, ended in zip(relay.tries[1:], relay.ended, strict=False)]
+        expected = [w * tenth for w in waits]
+        # Each wait at least its due; connecting again takes a little more (a loaded machine: more,
+        # so 0.2 s is allowed: less than any wrong wait grows to by the script's end).
+        assert all(due - 0.01 <= gap < due + 0.2 for gap, due in zip(gaps, expected, strict=True)), (gaps, expected)
+    finally:
+        relay.stop()
+
+
+@pytest.mark.parametrize(
+    ("retry", "in_a_row", "low", "high"),
+    [
+        (connection_module.Retry.SOON, 7, 0.5, 1.5),
+        (connection_module.Retry.REFUSED, 1, 0.5, 1.5),
+        (connection_module.Retry.REFUSED, 3, 2.0, 6.0),
+        (connection_module.Retry.REFUSED, 1000, 15.0, 45.0),
+        (connection_module.Retry.BUSY, 1000, 4.0, 12.0),
+    ],
+)
+def test_the_real_waits_are_a_second_jittered_and_at_most_the_kinds_most_jittered(
+    retry: connection_module.Retry, in_a_row: int, low: float, high: float
+) -> None:
+    waits = [connection_module.reconnect_delay(retry, in_a_row) for _ in range(200)]
+    assert low <= min(waits) and max(waits) <= high and max(waits) - min(waits) > (high - low) / 2, waits
