@@ -75,8 +75,10 @@ WATCH_INTERVAL_SECS = 0.5
 RECONNECT_SECS = 1.0
 #: The longest wait, give or take its jitter, between tries that Relay refuses and will refuse again.
 REFUSED_MAX_SECS = 30.0
-#: The longest wait, give or take its jitter, between tries that Relay is too busy to take.
-BUSY_MAX_SECS = 8.0
+#: The longest wait, give or take its jitter, between tries that Relay is too busy to take. Short:
+#: an instance that is not ready (its database cut off) answers 503 too, and the executor's grace
+#: period runs until it is back.
+BUSY_MAX_SECS = 2.0
 #: A socket open this long before it ended starts the count of refusals in a row over.
 STEADY_SECS = 10.0
 #: Close codes after which trying again is refused again: a bad handshake, a deleted key, a key

@@ -413,8 +413,8 @@ class ScriptedRefusals:
         ([4401] * 4, [1, 2, 4, 4]),
         ([404, 404, 4403], [1, 2, 4]),  # refusals of one kind in a row, whatever the code
         # Relay busy or not ready (503, 429), a handshake it timed out: up to the shorter most.
-        ([503, 429, 503, 503], [1, 2, 3, 3]),
-        ([4408, 4408, 4408], [1, 2, 3]),
+        ([503, 429, 503, 503], [1, 2, 2, 2]),
+        ([4408, 4408, 4410, 4408], [1, 2, 2, 2]),
         # Lost (Relay restarting: 1012; its error: 1011): about a second, every time.
         ([1012, 1012, 1011, 1012], [1, 1, 1, 1]),
         # A kind that changes starts over; so does a socket that was open a while before its refusal.
@@ -431,7 +431,7 @@ def test_refusals_in_a_row_are_tried_again_less_and_less_often(
     tenth = 0.1
     monkeypatch.setattr(connection_module, "RECONNECT_SECS", tenth)
     monkeypatch.setattr(connection_module, "REFUSED_MAX_SECS", 4 * tenth)
-    monkeypatch.setattr(connection_module, "BUSY_MAX_SECS", 3 * tenth)
+    monkeypatch.setattr(connection_module, "BUSY_MAX_SECS", 2 * tenth)
     monkeypatch.setattr(connection_module, "STEADY_SECS", 0.5)
     monkeypatch.setattr(connection_module.random, "uniform", lambda low, high: (low + high) / 2)
     relay = ScriptedRefusals(script)
@@ -456,7 +456,7 @@ def test_refusals_in_a_row_are_tried_again_less_and_less_often(
         (connection_module.Retry.REFUSED, 1, 0.5, 1.5),
         (connection_module.Retry.REFUSED, 3, 2.0, 6.0),
         (connection_module.Retry.REFUSED, 1000, 15.0, 45.0),
-        (connection_module.Retry.BUSY, 1000, 4.0, 12.0),
+        (connection_module.Retry.BUSY, 1000, 1.0, 3.0),
     ],
 )
 def test_the_real_waits_are_a_second_jittered_and_at_most_the_kinds_most_jittered(
