@@ -58,7 +58,8 @@ def start_ts_executor(workdir: Path, sysdb_url: str, conductor_url: str, **kwarg
     if node is None:
         raise RuntimeError("node is not installed: the TypeScript executor's tests need Node.js 20")
     env = dict(kwargs.pop("env", None) or {})
-    if "RELAY_TEST_EVIDENCE" in env:
-        env["RELAY_TEST_EVIDENCE"] = node_url(env["RELAY_TEST_EVIDENCE"])
+    for url in ("RELAY_TEST_EVIDENCE", "RELAY_TEST_ALERTS"):
+        if url in env:
+            env[url] = node_url(env[url])
     command = [node, str(ts_app())]
     return ExecutorProcess(workdir, node_url(sysdb_url), conductor_url, env=env, command=command, **kwargs)

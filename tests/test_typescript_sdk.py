@@ -1,7 +1,9 @@
 """Executors on DBOS's TypeScript SDK (@dbos-inc/dbos-sdk 5.2, its own conductor client:
 harness/ts_app): they connect, die and are recovered by a peer exactly once, are found by the
 reconciler, come back after Relay restarts, and the workflow API serves them, each answer checked
-against what their system database holds (read here; Relay never reads it).
+against what their system database holds (read here; Relay never reads it). Retention rounds, the
+apps' figures (/metrics, Conductor's Metric[]) and the alerts (WorkflowFailure, SlowQueue, and
+delivery to a TypeScript app's handler) are checked the same way.
 
 The TypeScript SDK reads some frames differently from the Python SDK: a filter sent as null is
 not always "no filter" there (``was_forked_from: null`` matched no workflow), so these tests run
@@ -11,17 +13,21 @@ the same requests as the Python ones against it.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, LiteralString
 
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.executors import Evidence, ExecutorProcess
-from harness.relay import RelayProcess, audit_actions
+from harness.keys import API_KEYS
+from harness.ports import free_port
+from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
 from tests.test_reconciler import reconciling_relay, steps_once
@@ -268,3 +274,382 @@ def test_a_typescript_executor_comes_back_after_relay_restarts_and_is_declared_d
         assert_eventually(lambda: relay.state_of("acme", "ledger", ts.executor_id) in ("DEAD", "RECOVERING", None), 15)
     finally:
         ts.proc.send_signal(signal.SIGCONT)
+
+
+# -- retention, the apps' figures and alerts, on a TypeScript executor ---------------------------------
+# Each rides on protocol messages (retention, get_workflow_aggregates, get_step_aggregates, alert) that
+# the TypeScript SDK reads with its own code (dist/src/conductor/conductor.js); each answer is checked
+# against the system database, read here.
+
+FINISHED = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+# What RELAY_TEST_SEED=1 and RELAY_TEST_HOLD_QUEUE=2 leave unfinished: waiting-1 and blocker-1 PENDING,
+# held-0 and held-1 ENQUEUED behind blocker-1 on the queue serial.
+UNFINISHED = {"waiting-1": "PENDING", "blocker-1": "PENDING", "held-0": "ENQUEUED", "held-1": "ENQUEUED"}
+
+
+def statuses(sysdb: str) -> dict[str, str]:
+    return {w: s for w, s in query(sysdb, "SELECT workflow_uuid, status FROM dbos.workflow_status")}
+
+
+def rows_of(sysdb: str, workflow_ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row the system database holds of these workflows, table by table (their payloads are
+    in tables of their own in the TypeScript SDK's schema)."""
+    found: dict[str, list[tuple[Any, ...]]] = {}
+    for table, columns in (
+        ("workflow_status", "workflow_uuid, status, created_at"),
+        ("workflow_input", "workflow_uuid, inputs"),
+        ("workflow_output", "workflow_uuid, output, error"),
+        ("operation_outputs", "workflow_uuid, function_id, function_name"),
+        ("workflow_events", "workflow_uuid, key"),
+    ):
+        sql = f"SELECT {columns} FROM dbos.{table} WHERE workflow_uuid = ANY(%s) ORDER BY 1, 2"
+        found[table] = query(sysdb, sql, workflow_ids)
+    return found
+
+
+def retention_config(**app: Any) -> dict[str, Any]:
+    config = relay_yaml(free_port())
+    config["retention"] = {"appsIntervalSecs": 0.5}
+    config["metrics"] = {"appFigures": False}
+    config["orgs"][0]["apps"][0].update(app)
+    return config
+
+
+def audited(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        return [e for e in ok(api.get("/audit", params={"app": "ledger", "limit": 10000})) if e["action"] == action]
+
+
+def held_up(relay: RelayProcess, start_ts: StartTs, sysdb: str, **env: str) -> ExecutorProcess:
+    """A TypeScript executor with the seed and two workflows held on the queue serial."""
+    ts = start_ts(relay.conductor_url, env={"RELAY_TEST_SEED": "1", "RELAY_TEST_HOLD_QUEUE": "2", **env})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", ts.executor_id) == "HEALTHY", 20)
+    assert_eventually(lambda: {w: s for w, s in statuses(sysdb).items() if w in UNFINISHED} == UNFINISHED, 20)
+    return ts
+
+
+def test_retention_rounds_prune_a_typescript_apps_finished_workflows_and_nothing_else(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str
+) -> None:
+    """The rows threshold, then the time threshold, applied by a TypeScript executor: the finished
+    workflows (and their inputs, outputs, steps, events) go, the unfinished ones keep every row, and
+    Relay's check of each round (get_workflow_aggregates) counts what the system database holds."""
+    relay = start_relay(retention_config())
+    ts = held_up(relay, start_ts, sysdb)
+    finished = {w for w, s in statuses(sysdb).items() if s in FINISHED}
+    assert finished == {"done-1", "done-1-child", "failed-1"}
+    before = rows_of(sysdb, list(UNFINISHED))
+    assert before["workflow_input"], "the unfinished workflows' inputs are in their own table"
+
+    # The rows threshold keeps the newest two finished workflows (by completion: the child first).
+    with relay.api() as api:
+        assert ok(api.patch(LEDGER, json={"gcRowsThreshold": 2}))["gcRowsThreshold"] == 2
+    assert_eventually(lambda: {w for w, s in statuses(sysdb).items() if s in FINISHED} == {"done-1", "failed-1"}, 20)
+
+    def checked_rows() -> list[dict[str, Any]]:
+        return [e for e in audited(relay, "retention.checked") if e["detail"]["gcRowsThreshold"] == 2]
+
+    # Later rounds count the finished workflows left: the two kept.
+    assert_eventually(lambda: [e for e in checked_rows() if e["detail"]["remaining"]["finished"] == 2], 20, 0.2)
+    assert all(e["peerExecutorId"] == ts.executor_id for e in audited(relay, "retention.sent"))
+
+    # The time threshold takes the rest; nothing of the unfinished workflows goes.
+    with relay.api() as api:
+        body = ok(api.patch(LEDGER, json={"gcRowsThreshold": None, "gcTimeThresholdMs": 1500}))
+        assert (body["gcRowsThreshold"], body["gcTimeThresholdMs"]) == (None, 1500)
+    assert_eventually(lambda: not finished & set(statuses(sysdb)), 20, interval=0.2)
+    # Their payloads, steps and events too (the SDK sweeps them once their status rows are gone).
+    assert_eventually(lambda: not any(rows_of(sysdb, sorted(finished)).values()), 20, 0.2)
+
+    def checked_empty() -> list[dict[str, Any]]:
+        done = [
+            e
+            for e in audited(relay, "retention.checked")
+            if e["detail"]["gcCutoffEpochMs"] is not None and e["detail"]["remaining"]["finishedBeforeCutoff"] == 0
+        ]
+        return done if len(done) >= 2 else []
+
+    assert_eventually(checked_empty, 20, interval=0.2)
+    assert rows_of(sysdb, list(UNFINISHED)) == before
+    assert {w: s for w, s in statuses(sysdb).items() if w in UNFINISHED} == UNFINISHED
+
+
+def test_retention_checks_count_what_a_typescript_executor_left(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str
+) -> None:
+    """A threshold that deletes nothing: every check of a round must count what the system database
+    holds (three finished workflows, none completed before a cutoff a day back), as it does of a
+    Python executor's; a count of 0 there would say a round deleted what it did not."""
+    day = 24 * 3600 * 1000
+    relay = start_relay(retention_config(gcRowsThreshold=100, gcTimeThresholdMs=day, globalTimeoutMs=day))
+    held_up(relay, start_ts, sysdb)
+
+    def checked() -> list[dict[str, Any]]:
+        found = audited(relay, "retention.checked")
+        return found if len(found) >= 2 else []
+
+    entries = assert_eventually(checked, 20, interval=0.2)
+    for entry in entries:
+        remaining = entry["detail"]["remaining"]
+        assert remaining == {"finished": 3, "finishedBeforeCutoff": 0, "unfinishedBeforeTimeout": 0}, entry
+    assert {w for w, s in statuses(sysdb).items() if s in FINISHED} == {"done-1", "done-1-child", "failed-1"}
+
+
+def test_a_global_timeout_cancels_a_typescript_apps_old_unfinished_workflows(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str
+) -> None:
+    relay = start_relay(retention_config(globalTimeoutMs=1000))
+    ts = start_ts(relay.conductor_url, env={"RELAY_TEST_SEED": "1", "RELAY_TEST_HOLD_QUEUE": "2"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", ts.executor_id) == "HEALTHY", 20)
+    assert_eventually(lambda: all(statuses(sysdb).get(w) == "CANCELLED" for w in UNFINISHED), 20, interval=0.2)
+    # Finished workflows are not the timeout's business.
+    assert {w: s for w, s in statuses(sysdb).items() if w not in UNFINISHED} == {
+        "done-1": "SUCCESS",
+        "done-1-child": "SUCCESS",
+        "failed-1": "ERROR",
+    }
+    sent = audited(relay, "retention.sent")
+    assert sent and all(e["detail"]["gcCutoffEpochMs"] is None for e in sent)
+
+    def nothing_left() -> bool:
+        return any(
+            e["detail"]["remaining"]["unfinishedBeforeTimeout"] == 0 for e in audited(relay, "retention.checked")
+        )
+
+    assert_eventually(nothing_left, 20, interval=0.2)
+
+
+FIGURES_WINDOW = 1.0
+PREFIX = "dbos_conductor_v1_"
+Figures = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape_figures(relay: RelayProcess) -> str:
+    resp = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}"},
+                     params={"scope": "apps"}, timeout=5)  # fmt: skip
+    resp.raise_for_status()
+    return resp.text
+
+
+def served_figures(text: str) -> tuple[int | None, Figures, Figures]:
+    """acme/ledger's figures in a scrape: the window's start (ms), its windowed figures, and the
+    point-in-time ones."""
+    windowed: Figures = {}
+    now: Figures = {}
+    stamps = set()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith(PREFIX) or s.labels.get("application") != "ledger":
+                continue
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("org", "application")))
+            if s.timestamp is None:
+                now[(s.name.removeprefix(PREFIX), labels)] = s.value
+            else:
+                windowed[(s.name.removeprefix(PREFIX), labels)] = s.value
+                stamps.add(round(float(s.timestamp) * 1000))
+    assert len(stamps) <= 1, stamps
+    return (stamps.pop() if stamps else None), windowed, now
+
+
+def db_figures(sysdb: str, start_ms: int) -> Figures:
+    """What the windowed figures of the window starting at ``start_ms`` must be, from the system database."""
+    end_ms = start_ms + round(FIGURES_WINDOW * 1000)
+    found: Figures = {}
+
+    def put(family: str, value: float, **labels: str) -> None:
+        found[(family, tuple(sorted(labels.items())))] = value
+
+    ws: LiteralString = "FROM dbos.workflow_status WHERE"
+    for name, queue, n in query(sysdb, f"""SELECT name, coalesce(queue_name, ''), count(*) {ws}
+            created_at >= %s AND created_at < %s GROUP BY 1, 2""", start_ms, end_ms):  # fmt: skip
+        put("workflow_started_rate", n / FIGURES_WINDOW, workflow_name=name, queue_name=queue)
+    for name, queue, n in query(sysdb, f"""SELECT name, queue_name, count(*) {ws} queue_name IS NOT NULL
+            AND started_at_epoch_ms >= %s AND started_at_epoch_ms < %s GROUP BY 1, 2""", start_ms, end_ms):  # fmt: skip
+        put("workflow_dequeued_rate", n / FIGURES_WINDOW, workflow_name=name, queue_name=queue)
+    failed = "workflow_failed_rate"
+    rates = {"SUCCESS": "workflow_success_rate", "ERROR": failed, "MAX_RECOVERY_ATTEMPTS_EXCEEDED": failed,
+             "CANCELLED": "workflow_cancelled_rate"}  # fmt: skip
+    for status, name, queue, n, wait, latency in query(sysdb, f"""SELECT status, name, coalesce(queue_name, ''),
+            count(*), max(started_at_epoch_ms - created_at), max(completed_at - created_at) {ws}
+            completed_at >= %s AND completed_at < %s GROUP BY 1, 2, 3""", start_ms, end_ms):  # fmt: skip
+        put(rates[status], n / FIGURES_WINDOW, workflow_name=name, queue_name=queue)
+        if status == "SUCCESS":
+            put("workflow_max_total_latency_seconds", latency / 1000, workflow_name=name, queue_name=queue)
+            if wait is not None:
+                put("workflow_max_queue_wait_seconds", max(0, wait) / 1000, workflow_name=name, queue_name=queue)
+    steps: LiteralString = """SELECT function_name, error IS NOT NULL, count(*),
+            max(completed_at_epoch_ms - started_at_epoch_ms) FROM dbos.operation_outputs
+            WHERE completed_at_epoch_ms >= %s AND completed_at_epoch_ms < %s GROUP BY 1, 2"""
+    for step, erred, n, longest in query(sysdb, steps, start_ms, end_ms):
+        put("step_failed_rate" if erred else "step_success_rate", n / FIGURES_WINDOW, step_name=step)
+        if not erred:
+            put("step_max_duration_seconds", max(0, longest) / 1000, step_name=step)
+    return found
+
+
+def test_a_typescript_apps_figures_are_what_its_system_database_holds(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str
+) -> None:
+    """/metrics' dbos_conductor_v1_* figures of a TypeScript app (from get_workflow_aggregates and
+    get_step_aggregates answered by its SDK), window by window, against its system database."""
+    config = relay_yaml(free_port())
+    config["metrics"] = {"appFiguresWindowSecs": FIGURES_WINDOW}
+    relay = start_relay(config)
+    ts = held_up(relay, start_ts, sysdb)
+    # Work while the executor is HEALTHY, so that the windows it falls in are computed: forks (through
+    # DBOS's internal queue) of the seed's success (a step, a child, an event) and of its failure.
+    with relay.api() as api:
+        for n in range(3):
+            ok(api.post(f"{LEDGER}/workflows/done-1/fork", json={"newWorkflowId": f"again-{n}"}), 201)
+        ok(api.post(f"{LEDGER}/workflows/failed-1/fork", json={"newWorkflowId": "again-failed"}), 201)
+    forks = ["again-0", "again-1", "again-2", "again-failed"]
+    assert_eventually(lambda: all(db_status(sysdb, w) in ("SUCCESS", "ERROR") for w in forks), 20)
+    done = max(int(c) for (c,) in query(sysdb, "SELECT completed_at FROM dbos.workflow_status "
+                                               "WHERE workflow_uuid = ANY(%s)", forks))  # fmt: skip
+
+    # Every window served from now until the one in which the last fork completed, each against the
+    # database (a window in which nothing happened has no windowed series).
+    width = round(FIGURES_WINDOW * 1000)
+    checked: dict[int, Figures] = {}
+
+    def windows_up_to_the_forks() -> bool:
+        start_ms, windowed, _ = served_figures(scrape_figures(relay))
+        if start_ms is not None:
+            checked.setdefault(start_ms, windowed)
+        return done - done % width in checked
+
+    assert_eventually(windows_up_to_the_forks, 15, interval=0.1)
+    for start_ms, windowed in checked.items():
+        assert windowed == pytest.approx(db_figures(sysdb, start_ms)), start_ms
+    last = checked[done - done % width]
+    assert any(family == "workflow_success_rate" for family, _ in last), last
+
+    # Conductor's Metric[] of those windows: workflows created and steps completed, by name, as the
+    # SDK's get_metrics counts them.
+    since = datetime.fromtimestamp(min(checked) / 1000, UTC).isoformat()
+    until = datetime.fromtimestamp(max(checked) / 1000 + FIGURES_WINDOW, UTC).isoformat()
+    with relay.api() as api:
+        metrics = ok(api.get(f"{LEDGER}/metrics", params={"startTime": since, "endTime": until}))
+    for start_ms in checked:
+        bucket = datetime.fromtimestamp(start_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        served = {(m["metricType"], m["metricName"]): m["value"] for m in metrics if m["timeBucket"] == bucket}
+        end_ms = start_ms + width
+        workflows = query(sysdb, """SELECT name, count(*) FROM dbos.workflow_status
+                                    WHERE created_at >= %s AND created_at < %s GROUP BY 1""",
+                          start_ms, end_ms)  # fmt: skip
+        steps = query(sysdb, """SELECT function_name, count(*) FROM dbos.operation_outputs
+                                WHERE completed_at_epoch_ms >= %s AND completed_at_epoch_ms < %s GROUP BY 1""",
+                      start_ms, end_ms)  # fmt: skip
+        expected = {("workflow_count", n): c for n, c in workflows} | {("step_count", n): c for n, c in steps}
+        assert {k: v for k, v in served.items() if k[0] != "recovery_count"} == expected, (bucket, served, expected)
+
+    # Point-in-time: what the system database holds now (nothing changes any more).
+    def created(workflow_id: str) -> float:
+        return int(
+            query(sysdb, "SELECT created_at FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)[0][0]
+        )
+
+    held = (("queue_name", "serial"), ("workflow_name", "quick"))
+    expected_now = {
+        ("workflow_enqueued_count", held): 2,
+        ("workflow_oldest_enqueued_timestamp_seconds", held): created("held-0") / 1000,
+        ("workflow_pending_count", (("workflow_name", "waiting"),)): 1,
+        ("workflow_oldest_pending_timestamp_seconds", (("workflow_name", "waiting"),)): created("waiting-1") / 1000,
+        ("workflow_pending_count", (("workflow_name", "blocker"),)): 1,
+        ("workflow_oldest_pending_timestamp_seconds", (("workflow_name", "blocker"),)): created("blocker-1") / 1000,
+        ("executor_count", (("application_version", "v1"), ("status", "HEALTHY"))): 1,
+    }
+    assert_eventually(lambda: served_figures(scrape_figures(relay))[2] == pytest.approx(expected_now), 5)
+    assert relay.state_of("acme", "ledger", ts.executor_id) == "HEALTHY"
+
+
+def alert_relay(start_relay: StartRelay, rules: list[dict[str, Any]]) -> RelayProcess:
+    """A Relay whose ledger has ``rules``, evaluated every half second, and an app notifier."""
+    config = relay_yaml(free_port())
+    config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.2, "checkIntervalSecs": 0.5,
+                        "retryInitialSecs": 0.3, "retryMaxSecs": 1.0, "timeoutSecs": 2.0}  # fmt: skip
+    config["metrics"] = {"appFigures": False}
+    config["orgs"][0]["apps"][0]["alerts"] = rules
+    config["orgs"][0]["apps"].append({"name": "notifier"})
+    return start_relay(config)
+
+
+def received(evidence_db: str, name: str) -> list[dict[str, Any]]:
+    """What the receiving app's alert handler wrote (harness/ts_app's, as harness/alert_app.py's)."""
+    try:
+        rows = query(evidence_db, "SELECT message, metadata, executor_id FROM alerts_received WHERE name = %s", name)
+    except psycopg.errors.UndefinedTable:
+        return []
+    return [{"message": m, "metadata": md, "executorId": e} for m, md, e in rows]
+
+
+def test_a_typescript_apps_failed_workflow_and_held_queue_alert_a_typescript_receiver(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str, evidence_db: str
+) -> None:
+    """WorkflowFailure and SlowQueue rules on a TypeScript app (get_workflow_aggregates answered by
+    its SDK), delivered through the ``alert`` message to another TypeScript app's handler
+    (DBOS.setAlertHandler), once each."""
+    rules = [
+        {"kind": "WorkflowFailure", "workflowName": "failing", "count": 2, "windowSecs": 120,
+         "receiverApp": "notifier"},
+        {"kind": "SlowQueue", "queueName": "serial", "thresholdSecs": 1, "receiverApp": "notifier"},
+    ]  # fmt: skip
+    relay = alert_relay(start_relay, rules)
+    notifier = start_ts(relay.conductor_url, app="notifier", version="n1", env={"RELAY_TEST_ALERTS": evidence_db})
+    assert_eventually(lambda: relay.state_of("acme", "notifier", notifier.executor_id) == "HEALTHY", 20)
+    # failed-1 (the seed's) and failed-run-0: two failures of `failing`.
+    ledger = held_up(relay, start_ts, sysdb, RELAY_TEST_FAILURES="1")
+    assert query(sysdb, "SELECT count(*) FROM dbos.workflow_status WHERE name = 'failing' AND status = 'ERROR'") == [
+        (2,)
+    ]
+
+    (failure,) = assert_eventually(lambda: received(evidence_db, "WorkflowFailure"), 20, what="WorkflowFailure")
+    assert failure["executorId"] == notifier.executor_id
+    metadata = failure["metadata"]
+    assert (metadata["workflow_name"], metadata["failed_workflow_count"], metadata["threshold"]) == (
+        "failing",
+        "2",
+        "2",
+    )
+    assert (metadata["application_name"], metadata["org"]) == ("ledger", "acme") and metadata["idempotency_key"]
+    assert failure["message"].startswith("2 workflow failing of app ledger failed"), failure
+    (slow,) = assert_eventually(lambda: received(evidence_db, "SlowQueue"), 20, what="SlowQueue")
+    assert slow["metadata"]["queue_name"] == "serial" and slow["executorId"] == notifier.executor_id
+    # The blocker, enqueued first, counts too if the round saw it before the queue started it.
+    assert 1 <= int(slow["metadata"]["stuck_workflow_count"]) <= 3, slow
+    sql: LiteralString = """SELECT workflow_uuid, created_at FROM dbos.workflow_status
+                            WHERE queue_name = 'serial' OR workflow_uuid = 'blocker-1'"""
+    created = {w: int(c) for w, c in query(sysdb, sql)}
+    oldest = ms(slow["metadata"]["oldest_enqueued_at"])
+    assert oldest is not None and created["blocker-1"] <= oldest <= created["held-0"], (slow, created)
+
+    # A condition that keeps holding is one alert, however many rounds see it.
+    assert_eventually(lambda: len(audited_all(relay, "alert.sent")) >= 2, 10)
+    time.sleep(1.5)
+    assert len(received(evidence_db, "WorkflowFailure")) == len(received(evidence_db, "SlowQueue")) == 1
+    assert {e["detail"]["destination"] for e in audited_all(relay, "alert.sent")} == {"app notifier"}
+    assert relay.state_of("acme", "ledger", ledger.executor_id) == "HEALTHY"
+
+
+def audited_all(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        return [e for e in ok(api.get("/audit", params={"limit": 10000})) if e["action"] == action]
+
+
+def test_an_alert_a_typescript_handler_throws_on_is_delivered_again(
+    start_relay: StartRelay, start_ts: StartTs, sysdb: str, evidence_db: str
+) -> None:
+    """The TypeScript SDK answers ``alert`` with ``success: false`` when the handler throws: Relay
+    tries again (alerts.retryInitialSecs), and the handler gets the alert once it takes it."""
+    relay = alert_relay(
+        start_relay, [{"kind": "WorkflowFailure", "workflowName": "failing", "receiverApp": "notifier"}]
+    )
+    env = {"RELAY_TEST_ALERTS": evidence_db, "RELAY_TEST_ALERTS_FAIL": "2"}
+    notifier = start_ts(relay.conductor_url, app="notifier", version="n1", env=env)
+    assert_eventually(lambda: relay.state_of("acme", "notifier", notifier.executor_id) == "HEALTHY", 20)
+    seeded(relay, start_ts, sysdb)
+    (failure,) = assert_eventually(lambda: received(evidence_db, "WorkflowFailure"), 20, what="WorkflowFailure")
+    assert failure["metadata"]["failed_workflow_count"] == "1"
+    (sent,) = assert_eventually(lambda: audited_all(relay, "alert.sent"), 10)
+    assert sent["detail"]["attempts"] == 3, sent
+    assert not audited_all(relay, "alert.failed")

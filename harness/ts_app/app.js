@@ -5,6 +5,15 @@
 // failed-1 and waiting-1 in the system database (see seed()); RELAY_TEST_JOBS starts that many
 // `job` workflows (job-0, ...), RELAY_TEST_SLEEPERS that many long `sleeper` ones.
 //
+// For the retention, figures and alert tests (harness/alert_app.py's counterparts):
+// - RELAY_TEST_FAILURES: that many `failing` workflows (failed-run-0, ...) run to their error;
+// - RELAY_TEST_QUEUED: that many `quick` workflows (quick-0, ...) run through the queue `work`;
+// - RELAY_TEST_HOLD_QUEUE: a `blocker` (waits an hour) and that many `quick` workflows (held-0, ...)
+//   enqueued behind it on the queue `serial` (concurrency 1): they stay ENQUEUED;
+// - RELAY_TEST_ALERTS: a PostgreSQL URL; the app's alert handler (DBOS.setAlertHandler) writes each
+//   alert it receives as a row of alerts_received (name, message, metadata, executor id), as
+//   harness/alert_app.py's does; RELAY_TEST_ALERTS_FAIL: the handler throws for that many alerts first.
+//
 // Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL), as the Python app writes it:
 // - step_evidence: one row per execution of a step, keyed by (workflow id, step) but not unique
 //   (a step is at-least-once, so a repeat shows as an extra row);
@@ -203,6 +212,47 @@ const failing = DBOS.registerWorkflow(
 
 const waiting = DBOS.registerWorkflow(async () => DBOS.recv('go', 3600), { name: 'waiting' });
 
+const quick = DBOS.registerWorkflow(async (n) => add(n, 1), { name: 'quick' });
+
+const blocker = DBOS.registerWorkflow(async () => DBOS.recv('never', 3600), { name: 'blocker' });
+
+async function prepareAlerts(pool) {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query('SELECT pg_advisory_xact_lock(43)');
+    await client.query(`CREATE TABLE IF NOT EXISTS alerts_received (
+        name text NOT NULL, message text NOT NULL, metadata jsonb NOT NULL, executor_id text NOT NULL,
+        at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    await client.query('COMMIT');
+  } finally {
+    client.release();
+  }
+}
+
+async function work() {
+  for (let i = 0; i < Number(ENV.RELAY_TEST_FAILURES || '0'); i++) {
+    await (await DBOS.startWorkflow(failing, { workflowID: `failed-run-${i}` })(i)).getResult().catch(() => {});
+  }
+  const queued = Number(ENV.RELAY_TEST_QUEUED || '0');
+  if (queued > 0) {
+    await DBOS.registerQueue('work');
+    const handles = [];
+    for (let i = 0; i < queued; i++) {
+      handles.push(await DBOS.startWorkflow(quick, { workflowID: `quick-${i}`, queueName: 'work' })(i));
+    }
+    for (const handle of handles) await handle.getResult();
+  }
+  const held = Number(ENV.RELAY_TEST_HOLD_QUEUE || '0');
+  if (held > 0) {
+    await DBOS.registerQueue('serial', { concurrency: 1 });
+    await DBOS.startWorkflow(blocker, { workflowID: 'blocker-1', queueName: 'serial' })();
+    for (let i = 0; i < held; i++) {
+      await DBOS.startWorkflow(quick, { workflowID: `held-${i}`, queueName: 'serial' })(i);
+    }
+  }
+}
+
 async function seed() {
   await (await DBOS.startWorkflow(parent, { workflowID: 'done-1' })(1)).getResult();
   await (await DBOS.startWorkflow(failing, { workflowID: 'failed-1' })(3)).getResult().catch(() => {});
@@ -212,6 +262,23 @@ async function seed() {
 async function main() {
   if (EVIDENCE_URL) {
     await prepareEvidence();
+  }
+  if (ENV.RELAY_TEST_ALERTS) {
+    const alerts = new Pool({ connectionString: ENV.RELAY_TEST_ALERTS, max: 2 });
+    await prepareAlerts(alerts);
+    let failures = Number(ENV.RELAY_TEST_ALERTS_FAIL || '0');
+    DBOS.setAlertHandler(async (name, message, metadata) => {
+      if (failures > 0) {
+        failures -= 1;
+        throw new Error(`alert handler failing on purpose (${name})`);
+      }
+      await alerts.query('INSERT INTO alerts_received (name, message, metadata, executor_id) VALUES ($1, $2, $3, $4)', [
+        name,
+        message,
+        JSON.stringify(metadata),
+        DBOS.executorID,
+      ]);
+    });
   }
   DBOS.setConfig({
     name: APP,
@@ -228,6 +295,7 @@ async function main() {
   if (ENV.RELAY_TEST_SEED) {
     await seed();
   }
+  await work();
   for (let i = 0; i < Number(ENV.RELAY_TEST_SLEEPERS || '0'); i++) {
     await DBOS.startWorkflow(sleeper)(3600);
   }
