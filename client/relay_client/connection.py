@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import logging
 import random
@@ -407,13 +408,20 @@ class Connection:
     async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
         """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
         async with requests:
-            reply = await asyncio.get_running_loop().run_in_executor(self._workers, self.handlers.answer, text)
+            reply = await self._on(self._workers, text)
             if reply is not None:
                 await outbox.put(reply)
 
+    async def _on(self, pool: ThreadPoolExecutor | None, text: str) -> str | None:
+        """The handlers' answer to ``text``, on a thread of ``pool``, in a fresh copy of the loop's
+        context (as ``asyncio.to_thread`` runs a call): a pool thread serves one request after
+        another, and none may see what an earlier one left in its context variables."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(pool, context.run, self.handlers.answer, text)
+
     async def _greet(self, text: str, outbox: asyncio.Queue[str]) -> None:
         """Answer the socket's first frame (the handshake) on the handshake's own thread."""
-        reply = await asyncio.get_running_loop().run_in_executor(self._greeter, self.handlers.answer, text)
+        reply = await self._on(self._greeter, text)
         if reply is not None:
             await outbox.put(reply)
 

@@ -7,6 +7,7 @@ test_connect.py; DBOS is real where the client's hooks into it are what is teste
 
 from __future__ import annotations
 
+import contextvars
 import json
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 import relay_client
 from relay_client import _internals, lifecycle
 from relay_client.connection import Connection
-from relay_client.handlers import Identity
+from relay_client.handlers import Handlers, Identity
 
 Script = Callable[[ServerConnection, int], None]
 
@@ -300,3 +301,45 @@ def test_a_wss_url_in_capitals_takes_a_ca_file(tmp_path: Path) -> None:
     finally:
         DBOS.destroy()
         lifecycle.stop_all()
+
+
+HANDLER_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("handler_var", default="unset")
+
+
+class ContextHandlers(Handlers):
+    """Handlers that set a context variable while answering, keeping what each request found."""
+
+    def __init__(self, identity: Identity) -> None:
+        super().__init__(identity)
+        self.found: list[str] = []
+
+    def answer(self, text: str | bytes) -> str | None:
+        if "again-" in str(text):
+            self.found.append(HANDLER_VAR.get())
+            HANDLER_VAR.set(f"left by {json.loads(text)['request_id']}")
+        return super().answer(text)
+
+
+def test_a_handler_does_not_see_what_an_earlier_one_left_in_its_context() -> None:
+    """Requests are served on the connection's own threads (``max_concurrent_requests`` of them),
+    which serve one request after another: each request runs in a fresh copy of the client's
+    context, as ``asyncio.to_thread`` gave it, not in what the thread's previous request left
+    there (DBOS keeps the workflow a call runs under in context variables)."""
+    handlers = ContextHandlers(Identity(executor_id="c1", application_version="v1"))
+
+    def script(ws: ServerConnection, n: int) -> None:
+        assert ask_info(ws, n)
+        for k in range(3):
+            ws.send(json.dumps({"type": "executor_info", "request_id": f"again-{k}"}))
+            assert json.loads(ws.recv(timeout=10))["request_id"] == f"again-{k}"
+        read_until_closed(ws)
+
+    relay = ScriptedRelay(script)
+    connection = Connection(relay.url, key="k", app="clienttest", handlers=handlers, max_concurrent_requests=1)
+    try:
+        connection.start()
+        eventually(lambda: len(handlers.found) == 3, timeout=10)
+        assert handlers.found == ["unset"] * 3, handlers.found
+    finally:
+        connection.stop()
+        relay.stop()
