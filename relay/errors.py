@@ -19,6 +19,7 @@ only these::
     │   ├── RequestNotServed       the instance holding the socket could not serve a request relayed to it (502)
     │   │   └── RequestLost            it died before answering: the executor may have had the request
     │   ├── NoHealthyExecutor      the app has no healthy executor to ask (the API's 503)
+    │   │   └── NoSuchApp              ... since Relay knows no such app (404; a NotFound too)
     │   └── NoAnswer               none of the app's executors answered (the API's 502)
     ├── UnsendableRequest      a request made from an API call is beyond what the protocol carries (422)
     ├── TooManyRequests        an app already has its cap of requests in flight, or a key its
@@ -130,6 +131,12 @@ class ActionRefused(RelayError):
 
 class NotFound(ActionRefused):
     """No such app, executor or recovery."""
+
+
+class NoSuchApp(NotFound, NoHealthyExecutor):
+    """A request for an app's executors names an app Relay does not know (not in relay.yaml, not
+    registered, no executor ever connected): 404, as a typo is, not 503 "try again". Callers that
+    take any unserved request alike catch it as a :class:`NoHealthyExecutor`."""
 
 
 class Conflict(ActionRefused):

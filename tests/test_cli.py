@@ -229,8 +229,15 @@ def test_exit_codes_scripts_can_rely_on(world: World) -> None:
     assert no_key.code == EXIT_USAGE and "no API key" in no_key.err
     unreachable = relay_process(world, "apps", url=f"http://127.0.0.1:{free_port()}")
     assert unreachable.code == EXIT_UNAVAILABLE and "cannot reach Relay" in unreachable.err
+    # An app Relay knows, none of whose executors is connected: try again later. One it does not
+    # know (a typo) is not found, like its executors.
+    with world.relay.api() as api:
+        assert api.put("/apps/nobody-home").status_code in (201, 204)
     no_executor = relay_process(world, "workflows", "list", "nobody-home")
     assert no_executor.code == EXIT_UNAVAILABLE and "503" in no_executor.err
+    assert "(none has connected)" in no_executor.err
+    typo = relay_process(world, "workflows", "list", "nobody-hom")
+    assert typo.code == EXIT_NOT_FOUND and typo.err == "relay: 404 Not Found: no app 'nobody-hom' in org 'acme'\n"
     healthy = relay_process(world, "recover", "ledger", world.seeder.executor_id)
     assert healthy.code == EXIT_ERROR and "409 Conflict" in healthy.err
     assert relay_process(world, "audit", "--since", "last tuesday").code == EXIT_USAGE

@@ -177,7 +177,7 @@ def test_an_operator_recovery_after_the_run_ended_starts_run_2(
     path = f"/apps/ledger/executors/{victim.executor_id}/recover"
     with relay.api() as api:  # the run is live: it is woken, no new run
         resp = api.post(path)
-        assert resp.status_code == 202 and resp.json() == {"recoveryId": first}
+        assert resp.status_code == 202 and resp.json() == {"recoveryId": first, "newRun": False}
     assert len(recoveries(relay, victim.executor_id)) == 1
     cancel(relay_db, first)
     peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db})
@@ -187,7 +187,7 @@ def test_an_operator_recovery_after_the_run_ended_starts_run_2(
     with relay.api() as api:
         resp = api.post(path)
         assert resp.status_code == 202, resp.text
-        assert resp.json() == {"recoveryId": f"{first}:2"}
+        assert resp.json() == {"recoveryId": f"{first}:2", "newRun": True}
     recovered_by_run_2(relay, relay_db, evidence_db, victim.executor_id, peer.executor_id, first, "operator")
     with relay.api() as api:
         audit = api.get("/audit", params={"executorId": victim.executor_id}).json()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from relay.api.apps import app_or_404
@@ -104,6 +104,10 @@ def executor(rec: ExecutorRecord) -> Executor:
 
 class RecoveryStarted(Shape):
     recoveryId: str
+    newRun: bool = Field(
+        description="Whether this request began the run; false: a run of this death was live already"
+        " (waiting for a peer, an operator or its next attempt) and was woken to try again now."
+    )
 
 
 class ExecutorWorkflow(Shape):
@@ -143,8 +147,8 @@ async def post_recover(
     """An operator's recovery: skips the rest of a grace period, or unblocks a waiting one."""
     body = body or RecoverRequest()
     key = ExecutorKey(org, app, executor_id)
-    rid = await ctx.operator.recover(key, actor(who), body.to_latest_version)
-    return RecoveryStarted(recoveryId=rid)
+    rid, new_run = await ctx.operator.recover(key, actor(who), body.to_latest_version)
+    return RecoveryStarted(recoveryId=rid, newRun=new_run)
 
 
 @router.get("/{executor_id}/workflows")

@@ -28,7 +28,13 @@ _PASSWORD = re.compile(r"(//[^/@:\s]*:)[^/@\s]*@")
 
 
 def segment(value: str) -> str:
-    """A path segment, percent-encoded whole: ``/``, ``?``, ``#`` and ``%`` included."""
+    """A path segment, percent-encoded whole: ``/``, ``?``, ``#`` and ``%`` included, and a ``.`` or
+    ``..`` (which a URL resolves: ``.../workflows/..`` is the app's own path). An empty one is
+    refused (exit 2): the path would end in ``/``, another route's."""
+    if not value:
+        raise CliError("an empty name or id: give the app, workflow, executor or key by name", EXIT_USAGE)
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 
@@ -90,6 +96,10 @@ class Api:
             raise CliError(f"cannot reach Relay at {self.shown_url}: {self._reason(exc)}", EXIT_UNAVAILABLE) from exc
         if resp.is_error:
             raise CliError(describe_error(resp), exit_code_for(resp.status_code))
+        if resp.is_redirect:  # Relay's API redirects nothing it serves: not an answer to take for success
+            where = without_password(resp.headers.get("location", ""))
+            raise CliError(f"{resp.status_code} {resp.reason_phrase}: {method} {path} is not a route of the API"
+                           f" (redirected to {where!r})")  # fmt: skip
         if not resp.content:
             return None
         try:

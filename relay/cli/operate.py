@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from relay.cli.client import Api, api_command, print_json
-from relay.cli.output import age, cell, clip, page_hint, show_table, table, time_option, when
+from relay.cli.output import age, cell, clip, page_hint, seconds, show_table, table, time_option, when
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
 limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
@@ -36,13 +36,14 @@ def apps(api: Api, limit: int, offset: int) -> None:
     found = api.call("GET", api.org_path("apps"), params={"limit": limit, "offset": offset})
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [
             a["name"],
             a["status"],
             *(a["executors"].get(s, 0) for s in STATES),
-            f"{a['executorTimeoutSecs']:g}s",
+            seconds(a["executorTimeoutSecs"]),
             a["recoverToLatestVersion"],
             when(a["createdAt"]),
         ]
@@ -79,6 +80,7 @@ def executors(api: Api, app: str, state: str | None, limit: int, offset: int) ->
     found = api.call("GET", api.org_path("apps", app, "executors"), params=params)
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [
@@ -114,7 +116,12 @@ def recover(api: Api, app: str, executor: str, to_latest: bool) -> None:
         print_json(started)
         return
     rid = cell(started["recoveryId"])
-    click.echo(f"recovery {rid} started; follow it with: relay recoveries {app} {rid}")
+    if started.get("newRun", True):
+        click.echo(f"recovery {rid} started; follow it with: relay recoveries {app} {rid}")
+        return
+    onto = " (onto the latest version if it must)" if to_latest else ""
+    click.echo(f"recovery {rid} was running already: woken to try again now{onto};"
+               f" follow it with: relay recoveries {app} {rid}")  # fmt: skip
 
 
 @click.command()
@@ -137,6 +144,7 @@ def recoveries(api: Api, app: str, recovery_id: str | None, executor: str | None
     found = api.call("GET", api.org_path("apps", app, "recoveries"), params=params)
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = []
     for r in found:
@@ -197,6 +205,7 @@ def audit(api: Api, app: str | None, executor: str | None, since: str | None, li
     found = api.call("GET", api.org_path("audit"), params=params)
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [

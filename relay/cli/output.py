@@ -129,6 +129,13 @@ def duration_ms(start: str | None, end: str | None) -> str:
     return f"{ms:.0f}ms" if ms < 10_000 else f"{ms / 1000:.1f}s"
 
 
+def seconds(value: float) -> str:
+    """A setting in seconds as it is: ``60s``, ``0.5s``, ``1209600s`` (``:g`` would show two weeks as
+    ``1.2096e+06s``, and 1234567 s as ``1.23457e+06s``, which is not the setting)."""
+    number = float(value)
+    return f"{int(number)}s" if number.is_integer() else f"{number!r}s"
+
+
 def time_option(value: str | None, now: datetime | None = None) -> str | None:
     """An option's time as the API takes it (ISO 8601 UTC): ``2026-01-31T12:00:00Z``, ``2026-01-31``
     (a time without a zone is local), or an age: ``90s``, ``15m``, ``2h``, ``7d`` ago."""

@@ -37,6 +37,7 @@ def list_tokens(api: Api, limit: int, offset: int) -> None:
     found = api.call("GET", api.org_path("tokens"), params={"limit": limit, "offset": offset})
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [

@@ -84,6 +84,7 @@ def list_workflows(api: Api, app: str, limit: int, offset: int, desc: bool, **fi
     found = api.call("POST", api.org_path("apps", app, "workflows", "search"), body=body)
     if api.as_json:
         print_json(found)
+        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [

@@ -31,6 +31,7 @@ from relay.errors import (
     ExecutorRequestError,
     NoAnswer,
     NoHealthyExecutor,
+    NoSuchApp,
     RequestLost,
     RequestNotServed,
     TooManyRequests,
@@ -135,9 +136,12 @@ class ExecutorGateway:
 
     async def _none_healthy(self, org: str, app: str) -> str:
         """The 503's detail: that the app has no healthy executor, and what the registry says of its
-        executors. An executor HEALTHY on an instance whose lease ran out is a warning as well: the
-        app is not served though its executors may be connected."""
+        executors (:class:`NoSuchApp`, a 404, if Relay knows no such app). An executor HEALTHY on an
+        instance whose lease ran out is a warning as well: the app is not served though its
+        executors may be connected."""
         why = await self.executors.why_none_serving(org, app)
+        if why is None:
+            raise NoSuchApp(f"no app {app!r} in org {org!r}")
         if why.startswith("HEALTHY"):
             log.warning("app %s/%s not served: its executors are %s", org, app, why)
         return f"app {app!r} has no healthy executor connected ({why})"

@@ -79,9 +79,10 @@ class Operator:
         await self.durable.wake_app(org, app, {"reason": "settings_updated"})
         return after
 
-    async def recover(self, key: ExecutorKey, actor: str, to_latest_version: bool) -> str:
+    async def recover(self, key: ExecutorKey, actor: str, to_latest_version: bool) -> tuple[str, bool]:
         """An operator's recovery: skips the rest of a grace period, nudges a running recovery, or
-        starts a new run of one that ended without finishing; returns the run's id.
+        starts a new run of one that ended without finishing; returns the run's id, and whether
+        this began it (False: a run was live already, and is woken to try again now).
 
         Refused for a HEALTHY executor: recovering it would re-run the workflows it is running.
         """
@@ -112,7 +113,7 @@ class Operator:
         # onto the latest version reaches it so); a run in its backoff stops waiting.
         await self.durable.wake_recovery(rid, {"reason": OPERATOR_NUDGE, "toLatestVersion": to_latest_version})
         await self._until_recorded(rid)
-        return rid
+        return rid, not live
 
     async def _until_recorded(self, rid: str) -> None:
         """Wait (up to RECORD_WAIT_SECS) for the run's record, which its workflow's first step

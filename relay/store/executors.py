@@ -542,11 +542,14 @@ class ExecutorStore:
             )
             return HealthyRead(await cur.fetchall())
 
-    async def why_none_serving(self, org: str, app: str) -> str:
+    async def why_none_serving(self, org: str, app: str) -> str | None:
         """Why :meth:`serving` has nobody, for an operator: the app's executors by state, and
         HEALTHY ones held by an instance whose lease ran out (it stalled or lost the database;
-        another instance adopts it, or it renews in time and serves them again)."""
+        another instance adopts it, or it renews in time and serves them again). None: there is
+        no such app (no row in ``apps``, no executor)."""
         async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT 1 FROM apps WHERE org = %s AND name = %s", (org, app))
+            known = await cur.fetchone() is not None
             cur = await conn.execute(
                 """SELECT e.state, e.relay_instance,
                           i.lease_expires_at IS NOT NULL AND i.lease_expires_at <= now() AS lapsed,
@@ -567,7 +570,7 @@ class ExecutorStore:
         if lapsed:
             return "HEALTHY " + "; ".join(lapsed)
         if not states:
-            return "none has connected"
+            return "none has connected" if known else None
         return ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
 
     async def healthy_peers(self, org: str, app: str, max_age: float = 0.0) -> tuple[Peer, ...]:

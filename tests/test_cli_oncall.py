@@ -1,0 +1,217 @@
+"""The ``relay`` command line as an on-call engineer uses it, against a real Relay with a real DBOS
+3.2 executor (harness/workflow_app.py): what a reviewer found doing so after stop 35. Each test
+failed on the code before its fix; its docstring says what the command did and what the README
+promises. The commands run through the command line's own entry point (:func:`relay.cli.main`),
+with RELAY_URL and RELAY_API_KEY in the environment, as tests/test_cli.py runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
+from relay.cli import main
+from relay.cli.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+
+APP_MODULE = "harness.workflow_app"
+FORTNIGHT_SECS = 14 * 24 * 3600  # 1209600: a grace period of two weeks
+
+
+@dataclass
+class World:
+    workdir: Path
+    sysdb: str
+    relay: RelayProcess
+    seeder: ExecutorProcess
+
+
+@pytest.fixture(scope="module")
+def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workdir = tmp_path_factory.mktemp("cli-review")
+    sysdb = postgres.create_database("sys")
+    config = relay_yaml(free_port(), pingIntervalSecs=1.0, pingWaitSecs=10.0)
+    # A second app of acme, with a long grace period (an app whose executors may be away for days).
+    config["orgs"][0]["apps"].append({"name": "fortnight", "executorTimeoutSecs": FORTNIGHT_SECS})
+    relay = RelayProcess(workdir, postgres.create_database("relay"), config)
+    seeder: ExecutorProcess | None = None
+    try:
+        relay.start()
+        seeder = ExecutorProcess(workdir, sysdb, relay.conductor_url, module=APP_MODULE, env={"RELAY_TEST_SEED": "1"})
+        executor_id = seeder.executor_id
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 10)
+        yield World(workdir, sysdb, relay, seeder)
+    finally:
+        if seeder is not None:
+            seeder.stop()
+        relay.stop()
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+Cli = Callable[..., Run]
+
+
+@pytest.fixture
+def cli(world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """``relay ARGS`` through its entry point, in this process."""
+
+    def run(*args: str, key: str = API_KEYS["acme"]) -> Run:
+        for name in [k for k in os.environ if k.startswith("RELAY_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("RELAY_URL", world.relay.http)
+        monkeypatch.setenv("RELAY_API_KEY", key)
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """A table's rows as dicts, cut at the header's column starts."""
+    header, *lines = text.rstrip("\n").split("\n")
+    starts = [m.start() for m in re.finditer(r"(?:^|(?<=  ))\S", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    return [
+        dict(zip(names, (line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)), strict=True))
+        for line in lines
+    ]
+
+
+def api_json(world: World, method: str, path: str, **kwargs: Any) -> Any:
+    with world.relay.api("acme") as api:
+        resp = api.request(method, path, **kwargs)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def test_apps_table_shows_a_long_grace_period_as_a_number_of_seconds(world: World, cli: Cli) -> None:
+    """``relay apps`` formatted GRACE with ``f"{secs:g}s"``, and ``:g`` keeps six significant digits
+    and switches to an exponent from 10**6 on: an app with a grace period of two weeks
+    (executorTimeoutSecs 1209600, accepted by relay.yaml and PATCH) showed ``1.2096e+06s``, and one
+    of 1234567 s ``1.23457e+06s``, a value that is not the setting. README: the apps table
+    shows the "grace period" (``60s`` in the tour); the API answers ``1209600.0``."""
+    assert api_json(world, "GET", "/apps/fortnight")["executorTimeoutSecs"] == FORTNIGHT_SECS
+    run = cli("apps")
+    assert run.code == EXIT_OK, run.err
+    rows = {r["APP"]: r for r in table_rows(run.out)}
+    assert rows["fortnight"]["GRACE"] == f"{FORTNIGHT_SECS}s", run.out
+
+
+def test_json_lists_say_on_stderr_when_the_page_is_full(world: World, cli: Cli) -> None:
+    """README (Command line): "A list shows one page (--limit, default 100, and --offset); when the
+    page is full, stderr says how to get the next one. --json prints the API's JSON as it came ...
+    for scripts and jq". The hint was printed for tables only: every list command returned right
+    after ``print_json``. So ``relay workflows list ledger --status PENDING --json | jq`` (README's
+    own example) silently stopped at 100 workflows. Here: ``relay tokens list --json --limit 1``
+    with three keys in the org printed one and said nothing."""
+    assert len(api_json(world, "GET", "/tokens")) >= 3
+    table = cli("tokens", "list", "--limit", "1")
+    assert table.code == EXIT_OK and "more with --offset 1" in table.err, table.err
+    as_json = cli("tokens", "list", "--limit", "1", "--json")
+    assert as_json.code == EXIT_OK and len(json.loads(as_json.out)) == 1
+    assert "more with --offset 1" in as_json.err, f"stderr: {as_json.err!r}"
+
+
+def test_an_empty_name_is_refused_not_taken_for_a_redirect_answer(world: World, cli: Cli) -> None:
+    """An empty argument makes the path end in ``/`` (``DELETE /v2/orgs/acme/tokens/``); Relay
+    answers ``307 Temporary Redirect`` to the path without it, httpx does not follow it, and
+    ``Api.call`` took every status below 400 for success. So ``relay tokens delete ""`` printed
+    "key '' deleted from org 'acme'" and exited 0 though nothing was deleted, and ``relay tokens
+    create ""`` or ``relay workflows get ledger ""`` ended in "relay: internal error: TypeError"
+    (exit 1). An empty name is now refused (exit 2), and a redirect is an error."""
+    keys_before = api_json(world, "GET", "/tokens")
+    deleted = cli("tokens", "delete", "")
+    assert api_json(world, "GET", "/tokens") == keys_before  # indeed nothing was deleted
+    assert deleted.code in (EXIT_USAGE, EXIT_NOT_FOUND), (deleted.code, deleted.out, deleted.err)
+    assert "deleted" not in deleted.out
+    created = cli("tokens", "create", "")
+    assert created.code == EXIT_USAGE and "internal error" not in created.err, (created.code, created.err)
+    got = cli("workflows", "get", "ledger", "")
+    assert got.code in (EXIT_USAGE, EXIT_NOT_FOUND) and "internal error" not in got.err, (got.code, got.err)
+
+
+def test_a_workflow_whose_id_is_a_dot_segment_can_be_read(world: World, cli: Cli) -> None:
+    """``segment()`` promised an id "percent-encoded whole", but ``quote("..", safe="")`` leaves dots
+    alone, and httpx then resolves the dot segments of the URL: ``relay workflows get ledger ..``
+    sent ``GET /v2/orgs/acme/apps/ledger``: the table form ended in "relay: internal error:
+    KeyError: 'workflowId'" (exit 1), and ``--json`` printed the app's record as if it were the
+    workflow, exit 0. ``relay workflows get ledger .`` read the workflow list instead. DBOS takes any string as a
+    workflow id (here a cancelled workflow ``..`` as an executor records it), and Relay serves it at
+    ``.../workflows/%2E%2E``.
+    The same path rewriting sent ``cancel``/``resume``/``fork``/``steps`` of such an id, and
+    ``recover APP ..`` or ``tokens delete ..``, to other routes."""
+    with psycopg.connect(world.sysdb) as conn:
+        conn.execute(
+            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at, executor_id,"
+            " application_version, application_id) VALUES ('..', 'CANCELLED', 'parent',"
+            " (extract(epoch from now()) * 1000)::bigint, (extract(epoch from now()) * 1000)::bigint, %s, 'v1', '')"
+            " ON CONFLICT DO NOTHING",
+            (world.seeder.executor_id,),
+        )
+    assert api_json(world, "GET", "/apps/ledger/workflows/%2E%2E")["workflowId"] == ".."
+    run = cli("workflows", "get", "ledger", "..", "--json")
+    assert run.code == EXIT_OK, (run.code, run.err)
+    answer = json.loads(run.out)
+    assert answer.get("workflowId") == "..", f"not the workflow: {sorted(answer)[:6]}"
+
+
+def test_workflows_of_an_app_that_does_not_exist_exit_not_found(world: World, cli: Cli) -> None:
+    """A typo in the app name: ``relay executors ledgr`` and ``relay recoveries ledgr`` say
+    "404 Not Found: no app 'ledgr' in org 'acme'" and exit 3, as README's exit-code table promises
+    ("3 not found (404): no such app ...", with exactly this example line). But every ``relay
+    workflows`` command said "503 Service Unavailable: app 'ledgr' has no healthy executor
+    connected" and exited 5, "unavailable, try again": a script that retries on 5 retried a typo
+    for ever. The workflow API now answers 404 for an app Relay does not know; an app it knows
+    with no executor connected is still a 503 (tests/test_cli.py)."""
+    executors = cli("executors", "ledgr")
+    assert executors.code == EXIT_NOT_FOUND and "no app 'ledgr'" in executors.err
+    listed = cli("workflows", "list", "ledgr")
+    assert listed.code == EXIT_NOT_FOUND, (listed.code, listed.err)
+    assert "no app 'ledgr'" in listed.err
+
+
+def test_recover_says_whether_it_started_a_recovery_or_woke_the_one_running(world: World, cli: Cli) -> None:
+    """``relay recover`` said "recovery ... started" also when a run of that death was live already
+    (waiting for a healthy peer, or for an operator's permission without ``--to-latest``): nothing
+    started, the run was only woken, and its status stayed as it was. The API's answer says which
+    (``newRun``), and so does the command."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/lonely/{CONDUCTOR_KEYS['acme']}"
+    with world.relay.api() as api:
+        assert api.put("/apps/lonely").status_code in (201, 204)
+    victim = f"lonely-{uuid.uuid4()}"
+    with SimulatedPeer(url, victim, "silent"):
+        assert_eventually(lambda: world.relay.state_of("acme", "lonely", victim) == "HEALTHY", 10)
+    assert_eventually(lambda: world.relay.state_of("acme", "lonely", victim) == "DISCONNECTED", 10)
+    first = cli("recover", "lonely", victim)
+    assert first.code == EXIT_OK and " started; follow it with: relay recoveries lonely " in first.out, first
+    rid = first.out.split()[1]
+    # No healthy peer of the app: the run waits for one, live.
+    assert_eventually(lambda: world.relay.state_of("acme", "lonely", victim) == "DEAD", 10)
+    again = cli("recover", "lonely", victim)
+    assert again.code == EXIT_OK, again
+    assert again.out.startswith(f"recovery {rid} was running already: woken to try again now;"), again.out
+    as_json = cli("recover", "lonely", victim, "--json")
+    assert json.loads(as_json.out) == {"recoveryId": rid, "newRun": False}
