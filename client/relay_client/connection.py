@@ -27,8 +27,10 @@ answers, and reconnects until stopped.
   the executor's grace period runs meanwhile. A running Relay's refusal waits
   longer each time in a row (twice as long, jittered): one that will repeat (a
   bad or deleted key, an app it does not serve: HTTP 4xx, close codes 4400, 4401,
-  4403, 4409) up to :data:`REFUSED_MAX_SECS`; Relay too busy (429, 503, another
-  5xx, close codes 4408, 4410) up to :data:`BUSY_MAX_SECS`. A socket that was
+  4403, 4409; a redirect it cannot follow, a server that is not a WebSocket one,
+  an untrusted certificate) up to :data:`REFUSED_MAX_SECS`; Relay too busy (429,
+  503, another 5xx, close codes 4408, 4410; an unexpected error) up to
+  :data:`BUSY_MAX_SECS`, each times the jitter. A socket that was
   open :data:`STEADY_SECS` or more before it ended starts the count over.
 - :meth:`Connection.stop` closes the socket with a close frame and ends the
   thread; it is safe from any thread, and more than once.
@@ -57,7 +59,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus, InvalidURI
 
 from relay_client.errors import LOGGER_NAME
 from relay_client.handlers import Handlers
@@ -324,13 +326,22 @@ class Connection:
         except ConnectionClosed as exc:
             self._note_problem(f"Connection to Relay lost: {exc!r}")
             retry = retry_after_close(exc.rcvd.code if exc.rcvd is not None else None)
-        except (OSError, TimeoutError) as exc:
+        except ssl.SSLCertVerificationError as exc:  # an OSError, but no loss: the same certificate next time
+            self._note_problem(f"Relay's certificate is not trusted: {exc!r}")
+            retry = Retry.REFUSED
+        except (OSError, TimeoutError, InvalidMessage) as exc:  # InvalidMessage: cut during the handshake
             self._note_problem(f"Connection to Relay lost: {exc!r}")
             retry = Retry.SOON
+        except (InvalidHandshake, InvalidURI) as exc:
+            # What answered is not a Relay taking this executor, and will answer the same again: a
+            # redirect the client cannot follow (to https://: InvalidURI; a loop: SecurityError),
+            # a server that is not a WebSocket one (InvalidUpgrade, InvalidHeader).
+            self._note_problem(f"Relay's address did not take the WebSocket handshake: {exc!r}")
+            retry = Retry.REFUSED
         except Exception as exc:
             # No traceback: its text is the exception's, and it would come at every retry.
             self._note_problem(f"Unexpected error on the connection to Relay: {exc!r}")
-            retry = Retry.SOON
+            retry = Retry.BUSY
         return retry, 0.0 if opened is None else loop.time() - opened
 
     def _redact(self, text: str) -> str:

@@ -464,3 +464,52 @@ def test_the_real_waits_are_a_second_jittered_and_at_most_the_kinds_most_jittere
 ) -> None:
     waits = [connection_module.reconnect_delay(retry, in_a_row) for _ in range(200)]
     assert low <= min(waits) and max(waits) <= high and max(waits) - min(waits) > (high - low) / 2, waits
+
+
+class Redirecting:
+    """A front end that answers every executor handshake with a redirect to https:// (a proxy's
+    "HTTP to HTTPS" rule in front of Relay): the same answer at every try."""
+
+    def __init__(self) -> None:
+        self.tries: list[float] = []
+        self._server: Server = serve(lambda ws: None, "127.0.0.1", 0, process_request=self._process)
+        self.port = self._server.socket.getsockname()[1]
+        self.url = f"ws://127.0.0.1:{self.port}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _process(self, connection: ServerConnection, request: object) -> object:
+        self.tries.append(time.monotonic())
+        response = connection.respond(301, "moved\n")
+        response.headers["Location"] = f"https://127.0.0.1:{self.port}/websocket/clienttest/k"
+        return response
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(5)
+
+
+def test_a_handshake_redirected_to_https_every_time_is_tried_again_less_and_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handshake answered with a redirect the client cannot follow (to ``https://``: websockets
+    raises InvalidURI) fails the same way at every try, as a 4xx does; it was taken for a loss and
+    tried again every second for ever (a reviewer's test). Waits in tenths of the real ones, jitter
+    at its middle: the fifth wait is at least 4 tenths (doubling), not one."""
+    tenth = 0.1
+    monkeypatch.setattr(connection_module, "RECONNECT_SECS", tenth)
+    monkeypatch.setattr(connection_module, "REFUSED_MAX_SECS", 8 * tenth)
+    monkeypatch.setattr(connection_module.random, "uniform", lambda low, high: (low + high) / 2)
+    front = Redirecting()
+    identity = Identity(executor_id="e-redirected", application_version="v1")
+    try:
+        with Connection(front.url, key="k", app="clienttest", handlers=Handlers(identity)) as conn:
+            conn.start()
+            deadline = time.monotonic() + 10
+            while len(front.tries) < 6 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        gaps = [b - a for a, b in zip(front.tries, front.tries[1:], strict=False)]
+        assert len(gaps) >= 5, front.tries
+        assert gaps[4] >= 4 * tenth, gaps
+    finally:
+        front.stop()

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from relay.core.ids import ExecutorKey
 from relay.errors import (
+    DatabaseError,
     ExecutorBadReply,
     ExecutorRequestError,
     NoAnswer,
@@ -44,6 +45,8 @@ from relay_protocol import ProtocolError as WireError
 from relay_protocol import Reply, Request
 
 log = logging.getLogger("relay.gateway")
+# How often an app's executors held on a lapsed lease are warned of.
+LAPSE_WARNING_SECS = 60.0
 R = TypeVar("R", bound=Reply)
 
 
@@ -62,6 +65,7 @@ class ExecutorGateway:
         self.limits = limits
         self._turns = itertools.count()
         self._in_flight: dict[tuple[str, str], int] = {}
+        self._lapse_warned: dict[tuple[str, str], float] = {}  # (org, app) -> loop time of the last warning
 
     async def ask(
         self,
@@ -139,12 +143,20 @@ class ExecutorGateway:
         executors (:class:`NoSuchApp`, a 404, if Relay knows no such app). An executor HEALTHY on an
         instance whose lease ran out is a warning as well: the app is not served though its
         executors may be connected."""
-        why = await self.executors.why_none_serving(org, app)
+        plain = f"app {app!r} has no healthy executor connected"
+        try:
+            why = await self.executors.why_none_serving(org, app)
+        except DatabaseError:
+            return plain  # the registry was read a moment ago; what it holds is only a detail
         if why is None:
             raise NoSuchApp(f"no app {app!r} in org {org!r}")
         if why.startswith("HEALTHY"):
-            log.warning("app %s/%s not served: its executors are %s", org, app, why)
-        return f"app {app!r} has no healthy executor connected ({why})"
+            # Once a minute per app: a console polling it, or the alert rounds, would repeat it.
+            now = asyncio.get_running_loop().time()
+            if now - self._lapse_warned.get((org, app), -LAPSE_WARNING_SECS) >= LAPSE_WARNING_SECS:
+                self._lapse_warned[(org, app)] = now
+                log.warning("app %s/%s not served: its executors are %s", org, app, why)
+        return f"{plain} ({why})"
 
     async def _healthy(self, org: str, app: str, fresh: bool) -> tuple[list[tuple[str, str]], bool]:
         """The app's serving executors, and whether they are a read shared from less than the TTL
