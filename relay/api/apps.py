@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import AfterValidator, ConfigDict, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
@@ -120,9 +120,19 @@ async def app_or_404(ctx: Ctx, org: str, app: str) -> AppRecord:
 
 
 @router.get("/apps")
-async def get_apps(org: str, ctx: Ctx, who: Caller, page: Page) -> list[Application]:
-    """The org's apps, or those a key scoped to apps may see."""
-    apps = await ctx.apps.list_apps(org, limit=page.limit, offset=page.offset, among=who.apps)
+async def get_apps(
+    org: str,
+    ctx: Ctx,
+    who: Caller,
+    page: Page,
+    blocked_first: Annotated[
+        bool, Query(alias="blockedFirst", description="Apps with a blocked recovery first (the console's order).")
+    ] = False,
+) -> list[Application]:
+    """The org's apps by name, or those a key scoped to apps may see."""
+    apps = await ctx.apps.list_apps(
+        org, limit=page.limit, offset=page.offset, among=who.apps, blocked_first=blocked_first
+    )
     return [application(a) for a in apps]
 
 

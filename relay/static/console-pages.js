@@ -19,12 +19,19 @@ const link = (parts, text, params) => {
 const id = (text) => h("span", {class: "id"}, text ?? "");
 const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
 
-// A page: a heading and controls mounted once, and a data region read again on refresh.
-function basePage({section, title, heading, intro, controls, load, relevant}) {
+// A page: a heading and controls mounted once, and a data region read again on refresh. A page of
+// an app whose last read failed (503: no executor of it connected) reads again when an executor
+// of the app changes, whatever else it waits for.
+function basePage({section, title, heading, intro, controls, load, relevant, app}) {
   const region = h("div", {class: "data", "aria-busy": "true"});
   const status = h("p", {class: "note", role: "status"});
+  let failed = false;
   return {
-    section, title, relevant,
+    section, title,
+    relevant(name, data) {
+      if (failed && app !== undefined && name === "executor" && data.app === app) return true;
+      return relevant(name, data);
+    },
     mount(main) {
       main.append(...[heading || h("h1", {}, title), intro, controls, status, region].filter(Boolean));
     },
@@ -39,6 +46,9 @@ function basePage({section, title, heading, intro, controls, load, relevant}) {
         region.setAttribute("aria-busy", "false");
       }
       region.replaceChildren(...[content].flat(Infinity).filter(Boolean));
+      failed = false;
+      status.className = "note";
+      status.setAttribute("role", "status");
       status.textContent = "";
       if (focusKey) {
         const again = [...region.querySelectorAll("[data-focus-key], a[href]")]
@@ -47,6 +57,7 @@ function basePage({section, title, heading, intro, controls, load, relevant}) {
       }
     },
     fail(err) {
+      failed = true;
       status.className = "alert";
       status.setAttribute("role", "alert");
       status.textContent = problemText(err);
@@ -63,9 +74,9 @@ function appsPage(ctx) {
     intro: h("p", {class: "note"}, "Executors of each app by state and version; apps with a blocked recovery come first in red."),
     relevant: (name) => name === "executor" || name === "audit",
     async load() {
-      const apps = await api("/apps", {params: {limit: PAGE, offset}});
+      // Relay orders them (blockedFirst): apps in trouble lead the first page, however many there are.
+      const apps = await api("/apps", {params: {limit: PAGE, offset, blockedFirst: true}});
       const blocked = (a) => Object.values(a.blocked || {}).reduce((x, y) => x + y, 0);
-      const rows = [...apps].sort((a, b) => (blocked(b) > 0) - (blocked(a) > 0));
       return [
         table("Apps", [
           ["App", (a) => link(["apps", a.name], a.name)],
@@ -89,7 +100,7 @@ function appsPage(ctx) {
               link(["apps", a.name, "recoveries"], "see recoveries"));
           }],
           ["Grace period", (a) => `${a.executorTimeoutSecs} s`, {num: true}],
-        ], rows, {rowAttrs: (a) => (blocked(a) ? {class: "blocked-row"} : {}), empty: "No apps yet: connect an executor."}),
+        ], apps, {rowAttrs: (a) => (blocked(a) ? {class: "blocked-row"} : {}), empty: "No apps yet: connect an executor."}),
         pager("Apps pages", {offset, limit: PAGE, shown: apps.length, go: (o) => ctx.go([], {offset: o})}),
       ];
     },
@@ -123,7 +134,7 @@ function executorsPage(ctx, app) {
     h("label", {for: "state-filter"}, "State", select), h("button", {type: "submit"}, "Filter"));
   controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "executors"], {state: select.value}); });
   return basePage({
-    section: "apps", title: `Executors of ${app}`,
+    section: "apps", title: `Executors of ${app}`, app,
     heading: appHeader(ctx, app, "executors", `Executors of ${app}`), controls,
     relevant: (name, data) => data.app === app,
     async load() {
@@ -139,7 +150,7 @@ function executorsPage(ctx, app) {
           ["Version", (e) => id(e.applicationVersion)],
           ["Host", (e) => e.hostname || ""],
           ["Relay instance", (e) => id(e.relayInstance)],
-          ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when"}, ago(since(e))))],
+          ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when", "data-ago": since(e)}, ago(since(e))))],
           ["Recoveries", (e) => e.state === "HEALTHY" ? "" : link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId})],
         ], executors, {
           rowAttrs: (e) => ({"data-state": e.state, class: e.blockedReason ? "blocked-row" : null}),
@@ -197,7 +208,7 @@ function recoveriesPage(ctx, app) {
   controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "recoveries"], {executor: input.value.trim()}); });
   const limit = 20;
   return basePage({
-    section: "apps", title: `Recoveries of ${app}`,
+    section: "apps", title: `Recoveries of ${app}`, app,
     heading: appHeader(ctx, app, "recoveries", `Recoveries of ${app}`), controls,
     relevant: (name, data) => data.app === app && (name === "audit" || data.state !== "HEALTHY"),
     async load() {
@@ -213,12 +224,21 @@ function recoveriesPage(ctx, app) {
 // -- workflows --------------------------------------------------------------------------------------
 
 const FILTERS = [
-  ["status", "Status"], ["name", "Workflow name"], ["queue", "Queue"], ["from", "Created from"],
-  ["to", "Created until"], ["version", "App version"], ["executor", "Executor id"],
+  ["status", "Status"], ["name", "Workflow name"], ["queue", "Queue"], ["from", "Created from (UTC)"],
+  ["to", "Created until (UTC)"], ["version", "App version"], ["executor", "Executor id"],
 ];
 
+// The console shows every time in UTC, so a time typed into a filter (a datetime-local field, which
+// has no zone) is UTC too: the time of a row as shown finds that row in any browser's time zone, and
+// an address with it means the same instant to everyone who opens it.
+export function utc(value) {
+  if (!value) return undefined;
+  const d = new Date(/[zZ]|[+-]\d\d:\d\d$/.test(value) ? value : `${value}Z`);
+  return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
+}
+
 function workflowSearch(params, offset) {
-  const iso = (v) => (v ? new Date(v).toISOString() : undefined);
+  const iso = utc;
   const list = (v) => (v ? [v] : undefined);
   return {
     status: list(params.get("status")), workflowName: list(params.get("name")), queueName: list(params.get("queue")),
@@ -228,9 +248,15 @@ function workflowSearch(params, offset) {
   };
 }
 
+// A workflow id "." or ".." cannot be asked for by a browser: it resolves such a path segment in
+// any encoding (%2E%2E too), so its link would read another route. The command line reads it.
+const unlinkable = (workflowId) => workflowId === "." || workflowId === "..";
+
 function workflowsTable(app, rows, caption) {
   return table(caption, [
-    ["Workflow", (w) => link(["apps", app, "workflows", w.workflowId], w.workflowId)],
+    ["Workflow", (w) => unlinkable(w.workflowId)
+      ? h("span", {class: "id", title: `A browser cannot open this id; use: relay workflows get ${app} ${w.workflowId}`}, w.workflowId)
+      : link(["apps", app, "workflows", w.workflowId], w.workflowId)],
     ["Name", (w) => w.workflowName || ""],
     ["Status", (w) => badge(w.status)],
     ["Queue", (w) => w.queueName || ""],
@@ -264,7 +290,7 @@ function workflowsPage(ctx, app) {
     ctx.go(["apps", app, "workflows"], Object.fromEntries(Object.entries(fields).map(([k, el]) => [k, el.value.trim()])));
   });
   return basePage({
-    section: "apps", title: `Workflows of ${app}`,
+    section: "apps", title: `Workflows of ${app}`, app,
     heading: appHeader(ctx, app, "workflows", `Workflows of ${app}`),
     intro: h("p", {class: "note"}, `Newest first, ${PAGE} at a time, asked of a healthy executor of the app.`),
     controls,
@@ -332,7 +358,7 @@ function workflowPage(ctx, app, workflowId) {
   }
 
   const page = basePage({
-    section: "apps", title: `Workflow ${workflowId}`,
+    section: "apps", title: `Workflow ${workflowId}`, app,
     heading: h("div", {},
       h("p", {class: "crumbs"}, link([], "Apps"), " › ", link(["apps", app, "workflows"], app), " › workflows"),
       h("h1", {}, "Workflow ", h("span", {class: "id"}, workflowId))),
@@ -387,7 +413,7 @@ function workflowPage(ctx, app, workflowId) {
 
 function queuesPage(ctx, app) {
   return basePage({
-    section: "apps", title: `Queues of ${app}`, heading: appHeader(ctx, app, "queues", `Queues of ${app}`),
+    section: "apps", title: `Queues of ${app}`, app, heading: appHeader(ctx, app, "queues", `Queues of ${app}`),
     intro: h("p", {class: "note"}, "As the app's executors declare them."),
     relevant: () => false,
     async load() {
@@ -406,7 +432,7 @@ function queuesPage(ctx, app) {
 
 function schedulesPage(ctx, app) {
   return basePage({
-    section: "apps", title: `Schedules of ${app}`, heading: appHeader(ctx, app, "schedules", `Schedules of ${app}`),
+    section: "apps", title: `Schedules of ${app}`, app, heading: appHeader(ctx, app, "schedules", `Schedules of ${app}`),
     relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("schedule."),
     async load() {
       const schedules = await api(`/apps/${enc(app)}/schedules`);
@@ -451,7 +477,7 @@ function auditPage(ctx) {
       ACTIONS.map((a) => h("option", {value: a, selected: applied.action === a}, a))),
     since: h("input", {id: "au-since", name: "since", type: "datetime-local", value: applied.since}),
   };
-  const labels = {app: "App", executorId: "Executor id", action: "Action", since: "Since"};
+  const labels = {app: "App", executorId: "Executor id", action: "Action", since: "Since (UTC)"};
   const controls = h("form", {class: "filters", "aria-label": "Filter the audit log"},
     Object.entries(fields).map(([k, el]) => h("label", {for: el.id}, labels[k], el)), h("button", {type: "submit"}, "Filter"));
   controls.addEventListener("submit", (ev) => {
@@ -464,7 +490,7 @@ function auditPage(ctx) {
     relevant: (name, data) => name === "audit" && offset === 0 && (!app || data.app === app),
     async load() {
       const q = {app, executorId: applied.executorId, action: applied.action,
-        since: applied.since ? new Date(applied.since).toISOString() : undefined,
+        since: utc(applied.since),
         limit: AUDIT_PAGE, offset, sortDesc: true};
       if (scoped && !q.app) return h("p", {class: "note"}, "This key is limited to apps: name one of them.");
       const rows = await api("/audit", {params: q});

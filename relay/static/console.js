@@ -3,7 +3,7 @@
 // changed; nothing is polled.
 
 import {api, readEvents, session} from "/static/console-api.js";
-import {h, problemText} from "/static/console-ui.js";
+import {ago, h, problemText} from "/static/console-ui.js";
 import {pageFor} from "/static/console-pages.js";
 
 const main = document.getElementById("main");
@@ -26,11 +26,16 @@ export function go(parts, params = {}) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
   const text = q.toString();
-  location.hash = `#${path}${text ? `?${text}` : ""}`;
+  const hash = `#${path}${text ? `?${text}` : ""}`;
+  // The same address again (Search or Filter with the filters unchanged): no hashchange comes, but
+  // the operator asks where things stand now (a finished workflow is not audited, so nothing said so).
+  if (hash === location.hash) { if (current) refreshPage(current); return; }
+  location.hash = hash;
 }
 
 function signInForm(message) {
   document.getElementById("nav").hidden = true;
+  document.getElementById("nav-instances").hidden = false;
   document.getElementById("session").hidden = true;
   const error = h("p", {id: "signin-error", class: message ? "alert" : null, role: "alert"}, message || "");
   const org = h("input", {id: "org", name: "org", required: true, autocomplete: "organization", value: session.org || "", "aria-describedby": "signin-help"});
@@ -64,20 +69,24 @@ function startSession() {
   document.getElementById("session").hidden = false;
   const writes = who.permissions.includes("application.write") ? "" : " · read-only";
   document.getElementById("who").textContent = `${who.tokenName} in ${who.org}${writes}`;
+  // Only the pages the key may read: Instances needs organization.read (a key limited to apps lacks it).
+  document.getElementById("nav-instances").hidden = !who.permissions.includes("organization.read");
   startStream();
   if (!location.hash || location.hash === "#") location.hash = "#/";
   else show();
 }
 
-function signOut() {
+// Signing out forgets the page too; a key that stopped working (deleted or changed while signed in)
+// keeps it, so that signing in again with a new key comes back to where the operator was.
+function signOut(reason) {
   session.clear();
   who = null;
   if (stream) stream.abort();
   stream = null;
   current = null;
   setLive(null);
-  history.replaceState(null, "", location.pathname);
-  signInForm();
+  if (!reason) history.replaceState(null, "", location.pathname);
+  signInForm(reason);
 }
 
 function setLive(state) {
@@ -156,7 +165,7 @@ async function startStream() {
       }, controller.signal);
     } catch (err) {
       if (controller.signal.aborted) return;
-      if (err.status === 401) { signOut(); return; }
+      if (err.status === 401) { signOut("Your key is no longer valid; sign in again."); return; }
       // A key without application.read is refused the stream, and will be refused it every time:
       // asking again would only cost a request every 10 s for as long as the tab is open.
       if (err.status === 403) { setLive("denied"); return; }
@@ -170,7 +179,11 @@ async function startStream() {
 
 // -- start --------------------------------------------------------------------------------------
 
-document.getElementById("signout").addEventListener("click", signOut);
+document.getElementById("signout").addEventListener("click", () => signOut());
+// "N s ago" counts on between reads: a page is read again only when something it shows changes.
+setInterval(() => {
+  for (const el of document.querySelectorAll("[data-ago]")) el.textContent = ago(el.dataset.ago);
+}, 1000);
 document.getElementById("skip").addEventListener("click", (ev) => {
   ev.preventDefault();  // the hash is the router's: move focus instead
   main.focus();

@@ -125,24 +125,28 @@ class AppStore:
         limit: int = 1,
         offset: int = 0,
         among: frozenset[str] | None = None,
+        blocked_first: bool = False,
     ) -> list[AppRecord]:
-        """One app, or a page of them (by name; ``among`` those apps if given), with their executors
-        counted by state."""
+        """One app, or a page of them (by name; ``among`` those apps if given; with
+        ``blocked_first``, apps with a blocked recovery before the others, each part by name), with
+        their executors counted by state."""
         names = sorted(among) if among is not None else None
         async with self._connection(conn) as c:
             cur = await c.execute(
                 """WITH page AS (
-                       SELECT * FROM apps WHERE org = %s AND (%s::text IS NULL OR name = %s)
+                       SELECT p.*, %s AND EXISTS (SELECT 1 FROM executors x WHERE x.org = p.org
+                                 AND x.app = p.name AND x.blocked_reason IS NOT NULL) AS first
+                       FROM apps p WHERE org = %s AND (%s::text IS NULL OR name = %s)
                          AND (%s::text[] IS NULL OR name = ANY(%s))
-                       ORDER BY name LIMIT %s OFFSET %s)
+                       ORDER BY first DESC, name LIMIT %s OFFSET %s)
                    SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
                           a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms,
                           e.state, count(e.executor_id) AS n, max(e.language) AS language
                    FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
-                   GROUP BY a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
+                   GROUP BY a.first, a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
                             a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms, e.state
-                   ORDER BY a.name""",
-                (org, app, app, names, names, limit, offset),
+                   ORDER BY a.first DESC, a.name""",
+                (blocked_first, org, app, app, names, names, limit, offset),
             )
             rows = await cur.fetchall()
             names_on_page = sorted({row["name"] for row in rows})
