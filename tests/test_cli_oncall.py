@@ -215,3 +215,19 @@ def test_recover_says_whether_it_started_a_recovery_or_woke_the_one_running(worl
     assert again.out.startswith(f"recovery {rid} was running already: woken to try again now;"), again.out
     as_json = cli("recover", "lonely", victim, "--json")
     assert json.loads(as_json.out) == {"recoveryId": rid, "newRun": False}
+
+
+def test_a_key_limited_to_apps_counts_only_their_executors_on_the_instances(world: World) -> None:
+    """``GET /instances`` counted every executor of the org for each instance, also for a key limited
+    to apps (with ``organization.read``): it learned how many executors apps outside its scope
+    have. It counts its apps' executors only (a reviewer's suspicion after the console review)."""
+    with world.relay.api() as api:
+        scope = {"appNames": ["fortnight"], "permissions": ["organization.read"]}
+        made = api.post("/tokens/oncall-fortnight", json=scope)
+        assert made.status_code == 201, made.text
+        everyone = {i["instanceId"]: i["executors"] for i in api.get("/instances").json()}
+    assert everyone["relay-1"] >= 1  # the ledger executor
+    with world.relay.api(key=made.json()["token"]) as api:
+        scoped = api.get("/instances")
+    assert scoped.status_code == 200, scoped.text
+    assert {i["instanceId"]: i["executors"] for i in scoped.json()} == {"relay-1": 0}

@@ -83,9 +83,10 @@ async def grantable_permissions(org: str, _: Member) -> list[Permission]:
 
 
 @router.get("/instances", response_model=list[Instance])
-async def instances(org: str, ctx: Ctx, _: OrgReader) -> list[Instance]:
-    """Relay's instances and their leases, with how many of this org's executors each holds."""
-    rows = await ctx.instances.list_with_executors(org)
+async def instances(org: str, ctx: Ctx, who: OrgReader) -> list[Instance]:
+    """Relay's instances and their leases, with how many of this org's executors each holds (of
+    the key's apps, for a key limited to apps)."""
+    rows = await ctx.instances.list_with_executors(org, who.apps)
     return [
         Instance(
             instanceId=r["instance_id"],

@@ -92,15 +92,17 @@ class InstanceStore:
                 await write_audit(conn, org, None, entry)
         return Adoption(instance, new_epoch, inherited, dropped, per_org)
 
-    async def list_with_executors(self, org: str) -> list[dict[str, Any]]:
-        """Every instance's lease, and how many of ``org``'s executors name it."""
+    async def list_with_executors(self, org: str, among: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """Every instance's lease, and how many of ``org``'s executors name it (of the apps ``among``,
+        if given: a key limited to apps counts only theirs)."""
+        apps = sorted(among) if among is not None else None
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT i.*, i.lease_expires_at > now() AS live,
-                          (SELECT count(*) FROM executors e WHERE e.org = %s AND e.relay_instance = i.instance_id)
-                              AS executors
+                          (SELECT count(*) FROM executors e WHERE e.org = %s AND e.relay_instance = i.instance_id
+                             AND (%s::text[] IS NULL OR e.app = ANY(%s))) AS executors
                    FROM relay_instances i ORDER BY i.instance_id""",
-                (org,),
+                (org, apps, apps),
             )
             return list(await cur.fetchall())
 
