@@ -296,6 +296,33 @@ def test_a_key_limited_to_apps_is_not_offered_a_page_it_may_not_read(world: Worl
         assert page.locator("main p.alert").all_inner_texts() == [], "offered a page that is only a 403"
 
 
+def test_a_read_that_failed_for_a_passing_reason_is_tried_again_without_a_reload(world: World, page: Page) -> None:
+    """A page whose read failed (the app's only executor answered with an error: 502) stayed failed
+    until something it listens for happened or the operator reloaded; a console left open in an
+    incident showed a stale error. A read that failed for a reason that passes (no status, 429,
+    5xx) is tried again by itself, 2 s later, then less often; nothing else changes meanwhile
+    here (no event of the app)."""
+    answers: list[str] = []
+
+    def list_workflows(_: dict[str, Any]) -> dict[str, Any]:
+        answers.append("asked")
+        if len(answers) == 1:
+            return {"error_message": "the system database is being restarted"}
+        return {"output": []}
+
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/app-03/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "app-03-flaky", "silent", replies={"list_workflows": list_workflows}):
+        assert_eventually(lambda: world.relay.state_of("acme", "app-03", "app-03-flaky") == "HEALTHY", 10)
+        admin(page, world)
+        go(page, "#/apps/app-03/workflows")
+        expect(page.locator("main p.alert")).to_contain_text("being restarted")
+        expect(page.get_by_text("No workflow matches.")).to_be_visible(timeout=6_000)
+        expect(page.locator("main p.alert")).to_have_count(0)
+        assert len(answers) == 2, answers  # once failing, once again by itself: no more
+        page.wait_for_timeout(2_500)
+        assert len(answers) == 2, answers  # a page that reads fine is not read again
+
+
 def test_no_empty_error_box_is_left_once_a_page_reads_again_after_relay_restarts(world: World, page: Page) -> None:
     """Relay restarting while the page is open: a read while it is down fails and the page's status
     becomes a red ``.alert`` box ("Failed to fetch"). When Relay is back the stream reconnects and

@@ -1,6 +1,6 @@
 // The console: sign-in, hash routing, and live updates. Each page reads only what it shows (one
 // page of a list at a time) and reads it again when the event stream says something it shows
-// changed; nothing is polled.
+// changed; nothing is polled while its reads succeed (a failed read is tried again: retryLater).
 
 import {api, readEvents, session} from "/static/console-api.js";
 import {ago, h, problemText} from "/static/console-ui.js";
@@ -121,15 +121,30 @@ async function refreshPage(page) {
   if (page !== current) return;
   if (page.running) { page.again = true; return; }
   page.running = true;
+  let failed = null;
   try {
     await page.refresh();
+    page.retryMs = 0;
   } catch (err) {
+    failed = err;
     if (page.fail) page.fail(err); else console.error(err);
   } finally {
     page.running = false;
     page.loadedOnce = true;
   }
-  if (page.again && page === current) { page.again = false; await refreshPage(page); }
+  if (page.again && page === current) { page.again = false; await refreshPage(page); return; }
+  if (failed) retryLater(page, failed);
+}
+
+// A read that failed for a reason that passes (Relay or the app's executor busy or unreachable: no
+// status, 429, 5xx) is tried again by itself, 2 s after the first failure and twice as long after
+// each next one, up to 30 s: the page comes right without a reload, and no event need come for it.
+// A refusal that will repeat (401, 403, 404, 422) is not. Nothing is read while a page reads fine.
+function retryLater(page, err) {
+  const status = err && err.status;
+  if (status && status !== 429 && status < 500) return;
+  page.retryMs = Math.min((page.retryMs || 1000) * 2, 30000);
+  setTimeout(() => { if (page === current) refreshPage(page); }, page.retryMs);
 }
 
 function scheduleRefresh() {
