@@ -125,3 +125,26 @@ def axe_violations(page: Page, impacts: tuple[str, ...] = ("serious", "critical"
         for v in result["violations"]
         if v["impact"] in impacts
     ]
+
+
+@contextmanager
+def console_page(browser: Browser, request: Any, workdir: Path, relay_log: Any = None) -> Iterator[Page]:
+    """A fresh browser context (its own sessionStorage) for one test: a failed test leaves a
+    screenshot, the page's errors and (``relay_log()``) Relay's log's end; a passed one may not have
+    broken the Content Security Policy or left an uncaught error. ``request`` is pytest's."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    watched = watch(page)
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        shot = workdir / f"failed-{request.node.name[:60]}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"--- the page: {shot}; its errors: {watched.errors}")
+        if relay_log is not None:
+            print(f"--- relay log ---\n{relay_log()[-5000:]}")
+    context.close()
+    if report is not None and report.passed:
+        assert not [e for e in watched.errors if "Content Security Policy" in e], watched.errors
+        assert not [e for e in watched.errors if e.startswith("uncaught")], watched.errors

@@ -153,6 +153,18 @@ def test_an_empty_name_is_refused_not_taken_for_a_redirect_answer(world: World, 
     assert got.code in (EXIT_USAGE, EXIT_NOT_FOUND) and "internal error" not in got.err, (got.code, got.err)
 
 
+def insert_dot_workflow(sysdb: str, executor_id: str) -> None:
+    """A finished workflow whose id is ``..``, as an executor records one (DBOS takes any string)."""
+    with psycopg.connect(sysdb) as conn:
+        conn.execute(
+            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at, executor_id,"
+            " application_version, application_id) VALUES ('..', 'CANCELLED', 'parent',"
+            " (extract(epoch from now()) * 1000)::bigint, (extract(epoch from now()) * 1000)::bigint, %s, 'v1', '')"
+            " ON CONFLICT DO NOTHING",
+            (executor_id,),
+        )
+
+
 def test_a_workflow_whose_id_is_a_dot_segment_can_be_read(world: World, cli: Cli) -> None:
     """``segment()`` promised an id "percent-encoded whole", but ``quote("..", safe="")`` leaves dots
     alone, and httpx then resolves the dot segments of the URL: ``relay workflows get ledger ..``
@@ -163,14 +175,7 @@ def test_a_workflow_whose_id_is_a_dot_segment_can_be_read(world: World, cli: Cli
     ``.../workflows/%2E%2E``.
     The same path rewriting sent ``cancel``/``resume``/``fork``/``steps`` of such an id, and
     ``recover APP ..`` or ``tokens delete ..``, to other routes."""
-    with psycopg.connect(world.sysdb) as conn:
-        conn.execute(
-            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at, executor_id,"
-            " application_version, application_id) VALUES ('..', 'CANCELLED', 'parent',"
-            " (extract(epoch from now()) * 1000)::bigint, (extract(epoch from now()) * 1000)::bigint, %s, 'v1', '')"
-            " ON CONFLICT DO NOTHING",
-            (world.seeder.executor_id,),
-        )
+    insert_dot_workflow(world.sysdb, world.seeder.executor_id)
     assert api_json(world, "GET", "/apps/ledger/workflows/%2E%2E")["workflowId"] == ".."
     run = cli("workflows", "get", "ledger", "..", "--json")
     assert run.code == EXIT_OK, (run.code, run.err)

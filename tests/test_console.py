@@ -27,7 +27,7 @@ import pytest
 from dbos import DBOSClient
 from playwright.sync_api import Browser, Page, expect
 
-from harness.browser import axe_violations, chromium, chromium_path, screenshot, sign_in, watch
+from harness.browser import axe_violations, chromium, chromium_path, console_page, screenshot, sign_in, watch
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.ports import free_port
@@ -85,23 +85,8 @@ def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture
 def page(world: World, request: pytest.FixtureRequest) -> Iterator[Page]:
     """A fresh browser context (its own sessionStorage) for each test; its console errors fail the test."""
-    context = world.browser.new_context(viewport={"width": 1280, "height": 860})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    watched = watch(page)
-    yield page
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        shot = world.workdir / f"failed-{request.node.name[:60]}.png"
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"--- the page: {shot}; its errors: {watched.errors}")
-        print(f"--- relay log ---\n{world.relay.log()[-5000:]}")
-    context.close()
-    if report is not None and report.failed:
-        return
-    if report is not None and report.passed:
-        assert not [e for e in watched.errors if "Content Security Policy" in e], watched.errors
-        assert not [e for e in watched.errors if e.startswith("uncaught")], watched.errors
+    with console_page(world.browser, request, world.workdir, world.relay.log) as page:
+        yield page
 
 
 def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:

@@ -20,7 +20,7 @@ import pytest
 from dbos import DBOSClient
 from playwright.sync_api import Browser, Page, expect
 
-from harness.browser import chromium, sign_in, watch
+from harness.browser import chromium, console_page, sign_in, watch
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
@@ -28,6 +28,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from tests.test_cli_oncall import insert_dot_workflow
 
 expect.set_options(timeout=10_000)
 APP_MODULE = "harness.workflow_app"
@@ -73,17 +74,9 @@ def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture
 def page(world: World, request: pytest.FixtureRequest) -> Iterator[Page]:
-    context = world.browser.new_context(viewport={"width": 1280, "height": 860})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    watched = watch(page)
-    yield page
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        shot = world.workdir / f"failed-{request.node.name[:60]}.png"
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"--- the page: {shot}; its errors: {watched.errors}")
-    context.close()
+    """A fresh browser context (its own sessionStorage) for each test; its console errors fail the test."""
+    with console_page(world.browser, request, world.workdir, world.relay.log) as page:
+        yield page
 
 
 def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
@@ -211,14 +204,7 @@ def test_a_workflow_whose_id_is_a_dot_segment_is_not_a_link_to_another_page(worl
     encoding (``%2E%2E`` too) before sending. The console linked the workflow ``..`` listed on the
     workflows page, and the link opened an error page (its reads went to ``/apps/ledger`` and
     ``/apps/ledger/steps``). It is listed without a link now, saying how to read it."""
-    with psycopg.connect(world.sysdb) as conn:
-        conn.execute(
-            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, created_at, updated_at, executor_id,"
-            " application_version, application_id) VALUES ('..', 'CANCELLED', 'parent',"
-            " (extract(epoch from now()) * 1000)::bigint, (extract(epoch from now()) * 1000)::bigint, %s, 'v1', '')"
-            " ON CONFLICT DO NOTHING",
-            (world.ledger.executor_id,),
-        )
+    insert_dot_workflow(world.sysdb, world.ledger.executor_id)
     admin(page, world)
     go(page, "#/apps/ledger/workflows")
     row = (
