@@ -238,12 +238,11 @@ export function utc(value) {
 }
 
 function workflowSearch(params, offset) {
-  const iso = utc;
   const list = (v) => (v ? [v] : undefined);
   return {
     status: list(params.get("status")), workflowName: list(params.get("name")), queueName: list(params.get("queue")),
     appVersion: list(params.get("version")), executorId: list(params.get("executor")),
-    startTime: iso(params.get("from")), endTime: iso(params.get("to")),
+    startTime: utc(params.get("from")), endTime: utc(params.get("to")),
     limit: PAGE, offset, sortDesc: true, loadInput: false, loadOutput: false,
   };
 }
