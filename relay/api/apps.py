@@ -86,7 +86,7 @@ class Application(Shape):
     privateMode: bool
     dbosCloud: bool
     org: str
-    executorTimeoutSecs: float
+    executorTimeoutSecs: int | float  # whole seconds as an integer, as Conductor has it (AppRecord.settings)
     recoverToLatestVersion: bool
     executors: dict[ExecutorState, int]
     executorsByVersion: dict[str, dict[str, int]]

@@ -1,4 +1,5 @@
-"""The audit log of an org, oldest first."""
+"""The audit log of an org: Relay's own listing (``/audit``, oldest first) and Conductor's
+(``/audit-logs``, newest first, in Conductor's shape)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, iso, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
+from relay.store.audit import AuditMatch
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 
@@ -44,12 +46,15 @@ async def get_audit(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
+    untilId: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> list[AuditEntry]:
-    """Oldest first (newest first with ``sortDesc=true``), filtered by app, executor, action and time."""
+    """Oldest first (newest first with ``sortDesc=true``), filtered by app, executor, action and time;
+    ``untilId`` leaves out entries after that one (pages read later with the first page's newest id
+    as ``untilId`` are not shifted by entries written since)."""
     if who.apps is not None and (app is None or app not in who.apps):
         # A key scoped to apps reads the entries of one of its apps, never the org's whole log.
         raise ApiError(403, "forbidden", "a key scoped to apps must name one of its apps: ?app=...")
-    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset, action, sortDesc)
+    rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset, action, sortDesc, untilId)
     return [
         AuditEntry(
             id=r["id"],
@@ -64,3 +69,114 @@ async def get_audit(
         )
         for r in rows
     ]
+
+
+# -- Conductor's listing ---------------------------------------------------------------------------
+
+# Where Relay's action and Conductor's operation name the same thing differently; the others are
+# served under Relay's names (Conductor has no executor, recovery or retention operations).
+CONDUCTOR_OPERATION = {
+    "token.created": "token.create",
+    "token.deleted": "token.revoke",
+    "settings.updated": "application.update",
+    "workflow.bulk_fork_from_failure": "workflow.fork_from_failure",
+}
+RELAY_ACTION = {v: k for k, v in CONDUCTOR_OPERATION.items()}
+# The detail key that names the target of each kind of action (Conductor's target types).
+NAMED_BY = {"schedule": "scheduleName", "alerting_rule": "ruleId", "token": "tokenName"}
+
+
+class AuditSubject(Shape):
+    type: str  # "api_key" (an API key, by its name), or "relay" (Relay itself, relay.yaml, the first run)
+    id: str
+    display: str
+
+
+class AuditTarget(Shape):
+    type: str
+    id: str
+
+
+class AuditLogEntry(Shape):
+    """Conductor's audit entry. Relay records no source IP, so ``source_ip`` is left out."""
+
+    id: str
+    emit_time: str | None
+    operation: str
+    status: str
+    subject: AuditSubject
+    target: AuditTarget | None = None
+    details: dict[str, Any] | None = None
+
+
+class AuditLogPage(Shape):
+    entries: list[AuditLogEntry]
+
+
+def _subject(actor: str) -> AuditSubject:
+    if actor.startswith("api:"):
+        name = actor.removeprefix("api:")
+        return AuditSubject(type="api_key", id=name, display=name)
+    return AuditSubject(type="relay", id=actor, display=actor)
+
+
+def _target(row: dict[str, Any]) -> AuditTarget | None:
+    action, detail = row["action"], row["detail"] or {}
+    ids = detail.get("workflowIds")
+    kind, _, _ = action.partition(".")
+    if kind == "workflow":
+        if isinstance(ids, list) and len(ids) == 1 and not action.startswith("workflow.bulk_"):
+            return AuditTarget(type="workflow", id=str(ids[0]))
+        return None
+    if kind in NAMED_BY:
+        key = NAMED_BY[kind]
+        return AuditTarget(type=kind, id=str(detail[key])) if detail.get(key) is not None else None
+    if row["executor_id"]:
+        return AuditTarget(type="executor", id=row["executor_id"])
+    if row["app"]:
+        return AuditTarget(type="application", id=row["app"])
+    return None
+
+
+def _conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
+    detail = dict(row["detail"] or {})
+    status = "failure" if detail.get("result") == "failure" else "success"
+    details: dict[str, Any] = {**detail}
+    if row["app"]:
+        details["application_name"] = row["app"]
+    if row["action"].startswith("workflow.bulk_") and "workflowIds" in detail:
+        details["workflow_ids"] = detail["workflowIds"]
+    if row["peer_executor_id"]:
+        details["peer_executor_id"] = row["peer_executor_id"]
+    return AuditLogEntry(
+        id=str(row["id"]),
+        emit_time=iso(row["at"]),
+        operation=CONDUCTOR_OPERATION.get(row["action"], row["action"]),
+        status=status,
+        subject=_subject(row["actor"]),
+        target=_target(row),
+        details=details or None,
+    )
+
+
+@router.get("/audit-logs", response_model=AuditLogPage, response_model_exclude_none=True)
+async def list_audit_logs(
+    org: str,
+    ctx: Ctx,
+    who: Reader,
+    startTime: Rfc3339 | None = None,
+    endTime: Rfc3339 | None = None,
+    operation: QueryName | None = None,
+    subject: QueryName | None = None,
+    target: QueryName | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> AuditLogPage:
+    """Conductor's ``listAuditLogs``: newest first; ``startTime`` inclusive, ``endTime`` exclusive;
+    ``operation`` by Conductor's name or Relay's; ``subject`` a key's name; ``target`` a workflow id,
+    an app, an executor, a schedule, a rule's id or a key's name. A key scoped to apps reads the
+    entries of its apps."""
+    actions = None if operation is None else sorted({operation, RELAY_ACTION.get(operation, operation)})
+    match = AuditMatch(startTime, endTime, actions, subject, target, None if who.apps is None else sorted(who.apps))
+    rows = await ctx.audit.find(org, match, limit, offset)
+    return AuditLogPage(entries=[_conductor_entry(r) for r in rows])

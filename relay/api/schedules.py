@@ -83,12 +83,24 @@ async def get_schedule(
     return shapes.schedule(reply.output)
 
 
+async def _must_exist(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
+    """404 for a schedule the app does not have: DBOS 3.2 pauses or resumes an unknown name by
+    updating no row, and answers ``success: true``, so a misspelt name read as paused."""
+
+    def ask() -> GetScheduleRequest:
+        return GetScheduleRequest(schedule_name=schedule_name, load_context=False)
+
+    if answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply)).output is None:
+        raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
+
+
 @router.post("/{schedule_name}/pause", status_code=204, response_class=Response)
 async def pause_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, who: Admin) -> Response:
     def ask() -> PauseScheduleRequest:
         return PauseScheduleRequest(schedule_name=schedule_name)
 
     async with audited(ctx, org, app, "schedule.pause", actor(who), {"scheduleName": schedule_name}):
+        await _must_exist(ctx, org, app, schedule_name)
         answered(await ctx.gateway.ask(org, app, ask, PauseScheduleReply), success=True)
     return Response(status_code=204)
 
@@ -99,6 +111,7 @@ async def resume_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, w
         return ResumeScheduleRequest(schedule_name=schedule_name)
 
     async with audited(ctx, org, app, "schedule.resume", actor(who), {"scheduleName": schedule_name}):
+        await _must_exist(ctx, org, app, schedule_name)
         answered(await ctx.gateway.ask(org, app, ask, ResumeScheduleReply), success=True)
     return Response(status_code=204)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from relay.api import shapes
-from relay.api.common import Admin, Body, Caller, Ctx, DecodedRoute, NonEmptyName, actor, answered, audited
+from relay.api.common import Admin, ApiError, Body, Caller, Ctx, DecodedRoute, NonEmptyName, actor, answered, audited
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -32,5 +32,9 @@ async def set_latest_version(org: str, app: str, body: LatestIn, ctx: Ctx, who: 
         return SetLatestApplicationVersionRequest(version_name=body.versionName)
 
     async with audited(ctx, org, app, "application.set_latest_version", actor(who), {"versionName": body.versionName}):
+        # DBOS 3.2 updates no row for a version the app never had and answers success: ask first.
+        known = answered(await ctx.gateway.ask(org, app, ListApplicationVersionsRequest, ListApplicationVersionsReply))
+        if body.versionName not in {v.version_name for v in known.output}:
+            raise ApiError(404, "not_found", f"no version {body.versionName!r} of app {app!r}")
         answered(await ctx.gateway.ask(org, app, ask, SetLatestApplicationVersionReply), success=True)
     return Response(status_code=204)

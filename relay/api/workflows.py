@@ -144,6 +144,44 @@ class WorkflowSearch(Body):
         )
 
 
+# What DBOS 3.2 does nothing to, yet answers ``success: true`` for: cancelling or deleting a workflow
+# that does not exist, resuming one that has finished. Relay asks first (one list of the ids), so an
+# operator or an agent is not told "cancelled" for a typo'd id; a workflow that finishes between the
+# look and the action is the SDK's no-op, as before.
+FINISHED = ("SUCCESS", "ERROR")
+
+
+async def _statuses(ctx: Ctx, org: str, app: str, ids: list[str]) -> dict[str, str]:
+    """The status of each of ``ids`` that exists, as a healthy executor of the app reads it."""
+    search = WorkflowSearch.model_construct(workflowIds=ids, limit=len(ids))  # ids already checked as such
+    return {w.workflowId: w.status or "" for w in await _list(ctx, org, app, search)}
+
+
+async def _must_exist(ctx: Ctx, org: str, app: str, ids: list[str]) -> dict[str, str]:
+    """404 naming the ids of ``ids`` that no workflow has; else their statuses."""
+    found = await _statuses(ctx, org, app, ids)
+    missing = [i for i in dict.fromkeys(ids) if i not in found]
+    if missing:
+        names = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        what = "workflow" if len(missing) == 1 else "workflows"
+        raise ApiError(404, "not_found", f"{what} {names} not found")
+    return found
+
+
+async def _must_be_resumable(ctx: Ctx, org: str, app: str, ids: list[str]) -> None:
+    """404 for an id no workflow has, 409 for a workflow that has finished: DBOS resumes neither."""
+    found = await _must_exist(ctx, org, app, ids)
+    done = [f"{i} ({found[i]})" for i in dict.fromkeys(ids) if found[i] in FINISHED]
+    if done:
+        raise ApiError(
+            409,
+            "conflict",
+            f"workflow {', '.join(done[:10])} has finished and cannot be resumed; fork it to run it again"
+            if len(done) == 1
+            else f"workflows {', '.join(done[:10])} have finished and cannot be resumed; fork them to run them again",
+        )
+
+
 async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[shapes.Workflow]:
     body = search.body()
     reply = await ctx.gateway.ask(org, app, lambda: ListWorkflowsRequest(body=body), ListWorkflowsReply)
@@ -493,6 +531,7 @@ async def cancel_workflow(
         return CancelRequest(workflow_id=workflow_id, cancel_children=children)
 
     async with audited(ctx, org, app, "workflow.cancel", actor(who), {"workflowIds": [workflow_id]}):
+        await _must_exist(ctx, org, app, [workflow_id])
         answered(await ctx.gateway.ask(org, app, ask, CancelReply), success=True)
     return Response(status_code=204)
 
@@ -507,6 +546,7 @@ async def resume_workflow(
         return ResumeRequest(workflow_id=workflow_id, queue_name=queue)
 
     async with audited(ctx, org, app, "workflow.resume", actor(who), {"workflowIds": [workflow_id]}):
+        await _must_be_resumable(ctx, org, app, [workflow_id])
         answered(await ctx.gateway.ask(org, app, ask, ResumeReply), success=True)
     return Response(status_code=204)
 
@@ -546,6 +586,7 @@ async def delete_workflow(
         return DeleteRequest(workflow_id=workflow_id, delete_children=deleteChildren)
 
     async with audited(ctx, org, app, "workflow.delete", actor(who), {"workflowIds": [workflow_id]}):
+        await _must_exist(ctx, org, app, [workflow_id])
         answered(await ctx.gateway.ask(org, app, ask, DeleteReply), success=True)
     return Response(status_code=204)
 
@@ -602,6 +643,7 @@ async def bulk_cancel(org: str, app: str, body: BulkCancel, ctx: Ctx, who: Admin
         return CancelRequest(workflow_id=ids[0], workflow_ids=ids, cancel_children=body.cancelChildren)
 
     async with audited(ctx, org, app, "workflow.bulk_cancel", actor(who), {"workflowIds": ids}):
+        await _must_exist(ctx, org, app, ids)
         answered(await ctx.gateway.ask(org, app, ask, CancelReply), success=True)
     return Response(status_code=204)
 
@@ -614,6 +656,7 @@ async def bulk_resume(org: str, app: str, body: BulkResume, ctx: Ctx, who: Admin
         return ResumeRequest(workflow_id=ids[0], workflow_ids=ids, queue_name=body.queueName)
 
     async with audited(ctx, org, app, "workflow.bulk_resume", actor(who), {"workflowIds": ids}):
+        await _must_be_resumable(ctx, org, app, ids)
         answered(await ctx.gateway.ask(org, app, ask, ResumeReply), success=True)
     return Response(status_code=204)
 
@@ -626,6 +669,7 @@ async def bulk_delete(org: str, app: str, body: BulkDelete, ctx: Ctx, who: Admin
         return DeleteRequest(workflow_id=ids[0], workflow_ids=ids, delete_children=body.deleteChildren)
 
     async with audited(ctx, org, app, "workflow.bulk_delete", actor(who), {"workflowIds": ids}):
+        await _must_exist(ctx, org, app, ids)
         answered(await ctx.gateway.ask(org, app, ask, DeleteReply), success=True)
     return Response(status_code=204)
 

@@ -94,15 +94,72 @@ class AuditStore:
         offset: int = 0,
         action: str | None = None,
         newest_first: bool = False,
+        until_id: int | None = None,
     ) -> list[dict[str, Any]]:
+        """One page of entries; ``until_id`` (the first page's newest id) keeps later pages of a
+        newest-first listing where they were when it was read: entries written since do not shift
+        them by their number."""
         order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 f"""SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
-                   FROM audit_log WHERE org = %s AND (%s::text IS NULL OR app = %s)
-                   AND (%s::text IS NULL OR executor_id = %s) AND (%s::timestamptz IS NULL OR at >= %s)
-                   AND (%s::text IS NULL OR action = %s)
-                   ORDER BY id {order} LIMIT %s OFFSET %s""",
-                (org, app, app, executor_id, executor_id, since, since, action, action, limit, offset),
+                   FROM audit_log WHERE org = %(org)s AND (%(app)s::text IS NULL OR app = %(app)s)
+                   AND (%(executor)s::text IS NULL OR executor_id = %(executor)s)
+                   AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
+                   AND (%(action)s::text IS NULL OR action = %(action)s)
+                   AND (%(until)s::bigint IS NULL OR id <= %(until)s)
+                   ORDER BY id {order} LIMIT %(limit)s OFFSET %(offset)s""",
+                {
+                    "org": org,
+                    "app": app,
+                    "executor": executor_id,
+                    "since": since,
+                    "action": action,
+                    "until": until_id,
+                    "limit": limit,
+                    "offset": offset,
+                },
             )
             return list(await cur.fetchall())
+
+    async def find(self, org: str, match: AuditMatch, limit: int, offset: int) -> list[dict[str, Any]]:
+        """Entries newest first, as Conductor's audit-log listing filters them (``GET .../audit-logs``)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
+                   FROM audit_log WHERE org = %(org)s
+                   AND (%(start)s::timestamptz IS NULL OR at >= %(start)s)
+                   AND (%(end)s::timestamptz IS NULL OR at < %(end)s)
+                   AND (%(actions)s::text[] IS NULL OR action = ANY(%(actions)s))
+                   AND (%(subject)s::text IS NULL OR actor = %(subject)s OR actor = 'api:' || %(subject)s)
+                   AND (%(target)s::text IS NULL OR executor_id = %(target)s OR app = %(target)s
+                        OR detail -> 'workflowIds' ? %(target)s OR detail ->> 'newWorkflowId' = %(target)s
+                        OR detail ->> 'scheduleName' = %(target)s OR detail ->> 'ruleId' = %(target)s
+                        OR detail ->> 'tokenName' = %(target)s OR detail ->> 'versionName' = %(target)s)
+                   AND (%(apps)s::text[] IS NULL OR app = ANY(%(apps)s))
+                   ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s""",
+                {
+                    "org": org,
+                    "start": match.start,
+                    "end": match.end,
+                    "actions": match.actions,
+                    "subject": match.subject,
+                    "target": match.target,
+                    "apps": match.apps,
+                    "limit": limit,
+                    "offset": offset,
+                },
+            )
+            return list(await cur.fetchall())
+
+
+@dataclass(frozen=True)
+class AuditMatch:
+    """What Conductor's audit-log listing filters on; None: any. ``apps`` bounds a key scoped to apps."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    actions: list[str] | None = None
+    subject: str | None = None
+    target: str | None = None
+    apps: list[str] | None = None
