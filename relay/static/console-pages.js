@@ -9,7 +9,13 @@ const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR",
 // Not finished: DBOS 3.2 holds a workflow enqueued with a delay as DELAYED until its time comes.
 // Such a workflow can be cancelled; resuming it would enqueue it at once, skipping its delay.
 const ACTIVE = ["PENDING", "ENQUEUED", "DELAYED"];
+// Finished for good: DBOS does not resume these (Relay answers 409); a fork runs one again.
+const FINISHED = ["SUCCESS", "ERROR"];
 const PAGE = 50;
+// How often a page showing unfinished workflows reads them again: their progress is the executor's,
+// and no event of Relay's says when a workflow finishes.
+const WORKFLOW_POLL_MS = 3000;
+const LIST_POLL_MS = 10000;
 const AUDIT_PAGE = 100;
 
 const link = (parts, text, params) => {
@@ -22,12 +28,12 @@ const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 1
 // A page: a heading and controls mounted once, and a data region read again on refresh. A page of
 // an app whose last read failed (503: no executor of it connected) reads again when an executor
 // of the app changes, whatever else it waits for.
-function basePage({section, title, heading, intro, controls, load, relevant, app}) {
+function basePage({section, title, heading, intro, controls, load, relevant, app, pollMs}) {
   const region = h("div", {class: "data", "aria-busy": "true"});
   const status = h("p", {class: "note", role: "status"});
   let failed = false;
   return {
-    section, title,
+    section, title, pollMs,
     relevant(name, data) {
       if (failed && app !== undefined && name === "executor" && data.app === app) return true;
       return relevant(name, data);
@@ -133,6 +139,28 @@ function executorsPage(ctx, app) {
   const controls = h("form", {class: "filters", "aria-label": "Filter executors"},
     h("label", {for: "state-filter"}, "State", select), h("button", {type: "submit"}, "Filter"));
   controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "executors"], {state: select.value}); });
+  // The last manual recovery's outcome, kept across the refreshes its own audit entries bring.
+  const outcome = h("p", {id: "action-status", role: "status", class: "note"});
+  const tell = (...text) => { outcome.className = "note"; outcome.replaceChildren(...text); };
+  async function recover(e) {
+    const values = await confirmDialog({title: "Recover this executor's workflows now?", confirm: "Recover now",
+      body: e.state === "DISCONNECTED"
+        ? `Executor ${e.executorId} is declared dead now, without waiting for the rest of its grace period, and a healthy peer is asked to recover its workflows. If it is only slow to come back, its workflows may run twice.`
+        : `A healthy peer of ${app} is asked now to recover the workflows of executor ${e.executorId}${e.blockedReason ? ", which is blocked" : ""}.`,
+      fields: [{name: "toLatestVersion", label: "Onto the latest version, if no peer runs its version", type: "checkbox", value: "yes"}]});
+    if (!values) return;
+    tell("");
+    try {
+      const out = await api(`/apps/${enc(app)}/executors/${enc(e.executorId)}/recover`,
+        {method: "POST", body: {toLatestVersion: values.toLatestVersion === "yes"}});
+      const what = out.newRun === false ? "A recovery was running already and was woken to try again now" : "Recovery started";
+      announce(`${what}: ${e.executorId}`);
+      tell(`${what}: `, link(["apps", app, "recoveries"], out.recoveryId, {executor: e.executorId}), ".");
+    } catch (err) {
+      outcome.className = "alert";
+      outcome.textContent = problemText(err);
+    }
+  }
   return basePage({
     section: "apps", title: `Executors of ${app}`, app,
     heading: appHeader(ctx, app, "executors", `Executors of ${app}`), controls,
@@ -144,6 +172,7 @@ function executorsPage(ctx, app) {
       ]);
       const total = state ? info.executors[state] : Object.values(info.executors).reduce((x, y) => x + y, 0);
       return [
+        outcome,
         table(`Executors of ${app}${state ? ` in state ${state}` : ""}`, [
           ["Executor", (e) => h("span", {class: "id", "data-executor": e.executorId}, e.executorId)],
           ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "")],
@@ -151,7 +180,10 @@ function executorsPage(ctx, app) {
           ["Host", (e) => e.hostname || ""],
           ["Relay instance", (e) => id(e.relayInstance)],
           ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when", "data-ago": since(e)}, ago(since(e))))],
-          ["Recoveries", (e) => e.state === "HEALTHY" ? "" : link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId})],
+          ["Recoveries", (e) => e.state === "HEALTHY" ? "" : h("span", {},
+            link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId}),
+            ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `recover-${e.executorId}`, onclick: () => recover(e)},
+              "Recover now…", h("span", {class: "visually-hidden"}, ` (${e.executorId})`))] : "")],
         ], executors, {
           rowAttrs: (e) => ({"data-state": e.state, class: e.blockedReason ? "blocked-row" : null}),
           empty: state ? `No executor of ${app} is ${state}.` : `No executor of ${app} is in the registry (recovered ones are deleted; see Recoveries).`,
@@ -269,6 +301,10 @@ function workflowsTable(app, rows, caption) {
 function workflowsPage(ctx, app) {
   const params = ctx.route.params;
   const offset = offsetOf(params);
+  let unfinished = false;  // a workflow listed has not finished: its status is read again (pollMs)
+  // Pages after the first are read as of the first one (created at or before its newest workflow):
+  // workflows started since would otherwise push rows already seen onto the next page.
+  const asOf = offset ? utc(params.get("asOf")) : undefined;
   const fields = {};
   const controls = h("form", {class: "filters", "aria-label": "Filter workflows"},
     FILTERS.map(([key, label]) => {
@@ -294,12 +330,18 @@ function workflowsPage(ctx, app) {
     intro: h("p", {class: "note"}, `Newest first, ${PAGE} at a time, asked of a healthy executor of the app.`),
     controls,
     relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
+    pollMs: () => unfinished ? LIST_POLL_MS : 0,
     async load() {
-      const rows = await api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: workflowSearch(params, offset)});
+      const body = workflowSearch(params, offset);
+      if (asOf && (!body.endTime || asOf < body.endTime)) body.endTime = asOf;
+      const rows = await api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body});
+      unfinished = rows.some((w) => ACTIVE.includes(w.status));
       const keep = Object.fromEntries(FILTERS.map(([k]) => [k, params.get(k) || ""]));
+      const anchor = asOf || (rows[0] && utc(rows[0].createdAt));
       return [
         workflowsTable(app, rows, `Workflows of ${app}`),
-        pager("Workflow pages", {offset, limit: PAGE, shown: rows.length, go: (o) => ctx.go(["apps", app, "workflows"], {...keep, offset: o})}),
+        pager("Workflow pages", {offset, limit: PAGE, shown: rows.length,
+          go: (o) => ctx.go(["apps", app, "workflows"], {...keep, offset: o, asOf: o ? anchor : undefined})}),
       ];
     },
   });
@@ -310,6 +352,7 @@ function workflowPage(ctx, app, workflowId) {
   let showData = false;
   const stepsLimit = 100;
   const stepsOffset = offsetOf(ctx.route.params);
+  let unfinished = false;  // the workflow, a step or a child shown has not finished (pollMs)
   // The last action's outcome. One element for the page's life, put back in each refresh of the
   // data region: every action is audited, and the refresh the audit event brings must not wipe
   // it. It goes when the operator acts again or leaves the page (a new page has its own).
@@ -362,6 +405,7 @@ function workflowPage(ctx, app, workflowId) {
       h("p", {class: "crumbs"}, link([], "Apps"), " › ", link(["apps", app, "workflows"], app), " › workflows"),
       h("h1", {}, "Workflow ", h("span", {class: "id"}, workflowId))),
     relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
+    pollMs: () => unfinished ? WORKFLOW_POLL_MS : 0,
     async load() {
       const [w, steps, children] = await Promise.all([
         api(base, {params: {loadInput: showData, loadOutput: showData}}),
@@ -369,9 +413,10 @@ function workflowPage(ctx, app, workflowId) {
         api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: 0, loadInput: false, loadOutput: false}}),
       ]);
       const active = ACTIVE.includes(w.status);
+      unfinished = active || children.some((c) => ACTIVE.includes(c.status));
       const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
         active ? h("button", {type: "button", class: "danger", "data-focus-key": "cancel", onclick: confirmCancel}, "Cancel…") : null,
-        !active && w.status !== "SUCCESS" ? h("button", {type: "button", "data-focus-key": "resume", onclick: confirmResume}, "Resume…") : null,
+        !active && !FINISHED.includes(w.status) ? h("button", {type: "button", "data-focus-key": "resume", onclick: confirmResume}, "Resume…") : null,
         h("button", {type: "button", class: "secondary", "data-focus-key": "fork", onclick: () => confirmFork(1)}, "Fork…")) : null;
       const facts = [
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
@@ -469,6 +514,9 @@ function auditPage(ctx) {
   // The filters applied are the address's, not what is typed in the form and not yet submitted.
   const app = params.get("app") || (scoped ? ctx.who.appNames[0] || "" : "");
   const applied = {app, executorId: params.get("executorId") || "", action: params.get("action") || "", since: params.get("since") || ""};
+  // Pages after the first are read as of the first one (its newest entry): entries audited since
+  // would otherwise push rows already seen onto the next page. Filter or the first page reads anew.
+  const untilId = offset ? parseInt(params.get("untilId") || "", 10) || undefined : undefined;
   const fields = {
     app: h("input", {id: "au-app", name: "app", value: app, required: scoped}),
     executorId: h("input", {id: "au-executor", name: "executorId", value: applied.executorId, size: 36}),
@@ -489,7 +537,7 @@ function auditPage(ctx) {
     relevant: (name, data) => name === "audit" && offset === 0 && (!app || data.app === app),
     async load() {
       const q = {app, executorId: applied.executorId, action: applied.action,
-        since: utc(applied.since),
+        since: utc(applied.since), untilId,
         limit: AUDIT_PAGE, offset, sortDesc: true};
       if (scoped && !q.app) return h("p", {class: "note"}, "This key is limited to apps: name one of them.");
       const rows = await api("/audit", {params: q});
@@ -502,7 +550,7 @@ function auditPage(ctx) {
           ["Detail", (e) => h("code", {}, JSON.stringify(e.detail))],
         ], rows, {empty: "No entry matches."}),
         pager("Audit pages", {offset, limit: AUDIT_PAGE, shown: rows.length,
-          go: (o) => ctx.go(["audit"], {...applied, offset: o})}),
+          go: (o) => ctx.go(["audit"], {...applied, offset: o, untilId: o ? untilId || (rows[0] && rows[0].id) : undefined})}),
       ];
     },
   });

@@ -1,6 +1,7 @@
 // The console: sign-in, hash routing, and live updates. Each page reads only what it shows (one
 // page of a list at a time) and reads it again when the event stream says something it shows
-// changed; nothing is polled while its reads succeed (a failed read is tried again: retryLater).
+// changed; a failed read is tried again (retryLater), and a page showing unfinished workflows reads
+// again every few seconds (pollLater): nothing else is polled.
 
 import {api, readEvents, session} from "/static/console-api.js";
 import {ago, h, problemText} from "/static/console-ui.js";
@@ -134,7 +135,28 @@ async function refreshPage(page) {
   }
   if (page.again && page === current) { page.again = false; await refreshPage(page); return; }
   if (failed) retryLater(page, failed);
+  else pollLater(page);
 }
+
+// What no event tells: a workflow's progress is the executor's, not Relay's, so a page that shows
+// unfinished workflows (page.pollMs() > 0) reads again after that long, until what it shows has
+// finished or the operator leaves it; not while the tab is hidden (it reads when shown again), not
+// under an open dialog.
+function pollLater(page) {
+  clearTimeout(page.pollTimer);
+  const ms = page.pollMs ? page.pollMs() : 0;
+  if (!ms) return;
+  page.pollTimer = setTimeout(() => {
+    if (page !== current) return;
+    if (document.hidden) { page.pollDue = true; return; }
+    if (document.querySelector("dialog[open]")) { pollLater(page); return; }
+    refreshPage(page);
+  }, ms);
+}
+
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden && current && current.pollDue) { current.pollDue = false; refreshPage(current); }
+});
 
 // A read that failed for a reason that passes (Relay or the app's executor busy or unreachable: no
 // status, 429, 5xx) is tried again by itself, 2 s after the first failure and twice as long after
@@ -205,13 +227,37 @@ document.getElementById("skip").addEventListener("click", (ev) => {
 });
 window.addEventListener("hashchange", show);
 
-(async () => {
+// A reload (or a new tab's first read) while Relay cannot answer (restarting, its database away:
+// no status, 429, 5xx) keeps the key and asks again, 2 s after the first failure and twice as long
+// after each next one, up to 30 s; only an answer that the key is not valid forgets it.
+async function resumeSession(waitMs = 0) {
   if (!session.key) { signInForm(); return; }
   try {
     who = await api("/whoami");
-    startSession();
   } catch (err) {
+    const status = err && err.status;
+    if (!status || status === 429 || status >= 500) { waitForRelay(err, Math.min(Math.max(waitMs * 2, 2000), 30000)); return; }
     session.clear();
-    signInForm(err.status === 401 ? "Your key is no longer valid; sign in again." : problemText(err));
+    signInForm(status === 401 ? "Your key is no longer valid; sign in again." : problemText(err));
+    return;
   }
-})();
+  startSession();
+}
+
+function waitForRelay(err, waitMs) {
+  document.getElementById("nav").hidden = true;
+  document.getElementById("session").hidden = true;
+  const retry = h("button", {type: "button", id: "retry-now"}, "Try now");
+  const other = h("button", {type: "button", id: "signin-other"}, "Sign in with another key");
+  const timer = setTimeout(() => resumeSession(waitMs), waitMs);
+  retry.addEventListener("click", () => { clearTimeout(timer); resumeSession(waitMs); });
+  other.addEventListener("click", () => { clearTimeout(timer); signOut(); });
+  main.replaceChildren(
+    h("h1", {id: "waiting-title", tabindex: "-1"}, "Relay is not answering"),
+    h("p", {id: "waiting-error", class: "alert", role: "alert"}, problemText(err)),
+    h("p", {class: "note"}, `Your key is kept in this tab. Trying again in ${Math.round(waitMs / 1000)} s.`),
+    h("p", {}, retry, " ", other));
+  document.title = "Waiting for Relay · Relay console";
+}
+
+resumeSession();
