@@ -199,9 +199,14 @@ def _rule_fields(body: CreateAlertingRule) -> tuple[dict[str, Any], list[dict[st
     errors = []
     aliases = CONDUCTOR_PARAMS.get(body.ruleType, {})
     given = body.ruleMetadata.model_dump(exclude_none=True) if body.ruleMetadata else {}
+    given_as: dict[str, tuple[str, Any]] = {}  # a parameter given by both its names must say one thing
     for key, value in given.items():
         name = aliases.get(key, key)
-        if name not in PARAMS[body.ruleType]:
+        other = given_as.setdefault(name, (key, value))
+        if other[0] != key and other[1] != value:
+            message = f"given as both {other[0]} ({other[1]!r}) and {key} ({value!r}): say it once"
+            errors.append({"location": f"body.ruleMetadata.{key}", "message": message})
+        elif name not in PARAMS[body.ruleType]:
             takes = ", ".join(PARAMS[body.ruleType]) or "no parameters"
             message = f"not a parameter of {body.ruleType.value} (it takes {takes})"
             errors.append({"location": f"body.ruleMetadata.{key}", "message": message})

@@ -165,7 +165,7 @@ async def register_app(org: str, app: str, ctx: Ctx, who: Admin, body: RegisterA
 
 @router.delete("/apps/{app}", status_code=204, response_class=Response)
 async def delete_app(org: str, app: str, ctx: Ctx, who: Admin) -> Response:
-    """Forget an app; 409 while the registry holds any of its executors."""
+    """Forget an app; 409 while the registry holds any of its executors, or when relay.yaml lists it."""
     await ctx.operator.delete_app(org, app, actor(who))
     return Response(status_code=204)
 

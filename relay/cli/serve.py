@@ -106,6 +106,14 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
     except ConfigError as exc:
         click.echo(f"relay: {exc}", err=True)
         return EXIT_CONFIG
+    from relay.net.webhook import config_refusals
+
+    refused = config_refusals(settings)
+    if refused:
+        click.echo("relay: relay.yaml: a webhook the allow-list (alerts.allowedDestinations) refuses", err=True)
+        for line in refused:
+            click.echo(f"  {line}", err=True)
+        return EXIT_CONFIG
 
     # The port first: a second `relay serve` on a port in use must fail before it touches the
     # database, where it would take over the lease of the instance listening there (the default

@@ -30,6 +30,9 @@ COMPLETED = {
     "CANCELLED": "workflow_cancelled_rate",
 }
 STEP_COMPLETED = {"SUCCESS": "step_success_rate", "ERROR": "step_failed_rate"}
+# Failed, as the failure rate counts and the WorkflowFailure rule pages: an error, or recovered too
+# many times (a poison workflow, dead-lettered).
+FAILED_STATUSES = tuple(status for status, rate in COMPLETED.items() if rate == "workflow_failed_rate")
 
 # Every family, with its labels besides ``org`` and ``application`` and whether it is stamped
 # with the window (rates and windowed maxima) or not (point-in-time).

@@ -31,6 +31,7 @@ from typing import Any
 
 from relay.config import AlertRuleConfig
 from relay.core.alerts import Alert, Kind, Observed, Rule, signature, webhook_body
+from relay.core.appfigures import FAILED_STATUSES
 from relay.domain.gateway import ExecutorGateway
 from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
 from relay.net.webhook import Attempt, WebhookSender, describe
@@ -181,7 +182,7 @@ class ConditionObserver:
         body = GetWorkflowAggregatesBody(
             group_by_name=True,
             select_count=True,
-            status=["ERROR"],
+            status=list(FAILED_STATUSES),
             completed_after=_iso(time.time() - window),
             name=[name] if name else None,
         )

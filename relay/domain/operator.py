@@ -56,10 +56,14 @@ class Operator:
         return created
 
     async def delete_app(self, org: str, app: str, actor: str) -> None:
-        """Forget an app; refused while the registry holds any executor of it."""
+        """Forget an app; refused while the registry holds any executor of it, and for an app that
+        relay.yaml lists (its executors would register it again with default settings, and its
+        rules from the file would be gone until the next start)."""
         async with self.db.transaction() as conn:
             if await self.apps.get(org, app, conn) is None:
                 raise NotFound(f"no app {app!r} in org {org!r}")
+            if await self.apps.listed_in_config(conn, org, app):
+                raise Conflict("defined_in_config", f"app {app!r} is listed in relay.yaml; take it out there first")
             if not await self.apps.delete(conn, org, app):
                 raise Conflict("app_has_executors", f"app {app!r} still has executors in the registry")
             await write_audit(conn, org, app, AuditEntry("application.delete", actor, detail=SUCCEEDED))

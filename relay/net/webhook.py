@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from relay.config import ascii_host, webhook_problem
+from relay.config import RelayConfig, ascii_host, webhook_problem
 from relay.core.alerts import retryable_status
 from relay.core.destinations import Address, DestinationPolicy
 
@@ -51,6 +51,7 @@ GetAddrInfo = Callable[..., list[tuple[Any, ...]]]
 # Threads that resolve webhook host names (and so lookups at a time). A name server that never
 # answers holds one for glibc's timeout x attempts (5 s x 2 by default): a few are enough.
 LOOKUP_THREADS = 4
+log = logging.getLogger(__name__)
 
 
 class Unresolved(Exception):
@@ -159,6 +160,12 @@ class WebhookSender:
             raise Unresolved(f"{host} cannot be resolved ({type(exc).__name__})") from exc
         return Destination(host, port, addresses), self.policy.check(host, addresses)
 
+    async def refusal(self, url: str) -> str | None:
+        """Why the policy refuses the URL's destination now, or None; raises :class:`Unresolved` or
+        TimeoutError when its host cannot be resolved now (which may pass)."""
+        async with asyncio.timeout(self.timeout):
+            return (await self._destination(url))[1]
+
     async def check(self, url: str) -> str | None:
         """Why a webhook may not be sent to now (a rule is refused for it), or None."""
         try:
@@ -250,3 +257,34 @@ def _without(text: str, url: str) -> str:
         if secret and secret != "/":
             text = text.replace(secret, "...")
     return text
+
+
+def config_refusals(config: RelayConfig) -> list[str]:
+    """What relay.yaml's webhooks the allow-list refuses, resolved now as a rule made through the API
+    is: one a line, by where it is in the file. A literal address is refused by the file's own
+    validation; a name (``localhost``) only here. A name that cannot be resolved now is logged and
+    left to the sends (a name server away at start must not keep Relay from starting)."""
+    sender = WebhookSender(config.alerts.policy(), config.alerts.timeout_secs, "relay")
+
+    async def one(where: str, url: str) -> str | None:
+        try:
+            why = await sender.refusal(url)
+        except (Unresolved, TimeoutError) as exc:
+            log.warning("%s cannot be checked now (%s); each send checks it", where, exc or "timed out")
+            return None
+        return f"{where}: {why}" if why else None
+
+    async def check() -> list[str]:
+        found = [
+            (f"orgs.{org.name}.apps.{app.name}.alerts.{n}.webhook", rule.webhook)
+            for org in config.orgs
+            for app in org.apps
+            for n, rule in enumerate(app.alerts)
+            if rule.webhook
+        ]
+        return [why for why in await asyncio.gather(*(one(where, url) for where, url in found)) if why]
+
+    try:
+        return asyncio.run(check())
+    finally:
+        sender.close()

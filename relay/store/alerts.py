@@ -70,11 +70,22 @@ class Claim:
     reason: str
 
 
-def config_rule_id(org: str, app: str, rule: AlertRuleConfig) -> str:
-    """relay.yaml's rules have no id of their own: one drawn from what the rule says (not its secret),
-    the same on every instance and at every start, and new when the rule changes."""
-    content = rule.model_dump(mode="json", exclude={"secret", "secret_env"})
-    digest = hashlib.sha256(json.dumps([org, app, content], sort_keys=True).encode()).hexdigest()
+# What a relay.yaml rule watches for; where it sends (webhook, format, secret, receiving app) is not
+# part of it, so that pointing a rule elsewhere keeps the rule (and its deliveries under way).
+Identity = tuple[str, str, str, str, float]
+
+
+def _identity(org: str, app: str, kind: str, params: dict[str, Any], min_interval_secs: float) -> Identity:
+    return (org, app, kind, json.dumps(params, sort_keys=True), float(min_interval_secs))
+
+
+def config_rule_id(org: str, app: str, rule: AlertRuleConfig, nth: int = 0) -> str:
+    """relay.yaml's rules have no id of their own: one drawn from what the rule watches for (and
+    ``nth``, its place among the file's rules that watch for the same thing), the same on every
+    instance and at every start, and new when what it watches for changes. Ids drawn before also
+    hashed the destination; :meth:`AlertStore.sync_config` keeps a rule's id whichever way it was drawn."""
+    content = {"kind": rule.kind.value, "params": rule.params(), "minIntervalSecs": float(rule.min_interval_secs)}
+    digest = hashlib.sha256(json.dumps([org, app, content, nth], sort_keys=True).encode()).hexdigest()
     return f"config-{digest[:20]}"
 
 
@@ -89,27 +100,44 @@ class AlertStore:
     # -- rules -------------------------------------------------------------------------
 
     async def sync_config(self, config: RelayConfig) -> None:
-        """Make relay.yaml's rules in the database match the file (after the apps are synced)."""
-        rows = [
-            (config_rule_id(org.name, app.name, rule), org.name, app.name, rule)
-            for org in config.orgs
-            for app in org.apps
-            for rule in app.alerts
-        ]
+        """Make relay.yaml's rules in the database match the file (after the apps are synced).
+
+        A rule of the file is the rule in the database that watches for the same thing (its kind,
+        parameters and minimum interval), whatever its destination: a rule pointed at another
+        webhook keeps its id, so an alert being delivered when Relay restarts goes on to where the
+        rule says now, not to "its rule was deleted". Rules the file no longer has are deleted."""
         async with self.db.transaction() as conn:
-            await conn.execute(
-                "DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", ([r[0] for r in rows],)
+            cur = await conn.execute(
+                """SELECT id, org, app, kind, params, min_interval_secs FROM alert_rules
+                   WHERE source = 'config' ORDER BY created_at, id FOR UPDATE"""
             )
-            for rule_id, org, app, rule in rows:
-                receiver = None if rule.webhook else (rule.receiver_app or app)
-                await conn.execute(
-                    """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, secret,
-                                                format, receiver_app, source)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'config')
-                       ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret""",
-                    (rule_id, org, app, rule.kind.value, Jsonb(rule.params()), rule.min_interval_secs,
-                     rule.webhook, rule.signing_secret(), rule.format, receiver),
-                )  # fmt: skip
+            held: dict[Identity, list[str]] = {}
+            for r in await cur.fetchall():
+                ident = _identity(r["org"], r["app"], r["kind"], r["params"], r["min_interval_secs"])
+                held.setdefault(ident, []).append(r["id"])
+            seen: dict[Identity, int] = {}
+            kept: list[str] = []
+            for org in config.orgs:
+                for app in org.apps:
+                    for rule in app.alerts:
+                        ident = _identity(org.name, app.name, rule.kind.value, rule.params(), rule.min_interval_secs)
+                        nth = seen.get(ident, 0)
+                        seen[ident] = nth + 1
+                        ids = held.get(ident, [])
+                        rule_id = ids.pop(0) if ids else config_rule_id(org.name, app.name, rule, nth)
+                        kept.append(rule_id)
+                        receiver = None if rule.webhook else (rule.receiver_app or app.name)
+                        await conn.execute(
+                            """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url,
+                                                        secret, format, receiver_app, source)
+                               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'config')
+                               ON CONFLICT (id) DO UPDATE SET webhook_url = EXCLUDED.webhook_url,
+                                   secret = EXCLUDED.secret, format = EXCLUDED.format,
+                                   receiver_app = EXCLUDED.receiver_app""",
+                            (rule_id, org.name, app.name, rule.kind.value, Jsonb(rule.params()),
+                             rule.min_interval_secs, rule.webhook, rule.signing_secret(), rule.format, receiver),
+                        )  # fmt: skip
+            await conn.execute("DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", (kept,))
 
     async def list_rules(self, org: str, app: str, limit: int, offset: int) -> list[RuleRecord]:
         async with self.db.connection() as conn:

@@ -88,7 +88,10 @@ class AppStore:
         """Make orgs and configured apps in the database match relay.yaml.
 
         App settings from the file are written only when the app is first seen:
-        later changes come through the API (PATCH) and must survive a restart.
+        later changes come through the API (PATCH) and must survive a restart. ``from_config``
+        says which apps the file lists (an app the file lists cannot be deleted through the API:
+        its executors would bring it back with default settings and without the file's rules);
+        an app taken out of the file loses it, as a key taken out of the file is removed.
         """
         async with self.db.connection() as conn, conn.transaction():
             for org in config.orgs:
@@ -98,10 +101,15 @@ class AppStore:
                         """INSERT INTO apps (org, name, executor_timeout_secs, recover_to_latest_version,
                                              gc_time_threshold_ms, gc_rows_threshold, global_timeout_ms,
                                              from_config)
-                           VALUES (%s, %s, %s, %s, %s, %s, %s, true) ON CONFLICT DO NOTHING""",
+                           VALUES (%s, %s, %s, %s, %s, %s, %s, true)
+                           ON CONFLICT (org, name) DO UPDATE SET from_config = true""",
                         (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version,
                          app.gc_time_threshold_ms, app.gc_rows_threshold, app.global_timeout_ms),
                     )  # fmt: skip
+                await conn.execute(
+                    "UPDATE apps SET from_config = false WHERE org = %s AND from_config AND NOT (name = ANY(%s))",
+                    (org.name, [app.name for app in org.apps]),
+                )
 
     async def exists(self, org: str, app: str) -> bool:
         async with self.db.connection() as conn:
@@ -223,6 +231,12 @@ class AppStore:
             (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
         )
         return cur.rowcount == 1
+
+    @staticmethod
+    async def listed_in_config(conn: Conn, org: str, app: str) -> bool:
+        cur = await conn.execute("SELECT from_config FROM apps WHERE org = %s AND name = %s", (org, app))
+        row = await cur.fetchone()
+        return bool(row and row["from_config"])
 
     @staticmethod
     async def delete(conn: Conn, org: str, app: str) -> bool:

@@ -1,0 +1,290 @@
+"""An operator's review of alerts and app settings: whether what relay.yaml and the API promise an
+app still holds after what operators do at night. Deleting an app and letting its executors bring it
+back (its relay.yaml rules and settings), a webhook written by host name (the allow-list at start),
+a rule pointed at a working receiver while a death's alert is failing (the alert's fate), a rule
+parameter given by both its names, and a dead-lettered workflow against the WorkflowFailure rule.
+A real Relay process, real PostgreSQL, real DBOS executors and a real webhook receiver. Each of the
+first six failed on the code before its fix (a reviewer's, after stop 36); the last two show the
+fixes' own rules (an app the file lists, a rule's id across a webhook's change and the upgrade)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import yaml
+
+from harness.executors import ExecutorProcess
+from harness.ports import free_port
+from harness.receiver import WebhookReceiver
+from harness.relay import RelayProcess
+from harness.waiting import assert_eventually
+from tests.test_alerts import alert_config, audit
+
+StartRelay = Callable[..., RelayProcess]
+StartExecutor = Callable[..., ExecutorProcess]
+
+
+def test_an_app_of_relay_yaml_deleted_and_back_keeps_its_relay_yaml_alert_rules(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """``DELETE /apps/ledger`` (allowed: no executor in the registry) cascades to ``alert_rules``,
+    relay.yaml's rules included, and they are copied in again only at Relay's next start. When the
+    app's executors come back (the app registered again at their connection), its relay.yaml
+    ``ExecutorDead`` rule is gone until Relay restarts: a death meanwhile pages nobody."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
+        relay = start_relay(alert_config(free_port(), rules))
+        with relay.api() as api:
+            assert [r["source"] for r in api.get("/apps/ledger/alerting-rules").json()] == ["config"]
+            # Refusing to forget an app of relay.yaml (409) would keep its rules as well.
+            assert api.delete("/apps/ledger").status_code in (204, 409)
+        executor = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        with relay.api() as api:
+            listed = api.get("/apps/ledger/alerting-rules")
+        assert listed.status_code == 200
+        assert [r["source"] for r in listed.json()] == ["config"], "relay.yaml's rule is gone after the app came back"
+
+
+def test_an_app_of_relay_yaml_deleted_and_back_keeps_its_relay_yaml_settings(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """An app listed in relay.yaml, deleted through the API and registered again by its executors'
+    next connection, gets the defaults (``AppStore.ensure``: a 60 s grace period, retention off), not
+    relay.yaml's settings, and a restart never restores them (``sync_config`` inserts ON CONFLICT DO
+    NOTHING): the grace period the operator configured, and its retention, are silently gone."""
+    config = alert_config(free_port(), [], grace=2.5)
+    config["orgs"][0]["apps"][0]["gcTimeThresholdMs"] = 3_600_000
+    relay = start_relay(config)
+    with relay.api() as api:
+        before = api.get("/apps/ledger").json()
+        assert (before["executorTimeoutSecs"], before["gcTimeThresholdMs"]) == (2.5, 3_600_000)
+        assert api.delete("/apps/ledger").status_code in (204, 409)  # a 409 would keep them too
+    executor = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+    with relay.api() as api:
+        after = api.get("/apps/ledger").json()
+    assert (after["executorTimeoutSecs"], after["gcTimeThresholdMs"]) == (2.5, 3_600_000), (
+        "relay.yaml's settings of the app are lost once it is deleted and comes back"
+    )
+
+
+def test_relay_yaml_refuses_a_webhook_whose_host_name_the_allow_list_refuses(tmp_path: Path, relay_db: str) -> None:
+    """README "Safety": every address a webhook's name resolves to is checked when the rule is made
+    (the API answers 422), and relay.yaml refuses a literal loopback address at start (exit 2). The
+    same destination written by name, ``http://localhost:PORT/``, is taken silently from relay.yaml
+    (``literal_refusal`` checks literal addresses only): Relay starts, and every alert of the rule is
+    refused at send time, a final failure, never retried. The operator learns it from the first
+    ``alert.failed``, at night."""
+    port = free_port()
+    config = alert_config(port, [{"kind": "ExecutorDead", "webhook": "http://localhost:9/hook"}])
+    config["alerts"]["allowedDestinations"] = []  # loopback not listed: refused
+    path = tmp_path / "relay.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "RELAY_INSTANCE_ID": "relay-review", "RELAY_HOME": str(tmp_path / "home")}
+    env.pop("RELAY_DATABASE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", "--config", str(path), "--database-url", relay_db],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+
+        def started_or_exited() -> bool:
+            if proc.poll() is not None:
+                return True
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert_eventually(started_or_exited, 60, what="relay serve to start or refuse its configuration")
+        exited = proc.poll()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+        _, stderr = proc.communicate()
+    assert exited == 2, "relay serve started with a webhook the allow-list refuses (a loopback host name)"
+    assert b"webhook" in stderr
+
+
+def test_a_death_paged_to_a_receiver_that_is_down_reaches_the_webhook_relay_yaml_is_fixed_to(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """A death's alert keeps failing (the receiver at the rule's webhook is down); the operator points
+    the rule at a receiver that works, in relay.yaml, and restarts Relay. relay.yaml's rule ids are
+    drawn from their content, webhook included (``config_rule_id``), so the fixed rule is a new rule
+    made after the death (it fires only for later events) and the old one is deleted: the delivery
+    resumed after the restart ends in ``alert.failed`` ("its rule was deleted") and the death reaches
+    no receiver. A delivery is meant to go on after Relay restarts, to where its rule says now."""
+    with WebhookReceiver() as down, WebhookReceiver() as fixed:
+        down.fail_for(600)
+        rules = [{"kind": "ExecutorDead", "webhook": down.url("/old"), "minIntervalSecs": 0}]
+        config = alert_config(free_port(), rules, maxAttempts=1000)
+        relay = start_relay(config)
+        executor = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        executor.kill()
+        assert_eventually(lambda: len(down.deliveries("ExecutorDead")) >= 2, 20, what="refused attempts")
+        relay.stop()
+        config["orgs"][0]["apps"][0]["alerts"] = [
+            {"kind": "ExecutorDead", "webhook": fixed.url("/new"), "minIntervalSecs": 0}
+        ]
+        relay.config_path.write_text(yaml.safe_dump(config))
+        relay.start()
+
+        def paged() -> bool:
+            return any(p["executorId"] == executor.executor_id for p in fixed.payloads("ExecutorDead"))
+
+        def given_up() -> list[dict[str, Any]]:
+            return audit(relay, "alert.failed")
+
+        assert_eventually(lambda: paged() or given_up(), 30, what="the death paged, or its delivery given up")
+        assert paged(), f"the death reached no receiver: {[e['detail'].get('error') for e in given_up()]}"
+
+
+def test_a_rule_giving_a_parameter_by_both_its_names_with_two_values_is_refused(start_relay: StartRelay) -> None:
+    """``ruleMetadata`` takes a parameter by Conductor's name or Relay's (``threshold`` or ``count``,
+    ``workflow_name`` or ``workflowName``). Given both, with different values, the rule is made (201)
+    with one of them picked silently (``_rule_fields``: the later name in the model's order wins):
+    an operator who wrote ``count: 5`` gets a rule that pages at 2 failures, and one who wrote
+    ``workflowName: payroll`` a rule that watches ``billing``. A body that says two things about one
+    parameter is a 422."""
+    with WebhookReceiver() as receiver:
+        relay = start_relay(alert_config(free_port(), []))
+        with relay.api() as api:
+            answers = [
+                api.post(
+                    "/apps/ledger/alerting-rules",
+                    json={
+                        "ruleType": "WorkflowFailure",
+                        "webhook": receiver.url(),
+                        "ruleMetadata": metadata,
+                    },
+                )
+                for metadata in ({"count": 5, "threshold": 2}, {"workflowName": "payroll", "workflow_name": "billing"})
+            ]
+            made = [r["ruleMetadata"] for r in api.get("/apps/ledger/alerting-rules").json()]
+        assert [a.status_code for a in answers] == [422, 422], f"taken as {made}"
+
+
+def test_a_dead_lettered_workflow_fires_a_workflow_failure_rule_as_it_counts_as_failed_in_the_metrics(
+    start_relay: StartRelay, start_executor: StartExecutor, sysdb: str, evidence_db: str
+) -> None:
+    """A workflow that crashes its executor again and again ends ``MAX_RECOVERY_ATTEMPTS_EXCEEDED``
+    (the SDK dates its completion): ``dbos_conductor_v1_workflow_failed_rate`` counts it as failed
+    (README "Metrics", as Conductor's metrics.md), and Conductor's WorkflowFailure alert is about
+    workflows that fail. Relay's ``WorkflowFailure`` asks only for ``status=["ERROR"]``
+    (``ConditionObserver._failures``): the poison workflow that is the worst failure an app has never
+    pages, while the dashboard shows it failing."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "WorkflowFailure", "workflowName": "crashy", "count": 1, "windowSecs": 120,
+                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
+        relay = start_relay(alert_config(free_port(), rules))
+        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1"}
+        executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        with psycopg.connect(sysdb, autocommit=True) as conn:
+
+            def failed_rows() -> int:
+                row = conn.execute("SELECT count(*) FROM dbos.workflow_status WHERE name = 'failing'").fetchone()
+                return int(row[0]) if row else 0
+
+            assert_eventually(lambda: failed_rows() == 1, 15, what="the app's failing workflow")
+            # The row the SDK writes when a workflow exceeds its recovery attempts, as that of a real
+            # workflow of the app (its application name and version): dead-lettered just now.
+            with conn.transaction():
+                conn.execute("CREATE TEMP TABLE poison AS SELECT * FROM dbos.workflow_status WHERE name = 'failing'")
+                now_ms = int(time.time() * 1000)
+                conn.execute(
+                    """UPDATE poison SET workflow_uuid = 'crashy-1', name = 'crashy',
+                           status = 'MAX_RECOVERY_ATTEMPTS_EXCEEDED', created_at = %s, updated_at = %s,
+                           completed_at = %s""",
+                    (now_ms - 5000, now_ms, now_ms),
+                )
+                conn.execute("INSERT INTO dbos.workflow_status SELECT * FROM poison")
+        paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure"), 10)
+        assert paged, "a dead-lettered workflow paged nobody (WorkflowFailure counts ERROR only)"
+        assert paged[0]["workflowName"] == "crashy"
+
+
+def assert_eventually_or_none(condition: Callable[[], Any], timeout: float) -> Any:
+    """What ``condition`` returns once truthy within ``timeout`` seconds, else its last (falsy) value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def test_an_app_relay_yaml_lists_is_refused_deletion_until_the_file_no_longer_lists_it(
+    start_relay: StartRelay,
+) -> None:
+    """The fix of the two tests above: ``DELETE`` of an app relay.yaml lists is a 409
+    ``defined_in_config`` (the app and its rules stay); once an instance starts
+    with a file that no longer lists it, the app can be deleted (``from_config`` follows the file)."""
+    config = alert_config(free_port(), [])
+    config["orgs"][0]["apps"].append({"name": "extra", "executorTimeoutSecs": 5})
+    relay = start_relay(config)
+    with relay.api() as api:
+        refused = api.delete("/apps/extra")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "defined_in_config"
+        assert "relay.yaml" in refused.json()["detail"]
+        assert api.get("/apps/extra").status_code == 200
+    relay.stop()
+    config["orgs"][0]["apps"] = [a for a in config["orgs"][0]["apps"] if a["name"] != "extra"]
+    relay.config_path.write_text(yaml.safe_dump(config))
+    relay.start()
+    with relay.api() as api:
+        assert api.get("/apps/extra").json()["executorTimeoutSecs"] == 5  # kept: the file no longer says
+        assert api.delete("/apps/extra").status_code == 204
+        assert api.get("/apps/extra").status_code == 404
+        assert api.delete("/apps/ledger").status_code == 409  # still listed
+
+
+def test_a_relay_yaml_rule_keeps_its_id_when_its_webhook_changes_and_when_its_id_was_drawn_the_old_way(
+    start_relay: StartRelay, relay_db: str
+) -> None:
+    """A rule of the file is the rule in the database that watches for the same thing, whatever its
+    destination: a webhook changed in relay.yaml keeps the rule's id (its deliveries go on), two rules
+    that differ only in their webhooks stay two, and a rule whose id an earlier release drew from its
+    content with the webhook (``config-`` and a hash of it) keeps that id across the upgrade: no
+    rule is deleted and made again, so nothing fires twice and no delivery loses its rule."""
+
+    def rules() -> dict[str, str]:  # webhook -> id (the API shows no webhook's path)
+        with psycopg.connect(relay_db, autocommit=True) as conn:
+            rows = conn.execute("SELECT webhook_url, id FROM alert_rules WHERE source = 'config'").fetchall()
+        return {str(url): str(rule_id) for url, rule_id in rows}
+
+    with WebhookReceiver() as one, WebhookReceiver() as two:
+        rules_in_file = [
+            {"kind": "ExecutorDead", "webhook": one.url("/a"), "minIntervalSecs": 0},
+            {"kind": "ExecutorDead", "webhook": two.url("/b"), "minIntervalSecs": 0},
+        ]
+        config = alert_config(free_port(), rules_in_file)
+        relay = start_relay(config)
+        before = rules()
+        assert set(before) == {one.url("/a"), two.url("/b")}
+        relay.stop()
+        # As an earlier release left it: the first rule under an id of its own drawing.
+        with psycopg.connect(relay_db, autocommit=True) as conn:
+            old_id = "config-0123456789abcdef0123"
+            conn.execute("UPDATE alert_rules SET id = %s WHERE id = %s", (old_id, before[one.url("/a")]))
+        config["orgs"][0]["apps"][0]["alerts"][1]["webhook"] = two.url("/moved")
+        relay.config_path.write_text(yaml.safe_dump(config))
+        relay.start()
+        after = rules()
+        with relay.api() as api:
+            listed = api.get("/apps/ledger/alerting-rules").json()
+    assert after == {one.url("/a"): old_id, two.url("/moved"): before[two.url("/b")]}
+    assert sorted(r["id"] for r in listed) == sorted(after.values())
