@@ -3,10 +3,10 @@ v2 HTTP API, each answer checked against what Conductor's documentation promises
 (dbos-docs ``docs/production/conductor-api.md``) and what dbos-mcp's tools tell the agent.
 
 Each test failed on the code before its fix (a reviewer's, after stop 36): each names the document
-line it relies on and the answer an agent would have been misled by. One world for the module: one Relay, one real DBOS 3.2
-executor of ``ledger`` (harness/workflow_app.py, seeding its fixtures), and dbos-mcp in its own
-virtual environment (tests/test_dbos_mcp.py's driver); the executor's system database is read
-directly, never through Relay.
+line it relies on and the answer an agent would have been misled by. One world for the module:
+one Relay, one real DBOS 3.2 executor of ``ledger`` (harness/workflow_app.py, seeding its
+fixtures), and dbos-mcp in its own virtual environment (tests/test_dbos_mcp.py's driver); the
+executor's system database is read directly, never through Relay.
 """
 
 from __future__ import annotations
