@@ -160,10 +160,11 @@ def test_sign_in_with_a_key_shows_the_apps_and_sign_out_forgets_the_key(world: W
 
 
 def test_a_key_refused_the_event_stream_asks_for_it_once_and_says_so(world: World, page: Page) -> None:
-    """A key that signs in but lacks ``application.read`` gets 403 from /events, and will every time:
-    the console stops there. Retrying, it asked again after 1, 3, 7 s... (then every 10 s)."""
+    """A key that signs in but lacks ``application.read`` (one that reads the audit log and the
+    instances) gets 403 from /events, and will every time: the console stops there. Retrying, it
+    asked again after 1, 3, 7 s... (then every 10 s)."""
     with world.relay.api() as api:
-        made = api.post("/tokens/console-tokens-only", json={"permissions": ["token.read"]})
+        made = api.post("/tokens/console-org-only", json={"permissions": ["organization.read"]})
     assert made.status_code == 201, made.text
     watched = watch(page)
     sign_in(page, world.relay.http, "acme", made.json()["token"])
@@ -494,7 +495,7 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
 def readme_audit_actions() -> set[str]:
     """The audit actions README.md names: the audit log's row of the API table, and Operating workflows."""
     text = README.read_text(encoding="utf-8")
-    (row,) = [line for line in text.splitlines() if line.startswith("| `GET /v2/orgs/{org}/audit")]
+    (row,) = [line for line in text.splitlines() if line.startswith("| `GET /v2/orgs/{org}/audit[")]
     start = text.index("Every change is audited (`GET /v2/orgs/{org}/audit")
     named = re.findall(r"`([a-z_]+\.[a-z_]+)`", row + text[start : text.index("\n\n", start)])
     return {a for a in named if not a.endswith((".read", ".write"))}  # not the permissions

@@ -4,14 +4,14 @@ The console reads it with ``fetch`` (so that it can send its key in the
 ``Authorization`` header, which ``EventSource`` cannot) and reads again the page
 it shows when a change concerns it. Events::
 
-    event: ready         the stream is open: read the page now (changes from here on are sent)
+    event: ready         {"heartbeatSecs"}: the stream is open: read the page now (changes from here on are sent)
     event: executor      {"app", "executorId", "state", "blockedReason", "relayInstance"}
     event: audit         {"id", "at", "app", "action", "executorId", "peerExecutorId"}
     event: end           {"reason"}: the stream ends (shutdown, a slow reader, the key deleted or changed)
 
 and a comment line (``: heartbeat``) every ``server.eventHeartbeatSecs`` when
 nothing happens. A deleted executor shows as the audit entry ``executor.deleted``.
-Needs ``application.read``; audit events only with ``organization.read``.
+Needs ``application.read``; audit events of no app (keys, instances) only with ``organization.read``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ class EventStreamResponse(Response):
 
     async def _pump(self, send: Send) -> None:
         stream = self.stream
-        await send({"type": "http.response.body", "body": sse("ready", {}), "more_body": True})
+        # The heartbeat's interval: a reader that hears nothing for a few of them knows the stream is lost.
+        ready = sse("ready", {"heartbeatSecs": self.hub.heartbeat_secs})
+        await send({"type": "http.response.body", "body": ready, "more_body": True})
         while True:
             try:
                 first = await asyncio.wait_for(stream.queue.get(), self.hub.heartbeat_secs)

@@ -4,8 +4,10 @@ One poller per instance, running only while a stream is open on it, reads
 what changed since its last look (new audit entries, changed executors: see
 :mod:`relay.store.changes`), so changes made through any instance reach every
 console. Each change goes to the streams whose key may see it: its org, one of
-its apps if the key is scoped to apps, audit entries only with
-``organization.read``.
+its apps if the key is scoped to apps; an audit entry of an app goes to whoever
+may read the app (the console re-reads the app's pages on it: an app team's key,
+limited to its apps, has no ``organization.read``), one of no app (keys, the
+instances) only with ``organization.read``.
 
 Streams are bounded: a key may hold ``server.maxEventStreamsPerKey`` on one
 instance and all keys together ``server.maxEventStreams``. A stream that does
@@ -60,7 +62,7 @@ class Stream:
         grant = self.grant
         if change.org != grant.org:
             return False
-        if change.kind == "audit" and Permission.ORGANIZATION_READ not in grant.permissions:
+        if change.kind == "audit" and change.app is None and Permission.ORGANIZATION_READ not in grant.permissions:
             return False
         if grant.apps is None:
             return True

@@ -64,7 +64,7 @@ export async function readEvents(onEvent, signal) {
         if (line.startsWith("event:")) name = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).trim());
       }
-      if (!data.length) continue;  // a heartbeat (a comment line)
+      if (!data.length) { onEvent("heartbeat", null); continue; }  // a heartbeat (a comment line)
       let parsed = null;
       try { parsed = JSON.parse(data.join("\n")); } catch { continue; }
       onEvent(name, parsed);

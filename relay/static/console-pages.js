@@ -59,7 +59,11 @@ function basePage({section, title, heading, intro, controls, load, relevant, app
       if (focusKey) {
         const again = [...region.querySelectorAll("[data-focus-key], a[href]")]
           .find((el) => (el.dataset.focusKey || el.getAttribute("href")) === focusKey);
+        // What had focus is gone (a Cancel button once the workflow is cancelled): the page's
+        // outcome, or its heading, rather than the top of the document.
+        const fallback = region.querySelector("[data-focus-fallback]") || document.querySelector("main h1");
         if (again) again.focus();
+        else if (fallback) fallback.focus({preventScroll: true});
       }
     },
     fail(err) {
@@ -139,28 +143,7 @@ function executorsPage(ctx, app) {
   const controls = h("form", {class: "filters", "aria-label": "Filter executors"},
     h("label", {for: "state-filter"}, "State", select), h("button", {type: "submit"}, "Filter"));
   controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "executors"], {state: select.value}); });
-  // The last manual recovery's outcome, kept across the refreshes its own audit entries bring.
-  const outcome = h("p", {id: "action-status", role: "status", class: "note"});
-  const tell = (...text) => { outcome.className = "note"; outcome.replaceChildren(...text); };
-  async function recover(e) {
-    const values = await confirmDialog({title: "Recover this executor's workflows now?", confirm: "Recover now",
-      body: e.state === "DISCONNECTED"
-        ? `Executor ${e.executorId} is declared dead now, without waiting for the rest of its grace period, and a healthy peer is asked to recover its workflows. If it is only slow to come back, its workflows may run twice.`
-        : `A healthy peer of ${app} is asked now to recover the workflows of executor ${e.executorId}${e.blockedReason ? ", which is blocked" : ""}.`,
-      fields: [{name: "toLatestVersion", label: "Onto the latest version, if no peer runs its version", type: "checkbox", value: "yes"}]});
-    if (!values) return;
-    tell("");
-    try {
-      const out = await api(`/apps/${enc(app)}/executors/${enc(e.executorId)}/recover`,
-        {method: "POST", body: {toLatestVersion: values.toLatestVersion === "yes"}});
-      const what = out.newRun === false ? "A recovery was running already and was woken to try again now" : "Recovery started";
-      announce(`${what}: ${e.executorId}`);
-      tell(`${what}: `, link(["apps", app, "recoveries"], out.recoveryId, {executor: e.executorId}), ".");
-    } catch (err) {
-      outcome.className = "alert";
-      outcome.textContent = problemText(err);
-    }
-  }
+  const {outcome, recover} = manualRecovery(app);
   return basePage({
     section: "apps", title: `Executors of ${app}`, app,
     heading: appHeader(ctx, app, "executors", `Executors of ${app}`), controls,
@@ -195,13 +178,41 @@ function executorsPage(ctx, app) {
   });
 }
 
+// An operator's recovery of an executor (POST .../executors/{id}/recover): a confirmation, then its
+// outcome in ``outcome``, one element for the page's life (the refreshes its own audit entries bring
+// put it back), with a link to the run.
+function manualRecovery(app) {
+  const outcome = h("p", {id: "action-status", role: "status", class: "note", tabindex: "-1", "data-focus-fallback": ""});
+  const tell = (...text) => { outcome.className = "note"; outcome.replaceChildren(...text); };
+  async function recover(e) {
+    const values = await confirmDialog({title: "Recover this executor's workflows now?", confirm: "Recover now",
+      body: e.state === "DISCONNECTED"
+        ? `Executor ${e.executorId} is declared dead now, without waiting for the rest of its grace period, and a healthy peer is asked to recover its workflows. If it is only slow to come back, its workflows may run twice.`
+        : `A healthy peer of ${app} is asked now to recover the workflows of executor ${e.executorId}${e.blockedReason ? ", which is blocked" : ""}.`,
+      fields: [{name: "toLatestVersion", label: "Onto the latest version, if no peer runs its version", type: "checkbox", value: "yes", checked: e.toLatest}]});
+    if (!values) return;
+    tell("");
+    try {
+      const out = await api(`/apps/${enc(app)}/executors/${enc(e.executorId)}/recover`,
+        {method: "POST", body: {toLatestVersion: values.toLatestVersion === "yes"}});
+      const what = out.newRun === false ? "A recovery was running already and was woken to try again now" : "Recovery started";
+      announce(`${what}: ${e.executorId}`);
+      tell(`${what}: `, link(["apps", app, "recoveries"], out.recoveryId, {executor: e.executorId}), ".");
+    } catch (err) {
+      outcome.className = "alert";
+      outcome.textContent = problemText(err);
+    }
+  }
+  return {outcome, recover};
+}
+
 // -- recoveries -------------------------------------------------------------------------------------
 
 function step(cls, title, at, ...more) {
   return h("li", {class: cls}, h("span", {class: "step-title"}, title), at ? [" ", h("span", {class: "when"}, when(at))] : "", ...more);
 }
 
-function recoveryCard(app, r) {
+function recoveryCard(ctx, app, r, recover) {
   const items = [step("bad", "DEAD", r.deadAt, h("span", {class: "note"}, ` executor declared dead (${r.trigger.replaceAll("_", " ")})`))];
   const waits = {"recovery.waiting_for_peer": "Waiting for a healthy peer", "recovery.awaiting_operator": "Waiting for an operator (version upgrade not allowed)"};
   const firstDispatch = r.attempts.length ? r.attempts[0].dispatchedAt : null;
@@ -221,13 +232,23 @@ function recoveryCard(app, r) {
       items.push(step("warn", "Waiting for the peer's answer", null));
     }
   }
-  if ((r.status === "waiting_for_peer" || r.status === "awaiting_operator") && r.attempts.length) {
+  const blocked = r.status === "waiting_for_peer" || r.status === "awaiting_operator";
+  if (blocked && r.attempts.length) {
     items.push(step("bad", r.status === "waiting_for_peer" ? "Blocked: no healthy peer" : "Blocked: awaiting an operator", r.updatedAt));
   }
+  // A way out, named on the card: the button (with a key that may write), and the command.
+  const toLatest = r.status === "awaiting_operator";
+  const command = `relay recover ${app} ${r.executorId}${toLatest ? " --to-latest" : ""}`;
+  const wayOut = blocked ? h("p", {class: "actions"},
+    ctx.canWrite ? [h("button", {type: "button", class: "secondary", "data-focus-key": `recover-${r.recoveryId}`,
+      onclick: () => recover({executorId: r.executorId, state: "DEAD", blockedReason: r.status, toLatest})},
+      "Recover now…", h("span", {class: "visually-hidden"}, ` (${r.executorId})`)), " "] : "",
+    h("span", {class: "note"}, "or: ", h("code", {}, command))) : null;
   return h("section", {class: "recovery", "aria-labelledby": `rec-${r.recoveryId}`, "data-recovery": r.recoveryId},
     h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", h("span", {class: "id"}, r.executorId), ` · run ${r.run} `, badge(r.status, r.status.replaceAll("_", " "))),
     h("p", {class: "note"}, `Version ${r.applicationVersion} · started `, when(r.createdAt), r.error ? ` · ${r.error}` : ""),
-    h("ol", {class: "timeline", "aria-label": `Timeline of recovery run ${r.run} of ${r.executorId}`}, items));
+    h("ol", {class: "timeline", "aria-label": `Timeline of recovery run ${r.run} of ${r.executorId}`}, items),
+    wayOut);
 }
 
 function recoveriesPage(ctx, app) {
@@ -239,6 +260,7 @@ function recoveriesPage(ctx, app) {
     h("label", {for: "rec-executor"}, "Executor id", input), h("button", {type: "submit"}, "Filter"));
   controls.addEventListener("submit", (ev) => { ev.preventDefault(); ctx.go(["apps", app, "recoveries"], {executor: input.value.trim()}); });
   const limit = 20;
+  const {outcome, recover} = manualRecovery(app);
   return basePage({
     section: "apps", title: `Recoveries of ${app}`, app,
     heading: appHeader(ctx, app, "recoveries", `Recoveries of ${app}`), controls,
@@ -246,7 +268,8 @@ function recoveriesPage(ctx, app) {
     async load() {
       const rows = await api(`/apps/${enc(app)}/recoveries`, {params: {executorId: executor, limit, offset, sortDesc: true}});
       return [
-        rows.length ? rows.map((r) => recoveryCard(app, r)) : h("p", {class: "note"}, "No recovery yet."),
+        outcome,
+        rows.length ? rows.map((r) => recoveryCard(ctx, app, r, recover)) : h("p", {class: "note"}, "No recovery yet."),
         pager("Recovery pages", {offset, limit, shown: rows.length, go: (o) => ctx.go(["apps", app, "recoveries"], {executor, offset: o})}),
       ];
     },
@@ -287,7 +310,7 @@ function workflowsTable(app, rows, caption) {
   return table(caption, [
     ["Workflow", (w) => unlinkable(w.workflowId)
       ? h("span", {class: "id", title: `A browser cannot open this id; use: relay workflows get ${app} ${w.workflowId}`}, w.workflowId)
-      : link(["apps", app, "workflows", w.workflowId], w.workflowId)],
+      : h("span", {class: "id"}, link(["apps", app, "workflows", w.workflowId], w.workflowId))],
     ["Name", (w) => w.workflowName || ""],
     ["Status", (w) => badge(w.status)],
     ["Queue", (w) => w.queueName || ""],
@@ -356,25 +379,41 @@ function workflowPage(ctx, app, workflowId) {
   // The last action's outcome. One element for the page's life, put back in each refresh of the
   // data region: every action is audited, and the refresh the audit event brings must not wipe
   // it. It goes when the operator acts again or leaves the page (a new page has its own).
-  const outcome = h("p", {id: "action-status", role: "status", class: "note"});
+  const outcome = h("p", {id: "action-status", role: "status", class: "note", tabindex: "-1", "data-focus-fallback": ""});
   const tell = (text, failed = false) => { outcome.className = failed ? "alert" : "note"; outcome.textContent = text; };
 
   async function act(kind, body) {
     const verb = {cancel: "Cancelled", resume: "Resumed", fork: "Forked"}[kind];
     tell("");
+    let out;
     try {
-      const out = await api(`${base}/${kind}`, {method: "POST", body});
-      if (kind === "fork" && out && out.workflowId) {
-        announce(`${verb} ${workflowId} as ${out.workflowId}`);
-        ctx.go(["apps", app, "workflows", out.workflowId]);
-        return;
-      }
-      announce(`${verb} ${workflowId}`);
-      tell(`${verb} ${workflowId}.`);
-      await page.refresh();
+      out = await api(`${base}/${kind}`, {method: "POST", body});
     } catch (err) {
       tell(problemText(err), true);
+      return;
     }
+    if (kind === "fork" && out && out.workflowId) {
+      announce(`${verb} ${workflowId} as ${out.workflowId}`);
+      ctx.go(["apps", app, "workflows", out.workflowId]);
+      return;
+    }
+    // DBOS cancels nothing of a workflow that finished meanwhile, and says it did: look.
+    let text = `${verb} ${workflowId}.`;
+    let late = false;
+    if (kind === "cancel") {
+      try {
+        const now = await api(base, {params: {loadInput: false, loadOutput: false}});
+        if (now.status !== "CANCELLED") {
+          late = true;
+          text = `Not cancelled: ${workflowId} is ${now.status}, it finished before the cancel reached it.`;
+        }
+      } catch { /* the page's own read says what it can */ }
+    }
+    announce(text);
+    tell(text, late);
+    // The read after the action is the page's own (a failure there is tried again by itself; it
+    // does not turn the action's outcome into an error).
+    await ctx.reread();
   }
 
   async function confirmCancel() {
@@ -422,8 +461,8 @@ function workflowPage(ctx, app, workflowId) {
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
         ["Executor", id(w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
         ["Completed", when(w.completedAt)],
-        ["Parent", w.parentWorkflowId ? link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId) : null],
-        ["Forked from", w.forkedFrom ? link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom) : null],
+        ["Parent", w.parentWorkflowId ? id(link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId)) : null],
+        ["Forked from", w.forkedFrom ? id(link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom)) : null],
         ["Error", w.error ? h("code", {}, w.error) : null],
       ].filter(([, v]) => v);
       const toggle = h("button", {type: "button", class: "secondary", "aria-pressed": String(showData), "data-focus-key": "toggle-data",
@@ -438,7 +477,7 @@ function workflowPage(ctx, app, workflowId) {
           h("span", {class: "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
           badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
           h("span", {class: "when"}, when(s.startedAt), s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
-          s.childWorkflowId ? [" · child ", link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId)] : "",
+          s.childWorkflowId ? [" · child ", id(link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
           ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
             "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
           showData && s.output ? h("pre", {}, s.output) : null,

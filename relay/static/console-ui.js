@@ -81,7 +81,7 @@ export function confirmDialog({title, body, confirm, danger = false, fields = []
     const form = h("form", {method: "dialog"},
       h("h2", {id: titleId}, title),
       h("p", {}, body),
-      fields.map((f) => h("label", {}, f.label, h("input", {name: f.name, type: f.type || "text", value: f.value ?? "", min: f.min, required: f.required}))),
+      fields.map((f) => h("label", {}, f.label, h("input", {name: f.name, type: f.type || "text", value: f.value ?? "", min: f.min, required: f.required, checked: f.checked}))),
       h("div", {class: "actions"},
         h("button", {type: "submit", value: "confirm", class: danger ? "danger" : null}, confirm),
         h("button", {type: "submit", value: "cancel", class: "secondary", formnovalidate: true}, "Keep it as it is")));

@@ -37,6 +37,7 @@ export function go(parts, params = {}) {
 function signInForm(message) {
   document.getElementById("nav").hidden = true;
   document.getElementById("nav-instances").hidden = false;
+  document.getElementById("nav-audit").hidden = false;
   document.getElementById("session").hidden = true;
   const error = h("p", {id: "signin-error", class: message ? "alert" : null, role: "alert"}, message || "");
   const org = h("input", {id: "org", name: "org", required: true, autocomplete: "organization", value: session.org || "", "aria-describedby": "signin-help"});
@@ -52,6 +53,8 @@ function signInForm(message) {
     ev.preventDefault();
     try {
       const me = await api("/whoami", {org: org.value.trim(), key: key.value.trim()});
+      const refused = unfitKey(me);
+      if (refused) { error.className = "alert"; error.textContent = refused; return; }
       session.save(me.org, key.value.trim());
       who = me;
       startSession();
@@ -65,13 +68,25 @@ function signInForm(message) {
   (session.org ? key : org).focus();
 }
 
+// A key that may read nothing the console shows (an executor's conductor key, pasted by mistake:
+// only websocket.connect) is refused at sign-in with a word on why, not taken in to 403s.
+function unfitKey(me) {
+  const perms = me.permissions || [];
+  if (perms.includes("application.read") || perms.includes("organization.read")) return null;
+  const executors = perms.includes("websocket.connect") ? "This is an executor's key (it may only connect executors). " : "";
+  return `${executors}The console needs an API key with application.read; this key has ${perms.length ? perms.join(", ") : "no permission"}.`;
+}
+
 function startSession() {
   document.getElementById("nav").hidden = false;
   document.getElementById("session").hidden = false;
   const writes = who.permissions.includes("application.write") ? "" : " · read-only";
   document.getElementById("who").textContent = `${who.tokenName} in ${who.org}${writes}`;
-  // Only the pages the key may read: Instances needs organization.read (a key limited to apps lacks it).
-  document.getElementById("nav-instances").hidden = !who.permissions.includes("organization.read");
+  // Only the pages the key may read: Instances and the audit log need organization.read (a key
+  // limited to apps lacks it).
+  const orgRead = who.permissions.includes("organization.read");
+  document.getElementById("nav-instances").hidden = !orgRead;
+  document.getElementById("nav-audit").hidden = !orgRead;
   startStream();
   if (!location.hash || location.hash === "#") location.hash = "#/";
   else show();
@@ -90,9 +105,17 @@ function signOut(reason) {
   signInForm(reason);
 }
 
+const LIVE_TEXT = {
+  on: "Live",
+  off: "Reconnecting…",
+  silent: "No word from Relay: reconnecting…",
+  busy: "Live updates refused: this key has too many consoles open (429); trying again",
+  denied: "Live updates are not available for this key",
+};
+
 function setLive(state) {
   live.className = `live ${state === "on" ? "on" : state ? "off" : ""}`;
-  live.textContent = {on: "Live", off: "Reconnecting…", denied: "Live updates are not available for this key"}[state] || "";
+  live.textContent = LIVE_TEXT[state] || "";
 }
 
 // -- pages --------------------------------------------------------------------------------------
@@ -100,7 +123,7 @@ function setLive(state) {
 async function show() {
   if (!who) return;
   const route = parseRoute();
-  const ctx = {who, canWrite: who.permissions.includes("application.write"), go, route};
+  const ctx = {who, canWrite: who.permissions.includes("application.write"), go, route, reread: () => refreshPage(current)};
   const page = pageFor(route, ctx);
   current = page;
   for (const a of document.querySelectorAll("[data-nav]")) {
@@ -180,6 +203,11 @@ function scheduleRefresh() {
 
 // -- live updates -------------------------------------------------------------------------------
 
+// A stream that says nothing for three of Relay's heartbeats (it gives their interval in ``ready``)
+// and a little more is taken for lost (a frozen instance, a path that drops packets without a
+// reset, where the socket stays open): the console says so and opens another.
+const SILENCE_SLACK_MS = 2000;
+
 async function startStream() {
   if (stream) stream.abort();
   const controller = new AbortController();
@@ -187,11 +215,24 @@ async function startStream() {
   let backoff = 1000;
   while (stream === controller) {
     let opened = false;
+    let silent = false;
+    let state = "off";
+    const attempt = new AbortController();
+    const stop = () => attempt.abort();
+    controller.signal.addEventListener("abort", stop);
+    let heard = Date.now();
+    let silenceMs = null;
+    const watchdog = setInterval(() => {
+      if (silenceMs && Date.now() - heard > silenceMs) { silent = true; attempt.abort(); }
+    }, 500);
     try {
       await readEvents((name, data) => {
+        heard = Date.now();
+        if (name === "heartbeat") return;
         if (name === "ready") {
           opened = true;
           backoff = 1000;
+          silenceMs = data && data.heartbeatSecs ? data.heartbeatSecs * 3000 + SILENCE_SLACK_MS : null;
           setLive("on");
           if (current && current.loadedOnce) scheduleRefresh();  // what changed while the stream was down
         } else if (name === "end") {
@@ -199,17 +240,21 @@ async function startStream() {
         } else if (current && current.relevant && current.relevant(name, data)) {
           scheduleRefresh();
         }
-      }, controller.signal);
+      }, attempt.signal);
     } catch (err) {
       if (controller.signal.aborted) return;
       if (err.status === 401) { signOut("Your key is no longer valid; sign in again."); return; }
       // A key without application.read is refused the stream, and will be refused it every time:
       // asking again would only cost a request every 10 s for as long as the tab is open.
       if (err.status === 403) { setLive("denied"); return; }
+      if (err.status === 429) state = "busy";  // the key's streams are all taken (other tabs): say so
+    } finally {
+      clearInterval(watchdog);
+      controller.signal.removeEventListener("abort", stop);
     }
     if (stream !== controller) return;
-    setLive("off");
-    await new Promise((resolve) => setTimeout(resolve, opened ? 500 : backoff));
+    setLive(silent ? "silent" : state);
+    await new Promise((resolve) => setTimeout(resolve, opened && !silent ? 500 : backoff));
     backoff = Math.min(backoff * 2, 10000);
   }
 }
@@ -241,6 +286,8 @@ async function resumeSession(waitMs = 0) {
     signInForm(status === 401 ? "Your key is no longer valid; sign in again." : problemText(err));
     return;
   }
+  const refused = unfitKey(who);
+  if (refused) { who = null; signOut(refused); return; }
   startSession();
 }
 

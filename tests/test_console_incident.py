@@ -1,0 +1,473 @@
+"""The operator console during an incident, as an on-call engineer at 3 a.m. meets it: a reload while
+Relay is overloaded, a workflow page left open, the audit log paged while entries keep coming, keys
+limited to apps (or the wrong key pasted), actions whose outcome is misreported, a frozen Relay, a
+refused event stream, long ids, a recovery that waits for an operator, focus after an action.
+
+Each test here failed on the code before its fix: each names a bug of the console (relay/static/)
+found in an on-call review after stop 36, against a real Relay with real DBOS executors and real
+Chromium (never a mocked Relay; where a test needs Relay busy at one moment, it holds Relay's own
+request slots and lets Relay answer). Their docstrings say what goes wrong and what a fix must make
+true. The last test freezes the module's Relay (SIGSTOP), so it runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, LiteralString
+
+import httpx
+import psycopg
+import pytest
+from dbos import DBOSClient
+from playwright.sync_api import Browser, Page, Route, expect
+
+from harness.browser import chromium, console_page, sign_in
+from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
+
+expect.set_options(timeout=10_000)
+APP_MODULE = "harness.workflow_app"
+MAX_REQUESTS = 6  # server.maxConcurrentRequests: enough for the console's own requests, few to fill
+# A key made for one app, as an app team's on-call gets.
+APP_TEAM = {"appNames": ["ledger"], "permissions": ["application.read", "application.write"]}
+HEARTBEAT_SECS = 1.0  # server.eventHeartbeatSecs: an idle event stream gets a heartbeat this often
+
+
+@dataclass
+class World:
+    workdir: Path
+    relay: RelayProcess
+    sysdb: str
+    ledger: ExecutorProcess
+    browser: Browser
+
+
+@pytest.fixture(scope="module")
+def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workdir = tmp_path_factory.mktemp("incident")
+    config = relay_yaml(free_port(), pingIntervalSecs=1.0, pingWaitSecs=10.0)
+    config["server"].update(eventPollSecs=0.2, eventHeartbeatSecs=HEARTBEAT_SECS, maxConcurrentRequests=MAX_REQUESTS)
+    config["orgs"][0]["apps"] += [
+        {"name": "paged", "executorTimeoutSecs": 60},
+        {"name": "versions", "executorTimeoutSecs": 0.5},
+    ]
+    relay = RelayProcess(workdir, postgres.create_database("relay"), config)
+    sysdb = postgres.create_database("sys")
+    ledger: ExecutorProcess | None = None
+    try:
+        with chromium() as browser:
+            relay.start()
+            ledger = ExecutorProcess(
+                workdir, sysdb, relay.conductor_url, module=APP_MODULE, env={"RELAY_TEST_SEED": "1"}
+            )
+            e = ledger
+            assert_eventually(lambda: relay.state_of("acme", "ledger", e.executor_id) == "HEALTHY", 10)
+            enqueued: LiteralString = "SELECT 1 FROM dbos.workflow_status WHERE status = 'ENQUEUED'"
+            assert_eventually(lambda: not query(sysdb, enqueued), 20)
+            yield World(workdir, relay, sysdb, ledger, browser)
+    finally:
+        if ledger is not None:
+            ledger.stop()
+        relay.stop()
+
+
+@pytest.fixture
+def page(world: World, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A fresh browser context (its own sessionStorage) for each test; its console errors fail the test."""
+    with console_page(world.browser, request, world.workdir, world.relay.log) as page:
+        yield page
+
+
+def query(url: str, sql: LiteralString, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql, params).fetchall())
+
+
+def status_in_db(url: str, workflow_id: str) -> str | None:
+    rows = query(url, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)
+    return str(rows[0][0]) if rows else None
+
+
+def admin(page: Page, world: World) -> None:
+    sign_in(page, world.relay.http, "acme", API_KEYS["acme"])
+
+
+def go(page: Page, hash_route: str) -> None:
+    page.evaluate("route => { location.hash = route; }", hash_route)
+
+
+def settled(page: Page) -> None:
+    expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)
+
+
+def fact(page: Page, name: str) -> Any:
+    """The value (``dd``) of one of a workflow page's facts."""
+    return page.locator(f'dl.facts dt:text-is("{name}") + dd')
+
+
+def hold_every_request_slot(stack: ExitStack, relay: RelayProcess) -> None:
+    """Fill ``maxConcurrentRequests`` with real requests whose bodies never come (a slow client, or a
+    burst of scripts during an incident): Relay answers every other API request 503 "too many
+    requests in progress" until ``stack`` closes their sockets."""
+    for _ in range(MAX_REQUESTS):
+        s = stack.enter_context(socket.create_connection(("127.0.0.1", relay.port)))
+        s.sendall(
+            b"PATCH /v2/orgs/acme/apps/ledger HTTP/1.1\r\nHost: relay\r\n"
+            b"Authorization: Bearer " + API_KEYS["acme"].encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+
+    def busy() -> bool:
+        with httpx.Client(base_url=relay.http) as client:
+            asked = client.get("/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {API_KEYS['acme']}"})
+        return asked.status_code == 503
+
+    assert_eventually(busy, 10)
+
+
+def test_a_reload_while_relay_answers_503_keeps_the_key(world: World, page: Page) -> None:
+    """console.js's start: ``GET /whoami`` failing for any reason clears sessionStorage. A reload
+    while Relay answers 503 (overloaded, its database briefly unreachable, an instance restarting
+    behind a balancer) signs the operator out: they must find and paste the key again, in the middle
+    of an incident, though the key is valid. A 503 (or no answer at all) says nothing about the key;
+    only a 401 does. Here the reload's ``/whoami`` is answered 503 by Relay itself (every request
+    slot held); once Relay serves again, a reload must land on the Apps page, still signed in."""
+    admin(page, world)
+    settled(page)
+    with ExitStack() as held:
+
+        def when_busy(route: Route) -> None:
+            hold_every_request_slot(held, world.relay)  # the page's files are loaded; now Relay is busy
+            route.continue_()
+
+        page.route("**/v2/orgs/acme/whoami", when_busy, times=1)
+        with page.expect_response(lambda r: r.url.endswith("/whoami")) as answered:
+            page.reload()
+        assert answered.value.status == 503, answered.value.status
+        page.wait_for_timeout(500)  # the console has read the answer
+    assert page.evaluate("sessionStorage.getItem('relay.key')") == API_KEYS["acme"], "a 503 signed the operator out"
+    page.reload()
+    expect(page.get_by_role("heading", name="Apps", exact=True)).to_be_visible()
+
+
+def test_a_workflows_own_page_shows_it_finished_without_a_reload(world: World, page: Page) -> None:
+    """A workflow's page (``#/apps/ledger/workflows/waiting-1``) reads again only on a ``workflow.*``
+    audit entry (console-pages.js ``workflowPage``'s ``relevant``); a workflow that finishes is not
+    audited, nothing polls, and the page has no Search button to press. An operator watching a stuck
+    workflow after sending it what it waited for sees PENDING (and its Cancel button) long after
+    the system database says SUCCESS, and may cancel or re-run work that is done."""
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/waiting-1")
+    expect(fact(page, "Status")).to_have_text("PENDING")
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.send("waiting-1", "now", topic="go")
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, "waiting-1") == "SUCCESS", 15)
+    expect(fact(page, "Status")).to_have_text("SUCCESS", timeout=20_000)
+
+
+def settings_entries(page: Page) -> list[str]:
+    """The ``executorTimeoutSecs`` each listed ``settings.updated`` entry set (its detail's ``after``)."""
+    details = page.get_by_role("table", name="Audit entries").locator("tbody tr td:last-child code")
+    return [str(json.loads(d)["after"]["executorTimeoutSecs"]) for d in details.all_inner_texts()]
+
+
+def test_the_next_page_of_the_audit_log_repeats_no_entry_when_new_ones_come(world: World, page: Page) -> None:
+    """The audit log is newest first, 100 at a time, paged with ``offset``. While the operator reads
+    page 1 the incident goes on and new entries are written; "Next page" asks ``offset=100`` of the
+    list as it is now, which has shifted by the new entries: page 2 starts with entries already
+    read on page 1 (and, paging the other way, entries are skipped). Here 3 entries come between the
+    pages, and 3 of page 1's entries are shown again on page 2."""
+
+    def patch_many(first: int, count: int) -> None:
+        with world.relay.api() as api:
+            for n in range(first, first + count):
+                assert api.patch("/apps/paged", json={"executorTimeoutSecs": n}).status_code == 200
+
+    patch_many(1000, 110)
+    admin(page, world)
+    go(page, "#/audit?app=paged&action=settings.updated")
+    settled(page)
+    first = settings_entries(page)
+    assert len(first) == 100 and first[0] == "1109", first[:3]
+    patch_many(2000, 3)  # the incident goes on while page 1 is read
+    page.get_by_role("button", name="Next page").click()
+    expect(page.get_by_text("Showing 101\u2013")).to_be_visible()  # an en dash: "Showing 101 to 200"
+    settled(page)
+    second = settings_entries(page)
+    again = sorted(set(first) & set(second))
+    assert not again, f"page 2 shows again {len(again)} entries of page 1: {again}"
+
+
+def test_a_key_limited_to_apps_is_not_offered_an_audit_log_that_is_only_a_403(world: World, page: Page) -> None:
+    """README: "What the key may do decides what the console shows". ``GET /audit`` needs
+    ``organization.read`` (relay/api/audit.py). A key made for one app (``application.read`` and
+    ``application.write`` on ledger, as an app team's on-call gets) is offered **Audit log** in
+    the main navigation, and the page is only the error "this API key lacks the permission
+    organization.read (403)". (Instances was hidden for the same reason; Audit log was not.)"""
+    with world.relay.api() as api:
+        made = api.post("/tokens/incident-scoped", json=APP_TEAM)
+    assert made.status_code == 201, made.text
+    sign_in(page, world.relay.http, "acme", made.json()["token"])
+    expect(page.get_by_role("row", name="ledger")).to_be_visible()
+    audit = page.get_by_role("navigation", name="Main").get_by_role("link", name="Audit log")
+    if audit.is_visible():
+        audit.click()
+        settled(page)
+        alerts = page.locator("main p.alert").all_inner_texts()
+        assert alerts == [], f"offered a page that is only a 403: {alerts}"
+
+
+def test_focus_stays_on_the_page_after_cancel_removes_the_button_that_had_it(world: World, page: Page) -> None:
+    """README: focus is moved "into and back out of dialogs". Confirming Cancel closes the dialog and
+    gives focus back to the **Cancel…** button; the refresh that follows shows the workflow
+    CANCELLED, without that button (``basePage.refresh`` finds no element of the same focus key), so
+    focus falls to ``<body>``: a keyboard or screen-reader user is thrown to the top of the document
+    with nothing said about where they are. Focus should land on something on the page (the
+    outcome, the Resume button, the heading)."""
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "serial", "workflow_name": "parent", "workflow_id": "cancel-me"}, 9, 3600.0)
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, "cancel-me") in ("PENDING", "ENQUEUED"), 10)
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/cancel-me")
+    page.get_by_role("button", name="Cancel…").click()
+    page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+    expect(page.locator("#action-status")).to_have_text("Cancelled cancel-me.")
+    expect(fact(page, "Status")).to_have_text("CANCELLED")
+    settled(page)
+    focused = page.evaluate(
+        "() => { const a = document.activeElement;"
+        " return a && a !== document.body && a.isConnected ? (a.id || a.textContent || a.tagName) : null; }"
+    )
+    assert focused is not None, "after Cancel, focus is on <body>: the button that had it was removed"
+
+
+def enqueue_parent(world: World, workflow_id: str) -> None:
+    """A ``parent`` workflow that waits an hour for its message: PENDING (or ENQUEUED behind another)."""
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "serial", "workflow_name": "parent", "workflow_id": workflow_id}, 9, 3600.0)
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, workflow_id) in ("PENDING", "ENQUEUED"), 10)
+
+
+def test_a_cancel_that_was_done_is_not_reported_as_failed_when_the_read_after_it_fails(
+    world: World, page: Page
+) -> None:
+    """``act()`` in console-pages.js says "Cancelled X." and then reads the page again inside the same
+    ``try``: when that read fails (Relay busy, 503; the executor slow, 504), the catch replaces the
+    outcome with the read's error, in red. The workflow is cancelled (Relay answered 204 and audited
+    it) but the outcome, which stays until the next action, says it failed: at 3 a.m. the operator
+    cancels again, or escalates a cancel that worked. Here Relay's own 204 reaches the console while
+    every request slot of Relay is held, so the read after it gets Relay's 503."""
+    enqueue_parent(world, "cancel-busy")
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/cancel-busy")
+    outcome = page.locator("#action-status")
+    with ExitStack() as held:
+
+        def then_busy(route: Route) -> None:
+            done = route.fetch()  # Relay cancels it: 204
+            assert done.status == 204, done.status
+            hold_every_request_slot(held, world.relay)
+            route.fulfill(response=done)
+
+        page.route("**/workflows/cancel-busy/cancel", then_busy, times=1)
+        page.get_by_role("button", name="Cancel…").click()
+        page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+        expect(outcome).not_to_have_text("")
+        page.wait_for_timeout(500)  # the read after the cancel has been answered
+    assert_eventually(lambda: status_in_db(world.sysdb, "cancel-busy") == "CANCELLED", 10)
+    expect(fact(page, "Status")).to_have_text("CANCELLED", timeout=15_000)  # read again once Relay serves
+    expect(outcome).to_contain_text("Cancelled cancel-busy")
+
+
+def test_a_key_limited_to_apps_sees_a_colleagues_cancel_without_a_reload(world: World, page: Page) -> None:
+    """README: the console reads the page it shows again "when an event concerns it: ... an entry was
+    audited"; the workflows pages listen for nothing else (``workflow.*`` audit entries). But the
+    event stream sends audit events only to keys with ``organization.read`` (relay/api/events.py),
+    which a key limited to apps does not have: for an app team's on-call key, a workflow a colleague
+    cancels stays listed PENDING (the same page with an admin key shows it CANCELLED within a second)."""
+    enqueue_parent(world, "colleague-cancels")
+    with world.relay.api() as api:
+        made = api.post("/tokens/incident-team", json=APP_TEAM)
+    assert made.status_code == 201, made.text
+    sign_in(page, world.relay.http, "acme", made.json()["token"])
+    go(page, "#/apps/ledger/workflows")
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name="colleague-cancels", exact=True))
+    expect(row).to_contain_text(re.compile("PENDING|ENQUEUED"))
+    expect(page.locator("#live")).to_have_text("Live")
+    with world.relay.api() as api:
+        assert api.post("/apps/ledger/workflows/colleague-cancels/cancel").status_code == 204
+    assert_eventually(lambda: status_in_db(world.sysdb, "colleague-cancels") == "CANCELLED", 10)
+    expect(row).to_contain_text("CANCELLED")
+
+
+def test_a_long_workflow_id_does_not_push_the_workflows_table_off_the_screen(world: World, page: Page) -> None:
+    """Workflow ids are the app's to choose (idempotency keys, hashes, message keys). The ``.id`` style
+    (``word-break: break-all``) breaks ids everywhere but in the workflows table, where the id is a
+    bare link (``workflowsTable``'s first column, also the children table and a workflow's Parent
+    and Forked from): a 160-character id with no break in it widens the table past the window, and
+    the Status column the operator looks for is scrolled out of sight (the page scrolls sideways)."""
+    long_id = "a" * 160
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "serial", "workflow_name": "job", "workflow_id": long_id}, 1)
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, long_id) is not None, 10)
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows")
+    expect(page.get_by_role("link", name=long_id, exact=True)).to_be_visible()
+    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+
+
+def test_a_recovery_waiting_for_an_operator_says_how_the_operator_acts(world: World, page: Page) -> None:
+    """CONTRACT 3: without ``recoverToLatestVersion`` a dead executor whose version no healthy peer
+    runs is blocked (``version_upgrade_not_allowed``), surfaced "(API, dashboard, metrics)", and
+    waits "for an operator". The console's Recoveries card says "Waiting for an operator (version
+    upgrade not allowed)" and gives that operator nothing: no Recover button (the API's
+    ``POST .../executors/{id}/recover`` with ``toLatestVersion``; the CLI's ``relay recover APP
+    EXECUTOR --to-latest``), not even the command to type, as the console gives for a workflow id
+    it cannot open. The contract does not ask the console for the button; this test asks for a way
+    out named on the card: a Recover button, or the command."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "versions-v2", "answer", version="v2"):
+        with SimulatedPeer(url, "versions-v1", "answer", version="v1"):
+            pass  # it dies; the only healthy peer runs v2
+        assert_eventually(lambda: (world.relay.executor("acme", "versions", "versions-v1") or {}).get("blockedReason")
+                          == "version_upgrade_not_allowed", 15)  # fmt: skip
+        admin(page, world)
+        go(page, "#/apps/versions/recoveries")
+        card = page.locator('section.recovery:has(h2:has-text("versions-v1"))').first
+        expect(card).to_contain_text("awaiting operator")
+        expect(card).to_contain_text("Waiting for an operator (version upgrade not allowed)")
+        recover = card.get_by_role("button", name=re.compile("recover", re.IGNORECASE))
+        assert recover.count() or "relay recover" in card.inner_text(), (
+            f"the card waits for an operator and offers no way to act: {card.inner_text()!r}"
+        )
+
+
+def test_an_executors_key_pasted_by_mistake_is_refused_with_a_word_on_why(world: World, page: Page) -> None:
+    """relay.yaml holds two kinds of key side by side, and at 3 a.m. the wrong one gets pasted. The
+    console signs in with any key ``/whoami`` accepts: an executor's conductor key (only
+    ``websocket.connect``) is taken in as "prod in acme · read-only", and every page it is offered
+    is only a 403 ("this API key lacks the permission application.read (403)"): nothing says that
+    this is an executor's key and that the console wants an API key. A key that may read nothing
+    the console shows should be refused at sign-in, saying so."""
+    page.goto(f"{world.relay.http}/")
+    page.get_by_label("Organization").fill("acme")
+    page.get_by_label("API key").fill(CONDUCTOR_KEYS["acme"])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_timeout(1_500)  # whoami, then (if it was taken in) the Apps page's read
+    shown = page.locator("main").inner_text()
+    assert "(403)" not in shown, f"signed in with a key that may read nothing: {shown!r}"
+    expect(page.locator("#signin-error")).to_contain_text(re.compile("key", re.IGNORECASE))
+
+
+def test_a_cancel_that_came_too_late_does_not_say_cancelled(world: World, page: Page) -> None:
+    """A workflow can finish while the operator reads the Cancel dialog (or while its page, which is not
+    read again when it finishes, still shows it PENDING). Cancelling a finished workflow changes
+    nothing (DBOS leaves a SUCCESS as it is; Relay answers 204), and ``act()`` in console-pages.js
+    says "Cancelled race-1." whatever the workflow's status is after it: the outcome, kept until
+    the next action, says it was cancelled next to a Status of SUCCESS. The operator at 3 a.m. reads
+    the green text and believes the work was stopped. Here the workflow gets its message and
+    finishes just before Relay receives the cancel."""
+    with world.relay.api() as api:
+        forked = api.post("/apps/ledger/workflows/waiting-1/fork", json={"startStep": 1, "newWorkflowId": "race-1"})
+    assert forked.status_code < 300, forked.text
+    assert_eventually(lambda: status_in_db(world.sysdb, "race-1") == "PENDING", 15)
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/race-1")
+    expect(fact(page, "Status")).to_have_text("PENDING")
+
+    def finished_first(route: Route) -> None:
+        client = DBOSClient(system_database_url=world.sysdb)
+        try:
+            client.send("race-1", "now", topic="go")
+        finally:
+            client.destroy()
+        assert_eventually(lambda: status_in_db(world.sysdb, "race-1") == "SUCCESS", 15)
+        route.continue_()
+
+    page.route("**/workflows/race-1/cancel", finished_first, times=1)
+    page.get_by_role("button", name="Cancel…").click()
+    page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+    expect(fact(page, "Status")).to_have_text("SUCCESS")
+    assert status_in_db(world.sysdb, "race-1") == "SUCCESS"
+    outcome = page.locator("#action-status")
+    expect(outcome).not_to_have_text("")
+    assert "Cancelled race-1" not in outcome.inner_text(), f"says {outcome.inner_text()!r} of a SUCCESS workflow"
+
+
+def test_a_console_refused_the_event_stream_for_too_many_streams_says_so(world: World, page: Page) -> None:
+    """Relay caps the event streams of one key (``server.maxEventStreamsPerKey``, 8; beyond: 429, README
+    "Live updates"). An on-call engineer with the console open in several tabs (or a team sharing
+    an ops key) gets 429 for the next one, and the console says "Reconnecting…", the same words as
+    for a Relay that is down, and keeps asking every 10 s: the operator believes Relay is
+    unreachable, while it is refusing this tab a stream, and no page of this tab is read again when
+    something changes. The console should say why live updates are missing."""
+    with ExitStack() as held:
+        for _ in range(12):  # the key's streams, as other tabs hold them, until Relay refuses one
+            s = held.enter_context(socket.create_connection(("127.0.0.1", world.relay.port)))
+            s.sendall(
+                b"GET /v2/orgs/acme/events HTTP/1.1\r\nHost: relay\r\nAccept: text/event-stream\r\n"
+                b"Authorization: Bearer " + API_KEYS["acme"].encode() + b"\r\n\r\n"
+            )
+            s.settimeout(10)
+            got = s.recv(4096)
+            while b"\r\n\r\n" not in got or (got.startswith(b"HTTP/1.1 200") and b"event: ready" not in got):
+                more = s.recv(4096)
+                assert more, got
+                got += more
+            if got.startswith(b"HTTP/1.1 429"):
+                break
+        else:
+            raise AssertionError("Relay never refused a stream of the key")
+        admin(page, world)
+        settled(page)
+        live = page.locator("#live")
+        expect(live).not_to_have_text("")
+        page.wait_for_timeout(2_000)
+        assert live.inner_text() != "Reconnecting…", "refused a stream (429) and says it is reconnecting"
+
+
+def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
+    """Relay sends a heartbeat on an idle event stream every ``eventHeartbeatSecs`` so that a reader can
+    tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the
+    next bytes). When Relay's instance freezes (a stopped VM, a GC pause, a network path that drops
+    packets without a reset) the socket stays open, no heartbeat comes, and the console keeps
+    saying **Live** while nothing it shows is read again. Here Relay is stopped (SIGSTOP) for ten
+    heartbeats; the console should say it is not live (a fix can learn the interval from Relay, e.g.
+    in ``ready``). Runs last: it freezes the module's Relay."""
+    admin(page, world)
+    go(page, "#/apps/ledger/executors")
+    settled(page)
+    live = page.locator("#live")
+    expect(live).to_have_text("Live")
+    world.relay.signal(signal.SIGSTOP)
+    try:
+        page.wait_for_timeout(10 * HEARTBEAT_SECS * 1000)
+        shown = live.inner_text()
+    finally:
+        world.relay.signal(signal.SIGCONT)
+    assert shown != "Live", f"Relay has sent nothing for {10 * HEARTBEAT_SECS:g} s and the console says {shown!r}"
