@@ -367,6 +367,38 @@ def test_a_recovery_waiting_for_an_operator_says_how_the_operator_acts(world: Wo
         )
 
 
+def test_recover_now_on_a_blocked_card_recovers_onto_the_latest_version(world: World, page: Page) -> None:
+    """The way out the card offers, taken: **Recover now…** with "onto the latest version" (checked
+    for a recovery that waits for an operator) starts the operator's recovery, the outcome links
+    its run, and Relay records the operator's recovery with the permission to move onto the latest
+    version (what the recovery does with it is tests/test_recovery.py's; a simulated peer has no
+    versions to list)."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "versions-v3", "answer", version="v3"):
+        with SimulatedPeer(url, "versions-old", "answer", version="v1"):
+            pass  # it dies; the only healthy peer runs v3
+        assert_eventually(lambda: (world.relay.executor("acme", "versions", "versions-old") or {}).get("blockedReason")
+                          == "version_upgrade_not_allowed", 15)  # fmt: skip
+        admin(page, world)
+        go(page, "#/apps/versions/recoveries?executor=versions-old")
+        card = page.locator('section.recovery:has(h2:has-text("versions-old"))').first
+        expect(card).to_contain_text("relay recover versions versions-old --to-latest")
+        card.get_by_role("button", name=re.compile("Recover now")).click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog.get_by_label(re.compile("Onto the latest version"))).to_be_checked()
+        dialog.get_by_role("button", name="Recover now").click()
+        outcome = page.locator("#action-status")
+        expect(outcome).to_contain_text("versions-old")
+        run = outcome.get_by_role("link").inner_text()
+        with world.relay.api() as api:
+            asked = api.get("/audit", params={"app": "versions", "action": "recovery.manual_requested"}).json()
+        mine = [e["detail"] for e in asked if e["executorId"] == "versions-old"]
+        assert [(d["recoveryId"], d["toLatestVersion"]) for d in mine] == [(run, True)], mine
+        go(page, "#/apps/versions/executors")  # offered on the executors' page too, for one not HEALTHY
+        expect(page.get_by_role("button", name="Recover now… (versions-old)")).to_be_visible()
+        expect(page.get_by_role("button", name="Recover now… (versions-v3)")).to_have_count(0)
+
+
 def test_an_executors_key_pasted_by_mistake_is_refused_with_a_word_on_why(world: World, page: Page) -> None:
     """relay.yaml holds two kinds of key side by side, and at 3 a.m. the wrong one gets pasted. The
     console signs in with any key ``/whoami`` accepts: an executor's conductor key (only
