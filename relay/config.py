@@ -90,6 +90,9 @@ class ServerConfig(_Model):
     # A connection whose request headers are not complete this long after it opened
     # (or after the request began, on a kept-alive connection) is closed: a slow client cannot hold it.
     header_timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    # A request body not complete this long after its headers: 408, connection closed (a client
+    # that announces a body and sends it slowly, or never, holds a request slot no longer).
+    body_timeout_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     # An idle kept-alive HTTP connection is closed after this long. Longer than load balancers'
     # idle timeouts (AWS's 60 s) and clients' pools (httpx's 5 s), so that they close first: a
     # request is never sent on a connection Relay is closing at that moment.

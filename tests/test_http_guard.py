@@ -214,6 +214,36 @@ def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(
     assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
 
 
+def test_bodies_that_never_come_hold_no_request_slot_past_the_body_timeout(start_relay: StartRelay) -> None:
+    """Headers whole, a ``Content-Length``, then nothing (a client that died mid-upload, or one
+    holding slots on purpose): each such request held one of ``maxConcurrentRequests`` for as long
+    as its socket stayed open, and a few made Relay answer everyone 503. After ``bodyTimeoutSecs``
+    each gets 408 and its connection is closed; the slots are free again."""
+    config = relay_yaml(free_port())
+    config["server"].update(maxConcurrentRequests=CAP, bodyTimeoutSecs=1.5)
+    relay = start_relay(config)
+    held = [connect(relay) for _ in range(CAP)]
+    try:
+        for sock in held:
+            sock.sendall(
+                head("PATCH", "/v2/orgs/acme/apps/ledger", f"Authorization: Bearer {API_KEYS['acme']}",
+                     "Content-Type: application/json", "Content-Length: 100") + b"{"
+            )  # fmt: skip
+        assert_eventually(lambda: httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 503, 5)
+        started = time.monotonic()
+        for sock in held:
+            received, _ = closed_within(sock, 10)
+            assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+            assert b"not complete within 1.5s" in received
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in held:
+            sock.close()
+    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+    with relay.api() as api:  # nothing was changed by the bodies that never came
+        assert api.get("/apps/ledger").json()["executorTimeoutSecs"] != 100
+
+
 # -- slow clients ------------------------------------------------------------------------------
 
 

@@ -12,7 +12,9 @@ in this order, each refusal sent at once and without reading the body:
 2. a ``Content-Length`` over the route's body limit: 413. A body without one
    (chunked) is counted as it is read; once past the limit it is read no
    further and answered 413.
-3. ``server.maxConcurrentRequests`` requests already in progress: 503 with
+3. a body not complete ``server.bodyTimeoutSecs`` after the headers: 408, the
+   connection closed (a request slot is not held by a client that never sends it).
+4. ``server.maxConcurrentRequests`` requests already in progress: 503 with
    ``Retry-After``. The probes (``/healthz``, ``/readyz``) are not counted, so
    that a load balancer still sees an overloaded instance alive, nor the
    console's event streams (``/v2/orgs/{org}/events``), which last as long as
@@ -24,6 +26,7 @@ Every response gets ``X-Content-Type-Options: nosniff`` and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +105,7 @@ class HttpGuard:
         self.lookup = lookup
         self.max_body_bytes = server.max_request_body_bytes
         self.max_in_progress = server.max_concurrent_requests
+        self.body_timeout_secs = server.body_timeout_secs
         self.body_limits = body_limits
         self.in_progress = 0
 
@@ -117,7 +121,7 @@ class HttpGuard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        exchange = _Exchange(scope, receive, send, limit)
+        exchange = _Exchange(scope, receive, send, limit, self.body_timeout_secs if headers.has_body else None)
         if path in PROBES or EVENT_STREAM.match(path):
             await exchange.run(self.app)
             return
@@ -194,7 +198,7 @@ def _closing(response: Response, headers: _Headers) -> Response:
 class _Exchange:
     """One request's ``receive`` and ``send`` as the app sees them: the body counted against its limit."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int, body_timeout: float | None) -> None:
         self.scope = scope
         self._receive = receive
         self._send = send
@@ -202,7 +206,10 @@ class _Exchange:
         self.received = 0
         self.over_limit = False
         self.response_started = False
-        self.answered = False  # the guard sent 413 in the app's place
+        self.answered = False  # the guard sent 413 or 408 in the app's place
+        # Until the body's last part comes, each read waits only as long as the body has left.
+        self.body_timeout = body_timeout
+        self.body_deadline = None if body_timeout is None else asyncio.get_running_loop().time() + body_timeout
 
     async def run(self, app: Asgi) -> None:
         try:
@@ -216,8 +223,17 @@ class _Exchange:
     async def receive(self) -> Message:
         if self.over_limit:
             return {"type": "http.disconnect"}
-        message = await self._receive()
+        if self.body_deadline is None:
+            message = await self._receive()
+        else:
+            try:
+                async with asyncio.timeout(max(0.0, self.body_deadline - asyncio.get_running_loop().time())):
+                    message = await self._receive()
+            except TimeoutError:
+                return await self._body_too_slow()
         if message["type"] == "http.request":
+            if not message.get("more_body", False):
+                self.body_deadline = None  # the whole body is in: later reads wait for a disconnect
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
                 self.over_limit = True
@@ -228,6 +244,16 @@ class _Exchange:
                     await response(self.scope, self._receive, self._send)
                 return {"type": "http.disconnect"}
         return message
+
+    async def _body_too_slow(self) -> Message:
+        self.over_limit = True  # read no further
+        log.debug("%s %s: no whole body within %gs", self.scope["method"], self.scope["path"], self.body_timeout)
+        if not self.response_started:
+            self.answered = True
+            response = problem(408, f"the request body was not complete within {self.body_timeout:g}s")
+            response.headers["connection"] = "close"
+            await response(self.scope, self._receive, self._send)
+        return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
         if self.answered:
