@@ -278,3 +278,35 @@ def test_later_pages_of_the_audit_log_read_with_until_id_are_not_shifted_by_new_
     assert page(offset=2, untilId=first[0]) == expected_second
     with world.api() as api:
         assert api.get("/audit", params={"untilId": 0}).status_code == 422
+
+
+def test_a_status_no_workflow_has_is_refused_not_answered_with_nothing(world: World) -> None:
+    """An agent asking for ``status=FAILED`` (DBOS says ERROR) got ``[]`` and reported "no failures";
+    the search and the aggregates took it the same way. A status no workflow can have is a 422 that
+    names the statuses there are (the document lists them as an enum)."""
+    with world.api() as api:
+        listed = api.get(f"{LEDGER}/workflows", params={"status": "FAILED"})
+        searched = api.post(f"{LEDGER}/workflows/search", json={"status": ["ERROR", "FAILED"]})
+        counted = api.post(f"{LEDGER}/workflows/aggregates", json={"groupByStatus": True, "status": ["FAILED"]})
+        fine = api.get(f"{LEDGER}/workflows", params={"status": "ERROR"})
+    document = httpx.get(f"{world.relay.http}/v2/openapi.json")
+    assert document.status_code == 200, status_of(document)
+    for resp in (listed, searched, counted):
+        assert resp.status_code == 422, status_of(resp)
+        assert "FAILED" in resp.text and "MAX_RECOVERY_ATTEMPTS_EXCEEDED" in resp.text, resp.text
+    assert fine.status_code == 200 and {w["status"] for w in fine.json()} == {"ERROR"}
+    schema = document.json()["components"]["schemas"]["WorkflowSearch"]["properties"]["status"]
+    assert "FAILED" not in json.dumps(schema) and "MAX_RECOVERY_ATTEMPTS_EXCEEDED" in json.dumps(schema)
+
+
+def test_a_filter_the_plain_list_does_not_take_is_refused_not_ignored(world: World) -> None:
+    """``GET .../workflows?startTime=2099-01-01T00:00:00Z`` listed every workflow: the list takes
+    ``status``, ``workflowName``, ``limit``, ``offset``, ``sortDesc``, ``loadInput`` and ``loadOutput``,
+    and dropped the rest silently, so an agent believed it had filtered. It is a 422 that says so and
+    points to the search, which takes every filter."""
+    with world.api() as api:
+        resp = api.get(f"{LEDGER}/workflows", params={"startTime": "2099-01-01T00:00:00Z"})
+        searched = api.post(f"{LEDGER}/workflows/search", json={"startTime": "2099-01-01T00:00:00Z"})
+    assert resp.status_code == 422, status_of(resp)
+    assert "startTime" in resp.json()["detail"] and "workflows/search" in resp.json()["detail"]
+    assert searched.status_code == 200 and searched.json() == []

@@ -799,9 +799,14 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
         assert (ghost["status"], ghost["language"], ghost["executorTimeoutSecs"]) == ("UNAVAILABLE", None, 60)
         assert apps["ledger"]["status"] == "AVAILABLE"
         assert ok(api.get("/apps/ghost-app/executors")) == []
-        # An app with executors in the registry stays.
-        assert "executors" in problem(api.delete(LEDGER), 409)["detail"]
+        # An app relay.yaml lists stays (its executors would bring it back without the file's
+        # settings and rules), and so does one with executors in the registry.
+        assert problem(api.delete(LEDGER), 409)["error"]["code"] == "defined_in_config"
         assert ok(api.get(LEDGER))["name"] == "ledger"
+        with SimulatedPeer(executor_url(world.r1, "busy-app"), f"busy-{uuid.uuid4()}", "answer") as peer:
+            assert_eventually(lambda: healthy(world.r1, "busy-app", peer.executor_id), 10)
+            assert "executors" in problem(api.delete("/apps/busy-app"), 409)["detail"]
+        assert ok(api.get("/apps/busy-app"))["name"] == "busy-app"
         assert ok(api.delete("/apps/ghost-app"), 204) is None
         problem(api.get("/apps/ghost-app"), 404)
         assert "ghost-app" not in {a["name"] for a in ok(api.get("/apps"))}

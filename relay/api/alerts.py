@@ -99,6 +99,13 @@ def _by_type_and_destination(schema: dict[str, Any]) -> None:
             "properties": {name: s if name in takes else null for name, s in metadata_members.items()},
             "additionalProperties": False,
         }
+        # A parameter by one of its names: Conductor's and Relay's both given (not null) say it twice.
+        twice = [
+            {"not": {"required": [a, b], "properties": {a: {"not": null}, b: {"not": null}}}}
+            for a, b in CONDUCTOR_PARAMS.get(kind, {}).items()
+        ]
+        if twice:
+            metadata["allOf"] = twice
         common = {**members, "ruleType": {"const": kind.value}, "ruleMetadata": {"anyOf": [metadata, null]}}
         to_webhook = {**common, "webhook": given("webhook"), "receivingAppName": null}
         to_app = {**common, "webhook": null, "secret": null, "format": {"const": "json"}}
@@ -199,12 +206,12 @@ def _rule_fields(body: CreateAlertingRule) -> tuple[dict[str, Any], list[dict[st
     errors = []
     aliases = CONDUCTOR_PARAMS.get(body.ruleType, {})
     given = body.ruleMetadata.model_dump(exclude_none=True) if body.ruleMetadata else {}
-    given_as: dict[str, tuple[str, Any]] = {}  # a parameter given by both its names must say one thing
+    given_as: dict[str, tuple[str, Any]] = {}  # a parameter is given by one of its names
     for key, value in given.items():
         name = aliases.get(key, key)
         other = given_as.setdefault(name, (key, value))
-        if other[0] != key and other[1] != value:
-            message = f"given as both {other[0]} ({other[1]!r}) and {key} ({value!r}): say it once"
+        if other[0] != key:
+            message = f"given as both {other[0]} and {key} (Relay's name and Conductor's): give one"
             errors.append({"location": f"body.ruleMetadata.{key}", "message": message})
         elif name not in PARAMS[body.ruleType]:
             takes = ", ".join(PARAMS[body.ruleType]) or "no parameters"

@@ -24,7 +24,7 @@ from relay.api.common import (
     epoch_ms_iso,
     iso,
 )
-from relay.api.shapes import Shape, one_of
+from relay.api.shapes import WORKFLOW_STATUSES, Shape, one_of
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
 from relay.errors import (
@@ -158,10 +158,13 @@ async def get_executor_workflows(
     executor_id: PathId,
     ctx: Ctx,
     _: Caller,
-    status: Annotated[str | None, Query(pattern="^[A-Z_]+$")] = None,
+    status: Annotated[str | None, Query(json_schema_extra={"enum": list(WORKFLOW_STATUSES)})] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> list[ExecutorWorkflow]:
     """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
+    if status is not None and status not in WORKFLOW_STATUSES:
+        known = ", ".join(WORKFLOW_STATUSES)
+        raise ApiError(422, "invalid_request", f"no workflow status {status}: one of {known}")
     key = ExecutorKey(org, app, executor_id)
     body = ListWorkflowsBody(executor_id=executor_id, status=status, limit=limit, load_input=False, load_output=False)
     timeout = ctx.config.liveness.recovery_ack_timeout_secs

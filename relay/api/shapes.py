@@ -33,6 +33,19 @@ def one_of(*values: str) -> Any:
     return Field(json_schema_extra={"enum": list(values)})
 
 
+# The statuses DBOS 3.2 and the TypeScript SDK 5.2 give a workflow: a filter by another is refused
+# (``status=FAILED`` found nothing, which an agent read as "no failures").
+WORKFLOW_STATUSES = (
+    "PENDING",
+    "ENQUEUED",
+    "DELAYED",
+    "SUCCESS",
+    "ERROR",
+    "CANCELLED",
+    "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+)
+
+
 class Shape(BaseModel):
     """A shape of Conductor's API. Its strings come from executors' replies, which are UTF-8 by the
     time they get here (lone surrogates are replaced where frames arrive: relay.net.wire.clean_frame)."""

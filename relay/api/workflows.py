@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
 
 from relay.api import shapes
 from relay.api.common import (
@@ -36,7 +36,7 @@ from relay.api.common import (
     answered,
     audited,
 )
-from relay.api.shapes import UtcTime, sdk_time
+from relay.api.shapes import WORKFLOW_STATUSES, UtcTime, sdk_time
 from relay_protocol import (
     CancelReply,
     CancelRequest,
@@ -79,13 +79,25 @@ router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}",
 Names = list[Name] | None
 
 
+def _known_status(value: str) -> str:
+    if value not in WORKFLOW_STATUSES:
+        raise ValueError(f"no workflow status {value}: one of {', '.join(WORKFLOW_STATUSES)}")
+    return value
+
+
+WorkflowStatus = Annotated[
+    str, AfterValidator(_known_status), WithJsonSchema({"type": "string", "enum": list(WORKFLOW_STATUSES)})
+]
+Statuses = list[WorkflowStatus] | None
+
+
 class WorkflowSearch(Body):
     """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
 
     workflowIds: Names = None
     workflowName: Names = None
     workflowIdPrefix: Names = None
-    status: Names = None
+    status: Statuses = None
     queueName: Names = None
     scheduleName: Names = None
     user: Names = None
@@ -190,6 +202,7 @@ async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[sh
 
 # The list's query parameters that take one value: given twice, which one was meant is not known.
 SINGLE_VALUED = ("limit", "offset", "sortDesc", "loadInput", "loadOutput")
+LIST_PARAMETERS = frozenset({"status", "workflowName", *SINGLE_VALUED})
 
 
 @router.get("/workflows", response_model=list[shapes.Workflow])
@@ -199,7 +212,11 @@ async def list_workflows(
     app: str,
     ctx: Ctx,
     _: Caller,
-    status: Annotated[list[Name], Query(default_factory=list)],
+    status: Annotated[
+        list[Name],
+        # "" filters nothing (as before); another status is refused: the document says which there are.
+        Query(default_factory=list, json_schema_extra={"items": {"type": "string", "enum": ["", *WORKFLOW_STATUSES]}}),
+    ],
     workflowName: Annotated[list[Name], Query(default_factory=list)],
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
@@ -212,6 +229,20 @@ async def list_workflows(
     repeated = [name for name in SINGLE_VALUED if len(request.query_params.getlist(name)) > 1]
     if repeated:
         raise ApiError(422, "invalid_request", f"given more than once: {', '.join(repeated)} (one value each)")
+    # What this route does not take was ignored: ?startTime=... listed every workflow, as if it
+    # had filtered them. The search (POST .../workflows/search) takes every filter.
+    unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
+    if unknown:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"not a parameter of this list: {', '.join(unknown)} (it takes {', '.join(sorted(LIST_PARAMETERS))}; "
+            "POST .../workflows/search takes every filter)",
+        )
+    wrong = [v for v in status if v and v not in WORKFLOW_STATUSES]
+    if wrong:
+        known = ", ".join(WORKFLOW_STATUSES)
+        raise ApiError(422, "invalid_request", f"no workflow status {', '.join(wrong)}: one of {known}")
     search = WorkflowSearch(
         status=[v for v in status if v] or None,  # status= (empty) filters nothing, as before
         workflowName=[v for v in workflowName if v] or None,
@@ -268,7 +299,7 @@ class WorkflowAggregates(Body):
     hasParent: bool | None = None
     wasForkedFrom: bool | None = None
     timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
-    status: Names = None
+    status: Statuses = None
     workflowName: Names = None
     appVersion: Names = None
     executorId: Names = None
