@@ -245,7 +245,7 @@ class Runtime:
             executor_timeout_secs=self.config.server.executor_request_timeout_secs,
             alerts=AlertServices(
                 self.alert_store,
-                ConditionObserver(self.alert_store, self.gateway),
+                ConditionObserver(self.alert_store, self.gateway, self.config.alerts.check_interval_secs),
                 AlertSender(self.alert_store, self.gateway, self.webhooks),
                 self.config.alerts,
             ),

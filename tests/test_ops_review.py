@@ -288,3 +288,30 @@ def test_a_relay_yaml_rule_keeps_its_id_when_its_webhook_changes_and_when_its_id
             listed = api.get("/apps/ledger/alerting-rules").json()
     assert after == {one.url("/a"): old_id, two.url("/moved"): before[two.url("/b")]}
     assert sorted(r["id"] for r in listed) == sorted(after.values())
+
+
+def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, sysdb: str
+) -> None:
+    """A ``WorkflowFailure`` rule counts the failures of its last ``windowSecs`` at each check, every
+    ``alerts.checkIntervalSecs``: with a window shorter than that (here 0.01 s against 0.5 s), a
+    failure between two windows was counted by neither and paged nobody (the reviewer's suspicion).
+    Each count now reaches back at least to the one before."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "WorkflowFailure", "workflowName": "failing", "count": 1, "windowSecs": 0.01,
+                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
+        relay = start_relay(alert_config(free_port(), rules))
+        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1"}
+        executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        with psycopg.connect(sysdb, autocommit=True) as conn:
+            row = conn.execute("SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'failing'").fetchone()
+        assert row is not None
+        time.sleep(1.5)  # the rule is counted a few times; the failure at launch is long past its window
+        before = len(receiver.payloads("WorkflowFailure"))
+        with relay.api() as api:  # one failure more, at a moment of its own between two counts
+            forked = api.post(f"/apps/ledger/workflows/{row[0]}/fork", json={"startStep": 0})
+        assert forked.status_code == 201, forked.text
+        paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure")[before:], 10)
+    assert paged, "a failure between two checks' windows paged nobody"
+    assert paged[0]["workflowName"] == "failing"

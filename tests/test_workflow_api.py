@@ -404,7 +404,10 @@ def test_the_steps_of_a_workflow_page_by_page(world: World) -> None:
         assert [(s["stepName"], s["output"]) for s in steps[:2]] == [("add", "2"), ("shout", "TOTAL 2")]
         bare = ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"loadOutput": "false"}))
         assert [s["output"] for s in bare] == [None] * len(db)
-        assert ok(api.get(f"{LEDGER}/workflows/no-such-workflow/steps")) == []
+        # The SDK answers [] for a workflow it has never heard of; Relay looks, and says so.
+        assert ok(api.get(f"{LEDGER}/workflows/done-1/steps", params={"offset": 1000})) == []  # it exists
+        for what in ("steps", "events", "notifications", "streams"):
+            assert "no-such-workflow" in problem(api.get(f"{LEDGER}/workflows/no-such-workflow/{what}"), 404)["detail"]
 
 
 def test_events_notifications_and_streams_of_a_workflow(world: World) -> None:
@@ -412,8 +415,8 @@ def test_events_notifications_and_streams_of_a_workflow(world: World) -> None:
         events = ok(api.get(f"{LEDGER}/workflows/done-1/events"))
         notifications = ok(api.get(f"{LEDGER}/workflows/done-1/notifications"))
         streams = ok(api.get(f"{LEDGER}/workflows/done-1/streams"))
-        for route in ("events", "notifications", "streams"):
-            assert ok(api.get(f"{LEDGER}/workflows/no-such-workflow/{route}")) == []
+        for route in ("events", "notifications", "streams"):  # a workflow with none: [] (it exists)
+            assert ok(api.get(f"{LEDGER}/workflows/done-1-child/{route}")) == []
     db_events = query(world.sysdb, "SELECT key, value FROM dbos.workflow_events WHERE workflow_uuid = 'done-1'")
     assert events == [{"key": k, "value": unpickled(v)} for k, v in db_events]
     assert events == [{"key": "progress", "value": "step 2"}]
@@ -451,8 +454,8 @@ def test_a_percent_encoded_id_names_one_workflow(world: World, workflow_id: str)
         assert ok(api.get(f"{LEDGER}/workflows/{encoded}/events")) == []
         # The unencoded path is another workflow (``odd``, which does not exist), or its steps.
         assert api.get(f"{LEDGER}/workflows/odd").status_code == 404
-        if workflow_id == "odd/steps":
-            assert ok(api.get(f"{LEDGER}/workflows/{workflow_id}")) == []  # the steps of "odd": none
+        if workflow_id == "odd/steps":  # the steps of "odd", which does not exist
+            assert api.get(f"{LEDGER}/workflows/{workflow_id}").status_code == 404
 
 
 # -- queues, schedules, versions: reads ---------------------------------------------------------

@@ -11,7 +11,7 @@ import base64
 import binascii
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
@@ -156,6 +156,8 @@ class WorkflowSearch(Body):
         )
 
 
+Found = TypeVar("Found")
+
 # What DBOS 3.2 does nothing to, yet answers ``success: true`` for: cancelling or deleting a workflow
 # that does not exist, resuming one that has finished. Relay asks first (one list of the ids), so an
 # operator or an agent is not told "cancelled" for a typo'd id; a workflow that finishes between the
@@ -192,6 +194,15 @@ async def _must_be_resumable(ctx: Ctx, org: str, app: str, ids: list[str]) -> No
             if len(done) == 1
             else f"workflows {', '.join(done[:10])} have finished and cannot be resumed; fork them to run them again",
         )
+
+
+async def _or_404(ctx: Ctx, org: str, app: str, workflow_id: str, found: list[Found]) -> list[Found]:
+    """``found``; when it is empty, a 404 if the workflow does not exist (the SDK answers ``[]`` for the
+    steps, events, notifications and streams of a workflow it has never heard of: a typo'd id read as
+    a workflow with none). Asked only when there is nothing to show, so it costs nothing otherwise."""
+    if not found:
+        await _must_exist(ctx, org, app, [workflow_id])
+    return found
 
 
 async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[shapes.Workflow]:
@@ -503,7 +514,7 @@ async def list_steps(
         return ListStepsRequest(workflow_id=workflow_id, load_output=loadOutput, limit=limit, offset=offset)
 
     reply = answered(await ctx.gateway.ask(org, app, ask, ListStepsReply))
-    return [shapes.step(s) for s in reply.output or []]
+    return await _or_404(ctx, org, app, workflow_id, [shapes.step(s) for s in reply.output or []])
 
 
 @router.get("/workflows/{workflow_id}/events", response_model=list[shapes.Event])
@@ -511,7 +522,7 @@ async def workflow_events(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: 
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowEventsRequest(workflow_id=workflow_id), GetWorkflowEventsReply
     )
-    return [shapes.event(e) for e in answered(reply).events or []]
+    return await _or_404(ctx, org, app, workflow_id, [shapes.event(e) for e in answered(reply).events or []])
 
 
 @router.get("/workflows/{workflow_id}/notifications", response_model=list[shapes.Notification])
@@ -521,7 +532,8 @@ async def workflow_notifications(
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowNotificationsRequest(workflow_id=workflow_id), GetWorkflowNotificationsReply
     )
-    return [shapes.notification(n) for n in answered(reply).notifications or []]
+    found = [shapes.notification(n) for n in answered(reply).notifications or []]
+    return await _or_404(ctx, org, app, workflow_id, found)
 
 
 @router.get("/workflows/{workflow_id}/streams", response_model=list[shapes.StreamEntry])
@@ -529,7 +541,7 @@ async def workflow_streams(org: str, app: str, workflow_id: PathId, ctx: Ctx, _:
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowStreamsRequest(workflow_id=workflow_id), GetWorkflowStreamsReply
     )
-    return [shapes.stream(s) for s in answered(reply).streams or []]
+    return await _or_404(ctx, org, app, workflow_id, [shapes.stream(s) for s in answered(reply).streams or []])
 
 
 @router.get("/workflows/{workflow_id}/export", response_model=shapes.SerializedWorkflow)

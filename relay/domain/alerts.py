@@ -129,9 +129,13 @@ def _iso(unix: float) -> str:
 
 
 class ConditionObserver:
-    def __init__(self, store: AlertStore, gateway: ExecutorGateway) -> None:
+    def __init__(self, store: AlertStore, gateway: ExecutorGateway, check_interval_secs: float = 30.0) -> None:
         self.store = store
         self.gateway = gateway
+        self.check_interval_secs = check_interval_secs
+        # When each WorkflowFailure rule was last counted here: a window shorter than the time
+        # between two counts would leave failures in the gap counted by neither.
+        self._counted_at: dict[str, float] = {}
 
     async def observe(self, rule: Rule) -> list[Observed] | None:
         """The subjects the rule's condition holds for now; None when that cannot be known now."""
@@ -177,28 +181,33 @@ class ConditionObserver:
 
     async def _failures(self, rule: Rule) -> list[Observed] | None:
         name: str | None = rule.param("workflowName")
-        window = float(rule.param("windowSecs", 300.0))
+        now = time.time()
+        since = self._counted_at.get(rule.id, now - self.check_interval_secs)
+        # At least back to the last count (the loop's interval, and the time a count takes).
+        configured = float(rule.param("windowSecs", 300.0))
+        window = max(configured, now - since)
         threshold = int(rule.param("count", 1))
         body = GetWorkflowAggregatesBody(
             group_by_name=True,
             select_count=True,
             status=list(FAILED_STATUSES),
-            completed_after=_iso(time.time() - window),
+            completed_after=_iso(now - window),
             name=[name] if name else None,
         )
         reply = await self._aggregates(rule, body)
         if reply is None:
             return None
+        self._counted_at[rule.id] = now
         failed = sum(row.count or 0 for row in reply.output)
         if failed < threshold:
             return []
         which = f"workflow {name}" if name else "workflows"
-        message = f"{failed} {which} of app {rule.app} failed in the last {window:g} s (threshold {threshold})."
+        message = f"{failed} {which} of app {rule.app} failed in the last {configured:g} s (threshold {threshold})."
         metadata = {
             "workflow_name": name or "*",
             "failed_workflow_count": str(failed),
             "threshold": str(threshold),
-            "period_secs": f"{window:g}",
+            "period_secs": f"{configured:g}",
         }
         return [Observed({"workflowName": name or "*"}, name or "*", message, metadata)]
 
