@@ -409,11 +409,16 @@ class RelayConfig(_Model):
         return self
 
     def with_overrides(
-        self, *, host: str | None = None, port: int | None = None, database_url: str | None = None
+        self,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        database_url: str | None = None,
+        source: str = "the command line's options",
     ) -> RelayConfig:
         """A copy with server/database fields replaced (command-line options, RELAY_DATABASE_URL),
         validated as the file is: an option cannot give what relay.yaml would be refused for.
-        Raises ConfigError."""
+        Raises ConfigError naming ``source``, where the values came from."""
         data = self.model_dump()
         if host is not None:
             data["server"]["host"] = host
@@ -424,7 +429,7 @@ class RelayConfig(_Model):
         try:
             return RelayConfig.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, "the command line's options")) from exc
+            raise ConfigError(_describe(exc, source)) from exc
 
 
 def literal_refusal(policy: DestinationPolicy, url: str) -> str | None:
@@ -490,11 +495,12 @@ def parse_config(text: str, source: str = "relay.yaml") -> RelayConfig:
 
 
 def load_config(path: str | os.PathLike[str] | None) -> RelayConfig:
-    """Read relay.yaml; ``None`` means no file, all defaults.
+    """Read relay.yaml; ``None`` (or an empty path, as an empty ``RELAY_CONFIG`` gives) means no
+    file, all defaults.
 
-    ``RELAY_DATABASE_URL`` overrides ``database.url``.
+    ``RELAY_DATABASE_URL`` overrides ``database.url``; a bad one is reported as that variable's.
     """
-    if path is None:
+    if path is None or not os.fspath(path):
         config = RelayConfig()
     else:
         file = Path(path)
@@ -505,5 +511,5 @@ def load_config(path: str | os.PathLike[str] | None) -> RelayConfig:
         config = parse_config(text, str(file))
     env_url = os.environ.get("RELAY_DATABASE_URL")
     if env_url:
-        config = config.with_overrides(database_url=env_url)
+        config = config.with_overrides(database_url=env_url, source="RELAY_DATABASE_URL")
     return config

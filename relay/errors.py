@@ -6,6 +6,7 @@ only these::
 
     RelayError
     ├── ConfigError            relay.yaml missing, unreadable or invalid
+    ├── StartupError           a step of the start-up failed (other than reaching the database)
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
     │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
     ├── ProtocolError          a frame from an executor broke the protocol
@@ -40,6 +41,11 @@ class RelayError(Exception):
 
 class ConfigError(RelayError):
     """relay.yaml (or an option overriding it) is missing, unreadable or invalid."""
+
+
+class StartupError(RelayError):
+    """Relay could not start: a step of its start-up failed, for another reason than a database
+    it cannot reach (which is a :class:`DatabaseError`)."""
 
 
 class DatabaseError(RelayError):

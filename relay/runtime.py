@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
+from psycopg.conninfo import conninfo_to_dict
 
 from relay import __version__
 from relay.api import ApiContext, build_api
@@ -38,7 +39,7 @@ from relay.domain.frames import CoalescingAsk
 from relay.domain.gateway import ExecutorGateway, GatewayLimits
 from relay.domain.operator import Operator
 from relay.domain.tokens import Tokens
-from relay.errors import DatabaseError
+from relay.errors import DatabaseError, RelayError, StartupError
 from relay.metrics import Metrics, add_app_figures, add_collectors
 from relay.net.guard import BodyLimit, HttpGuard
 from relay.net.hub import Hub
@@ -57,6 +58,7 @@ from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
 from relay.store.keys import KeyStore, grants_from_config
 from relay.store.lease import Lease
+from relay.store.probe import DatabaseProbe
 from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
 from workflows.alerts import AlertLoops
@@ -146,8 +148,10 @@ class Runtime:
         # Told what the first start found or made (the command line prints it), when no org is configured.
         self.announce = announce
         self.instance_id = instance_id
-        # A database that cannot be reached at start-up (relay serve says so in one line, exit 1).
-        self.startup_error: DatabaseError | None = None
+        self.database_url = database_url
+        # Why the start-up failed: a database that cannot be reached, or another step (relay serve
+        # says so in one line, exit 1).
+        self.startup_error: RelayError | None = None
         self.db = Database(database_url)
         self.apps = AppStore(self.db)
         self.executors = ExecutorStore(self.db)
@@ -158,6 +162,7 @@ class Runtime:
         self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
+        self.probe = DatabaseProbe(self.db.conninfo)
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine, self.lease)
         self.router = Router(
             self.db,
@@ -222,6 +227,7 @@ class Runtime:
             instances=self.instances,
             tokens=self.tokens,
             lease=self.lease,
+            probe=self.probe,
             events=self.events,
             metrics=self.metrics.render,
             figures=self.figures,
@@ -336,6 +342,7 @@ class Runtime:
                     await self.lease.stop()  # last: the lease covers every write above
                 finally:
                     clock.at("closing its database pool")
+                    await self.probe.close()
                     await self.db.close()
 
     def _fenced(self) -> None:
@@ -357,13 +364,24 @@ class Runtime:
     async def lifespan(self, _app: Any) -> AsyncIterator[None]:
         try:
             await self.start()
-        except DatabaseError as exc:
+        except (DatabaseError, StartupError) as exc:
             self.startup_error = exc  # for serve(): uvicorn would log a traceback and exit 3
+            raise
+        except Exception as exc:  # a bug, or a failure no step foresaw: its traceback to the log
+            log.exception("instance %s: the start-up failed", self.instance_id)
+            self.startup_error = StartupError(f"the start-up failed: {self._one_line(exc)}")
             raise
         try:
             yield
         finally:
             await self.stop()
+
+    def _one_line(self, exc: BaseException) -> str:
+        """``exc`` on one line for relay serve's error line, without the database's password (an
+        error may quote the URL)."""
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        password = str(conninfo_to_dict(self.database_url).get("password") or "")
+        return text.replace(password, "***") if password else text
 
     def asgi(self) -> RelayApp:
         # The guard looks each key up when a request comes, in the key ring of that moment.
@@ -380,7 +398,7 @@ class Runtime:
 
 class _QuietStartupFailure(logging.Filter):
     """Drops uvicorn's errors (the start-up's traceback, "Application startup failed") once the
-    runtime has recorded a database it could not reach at start-up: relay serve reports that."""
+    runtime has recorded why its start-up failed: relay serve reports that."""
 
     def __init__(self, runtime: Runtime) -> None:
         super().__init__()
@@ -414,8 +432,9 @@ def serve(
     # uvicorn re-raises the signal that stopped it once it is done; turn that
     # into a return so the caller can still stop the embedded database.
     signal.signal(signal.SIGTERM, _raise_stopped)
-    # A start-up that cannot reach the database is one line of relay serve's and exit 1, not
-    # uvicorn's traceback of it and its exit 3 (the code of an instance whose lease was adopted).
+    # A start-up that fails (a database it cannot reach, DBOS's schema it may not create) is one
+    # line of relay serve's and exit 1, not uvicorn's traceback of it and its exit 3 (the code of
+    # an instance whose lease was adopted).
     quiet = _QuietStartupFailure(runtime)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(quiet)

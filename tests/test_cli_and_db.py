@@ -204,7 +204,7 @@ def test_relay_init_writes_what_it_was_given(
     ("args", "env", "said"),
     [
         (["serve", "--log-level", "bogus"], {}, "Invalid value for '--log-level'"),
-        (["serve"], {"RELAY_LOG_LEVEL": "loud"}, "Invalid value for '--log-level'"),
+        (["serve"], {"RELAY_LOG_LEVEL": "loud"}, "Invalid value for RELAY_LOG_LEVEL"),
         (["apps", "--url", "http://[::1"], {"RELAY_API_KEY": "k"}, "not a URL: 'http://[::1'"),
         (["apps", "--url", "relay:8080"], {"RELAY_API_KEY": "k"}, "not an http(s) URL"),
         (["audit", "--since", "1000000d"], {"RELAY_API_KEY": "k"}, "not a time: '1000000d' is out of range"),

@@ -297,3 +297,33 @@ def test_a_key_given_twice_is_an_error_not_a_silent_override() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, "relay.yaml")
     assert "orgs" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://relay:s3%40cret@db.internal:5433/relay?sslmode=require",
+        "host=db.internal port=5433 user=relay password='s3 cret' dbname=relay sslmode=disable",
+        "postgresql://relay@primary:5432,standby:5433/relay?target_session_attrs=read-write",
+        "host=primary,standby port=5432,5433 dbname=relay",
+        "postgresql:///relay?host=/var/run/postgresql",
+        "postgresql://relay@[::1]:5432/relay",
+    ],
+    ids=["url", "key-value", "multi-host-url", "multi-host-pairs", "socket-folder", "ipv6"],
+)
+def test_the_database_url_reaches_sqlalchemy_as_libpq_reads_it(url: str) -> None:
+    """DBOS's engine and the grace-period starter take the database URL as SQLAlchemy reads it:
+    libpq's key=value pairs and several hosts included (SQLAlchemy refused the first and took a
+    host list for one host with a bad port), every parameter as libpq has it, TCP settings added."""
+    import sqlalchemy as sa
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from relay.store.db import with_tcp_settings
+    from workflows.dburl import sqlalchemy_url_text
+
+    conninfo = with_tcp_settings(url)
+    assert conninfo_to_dict(conninfo)["tcp_user_timeout"] == "30000"
+    dialect = sa.dialects.registry.load("postgresql.psycopg")()
+    _, kwargs = dialect.create_connect_args(sa.make_url(sqlalchemy_url_text(conninfo)))
+    given = {name: str(value) for name, value in conninfo_to_dict(conninfo).items()}
+    assert conninfo_to_dict(make_conninfo("", **kwargs)) == given

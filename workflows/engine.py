@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import sqlalchemy as sa
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._error import DBOSNonExistentWorkflowError
 from dbos._serialization import WorkflowInputs
@@ -48,6 +49,7 @@ from workflows import services as wf_services
 from workflows.appfigures import app_figures
 from workflows.appfigures import job_id as figures_job_id
 from workflows.appretention import app_retention, round_id
+from workflows.dburl import sqlalchemy_url_text
 from workflows.grace import RECONNECTED_TOPIC
 from workflows.gracestart import GraceStarter
 from workflows.reconcile import reconcile, reconcile_id
@@ -121,7 +123,8 @@ class Engine:
         wf_services.bind(services)
         config: DBOSConfig = {
             "name": "relay",
-            "system_database_url": with_tcp_settings(self.database_url),
+            # As SQLAlchemy reads it: database.url may be libpq's key=value pairs, or a URL of several hosts.
+            "system_database_url": sqlalchemy_url_text(with_tcp_settings(self.database_url)),
             "application_version": wf_services.WORKFLOWS_VERSION,
             "executor_id": self.instance_id,
             "log_level": "WARNING",
@@ -134,7 +137,11 @@ class Engine:
         }
         DBOS(config=config)
         gracestart.declare_queue(self.instance_id)
-        DBOS.launch()
+        try:
+            DBOS.launch()
+        except sa.exc.DBAPIError as exc:  # its schema or its tables refused (a role without CREATE)
+            reason = " ".join(str(exc.orig).split())
+            raise DatabaseError(f"cannot set up Relay's workflows (DBOS): {reason} ({exc.statement})") from exc
         gracestart.register_queue(self.instance_id)
         self.graces.open()
 

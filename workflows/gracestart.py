@@ -55,6 +55,7 @@ from dbos import DBOS, DBOSClient, EnqueueOptions, SetWorkflowID
 from relay.core.ids import ExecutorKey, grace_id
 from relay.errors import DatabaseError
 from relay.store.db import CONNECT_TIMEOUT_SECS, with_tcp_settings
+from workflows.dburl import sqlalchemy_url
 from workflows.grace import grace_period, remaining
 from workflows.services import RETRY_FIRST_SECS, RETRY_MAX_SECS, WORKFLOWS_VERSION
 
@@ -122,7 +123,7 @@ _CONNECTION_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError)
 
 class GraceStarter:
     def __init__(self, database_url: str, queue: str, timeout_of: TimeoutOf, *, max_batch: int = 500) -> None:
-        self._url = sa.make_url(with_tcp_settings(database_url)).set(drivername="postgresql+psycopg")
+        self._url = sqlalchemy_url(with_tcp_settings(database_url))
         self.queue = queue
         self._timeout_of = timeout_of
         self.max_batch = max_batch

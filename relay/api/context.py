@@ -26,6 +26,7 @@ from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
 from relay.store.keys import KeyStore
 from relay.store.lease import Lease
+from relay.store.probe import DatabaseProbe
 from relay.store.recoveries import RecoveryStore
 
 
@@ -47,6 +48,7 @@ class ApiContext:
     instances: InstanceStore
     tokens: Tokens
     lease: Lease
+    probe: DatabaseProbe  # /readyz's look at the database, off the pool
     events: EventHub  # the console's live updates
     metrics: Callable[[ScrapeView, str], Awaitable[tuple[bytes, str]]]  # this instance's exposition, its type
     figures: AppFiguresStore  # the apps' stored figures (GET .../apps/{app}/metrics)

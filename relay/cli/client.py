@@ -4,13 +4,15 @@ Every operator command takes ``--url``, ``--key``, ``--org`` and ``--json``
 (:func:`api_command`). Without ``--org``, the org is the key's own, asked of
 ``GET /v2/whoami``. An error answer (a problem+json body, RFC 9457) becomes one
 line, ``relay: <status> <title>: <detail>``, and the exit code of
-:mod:`relay.cli.errors`; httpx's transport errors become "cannot reach Relay".
+:mod:`relay.cli.errors`; httpx's transport errors become "cannot reach Relay" (exit 5, try again),
+except a TLS certificate the client does not trust (exit 1: a retry meets the same one).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -92,6 +94,13 @@ class Api:
         except httpx.LocalProtocolError as exc:
             # Not Relay's fault, and no better later: this request cannot be sent as it is.
             raise CliError(f"cannot send the request to Relay at {self.shown_url}: {self._reason(exc)}") from exc
+        except httpx.ConnectError as exc:
+            if untrusted_certificate(exc):  # no better later either: a retry meets the same certificate
+                raise CliError(
+                    f"Relay at {self.shown_url}: its TLS certificate is not trusted ({self._reason(exc)}); give "
+                    "its CA with SSL_CERT_FILE"
+                ) from exc
+            raise CliError(f"cannot reach Relay at {self.shown_url}: {self._reason(exc)}", EXIT_UNAVAILABLE) from exc
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach Relay at {self.shown_url}: {self._reason(exc)}", EXIT_UNAVAILABLE) from exc
         if resp.is_error:
@@ -113,6 +122,19 @@ class Api:
             return f"{type(exc).__name__}: not a valid HTTP request"
         text = str(exc) or type(exc).__name__
         return visible(text.replace(self._key, "***"))
+
+
+def untrusted_certificate(exc: BaseException) -> bool:
+    """Whether ``exc`` comes of a TLS certificate that failed verification (an unknown CA, another
+    host's name, an expired one): a refusal that repeats, as relay_client has it, not an outage."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def checked_key(key: str | None) -> str:

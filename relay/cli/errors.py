@@ -5,7 +5,8 @@ Scripts can rely on these codes:
 ====  =======================================================================
 0     done
 1     any other error: the API refused the change (409), the executor failed
-      it (501), an unexpected answer
+      it (501), an unexpected answer, a TLS certificate the client does not
+      trust (certificate verify failed)
 2     usage or configuration: a bad option or argument, no API key, a bad
       relay.yaml, a file ``relay init`` would overwrite, a request the API
       found invalid (400, 422)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import click
 import yaml
+from click.core import ParameterSource
 
 from relay.auth import hash_key, new_key, new_secret
 from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
@@ -74,6 +75,21 @@ def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
     return "No org is configured: the keys in Relay's database are used (`relay tokens list`).\n"
 
 
+def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The log level given (``INFO`` if none), checked: a bad one is blamed on where it came from,
+    ``--log-level`` or ``RELAY_LOG_LEVEL`` (click would name the option for both)."""
+    level = (value or "INFO").upper()
+    if level not in LOG_LEVELS:
+        from_env = param.name is not None and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+        raise click.BadParameter(
+            f"{value!r} is not one of {', '.join(LOG_LEVELS)}",
+            ctx,
+            param,
+            param_hint="RELAY_LOG_LEVEL" if from_env else "'--log-level'",
+        )
+    return level
+
+
 @click.command()
 @click.option("--config", help="relay.yaml  [default: $RELAY_CONFIG, else no file: built-in defaults]")
 @click.option("--host", help="Address to listen on (overrides server.host).")
@@ -81,9 +97,9 @@ def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
 @click.option("--database-url", help="PostgreSQL URL  [default: $RELAY_DATABASE_URL, else embedded in $RELAY_HOME]")
 @click.option(
     "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    envvar="RELAY_LOG_LEVEL",
     metavar="LEVEL",
-    default=lambda: os.environ.get("RELAY_LOG_LEVEL", "INFO"),
+    callback=log_level_of,
     help="DEBUG, INFO, WARNING, ERROR or CRITICAL  [default: $RELAY_LOG_LEVEL, else INFO]",
 )
 def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
@@ -98,10 +114,12 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
         logging.getLogger("relay.ws").setLevel(logging.WARNING)
 
     from relay.config import load_config
-    from relay.errors import ConfigError, DatabaseError
+    from relay.errors import ConfigError, DatabaseError, StartupError
 
     try:
-        settings = load_config(config or os.environ.get("RELAY_CONFIG"))
+        # An empty RELAY_CONFIG is no file, as other empty variables are unset (`-e RELAY_CONFIG=`
+        # clears the image's default path).
+        settings = load_config(config or os.environ.get("RELAY_CONFIG") or None)
         settings = settings.with_overrides(host=host, port=port, database_url=database_url)
     except ConfigError as exc:
         click.echo(f"relay: {exc}", err=True)
@@ -149,7 +167,7 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
         click.echo(f"  console and API:      {dashboard_url}")
         sys.stdout.flush()
         run(settings, url, instance_id, announce, sockets)
-    except DatabaseError as exc:
+    except (DatabaseError, StartupError) as exc:
         click.echo(f"relay: {exc}", err=True)
         return EXIT_ERROR
     finally:

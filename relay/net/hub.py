@@ -153,7 +153,9 @@ class Hub:
         self.pending_handshakes = 0
         self.sockets_by_key: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
-        self._known_apps: set[tuple[str, str]] = set()
+        # Apps this instance registered (autoRegisterApps), so that a handshake costs no INSERT; only
+        # ever a hint: a failed recording forgets its app.
+        self._registered: set[tuple[str, str]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
         # Set when a disconnection could not be recorded (the database is out): the socket check
@@ -236,12 +238,10 @@ class Hub:
                 del self.sockets_by_key[grant.key_id]
 
     async def _app_allowed(self, org: str, app: str) -> bool:
-        if self.config.auto_register_apps or (org, app) in self._known_apps:
-            return True
-        if await self.apps.exists(org, app):
-            self._known_apps.add((org, app))
-            return True
-        return False
+        """Whether executors may connect to ``app``: any app when apps register themselves; else only
+        one registered now, asked of the database at every handshake (one lookup by primary key), so
+        that an app deleted through the API, on any instance, is refused at once on all of them."""
+        return self.config.auto_register_apps or await self.apps.exists(org, app)
 
     # -- used by the connections ------------------------------------------
 
@@ -251,11 +251,18 @@ class Hub:
         A newer socket of the same executor takes over: the older one is closed,
         here or on the instance that holds it.
         """
-        if (conn.org, conn.app) not in self._known_apps:
+        app = (conn.org, conn.app)
+        if self.config.auto_register_apps and app not in self._registered:
             await self.apps.ensure(conn.org, conn.app)
-            self._known_apps.add((conn.org, conn.app))
+            self._registered.add(app)
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
-        result = await self.executors.connected(Handshake(key, info, self.instance_id, conn.grant.key_id))
+        try:
+            result = await self.executors.connected(Handshake(key, info, self.instance_id, conn.grant.key_id))
+        except DatabaseError:
+            # Perhaps the app was deleted since it was registered (the record's foreign key refuses
+            # it): registered again at the executor's next attempt.
+            self._registered.discard(app)
+            raise
         previous = self.connections.get(key)
         self.connections[key] = conn
         if previous is not None and previous is not conn:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -64,8 +64,10 @@ def with_tcp_settings(url: str) -> str:
         return url
     if "://" not in url:
         return make_conninfo(url, **extra)
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(query="&".join(filter(None, [parts.query, urlencode(extra)]))))
+    # Appended as text: urlunsplit would drop the empty host of ``postgresql:///db?host=/socket/dir``.
+    base, mark, fragment = url.partition("#")
+    joint = "" if base.endswith(("?", "&")) else "&" if "?" in base else "?"
+    return f"{base}{joint}{urlencode(extra)}{mark}{fragment}"
 
 
 async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
@@ -192,14 +194,6 @@ class Database:
             if not row["live"]:
                 raise Fenced(f"instance {instance}: lease epoch {epoch} has expired")
             yield conn
-
-    async def ping(self) -> bool:
-        try:
-            async with self.connection() as conn:
-                await conn.execute("SELECT 1")
-            return True
-        except DatabaseError:
-            return False
 
     async def migrate(self) -> list[int]:
         """Apply the migrations not yet recorded; returns the versions applied."""
