@@ -17,7 +17,7 @@ import re
 import signal
 import socket
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
@@ -43,6 +43,8 @@ MAX_REQUESTS = 6  # server.maxConcurrentRequests: enough for the console's own r
 # A key made for one app, as an app team's on-call gets.
 APP_TEAM = {"appNames": ["ledger"], "permissions": ["application.read", "application.write"]}
 HEARTBEAT_SECS = 1.0  # server.eventHeartbeatSecs: an idle event stream gets a heartbeat this often
+# How long a frozen Relay is watched: past three missed heartbeats and the console's 2 s of slack.
+SILENT_HEARTBEATS = 7
 
 
 @dataclass
@@ -341,6 +343,20 @@ def test_a_long_workflow_id_does_not_push_the_workflows_table_off_the_screen(wor
     assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
 
 
+@contextmanager
+def blocked_on_version(world: World, dead: str, peer: str) -> Iterator[None]:
+    """``dead`` (version v1 of ``versions``) dies while ``peer``, on another version, is the only
+    healthy executor: its recovery waits for an operator (``version_upgrade_not_allowed``) while
+    the block lasts."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, peer, "answer", version=f"v-{peer}"):
+        with SimulatedPeer(url, dead, "answer", version="v1"):
+            pass  # it dies; the only healthy peer runs another version
+        assert_eventually(lambda: (world.relay.executor("acme", "versions", dead) or {}).get("blockedReason")
+                          == "version_upgrade_not_allowed", 15)  # fmt: skip
+        yield
+
+
 def test_a_recovery_waiting_for_an_operator_says_how_the_operator_acts(world: World, page: Page) -> None:
     """CONTRACT 3: without ``recoverToLatestVersion`` a dead executor whose version no healthy peer
     runs is blocked (``version_upgrade_not_allowed``), surfaced "(API, dashboard, metrics)", and
@@ -350,12 +366,7 @@ def test_a_recovery_waiting_for_an_operator_says_how_the_operator_acts(world: Wo
     EXECUTOR --to-latest``), not even the command to type, as the console gives for a workflow id
     it cannot open. The contract does not ask the console for the button; this test asks for a way
     out named on the card: a Recover button, or the command."""
-    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
-    with SimulatedPeer(url, "versions-v2", "answer", version="v2"):
-        with SimulatedPeer(url, "versions-v1", "answer", version="v1"):
-            pass  # it dies; the only healthy peer runs v2
-        assert_eventually(lambda: (world.relay.executor("acme", "versions", "versions-v1") or {}).get("blockedReason")
-                          == "version_upgrade_not_allowed", 15)  # fmt: skip
+    with blocked_on_version(world, "versions-v1", "versions-v2"):
         admin(page, world)
         go(page, "#/apps/versions/recoveries")
         card = page.locator('section.recovery:has(h2:has-text("versions-v1"))').first
@@ -373,12 +384,7 @@ def test_recover_now_on_a_blocked_card_recovers_onto_the_latest_version(world: W
     its run, and Relay records the operator's recovery with the permission to move onto the latest
     version (what the recovery does with it is tests/test_recovery.py's; a simulated peer has no
     versions to list)."""
-    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
-    with SimulatedPeer(url, "versions-v3", "answer", version="v3"):
-        with SimulatedPeer(url, "versions-old", "answer", version="v1"):
-            pass  # it dies; the only healthy peer runs v3
-        assert_eventually(lambda: (world.relay.executor("acme", "versions", "versions-old") or {}).get("blockedReason")
-                          == "version_upgrade_not_allowed", 15)  # fmt: skip
+    with blocked_on_version(world, "versions-old", "versions-v3"):
         admin(page, world)
         go(page, "#/apps/versions/recoveries?executor=versions-old")
         card = page.locator('section.recovery:has(h2:has-text("versions-old"))').first
@@ -488,8 +494,8 @@ def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the
     next bytes). When Relay's instance freezes (a stopped VM, a GC pause, a network path that drops
     packets without a reset) the socket stays open, no heartbeat comes, and the console keeps
-    saying **Live** while nothing it shows is read again. Here Relay is stopped (SIGSTOP) for ten
-    heartbeats; the console should say it is not live (a fix can learn the interval from Relay, e.g.
+    saying **Live** while nothing it shows is read again. Here Relay is stopped (SIGSTOP) for seven
+    heartbeats (seven here); the console should say it is not live (a fix can learn the interval from Relay, e.g.
     in ``ready``). Runs last: it freezes the module's Relay."""
     admin(page, world)
     go(page, "#/apps/ledger/executors")
@@ -498,8 +504,9 @@ def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     expect(live).to_have_text("Live")
     world.relay.signal(signal.SIGSTOP)
     try:
-        page.wait_for_timeout(10 * HEARTBEAT_SECS * 1000)
+        page.wait_for_timeout(SILENT_HEARTBEATS * HEARTBEAT_SECS * 1000)
         shown = live.inner_text()
     finally:
         world.relay.signal(signal.SIGCONT)
-    assert shown != "Live", f"Relay has sent nothing for {10 * HEARTBEAT_SECS:g} s and the console says {shown!r}"
+    silent = SILENT_HEARTBEATS * HEARTBEAT_SECS
+    assert shown != "Live", f"Relay has sent nothing for {silent:g} s and the console says {shown!r}"

@@ -186,12 +186,7 @@ def test_a_dead_lettered_workflow_fires_a_workflow_failure_rule_as_it_counts_as_
     (``ConditionObserver._failures``): the poison workflow that is the worst failure an app has never
     pages, while the dashboard shows it failing."""
     with WebhookReceiver() as receiver:
-        rules = [{"kind": "WorkflowFailure", "workflowName": "crashy", "count": 1, "windowSecs": 120,
-                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
-        relay = start_relay(alert_config(free_port(), rules))
-        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1"}
-        executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
-        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        failing_app(start_relay, start_executor, evidence_db, receiver, "crashy", 120)
         with psycopg.connect(sysdb, autocommit=True) as conn:
 
             def failed_rows() -> int:
@@ -214,6 +209,25 @@ def test_a_dead_lettered_workflow_fires_a_workflow_failure_rule_as_it_counts_as_
         paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure"), 10)
         assert paged, "a dead-lettered workflow paged nobody (WorkflowFailure counts ERROR only)"
         assert paged[0]["workflowName"] == "crashy"
+
+
+def failing_app(
+    start_relay: StartRelay,
+    start_executor: StartExecutor,
+    evidence_db: str,
+    receiver: WebhookReceiver,
+    workflow_name: str,
+    window_secs: float,
+) -> RelayProcess:
+    """A Relay whose ledger has a WorkflowFailure rule (one failure of ``workflow_name`` within
+    ``window_secs``) paging ``receiver``, and a HEALTHY alert_app executor that ran one ``failing``."""
+    rules = [{"kind": "WorkflowFailure", "workflowName": workflow_name, "count": 1, "windowSecs": window_secs,
+              "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
+    relay = start_relay(alert_config(free_port(), rules))
+    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1"}
+    executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+    return relay
 
 
 def assert_eventually_or_none(condition: Callable[[], Any], timeout: float) -> Any:
@@ -298,12 +312,7 @@ def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
     failure between two windows was counted by neither and paged nobody (the reviewer's suspicion).
     Each count now reaches back at least to the one before."""
     with WebhookReceiver() as receiver:
-        rules = [{"kind": "WorkflowFailure", "workflowName": "failing", "count": 1, "windowSecs": 0.01,
-                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
-        relay = start_relay(alert_config(free_port(), rules))
-        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1"}
-        executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
-        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        relay = failing_app(start_relay, start_executor, evidence_db, receiver, "failing", 0.01)
         with psycopg.connect(sysdb, autocommit=True) as conn:
             row = conn.execute("SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'failing'").fetchone()
         assert row is not None
