@@ -495,8 +495,8 @@ def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     next bytes). When Relay's instance freezes (a stopped VM, a GC pause, a network path that drops
     packets without a reset) the socket stays open, no heartbeat comes, and the console keeps
     saying **Live** while nothing it shows is read again. Here Relay is stopped (SIGSTOP) for seven
-    heartbeats (seven here); the console should say it is not live (a fix can learn the interval from Relay, e.g.
-    in ``ready``). Runs last: it freezes the module's Relay."""
+    heartbeats; the console should say it is not live (it learns their interval from ``ready``).
+    Runs last: it freezes the module's Relay."""
     admin(page, world)
     go(page, "#/apps/ledger/executors")
     settled(page)
