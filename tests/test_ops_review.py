@@ -10,6 +10,7 @@ fixes' own rules (an app the file lists, a rule's id across a webhook's change a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -324,3 +325,29 @@ def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
         paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure")[before:], 10)
     assert paged, "a failure between two checks' windows paged nobody"
     assert paged[0]["workflowName"] == "failing"
+
+
+def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(start_relay: StartRelay) -> None:
+    """A rolling restart stops each instance cleanly, which gives its lease up at once so that
+    another adopts its executors without waiting for it to run out: the adoption was audited and
+    alerted as an ``InstanceAdopted`` ("another Relay instance adopted one whose lease ran out"), so
+    every deploy paged the on-call (the deployment reviewer's suspicion). The entry now says
+    ``released: true`` and fires nothing; a lease that runs out (an instance killed) still does."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "InstanceAdopted", "webhook": receiver.url()}]
+        configs = [alert_config(free_port(), rules) for _ in range(3)]
+        for config in configs:
+            config["liveness"]["instanceLeaseSecs"] = 1.5
+        r1, r2, r3 = (start_relay(config, instance_id=f"relay-{n}") for n, config in enumerate(configs, 1))
+        r1.stop()  # SIGTERM: a clean stop
+
+        def adoptions(of: str) -> list[dict[str, Any]]:
+            return [e["detail"] for e in audit(r2, "relay.instance_adopted") if e["detail"]["instance"] == of]
+
+        (released,) = assert_eventually(lambda: adoptions("relay-1"), 15, what="relay-1 adopted")
+        assert released["released"] is True
+        r3.signal(signal.SIGKILL)  # its lease runs out
+        (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
+        assert lost["released"] is False
+        paged = assert_eventually(lambda: receiver.payloads("InstanceAdopted"), 15, what="the lost one alerted")
+    assert [p["instance"] for p in paged] == ["relay-3"], paged

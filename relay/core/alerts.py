@@ -196,6 +196,8 @@ def alerts_for_event(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
             continue
         if kind is not Kind.INSTANCE_ADOPTED and rule.app != fact.app:
             continue  # an adoption concerns the whole org (its entry names no app)
+        if kind is Kind.INSTANCE_ADOPTED and fact.detail.get("released"):
+            continue  # a lease given up by a clean stop (a rolling restart): expected, not a loss
         alert = _event_alert(rule, fact)
         if alert is not None:
             alerts.append(alert)

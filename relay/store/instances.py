@@ -8,7 +8,8 @@ lease's epoch, so exactly one survivor wins:
 * instances the dead one had itself adopted pass to the adopter;
 * its executors move to the adopter (the ADOPTED event, written by the
   executor store): those still HEALTHY become DISCONNECTED;
-* ``relay.instance_adopted`` is audited in every org.
+* ``relay.instance_adopted`` is audited in every org (``released``: the lease was
+  given up by a clean stop, not run out; such an adoption fires no alert).
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ class InstanceStore:
                 """UPDATE relay_instances SET lease_epoch = lease_epoch + 1, adopted_by = %s, adopted_at = now()
                    WHERE instance_id = %s AND lease_epoch = %s AND adopted_by IS NULL
                      AND lease_expires_at < now()
-                   RETURNING lease_epoch""",
+                   RETURNING lease_epoch, released_at IS NOT NULL AS released""",
                 (adopter, instance, epoch),
             )
             row = await cur.fetchone()
             if row is None:
                 return None
             new_epoch = int(row["lease_epoch"])
+            released = bool(row["released"])
             cur = await conn.execute(
                 "UPDATE relay_instances SET adopted_by = %s WHERE adopted_by = %s RETURNING instance_id",
                 (adopter, instance),
@@ -85,6 +87,7 @@ class InstanceStore:
                     "leaseEpoch": new_epoch,
                     "executors": per_org.get(org, 0),
                     "inherited": inherited,
+                    "released": released,  # given up by a clean stop, not run out
                 }
                 entry = AuditEntry(
                     "relay.instance_adopted", "relay", detail=detail, dedupe_key=f"adopt:{instance}:{new_epoch}:{org}"

@@ -216,7 +216,7 @@ class Lease:
                FROM (SELECT count(*) FROM held) AS h
                ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
                    lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
-                   adopted_by = NULL, adopted_at = NULL
+                   adopted_by = NULL, adopted_at = NULL, released_at = NULL
                RETURNING lease_epoch""",
             {"id": self.instance_id, "secs": self.lease_secs},
         )
@@ -268,9 +268,10 @@ class Lease:
             await asyncio.gather(self._task, return_exceptions=True)
         try:
             if self.epoch is not None and not self.fenced:
-                # Stopping cleanly: the lease ends now rather than when it would run out.
+                # Stopping cleanly: the lease ends now rather than when it would run out, and says it
+                # was given up (its adoption is expected: no InstanceAdopted alert).
                 await self._execute(
-                    """UPDATE relay_instances SET lease_expires_at = now()
+                    """UPDATE relay_instances SET lease_expires_at = now(), released_at = now()
                        WHERE instance_id = %s AND lease_epoch = %s""",
                     (self.instance_id, self.epoch),
                 )

@@ -376,4 +376,12 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE alert_rules ADD COLUMN settled_reading bigint;
         """,
     ),
+    (
+        13,
+        """
+        -- A lease its instance gave up as it stopped cleanly (a rolling restart, a scale-in): its
+        -- adoption is expected, not an instance lost, and fires no InstanceAdopted alert.
+        ALTER TABLE relay_instances ADD COLUMN released_at timestamptz;
+        """,
+    ),
 ]
