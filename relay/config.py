@@ -117,6 +117,10 @@ class DatabaseConfig(_Model):
         """A URL libpq reads (``postgresql://...`` or ``key=value`` pairs), refused at start-up with
         libpq's own reason rather than failing deep inside (``postgresql+psycopg://`` is
         SQLAlchemy's, not libpq's; a query parameter libpq does not know is refused too)."""
+        if url is not None and not url.strip():
+            # libpq would read "" as "every default" (a local socket), where an operator most likely
+            # meant no URL at all, which is the embedded PostgreSQL.
+            raise ValueError("empty: leave database.url out for the embedded PostgreSQL, or give a URL")
         if url is not None:
             try:
                 conninfo_to_dict(url)

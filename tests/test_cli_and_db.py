@@ -37,6 +37,8 @@ def run_relay(*args: str, env: dict[str, str] | None = None, timeout: float = 30
         ("liveness: {pingWaitSecs: fast}\n", "liveness.pingWaitSecs", "valid number"),
         ("orgz: []\n", "orgz", "Extra inputs are not permitted"),
         ("orgs: [{name: a, conductorKeys: [{name: k, sha256: xyz}]}]\n", "sha256", "64 hex digits"),
+        # libpq reads "" as every default (a local socket); the embedded PostgreSQL is meant by no URL.
+        ('database: {url: ""}\n', "database.url", "leave database.url out for the embedded PostgreSQL"),
     ],
 )
 def test_bad_config_gets_one_clear_message_and_exit_2(tmp_path: Path, content: str, field: str, reason: str) -> None:

@@ -351,3 +351,20 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(start
         assert lost["released"] is False
         paged = assert_eventually(lambda: receiver.payloads("InstanceAdopted"), 15, what="the lost one alerted")
     assert [p["instance"] for p in paged] == ["relay-3"], paged
+
+
+def test_relay_yaml_settings_not_in_force_are_named_in_the_log_at_start(start_relay: StartRelay) -> None:
+    """An app's settings in relay.yaml are copied when the app is first seen; a PATCH later (or a
+    registration before the file listed the app) stands across restarts. The file then reads as in
+    force while it is not, and nothing said so (the deployment reviewer's suspicion): each start
+    logs which of the file's settings are not in force, and how to change them."""
+    relay = start_relay(alert_config(free_port(), [], grace=2.5))
+    with relay.api() as api:
+        assert api.patch("/apps/ledger", json={"executorTimeoutSecs": 7}).status_code == 200
+    assert "differ from those in force" not in relay.log()
+    relay.stop()
+    relay.start()
+    assert "relay.yaml's settings of app acme/ledger differ from those in force" in relay.log()
+    assert "executorTimeoutSecs 7.0, not 2.5" in relay.log()
+    with relay.api() as api:
+        assert api.get("/apps/ledger").json()["executorTimeoutSecs"] == 7

@@ -6,6 +6,7 @@ only reads it, to count an app's executors by state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,16 @@ from relay.core.lifecycle import ExecutorState
 from relay.store.db import Database
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+log = logging.getLogger("relay.apps")
+# The settings relay.yaml gives an app, in sync_config's order, as the file names them.
+SETTING_NAMES = (
+    "executorTimeoutSecs",
+    "recoverToLatestVersion",
+    "gcTimeThresholdMs",
+    "gcRowsThreshold",
+    "globalTimeoutMs",
+)
 
 
 @dataclass(frozen=True)
@@ -97,15 +108,37 @@ class AppStore:
             for org in config.orgs:
                 await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
                 for app in org.apps:
-                    await conn.execute(
+                    wanted = (app.executor_timeout_secs, app.recover_to_latest_version, app.gc_time_threshold_ms,
+                              app.gc_rows_threshold, app.global_timeout_ms)  # fmt: skip
+                    cur = await conn.execute(
                         """INSERT INTO apps (org, name, executor_timeout_secs, recover_to_latest_version,
                                              gc_time_threshold_ms, gc_rows_threshold, global_timeout_ms,
                                              from_config)
                            VALUES (%s, %s, %s, %s, %s, %s, %s, true)
-                           ON CONFLICT (org, name) DO UPDATE SET from_config = true""",
-                        (org.name, app.name, app.executor_timeout_secs, app.recover_to_latest_version,
-                         app.gc_time_threshold_ms, app.gc_rows_threshold, app.global_timeout_ms),
+                           ON CONFLICT (org, name) DO UPDATE SET from_config = true
+                           RETURNING executor_timeout_secs, recover_to_latest_version, gc_time_threshold_ms,
+                                     gc_rows_threshold, global_timeout_ms""",
+                        (org.name, app.name, *wanted),
                     )  # fmt: skip
+                    row = await cur.fetchone()
+                    held = tuple(row.values()) if row else wanted
+                    if held != wanted:
+                        # The database's settings stand (a PATCH must survive a restart); say so, or
+                        # the file would read as in force.
+                        log.warning(
+                            "relay.yaml's settings of app %s/%s differ from those in force (%s), which were "
+                            "set through the API or when the app was first registered; those stand: "
+                            "PATCH /v2/orgs/%s/apps/%s to change them",
+                            org.name,
+                            app.name,
+                            ", ".join(
+                                f"{name} {h!r}, not {w!r}"
+                                for name, h, w in zip(SETTING_NAMES, held, wanted, strict=True)
+                                if h != w
+                            ),
+                            org.name,
+                            app.name,
+                        )
                 await conn.execute(
                     "UPDATE apps SET from_config = false WHERE org = %s AND from_config AND NOT (name = ANY(%s))",
                     (org.name, [app.name for app in org.apps]),
