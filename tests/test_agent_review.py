@@ -310,3 +310,23 @@ def test_a_filter_the_plain_list_does_not_take_is_refused_not_ignored(world: Wor
     assert resp.status_code == 422, status_of(resp)
     assert "startTime" in resp.json()["detail"] and "workflows/search" in resp.json()["detail"]
     assert searched.status_code == 200 and searched.json() == []
+
+
+def test_a_fork_onto_a_version_the_app_never_had_is_a_404(world: World) -> None:
+    """A fork (or a bulk fork from failure) onto ``appVersion: "v9"``, a version no executor of the
+    app runs or ran, answered 201: the new workflow waited, enqueued, for an executor of v9 that
+    never comes, and the agent was told it was forked. conductor-api.md, Errors: "`404` | No such
+    organization, application, or resource"."""
+    versions = [r["version_name"] for r in world.sysdb.rows("SELECT version_name FROM dbos.application_versions")]
+    assert "v9" not in versions and versions
+    with world.api() as api:
+        refused = api.post(f"{LEDGER}/workflows/done-1/fork", json={"appVersion": "v9", "newWorkflowId": "never-1"})
+        bulk = api.post(
+            f"{LEDGER}/workflows/bulk-fork-from-failure",
+            json={"workflowIds": ["failed-1"], "fromLastFailure": True, "appVersion": "v9"},
+        )
+        fine = api.post(f"{LEDGER}/workflows/done-1/fork", json={"appVersion": versions[0], "newWorkflowId": "fork-ok"})
+    assert refused.status_code == 404 and "v9" in refused.json()["detail"], status_of(refused)
+    assert bulk.status_code == 404, status_of(bulk)
+    assert fine.status_code == 201, status_of(fine)
+    assert world.sysdb.workflow("never-1") is None

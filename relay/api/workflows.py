@@ -37,6 +37,7 @@ from relay.api.common import (
     audited,
 )
 from relay.api.shapes import WORKFLOW_STATUSES, UtcTime, sdk_time
+from relay.errors import UnsupportedMessage
 from relay_protocol import (
     CancelReply,
     CancelRequest,
@@ -66,6 +67,8 @@ from relay_protocol import (
     GetWorkflowStreamsRequest,
     ImportWorkflowReply,
     ImportWorkflowRequest,
+    ListApplicationVersionsReply,
+    ListApplicationVersionsRequest,
     ListStepsReply,
     ListStepsRequest,
     ListWorkflowsBody,
@@ -180,6 +183,21 @@ async def _must_exist(ctx: Ctx, org: str, app: str, ids: list[str]) -> dict[str,
         what = "workflow" if len(missing) == 1 else "workflows"
         raise ApiError(404, "not_found", f"{what} {names} not found")
     return found
+
+
+async def _must_be_a_version(ctx: Ctx, org: str, app: str, version: str | None) -> None:
+    """404 for a version the app never had: a fork onto it would wait, enqueued, for an executor of
+    that version that never comes (the SDK takes it). An SDK that cannot list its versions is not
+    asked again (the fork goes ahead, as before)."""
+    if version is None:
+        return
+    try:
+        reply = await ctx.gateway.ask(org, app, ListApplicationVersionsRequest, ListApplicationVersionsReply)
+    except UnsupportedMessage:
+        return
+    known = {v.version_name for v in answered(reply).output}
+    if version not in known:
+        raise ApiError(404, "not_found", f"no version {version!r} of app {app!r}")
 
 
 async def _must_be_resumable(ctx: Ctx, org: str, app: str, ids: list[str]) -> None:
@@ -612,6 +630,7 @@ async def fork_workflow(
     )
     detail = {"workflowIds": [workflow_id], "newWorkflowId": new_id, "startStep": fork.startStep}
     async with audited(ctx, org, app, "workflow.fork", actor(who), detail):
+        await _must_be_a_version(ctx, org, app, fork.appVersion)
         reply = answered(await ctx.gateway.ask(org, app, lambda: ForkWorkflowRequest(body=spec), ForkWorkflowReply))
     return shapes.WorkflowIdOut(workflowId=reply.new_workflow_id or new_id)
 
@@ -740,6 +759,7 @@ async def bulk_fork_from_failure(
     request = ForkFromFailureRequest(body=spec)
     detail: dict[str, Any] = {"workflowIds": body.workflowIds}
     async with audited(ctx, org, app, "workflow.bulk_fork_from_failure", actor(who), detail):
+        await _must_be_a_version(ctx, org, app, body.appVersion)
         reply = answered(await ctx.gateway.ask(org, app, lambda: request, ForkFromFailureReply, repeatable=False))
         detail["forkedWorkflowIds"] = reply.forked_workflow_ids or []
     return shapes.WorkflowIdsOut(workflowIds=reply.forked_workflow_ids or [])
