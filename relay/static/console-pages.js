@@ -375,6 +375,8 @@ function workflowPage(ctx, app, workflowId) {
   let showData = false;
   const stepsLimit = 100;
   const stepsOffset = offsetOf(ctx.route.params);
+  const childrenOffset = Math.max(0, parseInt(ctx.route.params.get("children") || "0", 10) || 0);
+  const here = (params) => ctx.go(["apps", app, "workflows", workflowId], {offset: stepsOffset || undefined, children: childrenOffset || undefined, ...params});
   let unfinished = false;  // the workflow, a step or a child shown has not finished (pollMs)
   // The last action's outcome. One element for the page's life, put back in each refresh of the
   // data region: every action is audited, and the refresh the audit event brings must not wipe
@@ -449,7 +451,7 @@ function workflowPage(ctx, app, workflowId) {
       const [w, steps, children] = await Promise.all([
         api(base, {params: {loadInput: showData, loadOutput: showData}}),
         api(`${base}/steps`, {params: {limit: stepsLimit, offset: stepsOffset, loadOutput: showData}}),
-        api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: 0, loadInput: false, loadOutput: false}}),
+        api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: childrenOffset, loadInput: false, loadOutput: false}}),
       ]);
       const active = ACTIVE.includes(w.status);
       unfinished = active || children.some((c) => ACTIVE.includes(c.status));
@@ -483,9 +485,11 @@ function workflowPage(ctx, app, workflowId) {
           showData && s.output ? h("pre", {}, s.output) : null,
           s.error ? h("pre", {}, s.error) : null))) : h("p", {class: "note"}, "No step recorded yet."),
         steps.length === stepsLimit || stepsOffset ? pager("Step pages", {offset: stepsOffset, limit: stepsLimit, shown: steps.length,
-          go: (o) => ctx.go(["apps", app, "workflows", workflowId], {offset: o})}) : null,
+          go: (o) => here({offset: o || undefined})}) : null,
         h("h2", {}, "Children"),
         workflowsTable(app, children, `Child workflows of ${workflowId}`),
+        children.length === PAGE || childrenOffset ? pager("Child pages", {offset: childrenOffset, limit: PAGE, shown: children.length,
+          go: (o) => here({children: o || undefined})}) : null,
       ];
     },
   });
