@@ -102,6 +102,16 @@ def status_in_db(url: str, workflow_id: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
+def finish(world: World, workflow_id: str) -> None:
+    """Send a ``parent`` workflow the message it waits for, and wait until it has succeeded."""
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.send(workflow_id, "now", topic="go")
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, workflow_id) == "SUCCESS", 15)
+
+
 def admin(page: Page, world: World) -> None:
     sign_in(page, world.relay.http, "acme", API_KEYS["acme"])
 
@@ -173,12 +183,7 @@ def test_a_workflows_own_page_shows_it_finished_without_a_reload(world: World, p
     admin(page, world)
     go(page, "#/apps/ledger/workflows/waiting-1")
     expect(fact(page, "Status")).to_have_text("PENDING")
-    client = DBOSClient(system_database_url=world.sysdb)
-    try:
-        client.send("waiting-1", "now", topic="go")
-    finally:
-        client.destroy()
-    assert_eventually(lambda: status_in_db(world.sysdb, "waiting-1") == "SUCCESS", 15)
+    finish(world, "waiting-1")
     expect(fact(page, "Status")).to_have_text("SUCCESS", timeout=20_000)
 
 
@@ -439,12 +444,7 @@ def test_a_cancel_that_came_too_late_does_not_say_cancelled(world: World, page: 
     expect(fact(page, "Status")).to_have_text("PENDING")
 
     def finished_first(route: Route) -> None:
-        client = DBOSClient(system_database_url=world.sysdb)
-        try:
-            client.send("race-1", "now", topic="go")
-        finally:
-            client.destroy()
-        assert_eventually(lambda: status_in_db(world.sysdb, "race-1") == "SUCCESS", 15)
+        finish(world, "race-1")
         route.continue_()
 
     page.route("**/workflows/race-1/cancel", finished_first, times=1)
