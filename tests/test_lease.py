@@ -488,7 +488,7 @@ def test_a_lease_statement_given_up_leaves_no_failure_unretrieved() -> None:
     several times in each database outage of the soak of seed 29, where it is expected and says
     nothing. Each such failure is retrieved."""
     from harness.pgserver import PostgresServer
-    from relay.store.lease import _bounded
+    from relay.store.bounded import bounded
 
     async def give_up(url: str, pg: _VanishingProxy) -> list[str]:
         unretrieved: list[str] = []
@@ -497,8 +497,8 @@ def test_a_lease_statement_given_up_leaves_no_failure_unretrieved() -> None:
         second = await psycopg.AsyncConnection.connect(url, autocommit=True)
         pg.vanish()
         with pytest.raises(DatabaseError, match="no answer within"):  # its bound passes
-            await _bounded(first, "SELECT 1", (), 0.3)
-        waiting = asyncio.ensure_future(_bounded(second, "SELECT 1", (), 30.0))
+            await bounded(first, "SELECT 1", (), 0.3, "lease")
+        waiting = asyncio.ensure_future(bounded(second, "SELECT 1", (), 30.0, "lease"))
         await asyncio.sleep(0.3)
         waiting.cancel()  # its attempt is given up
         with pytest.raises(asyncio.CancelledError):

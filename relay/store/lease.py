@@ -16,7 +16,7 @@ renewal until the lease ran out, and the instance would be adopted while
 perfectly alive. Its statements time out well within the renewal period
 (:data:`STATEMENT_SHARE` of it) on the server, so a renewal stuck on a lock
 gives way to the next one in time, and within the period on the client
-(:func:`_bounded`), for a connection whose server is gone without a word.
+(:func:`relay.store.bounded.bounded`), for a connection whose server is gone without a word.
 
 Every write bound to what this instance owns goes through
 :meth:`relay.store.db.Database.fenced`, which checks the same row in the same
@@ -28,10 +28,7 @@ process manager starts it again with a new epoch).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -39,11 +36,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from relay.errors import DatabaseError
+from relay.store.bounded import Conn, bounded, close_quietly
 from relay.store.db import Database
 
 log = logging.getLogger("relay.lease")
 
-Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 # Renewals come every third of the lease; a statement of the lease's own
 # connection may take this share of that period, connecting at most all of it.
@@ -54,8 +51,6 @@ STATEMENT_SHARE = 0.75
 RETRY_SHARE = 0.1
 # Attempts to connect pending at once, at most (each gives up after a renewal period).
 MAX_ATTEMPTS = 8
-# How long a statement whose socket was shut may take to fail.
-SHUT_WAIT_SECS = 1.0
 
 
 class Lease:
@@ -120,7 +115,7 @@ class Lease:
         self._leftovers.discard(attempt)
         if attempt.cancelled() or attempt.exception() is not None:
             return
-        closing = asyncio.ensure_future(_close(attempt.result()))
+        closing = asyncio.ensure_future(close_quietly(attempt.result(), "lease"))
         self._leftovers.add(closing)
         closing.add_done_callback(self._leftovers.discard)
 
@@ -139,7 +134,7 @@ class Lease:
             elif conn is None:
                 conn = attempt.result()
             else:
-                await _close(attempt.result())
+                await close_quietly(attempt.result(), "lease")
         return conn, error
 
     async def _connect(self) -> Conn:
@@ -154,9 +149,9 @@ class Lease:
         except (psycopg.Error, TimeoutError) as exc:
             raise DatabaseError(f"{exc or type(exc).__name__}") from exc
         try:
-            await _bounded(conn, f"SET statement_timeout = {timeout_ms}", (), self.renew_every)
+            await bounded(conn, f"SET statement_timeout = {timeout_ms}", (), self.renew_every, "lease")
         except BaseException:
-            await _close(conn)
+            await close_quietly(conn, "lease")
             raise
         return conn
 
@@ -168,7 +163,7 @@ class Lease:
         opens a new one)."""
         conn = await self._connection(self.renew_every if patience is None else patience)
         try:
-            return await _bounded(conn, query, params, self.renew_every)
+            return await bounded(conn, query, params, self.renew_every, "lease")
         except BaseException:
             # Failed, timed out or cancelled mid-statement: the connection's state is unknown.
             await self._drop()
@@ -177,7 +172,7 @@ class Lease:
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            await _close(conn)
+            await close_quietly(conn, "lease")
 
     @property
     def held(self) -> bool:
@@ -306,58 +301,3 @@ class Lease:
             if failed:
                 log.info("instance %s renewed its lease again after %d failed tries", self.instance_id, failed)
                 failed = 0
-
-
-async def _bounded(
-    conn: Conn, query: str, params: dict[str, Any] | tuple[Any, ...], limit: float
-) -> psycopg.AsyncCursor[dict[str, Any]]:
-    """``conn.execute``, answered within ``limit`` seconds or failed with :class:`DatabaseError`.
-
-    The server's ``statement_timeout`` bounds a statement stuck on a lock, but not one whose
-    database host went away without a reset (a failover, a crashed machine): the socket stays
-    open and nothing comes back until the kernel gives up, a quarter of an hour later. Such a
-    statement is ended by shutting its socket, which fails it at once. Cancelling it instead
-    would make psycopg first ask the gone server to cancel it, for up to ten seconds.
-    """
-    statement = asyncio.ensure_future(conn.execute(query, params))
-    # A statement given up on fails once its socket is shut, perhaps after this returns or is
-    # cancelled: its failure is retrieved here, expected and not worth a word (asyncio would log an
-    # ERROR with a traceback for each).
-    statement.add_done_callback(_retrieved)
-    answered = False
-    try:
-        await asyncio.wait({statement}, timeout=limit)
-        answered = statement.done()
-    finally:  # also when cancelled
-        if not statement.done():
-            _shut(conn)
-            await asyncio.wait({statement}, timeout=SHUT_WAIT_SECS)
-            if not statement.done():
-                statement.cancel()
-    if not answered:
-        raise DatabaseError(f"lease: no answer within {limit:g}s")
-    exc = statement.exception()
-    if isinstance(exc, psycopg.Error):
-        raise DatabaseError(f"lease: {exc}") from exc
-    if exc is not None:
-        raise exc
-    return statement.result()
-
-
-def _retrieved(statement: asyncio.Future[Any]) -> None:
-    if not statement.cancelled():
-        statement.exception()
-
-
-def _shut(conn: Conn) -> None:
-    """Shut the connection's socket (a duplicate of its descriptor, so that libpq's stays valid)."""
-    with contextlib.suppress(OSError, psycopg.Error):
-        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-async def _close(conn: Conn) -> None:
-    try:
-        await conn.close()
-    except psycopg.Error as exc:
-        log.debug("closing the lease's connection: %s", exc)

@@ -6,7 +6,7 @@ pool's 10 s, past the readiness probe's timeout, and a busy fleet would be taken
 balancer all at once though each instance reaches its database. Its one connection is opened at the
 first probe and again after a failure; a statement not answered within :data:`PROBE_SECS` (a
 database gone without a word) is ended by shutting its socket, as the lease's are
-(:func:`relay.store.lease._bounded`). Probes that come together take turns on it.
+(:func:`relay.store.bounded.bounded`). Probes that come together take turns on it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from relay.errors import DatabaseError
-from relay.store.lease import Conn, _bounded, _close
+from relay.store.bounded import Conn, bounded, close_quietly
 
 log = logging.getLogger("relay.probe")
 
@@ -62,7 +62,7 @@ class DatabaseProbe:
                     connecting = psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, row_factory=dict_row)
                     self._conn = await asyncio.wait_for(connecting, max(0.0, deadline - loop.time()))
                 assert self._conn is not None
-                await _bounded(self._conn, "SELECT 1", (), max(0.0, deadline - loop.time()))
+                await bounded(self._conn, "SELECT 1", (), max(0.0, deadline - loop.time()), "readiness probe")
                 return True
             except (DatabaseError, psycopg.Error, OSError, TimeoutError) as exc:
                 log.debug("readiness probe: the database did not answer: %s", exc or type(exc).__name__)
@@ -74,4 +74,4 @@ class DatabaseProbe:
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            await _close(conn)
+            await close_quietly(conn, "readiness probe")
