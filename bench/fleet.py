@@ -55,11 +55,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import random
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +87,7 @@ from bench.common import (
 from bench.failover import fmt, iso_seconds, report_log
 from bench.sim import SDK_RECONNECT_SECS, SimExecutor, kill_all, open_fleet
 from harness.balancer import TcpBalancer
+from harness.haproxy import Haproxy
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -174,35 +173,16 @@ class HaproxyProcess(BalancerProcess):
     by a TCP connect, as the Python balancer does."""
 
     def __init__(self, backends: list[RelayProcess], log_path: Path, maxconn: int, port: int = 0) -> None:
-        binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
-        if binary is None:
-            raise BenchError("--balancer haproxy needs haproxy on the PATH (as root: apt-get install -y haproxy)")
         self.port = port or free_port()  # haproxy binds with SO_REUSEPORT: several share a port
         self.log_path = log_path
         servers = "\n".join(
             f"    server {r.instance_id} 127.0.0.1:{r.port} check inter 500ms fall 1 rise 2" for r in backends
         )
-        config = log_path.with_suffix(".cfg")
-        config.write_text(HAPROXY_CONFIG.format(maxconn=maxconn, port=self.port, servers=servers))
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=log, cwd=ROOT)
-        deadline = time.monotonic() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"haproxy exited {self.proc.returncode} (see {log_path})")
-            if self._listening():
-                return
-            if time.monotonic() > deadline:
-                raise BenchError(f"haproxy did not listen within 10 s (see {log_path})")
-            time.sleep(0.05)
-
-    def _listening(self) -> bool:
-        """This process (not another on the shared port) listens."""
-        with contextlib.suppress(psutil.Error):
-            for conn in psutil.Process(self.proc.pid).net_connections("tcp"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port:
-                    return True
-        return False
+        try:
+            self.proc = Haproxy(HAPROXY_CONFIG.format(maxconn=maxconn, port=self.port, servers=servers),
+                                self.port, log_path).proc  # fmt: skip
+        except RuntimeError as exc:
+            raise BenchError(f"--balancer haproxy: {exc}") from exc
 
 
 # -- measuring -------------------------------------------------------------------------

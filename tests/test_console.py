@@ -29,6 +29,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from harness.browser import axe_violations, chromium, chromium_path, console_page, screenshot, sign_in, watch
 from harness.executors import ExecutorProcess
+from harness.haproxy import Haproxy
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -157,6 +158,49 @@ def test_sign_in_with_a_key_shows_the_apps_and_sign_out_forgets_the_key(world: W
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_role("heading", name="Sign in to Relay")).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('relay.key')") is None
+
+
+PREFIX_PROXY = """\
+global
+    maxconn 100
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend public
+    bind 127.0.0.1:{port}
+    http-request deny deny_status 404 unless {{ path_beg /relay/ }}
+    default_backend relay
+backend relay
+    http-request replace-path /relay(/.*) \\1
+    server relay 127.0.0.1:{relay_port}
+"""
+
+
+def test_the_console_and_the_api_browser_work_under_a_path_prefix(world: World, page: Page) -> None:
+    """A platform team serving Relay at ``/relay/`` of a shared host, behind a reverse proxy that
+    takes the prefix off (haproxy here): the console read its files and the API from the host's
+    root, none of which the proxy serves, and showed nothing. Everything it reads is below the
+    prefix now, the event stream included; so is the API browser's document."""
+    port = free_port()
+    proxy = Haproxy(PREFIX_PROXY.format(port=port, relay_port=world.relay.port), port, world.workdir / "prefix.log")
+    paths: list[str] = []
+    page.on("request", lambda r: paths.append(urlsplit(r.url).path))
+    try:
+        sign_in(page, f"http://127.0.0.1:{port}/relay", "acme", API_KEYS["acme"])
+        expect(page.locator("#live")).to_have_text("Live")  # the event stream, through the prefix
+        expect(page.get_by_role("row", name="payments")).to_contain_text("v1: 1 healthy")
+        page.goto(f"http://127.0.0.1:{port}/relay/docs")
+        expect(page.get_by_role("heading", name=re.compile("Relay"))).to_be_visible()
+        # "Try it out" calls the page's origin at the document's paths: they go below the prefix.
+        tried = page.evaluate(
+            "window.ui.getConfigs().requestInterceptor({url: location.origin + '/v2/orgs/acme/apps'}).url"
+        )
+        assert urlsplit(tried).path == "/relay/v2/orgs/acme/apps"
+    finally:
+        proxy.stop()
+    assert paths and all(p.startswith("/relay/") for p in paths), paths
 
 
 def test_a_key_refused_the_event_stream_asks_for_it_once_and_says_so(world: World, page: Page) -> None:

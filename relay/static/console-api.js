@@ -28,7 +28,7 @@ function query(params) {
 export async function api(path, {method = "GET", params, body, org = session.org, key = session.key} = {}) {
   const headers = {Authorization: `Bearer ${key}`};
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const resp = await fetch(`/v2/orgs/${enc(org)}${path}${query(params)}`, {
+  const resp = await fetch(`v2/orgs/${enc(org)}${path}${query(params)}`, {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await resp.text();
@@ -44,7 +44,7 @@ export async function api(path, {method = "GET", params, body, org = session.org
 // Reads GET /v2/orgs/{org}/events until it ends; calls onEvent(name, data) for each event.
 // Resolves when the stream ends (or the signal aborts it), rejects on an HTTP error.
 export async function readEvents(onEvent, signal) {
-  const resp = await fetch(`/v2/orgs/${enc(session.org)}/events`, {
+  const resp = await fetch(`v2/orgs/${enc(session.org)}/events`, {
     headers: {Authorization: `Bearer ${session.key}`, Accept: "text/event-stream"}, signal,
   });
   if (!resp.ok || !resp.body) throw new ApiError(resp.status, `event stream: HTTP ${resp.status}`);

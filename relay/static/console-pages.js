@@ -1,8 +1,8 @@
 // The console's pages. Each reads one page of what it lists (limit and offset, never everything),
 // says which live events concern it, and reads again only its own data when one comes.
 
-import {api, enc} from "/static/console-api.js";
-import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, table, when} from "/static/console-ui.js";
+import {api, enc} from "./console-api.js";
+import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, table, when} from "./console-ui.js";
 
 const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
 const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];

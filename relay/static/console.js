@@ -3,9 +3,9 @@
 // changed; a failed read is tried again (retryLater), and a page showing unfinished workflows reads
 // again every few seconds (pollLater): nothing else is polled.
 
-import {api, readEvents, session} from "/static/console-api.js";
-import {ago, h, problemText} from "/static/console-ui.js";
-import {pageFor} from "/static/console-pages.js";
+import {api, readEvents, session} from "./console-api.js";
+import {ago, h, problemText} from "./console-ui.js";
+import {pageFor} from "./console-pages.js";
 
 const main = document.getElementById("main");
 const live = document.getElementById("live");
