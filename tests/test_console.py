@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, LiteralString
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import psycopg
 import pytest
 from dbos import DBOSClient
@@ -201,6 +202,25 @@ def test_the_console_and_the_api_browser_work_under_a_path_prefix(world: World, 
     finally:
         proxy.stop()
     assert paths and all(p.startswith("/relay/") for p in paths), paths
+
+
+def test_a_key_renamed_while_signed_in_is_shown_by_its_new_name(world: World, page: Page) -> None:
+    """A rename keeps the key working and its event stream open, and a key without
+    organization.read hears of no key's change: the header kept the old name until a reload."""
+    admin_key = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    tokens = f"{world.relay.http}/v2/orgs/acme/tokens"
+    created = httpx.post(f"{tokens}/night-shift", json={"permissions": ["application.read"]}, headers=admin_key)
+    assert created.status_code == 201, created.text
+    try:
+        sign_in(page, world.relay.http, "acme", created.json()["token"])
+        expect(page.locator("#who")).to_have_text("night-shift in acme · read-only")
+        renamed = httpx.patch(f"{tokens}/night-shift", json={"newName": "day-shift"}, headers=admin_key)
+        assert renamed.status_code == 200, renamed.text
+        go(page, "#/apps/ledger")
+        expect(page.locator("#who")).to_have_text("day-shift in acme · read-only")
+    finally:
+        for name in ("night-shift", "day-shift"):
+            httpx.delete(f"{tokens}/{name}", headers=admin_key)
 
 
 def test_a_key_refused_the_event_stream_asks_for_it_once_and_says_so(world: World, page: Page) -> None:
@@ -491,11 +511,13 @@ def test_the_console_polls_nothing_when_nothing_changes(world: World, page: Page
     shown = len(watched.requests)
     page.wait_for_timeout(6_000)  # longer than the old dashboard's period
     assert watched.requests[shown:] == [], "the apps read again with nothing changed"
-    assert [path for _, path, _, _ in watched.requests] == [
+    # Each page once; no app's executors but the one page asked. (Showing a page also reads the key,
+    # /whoami, for its name in the header: a rename changes nothing else a page could hear of.)
+    assert [path for _, path, _, _ in watched.requests if path != "/v2/orgs/acme/whoami"] == [
         "/v2/orgs/acme/apps/ledger",
         "/v2/orgs/acme/apps/ledger/executors",
         "/v2/orgs/acme/apps",
-    ]  # each page once; no app's executors but the one page asked
+    ]
 
 
 # -- the other pages, and accessibility ------------------------------------------------------------

@@ -80,6 +80,13 @@ function unfitKey(me) {
 function startSession() {
   document.getElementById("nav").hidden = false;
   document.getElementById("session").hidden = false;
+  showWho();
+  startStream();
+  if (!location.hash || location.hash === "#") location.hash = "#/";
+  else show();
+}
+
+function showWho() {
   const writes = who.permissions.includes("application.write") ? "" : " · read-only";
   document.getElementById("who").textContent = `${who.tokenName} in ${who.org}${writes}`;
   // Only the pages the key may read: Instances and the audit log need organization.read (a key
@@ -87,9 +94,18 @@ function startSession() {
   const orgRead = who.permissions.includes("organization.read");
   document.getElementById("nav-instances").hidden = !orgRead;
   document.getElementById("nav-audit").hidden = !orgRead;
-  startStream();
-  if (!location.hash || location.hash === "#") location.hash = "#/";
-  else show();
+}
+
+// A key renamed while signed in keeps working (its streams stay open, no event tells a key without
+// organization.read): the header reads the key again with each page shown and each time the stream
+// opens. A failure changes nothing here (the page's own reads say what is wrong).
+async function rereadWho() {
+  const key = session.key;
+  let me;
+  try { me = await api("/whoami"); } catch { return; }
+  if (!who || session.key !== key || unfitKey(me)) return;
+  who = me;
+  showWho();
 }
 
 // Signing out forgets the page too; a key that stopped working (deleted or changed while signed in)
@@ -122,6 +138,7 @@ function setLive(state) {
 
 async function show() {
   if (!who) return;
+  rereadWho();
   const route = parseRoute();
   const ctx = {who, canWrite: who.permissions.includes("application.write"), go, route, reread: () => refreshPage(current)};
   const page = pageFor(route, ctx);
@@ -234,6 +251,7 @@ async function startStream() {
           backoff = 1000;
           silenceMs = data && data.heartbeatSecs ? data.heartbeatSecs * 3000 + SILENCE_SLACK_MS : null;
           setLive("on");
+          rereadWho();
           if (current && current.loadedOnce) scheduleRefresh();  // what changed while the stream was down
         } else if (name === "end") {
           setLive("off");
