@@ -2,8 +2,18 @@
 and ``python -m chaos mutants [NAME ...] [--baseline]``.
 
 ``--client``: the executors run on dbos 3.4 with relay_client instead of the 3.2
-SDK's own conductor client. Exit 0 only if every check holds (for mutants: every mutant caught,
-every baseline passed).
+SDK's own conductor client.
+
+Exit codes, so that a CI can tell Relay's failures from the harness's:
+
+- 0: every check held (for mutants: every mutant caught, every baseline passed);
+- 1: Relay broke a promise (violations), or a mutant was missed (or a baseline failed);
+- 2: bad input, refused before any fleet starts (a recording missing, cut short, not a recording,
+  of a newer format or an unknown field, or that cannot be played as written; an unknown mutant;
+  a negative seed);
+- 3: the harness could not run (PostgreSQL unreachable, a process that did not start, a mutant's
+  replay that left no verdict): no verdict on Relay;
+- 128 + N: stopped by signal N (SIGTERM, SIGHUP; SIGINT is 130), the fleet stopped first.
 """
 
 from __future__ import annotations
@@ -11,13 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from chaos.mutants import run_mutants
-from chaos.run import relay_errors, run
-from chaos.schedule import PROFILES, Fault, Profile, make_schedule
+from chaos.record import BadRecording, check_seed, read_recording
+from chaos.run import HarnessFailed, Interrupted, relay_errors, run
+from chaos.schedule import PROFILES, make_schedule
+
+PASSED, VIOLATIONS, BAD_INPUT, HARNESS_FAILED = 0, 1, 2, 3
+SHOWN = 50  # violations printed; the record has them all
 
 
 def _report(result: dict[str, Any]) -> int:
@@ -27,15 +44,51 @@ def _report(result: dict[str, Any]) -> int:
     errors = relay_errors(Path(result["workdir"]))
     if errors:
         print("Relay logged errors:\n  " + "\n  ".join(errors))
-    if result["violations"]:
-        print(f"FAILED: {len(result['violations'])} violations")
-        for violation in result["violations"][:50]:
+    record = result.get("record", "the run's record")
+    violations = result["violations"]
+    if violations:
+        print(f"FAILED: {len(violations)} violations")
+        for violation in violations[:SHOWN]:
             print(f"  - {violation}")
-        return 1
+        if len(violations) > SHOWN:
+            print(f"  ... {len(violations) - SHOWN} more in {record}")
+        print(f"logs (Relay's and the executors'): {result['workdir']}")
+        print(f"record: {record}")
+        return VIOLATIONS
     print(f"chaos run passed: seed {result['seed']}, profile {result['profile']['name']}, "
           f"{'relay_client on dbos 3.4, ' if result.get('client') else ''}"
           f"{result['duration_secs']} s")  # fmt: skip
-    return 0
+    return PASSED
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (CI's timeout, a runner's cancel, a closed terminal) become Interrupted,
+    raised in the main thread, so that the fleet is stopped and every atexit hook runs. Only the
+    first: a second one while stopping is ignored, so that stopping is not cut short."""
+    fired: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if not fired:
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def _guarded(work: Callable[[], int]) -> int:
+    """Runs ``work``, turning a harness failure or a signal into its exit code and a one-line message."""
+    try:
+        return work()
+    except HarnessFailed as exc:
+        print(f"chaos: the harness could not run: {exc}; run folder {exc.workdir} "
+              f"(traceback in {exc.workdir / 'harness-error.txt'})", file=sys.stderr)  # fmt: skip
+        return HARNESS_FAILED
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        where = f"; run folder {exc.workdir}" if isinstance(exc, Interrupted) and exc.workdir else ""
+        print(f"chaos: stopped by {signal.Signals(signum).name}, everything it started stopped{where}", file=sys.stderr)
+        return 128 + signum
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,23 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     mutants.add_argument("--baseline", action="store_true", help="also replay each recording unmutated: it must pass")
     mutants.add_argument("--out", type=Path, default=Path(".chaos/mutants"))
     args = parser.parse_args(argv)
+    _stop_on_signals()
 
     if args.command == "mutants":
-        return run_mutants(args.names, args.baseline, args.out)
+        return _guarded(lambda: run_mutants(args.names, args.baseline, args.out))
 
-    if args.command == "run":
-        seed = args.seed if args.seed is not None else random.randrange(1_000_000)
-        profile = PROFILES[args.profile]
-        schedule = make_schedule(seed, profile)
-        client = args.client
-    else:
-        recorded = json.loads(args.file.read_text())
-        seed, profile = recorded["seed"], Profile.from_json(recorded["profile"])
-        schedule = [Fault(**f) for f in recorded["schedule"]]
-        client = bool(recorded.get("client", False))
+    try:
+        if args.command == "run":
+            seed = check_seed(args.seed if args.seed is not None else random.randrange(1_000_000))
+            profile, client = PROFILES[args.profile], args.client
+            schedule = make_schedule(seed, profile)
+        else:
+            recording = read_recording(args.file)
+            seed, profile, schedule, client = recording.seed, recording.profile, recording.schedule, recording.client
+    except (BadRecording, ValueError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return BAD_INPUT
     executors = "dbos 3.4 with relay_client" if client else "dbos 3.2"
     print(f"chaos {args.command}: seed {seed}, profile {profile.name}, {len(schedule)} faults, {executors}", flush=True)
-    return _report(run(profile, seed, schedule, args.out, client))
+    replaying = args.command == "replay"
+    return _guarded(lambda: _report(run(profile, seed, schedule, args.out, client, replay=replaying)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ executors too). A mutant is caught when the replay's checker finds violations;
 missed when the replay passes; an error when the replay left no verdict. An
 edit whose text is no longer in the tree is an error too, so a mutant cannot
 silently stop applying. ``--baseline`` replays each recording on the unmutated
-tree as well, which must pass.
+tree as well, which must pass. ``python -m chaos mutants`` exits 1 when a mutant
+was missed or a baseline failed, else 3 when a replay left no verdict.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "chaos" / "runs" / "mutants"
@@ -74,14 +76,16 @@ MUTANTS = (
                  "    return {\"ok\": True}\n"),)),
 )  # fmt: skip
 
+# Every virtualenv (.venv, .venv-client*, .venv-mcp: hundreds of MB each), the runs' folders and caches.
 IGNORED = shutil.ignore_patterns(
-    ".git", ".venv", ".chaos", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"
-)
+    ".git", ".venv*", ".chaos*", ".relay", "node_modules", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache",
+    ".pytest_cache", ".hypothesis",
+)  # fmt: skip
 
 
 def copy_tree(into: Path, mutant: Mutant | None) -> Path:
     tree = into / "tree"
-    shutil.copytree(ROOT, tree, ignore=IGNORED)
+    shutil.copytree(ROOT, tree, ignore=IGNORED, symlinks=True)  # a link is copied as a link, not followed
     for edit in mutant.edits if mutant else ():
         path = tree / edit.path
         text = path.read_text()
@@ -109,22 +113,38 @@ def replay(mutant: Mutant | None, recorded: str, out: Path) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "chaos", "replay", str(recording), "--out", str(run_out)]
         log = out / f"{label}.log"
         with log.open("wb") as sink:
-            subprocess.run(cmd, cwd=tree, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False)
-    results = list(run_out.glob("run-*.json"))
+            code = _replay_process(cmd, tree, env, sink)
+    results = list(run_out.glob("replay-*.json"))
     secs = round(time.monotonic() - started, 1)
     if not results:
-        return {"mutant": label, "verdict": "error", "why": f"no verdict; see {log}", "secs": secs}
+        return {"mutant": label, "verdict": "error", "why": f"no verdict (exit {code}); see {log}", "secs": secs}
     violations = json.loads(results[0].read_text())["violations"]
     caught = bool(violations) if mutant else not violations
     verdict = ("caught" if caught else "missed") if mutant else ("passed" if caught else "failed")
     return {"mutant": label, "recorded": recorded, "verdict": verdict, "violations": violations[:3], "secs": secs}
 
 
+def _replay_process(cmd: list[str], tree: Path, env: dict[str, str], sink: IO[bytes]) -> int:
+    """Runs one replay to its end; interrupted (a signal to this process), passes SIGTERM on and
+    waits for the replay to stop its fleet, rather than killing it with its PostgreSQL servers left."""
+    with subprocess.Popen(cmd, cwd=tree, env=env, stdout=sink, stderr=subprocess.STDOUT) as proc:
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
 def run_mutants(names: list[str] | None, baseline: bool, out: Path) -> int:
     chosen = [m for m in MUTANTS if not names or m.name in names]
     unknown = set(names or ()) - {m.name for m in MUTANTS}
     if unknown:
-        print(f"no such mutant: {', '.join(sorted(unknown))} (there are {', '.join(m.name for m in MUTANTS)})")
+        print(f"chaos: no such mutant: {', '.join(sorted(unknown))} (there are {', '.join(m.name for m in MUTANTS)})",
+              file=sys.stderr)  # fmt: skip
         return 2
     out.mkdir(parents=True, exist_ok=True)
     report = []
@@ -138,7 +158,14 @@ def run_mutants(names: list[str] | None, baseline: bool, out: Path) -> int:
     (out / "mutants.json").write_text(json.dumps(report, indent=2))
     caught = sum(r["verdict"] == "caught" for r in report)
     print(f"mutants: {caught} of {len(chosen)} caught")
-    return 0 if all(r["verdict"] in ("caught", "passed") for r in report) else 1
+    # A miss is a finding whatever else happened; a replay with no verdict is the harness's failure.
+    if any(r["verdict"] in ("missed", "failed") for r in report):
+        return 1
+    errors = [r["mutant"] for r in report if r["verdict"] == "error"]
+    if errors:
+        print(f"chaos: the harness could not run the replays of {', '.join(errors)} (see above)", file=sys.stderr)
+        return 3
+    return 0
 
 
 def _line(r: dict[str, Any]) -> str:

@@ -15,13 +15,13 @@ same application on dbos 3.4 using relay_client (harness/client_venv.py).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import psycopg
 from chaos.checker import History, Timing, check, figures
 from chaos.dbrules import READY_SLACK_SECS
 from chaos.observe import RegistryWatch, time_to_ready
+from chaos.record import FORMAT, write_record
 from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile, faults_end
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
@@ -60,14 +61,46 @@ class Slot:
     ids: list[str] = field(default_factory=list)
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP to a run (chaos/__main__.py turns them into this): not an ``Exception``, so
+    that nothing on the way catches it, and every ``finally`` (Fleet.stop) and atexit hook runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.workdir: Path | None = None
+
+
+class HarnessFailed(Exception):
+    """The harness could not run (PostgreSQL unreachable, a process that did not start...): no verdict."""
+
+    def __init__(self, workdir: Path, cause: BaseException) -> None:
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        super().__init__(f"{type(cause).__name__}: {first}" if first else type(cause).__name__)
+        self.workdir = workdir
+
+
 class Fleet:
     def __init__(self, profile: Profile, seed: int, workdir: Path, client: bool = False) -> None:
+        """Provisions the databases, the receiver and the instances' configuration; on any failure
+        meanwhile (a signal too), stops what it had made before raising."""
         self.profile = profile
         self.seed = seed
         self.workdir = workdir
         self.client = client
-        self.python = str(client_python()) if client else sys.executable
-        self.pg = Postgres()
+        self.slots: list[Slot] = []
+        self.relays: list[RelayProcess] = []
+        try:
+            self._provision()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _provision(self) -> None:
+        profile, workdir = self.profile, self.workdir
+        self.python = str(client_python()) if self.client else sys.executable
+        # On RELAY_TEST_DATABASE_URL's server, the databases made here are dropped at the end.
+        self.pg = Postgres(drop_databases=True)
         # With the system database's fault, both apps' system databases are on a server of their own
         # (restarting it fails no other database); the evidence stays on the session's server, so
         # that what the checker reads never goes through a fault.
@@ -98,7 +131,6 @@ class Fleet:
         self.balancer = TcpBalancer([("127.0.0.1", r.port) for r in self.relays])
         # The registry as the run goes, and when an instance was first seen exited (chaos/dbrules.py).
         self.watch = RegistryWatch(self.relays, (MAIN_APP, DECOY_APP))
-        self.slots: list[Slot] = []
         # When the workload stops (a Unix time), read by every executor as it goes: known only
         # once the fleet is up, since starting it may take longer than the warm-up on a loaded machine.
         self.until_file = workdir / "until"
@@ -179,26 +211,47 @@ class Fleet:
         slot.ids.append(slot.executor_id)
 
     def stop(self) -> None:
-        self.watch.stop()
+        """Stops whatever was started, also of a fleet whose construction or start failed halfway.
+        Each part on its own: one that raises is logged and the others are stopped all the same; a
+        signal or interrupt that came meanwhile is raised again once everything is stopped."""
+        pending: list[BaseException] = []
+
+        def attempt(what: str, stop: Any, *args: Any) -> None:
+            try:
+                stop(*args)
+            except BaseException as exc:  # everything else must still stop
+                print(f"chaos: stopping {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                if not isinstance(exc, Exception):
+                    pending.append(exc)
+
+        parts = self.__dict__
+        if "watch" in parts:
+            attempt("the registry watch", self.watch.stop)
         for slot in self.slots:
-            if slot.proc is not None and slot.proc.poll() is None:
-                slot.proc.send_signal(signal.SIGCONT)
-                slot.proc.kill()
-                slot.proc.wait()
-            if slot.proc is not None and slot.proc.stdout is not None:
-                slot.proc.stdout.close()
-            slot.proxy.__exit__(None, None, None)
-        self.balancer.__exit__(None, None, None)
+            attempt(f"executor {slot.index}", _end_executor, slot)
+        if "balancer" in parts:
+            attempt("the balancer", self.balancer.__exit__, None, None, None)
         for relay in self.relays:
-            relay.stop()
-        self.receiver.__exit__(None, None, None)
-        if self.db_proxy is not None:
-            self.db_proxy.__exit__(None, None, None)
-        if self.relay_pg is not None:
-            self.relay_pg.close()
-        if self.sys_pg is not None:
-            self.sys_pg.close()
-        self.pg.close()
+            attempt(relay.instance_id, relay.stop)
+        if "receiver" in parts:
+            attempt("the webhook receiver", self.receiver.__exit__, None, None, None)
+        if parts.get("db_proxy") is not None:
+            attempt("Relay's database proxy", parts["db_proxy"].__exit__, None, None, None)
+        for name in ("relay_pg", "sys_pg", "pg"):
+            if parts.get(name) is not None:
+                attempt(f"PostgreSQL ({name})", parts[name].close)
+        if pending:
+            raise pending[0]
+
+
+def _end_executor(slot: Slot) -> None:
+    if slot.proc is not None and slot.proc.poll() is None:
+        slot.proc.send_signal(signal.SIGCONT)
+        slot.proc.kill()
+        slot.proc.wait()
+    if slot.proc is not None and slot.proc.stdout is not None:
+        slot.proc.stdout.close()
+    slot.proxy.__exit__(None, None, None)
 
 
 def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
@@ -362,62 +415,82 @@ def settled(fleet: Fleet) -> bool:
     return True
 
 
-def run(profile: Profile, seed: int, schedule: list[Fault], out: Path, client: bool = False) -> dict[str, Any]:
+def run(
+    profile: Profile, seed: int, schedule: list[Fault], out: Path, client: bool = False, replay: bool = False
+) -> dict[str, Any]:
+    """One run, recorded in ``out`` (chaos/record.py names it); returns the record, with its path as
+    ``record``. Raises HarnessFailed when the harness could not run, Interrupted on a signal: both
+    after stopping the fleet, and both carry the run's folder."""
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="chaos-", dir=out)).resolve()
+    print(f"chaos: run folder {workdir}", flush=True)
     started = time.time()
-    origin = started
-    fleet = Fleet(profile, seed, workdir, client)
+    fleet: Fleet | None = None
+    try:
+        try:
+            fleet = Fleet(profile, seed, workdir, client)
+            history, stuck, origin = _play(fleet, schedule, started)
+        finally:
+            if fleet is not None:
+                fleet.stop()
+        violations = check(history)
+        result = {
+            "format": FORMAT,
+            "seed": seed,
+            "client": client,
+            "profile": profile.to_json(),
+            "schedule": [f.to_json() for f in schedule],
+            "faults": history.faults,
+            "figures": figures(history),
+            "violations": violations,
+            "unfinished": stuck,
+            "unplanned_instance_exits": history.exits,
+            "audit": history.audit,  # what the checker judged, to read again after the run
+            "ok": not violations,
+            "duration_secs": round(time.time() - started, 1),
+            "fleet_start_overrun_secs": round(origin - started, 1),
+            "workdir": str(workdir),
+        }
+        path = write_record(out, result, replay)
+    except Interrupted as exc:
+        exc.workdir = workdir
+        raise
+    except Exception as exc:
+        (workdir / "harness-error.txt").write_text(traceback.format_exc())
+        raise HarnessFailed(workdir, exc) from exc
+    return {**result, "record": str(path)}
+
+
+def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History, list[dict[str, Any]], float]:
+    """Starts the fleet, plays the schedule, heals and gathers the history; returns it, the workflows
+    left unfinished, and the origin of the schedule's clock."""
+    profile = fleet.profile
     done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
-    try:
-        end = faults_end(profile, schedule)
-        fleet.start(until=started + end)
-        # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
-        # (faults would otherwise come all at once, before any workload).
-        origin = max(started, time.time() - profile.warmup_secs)
-        fleet.stop_workload_at(origin + end)
-        for fault in schedule:
-            time.sleep(max(0.0, origin + fault.at - time.time()))
-            unplanned += fleet.revive()
-            print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
-            done.append(inject(fleet, fault))
-        time.sleep(max(0.0, origin + end - time.time()))
-        print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
-        deadline = time.time() + profile.heal_timeout_secs
-        while time.time() < deadline and not settled(fleet):
-            unplanned += fleet.revive()
-            time.sleep(1.0)
+    end = faults_end(profile, schedule)
+    fleet.start(until=started + end)
+    # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
+    # (faults would otherwise come all at once, before any workload).
+    origin = max(started, time.time() - profile.warmup_secs)
+    fleet.stop_workload_at(origin + end)
+    for fault in schedule:
+        time.sleep(max(0.0, origin + fault.at - time.time()))
         unplanned += fleet.revive()
-        time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
-        deadline = time.time() + 15.0  # and the last deaths' alerts arrive
-        while time.time() < deadline and not alerted(fleet):
-            time.sleep(0.5)
-        unplanned += fleet.revive()  # an instance fenced out at the very end counts too
-        history = gather(fleet, done, unplanned)
-        stuck = unfinished(fleet)
-    finally:
-        fleet.stop()
-    violations = check(history)
-    result = {
-        "seed": seed,
-        "client": client,
-        "profile": profile.to_json(),
-        "schedule": [f.to_json() for f in schedule],
-        "faults": done,
-        "figures": figures(history),
-        "violations": violations,
-        "unfinished": stuck,
-        "unplanned_instance_exits": unplanned,
-        "audit": history.audit,  # what the checker judged, to read again after the run
-        "ok": not violations,
-        "duration_secs": round(time.time() - started, 1),
-        "fleet_start_overrun_secs": round(origin - started, 1),
-        "workdir": str(workdir),
-    }
-    name = f"run-{profile.name}-{seed}{'-client' if client else ''}.json"
-    (out / name).write_text(json.dumps(result, indent=2))
-    return result
+        print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
+        done.append(inject(fleet, fault))
+    time.sleep(max(0.0, origin + end - time.time()))
+    print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
+    deadline = time.time() + profile.heal_timeout_secs
+    while time.time() < deadline and not settled(fleet):
+        unplanned += fleet.revive()
+        time.sleep(1.0)
+    unplanned += fleet.revive()
+    time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
+    deadline = time.time() + 15.0  # and the last deaths' alerts arrive
+    while time.time() < deadline and not alerted(fleet):
+        time.sleep(0.5)
+    unplanned += fleet.revive()  # an instance fenced out at the very end counts too
+    return gather(fleet, done, unplanned), unfinished(fleet), origin
 
 
 def relay_errors(workdir: Path) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,9 +53,41 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Profile:
-        # A record from before db_kinds played the four faults of Relay's database.
-        kinds = tuple(data.get("db_kinds", DATABASE_FAULTS))
-        return cls(**{**data, "fault_gap_secs": tuple(data["fault_gap_secs"]), "db_kinds": kinds})
+        """A recorded profile, checked field by field (ValueError names the first wrong one).
+
+        A record from before several instances has no ``relay_instances``: it was played on one
+        Relay, and is again. One from before ``db_kinds`` played the four faults of Relay's database.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown profile field {', '.join(map(repr, unknown))}")
+        data = {"relay_instances": 1, "db_kinds": DATABASE_FAULTS, **data}
+        missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"profile field {', '.join(map(repr, missing))} missing")
+        for name, value in data.items():
+            if not _of_type(value, str(fields[name].type)):
+                raise ValueError(f"profile field {name!r} is {value!r}, not {fields[name].type}")
+        for name in ("executors", "relay_instances"):
+            if data[name] < 1:
+                raise ValueError(f"profile field {name!r} is {data[name]}, less than 1")
+        unknown_kinds = sorted(set(data["db_kinds"]) - set(DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS))
+        if unknown_kinds:
+            raise ValueError(f"profile field 'db_kinds' holds unknown fault kind {', '.join(map(repr, unknown_kinds))}")
+        return cls(**{**data, "fault_gap_secs": tuple(data["fault_gap_secs"]), "db_kinds": tuple(data["db_kinds"])})
+
+
+def _of_type(value: Any, annotation: str) -> bool:
+    """Whether a JSON value fits a field of Profile or Fault, by its annotation's text."""
+    if annotation.endswith(" | None"):
+        return value is None or _of_type(value, annotation.removesuffix(" | None"))
+    if annotation == "tuple[float, float]":
+        return isinstance(value, (list, tuple)) and len(value) == 2 and all(_of_type(v, "float") for v in value)
+    if annotation == "tuple[str, ...]":
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    kinds: dict[str, tuple[type, ...]] = {"str": (str,), "bool": (bool,), "int": (int,), "float": (int, float)}
+    return isinstance(value, kinds[annotation]) and (annotation == "bool" or not isinstance(value, bool))
 
 
 PROFILES = {
@@ -82,6 +115,45 @@ class Fault:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Fault:
+        """A recorded fault, checked field by field (ValueError names the first wrong one)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{data!r} is not a fault (an object of at, kind, target and duration)")
+        fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        unknown, missing = sorted(set(data) - set(fields)), sorted(set(fields) - set(data))
+        if unknown or missing:
+            raise ValueError(f"fault fields unknown {unknown}, missing {missing}")
+        for name, value in data.items():
+            if not _of_type(value, fields[name]):
+                raise ValueError(f"fault field {name!r} is {value!r}, not {fields[name]}")
+        return cls(**data)
+
+
+def unplayable(profile: Profile, fault: Fault) -> str | None:
+    """Why ``fault`` cannot be played as written on ``profile``'s fleet, or None if it can."""
+    database = DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS
+    if fault.kind not in FAULT_KINDS + database:
+        return f"unknown fault kind {fault.kind!r} (known: {', '.join(FAULT_KINDS + database)})"
+    if fault.at < 0 or fault.duration < 0:
+        return f"{fault.kind} at {fault.at} s for {fault.duration} s: a time is negative"
+    if fault.kind in database and not profile.db_faults:
+        return (f"{fault.kind} is a database fault and profile {profile.name!r} has no db_faults "
+                "(no server of its own to fail)")  # fmt: skip
+    if fault.kind in SYSTEM_DATABASE_FAULTS and fault.kind not in profile.db_kinds:
+        return (f"{fault.kind} needs the system databases on a server of their own, and profile "
+                f"{profile.name!r} does not list it in db_kinds")  # fmt: skip
+    if fault.kind in DATABASE_FAULTS and fault.target != -1:
+        return f"{fault.kind} target {fault.target}: a database fault's target is -1"
+    if fault.kind in INSTANCE_FAULTS and not -1 <= fault.target < profile.relay_instances:
+        return (f"{fault.kind} target {fault.target} out of range: profile {profile.name!r} has "
+                f"Relay instances 0 to {profile.relay_instances - 1}")  # fmt: skip
+    slots = profile.executors + profile.decoys
+    if fault.kind in EXECUTOR_FAULTS + SYSTEM_DATABASE_FAULTS and not 0 <= fault.target < slots:
+        return (f"{fault.kind} target {fault.target} out of range: profile {profile.name!r} has "
+                f"executor slots 0 to {slots - 1}")  # fmt: skip
+    return None
 
 
 def faults_end(profile: Profile, schedule: list[Fault]) -> float:

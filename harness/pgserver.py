@@ -64,7 +64,12 @@ class PostgresServer:
             for setting, value in {**SETTINGS, "port": str(self.port)}.items():
                 conf.write(f"{setting} = '{value}'\n")
         self._paused: list[psutil.Process] = []
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            # pg_ctl starts the server in a session of its own: nothing else would stop it.
+            self.close()
+            raise
 
     # -- addresses -------------------------------------------------------------
 

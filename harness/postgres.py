@@ -64,11 +64,15 @@ class Postgres:
         return urlsplit(self.admin_url)._replace(path=f"/{database}").geturl()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.cleanup()
-        elif self._drop_databases:
-            with psycopg.connect(self.admin_url, autocommit=True) as conn:
-                for name in self._created:
-                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        """Stops the embedded server and deletes its data, or drops the databases made here (with
+        ``drop_databases``); the data folder is deleted even if stopping failed."""
+        try:
+            if self._server is not None:
+                self._server.cleanup()
+            elif self._drop_databases and self._created:
+                with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                    for name in self._created:
+                        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
