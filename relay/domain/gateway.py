@@ -8,6 +8,8 @@ change that is safe to repeat (cancel, resume, delete...), moves on to the
 next executor when one does not answer within the per-executor timeout; the
 whole request ends by a deadline that Conductor's clients wait for (they give
 up at 30 s). A change that is not safe to repeat (an import) is tried once.
+Any request moves on from an executor whose SDK does not know the message
+(it did nothing); it is a 501 only if none of those asked knows it.
 
 Which executors serve an app is read from the registry at most once per
 :attr:`GatewayLimits.serving_ttl_secs` for requests that may move on (a
@@ -105,6 +107,7 @@ class ExecutorGateway:
         deadline = loop.time() + self.limits.deadline_secs
         problems: list[str] = []
         unserved = 0  # of the problems, those where the instance holding the socket could not serve
+        unsupported: list[UnsupportedMessage] = []  # executors whose SDK does not know the message
         tried: set[str] = set()
         healthy, cached = await self._healthy(org, app, fresh=not repeatable)
         while True:
@@ -112,16 +115,21 @@ class ExecutorGateway:
                 raise NoHealthyExecutor(await self._none_healthy(org, app))
             start = next(self._turns) % max(len(healthy), 1)
             order = [e for e in healthy[start:] + healthy[:start] if e[0] not in tried]
-            for executor_id, owner in order if repeatable else order[:1]:
+            for executor_id, owner in order:
                 left = deadline - loop.time()
-                if left <= 0:
+                if left <= 0 or (not repeatable and len(tried) > len(unsupported)):
                     break
                 tried.add(executor_id)
                 key = ExecutorKey(org, app, executor_id)
                 try:
                     return await self.router.ask(key, make(), expected, min(per, left), owner=owner)
-                except UnsupportedMessage:
-                    raise
+                except UnsupportedMessage as exc:
+                    # Its SDK lacks the message (an app moving from dbos 3.2 to relay_client runs
+                    # both): it did nothing, so another executor is asked, even for a request that
+                    # is tried once. The executor is healthy all the same.
+                    unsupported.append(exc)
+                    problems.append(str(exc))
+                    continue
                 except ExecutorBadReply as exc:
                     problems.append(str(exc))
                     log.warning("app %s: %s", app, exc)
@@ -134,6 +142,8 @@ class ExecutorGateway:
                 break
             # The list was read a moment ago and none of it answered: read the registry again.
             healthy, cached = await self._healthy(org, app, fresh=True)
+        if unsupported and len(unsupported) == len(problems):  # none of those asked knows the message
+            raise unsupported[0]
         if problems and unserved == len(problems):  # no executor was asked: none failed to answer
             raise RequestNotServed(f"no executor of app {app!r} could be asked: " + "; ".join(problems[:3]))
         raise NoAnswer(f"no executor of app {app!r} answered: " + "; ".join(problems[:3]))
