@@ -1,0 +1,252 @@
+"""A platform team's review of relay_client (dbos 3.4, many machines): each test fails on the code
+as it is, for the reason its docstring gives, and passes once that is fixed.
+
+Relay is played by real WebSocket and TCP servers, DBOS is real (SQLite), as in the client's other
+tests; where a wait or a bound is scaled down, it is the client's own setting that is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import app
+import pytest
+from dbos import DBOS, DBOSClient, SetWorkflowID
+from test_connect import FakeRelay, eventually, make_certificates
+from test_connection_life import ScriptedRelay, ask_info, read_until_closed
+from websockets.sync.server import ServerConnection
+
+import relay_client
+import relay_protocol as p
+from relay_client import _internals, aggregates, lifecycle
+from relay_client import connection as connection_module
+from relay_client.connection import Connection
+from relay_client.handlers import Handlers, Identity
+
+# --- wss:// with the system's CAs --------------------------------------------------------------
+
+
+def test_a_wss_url_connects_trusting_the_systems_cas_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """client/README.md, TLS: "For wss://, the system's CAs are trusted by default." Relay behind TLS
+    with a certificate the machine trusts (here: a CA put in the system's trust store as OpenSSL reads
+    it, ``SSL_CERT_FILE``), ``connect("wss://...", key=..., app=...)`` with no TLS option: the client
+    passes ``ssl=None`` to websockets, which refuses it for a wss:// URI ("ssl=None is incompatible
+    with a wss:// URI"). The executor never connects, and the log says only "Unexpected error on the
+    connection to Relay", tried again every second or two for ever. (The client's own TLS test reads
+    the same failure as "the system's CAs do not know ours".)"""
+    ca_file, server_tls = make_certificates(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    assert ssl.create_default_context().cert_store_stats()["x509_ca"] >= 1  # the system's trust store has it
+    relay = FakeRelay(tls=server_tls)
+    app.launch(tmp_path, relay_client.new_executor_id())
+    try:
+        with caplog.at_level(logging.WARNING, logger="dbos.relay_client"):
+            connection = relay_client.connect(relay.url, key="k", app="clienttest")
+            connected = connection.wait_connected(5)
+        assert connected, [r.getMessage() for r in caplog.records]
+        eventually(lambda: len(relay.infos) == 1)
+    finally:
+        DBOS.destroy()
+        lifecycle.stop_all()
+        relay.stop()
+
+
+# --- A TLS mismatch is a refusal that repeats, not a loss ---------------------------------------
+
+
+class CountingTcp:
+    """A TCP server that keeps when each connection came and answers it as ``kind`` does:
+    ``plain`` an HTTP server with no TLS (Relay itself, plain, at a ``wss://`` URL), ``tls`` a TLS
+    server (a TLS front end, at a ``ws://`` URL)."""
+
+    def __init__(self, kind: str, tls: ssl.SSLContext | None = None) -> None:
+        self.kind = kind
+        self.tls = tls
+        self.tries: list[float] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._stopped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stopped:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.tries.append(time.monotonic())
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            if self.kind == "plain":
+                conn.recv(4096)  # a TLS ClientHello, read as a request
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            else:
+                assert self.tls is not None
+                self.tls.wrap_socket(conn, server_side=True)  # fails: the client speaks plain HTTP
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._sock.close()
+
+
+@pytest.mark.parametrize("mismatch", ["wss-url-plain-server", "ws-url-tls-server"])
+def test_a_tls_mismatch_is_tried_again_less_and_less_often_not_every_second(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, mismatch: str
+) -> None:
+    """client/README.md: a try that "will repeat (... a redirect it cannot follow, an address that is
+    not a WebSocket server, a certificate it does not trust) doubles up to 30 s". A ``wss://`` URL at a
+    port that speaks no TLS (Relay itself, plain), or a ``ws://`` URL at a TLS front end, fails the
+    same way at every try, like an untrusted certificate: but its ``ssl.SSLError`` (an OSError) or
+    ``InvalidMessage`` is taken for a loss, tried again every second for ever from every machine,
+    and logged as "Connection to Relay lost". Waits in tenths of the real ones, jitter at its middle:
+    the fifth wait is at least 4 tenths (doubling), not one."""
+    tenth = 0.1
+    monkeypatch.setattr(connection_module, "RECONNECT_SECS", tenth)
+    monkeypatch.setattr(connection_module, "REFUSED_MAX_SECS", 8 * tenth)
+    monkeypatch.setattr(connection_module.random, "uniform", lambda low, high: (low + high) / 2)
+    ca_file, tls = make_certificates(tmp_path)
+    if mismatch == "wss-url-plain-server":
+        server = CountingTcp("plain")
+        url = f"wss://127.0.0.1:{server.port}/"
+        context: ssl.SSLContext | None = ssl.create_default_context(cafile=str(ca_file))  # as ca_file= makes it
+    else:
+        server = CountingTcp("tls", tls)
+        url = f"ws://127.0.0.1:{server.port}/"
+        context = None
+    identity = Identity(executor_id="e-tls", application_version="v1")
+    try:
+        with caplog.at_level(logging.WARNING, logger="dbos.relay_client"):
+            with Connection(url, key="k", app="clienttest", handlers=Handlers(identity), ssl_context=context) as conn:
+                conn.start()
+                deadline = time.monotonic() + 10
+                while len(server.tries) < 6 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        gaps = [b - a for a, b in zip(server.tries, server.tries[1:], strict=False)]
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(gaps) >= 5, server.tries
+        assert gaps[4] >= 4 * tenth, (gaps, warned)
+    finally:
+        server.stop()
+
+
+# --- DBOS.destroy() in the middle of a retention round ------------------------------------------
+
+
+@DBOS.workflow()
+def quick(i: int) -> int:
+    return i
+
+
+@pytest.fixture
+def dbos_with_history(tmp_path: Path) -> Iterator[int]:
+    """DBOS launched on SQLite with finished workflows to collect; their count."""
+    app.launch(tmp_path, relay_client.new_executor_id())
+    n = 300
+    for i in range(n):
+        with SetWorkflowID(f"old-{i}"):
+            quick(i)
+    try:
+        yield n
+    finally:
+        if _internals.live_instance() is not None:
+            DBOS.destroy()
+        lifecycle.stop_all()
+
+
+def test_dbos_destroy_during_a_retention_round_waits_for_it_and_logs_no_error(
+    dbos_with_history: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Relay sends ``retention`` (answered at once, the round on a thread of its own, as dbos 3.2 did);
+    the application shuts down in the middle of the round. dbos 3.2's client ended its connection,
+    and gave the round up to 10 s to finish, *before* DBOS took the system database away, and a round
+    cut short by shutdown was a DEBUG line ("Retention interrupted by shutdown"). relay_client stops
+    only after DBOS's own destroy has returned: the round goes on against a destroyed DBOS, fails at
+    its next call, and is logged as an ERROR with a traceback ("Exception encountered during enforcing
+    retention policy") at every deploy that lands during a round, half of its work left undone."""
+    total = dbos_with_history
+    answered = threading.Event()
+
+    def script(ws: ServerConnection, n: int) -> None:
+        assert ask_info(ws, n)
+        body = {"gc_cutoff_epoch_ms": int(time.time() * 1000) + 60_000, "gc_rows_threshold": None,
+                "gc_batch_size": 1, "timeout_cutoff_epoch_ms": None}  # fmt: skip
+        ws.send(json.dumps({"type": "retention", "request_id": "r-1", "body": body}))
+        assert json.loads(ws.recv(timeout=10))["success"] is True
+        answered.set()
+        read_until_closed(ws)
+
+    relay = ScriptedRelay(script)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="dbos.relay_client"):
+            connection = relay_client.connect(relay.url, key="k", app="clienttest")
+            assert answered.wait(10)
+            eventually(lambda: len(DBOS.list_workflows(load_input=False, load_output=False)) < total, timeout=5)
+            DBOS.destroy()  # a deploy: the round is still deleting, one workflow a batch
+            eventually(lambda: not connection.running, timeout=15)
+            time.sleep(0.5)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [], [r.getMessage()[:300] for r in errors]
+    finally:
+        relay.stop()
+
+
+# --- Step figures of an app with a queue backlog -----------------------------------------------
+
+
+def test_step_aggregates_of_a_window_are_answered_whatever_the_queue_backlog_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relay asks one executor of every app, every minute, for ``get_step_aggregates`` of the minute
+    just ended (workflows/appfigures.py): the app's ``dbos_conductor_v1_*`` figures. client/README.md:
+    it is "computed from the steps of the workflows that can hold a step in the range; more than 5,000
+    such workflows is an error". A workflow ENQUEUED before the window and never started holds no step
+    at all, yet every in-flight workflow counts: an app with a queue backlog of more than 5,000 (a
+    common sight) gets an error instead of its figures, every minute, from every executor (Relay then
+    stores no figures for the app at all). dbos 3.2 answered with one query whatever the backlog.
+    The bound scaled down here to 5 (the client's own setting), the backlog to 6."""
+    monkeypatch.setattr(aggregates, "MAX_STEP_WORKFLOWS", 5)
+    sysdb = f"sqlite:///{tmp_path / 'sys.sqlite'}"
+    app.launch(tmp_path, relay_client.new_executor_id())
+    client = DBOSClient(system_database_url=sysdb, application_name="clienttest")
+    try:
+        for i in range(6):  # a backlog on a queue no executor of this version serves yet
+            client.enqueue({"queue_name": "backlog", "workflow_name": "adder", "workflow_id": f"queued-{i}"}, i)
+        time.sleep(0.05)
+        window_start = datetime.now(UTC)
+        with SetWorkflowID("ran-in-window"):
+            assert app.adder(1) == 5  # two steps, completed in the window
+        time.sleep(0.05)
+        window_end = datetime.now(UTC)
+        assert {w.status for w in DBOS.list_workflows(workflow_id_prefix="queued-")} == {"ENQUEUED"}
+        handlers = Handlers(Identity(executor_id="e-figures", application_version="v1"))
+        body = p.GetStepAggregatesBody(
+            group_by_function_name=True, group_by_status=True, select_count=True, select_max_duration_ms=True,
+            completed_after=window_start.isoformat(), completed_before=window_end.isoformat(),
+        )  # fmt: skip
+        text = handlers.answer(p.GetStepAggregatesRequest(body=body).to_json())
+        assert text is not None
+        reply = json.loads(text)
+        assert reply.get("error_message") is None, reply["error_message"][:300]
+        counts = {(o["group"]["function_name"], o["group"]["status"]): o["count"] for o in reply["output"]}
+        assert counts == {("add", "SUCCESS"): 2}, counts
+    finally:
+        client.destroy()
+        DBOS.destroy()
+        lifecycle.stop_all()
