@@ -51,7 +51,8 @@ def test_a_request_the_client_does_not_serve_is_answered_by_a_32_executor_of_the
     whose turn it is."""
     relay = start_relay()
     sdk = start_executor(
-        relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
+        relay.conductor_url,
+        env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"},
     )
     client = start_client_executor(relay.conductor_url)
     for executor in (sdk, client):
