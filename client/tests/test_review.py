@@ -239,3 +239,29 @@ def test_step_aggregates_of_a_window_are_answered_whatever_the_queue_backlog_bef
         client.destroy()
         DBOS.destroy()
         lifecycle.stop_all()
+
+
+# --- Metadata that cannot be sent --------------------------------------------------------------
+
+
+def test_metadata_that_cannot_be_sent_is_refused_by_connect_not_at_every_handshake(tmp_path: Path) -> None:
+    """client/README.md: ``metadata`` "is the executor metadata Relay shows", and connect() refuses at
+    once, naming the part at fault, what would fail the same way at every try (a bad URL). Metadata
+    with a value JSON cannot carry (a ``datetime``, the launch time, say) is taken; then every
+    handshake's ``executor_info`` fails (an ERROR with a traceback each time), Relay refuses the
+    executor (4400, "bad executor_info reply"), and the executor never joins: its workflows have no
+    one to recover them, and nothing told the application at start."""
+    relay = FakeRelay()
+    app.launch(tmp_path, relay_client.new_executor_id())
+    try:
+        with pytest.raises((ValueError, TypeError), match="metadata"):
+            connection = relay_client.connect(
+                relay.url, key="k", app="clienttest", metadata={"launched": datetime.now(UTC)}
+            )
+            eventually(lambda: len(relay.infos) >= 1)
+            connection.stop()
+            pytest.fail(f"connect() took the metadata; Relay was told {relay.infos[0]}")
+    finally:
+        DBOS.destroy()
+        lifecycle.stop_all()
+        relay.stop()
