@@ -7,6 +7,7 @@ tests; where a wait or a bound is scaled down, it is the client's own setting th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -156,16 +157,56 @@ def dbos_with_history(tmp_path: Path) -> Iterator[int]:
         lifecycle.stop_all()
 
 
-def test_dbos_destroy_during_a_retention_round_waits_for_it_and_logs_no_error(
-    dbos_with_history: int, caplog: pytest.LogCaptureFixture
+class FreezingProxy:
+    """A TCP proxy in front of ``port`` that can freeze: from then on it forwards nothing either way
+    (a Relay stopped by SIGSTOP, a network that drops packets), without closing anything."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.frozen = threading.Event()
+        self._open: list[socket.socket] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"ws://127.0.0.1:{self._sock.getsockname()[1]}/"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if self.frozen.is_set():
+                    return  # dropped, and nothing more forwarded
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        for sock in [self._sock, *self._open]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_dbos_destroy_during_a_retention_round_logs_no_error(
+    dbos_with_history: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Relay sends ``retention`` (answered at once, the round on a thread of its own, as dbos 3.2 did);
-    the application shuts down in the middle of the round. dbos 3.2's client ended its connection,
-    and gave the round up to 10 s to finish, *before* DBOS took the system database away, and a round
-    cut short by shutdown was a DEBUG line ("Retention interrupted by shutdown"). relay_client stops
-    only after DBOS's own destroy has returned: the round goes on against a destroyed DBOS, fails at
-    its next call, and is logged as an ERROR with a traceback ("Exception encountered during enforcing
-    retention policy") at every deploy that lands during a round, half of its work left undone."""
+    the application shuts down in the middle of the round, while Relay does not answer (frozen, or the
+    network gone: the reason a deploy happens, often). dbos 3.2's client ended its connection and gave
+    the round up to 10 s *before* DBOS took the system database away, and a round cut short by
+    shutdown was a DEBUG line ("Retention interrupted by shutdown"). relay_client stops only after
+    DBOS's own destroy has returned: the round goes on against a destroyed DBOS while the client waits
+    for Relay's close, fails at its next call ("No DBOS was created yet"), and is logged as an ERROR
+    with a traceback ("Exception encountered during enforcing retention policy") at such deploys."""
+    monkeypatch.setattr(connection_module, "CLOSE_TIMEOUT_SECS", 1.0)  # the wait for Relay's close, shortened
     total = dbos_with_history
     answered = threading.Event()
 
@@ -179,11 +220,13 @@ def test_dbos_destroy_during_a_retention_round_waits_for_it_and_logs_no_error(
         read_until_closed(ws)
 
     relay = ScriptedRelay(script)
+    proxy = FreezingProxy(relay.port)
     try:
         with caplog.at_level(logging.DEBUG, logger="dbos.relay_client"):
-            connection = relay_client.connect(relay.url, key="k", app="clienttest")
+            connection = relay_client.connect(proxy.url, key="k", app="clienttest")
             assert answered.wait(10)
             eventually(lambda: len(DBOS.list_workflows(load_input=False, load_output=False)) < total, timeout=5)
+            proxy.frozen.set()
             DBOS.destroy()  # a deploy: the round is still deleting, one workflow a batch
             eventually(lambda: not connection.running, timeout=15)
             for thread in threading.enumerate():  # the round's end, whenever it comes
@@ -192,6 +235,7 @@ def test_dbos_destroy_during_a_retention_round_waits_for_it_and_logs_no_error(
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == [], [r.getMessage()[:300] for r in errors]
     finally:
+        proxy.stop()
         relay.stop()
 
 
