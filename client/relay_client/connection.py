@@ -28,11 +28,15 @@ answers, and reconnects until stopped.
   longer each time in a row (twice as long, jittered): one that will repeat (a
   bad or deleted key, an app it does not serve: HTTP 4xx, close codes 4400, 4401,
   4403, 4409; a redirect it cannot follow, a server that is not a WebSocket one,
-  an untrusted certificate) up to :data:`REFUSED_MAX_SECS`; Relay too busy (429,
+  an untrusted certificate, a failed TLS handshake: a ``wss://`` URL at a port
+  without TLS) up to :data:`REFUSED_MAX_SECS`; Relay too busy (429,
   503, another 5xx, close codes 4408, 4410; an unexpected error) up to
   :data:`BUSY_MAX_SECS`, each times the jitter. A socket that was
   open :data:`STEADY_SECS` or more before it ended starts the count over.
-- :meth:`Connection.stop` closes the socket with a close frame and ends the
+- For ``wss://`` without a context, the system's CAs (``ssl.create_default_context()``).
+- :meth:`Connection.drain` (DBOS shutting down) refuses requests from then on and
+  waits, bounded, for the handlers running and the retention round, the socket
+  still open; :meth:`Connection.stop` closes the socket with a close frame and ends the
   thread; it is safe from any thread, and more than once.
 - The key is part of the URL it connects to, and websockets puts that URL in some
   of its errors (a redirect to an ``https://`` URL: ``InvalidURI``) and, at DEBUG,
@@ -52,6 +56,7 @@ import random
 import ssl
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +94,10 @@ STEADY_SECS = 10.0
 REFUSED_CLOSE_CODES = frozenset({4400, 4401, 4403, 4409})
 #: Close codes of a Relay or executor too slow: the handshake was not answered in time, pings were not.
 BUSY_CLOSE_CODES = frozenset({4408, 4410})
+
+
+#: The error of a request refused once DBOS is shutting down (Relay reads it as a refusal).
+SHUTTING_DOWN = "relay_client: DBOS is shutting down; not served, ask another executor"
 
 
 class Retry(enum.Enum):
@@ -197,6 +206,9 @@ class Connection:
         self._shown_url = websocket_url(base_url, app, "") + "***"  # the key is never logged
         # The key as errors may spell it: as given, and as it is in the URL's path.
         self._secrets = sorted({key, quote(key, safe="")} - {""}, key=len, reverse=True)
+        # websockets refuses ssl=None for a wss:// URL: the system's CAs, unless given a context.
+        if ssl_context is None and urlsplit(base_url).scheme == "wss":
+            ssl_context = ssl.create_default_context()
         self._ssl = ssl_context
         self._max_concurrent = max_concurrent_requests
         self._max_held = max_concurrent_requests + max_waiting_requests
@@ -208,6 +220,10 @@ class Connection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._connected = threading.Event()
+        # Draining (DBOS shutting down): requests are refused; _busy counts handlers running.
+        self._draining = False
+        self._idle = threading.Condition()
+        self._busy = 0
         self._thread = threading.Thread(target=self._run, name=f"relay-client-{app}", daemon=True)
         # Made by each run of the thread's loop (see the module's docstring).
         self._workers: ThreadPoolExecutor | None = None
@@ -231,6 +247,27 @@ class Connection:
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)
+
+    @property
+    def draining(self) -> bool:
+        """Whether :meth:`drain` was called: requests are refused, the socket stays open."""
+        return self._draining
+
+    def drain(self, handlers_timeout: float = 2.0, retention_timeout: float = 10.0) -> None:
+        """Serve no more requests (each is refused with its failure reply, which Relay reads as a
+        refusal and asks another executor), end the retention round at its next batch, and wait for
+        the handlers running (up to ``handlers_timeout`` seconds) and the round (up to
+        ``retention_timeout``) to end. The socket stays open: the executor is still alive to Relay.
+        Called before DBOS's own destroy, so nothing runs against a DBOS taken away from under it."""
+        deadline = time.monotonic() + handlers_timeout
+        with self._idle:
+            self._draining = True
+            while self._busy and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            busy = self._busy
+        if busy:
+            log.info("relay_client: DBOS is shutting down with %d request(s) still being served", busy)
+        self.handlers.retention.join(retention_timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close the socket and end the thread (waiting up to ``timeout`` seconds for it)."""
@@ -329,6 +366,14 @@ class Connection:
         except ssl.SSLCertVerificationError as exc:  # an OSError, but no loss: the same certificate next time
             self._note_problem(f"Relay's certificate is not trusted: {exc!r}")
             retry = Retry.REFUSED
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError) as exc:
+            self._note_problem(f"Connection to Relay lost during the TLS handshake: {exc!r}")  # cut: a loss
+            retry = Retry.SOON
+        except ssl.SSLError as exc:
+            # The TLS handshake itself failed (a port that speaks no TLS: WRONG_VERSION_NUMBER; no
+            # protocol or cipher in common): the same next time, as an untrusted certificate.
+            self._note_problem(f"TLS handshake with Relay failed (is this port serving TLS, wss://?): {exc!r}")
+            retry = Retry.REFUSED
         except (OSError, TimeoutError, InvalidMessage) as exc:  # InvalidMessage: cut during the handshake
             self._note_problem(f"Connection to Relay lost: {exc!r}")
             retry = Retry.SOON
@@ -419,20 +464,34 @@ class Connection:
     async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
         """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
         async with requests:
-            reply = await self._on(self._workers, text)
+            reply = await self._on(self._workers, text, self._serve_request)
             if reply is not None:
                 await outbox.put(reply)
 
-    async def _on(self, pool: ThreadPoolExecutor | None, text: str) -> str | None:
-        """The handlers' answer to ``text``, on a thread of ``pool``, in a fresh copy of the loop's
-        context (as ``asyncio.to_thread`` runs a call): a pool thread serves one request after
-        another, and none may see what an earlier one left in its context variables."""
+    async def _on(self, pool: ThreadPoolExecutor | None, text: str, serve: Callable[[str], str | None]) -> str | None:
+        """``serve(text)`` on a thread of ``pool``, in a fresh copy of the loop's context (as
+        ``asyncio.to_thread`` runs a call): a pool thread serves one request after another, and none
+        may see what an earlier one left in its context variables."""
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(pool, context.run, self.handlers.answer, text)
+        return await asyncio.get_running_loop().run_in_executor(pool, context.run, serve, text)
+
+    def _serve_request(self, text: str) -> str | None:
+        """The handlers' answer to ``text``; once draining, its refusal (DBOS is shutting down)."""
+        with self._idle:
+            if self._draining:
+                return self.handlers.refuse(text, SHUTTING_DOWN)
+            self._busy += 1
+        try:
+            return self.handlers.answer(text)
+        finally:
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
 
     async def _greet(self, text: str, outbox: asyncio.Queue[str]) -> None:
-        """Answer the socket's first frame (the handshake) on the handshake's own thread."""
-        reply = await self._on(self._greeter, text)
+        """Answer the socket's first frame (the handshake) on the handshake's own thread: it reads
+        no DBOS state, and is answered while draining too (the executor is still alive)."""
+        reply = await self._on(self._greeter, text, self.handlers.answer)
         if reply is not None:
             await outbox.put(reply)
 

@@ -158,6 +158,8 @@ class Handlers:
     def __init__(self, identity: Identity, retention: Retention | None = None) -> None:
         self.identity = identity
         self.retention = retention or Retention()
+        #: True once DBOS is shutting down: a handler that then fails is logged at DEBUG, not ERROR.
+        self.shutting_down: Callable[[], bool] = lambda: False
 
     def answer(self, text: str | bytes) -> str | None:
         """The reply to the frame ``text``, or None when it cannot be addressed (no type or request id)."""
@@ -206,7 +208,8 @@ class Handlers:
             return handler.handle(self, request).to_json()
         except Exception:
             message = f"{handler.context(request)}: {traceback.format_exc()}"
-            log.error(message)
+            # A handler outlasting the wait before DBOS's destroy fails with DBOS gone: not a fault.
+            (log.debug if self.shutting_down() else log.error)(message)
             return handler.failed(request, message).to_json()
 
 

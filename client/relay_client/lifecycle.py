@@ -2,11 +2,16 @@
 
 DBOS has no public shutdown hook, so three things stop a connection:
 
-1. ``DBOS.destroy`` is wrapped, once per process: the wrapper calls DBOS's own
-   destroy and then stops this process's connections. Stopping after, not
-   before, keeps the executor connected (so Relay does not start its grace
-   period) while DBOS waits for active workflows
-   (``workflow_completion_timeout_sec``), as DBOS's own conductor client did.
+1. ``DBOS.destroy`` is wrapped, once per process. Before DBOS's own destroy,
+   the wrapper drains this process's connections: requests are refused from
+   then on, the retention round ends at its next batch, and the wrapper waits
+   for handlers still running (up to 2 s) and the round (up to 10 s), so
+   nothing runs against a DBOS taken away from under it (dbos 3.2's client
+   ended its round before DBOS took the system database away too). The socket
+   stays open while DBOS waits for active workflows
+   (``workflow_completion_timeout_sec``), so Relay does not start the
+   executor's grace period meanwhile, as DBOS's own conductor client did; it
+   is closed right after DBOS's own destroy returns.
 2. The connection's loop checks twice a second that the DBOS it was started for
    is still the live one, and stops itself when it is not: a destroy the
    wrapper did not see (a reference to the unwrapped method taken before
@@ -53,6 +58,12 @@ def stop_all(timeout: float = 10.0) -> None:
         connection.stop(timeout)
 
 
+def drain_all() -> None:
+    """Drain every running connection (see :meth:`Connection.drain`): the first step of destroy."""
+    for connection in active():
+        connection.drain()
+
+
 def _forget_in_child() -> None:
     """A forked process has none of its parent's connection threads (nor a lock another thread of
     the parent held at the fork)."""
@@ -75,6 +86,7 @@ def _install() -> None:
     @functools.wraps(original)
     def destroy(cls: type[DBOS], *args: Any, **kwargs: Any) -> None:
         try:
+            drain_all()
             original(*args, **kwargs)
         finally:
             stop_all()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import ssl
 import subprocess
@@ -159,6 +160,17 @@ def test_refuses_a_conductor_key_and_an_id_from_an_earlier_launch(tmp_path: Path
         DBOS.destroy()
 
 
+def test_joins_the_app_of_dbos_own_name_and_refuses_another(relay: FakeRelay, fresh_dbos: str) -> None:
+    """The Relay app is DBOS's application name: its peers share its system database. Another name
+    (copied from another application's connect line) is refused, naming both; without app=, DBOS's name is taken."""
+    with pytest.raises(relay_client.ConnectRefused, match=r"'ledger'.*'clienttest'"):
+        relay_client.connect(relay.url, key="k", app="ledger")
+    with relay_client.connect(relay.url, key="k") as connection:
+        assert connection.app == "clienttest"
+        eventually(lambda: relay.infos)
+    assert relay.paths == ["/websocket/clienttest/k"]
+
+
 def test_connects_answers_and_stops_on_destroy(relay: FakeRelay, fresh_dbos: str) -> None:
     connection = relay_client.connect(relay.url, key="k/1", app="clienttest", metadata={"m": 1})
     eventually(lambda: relay.infos)
@@ -225,17 +237,20 @@ def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
-def test_wss_with_a_ca_of_ones_own(tmp_path: Path, fresh_dbos: str) -> None:
+def test_wss_with_a_ca_of_ones_own(tmp_path: Path, fresh_dbos: str, caplog: pytest.LogCaptureFixture) -> None:
     ca_file, server_tls = make_certificates(tmp_path)
     relay = FakeRelay(tls=server_tls)
     try:
         with pytest.raises(ValueError, match="wss://"):
             relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest", ca_file=str(ca_file))
-        # The system's CAs do not know ours: no connection.
+        # The system's CAs do not know ours: no connection, for that reason (not another one).
         identity = Identity(executor_id="e3", application_version="v1")
-        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as untrusting:
-            untrusting.start()
-            assert not untrusting.wait_connected(1.5)
+        with caplog.at_level(logging.WARNING, logger="dbos.relay_client"):
+            with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as untrusting:
+                untrusting.start()
+                assert not untrusting.wait_connected(1.5)
+        warned = [r.getMessage() for r in caplog.records]
+        assert any("certificate is not trusted" in line for line in warned), warned
         # ca_file trusts it; so does an ssl_context built on it.
         with relay_client.connect(relay.url, key="k", app="clienttest", ca_file=str(ca_file)):
             eventually(lambda: len(relay.infos) == 1)

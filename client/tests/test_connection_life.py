@@ -24,8 +24,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 import relay_client
+import relay_protocol as p
 from relay_client import _internals, lifecycle
-from relay_client.connection import Connection
+from relay_client.connection import SHUTTING_DOWN, Connection
 from relay_client.handlers import Handlers, Identity
 
 Script = Callable[[ServerConnection, int], None]
@@ -205,6 +206,36 @@ def test_dbos_destroy_while_a_request_is_served_returns_at_once_and_stops_the_cl
         assert took < 5 and not connection.running, (
             f"DBOS.destroy() took {took:.1f}s; the client's thread running afterwards: {connection.running}"
         )
+    finally:
+        relay.stop()
+
+
+def test_a_draining_client_refuses_requests_and_stays_connected() -> None:
+    """client/README.md, "Stopping with DBOS": before DBOS's own destroy the client is drained: a
+    request is then answered with an error and no payload (a refusal: Relay asks another executor),
+    and the socket stays open (the executor is still alive to Relay while DBOS waits for its
+    workflows)."""
+    drained, replies = threading.Event(), []
+
+    def script(ws: ServerConnection, n: int) -> None:
+        assert ask_info(ws, n)
+        assert drained.wait(10)
+        ws.send(p.ListWorkflowsRequest(request_id="r-1", body=p.ListWorkflowsBody()).to_json())
+        replies.append(json.loads(ws.recv(timeout=10)))
+        read_until_closed(ws)
+
+    relay = ScriptedRelay(script)
+    identity = Identity(executor_id="d1", application_version="v1")
+    try:
+        with Connection(relay.url, key="k", app="clienttest", handlers=Handlers(identity)) as connection:
+            connection.start()
+            assert connection.wait_connected(5)
+            connection.drain()
+            drained.set()
+            eventually(lambda: len(replies) == 1)
+            assert connection.connected and relay.close_codes == []
+        assert replies[0]["request_id"] == "r-1" and replies[0]["error_message"] == SHUTTING_DOWN, replies
+        assert "output" not in replies[0], replies
     finally:
         relay.stop()
 
