@@ -73,6 +73,7 @@ from bench.common import (
 from harness.keys import sha
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.procs import end
 from harness.simulated import info_reply
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,14 +186,7 @@ class ServerProcess:
             await asyncio.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc, 15)
 
     def problems(self) -> list[str]:
         """Log lines that look like trouble: errors, warnings, tracebacks."""

@@ -91,6 +91,7 @@ from harness.haproxy import Haproxy
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.procs import end
 from harness.relay import RelayProcess, list_all_async, relay_yaml
 from harness.stats import percentile
 
@@ -136,13 +137,7 @@ class BalancerProcess:
         self.port = int(line.split()[1])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc)
 
 
 HAPROXY_CONFIG = """\

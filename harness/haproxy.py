@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.procs import end
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,10 +55,4 @@ class Haproxy:
         return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc)

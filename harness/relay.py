@@ -17,6 +17,7 @@ import psycopg
 import yaml
 
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
+from harness.procs import end
 from harness.waiting import assert_eventually
 
 
@@ -89,14 +90,7 @@ class RelayProcess:
         self.proc.send_signal(sig)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc, stopped=True)
 
     def api(self, org: str = "acme", key: str | None = None) -> httpx.Client:
         return httpx.Client(

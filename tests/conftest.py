@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from harness.client_venv import client_python
 from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -65,6 +66,24 @@ def start_executor(tmp_path: Path, sysdb: str) -> Iterator[Callable[..., Executo
     yield start
     for executor in started:
         executor.stop()
+
+
+@pytest.fixture(scope="session")
+def client_py() -> Path:
+    """The dbos 3.4 client venv's python (built once, then cached under .venv-client)."""
+    return client_python()
+
+
+@pytest.fixture
+def start_client_executor(
+    start_executor: Callable[..., ExecutorProcess], client_py: Path
+) -> Callable[..., ExecutorProcess]:
+    """A dbos 3.4 application connected through relay_client (harness/client_app.py)."""
+
+    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
+        return start_executor(conductor_url, python=client_py, module="harness.client_app", **kwargs)
+
+    return start
 
 
 @pytest.hookimpl(wrapper=True)

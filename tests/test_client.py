@@ -33,22 +33,6 @@ StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
 
 
-@pytest.fixture(scope="session")
-def client_py() -> Path:
-    """The dbos 3.4 client venv's python (built once, then cached under .venv-client)."""
-    return client_python()
-
-
-@pytest.fixture
-def start_client_executor(start_executor: StartExecutor, client_py: Path) -> StartExecutor:
-    """A dbos 3.4 application connected through relay_client (harness/client_app.py)."""
-
-    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
-        return start_executor(conductor_url, python=client_py, module="harness.client_app", **kwargs)
-
-    return start
-
-
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
     return relay.state_of("acme", executor.app, executor.executor_id) == "HEALTHY"
 

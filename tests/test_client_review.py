@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
-import pytest
 
-from harness.client_venv import client_python
 from harness.executors import ExecutorProcess
 from harness.postgres import Postgres
 from harness.relay import RelayProcess
@@ -23,19 +20,6 @@ from harness.waiting import assert_eventually
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
-
-
-@pytest.fixture(scope="session")
-def client_py() -> Path:
-    return client_python()
-
-
-@pytest.fixture
-def start_client_executor(start_executor: StartExecutor, client_py: Path) -> StartExecutor:
-    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
-        return start_executor(conductor_url, python=client_py, module="harness.client_app", **kwargs)
-
-    return start
 
 
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
