@@ -20,4 +20,6 @@ ENV RELAY_HOME=/home/relay/data \
 VOLUME ["/home/relay/data"]
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"
-CMD ["relay", "serve", "--host", "0.0.0.0", "--port", "8080"]
+# --host "": every IPv4 and every IPv6 address (a socket for each family), for IPv6-only and
+# dual-stack networks too.
+CMD ["relay", "serve", "--host", "", "--port", "8080"]

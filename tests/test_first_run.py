@@ -431,6 +431,20 @@ def test_the_urls_printed_for_an_ipv6_host_are_urls(
     assert f"export RELAY_URL=http://[::1]:{relay.port}\n" in out, out
 
 
+def test_an_empty_host_listens_on_every_address_of_both_families(
+    tmp_path: Path, relay_db: str, request: pytest.FixtureRequest
+) -> None:
+    """The image's command listened on 0.0.0.0: a pod on an IPv6-only (or dual-stack, IPv6 first)
+    cluster network could not reach it. ``--host ""`` (as the image now says) listens on every IPv4
+    and every IPv6 address, a socket for each family."""
+    relay = Serve(tmp_path, "--host", "", "--database-url", relay_db)
+    request.addfinalizer(relay.stop)
+    relay.launch().wait_ready(60)
+    for base in (f"http://127.0.0.1:{relay.port}", f"http://[::1]:{relay.port}"):
+        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}, base
+    assert f"executors connect to: ws://{socket.gethostname()}:{relay.port}/" in relay.stdout()
+
+
 @pytest.mark.parametrize(
     ("host", "shown"),
     [

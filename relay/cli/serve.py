@@ -92,7 +92,7 @@ def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 @click.command()
 @click.option("--config", help="relay.yaml  [default: $RELAY_CONFIG, else no file: built-in defaults]")
-@click.option("--host", help="Address to listen on (overrides server.host).")
+@click.option("--host", help='Address to listen on (overrides server.host); "" for every IPv4 and IPv6 address.')
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (overrides server.port).")
 @click.option("--database-url", help="PostgreSQL URL  [default: $RELAY_DATABASE_URL, else embedded in $RELAY_HOME]")
 @click.option(
