@@ -368,3 +368,17 @@ def test_relay_yaml_settings_not_in_force_are_named_in_the_log_at_start(start_re
     assert "executorTimeoutSecs 7.0, not 2.5" in relay.log()
     with relay.api() as api:
         assert api.get("/apps/ledger").json()["executorTimeoutSecs"] == 7
+
+
+def test_a_relay_yaml_rule_delivering_to_an_app_relay_does_not_know_is_named_in_the_log_at_start(
+    start_relay: StartRelay,
+) -> None:
+    """The API refuses a rule whose ``receiverApp`` Relay does not know (404); relay.yaml's was taken
+    without a word, and a typo'd receiver made every alert of the rule fail unseen. The file's rule
+    is kept (the app may come: its executors register it), and each start names it in the log."""
+    rules = [{"kind": "ExecutorDead", "receiverApp": "ledgr", "minIntervalSecs": 0}]
+    relay = start_relay(alert_config(free_port(), rules))
+    assert "an alert rule of app acme/ledger delivers to app 'ledgr', which org acme does not have" in relay.log()
+    with relay.api() as api:
+        listed = api.get("/apps/ledger/alerting-rules").json()
+    assert [(r["source"], r["receivingAppId"]) for r in listed] == [("config", "ledgr")], listed

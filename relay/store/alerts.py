@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +31,8 @@ from relay.config import MAX_SECS, AlertRuleConfig, RelayConfig
 from relay.core.alerts import EVENT_ACTIONS, Alert, AuditFact, Kind, Rule
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
+
+log = logging.getLogger("relay.alerts")
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -138,6 +141,19 @@ class AlertStore:
                              rule.min_interval_secs, rule.webhook, rule.signing_secret(), rule.format, receiver),
                         )  # fmt: skip
             await conn.execute("DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", (kept,))
+            # A receiving app Relay does not know (a typo, or an app whose executors never connected
+            # yet): the API refuses such a rule (404); the file's is kept, since the app may come,
+            # but said, or its alerts would fail unseen until then.
+            cur = await conn.execute(
+                """SELECT DISTINCT r.org, r.app, r.receiver_app FROM alert_rules r
+                   WHERE r.source = 'config' AND r.receiver_app IS NOT NULL AND NOT EXISTS
+                         (SELECT 1 FROM apps a WHERE a.org = r.org AND a.name = r.receiver_app)
+                   ORDER BY 1, 2, 3"""
+            )
+            for r in await cur.fetchall():
+                log.warning("relay.yaml: an alert rule of app %s/%s delivers to app %r, which org %s does not have "
+                            "(yet): its alerts fail until executors of that app connect",
+                            r["org"], r["app"], r["receiver_app"], r["org"])  # fmt: skip
 
     async def list_rules(self, org: str, app: str, limit: int, offset: int) -> list[RuleRecord]:
         async with self.db.connection() as conn:
