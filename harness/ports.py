@@ -1,12 +1,94 @@
-"""Free TCP ports on the loopback interface."""
+"""Free TCP ports on the loopback interface, for servers the tests and benchmarks start.
+
+A port is found free and bound later by another process (a Relay instance, PostgreSQL, a
+receiver), so two things can take it in between:
+
+- the kernel, for an outgoing connection: ``bind(0)`` and every ``connect`` draw from the same
+  ephemeral range (``net.ipv4.ip_local_port_range``), and a test's processes open hundreds of
+  connections (to PostgreSQL, between instances, to executors) while its servers start;
+- another caller of :func:`free_port` (pytest's other workers, a second chaos run), which could
+  be handed the same port before either bound it.
+
+So ports come from below the ephemeral range, and each pytest worker (``PYTEST_XDIST_WORKER``)
+has a slice of its own, walked in turn; a process outside pytest-xdist takes a slice by its pid.
+Each port is still checked by binding it. Where the ephemeral range leaves too little room below
+it, the kernel's choice (``bind(0)``) is the fallback.
+"""
 
 from __future__ import annotations
 
+import os
+import random
 import socket
+import threading
+from pathlib import Path
+
+# The lowest port handed out: below it are the well-known and registered ports services use
+# (PostgreSQL's 5432, 8080...), which a developer's machine may have in use.
+LOWEST = 10_000
+# Slices: the first WORKER_SLICES for pytest-xdist workers gw0, gw1...; the rest for processes
+# outside xdist (a chaos run, a benchmark), by pid.
+WORKER_SLICES = 8
+OTHER_SLICES = 8
+MIN_SLICE = 200
+
+_lock = threading.Lock()
+_next: int | None = None
 
 
-def free_port() -> int:
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+    return low
+
+
+def _slice() -> range | None:
+    """This process's ports, or None where there is no room below the ephemeral range."""
+    top = _ephemeral_low()
+    size = (top - LOWEST) // (WORKER_SLICES + OTHER_SLICES)
+    if size < MIN_SLICE:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        index = int(worker[2:]) % WORKER_SLICES
+    else:
+        index = WORKER_SLICES + os.getpid() % OTHER_SLICES
+    start = LOWEST + index * size
+    return range(start, start + size)
+
+
+def _bindable(port: int) -> bool:
+    # The wildcard address: a server listening on 127.0.0.1, or on every address, makes it fail.
+    # No SO_REUSEADDR, so a port with connections still in TIME_WAIT is passed over too.
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _kernel_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, unlikely to be taken before its server binds it."""
+    global _next
+    ports = _slice()
+    if ports is None:
+        return _kernel_port()
+    with _lock:
+        if _next is None or _next not in ports:
+            _next = random.choice(ports)  # a restarted process does not reuse its predecessor's ports first
+        for _ in range(len(ports)):
+            port = _next
+            _next = port + 1 if port + 1 in ports else ports.start
+            if _bindable(port):
+                return port
+    return _kernel_port()
