@@ -365,7 +365,7 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any
         steps = [(w, s, e, apps.get(e, str(a))) for w, s, e, a in conn.execute(
             "SELECT workflow_id, step, executor_id, app FROM step_evidence").fetchall()]  # fmt: skip
     with fleet.relay.api() as api:
-        audit = api.get("/audit", params={"limit": 10_000}).json()
+        audit = list_all(api, "/audit")  # every entry, oldest first (a page is bounded)
         registry: dict[str, dict[str, Any]] = {}
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
@@ -388,7 +388,7 @@ def liar(profile: Profile, index: int) -> bool:
 def alerted(fleet: Fleet) -> bool:
     """Whether every death in the audit log has reached the receiver (for the wait before gathering)."""
     with fleet.relay.api() as api:
-        audit = api.get("/audit", params={"limit": 10_000}).json()
+        audit = list_all(api, "/audit")  # every entry, oldest first (a page is bounded)
     died = {(e["executorId"], str(e["detail"].get("epoch"))) for e in audit if e["action"] == "executor.dead"}
     return died <= {(p.get("executorId"), str(p.get("epoch"))) for p in fleet.alerts()}
 
