@@ -254,10 +254,16 @@ PROBES = {
     "nul": ("SELECT %s::text", "a\x00b"),
     # Not the request's values: the database's (or Relay's) trouble, a 503 as before.
     "no-table": ("SELECT * FROM no_such_table WHERE id = %s", 1),
+    # The connection lost under the statement (here ended by the server): unreachable, for now.
+    "lost": ("SELECT pg_terminate_backend(pg_backend_pid()) AND %s", True),
+}
+UNAVAILABLE = {
+    "no-table": "a statement of Relay's database failed; the instance's log says why",
+    "lost": "Relay's database is unreachable; the instance's log says why",
 }
 
 
-@pytest.mark.parametrize(("probe", "status"), [("interval", 422), ("nul", 422), ("no-table", 503)])
+@pytest.mark.parametrize(("probe", "status"), [("interval", 422), ("nul", 422), ("no-table", 503), ("lost", 503)])
 def test_a_value_postgresql_refuses_is_a_422_that_quotes_no_sql(relay_db: str, probe: str, status: int) -> None:
     """Whatever a handler passes on that PostgreSQL refuses as data (psycopg's DataError) is the
     client's to correct, the same at every try: a 422 whose detail names the problem and quotes no
@@ -283,7 +289,10 @@ def test_a_value_postgresql_refuses_is_a_422_that_quotes_no_sql(relay_db: str, p
     resp = asyncio.run(request())
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"] == "application/problem+json"
+    detail = resp.json()["detail"]
+    if status == 503:
+        # The database's words (here the table's name; elsewhere a host, a constraint) are the log's.
+        assert detail == UNAVAILABLE[probe], detail
     if status == 422:
-        detail = resp.json()["detail"]
         assert detail.startswith("a value of the request was refused: ") and len(detail) > 40, detail
         assert "SELECT" not in detail and "make_interval" not in detail and "LINE" not in detail, detail

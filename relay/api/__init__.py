@@ -6,6 +6,7 @@ have the shape ``{"error": {"code": "...", "message": "..."}}``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -51,6 +52,8 @@ from relay.errors import (
     UnsendableRequest,
     UnsupportedMessage,
 )
+
+log = logging.getLogger("relay.http")
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
@@ -148,7 +151,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(exc.status_code, "http_error", str(exc.detail), headers=headers or None)
 
     @api.exception_handler(DatabaseError)
-    async def _db(_: Request, exc: DatabaseError) -> Response:
+    async def _db(request: Request, exc: DatabaseError) -> Response:
         cause = exc.__cause__
         if isinstance(cause, psycopg.DataError):
             # PostgreSQL (or psycopg) refused a value of the request: out of range, not valid for its
@@ -156,7 +159,12 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             # message, which names the problem; the rest of the text can quote the statement.
             reason = cause.diag.message_primary or (str(cause).splitlines() or ["not valid"])[0]
             return error_response(422, "invalid_request", f"a value of the request was refused: {reason}")
-        return error_response(503, "database_unavailable", str(exc))
+        # The database's own words (a host and port, a constraint, a table) are for the operator,
+        # in the log; the caller learns which kind of trouble it is and that it may try again.
+        log.warning("%s %s: answered 503: %s", request.method, request.url.path, exc)
+        unreachable = not isinstance(cause, psycopg.Error) or isinstance(cause, psycopg.OperationalError)
+        detail = "Relay's database is unreachable" if unreachable else "a statement of Relay's database failed"
+        return error_response(503, "database_unavailable", f"{detail}; the instance's log says why")
 
     return api
 
