@@ -31,7 +31,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.api.alerts import rule_json
-from relay.config import AlertsConfig, RelayConfig, ascii_host
+from relay.config import AlertsConfig, RelayConfig, RetentionConfig, ascii_host
 from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
@@ -44,6 +44,7 @@ from relay.store.apps import AppStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
+from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
 from workflows.alerts import AlertLoops, due_alerts, finish
@@ -1074,3 +1075,116 @@ def test_an_older_reading_changes_nothing_and_a_reset_sequence_does_not_silence_
         assert again.idempotency_key != first.idempotency_key
 
     with_store(relay_db, rules, body)
+
+
+# Retention's age for Relay's records in these tests: 0.864 s (auditDays is a fraction of a day).
+SHORT_AUDIT_DAYS = 1e-5
+
+
+async def aged(db: Database, key: str, days: float = SHORT_AUDIT_DAYS) -> bool:
+    """Whether the alert row of ``key`` is older than ``days`` by the database's clock, as retention judges."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            """SELECT created_at < now() - make_interval(secs => %s * 86400) AS old
+               FROM alerts WHERE idempotency_key = %s""",
+            (days, key),
+        )
+        row = await cur.fetchone()
+    return bool(row and row["old"])
+
+
+async def wait_aged(db: Database, *keys: str) -> None:
+    deadline = time.monotonic() + 15
+    while not all([await aged(db, key) for key in keys]):
+        assert time.monotonic() < deadline, f"the rows of {keys} never grew older than retention's age"
+        await asyncio.sleep(0.1)
+
+
+async def alert_keys(db: Database) -> set[str]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT idempotency_key FROM alerts")
+        return {str(r["idempotency_key"]) for r in await cur.fetchall()}
+
+
+def test_an_episode_longer_than_the_audit_retention_is_not_alerted_again(relay_db: str) -> None:
+    """An app down for longer than retention.auditDays: retention pruned the alert's row (its key's
+    claim) by its age while the episode still held, and the next round found the key unclaimed and
+    delivered the same episode again (Relay's own workflow of that key is collected after
+    relayWorkflowsDays, sooner still). The row stays while its condition holds, and goes once the
+    episode has ended and it is old enough."""
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": "http://127.0.0.1:9/"}]
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Any], set[str], set[str], str]:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        ((alert, _),) = await due_alerts(store, rule, down)
+        assert (await store.claim(alert)).send
+        await store.finish(alert, True, 1, None, "x", "d1")
+        await wait_aged(db, alert.idempotency_key)
+        await RetentionStore(db).prune(settings)
+        again = await due_alerts(store, rule, down)  # still down: the same episode
+        during = await alert_keys(db)
+        await due_alerts(store, rule, [])  # back up: the episode ends
+        await RetentionStore(db).prune(settings)
+        return again, during, await alert_keys(db), alert.idempotency_key
+
+    again, during, after, key = with_store(relay_db, rules, body)
+    assert again == [], "the episode was alerted again after retention"
+    assert during == {key}
+    assert after == set(), "an episode that ended is pruned by its age"
+
+
+def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_repeat_interval_rely_on(
+    relay_db: str,
+) -> None:
+    """Rows older than auditDays that something still relies on are kept: a death whose delivery has
+    not finished (its retries go on; its key must stay claimed), an episode held back by
+    minIntervalSecs that still holds (it goes out late, once, not again on time), and the last alert
+    about a subject while the rule's repeat interval, longer than auditDays, still counts from it."""
+    interval = 5.0
+    rules = [
+        {"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0},
+        {"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": interval, "webhook": "http://127.0.0.1:9/"},
+    ]  # fmt: skip
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
+
+    async def body(db: Database, store: AlertStore) -> dict[str, Any]:
+        (dead_rule,) = await store.rules_of(frozenset({Kind.EXECUTOR_DEAD}))
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        fact = AuditFact(1, "2026-01-01T00:00:00Z", time.time() + 10, "acme", "ledger", "executor.dead", "e1",
+                         {"epoch": 3})  # fmt: skip
+        (death,) = alerts_for_event(fact, [dead_rule])
+        assert (await store.claim(death)).send  # its delivery goes on (retrying)
+        ((first, _),) = await due_alerts(store, rule, down)
+        began = time.monotonic()
+        assert (await store.claim(first)).send
+        await store.finish(first, True, 1, None, "x", "d1")
+        await due_alerts(store, rule, [])  # up again: the first episode is over
+        ((second, _),) = await due_alerts(store, rule, down)  # down again within the interval
+        assert not (await store.claim(second)).send  # held back
+        await wait_aged(db, death.idempotency_key, first.idempotency_key, second.idempotency_key)
+        assert time.monotonic() - began < interval, "the test's steps outlasted the repeat interval"
+        await RetentionStore(db).prune(settings)
+        kept = await alert_keys(db)
+        on_time = await due_alerts(store, rule, down)  # within the interval: nothing may go out yet
+        late: list[tuple[Any, bool]] = []
+        while not late:  # the rounds after the interval
+            assert time.monotonic() - began < interval + 10, "the held-back episode never went out"
+            late = await due_alerts(store, rule, down)
+            await asyncio.sleep(0.1)
+        late_sent = (await store.claim(second, True)).send
+        await store.finish(death, True, 2, None, "x", "d2")  # the death's delivery ends: its row may go
+        await RetentionStore(db).prune(settings)
+        return {"keys": (death.idempotency_key, first.idempotency_key, second.idempotency_key), "kept": kept,
+                "on_time": on_time, "late": late, "late_sent": late_sent, "finally": await alert_keys(db)}  # fmt: skip
+
+    found = with_store(relay_db, rules, body)
+    death_key, first_key, second_key = found["keys"]
+    assert death_key in found["kept"], "a delivery under way lost its claim"
+    assert second_key in found["kept"], "a held-back episode that still holds lost its claim"
+    assert first_key in found["kept"], "the repeat interval lost the alert it counts from"
+    assert found["on_time"] == [], "the held-back episode was found due on time"
+    assert [(a.idempotency_key, late) for a, late in found["late"]] == [(second_key, True)] and found["late_sent"]
+    assert death_key not in found["finally"], "a finished delivery past auditDays is pruned"

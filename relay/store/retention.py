@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.config import RetentionConfig
+from relay.config import MAX_SECS, RetentionConfig
 from relay.store.db import Database
 
 
@@ -24,8 +24,8 @@ class RetentionStore:
         """Delete audit entries, finished recoveries, forgotten executor ids, the apps' retention
         rounds (with the audit log's age) and their metric counts past their age.
 
-        A recovery still running, and the id of an executor still in the
-        registry, are kept whatever their age.
+        A recovery still running, the id of an executor still in the registry, and an alert whose
+        key may still be found due (:meth:`prune`'s comment) are kept whatever their age.
         """
         async with self.db.transaction() as conn:
             cur = await conn.execute(
@@ -39,10 +39,20 @@ class RetentionStore:
             )
             cur = await conn.execute(f"DELETE FROM recoveries WHERE id IN ({finished})", (settings.recoveries_days,))
             recoveries = cur.rowcount
-            # Alerts delivered long ago: the audit log has forgotten them too (their ids stay distinct).
+            # Alerts claimed long ago: the audit log has forgotten them too (their ids stay distinct). A
+            # row is what keeps its idempotency key from being delivered again (Relay's own workflows,
+            # which also carry the key, are gone after relayWorkflowsDays), so it is kept, whatever its
+            # age, while anything may still find that key due: its condition still holds (an episode
+            # longer than auditDays, or one held back by minIntervalSecs and waiting to go out late),
+            # its delivery has not finished, or the rule's repeat interval still counts from it.
             await conn.execute(
-                "DELETE FROM alerts WHERE created_at < now() - make_interval(secs => %s * 86400)",
-                (settings.audit_days,),
+                """DELETE FROM alerts a WHERE a.created_at < now() - make_interval(secs => %s * 86400)
+                   AND a.status <> 'sending'
+                   AND NOT EXISTS (SELECT 1 FROM alert_conditions c
+                                   WHERE c.rule_id = a.rule_id AND c.subject = a.subject)
+                   AND NOT EXISTS (SELECT 1 FROM alert_rules r WHERE r.id = a.rule_id
+                                   AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
+                (settings.audit_days, MAX_SECS),
             )
             cur = await conn.execute(
                 """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %s * 86400)
