@@ -1188,3 +1188,41 @@ def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_r
     assert found["on_time"] == [], "the held-back episode was found due on time"
     assert [(a.idempotency_key, late) for a, late in found["late"]] == [(second_key, True)] and found["late_sent"]
     assert death_key not in found["finally"], "a finished delivery past auditDays is pruned"
+
+
+def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(relay_db: str) -> None:
+    """A late delivery goes out only if its episode still holds (README): the round found it holding,
+    but its claim can come after the outage is over (a Relay restarted in between, its workflow
+    resumed later). It was sent then, paging someone about an outage already over."""
+    interval = 1.0
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": interval,
+              "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+
+    async def body(db: Database, store: AlertStore) -> tuple[bool, bool, list[Any], str]:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        ((first, _),) = await due_alerts(store, rule, down)
+        assert (await store.claim(first)).send
+        await store.finish(first, True, 1, None, "x", "d1")
+        await due_alerts(store, rule, [])
+        ((second, _),) = await due_alerts(store, rule, down)
+        assert not (await store.claim(second)).send  # held back
+        deadline = time.monotonic() + interval + 10
+        due: list[tuple[Any, bool]] = []
+        while not due:
+            assert time.monotonic() < deadline, "the held-back episode never came due"
+            due = await due_alerts(store, rule, down)
+            await asyncio.sleep(0.05)
+        ((late_alert, late),) = due
+        await due_alerts(store, rule, [])  # the app is back before the late delivery claims
+        sent = (await store.claim(late_alert, late)).send
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (second.idempotency_key,))
+            row = await cur.fetchone()
+        assert row is not None
+        return late, sent, await due_alerts(store, rule, []), str(row["status"])
+
+    late, sent, after, status = with_store(relay_db, rules, body)
+    assert late
+    assert not sent, "a late alert went out for an episode already over"
+    assert after == [] and status == "suppressed"

@@ -389,7 +389,8 @@ class AlertStore:
     async def claim(self, alert: Alert, late: bool = False) -> Claim:
         """The delivery's first step: whether to send. Not when the key was delivered (or held back)
         already, nor within the rule's repeat interval of another alert about the same subject.
-        ``late``: the key was held back, and is claimed now if the interval has passed."""
+        ``late``: the key was held back, and is claimed now if the interval has passed and its
+        episode still holds."""
         key = alert.idempotency_key
         async with self.db.fenced() as conn:
             # One claim at a time per rule, so two alerts about one subject cannot both pass the interval.
@@ -405,6 +406,20 @@ class AlertStore:
                 return Claim(status == "sending", f"already {status}")
             if rule is None:
                 return Claim(False, "its rule was deleted")
+            if late:
+                # Its episode must still hold: the round found it holding, but the claim may come later
+                # (a Relay restarted in between), and an alert about an outage already over pages
+                # someone for nothing. An episode that ended is over for good (holding again is a new
+                # one, under a new key), so the key stays held back.
+                # (A RecoveryBlocked alert's epoch is its death's, in its subject too; the others' is the episode.)
+                episode = None if alert.kind == Kind.RECOVERY_BLOCKED.value else alert.epoch
+                cur = await conn.execute(
+                    """SELECT 1 FROM alert_conditions WHERE rule_id = %s AND subject = %s
+                       AND (%s::text IS NULL OR episode::text = %s)""",
+                    (alert.rule_id, alert.subject_key, episode, episode),
+                )
+                if await cur.fetchone() is None:
+                    return Claim(False, f"its condition no longer holds for {alert.subject_key}")
             cur = await conn.execute(
                 """SELECT 1 FROM alerts WHERE rule_id = %s AND subject = %s AND status IN ('sending', 'sent')
                    AND created_at > now() - make_interval(secs => %s) LIMIT 1""",
