@@ -47,7 +47,7 @@ from relay.store.lease import Lease
 from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
-from workflows.alerts import AlertLoops, due_alerts, finish
+from workflows.alerts import AlertLoops, due_alerts, finish, late_workflow_id
 from workflows.services import WORKFLOWS_VERSION, Services, bind
 
 StartRelay = Callable[..., RelayProcess]
@@ -1226,3 +1226,39 @@ def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(re
     assert late
     assert not sent, "a late alert went out for an episode already over"
     assert after == [] and status == "suppressed"
+
+
+def test_a_first_delivery_resumed_after_its_late_one_claimed_does_not_send_the_alert_again(relay_db: str) -> None:
+    """A first delivery holds its episode back (minIntervalSecs) but crashes before its claim step's
+    checkpoint; once the interval has passed the late delivery claims the key and sends. Then the
+    first is resumed and its claim step runs again: it found the key 'sending' and sent it too, a
+    second page for one episode (a receiving app's handler, as Conductor's, has no key to drop it
+    by). Only the workflow that claimed the key sends it; that workflow's own step run again still does."""
+    interval = 1.0
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": interval,
+              "webhook": "http://127.0.0.1:9/"}]  # fmt: skip
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+
+    async def body(db: Database, store: AlertStore) -> tuple[bool, bool, bool]:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        ((first, _),) = await due_alerts(store, rule, down)
+        assert (await store.claim(first, False, first.workflow_id)).send
+        await store.finish(first, True, 1, None, "x", "d1")
+        await due_alerts(store, rule, [])
+        ((second, _),) = await due_alerts(store, rule, down)
+        assert not (await store.claim(second, False, second.workflow_id)).send  # held back
+        deadline = time.monotonic() + interval + 10
+        due: list[tuple[Any, bool]] = []
+        while not due:
+            assert time.monotonic() < deadline, "the held-back episode never came due"
+            due = await due_alerts(store, rule, down)
+            await asyncio.sleep(0.05)
+        late_sent = (await store.claim(second, True, late_workflow_id(second))).send
+        resumed_first = (await store.claim(second, False, second.workflow_id)).send  # its step run again
+        resumed_late = (await store.claim(second, True, late_workflow_id(second))).send
+        return late_sent, resumed_first, resumed_late
+
+    late_sent, resumed_first, resumed_late = with_store(relay_db, rules, body)
+    assert late_sent
+    assert not resumed_first, "the resumed first delivery sent the alert the late one sends"
+    assert resumed_late, "the late delivery's claim step run again still sends"

@@ -91,7 +91,7 @@ class AttemptRecord(TypedDict):
 @relay_step("relay.alert.claim")
 async def claim(alert: dict[str, Any], late: bool = False) -> ClaimRecord:
     svc = services().alerts
-    claimed = await svc.store.claim(Alert.from_json(alert), late)
+    claimed = await svc.store.claim(Alert.from_json(alert), late, DBOS.workflow_id)
     settings = svc.settings
     return {
         "send": claimed.send,

@@ -386,11 +386,13 @@ class AlertStore:
 
     # -- deliveries ----------------------------------------------------------------------------
 
-    async def claim(self, alert: Alert, late: bool = False) -> Claim:
+    async def claim(self, alert: Alert, late: bool = False, claimant: str | None = None) -> Claim:
         """The delivery's first step: whether to send. Not when the key was delivered (or held back)
         already, nor within the rule's repeat interval of another alert about the same subject.
-        ``late``: the key was held back, and is claimed now if the interval has passed and its
-        episode still holds."""
+        ``late``: the key was held back, and is claimed now if the interval has passed, and its
+        episode still holds. ``claimant``: the delivery workflow's id, recorded with a claim to
+        send; this step run again (after a crash) sends only for the workflow that claimed, so a
+        first delivery resumed after its late one claimed the key does not send it a second time."""
         key = alert.idempotency_key
         async with self.db.fenced() as conn:
             # One claim at a time per rule, so two alerts about one subject cannot both pass the interval.
@@ -398,12 +400,15 @@ class AlertStore:
                 "SELECT min_interval_secs FROM alert_rules WHERE id = %s FOR UPDATE", (alert.rule_id,)
             )
             rule = await cur.fetchone()
-            cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
+            cur = await conn.execute("SELECT status, claimed_by FROM alerts WHERE idempotency_key = %s", (key,))
             existing = await cur.fetchone()
             status = None if existing is None else str(existing["status"])
-            if status is not None and not (late and status == "suppressed"):
-                # this step again after a crash, or the key delivered long ago
-                return Claim(status == "sending", f"already {status}")
+            if existing is not None and not (late and status == "suppressed"):
+                # this step again after a crash, or the key delivered long ago (rows claimed by an
+                # earlier release name no claimant)
+                by = existing["claimed_by"]
+                ours = by is None or claimant is None or by == claimant
+                return Claim(status == "sending" and ours, f"already {status}" + ("" if ours else f" by {by}"))
             if rule is None:
                 return Claim(False, "its rule was deleted")
             if late:
@@ -428,17 +433,17 @@ class AlertStore:
             held_back = await cur.fetchone() is not None
             if status is None:
                 await conn.execute(
-                    """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+                    """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status, claimed_by)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
                     (key, alert.rule_id, alert.org, alert.app, alert.kind, alert.subject_key,
-                     "suppressed" if held_back else "sending"),
+                     "suppressed" if held_back else "sending", claimant),
                 )  # fmt: skip
             elif not held_back:
                 # Held back, and going out now: the next alert's interval counts from now.
                 await conn.execute(
-                    """UPDATE alerts SET status = 'sending', created_at = now(), updated_at = now()
+                    """UPDATE alerts SET status = 'sending', claimed_by = %s, created_at = now(), updated_at = now()
                        WHERE idempotency_key = %s""",
-                    (key,),
+                    (claimant, key),
                 )
             if held_back:
                 return Claim(False, f"another alert about {alert.subject_key} went out within minIntervalSecs")

@@ -384,4 +384,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE relay_instances ADD COLUMN released_at timestamptz;
         """,
     ),
+    (
+        14,
+        """
+        -- The delivery workflow that claimed an alert's key: its claim step run again after a crash
+        -- sends only for that workflow (a first delivery resumed after its late one claimed sends
+        -- nothing). NULL for keys claimed by an earlier release.
+        ALTER TABLE alerts ADD COLUMN claimed_by text;
+        """,
+    ),
 ]
