@@ -1228,6 +1228,41 @@ def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(re
     assert after == [] and status == "suppressed"
 
 
+def test_a_slow_queue_rule_naming_no_queue_sends_conductors_star_as_its_queue_name(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    """Conductor's SlowQueue alert carries ``queue_name``: the rule's queue name filter, or ``*`` for
+    all queues, and ``stuck_workflow_count`` over them (docs/production/alerting.md). Relay sent the
+    held queue's own name under ``queue_name`` for a rule naming none, one alert per queue: a handler
+    written for Conductor's alerts (which matches ``queue_name`` to its rules) read another meaning.
+    Now one alert per rule as Conductor's, the queues held up in Relay's own ``queues``."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "SlowQueue", "thresholdSecs": 1, "receiverApp": "notifier"},
+            {"kind": "SlowQueue", "thresholdSecs": 1, "minIntervalSecs": 1, "webhook": receiver.url()},
+        ]  # fmt: skip
+        config = alert_config(free_port(), rules)
+        config["orgs"][0]["apps"].append({"name": "notifier"})
+        relay = start_relay(config)
+        env = {"RELAY_TEST_EVIDENCE": evidence_db}
+        start_executor(relay.conductor_url, app="notifier", version="n1", module="harness.alert_app", env=env)
+        start_executor(relay.conductor_url, module="harness.alert_app", env={**env, "RELAY_TEST_HOLD_QUEUE": "2"})
+
+        (handled,) = assert_eventually(lambda: received(evidence_db, "SlowQueue"), 30, what="SlowQueue at notifier")
+        metadata = handled["metadata"]
+        assert metadata["queue_name"] == "*", metadata
+        assert metadata["queues"] == "serial" and metadata["threshold_secs"] == "1"
+        stuck = int(metadata["stuck_workflow_count"])
+        assert 1 <= stuck <= 3 and handled["message"].startswith(f"{stuck} workflows of app ledger have waited")
+        (hooked,) = assert_eventually(lambda: receiver.payloads("SlowQueue"), 20, what="SlowQueue at the webhook")
+        assert hooked["queueName"] == "*" and hooked["metadata"]["queue_name"] == "*", hooked
+        assert hooked["metadata"]["queues"] == "serial"
+        assert hooked["idempotencyKey"].split(":")[1] == "*", "one alert per rule, keyed by its filter"
+        # The queue stays held: one episode, one alert for each rule.
+        assert_eventually(lambda: len(audit(relay, "alert.sent")) == 2, 10)
+        assert len(received(evidence_db, "SlowQueue")) == 1 and len(receiver.payloads("SlowQueue")) == 1
+
+
 def test_a_first_delivery_resumed_after_its_late_one_claimed_does_not_send_the_alert_again(relay_db: str) -> None:
     """A first delivery holds its episode back (minIntervalSecs) but crashes before its claim step's
     checkpoint; once the interval has passed the late delivery claims the key and sends. Then the

@@ -225,24 +225,35 @@ class ConditionObserver:
         reply = await self._aggregates(rule, body)
         if reply is None:
             return None
-        found = []
+        held = []
         for row in reply.output:
             queue = row.group.get("queue_name")
             if not queue or queue.startswith(INTERNAL_QUEUE_PREFIX) or not row.count:
                 continue
-            oldest = _iso(row.min_created_at / 1000) if row.min_created_at else ""
-            message = (
-                f"{row.count} workflows of app {rule.app} have waited in queue {queue} "
-                f"for more than {threshold:g} s (the oldest since {oldest or 'unknown'})."
-            )
-            metadata = {
-                "queue_name": queue,
-                "stuck_workflow_count": str(row.count),
-                "threshold_secs": f"{threshold:g}",
-                "oldest_enqueued_at": oldest,
-            }
-            found.append(Observed({"queueName": queue}, queue, message, metadata))
-        return found
+            held.append((queue, int(row.count), row.min_created_at))
+        if not held:
+            return []
+        # One alert per rule, as Conductor sends it: ``queue_name`` is the rule's filter (``*`` for a
+        # rule that names no queue), ``stuck_workflow_count`` the workflows of every queue it covers;
+        # which queues are held up is Relay's addition (``queues``).
+        held.sort()
+        stuck = sum(count for _, count, _ in held)
+        starts = [at for _, _, at in held if at]
+        oldest = _iso(min(starts) / 1000) if starts else ""
+        queues = ", ".join(queue for queue, _, _ in held)
+        which = f"queue {queues}" if len(held) == 1 else f"queues {queues}"
+        message = (
+            f"{stuck} workflows of app {rule.app} have waited in {which} "
+            f"for more than {threshold:g} s (the oldest since {oldest or 'unknown'})."
+        )
+        metadata = {
+            "queue_name": name or "*",
+            "stuck_workflow_count": str(stuck),
+            "threshold_secs": f"{threshold:g}",
+            "oldest_enqueued_at": oldest,
+            "queues": queues,
+        }
+        return [Observed({"queueName": name or "*"}, name or "*", message, metadata)]
 
 
 # Condition rules an instance evaluates at once: each may wait for an app's executors
