@@ -498,11 +498,19 @@ def parse_config(text: str, source: str = "relay.yaml") -> RelayConfig:
         raise ConfigError(_describe(exc, source)) from exc
 
 
+# An empty database URL, from the environment or the command line: not taken for "none given".
+EMPTY_DATABASE_URL = "{given}: {it} for the embedded PostgreSQL, or give a PostgreSQL URL"
+
+
 def load_config(path: str | os.PathLike[str] | None) -> RelayConfig:
     """Read relay.yaml; ``None`` (or an empty path, as an empty ``RELAY_CONFIG`` gives) means no
     file, all defaults.
 
-    ``RELAY_DATABASE_URL`` overrides ``database.url``; a bad one is reported as that variable's.
+    ``RELAY_DATABASE_URL`` overrides ``database.url``; a bad one is reported as that variable's. Set
+    but empty (or blank) it is refused, unlike Relay's other variables: taken for unset, it would
+    start the embedded PostgreSQL, where a deployment whose URL did not come through (compose's
+    ``RELAY_DATABASE_URL: ${DB_URL}`` with ``DB_URL`` unset) would keep its state in a throwaway
+    local database.
     """
     if path is None or not os.fspath(path):
         config = RelayConfig()
@@ -514,6 +522,8 @@ def load_config(path: str | os.PathLike[str] | None) -> RelayConfig:
             raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
         config = parse_config(text, str(file))
     env_url = os.environ.get("RELAY_DATABASE_URL")
+    if env_url is not None and not env_url.strip():
+        raise ConfigError(EMPTY_DATABASE_URL.format(given="RELAY_DATABASE_URL is set but empty", it="unset it"))
     if env_url:
         config = config.with_overrides(database_url=env_url, source="RELAY_DATABASE_URL")
     return config

@@ -16,9 +16,10 @@ import pytest
 
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.procs import end
 from relay.cli import main, without_secrets
 from relay.config import load_config
-from relay.errors import DatabaseError
+from relay.errors import ConfigError, DatabaseError
 from relay.store.db import Database, patiently
 from relay.store.migrations import MIGRATIONS
 
@@ -62,6 +63,53 @@ def test_relay_config_env_is_read(tmp_path: Path) -> None:
     config.write_text("server: {port: banana}\n")
     result = run_relay("serve", env={"RELAY_CONFIG": str(config)})
     assert result.returncode == 2 and "env.yaml" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_relay_database_url_is_a_configuration_error(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not taken for unset (the embedded PostgreSQL): compose's ``RELAY_DATABASE_URL: ${DB_URL}``
+    with DB_URL unset would otherwise keep Relay's state in a throwaway local database."""
+    message = "RELAY_DATABASE_URL is set but empty: unset it for the embedded PostgreSQL, or give a PostgreSQL URL"
+    monkeypatch.setenv("RELAY_DATABASE_URL", value)
+    with pytest.raises(ConfigError) as refused:
+        load_config(None)
+    assert str(refused.value) == message
+
+    home = tmp_path / "home"
+    env = {"RELAY_DATABASE_URL": value, "RELAY_HOME": str(home)}
+    assert refused_serve(["--port", str(free_port())], env, tmp_path) == (2, f"relay: {message}\n")
+    assert not home.exists()  # no embedded PostgreSQL was started
+
+
+def test_an_empty_database_url_option_is_a_configuration_error(tmp_path: Path) -> None:
+    """``--database-url "$DB_URL"`` with DB_URL unset: refused as the variable is, not the embedded
+    PostgreSQL (nor RELAY_DATABASE_URL, which the option overrides)."""
+    home = tmp_path / "home"
+    args = ["--port", str(free_port()), "--database-url", ""]
+    assert refused_serve(args, {"RELAY_HOME": str(home)}, tmp_path) == (
+        2,
+        "relay: --database-url is empty: leave it out for the embedded PostgreSQL, or give a PostgreSQL URL\n",
+    )
+    assert not home.exists()
+
+
+def refused_serve(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """``relay serve`` with ``args`` in only this environment of Relay's, expected to exit at once:
+    its exit code and stderr. One that runs instead is stopped (SIGTERM: an embedded PostgreSQL it
+    started is stopped with it) and the test fails."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**environ, **env}, cwd=cwd,
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        end(proc, timeout=30)
+        pytest.fail("relay serve did not exit: it started")
+    return proc.returncode, stderr
 
 
 def test_keys_new_prints_a_key_and_its_hash() -> None:

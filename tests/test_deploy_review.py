@@ -228,7 +228,8 @@ def test_an_empty_relay_config_means_no_file_as_other_empty_variables_do(relay_d
     """The image sets ``RELAY_CONFIG=/etc/relay/relay.yaml``; with no file to mount, the way to
     clear it is ``-e RELAY_CONFIG=`` (compose: ``RELAY_CONFIG: ""``), which should give the
     contract's start "with no configuration at all" (a default org, keys printed once). Relay
-    takes an empty ``RELAY_INSTANCE_ID`` or ``RELAY_DATABASE_URL`` for unset, but an empty
+    takes an empty ``RELAY_INSTANCE_ID`` for unset (an empty ``RELAY_DATABASE_URL`` is refused:
+    tests/test_schema_floor.py), but an empty
     ``RELAY_CONFIG`` for the path "" (relay/cli/serve.py, ``config or os.environ.get(...)``, then
     ``load_config``): "relay: .: cannot read: Is a directory", exit 2."""
     port = free_port()

@@ -113,13 +113,16 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("relay.ws").setLevel(logging.WARNING)
 
-    from relay.config import load_config
+    from relay.config import EMPTY_DATABASE_URL, load_config
     from relay.errors import ConfigError, DatabaseError, StartupError
 
     try:
         # An empty RELAY_CONFIG is no file, as other empty variables are unset (`-e RELAY_CONFIG=`
-        # clears the image's default path).
+        # clears the image's default path); not RELAY_DATABASE_URL, nor --database-url: an empty
+        # URL is refused (load_config), not taken for the embedded PostgreSQL.
         settings = load_config(config or os.environ.get("RELAY_CONFIG") or None)
+        if database_url is not None and not database_url.strip():
+            raise ConfigError(EMPTY_DATABASE_URL.format(given="--database-url is empty", it="leave it out"))
         settings = settings.with_overrides(host=host, port=port, database_url=database_url)
     except ConfigError as exc:
         click.echo(f"relay: {exc}", err=True)
