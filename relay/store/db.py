@@ -18,9 +18,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from relay.errors import DatabaseError, Fenced
+from relay import __version__
+from relay.errors import DatabaseError, Fenced, StartupError
 from relay.store.combiner import WriteCombiner
-from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS
+from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Migration
 
 log = logging.getLogger("relay.db")
 
@@ -196,8 +197,13 @@ class Database:
             yield conn
 
     async def migrate(self) -> list[int]:
-        """Apply the migrations not yet recorded; returns the versions applied."""
-        applied: list[int] = []
+        """Apply the migrations not yet recorded; returns the versions applied.
+
+        A database that holds migrations this release does not know (a newer release migrated it)
+        is checked against its compatibility floor (:mod:`relay.store.migrations`): below it, this
+        raises :class:`StartupError` having changed nothing; at or above it, a warning is logged."""
+        newest = MIGRATIONS[-1].version
+        applied: list[Migration] = []
         async with self.connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             await conn.execute(
@@ -207,12 +213,47 @@ class Database:
             )
             cur = await conn.execute("SELECT version FROM relay_schema_migrations")
             done = {int(row["version"]) for row in await cur.fetchall()}
-            for version, sql in MIGRATIONS:
-                if version in done:
+            unknown = done - {migration.version for migration in MIGRATIONS}
+            if unknown:
+                await self._check_floor(conn, max(unknown), newest)
+            for migration in MIGRATIONS:
+                if migration.version in done:
                     continue
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO relay_schema_migrations (version) VALUES (%s)", (version,))
-                applied.append(version)
+                await conn.execute(migration.sql)
+                await conn.execute("INSERT INTO relay_schema_migrations (version) VALUES (%s)", (migration.version,))
+                applied.append(migration)
+            raised = max((m.version for m in applied if m.breaks_older), default=None)
+            if raised is not None:
+                await conn.execute(
+                    "UPDATE relay_schema_floor SET version = greatest(version, %s) WHERE id = 1", (raised,)
+                )
         if applied:
-            log.info("database migrated to version %d", applied[-1])
-        return applied
+            log.info("database migrated to version %d", applied[-1].version)
+        return [migration.version for migration in applied]
+
+    @staticmethod
+    async def _check_floor(conn: psycopg.AsyncConnection[dict[str, Any]], schema: int, newest: int) -> None:
+        """The database's schema is at ``schema``, past this release's ``newest``: refuse to start
+        if its floor is above ``newest``, else warn that this release runs on a newer schema."""
+        floor: int | None = None
+        cur = await conn.execute("SELECT to_regclass('relay_schema_floor') IS NOT NULL AS kept")
+        kept = await cur.fetchone()
+        if kept is not None and kept["kept"]:
+            cur = await conn.execute("SELECT version FROM relay_schema_floor WHERE id = 1")
+            row = await cur.fetchone()
+            floor = None if row is None else int(row["version"])
+        if floor is not None and newest < floor:
+            raise StartupError(
+                f"the database's schema is at version {schema}, migrated by a newer release of Relay, and "
+                f"needs a release that knows schema version {floor} or later (its compatibility floor); "
+                f"this Relay ({__version__}) knows versions up to {newest} and does not start on it: "
+                "upgrade Relay (to the release that migrated the database, or a later one)"
+            )
+        log.warning(
+            "the database's schema is at version %d, migrated by a newer release of Relay; this Relay (%s) "
+            "knows versions up to %d and runs on it, as the database's compatibility floor (%s) allows",
+            schema,
+            __version__,
+            newest,
+            "none recorded" if floor is None else floor,
+        )

@@ -3,16 +3,62 @@
 They run inside one transaction that first takes a transaction-level advisory
 lock, so two instances starting at once apply each migration exactly once: the
 second waits, then finds it already recorded. A migration is never edited once
-released; a change is a new one.
+released; a change is a new one, appended. Upgrades run forward from the schema
+the last release left.
+
+**The compatibility floor.** Relay is upgraded in place, often rolling: the
+instances of the previous release keep running on the schema a newer one
+migrated. So a release does not refuse a database for holding migrations it does
+not know; it refuses one whose *floor* it is below. The floor is the oldest
+schema version a release must know (as its own newest migration) to operate on
+the database; it is kept in the one-row table ``relay_schema_floor`` (migration
+15). At start, after the advisory lock, :meth:`relay.store.db.Database.migrate`
+looks for recorded versions it does not know; if there are some, a release whose
+newest version is below the floor refuses to start
+(:class:`relay.errors.StartupError`, ``relay serve`` exits 1) and writes
+nothing, and one at or above it logs a warning and runs.
+
+Each migration declares whether it breaks code that predates it
+(:attr:`Migration.breaks_older`): it drops or renames what older code reads or
+writes, adds a ``NOT NULL`` column without a default to a table older code
+inserts into, narrows a ``CHECK`` older code writes, or changes what a stored
+value means. Adding tables, nullable columns, indexes, or widening a ``CHECK``
+does not. ``Database.migrate`` raises the floor to the version of each breaking
+migration it applies, in the same transaction, and never lowers it.
+
+Migration 15 records the floor 14, the schema it follows: code that knows
+version 14 ignores the new table, and every release that reads the floor knows
+15, so every such release may run on today's schema. The floor says nothing of
+releases before it, which do not read it: 0.2.0 (versions 1 and 2) stops working
+at migration 7, which is marked breaking for the record (README "Upgrading").
+
+A future migration that breaks older code is appended with
+``breaks_older=True``: the first instance of its release that starts raises the
+floor to its version, and from then on no release before it starts on that
+database, with an error that says to upgrade Relay. Instances of older releases
+that are already running are not stopped by it: such a release cannot be rolled
+out one instance at a time, and its CHANGELOG entry must say to stop every
+instance of the older releases before the first instance of it starts.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # Any fixed 64-bit number; it only has to differ from other users' advisory locks.
 MIGRATION_LOCK_KEY = 7_215_420_113_001
 
-MIGRATIONS: list[tuple[int, str]] = [
-    (
+
+class Migration(NamedTuple):
+    version: int
+    sql: str
+    # Whether code that predates it cannot operate on the schema it leaves: applying it raises the
+    # database's compatibility floor (relay_schema_floor) to its version.
+    breaks_older: bool = False
+
+
+MIGRATIONS: list[Migration] = [
+    Migration(
         1,
         """
         CREATE TABLE orgs (
@@ -73,7 +119,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX audit_by_org ON audit_log (org, id);
         """,
     ),
-    (
+    Migration(
         2,
         """
         -- A workflow step that writes an audit entry may run again after a crash;
@@ -106,7 +152,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
-    (
+    Migration(
         3,
         """
         -- An epoch names one connection of an executor and, through them, its grace and
@@ -119,7 +165,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE executors ADD COLUMN previous_epoch bigint;
         """,
     ),
-    (
+    Migration(
         4,
         """
         CREATE TABLE relay_instances (
@@ -131,7 +177,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
-    (
+    Migration(
         5,
         """
         -- Adoption: the instance that took over an expired lease. It (or whoever adopts
@@ -159,7 +205,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX relay_rpc_unpicked ON relay_rpc (target_instance) WHERE picked_at IS NULL;
         """,
     ),
-    (
+    Migration(
         6,
         """
         -- A death may need several runs of its recovery workflow: one that ended without
@@ -174,7 +220,7 @@ MIGRATIONS: list[tuple[int, str]] = [
             CHECK (trigger IN ('grace_period', 'operator', 'repair'));
         """,
     ),
-    (
+    Migration(
         7,
         """
         -- Keys as DBOS Conductor has them (the tokens API): a permanent id that a rename
@@ -224,8 +270,11 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX audit_by_at ON audit_log (at);
         CREATE INDEX recoveries_by_updated ON recoveries (updated_at);
         """,
+        # 0.2.0 reads and writes the table keys, dropped here (it predates the floor and does not
+        # read it: it fails with 'relation "keys" does not exist').
+        breaks_older=True,
     ),
-    (
+    Migration(
         8,
         """
         -- Alert rules (README "Alerts"): relay.yaml's, copied in at every start (source 'config'),
@@ -283,7 +332,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         INSERT INTO alert_cursor (id, last_id) SELECT 1, coalesce(max(id), 0) FROM audit_log;
         """,
     ),
-    (
+    Migration(
         9,
         """
         -- The console's live updates (GET /v2/orgs/{org}/events) tail the audit log by id and
@@ -302,7 +351,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX audit_by_executor ON audit_log (org, app, executor_id, id);
         """,
     ),
-    (
+    Migration(
         10,
         """
         -- Retention of the applications' data, as DBOS Conductor's app settings (null: off).
@@ -358,7 +407,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX app_metric_counts_by_bucket ON app_metric_counts (time_bucket);
         """,
     ),
-    (
+    Migration(
         11,
         """
         -- A recovery started by the stranded-workflow reconciler says so.
@@ -367,7 +416,7 @@ MIGRATIONS: list[tuple[int, str]] = [
             CHECK (trigger IN ('grace_period', 'operator', 'repair', 'reconcile'));
         """,
     ),
-    (
+    Migration(
         12,
         """
         -- Each evaluation of an alert rule draws a number before it reads; the rule remembers the
@@ -376,7 +425,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE alert_rules ADD COLUMN settled_reading bigint;
         """,
     ),
-    (
+    Migration(
         13,
         """
         -- A lease its instance gave up as it stopped cleanly (a rolling restart, a scale-in): its
@@ -384,13 +433,25 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE relay_instances ADD COLUMN released_at timestamptz;
         """,
     ),
-    (
+    Migration(
         14,
         """
         -- The delivery workflow that claimed an alert's key: its claim step run again after a crash
         -- sends only for that workflow (a first delivery resumed after its late one claimed sends
         -- nothing). NULL for keys claimed by an earlier release.
         ALTER TABLE alerts ADD COLUMN claimed_by text;
+        """,
+    ),
+    Migration(
+        15,
+        """
+        -- The compatibility floor: the oldest schema version a release must know to operate on this
+        -- database (the module's docstring). One row. 14: every release that reads it may run here.
+        CREATE TABLE relay_schema_floor (
+            id          integer PRIMARY KEY CHECK (id = 1),
+            version     integer NOT NULL
+        );
+        INSERT INTO relay_schema_floor (id, version) VALUES (1, 14);
         """,
     ),
 ]
