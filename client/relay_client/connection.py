@@ -37,7 +37,10 @@ answers, and reconnects until stopped.
 - :meth:`Connection.drain` (DBOS shutting down) refuses requests from then on and
   waits, bounded, for the handlers running and the retention round, the socket
   still open; :meth:`Connection.stop` closes the socket with a close frame and ends the
-  thread; it is safe from any thread, and more than once.
+  thread; it is safe from any thread, and more than once. An attempt to connect under way
+  (resolving Relay's host, connecting, the handshakes) is given up at once; host names are
+  resolved on daemon threads of the client's own, so a lookup that hangs (a DNS server not
+  answering) holds up neither ``stop()`` nor the interpreter's exit.
 - The key is part of the URL it connects to, and websockets puts that URL in some
   of its errors (a redirect to an ``https://`` URL: ``InvalidURI``) and, at DEBUG,
   the request line in its log, so every problem is logged with the key blanked
@@ -53,6 +56,7 @@ import contextvars
 import enum
 import logging
 import random
+import socket
 import ssl
 import sys
 import threading
@@ -177,6 +181,40 @@ class _Redacting(logging.LoggerAdapter):  # type: ignore[type-arg]
             super().log(level, "%s", self._redact(text), **kwargs)
 
 
+class _ResolvingLoop(asyncio.SelectorEventLoop):
+    """The client's event loop, resolving host names on a daemon thread of its own for each lookup.
+
+    asyncio resolves on its default executor, whose threads cannot be cancelled and are waited
+    for: by ``asyncio.run`` as it ends (so ``stop()`` would wait out a lookup that hangs, a DNS
+    server not answering: tens of seconds) and by the interpreter as it exits. A stop leaves a
+    lookup here behind; its answer is dropped."""
+
+    async def getaddrinfo(
+        self, host: bytes | str | None, port: bytes | str | int | None, *,
+        family: int = 0, type: int = 0, proto: int = 0, flags: int = 0,
+    ) -> list[tuple[Any, ...]]:  # fmt: skip
+        answer: asyncio.Future[list[tuple[Any, ...]]] = self.create_future()
+
+        def settle(result: list[tuple[Any, ...]] | None, error: BaseException | None) -> None:
+            if answer.done():  # cancelled: stopped meanwhile
+                return
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(result or [])
+
+        def resolve() -> None:
+            try:
+                result, error = socket.getaddrinfo(host, port, family, type, proto, flags), None
+            except Exception as exc:
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for it
+                self.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=resolve, name="relay-client-resolve", daemon=True).start()
+        return await answer
+
+
 class Connection:
     """One executor's connection to Relay, on a thread of its own. Made by :func:`relay_client.connect`."""
 
@@ -291,7 +329,9 @@ class Connection:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            # Not asyncio.run's default loop: its resolver would hold stopping up (see _ResolvingLoop).
+            with asyncio.Runner(loop_factory=_ResolvingLoop) as runner:
+                runner.run(self._main())
         except Exception as exc:
             log.error("relay_client: the connection thread failed: %s", self._redact(repr(exc)))
         finally:
@@ -341,16 +381,10 @@ class Connection:
         loop = asyncio.get_running_loop()
         opened: float | None = None
         try:
-            async with connect(
-                self._url,
-                ssl=self._ssl,
-                open_timeout=OPEN_TIMEOUT_SECS,
-                close_timeout=CLOSE_TIMEOUT_SECS,
-                ping_interval=PING_INTERVAL_SECS,
-                ping_timeout=PING_TIMEOUT_SECS,
-                max_size=self._max_frame_bytes,
-                logger=_Redacting(logging.getLogger("websockets.client"), self._redact),
-            ) as ws:
+            ws = await self._open(stop_event)
+            if ws is None:  # stopped while connecting
+                return Retry.SOON, 0.0
+            async with ws:
                 opened = loop.time()
                 self._note_problem("")
                 log.info("relay_client: connected to %s as executor %s", self._shown_url, self.executor_id)
@@ -388,6 +422,34 @@ class Connection:
             self._note_problem(f"Unexpected error on the connection to Relay: {exc!r}")
             retry = Retry.BUSY
         return retry, 0.0 if opened is None else loop.time() - opened
+
+    async def _open(self, stop_event: asyncio.Event) -> ClientConnection | None:
+        """The socket to Relay, opened; None if stopped first. A stop cancels the attempt at once,
+        wherever it is (resolving Relay's host, connecting, the TLS or WebSocket handshake): it
+        would otherwise take up to ``OPEN_TIMEOUT_SECS``, and ``stop()`` waits for the thread."""
+        opening = asyncio.ensure_future(
+            connect(
+                self._url,
+                ssl=self._ssl,
+                open_timeout=OPEN_TIMEOUT_SECS,
+                close_timeout=CLOSE_TIMEOUT_SECS,
+                ping_interval=PING_INTERVAL_SECS,
+                ping_timeout=PING_TIMEOUT_SECS,
+                max_size=self._max_frame_bytes,
+                logger=_Redacting(logging.getLogger("websockets.client"), self._redact),
+            )
+        )
+        stopped = asyncio.ensure_future(stop_event.wait())
+        try:
+            await asyncio.wait({opening, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not opening.done():
+                opening.cancel()
+                await asyncio.wait({opening})  # its cancellation runs to its end, quickly
+        if opening.cancelled():
+            return None
+        return opening.result()  # or raises what ended the attempt
 
     def _redact(self, text: str) -> str:
         """``text`` with the key replaced by ``***``, as in the URL the client shows."""
