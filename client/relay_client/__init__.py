@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from dbos import DBOS
 
 from relay_client import _internals, ids, lifecycle
-from relay_client.connection import Connection, check_url
+from relay_client.connection import Connection, check_key, check_url
 from relay_client.errors import ConnectRefused, RelayClientError
 from relay_client.handlers import Handlers, Identity
 from relay_client.ids import new_executor_id
@@ -61,6 +61,7 @@ def connect(
     conductor key is configured, or when a connection of this process is already running.
     """
     check_url(url)  # before anything is checked, claimed or started
+    check_key(key)
     _check_metadata(metadata)
     instance = _refuse_unsafe()
     app = _app_of_dbos(app)

@@ -45,7 +45,11 @@ answers, and reconnects until stopped.
   of its errors (a redirect to an ``https://`` URL: ``InvalidURI``) and, at DEBUG,
   the request line in its log, so every problem is logged with the key blanked
   out, as a warning without a traceback, once until the problem changes, and
-  websockets gets a logger that blanks it out too.
+  websockets gets a logger that blanks it out too. The key is blanked where it is
+  in the URL's path (``/websocket/{app}/{key}``), whatever its length, and its
+  text anywhere else only from :data:`REDACT_ANYWHERE_MIN` characters: blanking
+  every "e" of every line for a key "e" would spell the key out. An empty key is
+  refused.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import contextvars
 import enum
 import logging
 import random
+import re
 import socket
 import ssl
 import sys
@@ -93,6 +98,9 @@ REFUSED_MAX_SECS = 30.0
 BUSY_MAX_SECS = 2.0
 #: A socket open this long before it ended starts the count of refusals in a row over.
 STEADY_SECS = 10.0
+#: A key this long or longer is blanked wherever its text is in a line the client logs; a shorter
+#: one only where it is in the URL's path (see ``Connection._redact``).
+REDACT_ANYWHERE_MIN = 8
 #: Close codes after which trying again is refused again: a bad handshake, a deleted key, a key
 #: not for this app, another connection with this executor id (relay.net.connection).
 REFUSED_CLOSE_CODES = frozenset({4400, 4401, 4403, 4409})
@@ -153,6 +161,15 @@ def check_url(base: str) -> None:
         raise ValueError("port 0 is not a port to connect to")
     if parts.query or parts.fragment:
         raise ValueError("the URL must not have a query or a fragment: the client adds websocket/{app}/{key} to it")
+
+
+def check_key(key: object) -> None:
+    """Raise ValueError for a key no Relay can take: not a string, or empty (an environment variable
+    that is not set, read with a default of ""): Relay would refuse it at every retry."""
+    if not isinstance(key, str):
+        raise ValueError(f"the key must be a string, not {type(key).__name__}")
+    if not key:
+        raise ValueError("the key is empty: give the conductor key Relay issued for this app")
 
 
 def websocket_url(base: str, app: str, key: str) -> str:
@@ -242,8 +259,12 @@ class Connection:
         self.handlers = handlers
         self._url = websocket_url(base_url, app, key)
         self._shown_url = websocket_url(base_url, app, "") + "***"  # the key is never logged
-        # The key as errors may spell it: as given, and as it is in the URL's path.
-        self._secrets = sorted({key, quote(key, safe="")} - {""}, key=len, reverse=True)
+        check_key(key)
+        # The key as errors may spell it: as given, and as it is in the URL's path; blanked where it
+        # is in the URL (its path), and anywhere only when long enough not to be found by chance.
+        forms = sorted({key, quote(key, safe="")}, key=len, reverse=True)
+        self._key_in_url = re.compile("(/websocket/[^/\\s]*/)(?:" + "|".join(map(re.escape, forms)) + ")")
+        self._secrets = forms if len(key) >= REDACT_ANYWHERE_MIN else []
         # websockets refuses ssl=None for a wss:// URL: the system's CAs, unless given a context.
         if ssl_context is None and urlsplit(base_url).scheme == "wss":
             ssl_context = ssl.create_default_context()
@@ -452,7 +473,11 @@ class Connection:
         return opening.result()  # or raises what ended the attempt
 
     def _redact(self, text: str) -> str:
-        """``text`` with the key replaced by ``***``, as in the URL the client shows."""
+        """``text`` with the key replaced by ``***``, as in the URL the client shows: in the URL's path
+        (``/websocket/{app}/{key}``) whatever its length, and elsewhere when it has at least
+        :data:`REDACT_ANYWHERE_MIN` characters. A shorter one would be found by chance in any text,
+        and blanking each of those (every "e" of a line for a key "e") would spell it out."""
+        text = self._key_in_url.sub(r"\1***", text)
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text

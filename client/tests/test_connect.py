@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import app
 import pytest
@@ -283,6 +284,44 @@ def test_a_traceback_logged_through_the_websockets_logger_is_redacted_too(caplog
         shown = caplog.handler.format(record)
         assert secret not in shown and "***" in shown, shown
         assert record.exc_info is None
+
+
+@pytest.mark.parametrize("key", ["e", "el", "/"])
+def test_a_key_of_a_character_or_two_is_blanked_where_it_is_and_nowhere_else(
+    relay: FakeRelay, caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    """The key was blanked wherever its text occurred in a line: a key "e" made every e of every
+    line the client (and websockets, through it) logged "***", so "Connection to Relay lost" came
+    out as "Conn***ction to R***lay lost", a line that spells the key out to whoever reads it. The
+    key is blanked where it is, in the URL's path, and its text elsewhere only when it is long
+    enough not to be found by chance."""
+    shown_key = quote(key, safe="")
+    with caplog.at_level(logging.DEBUG):
+        for url in (relay.url, "ws://127.0.0.1:9/"):  # Relay, then an address where nothing listens
+            handlers = Handlers(Identity(executor_id="e5", application_version="v1"))
+            with Connection(url, key=key, app="clienttest", handlers=handlers) as c:
+                c.start()
+                if url == relay.url:
+                    assert c.wait_connected(10)
+                    eventually(lambda: len(relay.infos) == 1)
+                else:
+                    eventually(lambda: "Connection to Relay lost" in caplog.text)
+    assert relay.paths == [f"/websocket/clienttest/{shown_key}"]  # connected with the key
+    lines = [caplog.handler.format(r) for r in caplog.records if r.name.startswith(("dbos", "websockets.client"))]
+    logged = "\n".join(lines)
+    assert f"connected to {relay.url}websocket/clienttest/*** as executor e5" in logged, logged
+    assert "GET /websocket/clienttest/*** HTTP/1.1" in logged, logged  # websockets' request line, at DEBUG
+    assert f"/websocket/clienttest/{shown_key}" not in logged, logged
+    assert "relay_client: Connection to Relay lost: ConnectionRefusedError" in logged, logged
+
+
+def test_an_empty_key_is_refused_by_connect(fresh_dbos: str) -> None:
+    """An unset environment variable read with a default of "" would connect to .../websocket/{app}/
+    and be refused by Relay at every retry."""
+    with pytest.raises(ValueError, match="key is empty"):
+        relay_client.connect("ws://127.0.0.1:9/", key="", app="clienttest")
+    assert lifecycle.active() == []
+    relay_client.connect("ws://127.0.0.1:9/", key="k", app="clienttest").stop()  # the id was not used up
 
 
 class SlowHandlers(Handlers):
