@@ -13,10 +13,18 @@ With RELAY_TEST_FINISH_FILE set, it waits for that file to appear, calls
 ``DBOS.destroy()``, and prints a ``FINISHED {json}`` line saying whether
 dbos_enterprise was ever imported or can be found, and whether the client had
 stopped, then exits.
+
+With RELAY_TEST_ATEXIT_DESTROY=N, the application registers
+``atexit.register(DBOS.destroy, workflow_completion_timeout_sec=N)`` before it
+connects (so that handler runs after the client's own). With
+RELAY_TEST_EXIT_FILE set, it waits for that file to appear, prints ``EXITING``,
+then returns from ``main``: the interpreter exits normally, its jobs perhaps
+still running.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import json
@@ -119,16 +127,25 @@ def main() -> None:
         prepare_evidence()
     DBOS(config=config)
     DBOS.launch()
+    exit_timeout = ENV.get("RELAY_TEST_ATEXIT_DESTROY")
+    if exit_timeout:
+        atexit.register(DBOS.destroy, workflow_completion_timeout_sec=int(exit_timeout))
     connection = relay_client.connect(
         ENV["RELAY_TEST_CONDUCTOR_URL"], key=ENV["RELAY_TEST_CONDUCTOR_KEY"], app=APP, metadata={"test": True}
     )
     prefix = ENV.get("RELAY_TEST_JOB_PREFIX", "job")
+    sleep_secs = float(ENV.get("RELAY_TEST_JOB_SLEEP", "2"))
     for i in range(int(ENV.get("RELAY_TEST_JOBS", "0"))):
         with SetWorkflowID(f"{prefix}-{i}"):
-            DBOS.start_workflow(job, float(ENV.get("RELAY_TEST_JOB_SLEEP", "2")))
+            DBOS.start_workflow(job, sleep_secs)
     print(f"READY {DBOS.executor_id}", flush=True)
     if ENV.get("RELAY_TEST_FINISH_FILE"):
         finish(ENV["RELAY_TEST_FINISH_FILE"], connection)
+    if ENV.get("RELAY_TEST_EXIT_FILE"):
+        while not os.path.exists(ENV["RELAY_TEST_EXIT_FILE"]):
+            time.sleep(0.05)
+        print("EXITING", flush=True)
+        return
     while True:
         time.sleep(3600)
 

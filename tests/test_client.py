@@ -219,6 +219,51 @@ def test_the_client_reconnects_stops_on_destroy_and_never_imports_dbos_enterpris
     assert executor.proc.wait(10) == 0
 
 
+def test_an_application_destroying_dbos_at_exit_keeps_the_socket_open_until_its_workflows_finish(
+    start_relay: StartRelay, start_client_executor: StartExecutor, evidence_db: str, tmp_path: Path
+) -> None:
+    """client/README.md, "Stopping with DBOS": an application that registered
+    ``atexit.register(DBOS.destroy, workflow_completion_timeout_sec=...)`` before ``connect()`` has
+    the client's atexit handler run first (last registered, first run), and then exits normally
+    while its workflows are in their durable sleep. The interpreter waits for DBOS's workflow
+    threads (concurrent.futures' own exit hook) before any atexit handler, the client's socket still
+    open, so Relay sees the executor go only after the workflows' outcomes are written, and no peer
+    runs any of them again."""
+    relay = start_relay(grace=1.0)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    survivor = start_client_executor(relay.conductor_url, env=env)
+    exit_file = tmp_path / "exit"
+    leaving = start_client_executor(
+        relay.conductor_url,
+        env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "4", "RELAY_TEST_ATEXIT_DESTROY": "30",
+             "RELAY_TEST_EXIT_FILE": str(exit_file)},
+    )  # fmt: skip
+    for executor in (survivor, leaving):
+        assert_eventually(lambda executor=executor: healthy(relay, executor), 10)
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: jobs_started(evidence, "job-", 2), 10)
+    exit_file.touch()
+    assert read_line(leaving.proc, "EXITING", 10) is not None, leaving.log_path.read_text()
+    assert evidence.outcomes() == {}  # the jobs sleep on: main has returned before they end
+
+    def disconnected() -> dict[str, Any] | None:
+        record = relay.executor("acme", "ledger", leaving.executor_id)
+        return record if record is not None and record["disconnectedAt"] is not None else None
+
+    record = assert_eventually(disconnected, 30)
+    assert leaving.proc.wait(30) == 0, leaving.log_path.read_text()
+    outcomes = assert_eventually(lambda: all_outcomes(evidence, 2), 10)
+    assert outcomes == {"job-0": leaving.executor_id, "job-1": leaving.executor_id}
+    assert evidence.outcome_count() == 2
+    # Nothing ran twice: the peer was never given the workflows DBOS was finishing.
+    assert {e for _, _, e in evidence.step_runs()} == {leaving.executor_id}, evidence.step_runs()
+    with psycopg.connect(evidence_db) as conn:
+        row = conn.execute("SELECT max(at) FROM outcomes").fetchone()
+    assert row is not None and row[0] is not None
+    # Relay's clock and the evidence's are one PostgreSQL server's.
+    assert at(record["disconnectedAt"]) >= row[0].timestamp(), (record, row)
+
+
 @pytest.mark.parametrize("series", DBOS_SERIES)
 def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str, tmp_path: Path) -> None:
     python = client_python(series)
