@@ -17,7 +17,11 @@ DBOS has no public shutdown hook, so three things stop a connection:
    wrapper did not see (a reference to the unwrapped method taken before
    ``connect()``) still ends it.
 3. An ``atexit`` handler stops every connection, so an interpreter that exits
-   without ``DBOS.destroy()`` still closes its socket with a close frame.
+   without ``DBOS.destroy()`` still closes its socket with a close frame. It runs
+   before an application's own ``atexit.register(DBOS.destroy, ...)`` made
+   before ``connect()``; no workflow is cut short by that, since the interpreter
+   waits for DBOS's workflow threads (a ``concurrent.futures`` pool, whose exit
+   hook runs before any ``atexit`` handler) with the socket still open.
 """
 
 from __future__ import annotations
