@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -262,6 +263,34 @@ def test_an_application_destroying_dbos_at_exit_keeps_the_socket_open_until_its_
     assert row is not None and row[0] is not None
     # Relay's clock and the evidence's are one PostgreSQL server's.
     assert at(record["disconnectedAt"]) >= row[0].timestamp(), (record, row)
+
+
+def test_a_request_while_the_interpreter_waits_for_dboss_workflows_at_exit_is_refused_at_once(
+    start_relay: StartRelay, start_client_executor: StartExecutor, evidence_db: str, tmp_path: Path
+) -> None:
+    """While the interpreter exits it waits for DBOS's workflow threads with the socket open (the
+    test above), and concurrent.futures takes no new work then: a request Relay sent in that time
+    failed inside the client (RuntimeError in a task nobody read), and Relay waited its whole
+    timeout for the answer. The client refuses it at once as shutting down, so Relay asks another
+    executor (here, the executor's own route: its 502 names the refusal)."""
+    relay = start_relay(grace=1.0)
+    exit_file = tmp_path / "exit"
+    leaving = start_client_executor(
+        relay.conductor_url,
+        env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "20",
+             "RELAY_TEST_ATEXIT_DESTROY": "60", "RELAY_TEST_EXIT_FILE": str(exit_file)},
+    )  # fmt: skip
+    assert_eventually(lambda: healthy(relay, leaving), 10)
+    assert_eventually(lambda: jobs_started(Evidence(evidence_db), "job-", 1), 10)
+    exit_file.touch()
+    assert read_line(leaving.proc, "EXITING", 10) is not None, leaving.log_path.read_text()
+    time.sleep(0.5)  # main has returned; the interpreter's exit begins (the job sleeps 20 s on)
+    with relay.api() as api:
+        resp = api.get(f"/apps/ledger/executors/{leaving.executor_id}/workflows")
+    # The refusal, not Relay's 504 for no answer (nor the 502 of a socket closed under the request).
+    assert resp.status_code == 502, resp.text
+    assert "shutting down" in resp.json()["detail"], resp.text
+    assert leaving.proc.poll() is None  # still in the exit's wait: the socket was open to answer
 
 
 @pytest.mark.parametrize("series", DBOS_SERIES)

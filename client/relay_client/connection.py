@@ -112,6 +112,10 @@ BUSY_CLOSE_CODES = frozenset({4408, 4410})
 SHUTTING_DOWN = "relay_client: DBOS is shutting down; not served, ask another executor"
 
 
+class _Exiting(Exception):
+    """A thread pool took no new work: the interpreter has begun to exit."""
+
+
 class Retry(enum.Enum):
     """How the last try ended, for the wait before the next one."""
 
@@ -551,7 +555,12 @@ class Connection:
     async def _answer(self, text: str, outbox: asyncio.Queue[str], requests: asyncio.Semaphore) -> None:
         """Serve one request in its turn; the turn lasts until the reply is queued for sending."""
         async with requests:
-            reply = await self._on(self._workers, text, self._serve_request)
+            try:
+                reply = await self._on(self._workers, text, self._serve_request)
+            except _Exiting:
+                # The interpreter is exiting (it waits for DBOS's workflows before any atexit hook,
+                # ours included): no new work, but Relay is told so at once and asks another.
+                reply = self.handlers.refuse(text, SHUTTING_DOWN)
             if reply is not None:
                 await outbox.put(reply)
 
@@ -560,7 +569,11 @@ class Connection:
         ``asyncio.to_thread`` runs a call): a pool thread serves one request after another, and none
         may see what an earlier one left in its context variables."""
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(pool, context.run, serve, text)
+        try:
+            served = asyncio.get_running_loop().run_in_executor(pool, context.run, serve, text)
+        except RuntimeError as exc:  # concurrent.futures once the interpreter's exit has begun
+            raise _Exiting(str(exc)) from exc
+        return await served
 
     def _serve_request(self, text: str) -> str | None:
         """The handlers' answer to ``text``; once draining, its refusal (DBOS is shutting down)."""
@@ -578,7 +591,10 @@ class Connection:
     async def _greet(self, text: str, outbox: asyncio.Queue[str]) -> None:
         """Answer the socket's first frame (the handshake) on the handshake's own thread: it reads
         no DBOS state, and is answered while draining too (the executor is still alive)."""
-        reply = await self._on(self._greeter, text, self.handlers.answer)
+        try:
+            reply = await self._on(self._greeter, text, self.handlers.answer)
+        except _Exiting:
+            reply = self.handlers.answer(text)  # a reconnection while the interpreter exits: it reads no DBOS state
         if reply is not None:
             await outbox.put(reply)
 
