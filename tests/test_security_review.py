@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -211,3 +212,34 @@ def test_an_alert_handlers_error_reaches_the_log_with_its_control_characters_esc
             lambda: "alert handler failed" in relay.log(), 30, what="the failed attempt to deliver the alert"
         )
     assert "\x1b" not in relay.log(), "an executor's escape sequences are in Relay's log as it sent them"
+
+
+def test_a_peers_id_and_error_reach_the_recovery_log_escaped(start_relay: StartRelay) -> None:
+    """Attacker: an executor of the app (its key may connect executors to the app).
+
+    Attack: it connects under an id holding a line end and a forged log line, with a newer
+    ``application_version`` than the others, so that a recovery onto the latest version asks it the
+    app's versions; it answers ``list_application_versions`` with an empty list and an
+    ``error_message`` holding a line end, another forged line and terminal escapes. The recovery
+    logs ``no versions from <peer>: <reply>`` with the peer's id and the executor's error as they
+    came: the attacker writes whole lines of its choosing into Relay's log (a forged CRITICAL, a
+    forged "recovered" line) and sends escape sequences to the operator's terminal, though Relay
+    logs ids escaped everywhere else (tests/test_hostile_input.py).
+
+    Expected: the peer's id and its error are logged with their control characters escaped: no line
+    of the log is one the executor wrote, and no ESC it sent is in the log.
+    """
+    config = relay_yaml(free_port(), grace=1.0)
+    config["orgs"][0]["apps"][0]["recoverToLatestVersion"] = True
+    relay = start_relay(config)
+    peer_id = "peer\n2026-01-01 00:00:00,000 CRITICAL relay: forged by the peer's id"
+    error = "no versions\n2026-01-01 00:00:00,000 CRITICAL relay: forged by the peer's error\x1b]0;owned\x07"
+    replies: dict[str, Any] = {"list_application_versions": {"output": [], "error_message": error}}
+    with SimulatedPeer(ws_url(relay), peer_id, on_recovery="lie", version="v2", replies=replies):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", quote(peer_id, safe="")) == "HEALTHY", 15)
+        connect_then_leave(relay, "dies-on-v1")
+        assert_eventually(lambda: "no versions from" in relay.log(), 30, what="the recovery asking the peer")
+    log = relay.log()
+    forged = [line for line in log.splitlines() if line.split(" ", 2)[-1].startswith("CRITICAL relay: forged")]
+    assert forged == [], f"lines an executor wrote are in Relay's log: {forged}"
+    assert "\x1b" not in log, "an executor's escape sequences are in Relay's log as it sent them"
