@@ -8,15 +8,15 @@ Figures older than three windows (the job has not run since: no executor
 answered, or no instance is up to run it) are not served.
 
 What a scrape shows is narrowed by a :class:`ScrapeView`: the key's org (and
-apps) for these families, as Conductor's endpoint shows a key's org, and
-Conductor's query filters (``applications``, ``workflow_names``,
-``metrics``); ``scope`` picks Relay's own families (``instance``), the apps'
-(``apps``) or both.
+apps) for these families and for every series of Relay's own labelled with an
+org or app, as Conductor's endpoint shows a key's org, and Conductor's query
+filters (``applications``, ``workflow_names``, ``metrics``); ``scope`` picks
+Relay's own families (``instance``), the apps' (``apps``) or both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -51,6 +51,18 @@ class ScrapeView:
             and (self.apps is None or app in self.apps)
             and (self.applications is None or app in self.applications)
         )
+
+    def shows_labels(self, labels: Mapping[str, str]) -> bool:
+        """Whether a series with these labels may be seen: one naming an org or an app (``app``, or
+        Conductor's ``application``) only if it is of the key's org and apps (and of the
+        ``applications`` asked for); one naming an app but not its org only without a key's limits."""
+        org = labels.get("org")
+        app = labels.get("app", labels.get("application"))
+        if org is None and app is None:
+            return True  # an instance-wide figure
+        if org is None or app is None:
+            return self.orgs is None and self.apps is None and self.applications is None
+        return self.shows_app(org, app)
 
     def shows_series(self, series: Series) -> bool:
         name = series.labels.get("workflow_name")

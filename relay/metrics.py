@@ -3,7 +3,9 @@
 One registry per process. Most figures are read from the live objects when
 scraped (a custom collector); the registry-wide ones (executors by state,
 blocked recoveries) come from one query each, made by :meth:`Metrics.render`
-just before the registry is collected.
+just before the registry is collected. A scrape sees every family through its
+key (:class:`ScrapeView`): a series labelled with an org or app only if it is
+of the key's org and apps; the instance-wide ones (no such label) always.
 """
 
 from __future__ import annotations
@@ -206,11 +208,22 @@ def add_app_figures(metrics: Metrics, figures: AppFiguresCollector) -> None:
 
 
 class _Seen:
-    """The registry as one scrape may see it (:class:`ScrapeView`): its families filtered by name."""
+    """The registry as one scrape may see it (:class:`ScrapeView`): its families filtered by name, and
+    every family's series labelled with an org or app filtered to the key's org and apps (a family
+    left with no series is still described: its HELP and TYPE)."""
 
     def __init__(self, registry: CollectorRegistry, view: ScrapeView) -> None:
         self.registry = registry
         self.view = view
 
     def collect(self) -> Iterator[Metric]:
-        return (family for family in self.registry.collect() if self.view.shows_family(family.name))
+        for family in self.registry.collect():
+            if not self.view.shows_family(family.name):
+                continue
+            shown = [s for s in family.samples if self.view.shows_labels(s.labels)]
+            if len(shown) == len(family.samples):
+                yield family
+                continue
+            seen = Metric(family.name, family.documentation, family.type, family.unit)
+            seen.samples = shown
+            yield seen

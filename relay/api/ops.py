@@ -152,8 +152,9 @@ EXPOSITION = {"schema": {"type": "string"}}
     },
 )
 async def metrics(request: Request, ctx: Ctx) -> Response:
-    """Relay's own figures of this instance, and the apps' figures (``dbos_conductor_v1_*``) of the
-    key's org and apps (every org's with ``publicMetrics``).
+    """Relay's own figures of this instance, and the apps' figures (``dbos_conductor_v1_*``): of the
+    series labelled with an org or app, those of the key's org and apps (every org's with
+    ``publicMetrics``); the instance-wide ones whatever the key.
 
     Query filters, each repeatable: Conductor's ``applications``, ``workflow_names`` and ``metrics``
     (family names), and ``scope``: ``instance`` (Relay's own), ``apps`` (the apps') or ``all``.
