@@ -154,11 +154,30 @@ def policy(*entries: str, public: bool = True) -> DestinationPolicy:
         ("6to4", "2002:5db8:d822::1", (), True, True),
         ("teredo", "2001:0:4136:e378:8000:63bf:f5ff:fffe", (), True, False),  # its client is 10.0.0.1
         ("plain-v6", "2606:4700::1111", (), True, True),
+        # IPv4-compatible (::/96, deprecated) and IPv4-translated (::ffff:0:0:0/96): their IPv4 address
+        ("compatible", "::7f00:1", (), True, False),  # 127.0.0.1
+        ("compatible", "::a9fe:a9fe", (), True, False),  # 169.254.169.254
+        ("compatible", "::a00:1", (), True, False),
+        ("compatible", "::7f00:1", ("127.0.0.1",), True, True),
+        ("compatible", "::5db8:d822", (), True, True),
+        ("translated", "::ffff:0:7f00:1", (), True, False),
+        ("translated", "::ffff:0:a9fe:a9fe", (), True, False),
+        ("translated", "::ffff:0:a00:1", ("10.0.0.0/8",), True, True),
+        ("translated", "::ffff:0:5db8:d822", (), True, True),
+        ("loopback-v6", "::1", (), True, False),
+        ("unspecified-v6", "::", (), True, False),
     ],
 )
 def test_the_allow_list(host: str, address: str, entries: tuple[str, ...], public: bool, allowed: bool) -> None:
     refused = policy(*entries, public=public).check(host, [ipaddress.ip_address(address)])
     assert (refused is None) == allowed, refused
+
+
+def test_an_ipv4_address_written_as_ipv6_is_named_as_the_ipv4_address_it_carries() -> None:
+    assert "127.0.0.1 is a loopback address" in (policy().check("::7f00:1", [ipaddress.ip_address("::7f00:1")]) or "")
+    metadata = policy().check("hooks.example", [ipaddress.ip_address("::ffff:0:a9fe:a9fe")]) or ""
+    assert "resolves to 169.254.169.254, a link-local address" in metadata
+    assert "::1 is a loopback address" in (policy().check("::1", [ipaddress.ip_address("::1")]) or "")
 
 
 def test_a_name_resolving_to_one_refused_address_is_refused() -> None:

@@ -13,8 +13,10 @@ destination is allowed when:
   multicast addresses.
 
 An IPv6 address that carries an IPv4 address is judged by it too: IPv4-mapped
-(``::ffff:10.0.0.1``) and NAT64 (``64:ff9b::a00:1``, which a NAT64 gateway turns
-into 10.0.0.1) are the IPv4 address; a 6to4 (``2002:a00:1::1``) or Teredo
+(``::ffff:10.0.0.1``), IPv4-compatible (``::7f00:1``, deprecated but still
+reaching 127.0.0.1 on some stacks), IPv4-translated (``::ffff:0:7f00:1``) and
+NAT64 (``64:ff9b::a00:1``, which a NAT64 gateway turns into 10.0.0.1) are the
+IPv4 address (``::`` and ``::1`` stay the unspecified and loopback addresses); a 6to4 (``2002:a00:1::1``) or Teredo
 address, reached through the IPv4 address it embeds, is public only if that is.
 The local-use NAT64 prefix (``64:ff9b:1::/48``) embeds its IPv4 address where
 the network chooses, so it is never public: only a listed network allows it.
@@ -70,16 +72,19 @@ def parse_entry(entry: str, to_ascii: ToAscii = ascii_only) -> Network | str:
 
 
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # RFC 4291 (deprecated): ::a.b.c.d
+IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # RFC 2765 (SIIT): ::ffff:0:a.b.c.d
 LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: where it is, the network decides
 
 
 def _unmapped(address: Address) -> Address:
-    """An IPv4 address written as IPv6 (``::ffff:10.0.0.1``, or ``64:ff9b::a00:1`` through NAT64)
-    is judged as the IPv4 address it is."""
+    """An IPv4 address written as IPv6 (``::ffff:10.0.0.1``, ``::10.0.0.1``, ``::ffff:0:10.0.0.1``,
+    or ``64:ff9b::a00:1`` through NAT64) is judged as the IPv4 address it is."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped
-        if address in NAT64:
+        compatible = address in IPV4_COMPATIBLE and int(address) > 1  # not :: (unspecified), ::1 (loopback)
+        if compatible or address in IPV4_TRANSLATED or address in NAT64:
             return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
 
