@@ -47,7 +47,7 @@ from relay.store.lease import Lease
 from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.prom import scrape
-from workflows.alerts import AlertLoops, due_alerts, finish, late_workflow_id
+from workflows.alerts import AlertLoops, _send_failed, due_alerts, finish, late_workflow_id
 from workflows.services import WORKFLOWS_VERSION, Services, bind
 
 StartRelay = Callable[..., RelayProcess]
@@ -733,6 +733,19 @@ def test_webhook_lookups_that_hang_leave_the_threads_of_the_loops_default_execut
     assert all(not o.ok and o.retry and "0.5s" in (o.error or "") for o in outcomes), outcomes
     assert most == LOOKUP_THREADS  # the fifth waited for a thread (and gave up), queued nowhere
     assert later is None
+
+
+def test_a_delivery_relay_cannot_make_fails_at_once_with_why() -> None:
+    """What the send step did not expect (a request httpx refuses to build, a body that cannot be
+    encoded) would be met again at every attempt: it is the attempt's clear error, not tried again."""
+    try:
+        "r1:exécuteur:3".encode("ascii")  # as httpx encodes a header's value
+    except UnicodeEncodeError as exc:
+        record = _send_failed(exc)
+    assert record["ok"] is False and record["retry"] is False, record
+    error = record["error"] or ""
+    assert error.startswith("Relay could not make the delivery (UnicodeEncodeError: ") and "not tried again" in error
+    assert len(error) <= 500
 
 
 def test_a_webhook_goes_to_the_next_checked_address_when_one_cannot_be_connected_to() -> None:

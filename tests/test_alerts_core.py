@@ -9,6 +9,7 @@ import hmac
 import ipaddress
 import json
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from pydantic import ValidationError
@@ -23,8 +24,10 @@ from relay.core.alerts import (
     alerts_for_event,
     condition_alert,
     hold_secs,
+    idempotency_header,
     retryable_status,
     signature,
+    slack_text,
     webhook_body,
 )
 from relay.core.destinations import DestinationPolicy
@@ -98,6 +101,56 @@ def test_the_slack_body_is_one_slack_accepts_and_carries_the_key() -> None:
     assert [b["type"] for b in body["blocks"]] == ["header", "section", "context"]
     assert len(body["blocks"][0]["text"]["text"]) <= 150
     assert "r1:ex-1:3" in json.dumps(body["blocks"])
+
+
+def test_the_idempotency_header_is_the_key_as_it_was_when_ascii_and_percent_encoded_when_not() -> None:
+    assert idempotency_header("r1:ex-1:3") == "r1:ex-1:3"
+    printable = "config-1b2c:my queue/a+b=c&d?e#f[g]@h!$'(),;*~_.-:7"  # every receiver saw these as they are
+    assert idempotency_header(printable) == printable
+    assert idempotency_header("r1:exécuteur-ü-1:3") == "r1:ex%C3%A9cuteur-%C3%BC-1:3"
+    assert idempotency_header("r1:队列\r\n\x1b:2") == "r1:%E9%98%9F%E5%88%97%0D%0A%1B:2"
+    for key in ("r1:exécuteur:3", "r1:50%:3", "r1:a%C3%A9:3", "r1:a\tb:3", "r1:💥:3", printable):
+        header = idempotency_header(key)
+        assert header.isascii() and header.isprintable(), header
+        assert unquote(header) == key, "a receiver decodes the header into the body's idempotencyKey"
+    # "%" is encoded: no ASCII key's header is the header of another key.
+    assert idempotency_header("r1:a%C3%A9:3") != idempotency_header("r1:aé:3")
+
+
+GRAVE = "\N{MODIFIER LETTER GRAVE ACCENT}"  # a backtick, as Slack shows it without a code span
+
+
+def slack_texts(body: dict[str, Any]) -> list[str]:
+    texts = [body["text"]]
+    for block in body["blocks"]:
+        if block["type"] == "section":
+            texts.append(block["text"]["text"])
+        texts += [e["text"] for e in block.get("elements", [])]
+    return texts
+
+
+def test_a_slack_alert_shows_workflow_and_queue_names_escaped_and_code_spans_unbroken() -> None:
+    evil = "job` <!here> & <@U123> <https://evil.example|x> `"
+    seen = Observed({"workflowName": evil}, evil, f"3 workflows {evil} failed")
+    body = json.loads(webhook_body(condition_alert(rule(Kind.WORKFLOW_FAILURE), seen, 1, "t"), "slack"))
+    for text in slack_texts(body):
+        assert "<" not in text and ">" not in text, text
+        assert "& " not in text, "an & of the name is &amp;"
+    context = slack_texts(body)[-1]
+    shown = f"job{GRAVE} &lt;!here&gt; &amp; &lt;@U123&gt; &lt;https://evil.example|x&gt; {GRAVE}"
+    assert f"workflowName: `{shown}`" in context
+    assert context.count("`") == 4, "only Relay's own code spans: the name's and the key's"
+    assert body["blocks"][0]["text"] == {"type": "plain_text", "text": "WorkflowFailure: acme/ledger"}
+    assert slack_text("a&b<c>d`e") == f"a&amp;b&lt;c&gt;d{GRAVE}e"
+
+
+def test_a_long_slack_message_is_cut_between_escapes() -> None:
+    for pad in range(2890, 2901):
+        message = "x" * pad + "&" * 50
+        seen = Observed({"queueName": "q"}, "q", message)
+        body = json.loads(webhook_body(condition_alert(rule(Kind.SLOW_QUEUE), seen, 1, "t"), "slack"))
+        section = body["blocks"][1]["text"]["text"]
+        assert len(section) <= 2900 and section.removeprefix("x" * pad).replace("&amp;", "") == "", section[-8:]
 
 
 def test_the_body_and_its_signature_are_the_same_at_every_attempt() -> None:

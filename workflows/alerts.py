@@ -56,6 +56,7 @@ from relay.core.alerts import (
     hold_secs,
 )
 from relay.core.peers import backoff
+from relay.domain.alerts import cannot_make
 from relay.errors import DatabaseError
 from relay.metrics import ALERTS_FAILED, ALERTS_SENT
 from relay.store.alerts import AlertStore
@@ -103,7 +104,9 @@ async def claim(alert: dict[str, Any], late: bool = False) -> ClaimRecord:
 
 
 def _send_failed(exc: Exception) -> AttemptRecord:
-    return {"ok": False, "retry": True, "error": f"{type(exc).__name__}: {exc}"[:500], "destination": "?"}
+    """An attempt that raised what Relay does not expect: failed for good, as the same request would
+    fail again at every attempt (database trouble is not this: the step retries it)."""
+    return {"ok": False, "retry": False, "error": cannot_make(exc), "destination": "?"}
 
 
 @relay_step("relay.alert.send", on_error=_send_failed)

@@ -25,6 +25,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 
 class Kind(StrEnum):
@@ -135,22 +136,55 @@ def webhook_body(alert: Alert, fmt: str) -> bytes:
 
 
 def slack_payload(alert: Alert) -> dict[str, Any]:
-    """A body Slack's incoming webhooks accept: ``text`` (the fallback) and ``blocks``."""
+    """A body Slack's incoming webhooks accept: ``text`` (the fallback) and ``blocks``. Every string
+    put into mrkdwn is :func:`slack_text`: an executor's ids and names are shown, never read by
+    Slack as a mention, a broadcast or a link."""
     title = f"{alert.kind}: {alert.org}/{alert.app}"
-    facts = " · ".join(f"{k}: `{v}`" for k, v in alert.subject.items())
+    facts = " · ".join(f"{k}: `{slack_text(v)}`" for k, v in alert.subject.items())
+    context = f"{facts} · at {slack_text(alert.at)} · idempotencyKey `{slack_text(alert.idempotency_key)}`"
     return {
-        "text": f"{title}: {alert.message}",
+        "text": f"{slack_text(title)}: {slack_text(alert.message)}",
         "blocks": [
             {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": alert.message[:2900]}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _cut(slack_text(alert.message), 2900)}},
             {
                 "type": "context",
-                "elements": [
-                    {"type": "mrkdwn", "text": f"{facts} · at {alert.at} · idempotencyKey `{alert.idempotency_key}`"}
-                ],
+                "elements": [{"type": "mrkdwn", "text": context}],
             },
         ],
     }
+
+
+# Slack reads "<...>" as a mention, a broadcast (<!channel>) or a link, and "&" starts an entity; a
+# backtick opens or closes a code span, which Slack gives no escape for: shown as a look-alike.
+_SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "`": "\N{MODIFIER LETTER GRAVE ACCENT}"})
+
+
+def slack_text(text: str) -> str:
+    """``text`` as Slack's mrkdwn shows it and reads nothing in it (api.slack.com/reference/surfaces/
+    formatting#escaping): ``&``, ``<``, ``>`` escaped, a backtick shown as U+02CB (a look-alike)."""
+    return text.translate(_SLACK_ESCAPES)
+
+
+def _cut(text: str, limit: int) -> str:
+    """Escaped text cut to ``limit`` characters, never inside an entity (``&amp;``) it ends with."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    amp = cut.rfind("&", max(0, limit - 4))
+    return cut[:amp] if amp >= 0 and ";" not in cut[amp:] else cut
+
+
+# Kept as they are in X-Relay-Idempotency-Key: printable ASCII but "%" (the other characters are
+# percent-encoded), so that a key of them is the header as it always was.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def idempotency_header(key: str) -> str:
+    """``X-Relay-Idempotency-Key``: the key with every character but printable ASCII, and ``%``,
+    percent-encoded as UTF-8 (RFC 3986), so that any key can be sent in a header and
+    ``urllib.parse.unquote`` of the header is the body's ``idempotencyKey``."""
+    return quote(key, safe=_HEADER_SAFE)
 
 
 def signature(secret: str, body: bytes) -> str:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.config import AlertRuleConfig
-from relay.core.alerts import Alert, Kind, Observed, Rule, signature, webhook_body
+from relay.core.alerts import Alert, Kind, Observed, Rule, idempotency_header, signature, webhook_body
 from relay.core.appfigures import FAILED_STATUSES
 from relay.domain.gateway import ExecutorGateway
 from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
@@ -286,6 +286,11 @@ class RuleEvaluations:
             self._busy.discard(rule_id)
 
 
+def cannot_make(exc: BaseException) -> str:
+    """An attempt's error when Relay could not make the request (not tried again: it would fail alike)."""
+    return f"Relay could not make the delivery ({type(exc).__name__}: {exc}); not tried again"[:500]
+
+
 class AlertSender:
     """One attempt at delivering an alert, where its rule says now."""
 
@@ -301,15 +306,19 @@ class AlertSender:
             return Attempt(False, error="its rule was deleted"), "(deleted rule)"
         where = destination_of(record)
         if record.webhook_url is not None:
-            body = webhook_body(alert, record.format)
-            headers = {
-                "X-Relay-Event": alert.kind,
-                "X-Relay-Idempotency-Key": alert.idempotency_key,
-                "X-Relay-Delivery-Attempt": str(attempt),
-            }
-            if record.secret:
-                headers["X-Relay-Signature"] = signature(record.secret, body)
-            return await self.webhooks.post(record.webhook_url, body, headers), where["webhook"]
+            try:
+                body = webhook_body(alert, record.format)
+                headers = {
+                    "X-Relay-Event": alert.kind,
+                    "X-Relay-Idempotency-Key": idempotency_header(alert.idempotency_key),
+                    "X-Relay-Delivery-Attempt": str(attempt),
+                }
+                if record.secret:
+                    headers["X-Relay-Signature"] = signature(record.secret, body)
+                return await self.webhooks.post(record.webhook_url, body, headers), where["webhook"]
+            except Exception as exc:  # a request that cannot be made now cannot be made at the next attempt
+                log.exception("alert %s: the delivery to %s could not be made", alert.rule_id, where["webhook"])
+                return Attempt(False, error=cannot_make(exc)), where["webhook"]
         receiver = record.receiver_app or record.app
         return await self._to_app(alert, record.org, receiver), f"app {receiver}"
 
