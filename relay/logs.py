@@ -1,0 +1,74 @@
+"""Relay's log: one line per message, whatever text an executor or a client put into it.
+
+Much of what Relay logs comes from outside: executor ids, versions, workflow
+names, an alert handler's or a peer's error message, a key's name. Written as
+it came, a line end in it forges whole log lines of the sender's choosing
+(a "CRITICAL" Relay never wrote), and an escape sequence reaches the terminal
+of whoever reads the log (``docker logs``, ``journalctl -f``): ESC ``]0;``
+sets its title, OSC 52 writes its clipboard, ESC ``[2J`` clears it. Bidi
+controls (U+202E...) make a line read otherwise than it is written.
+
+So every handler Relay installs formats with :class:`EscapingFormatter`: the
+formatted message has its control characters escaped (C0, line ends and tab
+included: a message is one line; DEL, C1, the line and paragraph separators,
+the bidi controls), as ``repr`` writes them (``\\x1b``, ``\\n``, ``\\u202e``).
+A backslash is left as it is, so text already escaped at the call site
+(:func:`relay.core.ids.printable`, which also bounds its length) is not
+escaped twice. A traceback (Python's own text) keeps its lines; the control
+characters in it other than the line ends (an exception's message may hold an
+executor's text) are escaped the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+
+# C0 (line ends and tab too), DEL, C1, the line and paragraph separators, and the bidi controls:
+# ALM, LRM/RLM, LRE/RLE/PDF/LRO/RLO, LRI/RLI/FSI/PDI.
+_CONTROLS = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_IN_LINE = re.compile(f"[{_CONTROLS}]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # \n, \t, \x1b, \x9b, \u202e: as printable() writes them
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped: one line, nothing a terminal acts on."""
+    return _IN_LINE.sub(_escape, text)
+
+
+def keeping_lines(text: str) -> str:
+    """``text`` with its control characters but ``\\n`` escaped: its lines kept (a traceback's)."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
+
+
+class EscapingFormatter(logging.Formatter):
+    """A formatter whose message is one line without control characters (:func:`one_line`), and
+    whose traceback and stack keep their lines (:func:`keeping_lines`)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+    def formatException(self, ei: logging._SysExcInfoType) -> str:
+        return keeping_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return keeping_lines(super().formatStack(stack_info))
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    """``relay serve``'s log: every message to stderr as one escaped line (:class:`EscapingFormatter`),
+    DBOS's among them: DBOS gives its logger a console handler of its own (unescaped, and not
+    propagating) only when the logger has none, so it gets one that hands its lines to the root's."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    dbos = logging.getLogger("dbos")
+    if not dbos.handlers:
+        dbos.addHandler(logging.NullHandler())

@@ -1,0 +1,98 @@
+"""Relay's log format (relay/logs.py): one line a message, no control character a sender chose.
+
+The end-to-end cases (an alert handler's error, a peer's id and error) are in
+tests/test_security_review.py; these check the formatter itself, as ``relay serve`` installs it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from relay.core.ids import printable
+from relay.logs import LOG_FORMAT, EscapingFormatter, keeping_lines, one_line
+
+# Every kind of character the formatter escapes: C0 (line ends, tab, ESC, BEL), DEL, C1 (CSI, NEL),
+# the line and paragraph separators, and the bidi controls.
+CONTROLS = "\x00\x07\t\n\r\x1b\x7f\x85\x9b\u2028\u2029\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2069"
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    logger = logging.getLogger("relay.test-logs")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield logger, stream
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_message_is_one_line_with_every_control_character_escaped(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    logger.warning("peer %s failed: %s", "peer\n2026-01-01 00:00:00,000 CRITICAL relay: forged", f"x{CONTROLS}y")
+    (line,) = stream.getvalue().splitlines()
+    assert all(c not in line for c in CONTROLS), line
+    assert "peer\\n2026-01-01 00:00:00,000 CRITICAL relay: forged" in line
+    assert line.endswith("x" + "".join(repr(c)[1:-1] for c in CONTROLS) + "y")
+
+
+def test_text_that_is_not_a_control_is_left_as_it_is() -> None:
+    text = "exécuteur-ü 中文 ' \" \\ \\x1b % ✓ \u00a0"
+    assert one_line(text) == text, "non-ASCII names, quotes, and a backslash are shown as they are"
+
+
+def test_text_escaped_at_the_call_site_is_not_escaped_twice() -> None:
+    hostile = "id\x1b]0;owned\x07\nforged\u202e"
+    once = printable(hostile)
+    assert one_line(once) == once == "id\\x1b]0;owned\\x07\\nforged\\u202e"
+    assert one_line(hostile) == once, "the formatter writes what printable() writes"
+
+
+def test_a_traceback_keeps_its_lines_but_not_the_escapes_in_its_message(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    try:
+        raise ValueError("bad reply \x1b[2J\rRELAY OK\nsecond line")
+    except ValueError:
+        logger.exception("recovery %s: step failed", "r\x1b1")
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert lines[0].endswith("recovery r\\x1b1: step failed")
+    assert lines[1] == "Traceback (most recent call last):"
+    assert "ValueError: bad reply \\x1b[2J\\rRELAY OK" in lines, lines
+    assert "second line" in lines, "the traceback's own lines are kept"
+    assert "\x1b" not in text and "\r" not in text
+    assert keeping_lines("a\nb\x1bc") == "a\nb\\x1bc"
+
+
+def test_relay_serves_log_escapes_dbos_lines_too() -> None:
+    """As ``relay serve`` sets it up (relay/cli/serve.py): the root's handler escapes, and DBOS's
+    logger, which would otherwise get a console handler of its own (unescaped), hands its lines to it."""
+    script = (
+        "import logging\n"
+        "from relay.logs import configure_logging\n"
+        "configure_logging('info')\n"
+        "import dbos._logger as d\n"
+        "d.init_logger()\n"  # what DBOS() does at its start
+        "logging.getLogger('dbos').warning('workflow %s failed', 'w\\x1b]0;owned\\x07\\nforged')\n"
+        "logging.getLogger('uvicorn.error').info('path %s', '/x\\x1b[2J')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("WARNING dbos: workflow w\\x1b]0;owned\\x07\\nforged failed"), lines
+    assert lines[1].endswith("INFO uvicorn.error: path /x\\x1b[2J"), lines
+    assert "\x1b" not in done.stderr
