@@ -108,6 +108,28 @@ def test_recovery_pipeline_figures_match_the_audit_log(
     assert sample(text, "relay_recoveries_blocked_total", org="acme", app="ledger", reason="no_healthy_peer") == len(
         waits
     )
+    # Another org's key: this instance's figures, but no series of acme's (its families still described).
+    other = scrape(relay, API_KEYS["globex"])
+    assert [s for s in samples(other) if "org" in s.labels or "app" in s.labels] == []
+    assert sample(other, "relay_recovery_dead_to_deleted_seconds_count") == 1, "instance-wide: every key's"
+    assert sample(other, "relay_lease_held") == 1
+    for family in (
+        "relay_recovery_failovers_total counter",
+        "relay_recoveries_blocked_total counter",
+        "relay_executors gauge",
+    ):
+        assert f"# TYPE {family}\n" in other, family
+    opened = httpx.get(f"{relay.http}/v1/metrics", headers={"Authorization": f"Bearer {API_KEYS['globex']}",
+                       "Accept": "application/openmetrics-text"}, timeout=5)  # fmt: skip
+    # A key limited to the app sees its series.
+    with relay.api() as admin:
+        made = admin.post("/tokens/ledger-metrics", json={"permissions": ["metric.read"], "appNames": ["ledger"]})
+        assert made.status_code == 201, made.text
+    mine = scrape(relay, made.json()["token"])
+    assert sample(mine, "relay_recovery_failovers_total", org="acme", app="ledger") == len(failovers)
+    assert opened.text.endswith("# EOF\n") and not [
+        s for f in openmetrics_families(opened.text) for s in f.samples if s.labels.get("org") == "acme"
+    ]
 
 
 # -- the apps' figures ------------------------------------------------------------------------------
