@@ -13,9 +13,13 @@ having checked its own lease before the cut).
 After the commit the adopter asks the durable layer to resume the dead
 instance's pending workflows (grace periods keep their deadlines, recoveries
 go on from their last step) and to start the missing grace periods. Both are
-idempotent, and an adopter that dies in between is adopted in turn, its
-adopted instances with it; an instance also resumes them for the instances it
-adopted whenever it starts.
+idempotent, and an adopter that dies in between is adopted in turn, with those
+of its adopted instances that still have a workflow pending under their id (its
+takeover did not hand them all back to DBOS); an instance also resumes them for
+the instances it adopted that still have one whenever it starts. An instance
+whose workflows were all taken over is not passed on again, and retention
+deletes its row once its adoption is ``executorIdsDays`` old
+(:meth:`relay.store.retention.RetentionStore.prune`).
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class Adopter:
         return True
 
     async def resume_adopted(self) -> None:
-        """At start-up: the instances this one adopted may have workflows left (a crash mid-adoption)."""
+        """At start-up: the instances this one adopted that still have workflows left (a crash mid-adoption)."""
         instances = await self.instances.adopted_by(self.instance_id)
         if instances:
             await self.durable.take_over(instances)

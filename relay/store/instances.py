@@ -5,7 +5,11 @@ lease's epoch, so exactly one survivor wins:
 
 * the lease row gets a new epoch and ``adopted_by``: if the dead instance was
   only paused, its next renewal (and every fenced write) fails and it exits;
-* instances the dead one had itself adopted pass to the adopter;
+* instances the dead one had itself adopted pass to the adopter, those that still have work for
+  it: a pending DBOS workflow under their id (:func:`still_to_take_over`). One whose workflows were
+  taken over already (the dead instance's takeover finished) stays where it is, so that an
+  adoption carries only what a takeover cut short left, not every instance adopted since the
+  first start (with a new instance id at each start, that history grows by one a deploy);
 * its executors move to the adopter (the ADOPTED event, written by the
   executor store): those still HEALTHY become DISCONNECTED;
 * ``relay.instance_adopted`` is audited in every org (``released``: the lease was
@@ -19,8 +23,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.store.audit import AuditEntry, write_audit
+from relay.store.bounded import Conn
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+
+
+async def still_to_take_over(conn: Conn, instance_column: str) -> str:
+    """An SQL condition: the instance named by ``instance_column`` has work an adopter still has to
+    take over, a DBOS workflow ``PENDING`` under its executor id in Relay's own system database
+    (the ``dbos`` schema of Relay's database; ``false`` before DBOS ever ran on it).
+
+    That is exactly what ``DBOS._recover_pending_workflows`` looks for (:meth:`relay.domain.ports.
+    Durable.take_over`): once it has handed a workflow back, the workflow is ``ENQUEUED`` (on
+    DBOS's internal queue, which every instance serves, or on the dead instance's grace-period
+    queue, which the repair sweep of the executor's owner empties), and ``PENDING`` again only
+    under the executor id of the instance that runs it. An instance whose takeover was cut short
+    keeps the workflows it had not handed back yet, so it still counts; any version's count, also
+    one this code cannot run (kept, not lost)."""
+    cur = await conn.execute("SELECT to_regclass('dbos.workflow_status') IS NOT NULL AS present")
+    row = await cur.fetchone()
+    if row is None or not row["present"]:
+        return "false"
+    return f"""EXISTS (SELECT 1 FROM dbos.workflow_status w
+                       WHERE w.status = 'PENDING' AND w.executor_id = {instance_column})"""
 
 
 @dataclass(frozen=True)
@@ -72,8 +97,10 @@ class InstanceStore:
                 return None
             new_epoch = int(row["lease_epoch"])
             released = bool(row["released"])
+            pending = await still_to_take_over(conn, "o.instance_id")
             cur = await conn.execute(
-                "UPDATE relay_instances SET adopted_by = %s WHERE adopted_by = %s RETURNING instance_id",
+                f"""UPDATE relay_instances o SET adopted_by = %s WHERE o.adopted_by = %s AND {pending}
+                    RETURNING o.instance_id""",
                 (adopter, instance),
             )
             inherited = [str(r["instance_id"]) for r in await cur.fetchall()]
@@ -110,7 +137,12 @@ class InstanceStore:
             return list(await cur.fetchall())
 
     async def adopted_by(self, adopter: str) -> list[str]:
-        """The instances ``adopter`` took over (and that have not started again since)."""
+        """The instances ``adopter`` took over (and that have not started again since) that still have
+        workflows to take over (:func:`still_to_take_over`): a takeover cut short by a crash."""
         async with self.db.connection() as conn:
-            cur = await conn.execute("SELECT instance_id FROM relay_instances WHERE adopted_by = %s", (adopter,))
+            pending = await still_to_take_over(conn, "instance_id")
+            cur = await conn.execute(
+                f"SELECT instance_id FROM relay_instances WHERE adopted_by = %s AND {pending} ORDER BY instance_id",
+                (adopter,),
+            )
             return [str(r["instance_id"]) for r in await cur.fetchall()]
