@@ -31,6 +31,7 @@ async def prune() -> dict[str, int]:
         "audit": pruned.audit,
         "recoveries": pruned.recoveries,
         "executorIds": pruned.executor_ids,
+        "instances": pruned.instances,
         "appMetricCounts": pruned.app_metric_counts,
     }
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from relay.config import MAX_SECS, RetentionConfig
 from relay.store.db import Database
+from relay.store.instances import still_to_take_over
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class Pruned:
     recoveries: int
     executor_ids: int
     app_metric_counts: int = 0
+    instances: int = 0
 
 
 class RetentionStore:
@@ -21,11 +23,13 @@ class RetentionStore:
         self.db = db
 
     async def prune(self, settings: RetentionConfig) -> Pruned:
-        """Delete audit entries, finished recoveries, forgotten executor ids, the apps' retention
-        rounds (with the audit log's age) and their metric counts past their age.
+        """Delete audit entries, finished recoveries, forgotten executor ids, instances adopted long
+        ago (with the executor ids' age), the apps' retention rounds (with the audit log's age) and
+        their metric counts past their age.
 
-        A recovery still running, the id of an executor still in the registry, and an alert whose
-        key may still be found due (:meth:`prune`'s comment) are kept whatever their age.
+        A recovery still running, the id of an executor still in the registry, an instance that
+        still has something (below), and an alert whose key may still be found due (:meth:`prune`'s
+        comment) are kept whatever their age.
         """
         async with self.db.transaction() as conn:
             cur = await conn.execute(
@@ -61,6 +65,24 @@ class RetentionStore:
                 (settings.executor_ids_days,),
             )
             executor_ids = cur.rowcount
+            # Instances adopted long ago. Every start under a new RELAY_INSTANCE_ID (the default,
+            # hostname:port, changes at every start of a container) adds a row, and its adoption
+            # only marks it. Kept while it holds anything: a lease (a start under its id clears
+            # adopted_by), an executor, a workflow its adopter has not taken over yet (a takeover cut
+            # short), or an instance it adopted that still has one.
+            mine = await still_to_take_over(conn, "i.instance_id")
+            theirs = await still_to_take_over(conn, "o.instance_id")
+            cur = await conn.execute(
+                f"""DELETE FROM relay_instances i
+                    WHERE i.adopted_by IS NOT NULL AND i.adopted_at < now() - make_interval(secs => %s * 86400)
+                      AND i.lease_expires_at < now()
+                      AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.relay_instance = i.instance_id)
+                      AND NOT {mine}
+                      AND NOT EXISTS (SELECT 1 FROM relay_instances o
+                                      WHERE o.adopted_by = i.instance_id AND {theirs})""",
+                (settings.executor_ids_days,),
+            )
+            instances = cur.rowcount
             await conn.execute(
                 "DELETE FROM app_retention_rounds WHERE sent_at < now() - make_interval(secs => %s * 86400)",
                 (settings.audit_days,),
@@ -69,4 +91,4 @@ class RetentionStore:
                 "DELETE FROM app_metric_counts WHERE time_bucket < now() - make_interval(secs => %s * 86400)",
                 (settings.app_metrics_days,),
             )
-            return Pruned(audit, recoveries, executor_ids, cur.rowcount)
+            return Pruned(audit, recoveries, executor_ids, cur.rowcount, instances)
