@@ -29,7 +29,13 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
+from relay.config import RetentionConfig
 from relay.errors import RequestNotServed
+from relay.store.db import Database
+from relay.store.executors import ExecutorStore
+from relay.store.instances import InstanceStore
+from relay.store.lease import Lease
+from relay.store.retention import RetentionStore
 from tests.prom import AUTH
 
 StartRelay = Callable[..., RelayProcess]
@@ -210,6 +216,109 @@ def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
     for ex in (doomed, stranded):
         assert [w[1:] for w in relay_workflow(r2, f"grace:acme:ledger:{ex.executor_id}:%")] == [("SUCCESS", adopter)]
     assert metric(r2 if adopter == "relay-2" else r3, "relay_instances_adopted_total") == 1
+
+
+def test_a_takeover_cut_short_is_carried_to_the_next_adopter_and_forgotten_once_done(
+    start_relay: StartRelay,
+) -> None:
+    """An adopter that commits its adoption and dies before handing the dead instance's workflows
+    back to DBOS passes that instance on to its own adopter, which takes them over; from then on no
+    adoption carries it, and retention forgets both instances (growth review: an adoption carried
+    every instance ever adopted, and their rows were never deleted)."""
+    lease = 2.0
+    (r1,) = instances(start_relay, 1, grace=120.0, instanceLeaseSecs=lease)
+    url = f"ws://127.0.0.1:{r1.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "left-behind", "answer"):
+        assert_eventually(lambda: r1.state_of("acme", "ledger", "left-behind") == "HEALTHY", 10)
+    # Its grace period runs on relay-1: a DBOS workflow PENDING under relay-1's executor id.
+    grace = "grace:acme:ledger:left-behind:%"
+    assert_eventually(lambda: [w[1:] for w in relay_workflow(r1, grace)] == [("PENDING", "relay-1")], 15)
+    assert r1.proc is not None
+    r1.proc.kill()
+    r1.proc.wait()
+
+    async def adopt_and_die() -> None:
+        """relay-b adopts relay-1 and dies at once: its takeover never begins."""
+        db = Database(r1.database_url)
+        await db.open()
+        b = Lease(db, "relay-b", lease)
+        try:
+            store = InstanceStore(db, ExecutorStore(db))
+            await b.acquire()
+            expired: list[tuple[str, int]] = []
+            deadline = time.monotonic() + 15
+            while not (expired := await store.expired("relay-b")):
+                assert time.monotonic() < deadline, "relay-1's lease never expired"
+                await asyncio.sleep(0.1)
+            assert [i for i, _ in expired] == ["relay-1"]
+            assert await store.adopt("relay-b", *expired[0]) is not None
+            # Old enough for retention, but relay-1 still has its grace period to be taken over.
+            await _adopted_long_ago(db)
+            await RetentionStore(db).prune(SHORT_RETENTION)
+            assert await _instance_ids(db) == ["relay-1", "relay-b"]
+        finally:
+            await b._drop()  # its connection goes as a crash's would: no lease.stop(), the lease runs out
+            await db.close()
+
+    asyncio.run(adopt_and_die())
+    r2 = start_relay(relay_yaml(free_port(), grace=120.0, instanceLeaseSecs=lease), instance_id="relay-2")
+
+    def adoptions_of(instance: str) -> list[dict[str, Any]]:
+        return [e for e in audit(r2) if e["action"] == "relay.instance_adopted" and e["detail"]["instance"] == instance]
+
+    adopted = assert_eventually(lambda: adoptions_of("relay-b"), 20)
+    assert adopted[0]["detail"]["adoptedBy"] == "relay-2"
+    assert adopted[0]["detail"]["inherited"] == ["relay-1"]
+    # relay-2 took relay-1's grace period over: it runs there, and the executor's return ends it.
+    assert_eventually(lambda: [w[1:] for w in relay_workflow(r2, grace)] == [("PENDING", "relay-2")], 15)
+    with SimulatedPeer(f"ws://127.0.0.1:{r2.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}", "left-behind", "answer"):
+        assert_eventually(lambda: [w[1:] for w in relay_workflow(r2, grace)] == [("SUCCESS", "relay-2")], 15)
+
+    async def forget() -> list[str]:
+        db = Database(r2.database_url)
+        await db.open()
+        try:
+            deadline = time.monotonic() + 15
+            while await InstanceStore(db, ExecutorStore(db)).adopted_by("relay-2"):
+                assert time.monotonic() < deadline, "relay-2 still has instances to take over"
+                await asyncio.sleep(0.1)
+            await _adopted_long_ago(db)
+            await RetentionStore(db).prune(SHORT_RETENTION)
+            return await _instance_ids(db)
+        finally:
+            await db.close()
+
+    assert asyncio.run(forget()) == ["relay-2"]
+    with r2.api() as api:
+        assert [i["instanceId"] for i in api.get("/instances").json()] == ["relay-2"]
+
+
+SHORT_RETENTION = RetentionConfig(
+    audit_days=1e-5, recoveries_days=1e-5, relay_workflows_days=1e-5, executor_ids_days=1e-5, app_metrics_days=1e-5
+)
+
+
+async def _adopted_long_ago(db: Database) -> None:
+    """Wait until every adoption is older than SHORT_RETENTION's age, by the database's clock."""
+    deadline = time.monotonic() + 15
+    while True:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT coalesce(bool_and(adopted_at < now() - make_interval(secs => %s * 86400)), true) AS old
+                   FROM relay_instances WHERE adopted_by IS NOT NULL""",
+                (SHORT_RETENTION.executor_ids_days,),
+            )
+            row = await cur.fetchone()
+        if row is not None and row["old"]:
+            return
+        assert time.monotonic() < deadline, "the adoptions never grew older than retention's age"
+        await asyncio.sleep(0.1)
+
+
+async def _instance_ids(db: Database) -> list[str]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT instance_id FROM relay_instances ORDER BY instance_id")
+        return [str(r["instance_id"]) for r in await cur.fetchall()]
 
 
 def registry_snapshot(url: str) -> tuple[list[tuple[Any, ...]], int]:
