@@ -306,7 +306,8 @@ class Engine:
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
         if (org, app) not in self._maybe_blocked:
             return
-        for rid in await self.recoveries.blocked_in_app(org, app):
+        peer = message.get("peer") if message.get("reason") == "peer_connected" else None
+        for rid in await self.recoveries.blocked_in_app(org, app, peer if isinstance(peer, str) else None):
             await self.wake_recovery(rid, message)
 
     async def refresh_blocked(self) -> None:

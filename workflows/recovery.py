@@ -64,7 +64,7 @@ from typing import NotRequired, TypedDict, TypeVar
 
 from dbos import DBOS
 
-from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
+from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound, NothingPending
 from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.peers import (
     AppVersion,
@@ -73,8 +73,10 @@ from relay.core.peers import (
     Peer,
     blocked_note,
     candidates,
+    choose_peer,
     latest_version,
     newest_version,
+    order_peers,
     verifiers,
 )
 from relay.errors import DatabaseError, ExecutorRequestError
@@ -108,9 +110,21 @@ from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, se
 log = logging.getLogger("relay.recovery")
 
 WAKE_TOPIC = "wake"
-# A blocked recovery is woken by the hub (a peer connected) or the API (settings, an
-# operator); this fallback re-check only covers a wake-up lost to a crash.
+# A blocked recovery is woken by the hub (a peer that may unblock it connected) or the API
+# (settings, an operator); this fallback re-check covers a wake-up lost to a crash, and a peer
+# that connected since and could say the dead executor left nothing PENDING. Each re-check
+# records a few checkpoints that stay until the run ends, so it backs off: 30 s, doubling at each
+# re-check that finds the same block, up to 10 minutes (~450 rows a day, not ~8,600).
 BLOCKED_RECHECK_SECS = 30.0
+BLOCKED_RECHECK_MAX_SECS = 600.0
+
+
+def blocked_recheck_secs(rechecks: int) -> float:
+    """The wait before the next re-check of a blocked recovery, after ``rechecks`` waits with no
+    other outcome than the same block."""
+    return float(min(BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECK_SECS * 2 ** min(rechecks, 16)))
+
+
 # Peer choice and verification may use a list of the app's healthy executors read this long ago
 # (or one being read): a group of deaths then shares its reads. Recording a block reads afresh,
 # and so does the round after a wait: it was woken because the peers changed.
@@ -127,6 +141,9 @@ class FactsRecord(TypedDict):
     allow_latest: bool
     latest: str | None  # the newest version the system database lists (0.2.0: the newest a peer ran)
     latest_unknown: NotRequired[str]  # why ``latest`` is None though it was needed (not in 0.2.0's)
+    # No peer may be asked to recover, and this one found no PENDING workflow of the dead executor
+    # (not in 0.2.0's, nor in any checkpoint of a round that had an eligible peer).
+    nothing_pending_by: NotRequired[str]
     ack_timeout: float
     backoff_initial: float
     backoff_max: float
@@ -159,6 +176,7 @@ def facts_of(record: FactsRecord) -> Facts:
         ack_timeout=record["ack_timeout"],
         backoff_initial=record["backoff_initial"],
         backoff_max=record["backoff_max"],
+        nothing_pending_by=record.get("nothing_pending_by"),
     )
 
 
@@ -234,7 +252,55 @@ async def _gather(
             record["latest"] = latest
             if unknown is not None:
                 record["latest_unknown"] = unknown
+    peers = [Peer(p[0], p[1]) for p in record["peers"]]
+    if peers:
+        choice = choose_peer(
+            ref.key.executor_id, version, peers, allow_latest=allow_latest, latest_version=record["latest"]
+        )
+        if choice.blocked is not None:  # it would wait: is there anything to wait for?
+            by = await _nothing_pending(ref, peers, svc.liveness.recovery_ack_timeout_secs)
+            if by is not None:
+                record["nothing_pending_by"] = by
     return record
+
+
+# How many peers a blocked recovery asks whether the dead executor left anything PENDING.
+NOTHING_PENDING_ASKED = 3
+
+
+async def _nothing_pending(ref: RecoveryRef, peers: list[Peer], timeout: float) -> str | None:
+    """The first of a few ``peers`` (any version: they share the app's system database) to list no
+    PENDING workflow of the dead executor, of any version; None if one lists some, or none answers.
+
+    Asked when no peer may recover its work (no peer on its version, and moving onto the latest is
+    not allowed or not possible): an executor that left nothing then has nothing to wait for. Any
+    workflow listed counts as pending, whatever its fields say: an SDK that ignored a filter makes
+    the recovery wait, as before, never lose work."""
+    body = ListWorkflowsBody(
+        executor_id=ref.key.executor_id, status="PENDING", limit=1, load_input=False, load_output=False
+    )
+    for peer in order_peers(ref.key.executor_id, peers)[:NOTHING_PENDING_ASKED]:
+        try:
+            reply = await _ask(
+                ref, peer.executor_id, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout,
+                await_connection=False,
+            )  # fmt: skip
+        except DatabaseError:
+            raise
+        except Exception as exc:  # one peer's odd answer costs that peer, not the recovery
+            log.info(
+                "recovery %s: %s could not list pending workflows: %s: %s",
+                ref.rid,
+                peer.executor_id,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        if isinstance(reply, str):
+            log.info("recovery %s: %s could not list pending workflows: %s", ref.rid, peer.executor_id, reply)
+            continue
+        return None if reply.output else peer.executor_id
+    return None
 
 
 async def _latest_version(
@@ -451,6 +517,13 @@ async def succeed(ref: RecoveryRef, attempt: int, peer: str, verifier: str | Non
     return await services().recoveries.succeed(ref, attempt, peer, dedupe_key(), verifier)
 
 
+@relay_step("relay.succeed_nothing_pending")
+async def succeed_nothing_pending(ref: RecoveryRef, verified_by: str) -> bool:
+    """Nothing to recover (``verified_by`` listed no PENDING workflow of the dead executor): the
+    recovery succeeds and the record is deleted; False if the executor is no longer dead."""
+    return await services().recoveries.succeed_idle(ref, verified_by, dedupe_key())
+
+
 @relay_step("relay.abandon")
 async def abandon(ref: RecoveryRef, reason: str) -> None:
     await services().recoveries.abandon(ref, reason, dedupe_key())
@@ -555,6 +628,7 @@ async def _run(
     policy = FailoverPolicy(executor_id, version)
     moves = _Moves()
     waited = False
+    rechecks = 0  # waits of the current block (each doubles the next re-check's wait)
     noted: str | None = None  # the block's note last written
     while True:
         if first is not None:
@@ -567,10 +641,15 @@ async def _run(
         if isinstance(decision, Abandon):
             await abandon(ref, decision.reason)
             return "abandoned"
+        if isinstance(decision, NothingPending):
+            if await succeed_nothing_pending(ref, decision.verified_by):
+                return "succeeded"
+            await abandon(ref, "the executor reconnected during recovery")
+            return "abandoned"
         if isinstance(decision, Block):
             note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"))
             if decision.record:
-                noted = note
+                noted, rechecks = note, 0
                 if await mark_blocked(ref, decision.reason, facts, note):
                     continue
             elif note != noted:
@@ -580,10 +659,11 @@ async def _run(
                 noted = note
                 await services().recoveries.renote_blocked(ref, note)
             turn.give_back()
-            policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=BLOCKED_RECHECK_SECS))
+            policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=blocked_recheck_secs(rechecks)))
             await turn.take()
-            waited = True
+            waited, rechecks = True, rechecks + 1
             continue
+        rechecks = 0
         if isinstance(decision, NewRound):
             continue
         peer = decision.peer.executor_id

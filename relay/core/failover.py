@@ -11,7 +11,9 @@ The rules (contract section 3): a peer on the dead executor's version first,
 in rendezvous order (:func:`relay.core.peers.choose_peer`); each failed peer
 is skipped for the rest of the round, and the next attempt waits an
 exponential backoff; once every candidate failed, a new round starts; with no
-eligible peer the recovery waits, recording its reason once.
+eligible peer the recovery waits, recording its reason once, unless a peer of
+any version found nothing of the dead executor left PENDING: then there is
+nothing to recover, and the recovery succeeds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Facts:
     ack_timeout: float
     backoff_initial: float
     backoff_max: float
+    # When no peer may be asked to recover: the peer that found no PENDING workflow of the dead
+    # executor (None: not asked, or no peer could tell).
+    nothing_pending_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,14 @@ class Block:
 
 
 @dataclass(frozen=True)
+class NothingPending:
+    """No eligible peer, but nothing to recover either (``verified_by`` found no PENDING workflow of
+    the dead executor): the recovery succeeds without a recovery frame."""
+
+    verified_by: str
+
+
+@dataclass(frozen=True)
 class NewRound:
     """Every candidate failed once: forget them and look again."""
 
@@ -72,7 +85,7 @@ class Dispatch:
     backoff_secs: float  # how long the recovery waited before this attempt
 
 
-Decision = Abandon | Block | NewRound | Dispatch
+Decision = Abandon | Block | NothingPending | NewRound | Dispatch
 
 
 @dataclass
@@ -98,6 +111,8 @@ class FailoverPolicy:
             latest_version=facts.latest,
         )
         if choice.blocked is not None:
+            if facts.nothing_pending_by is not None:
+                return NothingPending(facts.nothing_pending_by)
             record = choice.blocked is not self.blocked
             self.blocked = choice.blocked
             return Block(choice.blocked, record)

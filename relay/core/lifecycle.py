@@ -30,6 +30,9 @@ class ExecutorEvent(StrEnum):
     RECOVERY_SENT = "recovery_sent"  # a peer was asked to recover its workflows
     RECOVERY_FAILED = "recovery_failed"  # that peer failed, timed out or went away
     RECOVERED = "recovered"  # the peer's recovery was verified: the record is deleted
+    # A peer found no PENDING workflow of the dead executor: nothing to recover, the record is
+    # deleted without a recovery frame (an idle executor of a version no healthy peer runs).
+    NOTHING_PENDING = "nothing_pending"
     # The reconciler found PENDING workflows of an executor id Relay had deleted (or never
     # registered): its record comes back DEAD, and its recovery runs as for any death.
     STRANDED = "stranded"
@@ -70,6 +73,7 @@ TRANSITIONS: dict[tuple[ExecutorState | None, ExecutorEvent], ExecutorState | No
     (S.DEAD, E.RECOVERY_SENT): S.RECOVERING,
     (S.RECOVERING, E.RECOVERY_FAILED): S.DEAD,
     (S.RECOVERING, E.RECOVERED): None,
+    (S.DEAD, E.NOTHING_PENDING): None,
 }
 
 

@@ -26,7 +26,8 @@ class Durable(Protocol):
         ...
 
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
-        """Wake every waiting recovery of an app."""
+        """Wake every waiting recovery of an app; a wake-up for a peer that connected (``peer``) only
+        those that peer may unblock."""
         ...
 
     async def refresh_blocked(self) -> None:

@@ -365,6 +365,37 @@ class RecoveryStore:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
         return deleted
 
+    async def succeed_idle(self, ref: RecoveryRef, verified_by: str, dedupe: str) -> bool:
+        """Nothing to recover: ``verified_by`` found no PENDING workflow of the dead executor, so its
+        record is deleted with no recovery frame sent (a DEAD executor, still this epoch's). Audited as
+        a verified recovery is (``recovery.succeeded``, ``executor.deleted``), the detail saying that
+        nothing was pending. Returns whether deleted (False: it is no longer dead)."""
+
+        async def write(conn: Conn) -> tuple[dict[str, Any] | None, bool]:
+            cur = await conn.execute(
+                f"SELECT extract(epoch FROM now() - dead_at) AS secs FROM executors {_ROW}",
+                _row_params(ref.key, ref.epoch),
+            )
+            dead = await cur.fetchone()
+            if not await self.executors.apply(ref.key, E.NOTHING_PENDING, epoch=ref.epoch, conn=conn):
+                return None, False
+            await self._status(conn, ref.rid, "succeeded", None)
+            detail: dict[str, object] = {
+                "recoveryId": ref.rid,
+                "verifiedBy": verified_by,
+                "nothingPending": True,
+                "note": "no PENDING workflow of the dead executor: nothing to recover",
+            }
+            peer = verified_by
+            await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
+            await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
+            return dead, True
+
+        dead, deleted = await self.db.writes.run(write)
+        if deleted and dead is not None:
+            observe(self.pipeline.dead_to_deleted, dead["secs"])
+        return deleted
+
     async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
         """The executor came back (or vanished): this recovery ends without deleting anything."""
 
@@ -452,13 +483,22 @@ class RecoveryStore:
             ]
         return history
 
-    async def blocked_in_app(self, org: str, app: str) -> list[str]:
-        """Ids of this app's recoveries that wait for a peer or an operator."""
+    async def blocked_in_app(self, org: str, app: str, peer: str | None = None) -> list[str]:
+        """Ids of this app's recoveries that wait for a peer or an operator; with ``peer`` (an executor
+        of the app that connected), only those it may unblock: every one that waits for a peer
+        (``waiting_for_peer``), and those that wait for an operator (``version_upgrade_not_allowed``)
+        only if it runs the dead executor's version (or its version is not known). Each wake-up
+        costs a blocked recovery a few checkpoints: a deploy's new executors, on a version none of
+        them may use, wake none."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT id FROM recoveries WHERE org = %s AND app = %s
-                   AND status IN ('waiting_for_peer', 'awaiting_operator')""",
-                (org, app),
+                """SELECT r.id FROM recoveries r
+                   LEFT JOIN executors p ON p.org = r.org AND p.app = r.app AND p.executor_id = %(peer)s
+                   WHERE r.org = %(org)s AND r.app = %(app)s
+                     AND r.status IN ('waiting_for_peer', 'awaiting_operator')
+                     AND (%(peer)s::text IS NULL OR r.status = 'waiting_for_peer'
+                          OR p.application_version IS NULL OR p.application_version = r.application_version)""",
+                {"org": org, "app": app, "peer": peer},
             )
             return [str(r["id"]) for r in await cur.fetchall()]
 
