@@ -17,7 +17,7 @@ import psycopg
 
 from harness.executors import ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
-from harness.relay import RelayProcess
+from harness.relay import RelayProcess, audit_actions
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.config import RetentionConfig
@@ -192,7 +192,8 @@ def test_an_idle_executor_of_a_retired_version_does_not_wait_for_an_operator_for
             (old.executor_id,),
         ).fetchone()
     assert pending is not None and pending[0] == 0, "the old executor was meant to leave nothing to recover"
-    assert_eventually(lambda: (r := relay.executor("acme", "ledger", old.executor_id)) and r["state"] == "DEAD", 15)
+    # Declared dead (its record may be gone by the next look: the audit log keeps the death).
+    assert_eventually(lambda: "executor.dead" in audit_actions(relay, old.executor_id), 15)
 
     def settled() -> str | None:
         record = relay.executor("acme", "ledger", old.executor_id)
@@ -206,6 +207,18 @@ def test_an_idle_executor_of_a_retired_version_does_not_wait_for_an_operator_for
     assert outcome == "deleted", (
         f"an idle executor of the old version, with no PENDING workflow, is kept DEAD waiting for an operator "
         f"(recoveries: {[r['status'] for r in recoveries]}): every deploy adds such records forever"
+    )
+    assert [r["status"] for r in recoveries] == ["succeeded"]
+    with relay.api() as api:
+        audit = api.get("/audit", params={"executorId": old.executor_id}).json()
+    succeeded = next(e for e in audit if e["action"] == "recovery.succeeded")
+    assert succeeded["detail"]["nothingPending"] is True and succeeded["peerExecutorId"] == new.executor_id
+    actions = [e["action"] for e in audit]
+    assert "recovery.dispatched" not in actions and "recovery.awaiting_operator" not in actions, actions
+    assert actions.index("recovery.succeeded") < actions.index("executor.deleted")
+    # Nothing left running on Relay's side either: its recovery workflow finished.
+    assert_eventually(
+        lambda: relay.runs_of("relay.recover", "PENDING") == 0 and relay.runs_of("relay.recover") == 1, 10
     )
 
 
