@@ -126,8 +126,10 @@ def _audit_is_complete(h: History) -> list[str]:
     """Every deletion has, since the executor's previous deletion (one life, which may have taken
     several recovery runs), its death (:data:`DEATHS`), and the ``recovery.dispatched`` and
     ``recovery.succeeded`` of the very run that deleted it (by ``recoveryId``, when the entries
-    name it). An executor that died more than once, or whose recovery took a second run, is
-    checked life by life and run by run, not against its whole history."""
+    name it); no ``recovery.dispatched`` when that deletion says nothing was pending (a peer
+    found no PENDING workflow of an executor none could recover: nothing was sent). An executor
+    that died more than once, or whose recovery took a second run, is checked life by life and
+    run by run, not against its whole history."""
     problems = []
     life: dict[str, list[dict[str, Any]]] = {}
     for entry in h.audit:
@@ -137,7 +139,8 @@ def _audit_is_complete(h: History) -> list[str]:
             run = _recovery_id(entry)
             if not any(e["action"] in DEATHS for e in before):
                 problems.append(f"executor {executor} was deleted without executor.dead before it in the audit log")
-            for needed in ("recovery.dispatched", "recovery.succeeded"):
+            idle = bool((entry.get("detail") or {}).get("nothingPending"))
+            for needed in ("recovery.succeeded",) if idle else ("recovery.dispatched", "recovery.succeeded"):
                 if not any(e["action"] == needed and (run is None or _recovery_id(e) in (run, None)) for e in before):
                     which = f" of {run}" if run else ""
                     problems.append(

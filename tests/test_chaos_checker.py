@@ -170,6 +170,20 @@ def test_a_deletion_by_a_run_that_never_dispatched_is_rejected() -> None:
     ]
 
 
+def test_a_deletion_with_nothing_pending_needs_no_dispatch_but_its_success() -> None:
+    """A dead executor that left nothing PENDING is deleted without a recovery frame: its run's
+    ``recovery.succeeded`` (and the deletion) say so; without that success it is still rejected."""
+    h = sound()
+    h.audit = run_entries("e1", ("executor.dead", None), ("recovery.succeeded", R1), ("executor.deleted", R1))
+    for entry in h.audit[1:]:
+        entry["detail"] = {"recoveryId": R1, "nothingPending": True}
+    assert check(h) == []
+    h.audit = [h.audit[0], h.audit[2]]
+    assert check(h) == [f"executor e1 was deleted without recovery.succeeded of {R1} before it in the audit log"]
+    h.audit = run_entries("e1", ("executor.dead", None), ("recovery.succeeded", R1), ("executor.deleted", R1))
+    assert check(h) == [f"executor e1 was deleted without recovery.dispatched of {R1} before it in the audit log"]
+
+
 def test_each_life_of_an_executor_needs_its_own_death_and_recovery() -> None:
     """An executor paused past its grace period is recovered, comes back, and is deleted again:
     its first life's entries do not vouch for the second."""

@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound
+from relay.core.failover import Abandon, Block, Dispatch, Facts, FailoverPolicy, NewRound, NothingPending
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import TRANSITIONS, ExecutorEvent, ExecutorState, IllegalTransition, check_transition
 from relay.core.peers import BlockedReason, Mode, Peer, order_peers
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
+from workflows.recovery import BLOCKED_RECHECK_MAX_SECS, blocked_recheck_secs
 
 S, E = ExecutorState, ExecutorEvent
 V1 = (Peer("a", "v1"), Peer("b", "v1"), Peer("c", "v1"))
@@ -92,6 +93,27 @@ def test_only_an_operators_nudge_ends_a_backoff_and_its_permission_is_kept() -> 
     assert policy.operator_allows_latest
 
 
+def test_a_blocked_executor_that_left_nothing_pending_succeeds_but_a_dispatch_is_never_skipped() -> None:
+    """A peer of another version listed nothing PENDING of the dead executor: nothing to wait for. The
+    answer counts only where the recovery would wait; with a peer on its version, the recovery frame
+    is sent as ever (the facts never carry the answer then, and the policy would not read it)."""
+    policy = FailoverPolicy("dead", "v1")
+    newer = replace(FACTS, peers=(Peer("n", "v2"),))
+    assert policy.decide(replace(newer, nothing_pending_by="n")) == NothingPending("n")
+    assert policy.decide(newer) == Block(BlockedReason.VERSION_UPGRADE_NOT_ALLOWED, record=True)
+    assert policy.decide(replace(newer, nothing_pending_by="n")) == NothingPending("n")  # after a wait, too
+    same = dispatch(policy.decide(replace(FACTS, nothing_pending_by="a")))
+    assert same.mode is Mode.SAME_VERSION
+    moving = replace(newer, allow_latest=True, latest="v2", nothing_pending_by="n")
+    assert dispatch(FailoverPolicy("dead", "v1").decide(moving)).mode is Mode.LATEST_VERSION
+
+
+def test_a_blocked_recoverys_recheck_backs_off_to_ten_minutes() -> None:
+    waits = [blocked_recheck_secs(n) for n in range(8)]
+    assert waits == [30.0, 60.0, 120.0, 240.0, 480.0, 600.0, 600.0, 600.0]
+    assert blocked_recheck_secs(10_000) == BLOCKED_RECHECK_MAX_SECS
+
+
 def test_a_reason_that_changes_is_recorded_again() -> None:
     policy = FailoverPolicy("dead", "v1")
     assert policy.decide(replace(FACTS, peers=())).record
@@ -118,6 +140,7 @@ def test_an_executor_no_longer_dead_is_abandoned() -> None:
         (S.DISCONNECTED, E.DECLARED_DEAD, S.DEAD),
         (S.DEAD, E.BLOCKED, S.DEAD),
         (S.RECOVERING, E.RECOVERED, None),
+        (S.DEAD, E.NOTHING_PENDING, None),
     ],
 )
 def test_new_events(state: ExecutorState, event: ExecutorEvent, after: ExecutorState | None) -> None:
@@ -132,6 +155,8 @@ def test_new_events(state: ExecutorState, event: ExecutorEvent, after: ExecutorS
         (S.DISCONNECTED, E.BLOCKED),
         (None, E.ADOPTED),
         (S.RECOVERING, E.RECOVERY_SENT),
+        (S.RECOVERING, E.NOTHING_PENDING),  # a recovery frame is out: its verification decides
+        (S.DISCONNECTED, E.NOTHING_PENDING),
     ],
 )
 def test_illegal_new_events(state: ExecutorState | None, event: ExecutorEvent) -> None:
