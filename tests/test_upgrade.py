@@ -186,3 +186,59 @@ def _audit(relay: RelayProcess, executor_id: str) -> list[dict[str, str]]:
     with relay.api() as api:
         entries: list[dict[str, str]] = api.get("/audit", params={"executorId": executor_id}).json()
     return entries
+
+
+def test_a_recovery_of_0_2_0_waiting_for_an_operator_with_nothing_pending_finishes_after_the_upgrade(
+    tmp_path: Path, relay_db: str, start_executor: StartExecutor
+) -> None:
+    """0.2.0 blocks the recovery of an idle executor whose version no peer runs
+    (``version_upgrade_not_allowed``) and waits in ``DBOS.recv``; this code, replaying that run's
+    recorded steps (0.2.0's names, its wait loop's order), finds nothing PENDING at its next round
+    and ends the same run ``succeeded``, the record deleted, with no recovery frame sent."""
+    old_home = tmp_path / "relay-0.2.0"
+    old_home.mkdir()
+    with tarfile.open(RELEASE) as release:
+        release.extractall(old_home, filter="data")
+    config = relay_yaml(free_port(), grace=0.3)
+    old = RelayProcess(old_home, relay_db, config, "relay-1").start()
+    idle = start_executor(old.conductor_url)  # v1, no jobs: it leaves nothing PENDING
+    assert_eventually(lambda: old.state_of("acme", "ledger", idle.executor_id) == "HEALTHY", 10)
+    newer = start_executor(old.conductor_url, version="v2")
+    assert_eventually(lambda: old.state_of("acme", "ledger", newer.executor_id) == "HEALTHY", 10)
+    idle.kill()
+    assert_eventually(
+        lambda: (
+            (old.executor("acme", "ledger", idle.executor_id) or {}).get("blockedReason")
+            == "version_upgrade_not_allowed"
+        ),
+        15,
+    )
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute("SELECT id FROM recoveries WHERE executor_id = %s", (idle.executor_id,)).fetchone()
+    assert row is not None
+    rid = str(row[0])
+    # 0.2.0 waits in DBOS.recv (its timeout, DBOS.sleep, is recorded as the wait begins).
+    assert_eventually(lambda: recorded_operations(relay_db, rid)[-1:] == ["DBOS.sleep"], 10)
+    before = recorded_operations(relay_db, rid)
+    assert before[0] == "relay.open_recovery"  # 0.2.0's shape of steps
+    old.signal(signal.SIGKILL)
+    assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+
+    new = RelayProcess(tmp_path, relay_db, config, "relay-1")
+    try:
+        new.start()  # the v2 executor reconnects to it; the waiting run replays, then looks again
+        assert_eventually(lambda: new.executor("acme", "ledger", idle.executor_id) is None, 60)
+        with new.api() as api:
+            (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": idle.executor_id}).json()
+        assert recovery["recoveryId"] == rid and recovery["status"] == "succeeded", recovery
+        assert recovery["attempts"] == []  # nothing was dispatched
+        assert_eventually(lambda: workflow_status(relay_db, rid) == "SUCCESS", 10)  # the same run finished
+        operations = recorded_operations(relay_db, rid)
+        # 0.2.0's steps replayed as recorded (its DBOS.recv is written when it returns, before its timeout's row).
+        assert [o for o in operations if o != "DBOS.recv"][: len(before)] == before, operations
+        assert operations[-1] == "relay.succeed_nothing_pending", operations
+        actions = audit_actions(new, idle.executor_id)
+        assert "recovery.dispatched" not in actions, actions
+        assert actions.count("recovery.succeeded") == 1 and actions.count("executor.deleted") == 1, actions
+    finally:
+        new.stop()
