@@ -746,6 +746,10 @@ def test_a_delivery_relay_cannot_make_fails_at_once_with_why() -> None:
     error = record["error"] or ""
     assert error.startswith("Relay could not make the delivery (UnicodeEncodeError: ") and "not tried again" in error
     assert len(error) <= 500
+    # What may pass (an odd error of the socket or of a receiver app's answer) is tried again.
+    passing = _send_failed(ConnectionResetError("reset by peer"))
+    assert passing["ok"] is False and passing["retry"] is True, passing
+    assert passing["error"] == "ConnectionResetError: reset by peer", passing
 
 
 def test_a_webhook_goes_to_the_next_checked_address_when_one_cannot_be_connected_to() -> None:

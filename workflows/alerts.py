@@ -104,9 +104,13 @@ async def claim(alert: dict[str, Any], late: bool = False) -> ClaimRecord:
 
 
 def _send_failed(exc: Exception) -> AttemptRecord:
-    """An attempt that raised what Relay does not expect: failed for good, as the same request would
-    fail again at every attempt (database trouble is not this: the step retries it)."""
-    return {"ok": False, "retry": False, "error": cannot_make(exc), "destination": "?"}
+    """An attempt that raised what Relay does not expect (database trouble is not this: the step
+    retries it). A value that cannot be encoded or a request that cannot be built would be met again
+    at every attempt: failed for good, saying why. Anything else (a socket's odd error, a receiver
+    app's) may pass: tried again, within ``alerts.maxAttempts``."""
+    if isinstance(exc, ValueError | TypeError):  # UnicodeError is a ValueError
+        return {"ok": False, "retry": False, "error": cannot_make(exc), "destination": "?"}
+    return {"ok": False, "retry": True, "error": f"{type(exc).__name__}: {exc}"[:500], "destination": "?"}
 
 
 @relay_step("relay.alert.send", on_error=_send_failed)

@@ -315,10 +315,11 @@ class AlertSender:
                 }
                 if record.secret:
                     headers["X-Relay-Signature"] = signature(record.secret, body)
-                return await self.webhooks.post(record.webhook_url, body, headers), where["webhook"]
             except Exception as exc:  # a request that cannot be made now cannot be made at the next attempt
                 log.exception("alert %s: the delivery to %s could not be made", alert.rule_id, where["webhook"])
                 return Attempt(False, error=cannot_make(exc)), where["webhook"]
+            # Sending's own failures (the network, the receiver) are the sender's to judge: retried.
+            return await self.webhooks.post(record.webhook_url, body, headers), where["webhook"]
         receiver = record.receiver_app or record.app
         return await self._to_app(alert, record.org, receiver), f"app {receiver}"
 
