@@ -519,3 +519,35 @@ def test_a_lease_statement_given_up_leaves_no_failure_unretrieved() -> None:
             assert asyncio.run(give_up(server.url(database, pg.port), pg)) == []
     finally:
         server.close()
+
+
+def test_an_instance_id_started_again_after_its_row_was_deleted_takes_an_epoch_never_held(relay_db: str) -> None:
+    """Retention deletes the row of an instance adopted long ago; the same id (a hostname reused) may
+    start again. Its first epoch was 1 for every new row, so it took an epoch its predecessor had
+    held: a process of that predecessor still paused under it would pass the fence, and an
+    InstanceAdopted alert keyed by (instance, epoch) would be taken for the earlier one's."""
+
+    async def scenario() -> tuple[int, int]:
+        db = Database(relay_db, min_size=1, max_size=2)
+        await db.open()
+        try:
+            await db.migrate()
+            first = Lease(db, "reused-host:8080", 10.0)
+            held = await first.acquire()
+            await first.stop()
+            async with db.connection() as conn:  # adoptions since, then retention forgets the row
+                await conn.execute(
+                    "UPDATE relay_instances SET lease_epoch = lease_epoch + 3 WHERE instance_id = 'reused-host:8080'"
+                )
+                await conn.execute("DELETE FROM relay_instances WHERE instance_id = 'reused-host:8080'")
+            await asyncio.sleep(0.05)  # retention forgets a row days after its adoption: time passes
+            again = Lease(db, "reused-host:8080", 10.0)
+            try:
+                return held + 3, await again.acquire()
+            finally:
+                await again.stop()
+        finally:
+            await db.close()
+
+    last_held, new = asyncio.run(scenario())
+    assert new > last_held, (last_held, new)

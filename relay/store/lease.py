@@ -203,11 +203,16 @@ class Lease:
         sent = asyncio.get_running_loop().time()
         # ``held`` locks an existing row FOR UPDATE before the new epoch is written: a process
         # still running under this id finishes its fenced writes first (relay.store.db.Database.fenced).
+        # A new row's epoch is the time in milliseconds, not 1: retention deletes the rows of
+        # instances adopted long ago (relay.store.retention), and an id started again must not take
+        # an epoch its predecessor held (a process paused under it would pass the fence, and the
+        # InstanceAdopted alert of (instance, epoch) would be taken for the earlier one's).
         cur = await self._execute(
             """WITH held AS (SELECT instance_id FROM relay_instances WHERE instance_id = %(id)s FOR UPDATE)
                INSERT INTO relay_instances AS i (instance_id, lease_epoch, lease_expires_at, started_at,
                                                 renewed_at)
-               SELECT %(id)s, 1, now() + make_interval(secs => %(secs)s), now(), now()
+               SELECT %(id)s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+                      now() + make_interval(secs => %(secs)s), now(), now()
                FROM (SELECT count(*) FROM held) AS h
                ON CONFLICT (instance_id) DO UPDATE SET lease_epoch = i.lease_epoch + 1,
                    lease_expires_at = EXCLUDED.lease_expires_at, started_at = now(), renewed_at = now(),
