@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -236,7 +236,7 @@ def test_an_application_destroying_dbos_at_exit_keeps_the_socket_open_until_its_
     exit_file = tmp_path / "exit"
     leaving = start_client_executor(
         relay.conductor_url,
-        env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "4", "RELAY_TEST_ATEXIT_DESTROY": "30",
+        env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10", "RELAY_TEST_ATEXIT_DESTROY": "30",
              "RELAY_TEST_EXIT_FILE": str(exit_file)},
     )  # fmt: skip
     for executor in (survivor, leaving):
@@ -284,9 +284,15 @@ def test_a_request_while_the_interpreter_waits_for_dboss_workflows_at_exit_is_re
     assert_eventually(lambda: jobs_started(Evidence(evidence_db), "job-", 1), 10)
     exit_file.touch()
     assert read_line(leaving.proc, "EXITING", 10) is not None, leaving.log_path.read_text()
-    time.sleep(0.5)  # main has returned; the interpreter's exit begins (the job sleeps 20 s on)
-    with relay.api() as api:
-        resp = api.get(f"/apps/ledger/executors/{leaving.executor_id}/workflows")
+
+    # Main has returned; the interpreter's exit begins (the job sleeps 20 s on). Until concurrent.futures'
+    # exit hook has run, the executor still serves the request (200); from then on, the refusal.
+    def refused() -> httpx.Response | None:
+        with relay.api() as api:
+            resp = api.get(f"/apps/ledger/executors/{leaving.executor_id}/workflows")
+        return None if resp.status_code == 200 else resp
+
+    resp = assert_eventually(refused, 10)
     # The refusal, not Relay's 504 for no answer (nor the 502 of a socket closed under the request).
     assert resp.status_code == 502, resp.text
     assert "shutting down" in resp.json()["detail"], resp.text
