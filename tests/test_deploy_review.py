@@ -229,7 +229,7 @@ def test_an_empty_relay_config_means_no_file_as_other_empty_variables_do(relay_d
     clear it is ``-e RELAY_CONFIG=`` (compose: ``RELAY_CONFIG: ""``), which should give the
     contract's start "with no configuration at all" (a default org, keys printed once). Relay
     takes an empty ``RELAY_INSTANCE_ID`` for unset (an empty ``RELAY_DATABASE_URL`` is refused:
-    tests/test_schema_floor.py), but an empty
+    tests/test_cli_and_db.py), but an empty
     ``RELAY_CONFIG`` for the path "" (relay/cli/serve.py, ``config or os.environ.get(...)``, then
     ``load_config``): "relay: .: cannot read: Is a directory", exit 2."""
     port = free_port()
