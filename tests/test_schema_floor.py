@@ -22,9 +22,8 @@ from harness.relay import RelayProcess, relay_yaml
 from relay import __version__
 from relay.errors import StartupError
 from relay.store import db as db_module
-from relay.store.db import Database
 from relay.store.migrations import MIGRATIONS, Migration
-from tests.test_cli_and_db import refused_serve
+from tests.test_cli_and_db import _migrate_once, refused_serve
 from tests.test_upgrade import RELEASE, schema_versions
 
 NEWEST = MIGRATIONS[-1].version
@@ -32,17 +31,8 @@ NEWEST = MIGRATIONS[-1].version
 TODAYS_FLOOR = 14
 
 
-async def _migrate(url: str) -> list[int]:
-    db = Database(url, min_size=1, max_size=1)
-    await db.open()
-    try:
-        return await db.migrate()
-    finally:
-        await db.close()
-
-
 def migrate(url: str) -> list[int]:
-    return asyncio.run(_migrate(url))
+    return asyncio.run(_migrate_once(url))
 
 
 def migrate_as_newer_release(url: str, monkeypatch: pytest.MonkeyPatch, *newer: Migration) -> list[int]:

@@ -23,6 +23,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
 from relay.core.alerts import AuditFact, Kind, Rule, alerts_for_event, webhook_body
+from tests.test_alerts import alert_config as alerts_config
 
 StartRelay = Callable[..., RelayProcess]
 
@@ -49,19 +50,8 @@ def audit(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
 
 
 def alert_config(rules: list[dict[str, Any]]) -> dict[str, Any]:
-    """relay_yaml with a short grace period, quick alert timings, loopback allowed, ``rules`` on acme/ledger."""
-    config = relay_yaml(free_port(), grace=1.0)
-    config["alerts"] = {
-        "allowedDestinations": ["127.0.0.1"],
-        "pollIntervalSecs": 0.2,
-        "checkIntervalSecs": 0.5,
-        "retryInitialSecs": 0.3,
-        "retryMaxSecs": 1.0,
-        "maxAttempts": 3,
-        "timeoutSecs": 2.0,
-    }
-    config["orgs"][0]["apps"][0]["alerts"] = rules
-    return config
+    """The alert tests' relay.yaml (a short grace period, quick alert timings), three attempts."""
+    return alerts_config(free_port(), rules, maxAttempts=3)
 
 
 # -- /metrics: one tenant's key reads another tenant's registry ------------------------------------
