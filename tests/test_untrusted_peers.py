@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -171,3 +172,39 @@ def test_a_workflow_id_that_cannot_be_stored_fails_the_attempt_and_is_not_carrie
     first = recovery["attempts"][0]
     assert (first["peerExecutorId"], first["outcome"]) == (bad_id, "failed")
     assert recovery["attempts"][-1]["outcome"] == "succeeded"
+
+
+def test_a_peer_that_never_answers_does_not_hold_the_nothing_pending_check_for_its_ack_timeout(
+    start_relay: StartRelay,
+) -> None:
+    """A blocked recovery (only peers of a newer version, moving onto it not allowed) asks a few
+    peers whether the dead executor left anything PENDING, while it holds a turn. A peer that hangs,
+    ranked first, must not hold that check for ``recoveryAckTimeoutSecs``: the peers are asked at
+    once, within a short bound, and the one that lists nothing lets the recovery succeed."""
+    ack = 60.0
+    relay = start_relay(grace=0.5, recoveryAckTimeoutSecs=ack)
+    victim_id, empty_id = str(uuid.uuid4()), str(uuid.uuid4())
+    silent_id = ranked_before(victim_id, empty_id)  # asked first, one after another as before
+    url = peer_url(relay)
+    with (
+        SimulatedPeer(url, silent_id, "silent", version="v2", others="silent"),
+        SimulatedPeer(url, empty_id, "silent", version="v2", replies={"list_workflows": {"output": []}}) as empty,
+    ):
+        with SimulatedPeer(url, victim_id, "silent"):
+            for ex in (silent_id, empty_id, victim_id):
+                assert_eventually(lambda ex=ex: relay.state_of("acme", "ledger", ex) == "HEALTHY", 10)
+        # The victim's socket is gone: dead after the grace period, its recovery blocked on the version.
+        assert_eventually(lambda: "executor.dead" in [e["action"] for e in audit_of(relay, victim_id)], 15)
+        # Waited for up to the ack timeout, so that a check held by the silent peer fails below, not here.
+        succeeded = assert_eventually(
+            lambda: next((e for e in audit_of(relay, victim_id) if e["action"] == "recovery.succeeded"), None),
+            ack + 10,
+        )
+        assert empty.requests["list_workflows"] >= 1
+    audit = audit_of(relay, victim_id)
+    dead = next(e for e in audit if e["action"] == "executor.dead")
+    took = (datetime.fromisoformat(succeeded["at"]) - datetime.fromisoformat(dead["at"])).total_seconds()
+    assert took < ack / 2, f"the recovery took {took:.1f}s: the silent peer held the check (ack timeout {ack:g}s)"
+    assert succeeded["detail"]["nothingPending"] is True and succeeded["peerExecutorId"] == empty_id
+    actions = [e["action"] for e in audit]
+    assert "recovery.dispatched" not in actions and "executor.deleted" in actions, actions

@@ -57,6 +57,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable
@@ -264,42 +265,63 @@ async def _gather(
     return record
 
 
-# How many peers a blocked recovery asks whether the dead executor left anything PENDING.
+# How many peers a blocked recovery asks whether the dead executor left anything PENDING, and how
+# long it waits for them at most (the recovery holds its turn meanwhile: a deploy that retires many
+# executors at once checks them all, and a peer that hangs must not hold each check for its
+# ``recoveryAckTimeoutSecs``).
 NOTHING_PENDING_ASKED = 3
+NOTHING_PENDING_WAIT_SECS = 5.0
 
 
 async def _nothing_pending(ref: RecoveryRef, peers: list[Peer], timeout: float) -> str | None:
-    """The first of a few ``peers`` (any version: they share the app's system database) to list no
-    PENDING workflow of the dead executor, of any version; None if one lists some, or none answers.
+    """A peer among a few ``peers`` (any version: they share the app's system database) that lists
+    no PENDING workflow of the dead executor, of any version; None if one lists some, or none answers.
 
     Asked when no peer may recover its work (no peer on its version, and moving onto the latest is
     not allowed or not possible): an executor that left nothing then has nothing to wait for. Any
     workflow listed counts as pending, whatever its fields say: an SDK that ignored a filter makes
-    the recovery wait, as before, never lose work."""
+    the recovery wait, as before, never lose work.
+
+    The peers are asked at once, each within ``min(timeout, NOTHING_PENDING_WAIT_SECS)``; the first
+    to answer decides (they read the same database), and the others are no longer waited for. A
+    peer that errs or does not answer in time counts for nothing."""
     body = ListWorkflowsBody(
         executor_id=ref.key.executor_id, status="PENDING", limit=1, load_input=False, load_output=False
     )
-    for peer in order_peers(ref.key.executor_id, peers)[:NOTHING_PENDING_ASKED]:
+    wait = min(timeout, NOTHING_PENDING_WAIT_SECS)
+
+    async def listed(peer: str) -> tuple[str, bool] | None:
+        """(peer, whether it listed any workflow); None if it gave no usable answer."""
         try:
             reply = await _ask(
-                ref, peer.executor_id, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout,
-                await_connection=False,
-            )  # fmt: skip
+                ref, peer, ListWorkflowsRequest(body=body), ListWorkflowsReply, wait, await_connection=False
+            )
         except DatabaseError:
             raise
         except Exception as exc:  # one peer's odd answer costs that peer, not the recovery
-            log.info(
-                "recovery %s: %s could not list pending workflows: %s: %s",
-                ref.rid,
-                peer.executor_id,
-                type(exc).__name__,
-                exc,
-            )
-            continue
+            log.info("recovery %s: %s could not list pending workflows: %s: %s", ref.rid, peer, type(exc).__name__, exc)
+            return None
         if isinstance(reply, str):
-            log.info("recovery %s: %s could not list pending workflows: %s", ref.rid, peer.executor_id, reply)
-            continue
-        return None if reply.output else peer.executor_id
+            log.info("recovery %s: %s could not list pending workflows: %s", ref.rid, peer, reply)
+            return None
+        return peer, bool(reply.output)
+
+    asked = order_peers(ref.key.executor_id, peers)[:NOTHING_PENDING_ASKED]
+    tasks = [asyncio.ensure_future(listed(p.executor_id)) for p in asked]
+    try:
+        # The bound again around them all: a reply routed through another instance is bounded by
+        # the request's own timeout, and this keeps the whole check within it whatever happens.
+        for done in asyncio.as_completed(tasks, timeout=wait + 1.0):
+            answer = await done
+            if answer is not None:
+                peer, any_listed = answer
+                return None if any_listed else peer
+    except TimeoutError:
+        log.info("recovery %s: no peer said within %gs whether anything is pending", ref.rid, wait)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return None
 
 
