@@ -28,10 +28,20 @@ from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 
 
-async def still_to_take_over(conn: Conn, instance_column: str) -> str:
-    """An SQL condition: the instance named by ``instance_column`` has work an adopter still has to
-    take over, a DBOS workflow ``PENDING`` under its executor id in Relay's own system database
-    (the ``dbos`` schema of Relay's database; ``false`` before DBOS ever ran on it).
+async def dbos_ran(conn: Conn) -> bool:
+    """Whether DBOS ever ran on Relay's database: its ``dbos`` schema (Relay's own system database)
+    holds ``workflow_status``."""
+    cur = await conn.execute("SELECT to_regclass('dbos.workflow_status') IS NOT NULL AS present")
+    row = await cur.fetchone()
+    return row is not None and bool(row["present"])
+
+
+async def still_to_take_over(conn: Conn) -> str:
+    """An SQL query of the ids of the instances that have work an adopter still has to take over:
+    the executor ids under which a DBOS workflow is ``PENDING`` in Relay's own system database (the
+    ``dbos`` schema of Relay's database; none before DBOS ever ran on it). A statement reads it once,
+    as a materialized CTE it joins against (``WITH to_take_over AS MATERIALIZED (...)``): DBOS has
+    no index on ``executor_id``, so a condition per row would read every PENDING workflow per row.
 
     That is exactly what ``DBOS._recover_pending_workflows`` looks for (:meth:`relay.domain.ports.
     Durable.take_over`): once it has handed a workflow back, the workflow is ``ENQUEUED`` (on
@@ -40,12 +50,10 @@ async def still_to_take_over(conn: Conn, instance_column: str) -> str:
     under the executor id of the instance that runs it. An instance whose takeover was cut short
     keeps the workflows it had not handed back yet, so it still counts; any version's count, also
     one this code cannot run (kept, not lost)."""
-    cur = await conn.execute("SELECT to_regclass('dbos.workflow_status') IS NOT NULL AS present")
-    row = await cur.fetchone()
-    if row is None or not row["present"]:
-        return "false"
-    return f"""EXISTS (SELECT 1 FROM dbos.workflow_status w
-                       WHERE w.status = 'PENDING' AND w.executor_id = {instance_column})"""
+    if not await dbos_ran(conn):
+        return "SELECT NULL::text AS executor_id WHERE false"
+    return """SELECT DISTINCT executor_id FROM dbos.workflow_status
+              WHERE status = 'PENDING' AND executor_id IS NOT NULL"""
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,11 @@ class InstanceStore:
                 return None
             new_epoch = int(row["lease_epoch"])
             released = bool(row["released"])
-            pending = await still_to_take_over(conn, "o.instance_id")
+            pending = await still_to_take_over(conn)
             cur = await conn.execute(
-                f"""UPDATE relay_instances o SET adopted_by = %s WHERE o.adopted_by = %s AND {pending}
+                f"""WITH to_take_over AS MATERIALIZED ({pending})
+                    UPDATE relay_instances o SET adopted_by = %s
+                    WHERE o.adopted_by = %s AND o.instance_id IN (SELECT executor_id FROM to_take_over)
                     RETURNING o.instance_id""",
                 (adopter, instance),
             )
@@ -140,9 +150,12 @@ class InstanceStore:
         """The instances ``adopter`` took over (and that have not started again since) that still have
         workflows to take over (:func:`still_to_take_over`): a takeover cut short by a crash."""
         async with self.db.connection() as conn:
-            pending = await still_to_take_over(conn, "instance_id")
+            pending = await still_to_take_over(conn)
             cur = await conn.execute(
-                f"SELECT instance_id FROM relay_instances WHERE adopted_by = %s AND {pending} ORDER BY instance_id",
+                f"""WITH to_take_over AS MATERIALIZED ({pending})
+                    SELECT instance_id FROM relay_instances
+                    WHERE adopted_by = %s AND instance_id IN (SELECT executor_id FROM to_take_over)
+                    ORDER BY instance_id""",
                 (adopter,),
             )
             return [str(r["instance_id"]) for r in await cur.fetchall()]

@@ -70,16 +70,17 @@ class RetentionStore:
             # only marks it. Kept while it holds anything: a lease (a start under its id clears
             # adopted_by), an executor, a workflow its adopter has not taken over yet (a takeover cut
             # short), or an instance it adopted that still has one.
-            mine = await still_to_take_over(conn, "i.instance_id")
-            theirs = await still_to_take_over(conn, "o.instance_id")
+            pending = await still_to_take_over(conn)
             cur = await conn.execute(
-                f"""DELETE FROM relay_instances i
+                f"""WITH to_take_over AS MATERIALIZED ({pending})
+                    DELETE FROM relay_instances i
                     WHERE i.adopted_by IS NOT NULL AND i.adopted_at < now() - make_interval(secs => %s * 86400)
                       AND i.lease_expires_at < now()
                       AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.relay_instance = i.instance_id)
-                      AND NOT {mine}
+                      AND NOT EXISTS (SELECT 1 FROM to_take_over t WHERE t.executor_id = i.instance_id)
                       AND NOT EXISTS (SELECT 1 FROM relay_instances o
-                                      WHERE o.adopted_by = i.instance_id AND {theirs})""",
+                                      JOIN to_take_over t ON t.executor_id = o.instance_id
+                                      WHERE o.adopted_by = i.instance_id)""",
                 (settings.executor_ids_days,),
             )
             instances = cur.rowcount
