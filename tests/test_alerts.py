@@ -11,11 +11,14 @@ import inspect
 import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -1123,6 +1126,39 @@ async def alert_keys(db: Database) -> set[str]:
         return {str(r["idempotency_key"]) for r in await cur.fetchall()}
 
 
+def relay_system_database(relay_db: str) -> None:
+    """Relay's own DBOS system database, as DBOS creates it (the ``dbos`` schema of Relay's database)."""
+    dbos_cli = Path(sys.executable).parent / "dbos"
+    done = subprocess.run([str(dbos_cli), "migrate", "-s", relay_db], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+async def delivery_workflows(relay_db: str, statuses: dict[str, str]) -> None:
+    """Delivery workflows in Relay's system database, by id, in a DBOS status each: enqueued with
+    DBOS's client, then put in the status a run of them would leave (``PENDING`` while an instance
+    runs it, ``MAX_RECOVERY_ATTEMPTS_EXCEEDED`` once DBOS dead-lettered it)."""
+
+    def enqueue() -> None:
+        client = DBOSClient(system_database_url=relay_db, application_name="relay")
+        try:
+            for workflow_id in statuses:
+                options: EnqueueOptions = {
+                    "queue_name": "relay-test",
+                    "workflow_name": "relay.alert.deliver",
+                    "workflow_id": workflow_id,
+                }
+                client.enqueue(options, {})
+        finally:
+            client.destroy()
+        with psycopg.connect(relay_db, autocommit=True) as conn:
+            for workflow_id, status in statuses.items():
+                conn.execute(
+                    "UPDATE dbos.workflow_status SET status = %s WHERE workflow_uuid = %s", (status, workflow_id)
+                )
+
+    await asyncio.to_thread(enqueue)
+
+
 def test_an_episode_longer_than_the_audit_retention_is_not_alerted_again(relay_db: str) -> None:
     """An app down for longer than retention.auditDays: retention pruned the alert's row (its key's
     claim) by its age while the episode still held, and the next round found the key unclaimed and
@@ -1173,7 +1209,8 @@ def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_r
         fact = AuditFact(1, "2026-01-01T00:00:00Z", time.time() + 10, "acme", "ledger", "executor.dead", "e1",
                          {"epoch": 3})  # fmt: skip
         (death,) = alerts_for_event(fact, [dead_rule])
-        assert (await store.claim(death)).send  # its delivery goes on (retrying)
+        assert (await store.claim(death, claimant=death.workflow_id)).send  # its delivery goes on (retrying)
+        await delivery_workflows(relay_db, {death.workflow_id: "PENDING"})
         ((first, _),) = await due_alerts(store, rule, down)
         began = time.monotonic()
         assert (await store.claim(first)).send
@@ -1197,6 +1234,7 @@ def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_r
         return {"keys": (death.idempotency_key, first.idempotency_key, second.idempotency_key), "kept": kept,
                 "on_time": on_time, "late": late, "late_sent": late_sent, "finally": await alert_keys(db)}  # fmt: skip
 
+    relay_system_database(relay_db)
     found = with_store(relay_db, rules, body)
     death_key, first_key, second_key = found["keys"]
     assert death_key in found["kept"], "a delivery under way lost its claim"
@@ -1205,6 +1243,57 @@ def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_r
     assert found["on_time"] == [], "the held-back episode was found due on time"
     assert [(a.idempotency_key, late) for a, late in found["late"]] == [(second_key, True)] and found["late_sent"]
     assert death_key not in found["finally"], "a finished delivery past auditDays is pruned"
+
+
+def test_retention_prunes_an_old_delivery_that_never_finished_once_its_workflow_no_longer_runs(
+    relay_db: str,
+) -> None:
+    """A row ``sending`` older than auditDays is kept while its delivery workflow may still finish it
+    (PENDING or ENQUEUED in Relay's own system database), under the id the delivery recorded as its
+    claimant or, for a row of an earlier release, ``alert:{key}`` or ``alert:{key}:late``. A delivery
+    that never reaches ``finish`` (DBOS dead-lettered its workflow, or the workflow is gone, collected
+    after relayWorkflowsDays) left its row ``sending`` for good: it is pruned by its age."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0}]
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
+    cases = ["enqueued", "pending", "dead_lettered", "gone", "earlier_release", "earlier_release_late",
+             "earlier_release_gone"]  # fmt: skip
+
+    async def body(db: Database, store: AlertStore) -> tuple[dict[str, str], set[str], set[str]]:
+        (rule,) = await store.rules_of(frozenset({Kind.EXECUTOR_DEAD}))
+        alerts = {}
+        for i, case in enumerate(cases):
+            fact = AuditFact(i + 1, "2026-01-01T00:00:00Z", time.time() + 10, "acme", "ledger", "executor.dead",
+                             case, {"epoch": 3})  # fmt: skip
+            (alerts[case],) = alerts_for_event(fact, [rule])
+            claimant = None if case.startswith("earlier_release") else alerts[case].workflow_id
+            assert (await store.claim(alerts[case], claimant=claimant)).send
+        await delivery_workflows(relay_db, {
+            alerts["enqueued"].workflow_id: "ENQUEUED",
+            alerts["pending"].workflow_id: "PENDING",
+            alerts["dead_lettered"].workflow_id: "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+            alerts["earlier_release"].workflow_id: "PENDING",
+            late_workflow_id(alerts["earlier_release_late"]): "PENDING",
+            alerts["earlier_release_gone"].workflow_id: "CANCELLED",
+        })  # fmt: skip
+        keys = {case: alert.idempotency_key for case, alert in alerts.items()}
+        await wait_aged(db, *keys.values())
+        await RetentionStore(db).prune(settings)
+        kept = await alert_keys(db)
+        async with db.connection() as conn:  # the running ones end: DBOS dead-letters them
+            await conn.execute(
+                "UPDATE dbos.workflow_status SET status = 'MAX_RECOVERY_ATTEMPTS_EXCEEDED' WHERE status <> 'SUCCESS'"
+            )
+        await RetentionStore(db).prune(settings)
+        return keys, kept, await alert_keys(db)
+
+    relay_system_database(relay_db)
+    keys, kept, after = with_store(relay_db, rules, body)
+    running = {"enqueued", "pending", "earlier_release", "earlier_release_late"}
+    assert kept == {keys[c] for c in running}, (
+        f"kept {sorted(c for c in cases if keys[c] in kept)}: an old row sending is kept exactly while its "
+        "delivery workflow runs"
+    )
+    assert after == set(), "a delivery that never finished keeps its row forever"
 
 
 def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(relay_db: str) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from relay.config import MAX_SECS, RetentionConfig
 from relay.store.db import Database
-from relay.store.instances import still_to_take_over
+from relay.store.instances import dbos_ran, still_to_take_over
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,25 @@ class RetentionStore:
             # which also carry the key, are gone after relayWorkflowsDays), so it is kept, whatever its
             # age, while anything may still find that key due: its condition still holds (an episode
             # longer than auditDays, or one held back by minIntervalSecs and waiting to go out late),
-            # its delivery has not finished, or the rule's repeat interval still counts from it.
+            # its delivery is still under way, or the rule's repeat interval still counts from it.
+            # A delivery is under way while its workflow (the claimant it recorded, or the ids a row
+            # of an earlier release may have: ``alert:{key}`` and ``alert:{key}:late``) is PENDING,
+            # ENQUEUED or DELAYED in Relay's own system database; one that never finished (DBOS
+            # dead-lettered it, or it is gone) leaves its row ``sending`` for good.
+            running = "false"
+            if await dbos_ran(conn):
+                running = """EXISTS (SELECT 1 FROM dbos.workflow_status w
+                                     WHERE w.workflow_uuid IN (a.claimed_by, 'alert:' || a.idempotency_key,
+                                                               'alert:' || a.idempotency_key || ':late')
+                                       AND w.status IN ('PENDING', 'ENQUEUED', 'DELAYED'))"""
             await conn.execute(
-                """DELETE FROM alerts a WHERE a.created_at < now() - make_interval(secs => %s * 86400)
-                   AND a.status <> 'sending'
-                   AND NOT EXISTS (SELECT 1 FROM alert_conditions c
-                                   WHERE c.rule_id = a.rule_id AND c.subject = a.subject)
-                   AND NOT EXISTS (SELECT 1 FROM alert_rules r WHERE r.id = a.rule_id
-                                   AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
+                f"""DELETE FROM alerts a WHERE a.created_at < now() - make_interval(secs => %s * 86400)
+                    AND NOT (a.status = 'sending' AND {running})
+                    AND NOT EXISTS (SELECT 1 FROM alert_conditions c
+                                    WHERE c.rule_id = a.rule_id AND c.subject = a.subject)
+                    AND NOT EXISTS (
+                        SELECT 1 FROM alert_rules r WHERE r.id = a.rule_id
+                        AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
                 (settings.audit_days, MAX_SECS),
             )
             cur = await conn.execute(
