@@ -83,15 +83,18 @@ class RetentionStore:
             # short), or an instance it adopted that still has one.
             pending = await still_to_take_over(conn)
             cur = await conn.execute(
-                f"""WITH to_take_over AS MATERIALIZED ({pending})
+                f"""WITH to_take_over AS MATERIALIZED ({pending}),
+                         -- those, and the instances that adopted one of them: each set read once, and
+                         -- anti-joined by hash (a condition per row read the PENDING workflows per row)
+                         kept AS (SELECT executor_id AS instance_id FROM to_take_over
+                                  UNION ALL
+                                  SELECT o.adopted_by FROM relay_instances o
+                                  JOIN to_take_over t ON t.executor_id = o.instance_id)
                     DELETE FROM relay_instances i
                     WHERE i.adopted_by IS NOT NULL AND i.adopted_at < now() - make_interval(secs => %s * 86400)
                       AND i.lease_expires_at < now()
                       AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.relay_instance = i.instance_id)
-                      AND NOT EXISTS (SELECT 1 FROM to_take_over t WHERE t.executor_id = i.instance_id)
-                      AND NOT EXISTS (SELECT 1 FROM relay_instances o
-                                      JOIN to_take_over t ON t.executor_id = o.instance_id
-                                      WHERE o.adopted_by = i.instance_id)""",
+                      AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.instance_id = i.instance_id)""",
                 (settings.executor_ids_days,),
             )
             instances = cur.rowcount
