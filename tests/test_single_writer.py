@@ -73,13 +73,15 @@ def url(relay: RelayProcess, app: str) -> str:
     return f"ws://127.0.0.1:{relay.port}/websocket/{app}/{CONDUCTOR_KEYS['acme']}"
 
 
-def connect_and_drop(relay: RelayProcess, app: str, executor_id: str, reconnect: bool = False) -> None:
+def connect_and_drop(
+    relay: RelayProcess, app: str, executor_id: str, reconnect: bool = False, version: str = "v1"
+) -> None:
     """A simulated executor that connects, loses its socket and (optionally) comes back with the same id."""
 
     async def run() -> None:
         for _ in range(2 if reconnect else 1):
             ws = await open_socket(url(relay, app))
-            await handshake(ws, executor_id)
+            await handshake(ws, executor_id, version)
             await asyncio.to_thread(assert_eventually, lambda: relay.state_of("acme", app, executor_id) == "HEALTHY", 5)
             ws.transport.abort()
             await asyncio.to_thread(
@@ -111,6 +113,9 @@ def test_every_write_of_executor_state_comes_from_the_store_and_every_event_is_a
             victim.kill()
             assert_eventually(lambda: relay1.executor("acme", "ledger", victim.executor_id) is None, 30)
         assert_eventually(lambda: len(Evidence(evidence_db).outcomes()) == 2, 30)
+        # an idle executor of a retired version: no peer may take its work, and a peer finds it left none.
+        connect_and_drop(relay1, "ledger", "retired", version="v0")
+        assert_eventually(lambda: relay1.executor("acme", "ledger", "retired") is None, 20)
         # a reconnect; a recovery with no peer; an operator's recovery during a grace period.
         connect_and_drop(relay1, "ledger", "comes-back", reconnect=True)
         connect_and_drop(relay1, "solo", "alone")
