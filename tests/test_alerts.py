@@ -35,7 +35,7 @@ from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.api.alerts import rule_json
 from relay.config import AlertsConfig, RelayConfig, RetentionConfig, ascii_host
-from relay.core.alerts import AuditFact, Kind, Observed, alerts_for_event
+from relay.core.alerts import AuditFact, Kind, Observed, Rule, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
@@ -1296,6 +1296,15 @@ def test_retention_prunes_an_old_delivery_that_never_finished_once_its_workflow_
     assert after == set(), "a delivery that never finished keeps its row forever"
 
 
+async def came_due(store: AlertStore, rule: Rule, down: Any, interval: float) -> list[tuple[Any, bool]]:
+    """The due alerts of ``rule`` once its held-back episode comes due (within the interval and 10 s)."""
+    deadline = time.monotonic() + interval + 10
+    while not (due := await due_alerts(store, rule, down)):
+        assert time.monotonic() < deadline, "the held-back episode never came due"
+        await asyncio.sleep(0.05)
+    return due
+
+
 def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(relay_db: str) -> None:
     """A late delivery goes out only if its episode still holds (README): the round found it holding,
     but its claim can come after the outage is over (a Relay restarted in between, its workflow
@@ -1313,12 +1322,7 @@ def test_a_held_back_episode_that_ends_before_its_late_claim_is_not_delivered(re
         await due_alerts(store, rule, [])
         ((second, _),) = await due_alerts(store, rule, down)
         assert not (await store.claim(second)).send  # held back
-        deadline = time.monotonic() + interval + 10
-        due: list[tuple[Any, bool]] = []
-        while not due:
-            assert time.monotonic() < deadline, "the held-back episode never came due"
-            due = await due_alerts(store, rule, down)
-            await asyncio.sleep(0.05)
+        due = await came_due(store, rule, down, interval)
         ((late_alert, late),) = due
         await due_alerts(store, rule, [])  # the app is back before the late delivery claims
         sent = (await store.claim(late_alert, late)).send
@@ -1388,12 +1392,7 @@ def test_a_first_delivery_resumed_after_its_late_one_claimed_does_not_send_the_a
         await due_alerts(store, rule, [])
         ((second, _),) = await due_alerts(store, rule, down)
         assert not (await store.claim(second, False, second.workflow_id)).send  # held back
-        deadline = time.monotonic() + interval + 10
-        due: list[tuple[Any, bool]] = []
-        while not due:
-            assert time.monotonic() < deadline, "the held-back episode never came due"
-            due = await due_alerts(store, rule, down)
-            await asyncio.sleep(0.05)
+        await came_due(store, rule, down, interval)
         late_sent = (await store.claim(second, True, late_workflow_id(second))).send
         resumed_first = (await store.claim(second, False, second.workflow_id)).send  # its step run again
         resumed_late = (await store.claim(second, True, late_workflow_id(second))).send
