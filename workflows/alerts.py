@@ -176,7 +176,10 @@ def _rule(data: dict[str, Any]) -> Rule:
 
 @relay_step("relay.alerts.rules")
 async def condition_rules() -> list[dict[str, Any]]:
-    return [_rule_json(rule) for rule in await services().alerts.store.rules_of(CONDITION_KINDS)]
+    svc = services().alerts
+    rules = await svc.store.rules_of(CONDITION_KINDS)
+    svc.observer.forget_others({rule.id for rule in rules})
+    return [_rule_json(rule) for rule in rules]
 
 
 def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:

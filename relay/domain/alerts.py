@@ -137,6 +137,12 @@ class ConditionObserver:
         # between two counts would leave failures in the gap counted by neither.
         self._counted_at: dict[str, float] = {}
 
+    def forget_others(self, rule_ids: set[str]) -> None:
+        """Drop what is kept about rules not among ``rule_ids`` (the condition rules that exist now):
+        rules deleted through the API would otherwise leave an entry each for the process's life."""
+        for gone in self._counted_at.keys() - rule_ids:
+            del self._counted_at[gone]
+
     async def observe(self, rule: Rule) -> list[Observed] | None:
         """The subjects the rule's condition holds for now; None when that cannot be known now."""
         if rule.kind is Kind.UNRESPONSIVE_APPLICATION:
