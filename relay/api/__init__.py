@@ -82,6 +82,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     for module in modules:
         api.include_router(module.router, responses=PROBLEMS)
     api.include_router(org.caller_router, responses=PROBLEMS)
+    api.include_router(audit.v1alpha1_router, responses=PROBLEMS)
     generate = api.openapi
 
     def openapi() -> dict[str, Any]:

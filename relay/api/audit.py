@@ -1,8 +1,10 @@
 """The audit log of an org: Relay's own listing (``/audit``, oldest first) and Conductor's
-(``/audit-logs``, newest first, in Conductor's shape)."""
+(``/audit-logs``, newest first, in Conductor's shape), also at the path and with the parameters
+of Conductor's audit log page (``/conductor/v1alpha1/api/{org}/audit-logs``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -13,6 +15,9 @@ from relay.auth import KeyGrant, Permission
 from relay.store.audit import AuditMatch
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
+# dbos-docs audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", its base
+# changed to Relay's. Not in the OpenAPI document, as Conductor's v2 document does not have it.
+v1alpha1_router = APIRouter(route_class=DecodedRoute, prefix="/conductor/v1alpha1/api/{org}", include_in_schema=False)
 
 
 async def _reader(request: Request, org: str) -> KeyGrant:
@@ -176,7 +181,40 @@ async def list_audit_logs(
     ``operation`` by Conductor's name or Relay's; ``subject`` a key's name; ``target`` a workflow id,
     an app, an executor, a schedule, a rule's id or a key's name. A key scoped to apps reads the
     entries of its apps."""
+    return await _audit_log_page(ctx, org, who, startTime, endTime, operation, subject, target, limit, offset)
+
+
+@v1alpha1_router.get("/audit-logs", response_model=AuditLogPage, response_model_exclude_none=True)
+async def list_audit_logs_v1alpha1(
+    org: str,
+    ctx: Ctx,
+    who: Reader,
+    start: Rfc3339 | None = None,
+    end: Rfc3339 | None = None,
+    operation: QueryName | None = None,
+    subject: QueryName | None = None,
+    target: QueryName | None = None,
+    page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> AuditLogPage:
+    """``/audit-logs`` with the names of Conductor's audit log page: ``start`` and ``end`` for
+    ``startTime`` and ``endTime``, ``page_size`` for ``limit``."""
+    return await _audit_log_page(ctx, org, who, start, end, operation, subject, target, page_size, offset)
+
+
+async def _audit_log_page(
+    ctx: Ctx,
+    org: str,
+    who: KeyGrant,
+    start: datetime | None,
+    end: datetime | None,
+    operation: str | None,
+    subject: str | None,
+    target: str | None,
+    limit: int,
+    offset: int,
+) -> AuditLogPage:
     actions = None if operation is None else sorted({operation, RELAY_ACTION.get(operation, operation)})
-    match = AuditMatch(startTime, endTime, actions, subject, target, None if who.apps is None else sorted(who.apps))
+    match = AuditMatch(start, end, actions, subject, target, None if who.apps is None else sorted(who.apps))
     rows = await ctx.audit.find(org, match, limit, offset)
     return AuditLogPage(entries=[_conductor_entry(r) for r in rows])

@@ -1,0 +1,113 @@
+"""Conductor's HTTP API as its documentation (dbos-docs ``docs/production/``) has it, where a client
+that follows a page with only the base URL changed would have found Relay answering otherwise.
+
+Each test names the page and the words it relies on. A real Relay (its own PostgreSQL database),
+called over HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from harness.keys import API_KEYS
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, relay_yaml
+
+# audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", the base
+# (https://cloud.dbos.dev) changed to Relay's.
+AUDIT_LOGS = "/conductor/v1alpha1/api/acme/audit-logs"
+
+
+@pytest.fixture(scope="module")
+def relay(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    workdir = tmp_path_factory.mktemp("conductor-docs")
+    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port()))
+    relay.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+def client(relay: RelayProcess, key: str | None = API_KEYS["acme"]) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return httpx.Client(base_url=relay.http, headers=headers, timeout=10)
+
+
+def said(resp: httpx.Response) -> str:
+    return f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text[:300]}"
+
+
+def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_logs_md(relay: RelayProcess) -> None:
+    """audit-logs.md, "The Audit Logs Endpoint": ``GET .../conductor/v1alpha1/api/{org}/audit-logs``
+    with the query parameters ``start`` ("inclusive"), ``end`` ("exclusive"), ``operation``,
+    ``subject``, ``target``, ``page_size`` ("Defaults to `100`; the maximum is `1000`") and
+    ``offset``; "The endpoint returns a JSON object with an `entries` array", "newest first";
+    "Make sure the key has the `organization.read` permission". Relay served the log only at
+    conductor-api.md's ``/v2/orgs/{org}/audit-logs`` (``startTime``, ``endTime``, ``limit``): the
+    documented curl was a 404."""
+    with client(relay) as api:
+        for name in ("docs-a", "docs-b", "docs-c"):
+            made = api.post(f"/v2/orgs/acme/tokens/{name}", json={"permissions": ["application.read"]})
+            assert made.status_code == 201, said(made)
+
+        def entries(**params: Any) -> list[dict[str, Any]]:
+            resp = api.get(AUDIT_LOGS, params=params)
+            assert resp.status_code == 200, said(resp)
+            assert resp.headers["content-type"] == "application/json"
+            return list(resp.json()["entries"])
+
+        made = entries(operation="token.create", page_size=1000)
+        mine = [e for e in made if e["target"]["id"].startswith("docs-")]
+        assert [e["target"] for e in mine] == [{"type": "token", "id": n} for n in ("docs-c", "docs-b", "docs-a")]
+        # The same entries, in the same shape, as conductor-api.md's route gives them.
+        v2 = api.get("/v2/orgs/acme/audit-logs", params={"operation": "token.create", "limit": 1000})
+        assert v2.status_code == 200, said(v2)
+        assert v2.json()["entries"] == made
+
+        # page_size and offset page the newest-first list.
+        assert [e["id"] for e in entries(operation="token.create", page_size=2)] == [e["id"] for e in made[:2]]
+        paged = entries(operation="token.create", page_size=1, offset=1)
+        assert [e["id"] for e in paged] == [made[1]["id"]]
+        assert len(entries(page_size=1)) == 1
+
+        _, b, a = mine
+        assert [e["id"] for e in entries(target="docs-b")] == [b["id"]]
+        subject = b["subject"]["id"]
+        assert {e["subject"]["id"] for e in entries(subject=subject, page_size=1000)} == {subject}
+        assert entries(subject="nobody-of-that-name") == []
+        since_b = {e["id"] for e in entries(operation="token.create", start=b["emit_time"], page_size=1000)}
+        assert b["id"] in since_b and a["id"] not in since_b, "start is inclusive"
+        before_b = {e["id"] for e in entries(operation="token.create", end=b["emit_time"], page_size=1000)}
+        assert b["id"] not in before_b and a["id"] in before_b, "end is exclusive"
+
+        # The default page is 100 entries: more than 100 entries in the log, 100 on the page.
+        for n in range(100 - len(entries(page_size=1000)) + 1):
+            assert api.patch(f"/v2/orgs/acme/tokens/docs-{'a' if n % 2 == 0 else 'x'}",
+                             json={"newName": f"docs-{'x' if n % 2 == 0 else 'a'}"}).status_code == 200  # fmt: skip
+        assert len(entries(page_size=1000)) > 100
+        assert len(entries()) == 100
+
+        for bad in ({"page_size": 0}, {"page_size": 1001}, {"offset": -1}, {"start": "yesterday"}, {"end": "soon"}):
+            resp = api.get(AUDIT_LOGS, params=bad)
+            assert resp.status_code == 422, said(resp)
+            assert resp.headers["content-type"] == "application/problem+json"
+            [error] = resp.json()["errors"]
+            assert error["location"] == f"query.{next(iter(bad))}"
+
+        reader = api.post("/v2/orgs/acme/tokens/docs-no-org-read", json={"permissions": ["application.read"]})
+        assert reader.status_code == 201, said(reader)
+
+    with client(relay, key=None) as anonymous:
+        assert anonymous.get(AUDIT_LOGS).status_code == 401
+    with client(relay, key=reader.json()["token"]) as lacking:
+        resp = lacking.get(AUDIT_LOGS)
+        assert resp.status_code == 403, said(resp)
+        assert "organization.read" in resp.json()["detail"]
+    with client(relay, key=API_KEYS["globex"]) as other_org:
+        assert other_org.get(AUDIT_LOGS).status_code == 403
