@@ -111,3 +111,37 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
         assert "organization.read" in resp.json()["detail"]
     with client(relay, key=API_KEYS["globex"]) as other_org:
         assert other_org.get(AUDIT_LOGS).status_code == 403
+
+
+def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess) -> None:
+    """audit-logs.md, "Details": "`permissions`, `applications` | `token.create`" and
+    "`private_mode` | `application.create`". Relay's entries carried its own detail keys only:
+    a key's apps as ``appNames``, and nothing about private mode (Relay has none: every app's
+    ``privateMode`` is false)."""
+    with client(relay) as api:
+        body = {"permissions": ["application.read", "metric.read"], "appNames": ["ledger"]}
+        assert api.post("/v2/orgs/acme/tokens/details-scoped", json=body).status_code == 201
+        every = api.post("/v2/orgs/acme/tokens/details-every-app", json={"permissions": ["metric.read"]})
+        assert every.status_code == 201
+        assert api.put("/v2/orgs/acme/apps/details-app").status_code == 204
+        assert api.get("/v2/orgs/acme/apps/details-app").json()["privateMode"] is False
+
+        def entry(operation: str, target: str) -> dict[str, Any]:
+            """The one entry, the same at both of Conductor's paths."""
+            found = []
+            for path in (AUDIT_LOGS, "/v2/orgs/acme/audit-logs"):
+                resp = api.get(path, params={"operation": operation, "target": target})
+                assert resp.status_code == 200, said(resp)
+                found += resp.json()["entries"]
+            first, second = found
+            assert first == second
+            return dict(first)
+
+        scoped = entry("token.create", "details-scoped")["details"]
+        assert (scoped["permissions"], scoped["applications"]) == (["application.read", "metric.read"], ["ledger"])
+        every_app = entry("token.create", "details-every-app")["details"]
+        assert every_app["permissions"] == ["metric.read"]
+        assert "applications" in every_app and every_app["applications"] is None, "null: every app"
+        created = entry("application.create", "details-app")
+        assert created["details"]["private_mode"] is False
+        assert created["details"]["application_name"] == "details-app"

@@ -153,6 +153,12 @@ def _conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
         details["workflow_ids"] = detail["workflowIds"]
     if row["peer_executor_id"]:
         details["peer_executor_id"] = row["peer_executor_id"]
+    # audit-logs.md, Details: "`permissions`, `applications` | `token.create`" (null: every app), and
+    # "`private_mode` | `application.create`" (Relay has no private mode: every app's is false).
+    if row["action"] == "token.created" and "appNames" in detail:
+        details["applications"] = detail["appNames"]
+    if row["action"] == "application.create":
+        details["private_mode"] = False
     return AuditLogEntry(
         id=str(row["id"]),
         emit_time=iso(row["at"]),
