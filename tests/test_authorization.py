@@ -106,7 +106,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("DELETE", "/v2/orgs/{org}/apps/{app}/alerting-rules/{rule_id}"): WRITE,
     ("GET", "/v2/orgs/{org}/audit"): Rule(P.ORGANIZATION_READ),
     ("GET", "/v2/orgs/{org}/audit-logs"): Rule(P.ORGANIZATION_READ),
-    ("GET", "/conductor/v1alpha1/api/{org}/audit-logs"): Rule(P.ORGANIZATION_READ),  # audit-logs.md's path
+    ("GET", "/v1alpha1/api/{org}/audit-logs"): Rule(P.ORGANIZATION_READ),  # audit-logs.md's path
     ("GET", "/v2/orgs/{org}/tokens"): Rule(P.TOKEN_READ),
     ("POST", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),
     ("PATCH", "/v2/orgs/{org}/tokens/{token_name}"): Rule(P.TOKEN_WRITE),

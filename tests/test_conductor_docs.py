@@ -19,8 +19,11 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 
 # audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", the base
-# (https://cloud.dbos.dev) changed to Relay's.
+# (https://cloud.dbos.dev) changed to Relay's; and without /conductor, as a self-hosted
+# Conductor's base has it (conductor-api.md, Base URL: "https://cloud.dbos.dev/conductor" or
+# "http://<your-conductor-host>:8090").
 AUDIT_LOGS = "/conductor/v1alpha1/api/acme/audit-logs"
+SELF_HOSTED_AUDIT_LOGS = "/v1alpha1/api/acme/audit-logs"
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +68,13 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
         made = entries(operation="token.create", page_size=1000)
         mine = [e for e in made if e["target"]["id"].startswith("docs-")]
         assert [e["target"] for e in mine] == [{"type": "token", "id": n} for n in ("docs-c", "docs-b", "docs-a")]
-        # The same entries, in the same shape, as conductor-api.md's route gives them.
+        # The same entries, in the same shape, as conductor-api.md's route gives them, and without /conductor.
         v2 = api.get("/v2/orgs/acme/audit-logs", params={"operation": "token.create", "limit": 1000})
         assert v2.status_code == 200, said(v2)
         assert v2.json()["entries"] == made
+        self_hosted = api.get(SELF_HOSTED_AUDIT_LOGS, params={"operation": "token.create", "page_size": 1000})
+        assert self_hosted.status_code == 200, said(self_hosted)
+        assert self_hosted.json()["entries"] == made
 
         # page_size and offset page the newest-first list.
         assert [e["id"] for e in entries(operation="token.create", page_size=2)] == [e["id"] for e in made[:2]]
@@ -103,14 +109,15 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
         reader = api.post("/v2/orgs/acme/tokens/docs-no-org-read", json={"permissions": ["application.read"]})
         assert reader.status_code == 201, said(reader)
 
-    with client(relay, key=None) as anonymous:
-        assert anonymous.get(AUDIT_LOGS).status_code == 401
-    with client(relay, key=reader.json()["token"]) as lacking:
-        resp = lacking.get(AUDIT_LOGS)
-        assert resp.status_code == 403, said(resp)
-        assert "organization.read" in resp.json()["detail"]
-    with client(relay, key=API_KEYS["globex"]) as other_org:
-        assert other_org.get(AUDIT_LOGS).status_code == 403
+    for path in (AUDIT_LOGS, SELF_HOSTED_AUDIT_LOGS):
+        with client(relay, key=None) as anonymous:
+            assert anonymous.get(path).status_code == 401
+        with client(relay, key=reader.json()["token"]) as lacking:
+            resp = lacking.get(path)
+            assert resp.status_code == 403, said(resp)
+            assert "organization.read" in resp.json()["detail"]
+        with client(relay, key=API_KEYS["globex"]) as other_org:
+            assert other_org.get(path).status_code == 403
 
 
 def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess) -> None:

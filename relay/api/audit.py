@@ -1,6 +1,7 @@
 """The audit log of an org: Relay's own listing (``/audit``, oldest first) and Conductor's
 (``/audit-logs``, newest first, in Conductor's shape), also at the path and with the parameters
-of Conductor's audit log page (``/conductor/v1alpha1/api/{org}/audit-logs``)."""
+of Conductor's audit log page (``/conductor/v1alpha1/api/{org}/audit-logs``, and without
+``/conductor``)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from relay.store.audit import AuditMatch
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 # dbos-docs audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", its base
-# changed to Relay's. Not in the OpenAPI document, as Conductor's v2 document does not have it.
-v1alpha1_router = APIRouter(route_class=DecodedRoute, prefix="/conductor/v1alpha1/api/{org}", include_in_schema=False)
+# changed to Relay's (served with and without /conductor, as the v2 API is). Not in the OpenAPI
+# document, as Conductor's v2 document does not have it.
+v1alpha1_router = APIRouter(route_class=DecodedRoute, prefix="/v1alpha1/api/{org}", include_in_schema=False)
 
 
 async def _reader(request: Request, org: str) -> KeyGrant:

@@ -20,14 +20,15 @@ from relay.problem import problem
 
 CONDUCTOR_PREFIX = "/conductor"
 # What is also served under CONDUCTOR_PREFIX: the API, the probes and the scrape paths (the
-# contract's REST section). Not the console, its assets or /openapi.json (the API's document is
-# at /conductor/v2/openapi.json).
+# contract's REST section), and the audit log at the path of Conductor's audit log page. Not the
+# console, its assets or /openapi.json (the API's document is at /conductor/v2/openapi.json).
 ALSO_UNDER_CONDUCTOR = frozenset({"/healthz", "/readyz", "/metrics", "/v1/metrics"})
 
 
 def served_under_conductor(path: str) -> bool:
-    """Whether ``path`` (without the prefix) is also served as ``/conductor`` + ``path``."""
-    return path.startswith("/v2/") or path in ALSO_UNDER_CONDUCTOR
+    """Whether ``path`` (without the prefix) is also served as ``/conductor`` + ``path``: the v2 API,
+    and Conductor's audit log page's ``/v1alpha1/api/{org}/audit-logs``."""
+    return path.startswith(("/v2/", "/v1alpha1/api/")) or path in ALSO_UNDER_CONDUCTOR
 
 
 def keep(segment: str) -> str:
