@@ -13,7 +13,7 @@ from relay.core.lifecycle import TRANSITIONS, ExecutorEvent, ExecutorState, Ille
 from relay.core.peers import BlockedReason, Mode, Peer, order_peers
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
-from workflows.recovery import BLOCKED_RECHECK_MAX_SECS, blocked_recheck_secs
+from workflows.recovery import BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECKS_DENSE, blocked_recheck_secs
 
 S, E = ExecutorState, ExecutorEvent
 V1 = (Peer("a", "v1"), Peer("b", "v1"), Peer("c", "v1"))
@@ -108,10 +108,11 @@ def test_a_blocked_executor_that_left_nothing_pending_succeeds_but_a_dispatch_is
     assert dispatch(FailoverPolicy("dead", "v1").decide(moving)).mode is Mode.LATEST_VERSION
 
 
-def test_a_blocked_recoverys_recheck_backs_off_to_ten_minutes() -> None:
+def test_a_blocked_recoverys_recheck_backs_off_to_ten_minutes_then_further_after_a_day() -> None:
     waits = [blocked_recheck_secs(n) for n in range(8)]
     assert waits == [30.0, 60.0, 120.0, 240.0, 480.0, 600.0, 600.0, 600.0]
-    assert blocked_recheck_secs(10_000) == BLOCKED_RECHECK_MAX_SECS
+    assert blocked_recheck_secs(BLOCKED_RECHECKS_DENSE - 1) == BLOCKED_RECHECK_MAX_SECS
+    assert blocked_recheck_secs(BLOCKED_RECHECKS_DENSE) == 2 * BLOCKED_RECHECK_MAX_SECS  # after a day, sparser
 
 
 def test_a_reason_that_changes_is_recorded_again() -> None:

@@ -112,18 +112,41 @@ log = logging.getLogger("relay.recovery")
 
 WAKE_TOPIC = "wake"
 # A blocked recovery is woken by the hub (a peer that may unblock it connected) or the API
-# (settings, an operator); this fallback re-check covers a wake-up lost to a crash, and a peer
-# that connected since and could say the dead executor left nothing PENDING. Each re-check
-# records a few checkpoints that stay until the run ends, so it backs off: 30 s, doubling at each
-# re-check that finds the same block, up to 10 minutes (~450 rows a day, not ~8,600).
+# (settings, an operator); this fallback re-check covers what sends no wake-up: a wake-up lost to a
+# crash of the instance that was to send it, the dead executor's PENDING workflows ended by other
+# means (a peer then says nothing is pending, and the recovery succeeds), peers that could not list
+# the app's versions before. Each re-check records three operations (the ``DBOS.recv``, its deadline,
+# the ``relay.gather``) that stay until the run ends, and a restart of Relay replays them all (about
+# 1.3 ms of CPU each: bench/blocked_replay.py). So it backs off: 30 s, doubling at each re-check
+# that finds the same block, up to 10 minutes for about a day (BLOCKED_RECHECKS_DENSE re-checks,
+# ~440 operations); then doubling again, up to a day: a month's wait records ~550 operations,
+# not ~13,000, and each further day three. The deadline of a recorded wait is replayed as recorded,
+# so a run begun under the earlier schedule takes this one from its next wait on.
 BLOCKED_RECHECK_SECS = 30.0
 BLOCKED_RECHECK_MAX_SECS = 600.0
+BLOCKED_RECHECK_SPARSE_MAX_SECS = 86_400.0
+BLOCKED_DENSE_SECS = 86_400.0  # how long the 10-minute re-checks go on
+
+
+def _dense_rechecks() -> int:
+    """How many re-checks the first :data:`BLOCKED_DENSE_SECS` of a block take, none woken early."""
+    waited, rechecks = 0.0, 0
+    while waited < BLOCKED_DENSE_SECS:
+        waited += min(BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECK_SECS * 2 ** min(rechecks, 16))
+        rechecks += 1
+    return rechecks
+
+
+BLOCKED_RECHECKS_DENSE = _dense_rechecks()
 
 
 def blocked_recheck_secs(rechecks: int) -> float:
     """The wait before the next re-check of a blocked recovery, after ``rechecks`` waits with no
-    other outcome than the same block."""
-    return float(min(BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECK_SECS * 2 ** min(rechecks, 16)))
+    other outcome than the same block (a wait ended early by a wake-up counts too)."""
+    if rechecks < BLOCKED_RECHECKS_DENSE:
+        return float(min(BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECK_SECS * 2 ** min(rechecks, 16)))
+    sparse = rechecks - BLOCKED_RECHECKS_DENSE + 1
+    return float(min(BLOCKED_RECHECK_SPARSE_MAX_SECS, BLOCKED_RECHECK_MAX_SECS * 2 ** min(sparse, 16)))
 
 
 # Peer choice and verification may use a list of the app's healthy executors read this long ago
