@@ -1,0 +1,127 @@
+"""A blocked recovery that has waited long: what a restart of Relay replays stays bounded.
+
+Each wait of a blocked recovery records three DBOS operations, and a restart replays them all
+(bench/blocked_replay.py). The re-check backs off to 10 minutes for about a day, then to a day:
+a run that has waited many re-checks resumes into a wait that records nothing for hours, and is
+still woken at once by a peer that connects and by an operator.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import SimulatedPeer
+from harness.waiting import assert_eventually
+from harness.waits import OPS_PER_WAIT, recorded_ops, seed_waits
+from relay.core.failover import OPERATOR_NUDGE
+from workflows.recovery import BLOCKED_RECHECKS_DENSE, blocked_recheck_secs
+
+StartRelay = Callable[..., RelayProcess]
+DEAD = "retired-v1"
+RID = f"recovery:acme:ledger:{DEAD}:1000000"
+
+
+def _op(relay_db: str, function_id: int) -> tuple[str, Any] | None:
+    """The name and output of the recovery's operation ``function_id``, if recorded."""
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute(
+            "SELECT function_name, output, serialization FROM dbos.operation_outputs"
+            " WHERE workflow_uuid = %s AND function_id = %s",
+            (RID, function_id),
+        ).fetchone()
+    if row is None:
+        return None
+    name, output, serialization = row
+    if output is None:
+        return str(name), None
+    if name == "DBOS.sleep":
+        return str(name), float(json.loads(output))
+    assert "pickle" in str(serialization).lower() or serialization is None, serialization
+    return str(name), pickle.loads(base64.b64decode(output))
+
+
+def _woken_by(relay_db: str, recv_id: int) -> dict[str, Any]:
+    """The message that ended the wait whose ``DBOS.recv`` is operation ``recv_id``."""
+    recorded: list[tuple[str, Any]] = []
+
+    def ended() -> bool:
+        op = _op(relay_db, recv_id)
+        if op is not None:
+            recorded.append(op)
+        return op is not None
+
+    assert_eventually(ended, 30, what=f"the wait of operation {recv_id} to end")
+    name, message = recorded[-1]
+    assert name == "DBOS.recv", recorded[-1]
+    assert isinstance(message, dict), f"the wait timed out ({message!r}) instead of being woken"
+    return message
+
+
+def test_a_month_of_rechecks_records_a_few_hundred_operations_not_thirteen_thousand() -> None:
+    def waits_within(secs: float) -> int:
+        waited, n = 0.0, 0
+        while waited < secs:
+            waited += blocked_recheck_secs(n)
+            n += 1
+        return n
+
+    day = 86_400.0
+    assert waits_within(day) == BLOCKED_RECHECKS_DENSE  # the first day keeps its 10-minute re-checks
+    assert OPS_PER_WAIT * waits_within(30 * day) <= 600
+    assert OPS_PER_WAIT * waits_within(365 * day) <= 1_600
+    assert blocked_recheck_secs(BLOCKED_RECHECKS_DENSE - 1) == 600.0
+    assert blocked_recheck_secs(10_000) == day
+
+
+def test_a_recovery_that_waited_long_resumes_into_a_sparse_recheck_and_is_still_woken(
+    start_relay: StartRelay, relay_db: str
+) -> None:
+    relay = start_relay(grace=0.5)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, DEAD, "answer"):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", DEAD) == "HEALTHY", 10)
+    # DEAD, and its recovery waits for a peer (there is none): its first wait under way.
+    assert_eventually(lambda: _op(relay_db, 4) is not None, 30, what="the recovery's first wait")
+    assert (relay.executor("acme", "ledger", DEAD) or {}).get("blockedReason") == "no_healthy_peer"
+    relay.stop()
+
+    # It has waited a day and a few days' sparser re-checks with nothing changing.
+    waits = BLOCKED_RECHECKS_DENSE + 8
+    ops = seed_waits(relay_db, RID, waits)
+    relay.start()
+    live_recv, live_deadline = 3 + OPS_PER_WAIT * waits, 4 + OPS_PER_WAIT * waits
+    assert_eventually(lambda: _op(relay_db, live_deadline) is not None, 60, what="the recovery to resume its wait")
+    op = _op(relay_db, live_deadline)
+    assert op is not None and op[0] == "DBOS.sleep", op
+    # The wait it resumed into re-checks in a day, not in 10 minutes: nothing more is recorded meanwhile.
+    assert op[1] - time.time() > 0.9 * 86_400.0, f"the next re-check is {op[1] - time.time():.0f}s away"
+    assert recorded_ops(relay_db, RID) == ops + 1
+
+    with SimulatedPeer(url, "v2-0", "answer", version="v2"):  # a peer joins: the wait ends at once
+        message = _woken_by(relay_db, live_recv)
+        assert message.get("reason") == "peer_connected", message
+        assert_eventually(
+            lambda: (
+                (r := relay.executor("acme", "ledger", DEAD)) and r["blockedReason"] == "version_upgrade_not_allowed"
+            ),
+            30,
+        )
+        # Blocked anew (gather, mark_blocked), it waits again: 30 s at first, as any new block.
+        next_recv = live_recv + 4
+        assert_eventually(lambda: _op(relay_db, next_recv + 1) is not None, 30, what="the next wait")
+        with relay.api() as api:  # an operator's nudge ends that wait too
+            resp = api.post(f"/apps/ledger/executors/{DEAD}/recover")
+            assert resp.status_code == 202, resp.text
+            assert resp.json()["recoveryId"] == RID
+        message = _woken_by(relay_db, next_recv)
+        assert message.get("reason") == OPERATOR_NUDGE, message
+    assert relay.executor("acme", "ledger", DEAD) is not None, "the recovery was meant to still be waiting"
