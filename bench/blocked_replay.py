@@ -102,7 +102,7 @@ def measure(pg: Postgres, workdir: Path, waits: int) -> Resumed:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--waits", type=int, nargs="+", default=[16, 4332], help="waits recorded per run (first: reference)"
+        "--waits", type=int, nargs="+", default=[16, 183, 518, 4332], help="waits recorded per run (first: reference)"
     )
     args = parser.parse_args(argv)
     print_machine()
