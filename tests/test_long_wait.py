@@ -49,6 +49,32 @@ def _op(relay_db: str, function_id: int) -> tuple[str, Any] | None:
     return str(name), pickle.loads(base64.b64decode(output))
 
 
+def _last_op(relay_db: str) -> tuple[int, str] | None:
+    """The recovery's last recorded operation: its id and name."""
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute(
+            "SELECT function_id, function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s"
+            " ORDER BY function_id DESC LIMIT 1",
+            (RID,),
+        ).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def _next_wait(relay_db: str, after: int) -> int:
+    """The ``DBOS.recv`` of the recovery's wait under way once one began after operation ``after``
+    (the recv itself is recorded when the wait ends; its deadline, the next operation, at once)."""
+    waiting: list[int] = []
+
+    def waits_again() -> bool:
+        last = _last_op(relay_db)
+        if last is not None and last[1] == "DBOS.sleep" and last[0] > after:
+            waiting.append(last[0] - 1)
+        return bool(waiting)
+
+    assert_eventually(waits_again, 30, what=f"a wait after operation {after}")
+    return waiting[-1]
+
+
 def _woken_by(relay_db: str, recv_id: int) -> dict[str, Any]:
     """The message that ended the wait whose ``DBOS.recv`` is operation ``recv_id``."""
     recorded: list[tuple[str, Any]] = []
@@ -106,8 +132,20 @@ def test_a_recovery_that_waited_long_resumes_into_a_sparse_recheck_and_is_still_
     assert op[1] - time.time() > 0.9 * 86_400.0, f"the next re-check is {op[1] - time.time():.0f}s away"
     assert recorded_ops(relay_db, RID) == ops + 1
 
-    with SimulatedPeer(url, "v2-0", "answer", version="v2"):  # a peer joins: the wait ends at once
-        message = _woken_by(relay_db, live_recv)
+    # An operator's nudge ends that day-long wait at once; the same block found, the next wait is
+    # a day-long one again (the block's re-checks go on counting).
+    with relay.api() as api:
+        resp = api.post(f"/apps/ledger/executors/{DEAD}/recover")
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["recoveryId"] == RID
+    message = _woken_by(relay_db, live_recv)
+    assert message.get("reason") == OPERATOR_NUDGE, message
+    next_recv = _next_wait(relay_db, live_deadline)
+    deadline = _op(relay_db, next_recv + 1)
+    assert deadline is not None and deadline[1] - time.time() > 0.9 * 86_400.0, deadline
+
+    with SimulatedPeer(url, "v2-0", "answer", version="v2"):  # a peer joins: that wait ends at once too
+        message = _woken_by(relay_db, next_recv)
         assert message.get("reason") == "peer_connected", message
         assert_eventually(
             lambda: (
@@ -115,13 +153,5 @@ def test_a_recovery_that_waited_long_resumes_into_a_sparse_recheck_and_is_still_
             ),
             30,
         )
-        # Blocked anew (gather, mark_blocked), it waits again: 30 s at first, as any new block.
-        next_recv = live_recv + 4
-        assert_eventually(lambda: _op(relay_db, next_recv + 1) is not None, 30, what="the next wait")
-        with relay.api() as api:  # an operator's nudge ends that wait too
-            resp = api.post(f"/apps/ledger/executors/{DEAD}/recover")
-            assert resp.status_code == 202, resp.text
-            assert resp.json()["recoveryId"] == RID
-        message = _woken_by(relay_db, next_recv)
-        assert message.get("reason") == OPERATOR_NUDGE, message
+        _next_wait(relay_db, next_recv + 1)  # blocked anew (gather, mark_blocked), it waits again
     assert relay.executor("acme", "ledger", DEAD) is not None, "the recovery was meant to still be waiting"
