@@ -14,7 +14,7 @@ import signal
 import tarfile
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -94,10 +94,14 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
     new = RelayProcess(tmp_path, relay_db, config, "relay-1")
     try:
         new.start()
+        started = (datetime.now(UTC) - disconnected_at).total_seconds()
         # The grace period resumes with its original deadline and the peer recovers the victim.
         assert_eventually(lambda: new.executor("acme", "ledger", victim.executor_id) is None, GRACE + 20)
         dead = next(e for e in _audit(new, victim.executor_id) if e["action"] == "executor.dead")
-        assert GRACE - 0.1 <= (ts(dead["at"]) - disconnected_at).total_seconds() <= GRACE + 1.5
+        # Declared at the deadline 0.2.0 recorded, or as soon as the new instance is up when that
+        # took longer (a loaded machine): a grace period begun again would end GRACE after that.
+        late = (ts(dead["at"]) - disconnected_at).total_seconds()
+        assert GRACE - 0.1 <= late <= max(GRACE, started) + 1.5, (late, started)
         # The waiting recovery is woken by a new peer of its app and finishes.
         rescuer = start_executor(new.conductor_url, app="solo", sysdb=solo_sysdb, env=env)
         assert_eventually(lambda: new.executor("acme", "solo", lonely.executor_id) is None, 30)
