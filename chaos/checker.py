@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from chaos.dbrules import database_figures, database_violations
@@ -49,6 +49,17 @@ class History:
     # Relay instance exits the harness did not cause: {"instance", "exit_code", "at" (wall time, when
     # first seen)}
     exits: list[dict[str, Any]] = field(default_factory=list)
+    # From the system databases at the end: workflow id -> its executor_id, and its created_at and
+    # updated_at as Unix times (updated_at: when a terminal status was written). Empty for a record
+    # from before (no nothing-pending checks then).
+    owners: dict[str, Owner] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Owner:
+    executor: str | None
+    created: float
+    updated: float
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ def check(h: History) -> list[str]:
         *_paused_instances_fenced(h),
         *_one_alert_per_death(h),
         *_recovered_within_the_app(h),
+        *_nothing_was_pending(h),
         *semantic_violations(h),
         *database_violations(h),
     ]
@@ -217,6 +229,45 @@ def _recovered_within_the_app(h: History) -> list[str]:
             problems.append(
                 f"recovery of {app} executor {e['executorId']} dispatched to {h.apps[peer]} executor {peer}"
             )
+    return problems
+
+
+# A workflow created this little before a nothing-pending deletion may have started after the peer's
+# answer (a partitioned executor keeps running): only those created earlier are judged. Relay
+# writes the deletion within milliseconds of the answer; a workflow pending across this whole span
+# was there to be listed.
+NOTHING_PENDING_SLACK_SECS = 1.0
+
+
+def _nothing_was_pending(h: History) -> list[str]:
+    """A recovery that found nothing pending (``detail.nothingPending``: a peer listed no PENDING
+    workflow of the dead executor, and its record was deleted with nothing recovered) is checked
+    against the system database: no workflow of that executor (its ``executor_id`` at the end)
+    created before the deletion (:data:`NOTHING_PENDING_SLACK_SECS`) was still unfinished at it, and
+    none is left PENDING at the end while that executor's record is gone."""
+    if not h.owners:
+        return []
+    problems = []
+    for entry in h.audit:
+        if entry["action"] != "executor.deleted" or not (entry.get("detail") or {}).get("nothingPending"):
+            continue
+        executor, when = entry["executorId"], _unix(entry)
+        stamp = datetime.fromtimestamp(when, UTC).strftime("%H:%M:%S.%f")[:-3]
+        for workflow_id, owner in sorted(h.owners.items()):
+            if owner.executor != executor:
+                continue
+            status = h.workflows.get(workflow_id, ("?", ""))[0]
+            finished = status in TERMINAL
+            if owner.created < when - NOTHING_PENDING_SLACK_SECS and (not finished or owner.updated > when):
+                problems.append(
+                    f"executor {executor} was deleted at {stamp} with nothing pending, but its workflow "
+                    f"{workflow_id} was unfinished then ({'finished later, ' if finished else ''}status {status})"
+                )
+            elif status == "PENDING" and executor not in h.registry:
+                problems.append(
+                    f"workflow {workflow_id} of executor {executor}, deleted at {stamp} with nothing pending, "
+                    "is left PENDING with no executor to recover it"
+                )
     return problems
 
 

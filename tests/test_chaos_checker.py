@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from chaos.checker import History, check, figures
+from chaos.checker import History, Owner, check, figures
 from chaos.schedule import FAULT_KINDS, INSTANCE_FAULTS, PROFILES, make_schedule
 
 
@@ -182,6 +182,64 @@ def test_a_deletion_with_nothing_pending_needs_no_dispatch_but_its_success() -> 
     assert check(h) == [f"executor e1 was deleted without recovery.succeeded of {R1} before it in the audit log"]
     h.audit = run_entries("e1", ("executor.dead", None), ("recovery.succeeded", R1), ("executor.deleted", R1))
     assert check(h) == [f"executor e1 was deleted without recovery.dispatched of {R1} before it in the audit log"]
+
+
+def idle_deletion(owners: dict[str, Owner], statuses: dict[str, str]) -> History:
+    """e1 declared dead at 00:01:00 and deleted with nothing pending at 00:01:02; ``owners`` are the
+    system database's workflows (times in seconds after 00:01:00)."""
+    h = sound()
+    h.audit = run_entries("e1", ("executor.dead", None), ("recovery.succeeded", R1), ("executor.deleted", R1))
+    for entry in h.audit[1:]:
+        entry["detail"] = {"recoveryId": R1, "nothingPending": True, "verifiedBy": "e2"}
+    base = datetime(2026, 11, 30, 0, 1, tzinfo=UTC).timestamp()
+    h.owners = {w: Owner(o.executor, base + o.created, base + o.updated) for w, o in owners.items()}
+    for workflow_id, status in statuses.items():
+        h.workflows[workflow_id] = (status, "ledger")
+        if status == "SUCCESS":
+            h.outcomes.append((workflow_id, h.owners[workflow_id].executor or "", "ledger"))
+    return h
+
+
+def test_a_nothing_pending_deletion_is_checked_against_the_system_database() -> None:
+    """Relay said e1 left nothing PENDING: a workflow of e1 begun before and unfinished at the
+    deletion proves it wrong, whether it finished later or is left PENDING with nobody to recover it."""
+    done_before = {"w9": Owner("e1", -5.0, 1.0)}  # finished before the deletion (at 2 s)
+    begun_after = {"w8": Owner("e1", 1.5, 4.0)}  # begun within the slack of the peer's answer
+    others = {"w7": Owner("e2", -5.0, 4.0)}  # another executor's, finished after it
+    h = idle_deletion({**done_before, **begun_after, **others}, {"w9": "SUCCESS", "w8": "SUCCESS", "w7": "SUCCESS"})
+    assert check(h) == []
+
+    h = idle_deletion({**done_before, "w6": Owner("e1", -3.0, 9.0)}, {"w9": "SUCCESS", "w6": "SUCCESS"})
+    assert check(h) == [
+        "executor e1 was deleted at 00:01:02.000 with nothing pending, but its workflow w6 was unfinished "
+        "then (finished later, status SUCCESS)"
+    ]
+
+    h = idle_deletion({"w5": Owner("e1", -3.0, -3.0)}, {"w5": "PENDING"})
+    problems = check(h)
+    assert "executor e1 was deleted at 00:01:02.000 with nothing pending, but its workflow w5 was unfinished " \
+        "then (status PENDING)" in problems  # fmt: skip
+    assert "workflow w5 never finished (status PENDING)" in problems
+
+
+def test_work_left_pending_by_an_executor_deleted_with_nothing_pending_is_rejected() -> None:
+    """A workflow of e1 begun just before its deletion (within the slack) and never finished: left
+    PENDING with its executor's record gone, nobody will recover it."""
+    h = idle_deletion({"w4": Owner("e1", 1.5, 1.5)}, {"w4": "PENDING"})
+    assert (
+        "workflow w4 of executor e1, deleted at 00:01:02.000 with nothing pending, is left PENDING with no "
+        "executor to recover it"
+    ) in check(h)
+    h.registry["e1"] = {"state": "HEALTHY"}  # it came back: its own work, not stranded
+    assert not any("no executor to recover it" in p for p in check(h))
+
+
+def test_without_the_system_database_s_owners_nothing_pending_is_taken_on_relay_s_word() -> None:
+    """A record from before the runner read owners: the rule has nothing to judge by."""
+    h = idle_deletion({}, {})
+    h.workflows["w3"] = ("SUCCESS", "ledger")
+    h.outcomes.append(("w3", "e1", "ledger"))
+    assert check(h) == []
 
 
 def test_each_life_of_an_executor_needs_its_own_death_and_recovery() -> None:
