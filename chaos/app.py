@@ -6,7 +6,9 @@ venv, harness/client_venv.py) reaching Relay through relay_client instead.
 Run as ``python -m chaos.app`` with CHAOS_* settings in the environment. It
 starts a workflow every ``CHAOS_INTERVAL`` seconds until the Unix time in the
 file ``CHAOS_UNTIL_FILE`` (the runner sets it once the fleet is up), cycling
-through four kinds:
+through four kinds (a deploy, chaos/schedule.py, drains it through the file ``CHAOS_DRAIN_FILE``:
+once it says ``noqueue``, ``queued`` is started as ``short``; once it says ``idle``, nothing more
+is started):
 
 - ``short``: two steps;
 - ``long``: a step, a durable sleep, a step;
@@ -107,9 +109,18 @@ def parent() -> None:
     outcome()
 
 
-def start_one(n: int, rng: random.Random) -> None:
+def drain(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def start_one(n: int, rng: random.Random, enqueue: bool = True) -> None:
     workflow_id = f"{GlobalParams.app_name}:{GlobalParams.executor_id}:{n}"
     kind = n % 4
+    if kind == 2 and not enqueue:
+        kind = 0
     with SetWorkflowID(workflow_id):
         if kind == 0:
             DBOS.start_workflow(short)
@@ -154,9 +165,10 @@ def main() -> None:
     print(f"READY {GlobalParams.executor_id}", flush=True)
     rng = random.Random(ENV.get("CHAOS_SEED", "0") + GlobalParams.executor_id)
     until_file, interval = Path(ENV["CHAOS_UNTIL_FILE"]), float(ENV["CHAOS_INTERVAL"])
+    drain_file = Path(ENV.get("CHAOS_DRAIN_FILE") or until_file.with_name("no-drain"))
     n = 0
-    while time.time() < float(until_file.read_text()):
-        start_one(n, rng)
+    while time.time() < float(until_file.read_text()) and (mode := drain(drain_file)) != "idle":
+        start_one(n, rng, enqueue=mode != "noqueue")
         n += 1
         time.sleep(interval)
     while True:

@@ -28,11 +28,11 @@ from typing import Any
 
 import psycopg
 
-from chaos.checker import History, Timing, check, figures
+from chaos.checker import History, Owner, Timing, check, figures
 from chaos.dbrules import READY_SLACK_SECS
 from chaos.observe import RegistryWatch, time_to_ready
 from chaos.record import FORMAT, write_record
-from chaos.schedule import SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile, faults_end
+from chaos.schedule import DEPLOY_FAULTS, SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile, faults_end
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
@@ -59,6 +59,7 @@ class Slot:
     proc: subprocess.Popen[bytes] | None = None
     executor_id: str = ""
     ids: list[str] = field(default_factory=list)
+    drain: Path | None = None  # the current process's CHAOS_DRAIN_FILE (chaos/app.py)
 
 
 class Interrupted(BaseException):
@@ -197,8 +198,10 @@ class Fleet:
             "CHAOS_EVIDENCE": self.evidence, "CHAOS_CONDUCTOR_URL": f"ws://127.0.0.1:{slot.proxy.port}/",
             "CHAOS_CONDUCTOR_KEY": CONDUCTOR_KEYS["acme"], "CHAOS_UNTIL_FILE": str(self.until_file),
             "CHAOS_INTERVAL": str(self.profile.workload_interval_secs), "CHAOS_SEED": str(self.seed),
+            "CHAOS_DRAIN_FILE": str(self.workdir / f"drain-{slot.index}-{len(slot.ids)}"),
             **({"CHAOS_CLIENT": "1"} if self.client else {}),
         }  # fmt: skip
+        slot.drain = Path(env["CHAOS_DRAIN_FILE"])
         log = open(self.workdir / f"executor-{slot.index}-{len(slot.ids)}.log", "wb")
         slot.proc = subprocess.Popen(
             [self.python, "-m", "chaos.app"], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT
@@ -265,6 +268,10 @@ def inject(fleet: Fleet, fault: Fault) -> dict[str, Any]:
         cap = fleet.profile.lease_secs + READY_SLACK_SECS + 5.0
         record["ready_after"] = time_to_ready(fleet.relays, record["ended"], cap)
         return record
+    if fault.kind in DEPLOY_FAULTS:
+        record.update(_deploy(fleet))
+        record.update(ended=time.time(), ended_mono=time.monotonic())
+        return record
     if fault.kind.startswith("relay_"):
         relay = fleet.relays[max(fault.target, 0)]
         record["instance"] = relay.instance_id
@@ -328,6 +335,96 @@ def _system_database_fault(fleet: Fleet, slot: Slot, fault: Fault) -> dict[str, 
     return {"sysdb_down": down, "sysdb_up": up}
 
 
+# How long a deploy waits for each of its stages (the v1 queues drained, the idle executors idle,
+# the busy ones' recoveries blocked) before going on regardless (what it found is in its record).
+DEPLOY_STAGE_SECS = 30.0
+
+
+def _deploy(fleet: Fleet) -> dict[str, Any]:
+    """A second version of the main app replaces the first (:data:`chaos.schedule.DEPLOY_FAULTS`):
+    v2 executors start, the v1 ones are drained (half of them idle), then all killed at once; the
+    busy ones' blocked recoveries are then recovered onto the latest version, as an operator would."""
+    main = [slot for slot in fleet.slots if slot.app == MAIN_APP]
+    old = [(slot.proc, slot.executor_id, slot.drain) for slot in main]
+    idle_count = max(1, len(main) // 2)
+    for slot in main:
+        slot.version = "v2"
+        fleet.launch(slot)
+    for _, _, drain in old:
+        _write(drain, "noqueue")
+    queues_drained = _wait(lambda: _count(fleet, "status = 'ENQUEUED' AND application_version = 'v1'") == 0)
+    idle = [executor for _, executor, _ in old[:idle_count]]
+    busy = [executor for _, executor, _ in old[idle_count:]]
+    for _, _, drain in old[:idle_count]:
+        _write(drain, "idle")
+    quiet = _wait(lambda: all(_count(fleet, "status = 'PENDING' AND executor_id = %s", e) == 0 for e in idle))
+    # The busy ones still run some workflow each, so that their recoveries have something to block on.
+    _wait(lambda: all(_count(fleet, "status = 'PENDING' AND executor_id = %s", e) > 0 for e in busy))
+    pending = {executor: _count(fleet, "status = 'PENDING' AND executor_id = %s", executor) for _, executor, _ in old}
+    killed_at = time.time()
+    for proc, _, _ in old:
+        assert proc is not None
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    recovered: dict[str, Any] = {}
+    for executor in busy:
+        state = _wait_blocked(fleet, executor)
+        recovered[executor] = state
+        if state == "blocked":
+            with fleet.relay.api() as api:
+                resp = api.post(f"/apps/{MAIN_APP}/executors/{executor}/recover", json={"toLatestVersion": True})
+            recovered[executor] = resp.status_code
+    return {"retired": idle + busy, "killed_at": killed_at, "idle": idle, "busy": busy,
+            "queues_drained": queues_drained, "idle_quiet": quiet, "pending_at_kill": pending,
+            "recovered_to_latest": recovered}  # fmt: skip
+
+
+def _write(path: Path | None, text: str) -> None:
+    assert path is not None
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _wait(condition: Any, secs: float = DEPLOY_STAGE_SECS) -> bool:
+    deadline = time.monotonic() + secs
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _count(fleet: Fleet, where: str, *params: str) -> int:
+    with psycopg.connect(fleet.sysdb) as conn:
+        row = conn.execute(f"SELECT count(*) FROM dbos.workflow_status WHERE {where}", params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _wait_blocked(fleet: Fleet, executor: str) -> str:
+    """``blocked`` once the executor's record is DEAD with a blocked recovery, ``gone`` once it is
+    deleted, else its last state when the wait ends."""
+    seen = "unknown"
+
+    def settled() -> bool:
+        nonlocal seen
+        with fleet.relay.api() as api:
+            resp = api.get(f"/apps/{MAIN_APP}/executors/{executor}")
+        if resp.status_code == 404:
+            seen = "gone"
+            return True
+        if resp.status_code != 200:
+            return False
+        record = resp.json()
+        seen = "blocked" if record.get("state") == "DEAD" and record.get("blockedReason") else str(record.get("state"))
+        return seen == "blocked"
+
+    _wait(settled, fleet.profile.grace_secs + DEPLOY_STAGE_SECS)
+    return seen
+
+
 def _instance_fault(fleet: Fleet, relay: RelayProcess, fault: Fault) -> dict[str, Any]:
     assert relay.proc is not None
     if fault.kind == "relay_kill":
@@ -357,8 +454,11 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any
     rows = []
     for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
         with psycopg.connect(sysdb) as conn:
-            rows += conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall()
-    workflows = {w: (status, w.split(":", 1)[0]) for w, status in rows}
+            rows += conn.execute(
+                "SELECT workflow_uuid, status, executor_id, created_at, updated_at FROM dbos.workflow_status"
+            ).fetchall()
+    workflows = {w: (status, w.split(":", 1)[0]) for w, status, _, _, _ in rows}
+    owners = {w: Owner(executor, created / 1000, updated / 1000) for w, _, executor, created, updated in rows}
     with psycopg.connect(fleet.evidence) as conn:
         outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
             "SELECT workflow_id, executor_id, app FROM outcomes ORDER BY id").fetchall()]  # fmt: skip
@@ -376,6 +476,7 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any
     return History(
         workflows, outcomes, steps, audit, registry, faults,
         alerts=fleet.alerts(), apps=apps, alive=alive, timing=timing, health=fleet.watch.samples, exits=exits,
+        owners=owners,
     )  # fmt: skip
 
 

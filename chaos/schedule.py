@@ -26,6 +26,15 @@ DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 # Played, like DATABASE_FAULTS, with ``db_faults`` only.
 SYSTEM_DATABASE_FAULTS = ("sysdb_restart",)
 SYSDB_LEAD_SECS = 1.0
+# A deploy of a second version of the main app: as many executors of version v2 start (each slot's
+# v2 behind the slot's proxy), every v1 executor stops enqueueing and the queues' v1 work is drained;
+# then the first half of them (at least one) stop starting workflows and finish what they run (idle),
+# the others keep starting ones (busy), and every v1 executor is killed at once. With only v2 peers,
+# an idle one's recovery finds nothing pending (its record is deleted, nothing recovered); a busy
+# one's blocks, and the operator then recovers it onto the latest version. Never in a generated
+# schedule (a fleet's later faults would hit v2 executors); played from recordings
+# (chaos/runs/mutants/deploy.json). Its target is -1.
+DEPLOY_FAULTS = ("deploy",)
 
 
 @dataclass(frozen=True)
@@ -134,8 +143,9 @@ class Fault:
 def unplayable(profile: Profile, fault: Fault) -> str | None:
     """Why ``fault`` cannot be played as written on ``profile``'s fleet, or None if it can."""
     database = DATABASE_FAULTS + SYSTEM_DATABASE_FAULTS
-    if fault.kind not in FAULT_KINDS + database:
-        return f"unknown fault kind {fault.kind!r} (known: {', '.join(FAULT_KINDS + database)})"
+    if fault.kind not in FAULT_KINDS + database + DEPLOY_FAULTS:
+        known = ", ".join(FAULT_KINDS + database + DEPLOY_FAULTS)
+        return f"unknown fault kind {fault.kind!r} (known: {known})"
     if fault.at < 0 or fault.duration < 0:
         return f"{fault.kind} at {fault.at} s for {fault.duration} s: a time is negative"
     if fault.kind in database and not profile.db_faults:
@@ -144,8 +154,9 @@ def unplayable(profile: Profile, fault: Fault) -> str | None:
     if fault.kind in SYSTEM_DATABASE_FAULTS and fault.kind not in profile.db_kinds:
         return (f"{fault.kind} needs the system databases on a server of their own, and profile "
                 f"{profile.name!r} does not list it in db_kinds")  # fmt: skip
-    if fault.kind in DATABASE_FAULTS and fault.target != -1:
-        return f"{fault.kind} target {fault.target}: a database fault's target is -1"
+    if fault.kind in DATABASE_FAULTS + DEPLOY_FAULTS and fault.target != -1:
+        what = "deploy" if fault.kind in DEPLOY_FAULTS else "database fault"
+        return f"{fault.kind} target {fault.target}: a {what}'s target is -1"
     if fault.kind in INSTANCE_FAULTS and not -1 <= fault.target < profile.relay_instances:
         return (f"{fault.kind} target {fault.target} out of range: profile {profile.name!r} has "
                 f"Relay instances 0 to {profile.relay_instances - 1}")  # fmt: skip

@@ -44,6 +44,9 @@ RECONNECT_SECS = 3.0
 # sysdb_restart kills its executor first (then restarts the apps' system databases).
 EXECUTOR_CUTS = ("kill9", "sigstop", "partition", "sysdb_restart")
 KILLS = ("kill9", "sysdb_restart")
+# A deploy (chaos/schedule.py) kills every executor of the old version at once (its ``retired``, at
+# ``killed_at``): a kill of each.
+DEPLOYS = ("deploy",)
 # Relay's database failing (profile db) may fence instances out, and their executors with them.
 INSTANCE_CUTS = ("relay_kill", "relay_sigstop", "relay_restart", "db_kill", "db_cut", "db_restart", "db_pause")
 
@@ -79,7 +82,16 @@ def cuts_of(h: History, executor: str) -> list[Cut]:
         if f["kind"] in INSTANCE_CUTS or (f["kind"] in EXECUTOR_CUTS and f.get("executor") == executor):
             end = math.inf if f["kind"] in KILLS else _ended(f) + RECONNECT_SECS
             cuts.append(Cut(float(f["at"]), end, f["kind"] == "sigstop", f))
+        elif f["kind"] in DEPLOYS and executor in f.get("retired", ()) and f.get("killed_at") is not None:
+            cuts.append(Cut(float(f["killed_at"]), math.inf, False, f))
     return cuts
+
+
+def killed(h: History) -> set[str]:
+    """Every executor the harness killed (by itself, or retired by a deploy)."""
+    return {str(f.get("executor")) for f in h.faults if f["kind"] in KILLS} | {
+        str(e) for f in h.faults if f["kind"] in DEPLOYS for e in f.get("retired", ())
+    }
 
 
 def _declarations(h: History) -> list[tuple[str, float]]:
@@ -156,7 +168,7 @@ def _short_faults_forgiven(h: History) -> list[str]:
 
 def _reexecutions_explained(h: History) -> list[str]:
     dead = {e["executorId"] for e in h.audit if e["action"] == "executor.dead"}
-    killed = {f.get("executor") for f in h.faults if f["kind"] in KILLS}
+    gone = killed(h)
     ran: dict[tuple[str, str], set[str]] = defaultdict(set)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for workflow_id, step, executor, _ in h.steps:
@@ -166,7 +178,7 @@ def _reexecutions_explained(h: History) -> list[str]:
         f"step {step} of {workflow_id} ran {counts[(workflow_id, step)]} times on {sorted(executors)}, "
         f"none of them declared dead or killed"
         for (workflow_id, step), executors in sorted(ran.items())
-        if counts[(workflow_id, step)] > 1 and not executors & (dead | killed)
+        if counts[(workflow_id, step)] > 1 and not executors & (dead | gone)
     ]
 
 

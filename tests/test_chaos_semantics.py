@@ -162,3 +162,12 @@ def test_a_recovery_dispatched_to_another_apps_executor_is_rejected() -> None:
     audit[1] = entry("recovery.dispatched", 12.2, "e1", "d1")
     problems = check(history([fault("kill9", 10)], audit))
     assert "recovery of ledger executor e1 dispatched to billing executor d1" in problems
+
+
+def test_a_deploy_counts_as_a_kill_of_each_executor_it_retired() -> None:
+    """A deploy kills its ``retired`` executors at ``killed_at``: their deaths after the grace period
+    pass, one declared sooner does not, and an executor it did not retire is not excused."""
+    deploy = {**fault("deploy", 5, executor=None), "retired": ["e1"], "killed_at": T0 + 10}
+    assert check(history([deploy], recovered(10 + 2.1))) == []
+    assert any("before its grace period" in p for p in check(history([deploy], recovered(10 + 0.5))))
+    assert any("no fault cutting it off" in p for p in check(history([{**deploy, "retired": ["e3"]}], recovered(12.1))))
