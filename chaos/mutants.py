@@ -74,6 +74,10 @@ MUTANTS = (
                  "    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), "
                  "RecoveryReply, timeout)\n",
                  "    return {\"ok\": True}\n"),)),
+    Mutant("nothing-pending", "a blocked recovery finds nothing pending without asking a peer", "deploy.json",
+           (Edit("workflows/recovery.py",
+                 "    asked = order_peers(ref.key.executor_id, peers)[:NOTHING_PENDING_ASKED]\n",
+                 "    return peers[0].executor_id\n"),)),
 )  # fmt: skip
 
 # Every virtualenv (.venv, .venv-client*, .venv-mcp: hundreds of MB each), the runs' folders and caches.
