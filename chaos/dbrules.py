@@ -4,7 +4,8 @@ the audit log and what the runner watched (chaos/observe.py):
 - (e) no executor stays HEALTHY in the registry more than ``pingWaitSecs`` (+
   :data:`HEALTHY_TOLERANCE_SECS`) after its process is gone or paused, or after Relay's database
   returned, whichever is later. Killed (``kill9``, ``sysdb_restart``'s kill): its id never comes
-  back, so the rule holds for the rest of the run. Paused (``sigstop``) or partitioned: only while
+  back, so the rule holds for the rest of the run (so does a deploy's kill of each executor it retires, from
+  its ``killed_at``). Paused (``sigstop``) or partitioned: only while
   the fault lasts (it is legitimately HEALTHY again once it reconnects). A partition counts as its
   socket gone (harness/proxy.py aborts both sides of every connection and refuses new ones), a
   pause as silent; both get ``pingWaitSecs``, the longest a silent executor may take to be noticed
@@ -51,6 +52,7 @@ DATABASE_FAULTS = ("db_kill", "db_cut", "db_restart", "db_pause")
 HARNESS_INSTANCE_FAULTS = ("relay_kill", "relay_sigstop", "relay_restart")
 GONE = ("kill9", "sysdb_restart")  # the process is dead: its id never comes back
 AWAY = ("sigstop", "partition")  # back when the fault ends
+DEPLOYS = ("deploy",)  # kills every executor it retires, for good
 
 
 def _ended(f: dict[str, Any]) -> float:
@@ -70,6 +72,18 @@ def _outages(h: History) -> list[tuple[float, float]]:
     return sorted(spans)
 
 
+def _executor_cuts(h: History) -> list[tuple[dict[str, Any], str, float]]:
+    """(fault, executor, when it was cut off) of every executor fault, and of every executor a
+    deploy retired (killed at its ``killed_at``)."""
+    cuts = []
+    for f in h.faults:
+        if f["kind"] in GONE + AWAY and f.get("executor"):
+            cuts.append((f, str(f["executor"]), float(f["at"])))
+        elif f["kind"] in DEPLOYS and f.get("killed_at") is not None:
+            cuts += [(f, str(executor), float(f["killed_at"])) for executor in f.get("retired", ())]
+    return cuts
+
+
 def healthy_cuts(h: History) -> list[dict[str, Any]]:
     """Per executor fault of (e): the executor, when it counts from (``base``), the window's end, and the
     latest HEALTHY sample in the window (None if none)."""
@@ -77,12 +91,8 @@ def healthy_cuts(h: History) -> list[dict[str, Any]]:
         return []
     wait = h.timing.ping_wait_secs
     cuts = []
-    for f in h.faults:
-        executor = f.get("executor")
-        if f["kind"] not in GONE + AWAY or not executor:
-            continue
-        start = float(f["at"])
-        until = math.inf if f["kind"] in GONE else _ended(f)
+    for f, executor, start in _executor_cuts(h):
+        until = math.inf if f["kind"] in GONE + DEPLOYS else _ended(f)
         base = start
         for begin, end in _outages(h):
             if begin <= base + wait + HEALTHY_TOLERANCE_SECS and end >= start:

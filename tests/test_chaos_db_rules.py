@@ -65,6 +65,16 @@ def test_a_killed_executor_no_longer_healthy_within_ping_wait_passes() -> None:
     }
 
 
+def test_an_executor_a_deploy_retired_seen_healthy_long_after_is_rejected() -> None:
+    """A deploy kills each executor it retires at its ``killed_at``: (e) holds for each of them."""
+    deploy = fault("deploy", 5, executor=None, retired=["e1"], killed_at=T0 + 10)
+    h = history([deploy], health={"e1": healthy(9.6, 10.2, 60.0)})
+    problems = check(h)
+    assert len(problems) == 1 and "50.00 s after its deploy" in problems[0], problems
+    h = history([deploy], health={"e1": healthy(9.6, 10.2) + healthy(11.0, 60.0, state="DISCONNECTED")})
+    assert check(h) == []
+
+
 def test_a_database_outage_moves_the_bound_to_its_end() -> None:
     # Killed at 10 while Relay's database is out from 9 to 14: HEALTHY until 14 + pingWaitSecs is fine.
     faults = [fault("db_kill", 9, 5.0), fault("kill9", 10, executor="e1")]
