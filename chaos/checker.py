@@ -305,6 +305,10 @@ def figures(h: History) -> dict[str, Any]:
         },
         "dead_declarations": timing_figures(h),
         "recoveries_dispatched_while_sysdb_down": _during_sysdb_outages(h, "recovery.dispatched"),
+        # Deletions after a peer found nothing pending (checked against the system database)
+        "nothing_pending_deletions": sum(
+            1 for e in h.audit if e["action"] == "executor.deleted" and (e.get("detail") or {}).get("nothingPending")
+        ),
         "reconciler": {
             "found": sum(1 for e in h.audit if e["action"] == "reconcile.found"),
             "recovered": sum(1 for e in h.audit if e["action"] == "reconcile.recovered"),

@@ -208,6 +208,7 @@ def test_a_nothing_pending_deletion_is_checked_against_the_system_database() -> 
     others = {"w7": Owner("e2", -5.0, 4.0)}  # another executor's, finished after it
     h = idle_deletion({**done_before, **begun_after, **others}, {"w9": "SUCCESS", "w8": "SUCCESS", "w7": "SUCCESS"})
     assert check(h) == []
+    assert figures(h)["nothing_pending_deletions"] == 1
 
     h = idle_deletion({**done_before, "w6": Owner("e1", -3.0, 9.0)}, {"w9": "SUCCESS", "w6": "SUCCESS"})
     assert check(h) == [
