@@ -258,12 +258,14 @@ def _nothing_was_pending(h: History) -> list[str]:
                 continue
             status = h.workflows.get(workflow_id, ("?", ""))[0]
             finished = status in TERMINAL
+            stranded = status == "PENDING" and executor not in h.registry
             if owner.created < when - NOTHING_PENDING_SLACK_SECS and (not finished or owner.updated > when):
                 problems.append(
                     f"executor {executor} was deleted at {stamp} with nothing pending, but its workflow "
                     f"{workflow_id} was unfinished then ({'finished later, ' if finished else ''}status {status})"
+                    + (", and is left PENDING with no executor to recover it" if stranded else "")
                 )
-            elif status == "PENDING" and executor not in h.registry:
+            elif stranded:
                 problems.append(
                     f"workflow {workflow_id} of executor {executor}, deleted at {stamp} with nothing pending, "
                     "is left PENDING with no executor to recover it"
