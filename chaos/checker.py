@@ -49,16 +49,17 @@ class History:
     # Relay instance exits the harness did not cause: {"instance", "exit_code", "at" (wall time, when
     # first seen)}
     exits: list[dict[str, Any]] = field(default_factory=list)
-    # From the system databases at the end: workflow id -> its executor_id, and its created_at and
-    # updated_at as Unix times (updated_at: when a terminal status was written). Empty for a record
-    # from before (no nothing-pending checks then).
+    # From the system databases at the end: workflow id -> its executor_id, when it started (a queued
+    # one's dequeue, started_at_epoch_ms; else created_at) and its updated_at (for a finished one, when
+    # its terminal status was written), as Unix times. Empty for a record from before (no
+    # nothing-pending checks then).
     owners: dict[str, Owner] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Owner:
     executor: str | None
-    created: float
+    started: float
     updated: float
 
 
@@ -232,8 +233,8 @@ def _recovered_within_the_app(h: History) -> list[str]:
     return problems
 
 
-# A workflow created this little before a nothing-pending deletion may have started after the peer's
-# answer (a partitioned executor keeps running): only those created earlier are judged. Relay
+# A workflow started this little before a nothing-pending deletion may have started after the peer's
+# answer (a partitioned executor keeps running): only those started earlier are judged. Relay
 # writes the deletion within milliseconds of the answer; a workflow pending across this whole span
 # was there to be listed.
 NOTHING_PENDING_SLACK_SECS = 1.0
@@ -243,7 +244,7 @@ def _nothing_was_pending(h: History) -> list[str]:
     """A recovery that found nothing pending (``detail.nothingPending``: a peer listed no PENDING
     workflow of the dead executor, and its record was deleted with nothing recovered) is checked
     against the system database: no workflow of that executor (its ``executor_id`` at the end)
-    created before the deletion (:data:`NOTHING_PENDING_SLACK_SECS`) was still unfinished at it, and
+    started before the deletion (:data:`NOTHING_PENDING_SLACK_SECS`) was still unfinished at it, and
     none is left PENDING at the end while that executor's record is gone."""
     if not h.owners:
         return []
@@ -259,7 +260,7 @@ def _nothing_was_pending(h: History) -> list[str]:
             status = h.workflows.get(workflow_id, ("?", ""))[0]
             finished = status in TERMINAL
             stranded = status == "PENDING" and executor not in h.registry
-            if owner.created < when - NOTHING_PENDING_SLACK_SECS and (not finished or owner.updated > when):
+            if owner.started < when - NOTHING_PENDING_SLACK_SECS and (not finished or owner.updated > when):
                 problems.append(
                     f"executor {executor} was deleted at {stamp} with nothing pending, but its workflow "
                     f"{workflow_id} was unfinished then ({'finished later, ' if finished else ''}status {status})"

@@ -455,10 +455,12 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any
     for sysdb in (fleet.sysdb, fleet.decoy_sysdb):
         with psycopg.connect(sysdb) as conn:
             rows += conn.execute(
-                "SELECT workflow_uuid, status, executor_id, created_at, updated_at FROM dbos.workflow_status"
+                """SELECT workflow_uuid, status, executor_id,
+                          GREATEST(created_at, COALESCE(started_at_epoch_ms, created_at)), updated_at
+                   FROM dbos.workflow_status"""
             ).fetchall()
     workflows = {w: (status, w.split(":", 1)[0]) for w, status, _, _, _ in rows}
-    owners = {w: Owner(executor, created / 1000, updated / 1000) for w, _, executor, created, updated in rows}
+    owners = {w: Owner(executor, started / 1000, updated / 1000) for w, _, executor, started, updated in rows}
     with psycopg.connect(fleet.evidence) as conn:
         outcomes = [(w, e, apps.get(e, str(a))) for w, e, a in conn.execute(
             "SELECT workflow_id, executor_id, app FROM outcomes ORDER BY id").fetchall()]  # fmt: skip

@@ -192,7 +192,7 @@ def idle_deletion(owners: dict[str, Owner], statuses: dict[str, str]) -> History
     for entry in h.audit[1:]:
         entry["detail"] = {"recoveryId": R1, "nothingPending": True, "verifiedBy": "e2"}
     base = datetime(2026, 11, 30, 0, 1, tzinfo=UTC).timestamp()
-    h.owners = {w: Owner(o.executor, base + o.created, base + o.updated) for w, o in owners.items()}
+    h.owners = {w: Owner(o.executor, base + o.started, base + o.updated) for w, o in owners.items()}
     for workflow_id, status in statuses.items():
         h.workflows[workflow_id] = (status, "ledger")
         if status == "SUCCESS":
@@ -204,7 +204,7 @@ def test_a_nothing_pending_deletion_is_checked_against_the_system_database() -> 
     """Relay said e1 left nothing PENDING: a workflow of e1 begun before and unfinished at the
     deletion proves it wrong, whether it finished later or is left PENDING with nobody to recover it."""
     done_before = {"w9": Owner("e1", -5.0, 1.0)}  # finished before the deletion (at 2 s)
-    begun_after = {"w8": Owner("e1", 1.5, 4.0)}  # begun within the slack of the peer's answer
+    begun_after = {"w8": Owner("e1", 1.5, 4.0)}  # started within the slack of the peer's answer
     others = {"w7": Owner("e2", -5.0, 4.0)}  # another executor's, finished after it
     h = idle_deletion({**done_before, **begun_after, **others}, {"w9": "SUCCESS", "w8": "SUCCESS", "w7": "SUCCESS"})
     assert check(h) == []
