@@ -22,6 +22,7 @@ from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from relay.api import build_api
+from relay.api.refusals import AUDITED_ROUTES
 from relay.auth import Permission
 
 StartRelay = Callable[..., RelayProcess]
@@ -153,6 +154,22 @@ def test_every_route_has_an_entry_in_the_matrix() -> None:
     table = route_table()
     assert table - set(MATRIX) == set(), "routes without an authorization entry"
     assert set(MATRIX) - table == set(), "entries for routes that no longer exist"
+
+
+# The routes that change nothing though they are not GETs: reads with a body.
+READS_WITH_A_BODY = {
+    ("POST", "/v2/orgs/{org}/apps/{app}/workflows/search"),
+    ("POST", "/v2/orgs/{org}/apps/{app}/workflows/aggregates"),
+    ("POST", "/v2/orgs/{org}/apps/{app}/steps/aggregates"),
+}
+
+
+def test_every_change_names_the_action_its_refusals_are_audited_under() -> None:
+    """A refused change (403, 422) is audited under the action of the change (relay.api.refusals):
+    a change added later without one would leave its refusals unaudited."""
+    changes = {(m, p) for m, p in route_table() if m != "GET"} - READS_WITH_A_BODY
+    assert changes - set(AUDITED_ROUTES) == set(), "changes whose refusals are not audited"
+    assert set(AUDITED_ROUTES) - changes == set(), "audited routes that are no changes of the API"
 
 
 def fill(path: str, **override: str) -> str:

@@ -39,6 +39,7 @@ from relay.api import (
 from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
 from relay.api.document import PROBLEMS, finish
+from relay.api.refusals import RefusalAudit, was_audited
 from relay.errors import (
     Conflict,
     DatabaseError,
@@ -91,10 +92,17 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return api.openapi_schema
 
     api.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to amend its document
+    refusals = api.state.refusals = RefusalAudit()
+
+    def refused(request: Request, exc: Exception, status: int, code: str, message: str) -> Response:
+        """The answer to a refusal (403, 422), audited first if it is one of an audited change."""
+        if not was_audited(exc):
+            refusals.refused(request, status, code, message)
+        return error_response(status, code, message)
 
     @api.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.code, exc.message)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return refused(request, exc, exc.status, exc.code, exc.message)
 
     @api.exception_handler(NoHealthyExecutor)
     async def _no_executor(_: Request, exc: NoHealthyExecutor) -> Response:
@@ -115,8 +123,8 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(502, "no_executor_answered", str(exc))
 
     @api.exception_handler(UnsendableRequest)
-    async def _unsendable(_: Request, exc: UnsendableRequest) -> Response:
-        return error_response(422, "invalid_request", str(exc))
+    async def _unsendable(request: Request, exc: UnsendableRequest) -> Response:
+        return refused(request, exc, 422, "invalid_request", str(exc))
 
     @api.exception_handler(TooManyRequests)
     async def _too_many(_: Request, exc: TooManyRequests) -> Response:
@@ -127,8 +135,8 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(503, "too_many_streams", str(exc), headers={"Retry-After": "5"})
 
     @api.exception_handler(Forbidden)
-    async def _forbidden(_: Request, exc: Forbidden) -> Response:
-        return error_response(403, "forbidden", str(exc))
+    async def _forbidden(request: Request, exc: Forbidden) -> Response:
+        return refused(request, exc, 403, "forbidden", str(exc))
 
     @api.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> Response:
@@ -139,9 +147,10 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         return error_response(409, exc.code, str(exc))
 
     @api.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = [{"location": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]
         detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors)
+        refusals.refused(request, 422, "invalid_request", detail)
         return error_response(422, "invalid_request", detail, errors=errors)
 
     @api.exception_handler(StarletteHTTPException)
@@ -159,7 +168,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             # type. The client's to correct, the same at every try: not an outage. Only the primary
             # message, which names the problem; the rest of the text can quote the statement.
             reason = cause.diag.message_primary or (str(cause).splitlines() or ["not valid"])[0]
-            return error_response(422, "invalid_request", f"a value of the request was refused: {reason}")
+            return refused(request, exc, 422, "invalid_request", f"a value of the request was refused: {reason}")
         # The database's own words (a host and port, a constraint, a table) are for the operator,
         # in the log; the caller learns which kind of trouble it is and that it may try again.
         log.warning("%s %s: answered 503: %s", request.method, request.url.path, exc)

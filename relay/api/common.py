@@ -18,6 +18,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from relay.api.context import ApiContext
+from relay.api.refusals import mark_audited
 from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
@@ -271,5 +272,6 @@ async def audited(
     except Exception as exc:
         failed = {**detail, "result": "failure", "error": clean_text(str(exc), 500)}
         await ctx.audit.write(org, app, AuditEntry(action, who, detail=failed))
+        mark_audited(exc)  # not audited again as a refusal, whatever the API answers
         raise
     await ctx.audit.write(org, app, AuditEntry(action, who, detail={**detail, "result": "success"}))
