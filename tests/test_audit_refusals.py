@@ -202,3 +202,20 @@ def test_a_refusal_is_answered_the_same_while_the_database_is_down(tmp_path: Pat
     finally:
         relay.stop()
         server.close()
+
+
+def test_a_refused_path_naming_what_relay_cannot_store_is_audited_without_it(relay: RelayProcess) -> None:
+    """Workflow ids past the names' length (a NUL is answered 404 before any route): the refusals are
+    audited, without a target."""
+    odd = make_key(relay, "odd-paths", ["application.read"])
+    with client(relay, odd) as api:
+        for workflow_id in ("x" * 300, "y" * 4000):
+            assert api.post(f"{APP}/workflows/{workflow_id}/cancel").status_code == 403
+
+    def both() -> list[dict[str, Any]] | None:
+        found = entries(relay, operation="workflow.cancel", subject="odd-paths")
+        return found if len(found) == 2 else None
+
+    for entry in assert_eventually(both, 20, what="both refusals audited"):
+        assert entry["status"] == "failure" and "target" not in entry
+        assert entry["details"]["application_name"] == "ledger"

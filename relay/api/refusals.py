@@ -30,7 +30,8 @@ from starlette.requests import Request
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant
 from relay.store.audit import AuditEntry
-from relay_protocol import clean_text
+from relay_protocol import MAX_NAME_LEN, clean_text
+from relay_protocol.limits import has_unstorable
 
 log = logging.getLogger("relay.audit")
 
@@ -184,20 +185,25 @@ def _grant(request: Request, ctx: ApiContext) -> KeyGrant | None:
 def _entry(
     request: Request, grant: KeyGrant, action: str, status: int, code: str, message: str, suppressed: int
 ) -> tuple[str, str | None, AuditEntry]:
-    params = request.path_params
+    # What the path names, as far as it is a name Relay could store (a refused path may be anything).
+    params = {k: v for k, v in request.path_params.items() if isinstance(v, str) and _storable(v)}
     # A 422's detail may quote the request (a value, a member's name): only its title is kept.
     reason = clean_text(message, 500) if status == 403 else HTTPStatus(status).phrase
     detail: dict[str, Any] = {"result": "failure", "status": status, "code": code, "error": reason}
     for name, member in _TARGETS.items():
         value = params.get(name)
-        if isinstance(value, str):
+        if value is not None:
             detail[member] = [value] if member == "workflowIds" else value
     if suppressed:
         detail["suppressed"] = suppressed
-    org, app = params.get("org"), params.get("app")
+    org, app = request.path_params.get("org"), params.get("app")
     if org != grant.org:
         # Another org's key: the attempt is its own org's to see (the other org learns no key names).
-        detail["org"] = org
+        detail["org"] = params.get("org")
         return grant.org, None, AuditEntry(action, f"api:{grant.name}", detail=detail)
     executor = params.get("executor_id")
     return org, app, AuditEntry(action, f"api:{grant.name}", executor_id=executor, detail=detail)
+
+
+def _storable(name: str) -> bool:
+    return len(name) <= MAX_NAME_LEN and not has_unstorable(name)
