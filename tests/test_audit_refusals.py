@@ -219,3 +219,17 @@ def test_a_refused_path_naming_what_relay_cannot_store_is_audited_without_it(rel
     for entry in assert_eventually(both, 20, what="both refusals audited"):
         assert entry["status"] == "failure" and "target" not in entry
         assert entry["details"]["application_name"] == "ledger"
+
+
+def test_a_refused_recover_is_no_entry_about_the_executor(relay: RelayProcess) -> None:
+    """A refused operator's recover names the executor in its detail, not as the entry's executor:
+    an entry about an executor defers the reconciler's look at it, which a refused key must not do."""
+    with client(relay, VIEWER_KEYS["acme"]) as api:
+        assert api.post(f"{APP}/executors/exec-refused/recover").status_code == 403
+
+    def found() -> list[dict[str, Any]] | None:
+        rows = relay_entries(relay, "recovery.manual_requested")
+        return [r for r in rows if r["detail"].get("executorId") == "exec-refused"] or None
+
+    [row] = assert_eventually(found, 20, what="the refused recover's entry")
+    assert row["executorId"] is None and row["detail"]["result"] == "failure" and row["actor"] == "api:view"

@@ -201,8 +201,11 @@ def _entry(
         # Another org's key: the attempt is its own org's to see (the other org learns no key names).
         detail["org"] = params.get("org")
         return grant.org, None, AuditEntry(action, f"api:{grant.name}", detail=detail)
-    executor = params.get("executor_id")
-    return org, app, AuditEntry(action, f"api:{grant.name}", executor_id=executor, detail=detail)
+    if "executor_id" in params:
+        # In the detail, not as the entry's executor: an entry about an executor defers the
+        # reconciler's look at it (ExecutorStore.stranded), which a refused key must not do.
+        detail["executorId"] = params["executor_id"]
+    return org, app, AuditEntry(action, f"api:{grant.name}", detail=detail)
 
 
 def _storable(name: str) -> bool:
