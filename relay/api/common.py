@@ -268,7 +268,7 @@ async def audited(
     try:
         yield
     except UnsendableRequest:
-        raise  # refused before it was tried, as an invalid request is: nothing happened to audit
+        raise  # refused before it was tried: audited as the refusal it is (relay.api.refusals), a 422
     except Exception as exc:
         failed = {**detail, "result": "failure", "error": clean_text(str(exc), 500)}
         await ctx.audit.write(org, app, AuditEntry(action, who, detail=failed))
