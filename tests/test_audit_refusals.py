@@ -126,6 +126,25 @@ def test_an_invalid_request_is_audited_without_its_body(relay: RelayProcess) -> 
     assert "body-text-xyz" not in text and "secret-looking" not in text
 
 
+def test_another_orgs_key_is_audited_in_its_own_org(relay: RelayProcess) -> None:
+    """globex's key cancels in acme (403): the attempt is in globex's log (``detail.org``), and acme's
+    log names no key of another org."""
+    with client(relay, API_KEYS["globex"]) as api:
+        assert api.post(f"{APP}/workflows/wf-cross-org/cancel").status_code == 403
+
+    def in_globex() -> list[dict[str, Any]] | None:
+        resp = api_globex.get("/v2/orgs/globex/audit-logs", params={"target": "wf-cross-org"})
+        assert resp.status_code == 200, resp.text
+        found: list[dict[str, Any]] = resp.json()["entries"]
+        return found or None
+
+    with client(relay, API_KEYS["globex"]) as api_globex:
+        [entry] = assert_eventually(in_globex, 20, what="the attempt in globex's log")
+    assert entry["status"] == "failure" and entry["details"]["org"] == "acme"
+    assert "application_name" not in entry["details"]
+    assert entries(relay, target="wf-cross-org") == []
+
+
 def test_a_refused_read_and_a_request_without_a_valid_key_are_not_audited(relay: RelayProcess) -> None:
     """A GET refused (403: an export needs application.write) and writes with no key or a wrong one
     (401) leave no entry; a refused write after them does (so the absence is not a delay)."""
@@ -181,7 +200,7 @@ def test_the_budget_admits_the_bound_and_counts_the_rest_into_the_next_entry() -
 
 
 def test_a_refusal_is_answered_the_same_while_the_database_is_down(tmp_path: Path) -> None:
-    """The entry is written after the answer: with Relay's database stopped, a 403 and a 422 are the
+    """The answer does not wait for the entry: with Relay's database stopped, a 403 and a 422 are the
     same answers, status and body, as with it up; the lost entry is a line in Relay's log."""
     server = PostgresServer("refusals-db")
     relay = RelayProcess(tmp_path, server.url(server.create_database("relay")), relay_yaml(free_port()))

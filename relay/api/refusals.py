@@ -13,7 +13,7 @@ log could name).
 
 Bounded per instance: at most :data:`MAX_REFUSALS_PER_MINUTE` entries per key and action a minute;
 the others are counted into ``detail.suppressed`` of that key's next entry for the action. The
-entry is written after the answer is sent, in a task of its own: a refusal is answered the same
+entry is written in a task of its own, which the answer does not wait for: a refusal is answered the same
 whether or not its entry can be written (the database down: a line in the log).
 """
 
