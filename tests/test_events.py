@@ -264,6 +264,52 @@ def test_narrowing_a_key_ends_its_streams(pair: Pair, streams: list[Stream]) -> 
     assert stream.ended.wait(5), "the stream was not closed"
 
 
+def test_a_burst_larger_than_a_streams_queue_reaches_a_reader_that_keeps_up(pair: Pair, streams: list[Stream]) -> None:
+    """A mass failure writes thousands of audit entries and executor changes at once, and one poll
+    reads up to 1,000 of each. The poll put them all on each stream's queue in one go, before the
+    stream could send any, and a queue holds 1,000: every stream, however fast its reader, was ended
+    as too slow ("overflow"), and every console reconnected and read its page again, at each poll of
+    the burst. A reader is cut off when 1,000 changes still wait for it, not because one poll found
+    more than that."""
+    burst = 1000
+    with pair.r2.api() as api:
+        assert api.put("/apps/burst").status_code == 204
+    with psycopg.connect(pair.database) as conn:
+        # Executors of an instance that never ran here (nobody adopts them or asks them anything).
+        conn.execute(
+            """INSERT INTO executors (org, app, executor_id, state, application_version, connected_at, relay_instance)
+               SELECT 'acme', 'burst', 'burst-' || n, 'HEALTHY', 'v1', now(), 'relay-seeded'
+               FROM generate_series(1, %s) AS n""",
+            (burst,),
+        )
+    stream = open_stream(streams, pair.r1, ADMIN)
+    with psycopg.connect(pair.database) as conn:  # one transaction: one poll finds them all
+        changed = conn.execute(
+            """UPDATE executors SET state = 'DISCONNECTED', disconnected_at = now()
+               WHERE org = 'acme' AND app = 'burst' RETURNING executor_id"""
+        ).fetchall()
+        cur = conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+               SELECT 'acme', 'burst', 'executor.disconnected', 'burst-' || n, 'relay', '{}'::jsonb
+               FROM generate_series(1, %s) AS n RETURNING id""",
+            (burst,),
+        )
+        ids = {int(row[0]) for row in cur.fetchall()}
+    assert len(changed) == burst
+    deadline = time.monotonic() + 30
+    seen: set[int] = set()
+    disconnected: set[str] = set()
+    while not (ids <= seen and len(disconnected) == burst):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{len(ids - seen)} entries, {burst - len(disconnected)} executors never arrived"
+        name, data = stream.events.get(timeout=remaining)
+        assert name != "end", f"the stream was ended: {data}"
+        if name == "audit":
+            seen.add(data["id"])
+        elif name == "executor" and data["app"] == "burst" and data["state"] == "DISCONNECTED":
+            disconnected.add(data["executorId"])
+
+
 def test_a_stopping_instance_closes_its_streams_at_once(pair: Pair, streams: list[Stream]) -> None:
     """The module's last test: it stops instance 2."""
     stream = open_stream(streams, pair.r2, ADMIN)

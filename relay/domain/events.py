@@ -11,7 +11,7 @@ instances) only with ``organization.read``.
 
 Streams are bounded: a key may hold ``server.maxEventStreamsPerKey`` on one
 instance and all keys together ``server.maxEventStreams``. A stream that does
-not keep up (its queue is full) is ended, and so is every stream of a key
+not keep up (1,000 changes still wait for it when the next poll comes) is ended, and so is every stream of a key
 that was deleted or changed (its secret rotated, its permissions or apps
 changed in relay.yaml); a console then starts a new one, with what its key
 may see now, and reads its page again.
@@ -35,7 +35,10 @@ from relay.store.changes import ChangeStore
 
 log = logging.getLogger("relay.events")
 
-QUEUE_SIZE = 1000  # changes waiting for one slow stream; beyond it the stream is ended
+# Changes still waiting for one stream when the next poll comes; beyond it the stream is ended. One
+# poll's changes (up to a BATCH of each table, and the late numbers found) are all put on the queue
+# at once, before the stream can send any: a burst larger than this ends no reader that keeps up.
+QUEUE_SIZE = 1000
 BATCH = 1000  # rows read per table per poll
 GAP_WAIT_SECS = 5.0  # how long a number jumped over is awaited (relay.core.tail)
 
@@ -55,7 +58,8 @@ END = None  # put on a stream's queue to end it
 class Stream:
     grant: KeyGrant  # what it was opened with: it ends when the key ring's grant for its key differs
     digest: str  # the key's SHA-256: the stream ends when the key is no longer valid
-    queue: asyncio.Queue[Change | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    # Unbounded itself: held to QUEUE_SIZE and one poll's changes by EventHub.poll.
+    queue: asyncio.Queue[Change | None] = field(default_factory=asyncio.Queue)
     ended: str | None = None  # why the stream was ended, if it was
 
     def wants(self, change: Change) -> bool:
@@ -72,12 +76,9 @@ class Stream:
         if self.ended is not None:
             return
         self.ended = reason
-        while True:  # make room for the end mark: what is left unsent no longer matters
-            try:
-                self.queue.put_nowait(END)
-                return
-            except asyncio.QueueFull:
-                self.queue.get_nowait()
+        while not self.queue.empty():  # what is left unsent no longer matters: the end mark goes next
+            self.queue.get_nowait()
+        self.queue.put_nowait(END)
 
 
 class EventHub:
@@ -160,13 +161,15 @@ class EventHub:
         by_id = {int(r["id"]): r for r in rows}
         for entry_id in self._audit.seen(by_id, now):
             changes.append(audit_change(by_id[entry_id]))
-        for change in changes:
-            for stream in list(self.streams):
-                if stream.ended is None and stream.wants(change):
-                    try:
-                        stream.queue.put_nowait(change)
-                    except asyncio.QueueFull:
-                        stream.end("overflow")
+        for stream in list(self.streams):
+            if stream.ended is not None:
+                continue
+            if stream.queue.qsize() >= QUEUE_SIZE:  # what earlier polls gave it is still waiting
+                stream.end("overflow")
+                continue
+            for change in changes:
+                if stream.wants(change):
+                    stream.queue.put_nowait(change)
 
     def _drop_revoked(self) -> None:
         for stream in list(self.streams):
