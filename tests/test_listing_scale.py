@@ -15,6 +15,7 @@ from relay.store.apps import AppStore
 from relay.store.db import Database
 from relay.store.executors import LIST_PAGE, ExecutorStore, Handshake
 from relay.store.lease import Lease
+from relay.store.recoveries import RecoveryStore, recovery_page
 from relay_protocol import ExecutorInfoReply
 
 FLEET = 2000
@@ -80,3 +81,78 @@ async def _a_fresh_fleets_listing(url: str) -> None:
 
 def test_the_listing_of_a_fleet_just_connected_visits_each_executor_a_few_times(postgres: Postgres) -> None:
     asyncio.run(_a_fresh_fleets_listing(postgres.create_database("listing_fresh")))
+
+
+RECOVERIES = 5000
+RECOVERY_PAGE = 20
+
+
+async def _a_long_history_of_recoveries(url: str) -> None:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        async with db.transaction() as conn:
+            # Runs of earlier deaths, one a second, each with its attempt and its audit entries (the
+            # executor.dead of its death, then the run's own), as a few mass failures leave them.
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status,
+                                           run, created_at, updated_at)
+                   SELECT 'rec-' || g, 'acme', 'ledger', 'ex-' || g, 'v1', g, 'grace_period', 'succeeded', 1,
+                          timestamptz '2026-01-01' + make_interval(secs => g), now()
+                   FROM generate_series(1, %s) AS g""",
+                (RECOVERIES,),
+            )
+            await conn.execute(
+                """INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome)
+                   SELECT 'rec-' || g, 1, 'peer-' || g, 'recover', 'succeeded' FROM generate_series(1, %s) AS g""",
+                (RECOVERIES,),
+            )
+            await conn.execute(
+                """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+                   SELECT 'acme', 'ledger', a, 'ex-' || g, 'relay',
+                          CASE WHEN a = 'executor.dead' THEN jsonb_build_object('epoch', g)
+                               ELSE jsonb_build_object('recoveryId', 'rec-' || g, 'attempt', 1) END
+                   FROM generate_series(1, %s) AS g,
+                        unnest(ARRAY['executor.dead', 'recovery.dispatched', 'recovery.succeeded'])
+                            WITH ORDINALITY AS u(a, k)
+                   ORDER BY g, k""",
+                (RECOVERIES,),
+            )
+            await conn.execute("ANALYZE recoveries; ANALYZE recovery_attempts; ANALYZE audit_log")
+        async with db.connection() as conn:
+            for newest_first in (False, True):
+                for offset in (0, 100):
+                    sql = recovery_page(newest_first)
+                    params = ("acme", "ledger", None, None, None, None, RECOVERY_PAGE, offset)
+                    cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+                    explained = await cur.fetchone()
+                    assert explained is not None
+                    plan = next(iter(explained.values()))[0]["Plan"]
+                    assert plan["Actual Rows"] == RECOVERY_PAGE
+                    # The runs before and on the page (each counted by the few plan nodes it passes), and the
+                    # attempts of the page: not every run of the app.
+                    passed = offset + RECOVERY_PAGE
+                    assert _rows_visited(plan) <= 8 * passed, (newest_first, offset, _rows_visited(plan))
+        store = RecoveryStore(db, ExecutorStore(db))
+        newest = await store.get("acme", "ledger", limit=RECOVERY_PAGE, offset=100, newest_first=True)
+        assert [r.id for r in newest] == [f"rec-{g}" for g in range(RECOVERIES - 100, RECOVERIES - 120, -1)]
+        # The largest page: each run with its own attempt and timeline, none of another run's.
+        largest = await store.get("acme", "ledger", limit=1000)
+        assert [r.id for r in largest] == [f"rec-{g}" for g in range(1, 1001)]
+        for row in largest:
+            assert [a["peerExecutorId"] for a in row.attempts] == [f"peer-{row.epoch}"]
+            assert [e["action"] for e in row.history] == ["executor.dead", "recovery.dispatched", "recovery.succeeded"]
+            assert row.history[0]["detail"] == {"epoch": row.epoch}
+            assert all(e["detail"].get("recoveryId") == row.id for e in row.history[1:])
+    finally:
+        await db.close()
+
+
+def test_a_page_of_recoveries_reads_the_runs_up_to_it_not_every_run_of_the_app(postgres: Postgres) -> None:
+    """The console reads recoveries 20 at a time, newest first, again at each change during a mass
+    failure. The listing joined and aggregated every run of the app with its attempts, then sorted
+    them all, to return 20: its cost grew with every recovery retained (30,000 runs: 30,000 rows of
+    each table per page), and no index had the listing's order."""
+    asyncio.run(_a_long_history_of_recoveries(postgres.create_database("listing_recoveries")))

@@ -454,4 +454,12 @@ MIGRATIONS: list[Migration] = [
         INSERT INTO relay_schema_floor (id, version) VALUES (1, 14);
         """,
     ),
+    Migration(
+        16,
+        """
+        -- The recoveries listing's order: a page is read along it, not sorted out of every run of
+        -- the app (relay.store.recoveries.recovery_page).
+        CREATE INDEX recoveries_by_created ON recoveries (org, app, created_at, run, id);
+        """,
+    ),
 ]

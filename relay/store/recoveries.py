@@ -60,6 +60,25 @@ class RecoveryRow:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def recovery_page(newest_first: bool) -> str:
+    """A page of an app's runs with their attempts (parameters: org, app, a run's id or None twice,
+    an executor id or None twice, limit, offset). The page is cut first, along the index of the
+    listing's order (``recoveries_by_created``), and only its runs' attempts are read: a page costs
+    the runs up to it, not every run the app has had."""
+    order = "DESC" if newest_first else "ASC"
+    return f"""WITH page AS (
+                   SELECT * FROM recoveries
+                   WHERE org = %s AND app = %s AND (%s::text IS NULL OR id = %s)
+                     AND (%s::text IS NULL OR executor_id = %s)
+                   ORDER BY created_at {order}, run {order}, id {order} LIMIT %s OFFSET %s)
+               SELECT r.*, COALESCE((
+                   SELECT json_agg(json_build_object(
+                       'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
+                       'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
+                   FROM recovery_attempts a WHERE a.recovery_id = r.id), '[]') AS attempts
+               FROM page r ORDER BY r.created_at {order}, r.run {order}, r.id {order}"""
+
+
 class RecoveryStore:
     def __init__(self, db: Database, executors: ExecutorStore, pipeline: RecoveryPipeline | None = None) -> None:
         self.db = db
@@ -439,18 +458,9 @@ class RecoveryStore:
         offset: int = 0,
         newest_first: bool = False,
     ) -> list[RecoveryRow]:
-        order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"""SELECT r.*, COALESCE(json_agg(json_build_object(
-                          'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
-                          'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
-                          FILTER (WHERE a.attempt IS NOT NULL), '[]') AS attempts
-                   FROM recoveries r LEFT JOIN recovery_attempts a ON a.recovery_id = r.id
-                   WHERE r.org = %s AND r.app = %s AND (%s::text IS NULL OR r.id = %s)
-                     AND (%s::text IS NULL OR r.executor_id = %s)
-                   GROUP BY r.id ORDER BY r.created_at {order}, r.run {order}, r.id {order} LIMIT %s OFFSET %s""",
-                (org, app, rid, rid, executor_id, executor_id, limit, offset),
+                recovery_page(newest_first), (org, app, rid, rid, executor_id, executor_id, limit, offset)
             )
             rows = await cur.fetchall()
             history = await self._history(conn, org, app, rows)
@@ -472,15 +482,20 @@ class RecoveryStore:
              sorted({str(r["epoch"]) for r in rows})),
         )  # fmt: skip
         entries = await cur.fetchall()
+        # Each entry looked at once (a page of 1,000 runs has thousands of entries: matching every
+        # entry against every run held the event loop for most of a second).
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        deaths: dict[str, list[dict[str, Any]]] = {}
+        for e in entries:
+            run = e["detail"].get("recoveryId")
+            if isinstance(run, str):
+                by_run.setdefault(run, []).append(e)
+            if e["action"] == "executor.dead":
+                deaths.setdefault(str(e["detail"].get("epoch")), []).append(e)
         history: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
-            epoch = str(row["epoch"])
-            history[row["id"]] = [
-                e
-                for e in entries
-                if e["detail"].get("recoveryId") == row["id"]
-                or (e["action"] == "executor.dead" and str(e["detail"].get("epoch")) == epoch)
-            ]
+            mine = {id(e): e for e in [*by_run.get(row["id"], []), *deaths.get(str(row["epoch"]), [])]}
+            history[row["id"]] = sorted(mine.values(), key=lambda e: int(e["id"]))
         return history
 
     async def blocked_in_app(self, org: str, app: str, peer: str | None = None) -> list[str]:
