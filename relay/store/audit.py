@@ -71,6 +71,19 @@ async def audit_executor(
     return await write_audit(conn, key.org, key.app, AuditEntry(action, actor, key.executor_id, peer, detail, dedupe))
 
 
+def audit_page(newest_first: bool) -> str:
+    """A page of an org's entries, filtered (parameters by name: org, app, executor, since, action,
+    until, limit, offset; None for a filter not given)."""
+    order = "DESC" if newest_first else "ASC"
+    return f"""SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
+               FROM audit_log WHERE org = %(org)s AND (%(app)s::text IS NULL OR app = %(app)s)
+               AND (%(executor)s::text IS NULL OR executor_id = %(executor)s)
+               AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
+               AND (%(action)s::text IS NULL OR action = %(action)s)
+               AND (%(until)s::bigint IS NULL OR id <= %(until)s)
+               ORDER BY id {order} LIMIT %(limit)s OFFSET %(offset)s"""
+
+
 class AuditStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -99,16 +112,9 @@ class AuditStore:
         """One page of entries; ``until_id`` (the first page's newest id) keeps later pages of a
         newest-first listing where they were when it was read: entries written since do not shift
         them by their number."""
-        order = "DESC" if newest_first else "ASC"
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"""SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
-                   FROM audit_log WHERE org = %(org)s AND (%(app)s::text IS NULL OR app = %(app)s)
-                   AND (%(executor)s::text IS NULL OR executor_id = %(executor)s)
-                   AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
-                   AND (%(action)s::text IS NULL OR action = %(action)s)
-                   AND (%(until)s::bigint IS NULL OR id <= %(until)s)
-                   ORDER BY id {order} LIMIT %(limit)s OFFSET %(offset)s""",
+                audit_page(newest_first),
                 {
                     "org": org,
                     "app": app,

@@ -460,6 +460,9 @@ MIGRATIONS: list[Migration] = [
         -- The recoveries listing's order: a page is read along it, not sorted out of every run of
         -- the app (relay.store.recoveries.recovery_page).
         CREATE INDEX recoveries_by_created ON recoveries (org, app, created_at, run, id);
+        -- The audit log by action (the console's Action filter, GET /audit?action=): an action
+        -- rare in a log of recoveries is found among its own entries, not the whole log.
+        CREATE INDEX audit_by_action ON audit_log (org, action, id);
         """,
     ),
 ]
