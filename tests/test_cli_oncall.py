@@ -236,3 +236,62 @@ def test_a_key_limited_to_apps_counts_only_their_executors_on_the_instances(worl
         scoped = api.get("/instances")
     assert scoped.status_code == 200, scoped.text
     assert {i["instanceId"]: i["executors"] for i in scoped.json()} == {"relay-1": 0}
+
+
+def test_audit_and_recoveries_list_newest_first_for_an_incident_under_way(world: World, cli: Cli) -> None:
+    """``relay audit`` and ``relay recoveries`` listed oldest first only, with no way to turn the
+    order round (the API has ``sortDesc``; ``relay workflows list`` has ``--desc``). With weeks of
+    entries kept (``retention.auditDays`` 90), the first page is weeks old, and the entries of the
+    mass failure under way are thousands of pages later, at an offset the engineer has to guess
+    (``--since 1h`` starts with the oldest of that hour). Nor could ``relay audit`` filter by action,
+    as the API and the console do. Here: 1,500 older entries, then the newest ones."""
+    with psycopg.connect(world.relay.database_url) as conn:
+        conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor, detail, at)
+               SELECT 'acme', 'ledger', 'executor.dead', 'old-' || g, 'relay', '{}'::jsonb,
+                      now() - interval '30 days' + make_interval(secs => g)
+               FROM generate_series(1, 1500) AS g"""
+        )
+        newest = [
+            int(row[0])
+            for row in conn.execute(
+                """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+                   SELECT 'acme', 'ledger', 'recovery.dispatched', 'new-' || g, 'relay', '{}'::jsonb
+                   FROM generate_series(1, 3) AS g RETURNING id"""
+            ).fetchall()
+        ]
+    run = cli("audit", "--desc", "--limit", "2", "--json")
+    assert run.code == EXIT_OK, run.err
+    assert [e["id"] for e in json.loads(run.out)] == sorted(newest, reverse=True)[:2]
+    # The next page, as the hint says to read it: where the first one ended, even with entries audited since.
+    hint = re.search(r"more with (--offset \d+ --until-id \d+)", run.err)
+    assert hint is not None, run.err
+    with psycopg.connect(world.relay.database_url) as conn:
+        conn.execute(
+            "INSERT INTO audit_log (org, app, action, executor_id, actor)"
+            " VALUES ('acme', 'ledger', 'executor.dead', 'later', 'relay')"
+        )
+    after = cli("audit", "--desc", "--limit", "2", "--json", *hint.group(1).split())
+    assert after.code == EXIT_OK, after.err
+    assert [e["id"] for e in json.loads(after.out)][:1] == [min(newest)]
+
+    dispatched = cli("audit", "--action", "recovery.dispatched", "--app", "ledger", "--desc", "--json")
+    assert dispatched.code == EXIT_OK, dispatched.err
+    found = json.loads(dispatched.out)
+    assert {e["action"] for e in found} == {"recovery.dispatched"} and found[0]["id"] == max(newest)
+
+    with psycopg.connect(world.relay.database_url) as conn:
+        conn.execute(
+            """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status, run,
+                                       created_at)
+               SELECT 'cli-rec-' || g, 'acme', 'ledger', 'cli-ex-' || g, 'v1', 900000 + g, 'grace_period',
+                      'succeeded', 1, now() - interval '20 days' + make_interval(secs => g)
+               FROM generate_series(1, 150) AS g"""
+        )
+    recent = cli("recoveries", "ledger", "--desc", "--limit", "1", "--json")
+    assert recent.code == EXIT_OK, recent.err
+    listed = json.loads(recent.out)
+    everything = api_json(world, "GET", "/apps/ledger/recoveries", params={"sortDesc": "true", "limit": 1})
+    assert [r["recoveryId"] for r in listed] == [r["recoveryId"] for r in everything]
+    oldest_first = json.loads(cli("recoveries", "ledger", "--limit", "1", "--json").out)
+    assert oldest_first != listed

@@ -130,9 +130,12 @@ def recover(api: Api, app: str, executor: str, to_latest: bool) -> None:
 @click.option("--executor", help="Only the recoveries of this executor.")
 @limit_option
 @offset_option
+@click.option("--desc", is_flag=True, help="Newest first.")
 @api_command
-def recoveries(api: Api, app: str, recovery_id: str | None, executor: str | None, limit: int, offset: int) -> None:
-    """An app's recoveries, oldest first; with RECOVERY_ID, that one and each attempt."""
+def recoveries(
+    api: Api, app: str, recovery_id: str | None, executor: str | None, limit: int, offset: int, desc: bool
+) -> None:
+    """An app's recoveries, oldest first (newest first with --desc); with RECOVERY_ID, that one and each attempt."""
     if recovery_id is not None:
         one = api.call("GET", api.org_path("apps", app, "recoveries", recovery_id))
         if api.as_json:
@@ -140,7 +143,7 @@ def recoveries(api: Api, app: str, recovery_id: str | None, executor: str | None
         else:
             _show_recovery(one)
         return
-    params = {"executorId": executor, "limit": limit, "offset": offset}
+    params = {"executorId": executor, "limit": limit, "offset": offset, "sortDesc": "true" if desc else None}
     found = api.call("GET", api.org_path("apps", app, "recoveries"), params=params)
     if api.as_json:
         print_json(found)
@@ -196,16 +199,47 @@ def _show_recovery(r: dict[str, Any]) -> None:
 @click.option("--app", help="Only this app's entries (a key scoped to apps must give one).")
 @click.option("--executor", help="Only the entries about this executor.")
 @click.option("--since", help="From this time: ISO 8601 (2026-01-31T12:00:00Z) or an age (15m, 2h, 7d).")
+@click.option("--action", help="Only the entries of this action (executor.dead, recovery.dispatched...).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=1000, show_default=True)
 @offset_option
+@click.option("--desc", is_flag=True, help="Newest first.")
+@click.option(
+    "--until-id",
+    type=click.IntRange(1, 2**63 - 1),
+    help="Leave out entries after this one (newest first, the next pages of a first page: the hint gives it).",
+)
 @api_command
-def audit(api: Api, app: str | None, executor: str | None, since: str | None, limit: int, offset: int) -> None:
-    """The org's audit log, oldest first: every recovery action and every change made through the API."""
-    params = {"app": app, "executorId": executor, "since": time_option(since), "limit": limit, "offset": offset}
+def audit(
+    api: Api,
+    app: str | None,
+    executor: str | None,
+    since: str | None,
+    action: str | None,
+    limit: int,
+    offset: int,
+    desc: bool,
+    until_id: int | None,
+) -> None:
+    """The org's audit log, oldest first (newest first with --desc): every recovery action and every
+    change made through the API."""
+    params = {
+        "app": app,
+        "executorId": executor,
+        "since": time_option(since),
+        "action": action,
+        "limit": limit,
+        "offset": offset,
+        "sortDesc": "true" if desc else None,
+        "untilId": until_id,
+    }
     found = api.call("GET", api.org_path("audit"), params=params)
+    # Newest first, entries audited meanwhile would push the next page's onto this one's: the next
+    # page is read as of this one's newest entry.
+    newest = until_id if until_id is not None else (found[0]["id"] if found else None)
+    also = f" --until-id {newest}" if desc and newest is not None else ""
     if api.as_json:
         print_json(found)
-        page_hint(len(found), limit, offset)  # stderr: the JSON on stdout stays whole
+        page_hint(len(found), limit, offset, also)  # stderr: the JSON on stdout stays whole
         return
     rows = [
         [
@@ -220,4 +254,4 @@ def audit(api: Api, app: str | None, executor: str | None, since: str | None, li
         for e in found
     ]
     show_table(["at", "action", "app", "executor", "peer", "actor", "detail"], rows, "no audit entries")
-    page_hint(len(found), limit, offset)
+    page_hint(len(found), limit, offset, also)

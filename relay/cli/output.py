@@ -82,10 +82,11 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str
         click.echo(empty, err=True)
 
 
-def page_hint(count: int, limit: int, offset: int) -> None:
-    """Say so on stderr when a page came back full: there may be more."""
+def page_hint(count: int, limit: int, offset: int, also: str = "") -> None:
+    """Say so on stderr when a page came back full: there may be more (``also``: other options the
+    next page needs, with their leading space)."""
     if count and count >= limit:
-        click.echo(f"(showing {count} from offset {offset}; more with --offset {offset + count})", err=True)
+        click.echo(f"(showing {count} from offset {offset}; more with --offset {offset + count}{also})", err=True)
 
 
 def parse_iso(value: str | None) -> datetime | None:
