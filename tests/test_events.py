@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -308,6 +309,50 @@ def test_a_burst_larger_than_a_streams_queue_reaches_a_reader_that_keeps_up(pair
             seen.add(data["id"])
         elif name == "executor" and data["app"] == "burst" and data["state"] == "DISCONNECTED":
             disconnected.add(data["executorId"])
+
+
+def test_a_reader_that_takes_nothing_is_cut_off_and_frees_its_place(pair: Pair, streams: list[Stream]) -> None:
+    """A console that stops reading (a frozen tab, a laptop gone to sleep, a stalled network path)
+    during a mass failure: Relay's writes to it wait for ever once the socket's buffers are full. Its
+    stream was ended as too slow, but the write still waited, the connection stayed open and the
+    stream kept its place among the key's (``maxEventStreamsPerKey``) and the instance's streams
+    until the client went away, if ever: the key's other consoles were refused (429). A stream
+    whose writes wait longer than three heartbeats and 2 s (when a console takes a silent stream
+    for lost) is closed."""
+    key = make_key(pair.r1, "ev-stuck", ["application.read"])
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    stuck.connect(("127.0.0.1", pair.r1.port))
+    stuck.sendall(f"GET /v2/orgs/acme/events HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+    try:
+        reader = open_stream(streams, pair.r1, key)  # the key's second and last place
+        assert reader.status == 200
+        assert open_stream(streams, pair.r1, key).status == 429
+        deadline = time.monotonic() + 60
+        freed = False
+        with psycopg.connect(pair.database, autocommit=True) as conn:
+            while not freed:
+                assert time.monotonic() < deadline, "the stream that reads nothing still holds its place"
+                # About 200 KB of events a round; nothing is read from the stuck socket.
+                conn.execute(
+                    """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+                       SELECT 'acme', 'ledger', 'executor.dead', 'stuck-' || g, 'relay', '{}'::jsonb
+                       FROM generate_series(1, 1000) AS g"""
+                )
+                time.sleep(0.2)
+                again = open_stream(streams, pair.r1, key)
+                freed = again.status == 200
+        # Closed by Relay: what the socket holds is read to its end.
+        stuck.settimeout(30)
+        try:
+            while stuck.recv(1 << 20):
+                pass
+        except ConnectionResetError:
+            pass  # cut off (a reset), not closed in good order: what was buffered for it is dropped
+        assert reader.ended_at is None, "the reader that keeps up was cut off too"
+        assert "closed the event stream to" in pair.r1.log()
+    finally:
+        stuck.close()
 
 
 def test_a_stopping_instance_closes_its_streams_at_once(pair: Pair, streams: list[Stream]) -> None:

@@ -12,6 +12,10 @@ kept-alive connection is uvicorn's (``timeout_keep_alive``: ``server.keepAliveSe
 At shutdown, uvicorn lets requests in progress finish before the application's
 own shutdown; an event stream (the console's live updates) never finishes by
 itself, so its connection is closed (the console opens a new stream elsewhere).
+An event stream whose reader takes nothing (its socket's buffers full) for
+``stream_stall_secs`` is cut off: otherwise the write waits for as long as the
+client stays connected, and the stream keeps its place among its key's and the
+instance's (``server.maxEventStreamsPerKey``, ``server.maxEventStreams``).
 
 The deadline ends with the headers: a WebSocket handshake is handed over to
 :class:`relay.net.wsproto.RelayWebSocketProtocol` once they are read, and a
@@ -40,10 +44,12 @@ EVENT_STREAM = re.compile(r"^(/conductor)?/v2/orgs/[^/]+/events$")
 
 class RelayHttpProtocol(HttpToolsProtocol):
     header_timeout_secs = 10.0
+    stream_stall_secs = 47.0  # three heartbeats and 2 s: when a console takes a silent stream for lost
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._stall_deadline: asyncio.TimerHandle | None = None
         self._in_headers = False  # a request has begun and its headers are not complete
         self._header_bytes = 0
 
@@ -53,7 +59,18 @@ class RelayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_deadline()
+        self._cancel_stall_deadline()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        cycle = self.cycle
+        if cycle is not None and self._stall_deadline is None and EVENT_STREAM.match(cycle.scope["path"]):
+            self._stall_deadline = self.loop.call_later(self.stream_stall_secs, self._stream_stalled)
+
+    def resume_writing(self) -> None:
+        self._cancel_stall_deadline()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         already_in_headers = self._in_headers
@@ -105,6 +122,17 @@ class RelayHttpProtocol(HttpToolsProtocol):
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None
+
+    def _cancel_stall_deadline(self) -> None:
+        if self._stall_deadline is not None:
+            self._stall_deadline.cancel()
+            self._stall_deadline = None
+
+    def _stream_stalled(self) -> None:
+        self._stall_deadline = None
+        log.info("closed the event stream to %s: it took nothing for %gs", self.client, self.stream_stall_secs)
+        # Not close(), which would wait to send what the buffer holds, to a reader that takes nothing.
+        self.transport.abort()
 
     def _headers_too_slow(self) -> None:
         self._header_deadline = None

@@ -32,6 +32,7 @@ class RelayApp:
 def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
     class HttpProtocol(RelayHttpProtocol):
         header_timeout_secs = config.server.header_timeout_secs
+        stream_stall_secs = 3 * config.server.event_heartbeat_secs + 2
 
     return uvicorn.Config(
         app,
