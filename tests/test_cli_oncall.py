@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from relay.cli import main
-from relay.cli.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from relay.cli.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 APP_MODULE = "harness.workflow_app"
 FORTNIGHT_SECS = 14 * 24 * 3600  # 1209600: a grace period of two weeks
@@ -295,3 +297,20 @@ def test_audit_and_recoveries_list_newest_first_for_an_incident_under_way(world:
     assert [r["recoveryId"] for r in listed] == [r["recoveryId"] for r in everything]
     oldest_first = json.loads(cli("recoveries", "ledger", "--limit", "1", "--json").out)
     assert oldest_first != listed
+
+
+def test_a_relay_that_does_not_answer_is_given_up_on_after_the_timeout_given(world: World, cli: Cli) -> None:
+    """A paused Relay (its port accepts, nothing answers) held every command for the fixed 60 s of
+    the HTTP client before "did not answer in time". ``--timeout`` (``RELAY_TIMEOUT``) sets it: an
+    on-call engineer checking several instances learns in seconds which one hangs."""
+    assert cli("apps", "--timeout", "0").code == EXIT_USAGE
+    world.relay.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        run = cli("apps", "--timeout", "1")
+        took = time.monotonic() - started
+    finally:
+        world.relay.signal(signal.SIGCONT)
+    assert run.code == EXIT_UNAVAILABLE and "did not answer in time" in run.err, run.err
+    assert took < 20, took  # the default would have waited 60 s
+    assert_eventually(lambda: cli("apps", "--timeout", "5").code == EXIT_OK, 30)

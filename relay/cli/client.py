@@ -43,7 +43,9 @@ def segment(value: str) -> str:
 class Api:
     """One server and one key; :meth:`org_path` builds paths under ``/v2/orgs/{org}``."""
 
-    def __init__(self, url: str, key: str | None, org: str | None, as_json: bool) -> None:
+    def __init__(
+        self, url: str, key: str | None, org: str | None, as_json: bool, timeout: float = TIMEOUT_SECS
+    ) -> None:
         self._key = checked_key(key)
         # Every path starts with /v2: a base given with it (.../conductor/v2, the form Conductor's
         # clients take) means the same server.
@@ -60,7 +62,7 @@ class Api:
         self._http = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {self._key}", "User-Agent": "relay-cli"},
-            timeout=TIMEOUT_SECS,
+            timeout=timeout,
         )
 
     def close(self) -> None:
@@ -182,6 +184,15 @@ def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
 
     @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table.")
     @click.option(
+        "--timeout",
+        envvar="RELAY_TIMEOUT",
+        show_envvar=True,
+        type=click.FloatRange(min=0.1, max=3600, clamp=False),
+        default=TIMEOUT_SECS,
+        show_default=True,
+        help="Seconds to wait for Relay to connect and answer each request (exit 5 past it).",
+    )
+    @click.option(
         "--org", envvar="RELAY_ORG", show_envvar=True, help="The org (default: the org of the key, from /v2/whoami)."
     )
     @click.option("--key", envvar="RELAY_API_KEY", show_envvar=True, help="An API key of the org.")
@@ -189,8 +200,8 @@ def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
         "--url", envvar="RELAY_URL", show_envvar=True, default=DEFAULT_URL, show_default=True, help="Relay's address."
     )
     @functools.wraps(func)
-    def run(url: str, key: str | None, org: str | None, as_json: bool, **kwargs: Any) -> int:
-        api = Api(url, key, org, as_json)
+    def run(url: str, key: str | None, org: str | None, as_json: bool, timeout: float, **kwargs: Any) -> int:
+        api = Api(url, key, org, as_json, timeout)
         try:
             return func(api, **kwargs) or 0
         finally:
