@@ -99,6 +99,11 @@ class RelayProcess:
             timeout=10,
         )
 
+    def client(self, key: str | None = API_KEYS["acme"]) -> httpx.Client:
+        """A client of the whole server (paths from the root), with ``key`` (None: without one)."""
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        return httpx.Client(base_url=self.http, headers=headers, timeout=10)
+
     def executor(self, org: str, app: str, executor_id: str) -> dict[str, Any] | None:
         with self.api(org) as api:
             resp = api.get(f"/apps/{app}/executors/{executor_id}")

@@ -54,6 +54,23 @@ def start_relay(tmp_path: Path, relay_db: str, request: pytest.FixtureRequest) -
             print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
 
 
+@pytest.fixture(scope="module")
+def relay(
+    postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RelayProcess]:
+    """One Relay with relay_yaml's defaults for a whole module (each start costs seconds); its log is
+    printed when a test of the module failed. A module that needs other settings defines its own."""
+    relay = RelayProcess(tmp_path_factory.mktemp("relay"), postgres.create_database("relay"), relay_yaml(free_port()))
+    failed_before = request.session.testsfailed
+    relay.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        if request.session.testsfailed > failed_before:
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
+
+
 @pytest.fixture
 def start_executor(tmp_path: Path, sysdb: str) -> Iterator[Callable[..., ExecutorProcess]]:
     started: list[ExecutorProcess] = []

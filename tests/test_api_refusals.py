@@ -19,29 +19,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS
-from harness.ports import free_port
 from harness.postgres import Postgres
-from harness.relay import RelayProcess, relay_yaml
+from harness.relay import RelayProcess
 from relay.api import build_api
 from relay.api.shapes import Rfc3339, sdk_time
 from relay.api.workflows import WorkflowSearch
 from relay.store.db import Database
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
-
-
-@pytest.fixture(scope="module")
-def relay(
-    postgres: Postgres, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[RelayProcess]:
-    workdir, database = tmp_path_factory.mktemp("refusals"), postgres.create_database("relay")
-    relay = RelayProcess(workdir, database, relay_yaml(free_port()))
-    failed_before = request.session.testsfailed
-    relay.start()
-    yield relay
-    relay.stop()
-    if request.session.testsfailed > failed_before:
-        print(f"--- {relay.instance_id} log ---\n{relay.log()[-6000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import httpx
-import pytest
 
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
-from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.api.refusals import MAX_REFUSALS_PER_MINUTE, RefusalBudget
@@ -28,27 +23,11 @@ ORG = "/v2/orgs/acme"
 APP = f"{ORG}/apps/ledger"
 
 
-@pytest.fixture(scope="module")
-def relay(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    workdir = tmp_path_factory.mktemp("audit-refusals")
-    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port()))
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
-
-
-def client(relay: RelayProcess, key: str | None = API_KEYS["acme"]) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    return httpx.Client(base_url=relay.http, headers=headers, timeout=10)
-
-
 def make_key(relay: RelayProcess, name: str, permissions: list[str], apps: list[str] | None = None) -> str:
     body: dict[str, Any] = {"permissions": permissions}
     if apps is not None:
         body["appNames"] = apps
-    with client(relay) as admin:
+    with relay.client() as admin:
         made = admin.post(f"{ORG}/tokens/{name}", json=body)
         assert made.status_code == 201, made.text
         token: str = made.json()["token"]
@@ -56,7 +35,7 @@ def make_key(relay: RelayProcess, name: str, permissions: list[str], apps: list[
 
 
 def entries(relay: RelayProcess, **params: str) -> list[dict[str, Any]]:
-    with client(relay) as admin:
+    with relay.client() as admin:
         resp = admin.get(f"{ORG}/audit-logs", params={**params, "limit": "1000"})
         assert resp.status_code == 200, resp.text
         found: list[dict[str, Any]] = resp.json()["entries"]
@@ -64,7 +43,7 @@ def entries(relay: RelayProcess, **params: str) -> list[dict[str, Any]]:
 
 
 def relay_entries(relay: RelayProcess, action: str) -> list[dict[str, Any]]:
-    with client(relay) as admin:
+    with relay.client() as admin:
         resp = admin.get(f"{ORG}/audit", params={"action": action, "limit": "10000"})
         assert resp.status_code == 200, resp.text
         found: list[dict[str, Any]] = resp.json()
@@ -83,7 +62,7 @@ def test_a_denied_write_is_audited_as_a_failure(relay: RelayProcess) -> None:
     """A key lacking application.write cancels a workflow (403): the attempt is in the audit log,
     ``status: failure``, with its subject, operation, target and reason; the key's secret is not."""
     viewer = VIEWER_KEYS["acme"]
-    with client(relay, viewer) as api:
+    with relay.client(viewer) as api:
         refused = api.post(f"{APP}/workflows/wf-denied/cancel")
         assert refused.status_code == 403, refused.text
     entry = refused_entry(relay, "workflow.cancel", "view", "wf-denied")
@@ -104,7 +83,7 @@ def test_a_key_outside_its_apps_and_a_token_it_may_not_make_are_audited(relay: R
     """403 for an app outside the key's scope (a schedule's pause) and for a permission the key
     lacks on Conductor's ``token.create`` (Relay's ``token.created``)."""
     scoped = make_key(relay, "scoped-writer", ["application.read", "application.write"], ["other-app"])
-    with client(relay, scoped) as api:
+    with relay.client(scoped) as api:
         assert api.post(f"{APP}/schedules/nightly/pause").status_code == 403
         assert api.post(f"{ORG}/tokens/sneaky", json={"permissions": ["token.write"]}).status_code == 403
     paused = refused_entry(relay, "schedule.pause", "scoped-writer", "nightly")
@@ -116,7 +95,7 @@ def test_a_key_outside_its_apps_and_a_token_it_may_not_make_are_audited(relay: R
 
 def test_an_invalid_request_is_audited_without_its_body(relay: RelayProcess) -> None:
     """422 for a body Relay refuses: the entry names the schedule and the refusal, not the body."""
-    with client(relay) as api:
+    with relay.client() as api:
         refused = api.post(f"{APP}/schedules/weekly/backfill", json={"secret-looking": "body-text-xyz"})
         assert refused.status_code == 422, refused.text
     entry = refused_entry(relay, "schedule.backfill", "ops", "weekly")
@@ -129,7 +108,7 @@ def test_an_invalid_request_is_audited_without_its_body(relay: RelayProcess) -> 
 def test_another_orgs_key_is_audited_in_its_own_org(relay: RelayProcess) -> None:
     """globex's key cancels in acme (403): the attempt is in globex's log (``detail.org``), and acme's
     log names no key of another org."""
-    with client(relay, API_KEYS["globex"]) as api:
+    with relay.client(API_KEYS["globex"]) as api:
         assert api.post(f"{APP}/workflows/wf-cross-org/cancel").status_code == 403
 
     def in_globex() -> list[dict[str, Any]] | None:
@@ -138,7 +117,7 @@ def test_another_orgs_key_is_audited_in_its_own_org(relay: RelayProcess) -> None
         found: list[dict[str, Any]] = resp.json()["entries"]
         return found or None
 
-    with client(relay, API_KEYS["globex"]) as api_globex:
+    with relay.client(API_KEYS["globex"]) as api_globex:
         [entry] = assert_eventually(in_globex, 20, what="the attempt in globex's log")
     assert entry["status"] == "failure" and entry["details"]["org"] == "acme"
     assert "application_name" not in entry["details"]
@@ -149,12 +128,12 @@ def test_a_refused_read_and_a_request_without_a_valid_key_are_not_audited(relay:
     """A GET refused (403: an export needs application.write) and writes with no key or a wrong one
     (401) leave no entry; a refused write after them does (so the absence is not a delay)."""
     viewer = VIEWER_KEYS["acme"]
-    with client(relay, viewer) as api:
+    with relay.client(viewer) as api:
         assert api.get(f"{APP}/workflows/wf-read/export").status_code == 403
     for key in (None, "not-a-key"):
-        with client(relay, key) as anonymous:
+        with relay.client(key) as anonymous:
             assert anonymous.post(f"{APP}/workflows/wf-nokey/cancel").status_code == 401
-    with client(relay, viewer) as api:
+    with relay.client(viewer) as api:
         assert api.post(f"{APP}/workflows/wf-after/cancel").status_code == 403
     refused_entry(relay, "workflow.cancel", "view", "wf-after")
     assert entries(relay, target="wf-read") == []
@@ -166,14 +145,14 @@ def test_a_flood_of_refused_attempts_writes_at_most_the_bound(relay: RelayProces
     flood took (plus the minute it started in), every refusal still answered 403."""
     flooder = make_key(relay, "flooder", ["application.read"])
     started = time.monotonic()
-    with client(relay, flooder) as api:
+    with relay.client(flooder) as api:
         for i in range(500):
             assert api.post(f"{APP}/workflows/flood-{i}/cancel").status_code == 403
     minutes = int((time.monotonic() - started) // 60) + 2  # the windows the flood may have touched
     first = refused_entry(relay, "workflow.cancel", "flooder", "flood-0")
     assert first["status"] == "failure"
     # A sentinel from another key, written after the flood, shows the flood's writes are done.
-    with client(relay, VIEWER_KEYS["acme"]) as api:
+    with relay.client(VIEWER_KEYS["acme"]) as api:
         assert api.post(f"{APP}/workflows/after-flood/cancel").status_code == 403
     refused_entry(relay, "workflow.cancel", "view", "after-flood")
     flood = entries(relay, operation="workflow.cancel", subject="flooder")
@@ -182,7 +161,7 @@ def test_a_flood_of_refused_attempts_writes_at_most_the_bound(relay: RelayProces
 
 def test_a_successful_operation_is_audited_as_before(relay: RelayProcess) -> None:
     """A change that worked keeps its entry: ``status: success``, no refusal's members."""
-    with client(relay) as api:
+    with relay.client() as api:
         assert api.put(f"{ORG}/apps/refusal-app").status_code == 204
     entry = refused_entry(relay, "application.create", "ops", "refusal-app")
     assert entry["status"] == "success"
@@ -208,7 +187,7 @@ def test_a_refusal_is_answered_the_same_while_the_database_is_down(tmp_path: Pat
         relay.start()
 
         def answers() -> list[tuple[int, bytes]]:
-            with client(relay, VIEWER_KEYS["acme"]) as viewer, client(relay) as admin:
+            with relay.client(VIEWER_KEYS["acme"]) as viewer, relay.client() as admin:
                 denied = viewer.post(f"{APP}/workflows/wf-down/cancel")
                 invalid = admin.post(f"{APP}/schedules/nightly/backfill", json={"bogus": 1})
             return [(denied.status_code, denied.content), (invalid.status_code, invalid.content)]
@@ -227,7 +206,7 @@ def test_a_refused_path_naming_what_relay_cannot_store_is_audited_without_it(rel
     """Workflow ids past the names' length (a NUL is answered 404 before any route): the refusals are
     audited, without a target."""
     odd = make_key(relay, "odd-paths", ["application.read"])
-    with client(relay, odd) as api:
+    with relay.client(odd) as api:
         for workflow_id in ("x" * 300, "y" * 4000):
             assert api.post(f"{APP}/workflows/{workflow_id}/cancel").status_code == 403
 
@@ -243,7 +222,7 @@ def test_a_refused_path_naming_what_relay_cannot_store_is_audited_without_it(rel
 def test_a_refused_recover_is_no_entry_about_the_executor(relay: RelayProcess) -> None:
     """A refused operator's recover names the executor in its detail, not as the entry's executor:
     an entry about an executor defers the reconciler's look at it, which a refused key must not do."""
-    with client(relay, VIEWER_KEYS["acme"]) as api:
+    with relay.client(VIEWER_KEYS["acme"]) as api:
         assert api.post(f"{APP}/executors/exec-refused/recover").status_code == 403
 
     def found() -> list[dict[str, Any]] | None:

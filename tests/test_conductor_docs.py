@@ -7,16 +7,12 @@ called over HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from harness.keys import API_KEYS
-from harness.ports import free_port
-from harness.postgres import Postgres
-from harness.relay import RelayProcess, relay_yaml
+from harness.relay import RelayProcess
 
 # audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", the base
 # (https://cloud.dbos.dev) changed to Relay's; and without /conductor, as a self-hosted
@@ -24,22 +20,6 @@ from harness.relay import RelayProcess, relay_yaml
 # "http://<your-conductor-host>:8090").
 AUDIT_LOGS = "/conductor/v1alpha1/api/acme/audit-logs"
 SELF_HOSTED_AUDIT_LOGS = "/v1alpha1/api/acme/audit-logs"
-
-
-@pytest.fixture(scope="module")
-def relay(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    workdir = tmp_path_factory.mktemp("conductor-docs")
-    relay = RelayProcess(workdir, postgres.create_database("relay"), relay_yaml(free_port()))
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
-
-
-def client(relay: RelayProcess, key: str | None = API_KEYS["acme"]) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    return httpx.Client(base_url=relay.http, headers=headers, timeout=10)
 
 
 def said(resp: httpx.Response) -> str:
@@ -54,7 +34,7 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
     "Make sure the key has the `organization.read` permission". Relay served the log only at
     conductor-api.md's ``/v2/orgs/{org}/audit-logs`` (``startTime``, ``endTime``, ``limit``): the
     documented curl was a 404."""
-    with client(relay) as api:
+    with relay.client() as api:
         for name in ("docs-a", "docs-b", "docs-c"):
             made = api.post(f"/v2/orgs/acme/tokens/{name}", json={"permissions": ["application.read"]})
             assert made.status_code == 201, said(made)
@@ -110,13 +90,13 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
         assert reader.status_code == 201, said(reader)
 
     for path in (AUDIT_LOGS, SELF_HOSTED_AUDIT_LOGS):
-        with client(relay, key=None) as anonymous:
+        with relay.client(key=None) as anonymous:
             assert anonymous.get(path).status_code == 401
-        with client(relay, key=reader.json()["token"]) as lacking:
+        with relay.client(key=reader.json()["token"]) as lacking:
             resp = lacking.get(path)
             assert resp.status_code == 403, said(resp)
             assert "organization.read" in resp.json()["detail"]
-        with client(relay, key=API_KEYS["globex"]) as other_org:
+        with relay.client(key=API_KEYS["globex"]) as other_org:
             assert other_org.get(path).status_code == 403
 
 
@@ -125,7 +105,7 @@ def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess
     "`private_mode` | `application.create`". Relay's entries carried its own detail keys only:
     a key's apps as ``appNames``, and nothing about private mode (Relay has none: every app's
     ``privateMode`` is false)."""
-    with client(relay) as api:
+    with relay.client() as api:
         body = {"permissions": ["application.read", "metric.read"], "appNames": ["ledger"]}
         assert api.post("/v2/orgs/acme/tokens/details-scoped", json=body).status_code == 201
         every = api.post("/v2/orgs/acme/tokens/details-every-app", json={"permissions": ["metric.read"]})

@@ -7,24 +7,13 @@ unreachable, and a key limited to it was refused on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
 import pytest
 
 from harness.keys import API_KEYS
-from harness.ports import free_port
-from harness.postgres import Postgres
-from harness.relay import RelayProcess, relay_yaml
-
-
-@pytest.fixture(scope="module")
-def relay(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    relay = RelayProcess(tmp_path_factory.mktemp("paths"), postgres.create_database("relay"), relay_yaml(free_port()))
-    relay.start()
-    yield relay
-    relay.stop()
+from harness.relay import RelayProcess
 
 
 def client(relay: RelayProcess, key: str = API_KEYS["acme"]) -> httpx.Client:
