@@ -7,6 +7,7 @@ have the shape ``{"error": {"code": "...", "message": "..."}}``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-from starlette.types import Scope
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
 from relay.api import (
@@ -40,6 +41,7 @@ from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
 from relay.api.document import PROBLEMS, finish
 from relay.api.refusals import RefusalAudit, was_audited
+from relay.core.refusals import RefusalRun
 from relay.errors import (
     Conflict,
     DatabaseError,
@@ -99,6 +101,22 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         if not was_audited(exc):
             refusals.refused(request, status, code, message)
         return error_response(status, code, message)
+
+    outage = RefusalRun()  # the run of 503 database_unavailable answers under way, if any
+
+    def answered() -> int:
+        return ctx.db.answered if ctx is not None else 0
+
+    def served() -> None:
+        ended = outage.serve(time.monotonic(), answered())
+        if ended is not None:
+            log.info(
+                "requests are served again: %d answered 503 database_unavailable in %.1f s (the first logged)",
+                ended.refused,
+                ended.secs,
+            )
+
+    api.add_middleware(ServedWatch, served=served)
 
     @api.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -171,12 +189,43 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             return refused(request, exc, 422, "invalid_request", f"a value of the request was refused: {reason}")
         # The database's own words (a host and port, a constraint, a table) are for the operator,
         # in the log; the caller learns which kind of trouble it is and that it may try again.
-        log.warning("%s %s: answered 503: %s", request.method, request.url.path, exc)
+        # One warning for a run of them (an outage answers every request so), the rest counted
+        # until a request is served again (relay.core.refusals): a line then says how many.
+        if outage.refuse(time.monotonic(), answered()):
+            log.warning(
+                "%s %s: answered 503 database_unavailable: %s (the next ones are counted, not logged,"
+                " until a request is served again)",
+                request.method,
+                request.url.path,
+                exc,
+            )
+        else:
+            log.debug("%s %s: answered 503 database_unavailable: %s", request.method, request.url.path, exc)
         unreachable = not isinstance(cause, psycopg.Error) or isinstance(cause, psycopg.OperationalError)
         detail = "Relay's database is unreachable" if unreachable else "a statement of Relay's database failed"
         return error_response(503, "database_unavailable", f"{detail}; the instance's log says why")
 
     return api
+
+
+class ServedWatch:
+    """Calls ``served`` at each HTTP response other than a 503, which may end a run of refusals."""
+
+    def __init__(self, app: ASGIApp, served: Callable[[], None]) -> None:
+        self.app = app
+        self.served = served
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] != 503:
+                self.served()
+            await send(message)
+
+        await self.app(scope, receive, watched)
 
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")

@@ -125,6 +125,9 @@ class Database:
             # the operating system's TCP timeout.
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_SECS},
         )
+        # Connections given back without an error: the API's sign that its database answers again
+        # after an outage (relay.core.refusals).
+        self.answered = 0
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -155,6 +158,7 @@ class Database:
         try:
             async with self.pool.connection(timeout=_patience.get()) as conn:
                 yield conn
+            self.answered += 1
         except PoolTimeout as exc:
             raise DatabaseError(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:

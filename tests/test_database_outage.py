@@ -1,0 +1,99 @@
+"""What an operator sees while Relay's own PostgreSQL is down and after it is back.
+
+Relay's database is on a server of its own (:class:`harness.pgserver.PostgresServer`), stopped
+(a clean fast shutdown, as a failover's switch does) and started again on the same data, with
+Relay in its own process and its log read from the file it writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.keys import API_KEYS
+from harness.pgserver import PostgresServer
+from harness.ports import free_port
+from harness.relay import RelayProcess, relay_yaml
+from harness.waiting import assert_eventually
+
+StartRelay = Callable[..., RelayProcess]
+WARNING_AT_START = re.compile(r" WARNING relay\.http: GET /v2/orgs/acme/apps: answered 503")
+COUNT_AT_END = re.compile(r" INFO relay\.http: requests are served again: (\d+) answered 503 database_unavailable")
+
+
+@pytest.fixture(scope="module")
+def relay_pg() -> Iterator[PostgresServer]:
+    server = PostgresServer("relay-outage-db")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def start_relay(relay_pg: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartRelay]:
+    started: list[RelayProcess] = []
+    if not relay_pg.running():
+        relay_pg.start()
+    url = relay_pg.url(relay_pg.create_database("relay"))
+
+    def start(instance_id: str = "relay-1") -> RelayProcess:
+        relay = RelayProcess(tmp_path, url, relay_yaml(free_port()), instance_id=instance_id)
+        started.append(relay)
+        return relay.start()
+
+    yield start
+    if not relay_pg.running():
+        relay_pg.start()
+    for relay in started:
+        relay.stop()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-8000:]}")
+
+
+def get(relay: RelayProcess, path: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    return httpx.get(relay.http + path, headers=headers, timeout=30)
+
+
+def served(relay: RelayProcess) -> bool:
+    try:
+        return get(relay, "/v2/orgs/acme/apps").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def refused_together(relay: RelayProcess, n: int) -> list[httpx.Response]:
+    """``n`` requests at once, each waiting out the pool's wait for a connection."""
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: get(relay, "/v2/orgs/acme/apps"), range(n)))
+
+
+def test_an_outage_logs_one_warning_per_instance_and_one_line_with_the_count_when_requests_are_served_again(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    first, second = start_relay("relay-1"), start_relay("relay-2")
+    assert served(first) and served(second)
+    relay_pg.stop()
+    with ThreadPoolExecutor(2) as pool:
+        on_first = pool.submit(refused_together, first, 3)
+        on_second = pool.submit(refused_together, second, 2)
+        answers = on_first.result() + on_second.result()
+    assert [r.status_code for r in answers] == [503] * 5
+    assert {r.json()["error"]["code"] for r in answers} == {"database_unavailable"}
+    relay_pg.start()
+    for relay, refused in ((first, 3), (second, 2)):
+        assert_eventually(lambda relay=relay: served(relay), 30, interval=0.2, what=f"{relay.instance_id} serves")
+        log = relay.log()
+        # One warning, with the database's own words, for the outage's first refusal.
+        warnings = [line for line in log.splitlines() if WARNING_AT_START.search(line)]
+        assert len(warnings) == 1, warnings
+        assert "connection" in warnings[0], warnings[0]
+        assert log.count("answered 503") == 2, [line for line in log.splitlines() if "answered 503" in line]
+        # One line when the requests are served again, with how many were refused in between.
+        counts = [int(m.group(1)) for m in COUNT_AT_END.finditer(log)]
+        assert counts == [refused], (relay.instance_id, counts)

@@ -1,0 +1,37 @@
+"""The bookkeeping of a run of requests refused for the database (relay.core.refusals): no I/O."""
+
+from __future__ import annotations
+
+from relay.core.refusals import RefusalRun, RunEnded
+
+
+def test_only_the_first_refusal_of_a_run_is_to_be_logged() -> None:
+    run = RefusalRun()
+    assert run.refuse(10.0, answered=5)
+    assert not run.refuse(11.0, answered=5)
+    assert not run.refuse(12.0, answered=5)
+    assert run.refused == 3
+
+
+def test_the_run_ends_at_a_request_served_after_the_database_answered_again() -> None:
+    run = RefusalRun()
+    run.refuse(10.0, answered=5)
+    run.refuse(12.0, answered=5)
+    # Served without the database (a health check, a static file): the outage may go on.
+    assert run.serve(13.0, answered=5) is None
+    assert run.serve(14.5, answered=6) == RunEnded(refused=2, secs=4.5)
+    assert run.serve(15.0, answered=7) is None  # told once
+    assert run.refuse(20.0, answered=7)  # a new run is logged again
+
+
+def test_a_refusal_after_the_database_answered_again_keeps_the_run_going() -> None:
+    run = RefusalRun()
+    run.refuse(10.0, answered=5)
+    run.refuse(11.0, answered=8)  # a request that had waited through the outage, refused late
+    assert run.serve(11.5, answered=8) is None
+    ended = run.serve(12.0, answered=9)
+    assert ended is not None and ended.refused == 2
+
+
+def test_nothing_to_tell_without_a_refusal() -> None:
+    assert RefusalRun().serve(1.0, answered=100) is None
