@@ -8,6 +8,7 @@ Relay in its own process and its log read from the file it writes.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,3 +98,42 @@ def test_an_outage_logs_one_warning_per_instance_and_one_line_with_the_count_whe
         # One line when the requests are served again, with how many were refused in between.
         counts = [int(m.group(1)) for m in COUNT_AT_END.finditer(log)]
         assert counts == [refused], (relay.instance_id, counts)
+
+
+def sample(exposition: str, name: str) -> float | None:
+    """The value of an unlabelled series of a Prometheus text exposition, or None if it is absent."""
+    found = re.search(rf"^{name} (\S+)$", exposition, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def test_a_database_503_says_when_to_try_again(start_relay: StartRelay, relay_pg: PostgresServer) -> None:
+    relay = start_relay()
+    relay_pg.stop()
+    refused = get(relay, "/v2/orgs/acme/apps")
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "database_unavailable"
+    # As the other 503s that pass (too many requests, too many streams) say, for clients that honour it.
+    assert refused.headers.get("retry-after", "").isdigit(), dict(refused.headers)
+
+
+def test_metrics_answer_through_an_outage_and_say_the_database_is_down(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    relay = start_relay()
+    before = get(relay, "/metrics")
+    assert before.status_code == 200 and sample(before.text, "relay_database_up") == 1.0
+    relay_pg.stop()
+    assert_eventually(lambda: not served(relay), 30, interval=0.2, what="the API refuses")
+    scrape_started = time.monotonic()
+    during = get(relay, "/metrics")
+    took = time.monotonic() - scrape_started
+    # A scrape answered, within Prometheus's default scrape_timeout (10 s), not a gap: the instance's
+    # own figures, and the database's absence in a gauge of its own.
+    assert during.status_code == 200, during.text
+    assert took < 10.0, took
+    assert sample(during.text, "relay_database_up") == 0.0
+    assert sample(during.text, "relay_lease_held") is not None
+    assert sample(during.text, "relay_connections") is not None
+    relay_pg.start()
+    assert_eventually(
+        lambda: sample(get(relay, "/metrics").text, "relay_database_up") == 1.0, 30, interval=0.2, what="up again"
+    )

@@ -58,6 +58,9 @@ from relay.errors import (
 
 log = logging.getLogger("relay.http")
 
+# Seconds a client is asked to wait after a 503 database_unavailable.
+DATABASE_RETRY_AFTER = "2"
+
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 
 
@@ -203,7 +206,13 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             log.debug("%s %s: answered 503 database_unavailable: %s", request.method, request.url.path, exc)
         unreachable = not isinstance(cause, psycopg.Error) or isinstance(cause, psycopg.OperationalError)
         detail = "Relay's database is unreachable" if unreachable else "a statement of Relay's database failed"
-        return error_response(503, "database_unavailable", f"{detail}; the instance's log says why")
+        # The pool tries to reconnect about once a second (relay.store.db): a retry soon may succeed.
+        return error_response(
+            503,
+            "database_unavailable",
+            f"{detail}; the instance's log says why",
+            headers={"Retry-After": DATABASE_RETRY_AFTER},
+        )
 
     return api
 
