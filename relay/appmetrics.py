@@ -91,6 +91,11 @@ class AppFiguresCollector(Collector):
         self._figures = await self.store.latest(fresh_secs=3 * self.window_secs + 5)
         self._executors = executor_counts(await self.store.executor_versions())
 
+    def clear(self, view: ScrapeView) -> None:
+        """Nothing to show to a scrape seen through ``view``: the database did not answer it."""
+        self.view = view
+        self._figures, self._executors = [], []
+
     def collect(self) -> Iterator[Metric]:
         view = self.view
         families: dict[str, GaugeMetricFamily] = {}

@@ -11,7 +11,7 @@ of the key's org and apps; the instance-wide ones (no such label) always.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from relay.appmetrics import EVERYTHING, AppFiguresCollector, ScrapeView
 from relay.core.alerts import Kind
 from relay.core.failover import RECOVERIES_AT_ONCE
+from relay.errors import DatabaseError
 from relay.net.hub import Hub
 from relay.net.router import Router
 from relay.store.executors import ExecutorStore
@@ -35,6 +36,10 @@ ALERTS_FAILED = Counter(
 for _kind in Kind:  # every kind from 0, so a scraper sees the series before the first alert
     ALERTS_SENT.labels(_kind.value)
     ALERTS_FAILED.labels(_kind.value)
+
+
+async def _answers() -> bool:
+    return True
 
 
 @dataclass
@@ -55,7 +60,10 @@ class Metrics(Collector):
         frames: Mapping[str, int] | None = None,
         grace_starts: Callable[[], tuple[int, int]] = lambda: (0, 0),
         recovery_turns: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        database_answers: Callable[[], Awaitable[bool]] = _answers,
     ) -> None:
+        self.database_answers = database_answers
+        self._database_up = True
         self.grace_starts = grace_starts
         self.recovery_turns = recovery_turns
         self.reconciled = reconciled if reconciled is not None else {}
@@ -80,9 +88,25 @@ class Metrics(Collector):
         Conductor's documented scrapes do), else Prometheus text."""
         encoder, content_type = choose_encoder(accept)
         async with self._scraping:
-            self._snapshot = _Snapshot(await self.executors.count_by_state(), await self.executors.count_blocked())
-            for figures in self._app_figures:
-                await figures.refresh(view)
+            # Asked first on the probe's own connection, within 1.5 s: while the database is away the
+            # pool would have the scrape wait 10 s for a connection, past Prometheus's scrape_timeout,
+            # and answer 503; the scraper would see a gap, not why. The instance's own figures are
+            # served then, with relay_database_up 0, and those read from the database left out.
+            up = await self.database_answers()
+            if up:
+                try:
+                    self._snapshot = _Snapshot(
+                        await self.executors.count_by_state(), await self.executors.count_blocked()
+                    )
+                    for figures in self._app_figures:
+                        await figures.refresh(view)
+                except DatabaseError:
+                    up = False
+            if not up:
+                self._snapshot = _Snapshot()
+                for figures in self._app_figures:
+                    figures.clear(view)
+            self._database_up = up
             return encoder(_Seen(self.registry, view)), content_type
 
     def collect(self) -> Iterator[Metric]:
@@ -91,6 +115,12 @@ class Metrics(Collector):
             "relay_pending_handshakes", "Sockets accepted but not yet past executor_info.", self.hub.pending_handshakes
         )
         yield _gauge("relay_lease_held", "Whether this instance holds its lease (1) or not (0).", int(self.lease.held))
+        yield _gauge(
+            "relay_database_up",
+            "Whether Relay's database answered this scrape (1) or not (0: the figures read from it, "
+            "relay_executors, relay_executors_blocked and the apps' dbos_conductor_v1_*, are left out).",
+            int(self._database_up),
+        )
         yield _counter(
             "relay_requests_relayed",
             "Requests this instance sent to its executors for another instance.",

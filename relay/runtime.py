@@ -198,6 +198,7 @@ class Runtime:
             self.ask.frames,
             lambda: (self.engine.graces.batches, self.engine.graces.started),
             self.engine.recovery_turns,
+            self.probe.answers,
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)
