@@ -7,7 +7,10 @@ Relay in its own process and its log read from the file it writes.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +24,7 @@ from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
+from relay.cli.errors import EXIT_UNAVAILABLE
 
 StartRelay = Callable[..., RelayProcess]
 WARNING_AT_START = re.compile(r" WARNING relay\.http: GET /v2/orgs/acme/apps: answered 503")
@@ -137,3 +141,26 @@ def test_metrics_answer_through_an_outage_and_say_the_database_is_down(
     assert_eventually(
         lambda: sample(get(relay, "/metrics").text, "relay_database_up") == 1.0, 30, interval=0.2, what="up again"
     )
+
+
+def relay_cli(relay: RelayProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_URL": relay.http, "RELAY_API_KEY": API_KEYS["acme"]}
+    return subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_cli_says_in_one_line_that_relays_database_is_unreachable_and_exits_unavailable(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    relay = start_relay()
+    relay_pg.stop()
+    assert_eventually(lambda: not served(relay), 30, interval=0.2, what="the API refuses")
+    for args in (("apps",), ("audit",)):
+        done = relay_cli(relay, *args)
+        assert done.returncode == EXIT_UNAVAILABLE, (args, done.returncode, done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == "", (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "database is unreachable" in lines[0], (args, done.stderr)
+    relay_pg.start()
+    assert_eventually(lambda: served(relay), 30, interval=0.2, what="served again")
+    assert relay_cli(relay, "apps").returncode == 0
