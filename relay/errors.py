@@ -8,7 +8,8 @@ only these::
     ├── ConfigError            relay.yaml missing, unreadable or invalid
     ├── StartupError           a step of the start-up failed (other than reaching the database)
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
-    │   └── Fenced             this instance's lease is not held: its ownership-bound writes are refused
+    │   ├── Fenced             this instance's lease is not held: its ownership-bound writes are refused
+    │   └── ConnectionLost     the connection broke under a statement (a failover, a restart, a cut)
     ├── ProtocolError          a frame from an executor broke the protocol
     ├── ExecutorRequestError   a request to a connected executor did not get a usable answer
     │   ├── ExecutorNotConnected   no live instance holds a socket to that executor
@@ -50,6 +51,12 @@ class StartupError(RelayError):
 
 class DatabaseError(RelayError):
     """PostgreSQL could not be reached, or a statement failed."""
+
+
+class ConnectionLost(DatabaseError):
+    """The pool's connection broke under a statement: the server closed it (a failover, a restart of
+    PostgreSQL, an administrator) or it was cut. A statement that is safe to repeat may be tried
+    again at once: the pool's other idle connections were checked, and the broken ones replaced."""
 
 
 class Fenced(DatabaseError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from harness.keys import API_KEYS
@@ -45,8 +47,8 @@ def start_relay(relay_pg: PostgresServer, tmp_path: Path, request: pytest.Fixtur
         relay_pg.start()
     url = relay_pg.url(relay_pg.create_database("relay"))
 
-    def start(instance_id: str = "relay-1") -> RelayProcess:
-        relay = RelayProcess(tmp_path, url, relay_yaml(free_port()), instance_id=instance_id)
+    def start(instance_id: str = "relay-1", **liveness: float) -> RelayProcess:
+        relay = RelayProcess(tmp_path, url, relay_yaml(free_port(), **liveness), instance_id=instance_id)
         started.append(relay)
         return relay.start()
 
@@ -164,3 +166,43 @@ def test_the_cli_says_in_one_line_that_relays_database_is_unreachable_and_exits_
     relay_pg.start()
     assert_eventually(lambda: served(relay), 30, interval=0.2, what="served again")
     assert relay_cli(relay, "apps").returncode == 0
+
+
+def test_a_stop_after_the_database_dropped_relays_connections_gives_up_the_lease_without_a_traceback(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    """A failover, or a restart of PostgreSQL between two renewals, leaves the lease's connection
+    closed by the server. The stop's release of the lease met it, failed, and the lease was left to
+    run out (its executors' recovery waited for that; peers took it for an instance that died) with
+    a traceback and an "Application shutdown failed" in the log."""
+    relay = start_relay(instanceLeaseSecs=60.0)  # renewed every 20 s: none between the cut and the stop
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(
+            """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+        )
+    relay.signal(signal.SIGTERM)
+    assert relay.proc is not None and relay.proc.wait(60) == 0
+    stop = relay.log().split("Waiting for application shutdown", 1)[1]  # (DBOS logs its workflows' failures)
+    assert "Traceback" not in stop and "shutdown failed" not in stop, stop[-4000:]
+    with psycopg.connect(relay.database_url) as conn:
+        row = conn.execute("SELECT released_at FROM relay_instances WHERE instance_id = 'relay-1'").fetchone()
+    assert row is not None and row[0] is not None, "the lease was not given up"
+
+
+def test_after_the_database_dropped_relays_connections_at_most_one_request_is_refused(
+    start_relay: StartRelay,
+) -> None:
+    """A failover (or a restart) whose database is back at once: each idle connection of the pool
+    was closed by the server, and each was given to a request, which failed (a 503 per connection,
+    up to the pool's 16, though the database answered). The first that fails has the rest checked."""
+    relay = start_relay()
+    with ThreadPoolExecutor(8) as pool:  # the pool grows to hold several idle connections
+        assert {r.status_code for r in pool.map(lambda _: get(relay, "/v2/orgs/acme/audit"), range(16))} == {200}
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(
+            """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+        )
+    codes = [get(relay, "/v2/orgs/acme/apps").status_code for _ in range(16)]
+    assert set(codes) <= {200, 503} and codes.count(503) <= 1, codes

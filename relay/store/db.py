@@ -6,6 +6,8 @@ boundary, so the layers above handle only Relay's own errors.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Coroutine
@@ -19,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from relay import __version__
-from relay.errors import DatabaseError, Fenced, StartupError
+from relay.errors import ConnectionLost, DatabaseError, Fenced, StartupError
 from relay.store.combiner import WriteCombiner
 from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Migration
 
@@ -128,6 +130,7 @@ class Database:
         # Connections given back without an error: the API's sign that its database answers again
         # after an outage (relay.core.refusals).
         self.answered = 0
+        self._checking: asyncio.Task[None] | None = None
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -155,14 +158,29 @@ class Database:
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
         """A connection of the pool: waited for up to the pool's 10 s, or as long as
         :func:`patiently` says in the task that asks."""
+        used: psycopg.AsyncConnection[dict[str, Any]] | None = None
         try:
             async with self.pool.connection(timeout=_patience.get()) as conn:
+                used = conn
                 yield conn
             self.answered += 1
         except PoolTimeout as exc:
             raise DatabaseError(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:
+            if used is not None and used.broken:
+                # The server closed it (a failover, a restart): the pool's idle ones likely too,
+                # each of which would fail the next statement given it. Checked now, all at once.
+                await self._check_idle()
+                raise ConnectionLost(f"database error: {exc}") from exc
             raise DatabaseError(f"database error: {exc}") from exc
+
+    async def _check_idle(self) -> None:
+        """The pool's idle connections checked and the broken ones replaced (one check at a time,
+        in a task of its own: a caller cancelled meanwhile must not leave the pool half checked)."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.create_task(self.pool.check())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._checking)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:

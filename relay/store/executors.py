@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
-from relay.errors import DatabaseError, Fenced, RelayError
+from relay.errors import ConnectionLost, DatabaseError, Fenced, RelayError
 from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
 
@@ -264,10 +264,13 @@ class ExecutorStore:
                     )
                 break
             except DatabaseError as exc:
-                if attempt == INSTANCE_LOST_TRIES or not deadlocked(exc):
+                # Idempotent, so run again after a deadlock, and after a connection the server had
+                # closed (a failover or a restart of PostgreSQL while this instance ran).
+                if attempt == INSTANCE_LOST_TRIES or not (deadlocked(exc) or isinstance(exc, ConnectionLost)):
                     raise
-                log.info("instance %s: recording its executors' disconnection met a deadlock; again (%d)",
-                         instance, attempt)  # fmt: skip
+                why = "a deadlock" if deadlocked(exc) else "a lost connection"
+                log.info("instance %s: recording its executors' disconnection met %s; again (%d)",
+                         instance, why, attempt)  # fmt: skip
         self._count(E.INSTANCE_LOST, cur.rowcount, cur.rowcount)
         return cur.rowcount
 

@@ -268,18 +268,30 @@ class Lease:
             await asyncio.gather(self._task, return_exceptions=True)
         try:
             if self.epoch is not None and not self.fenced:
-                # Stopping cleanly: the lease ends now rather than when it would run out, and says it
-                # was given up (its adoption is expected: no InstanceAdopted alert).
-                await self._execute(
-                    """UPDATE relay_instances SET lease_expires_at = now(), released_at = now()
-                       WHERE instance_id = %s AND lease_epoch = %s""",
-                    (self.instance_id, self.epoch),
-                )
+                await self._release()
         finally:
             await self._drop()
             self._give_up_attempts()
             await asyncio.gather(*list(self._leftovers), return_exceptions=True)
             await asyncio.gather(*list(self._leftovers), return_exceptions=True)  # the closes they began
+
+    async def _release(self) -> None:
+        """Stopping cleanly: the lease ends now rather than when it would run out, and says it was
+        given up (its adoption is expected: no InstanceAdopted alert). Tried again once on a new
+        connection: the lease's may have been closed by the server since the last renewal (a
+        failover, a restart of PostgreSQL), which the first try finds out and drops."""
+        for attempt in (1, 2):
+            try:
+                await self._execute(
+                    """UPDATE relay_instances SET lease_expires_at = now(), released_at = now()
+                       WHERE instance_id = %s AND lease_epoch = %s""",
+                    (self.instance_id, self.epoch),
+                )
+                return
+            except DatabaseError as exc:
+                if attempt == 2:
+                    log.warning("instance %s could not give up its lease (another instance adopts it once "
+                                "it runs out): %s", self.instance_id, exc)  # fmt: skip
 
     async def _keep(self) -> None:
         # On a fixed beat from the last renewal sent, however long a renewal took; after a failed
