@@ -27,6 +27,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.cli.errors import EXIT_UNAVAILABLE
+from tests.test_events import Stream
 
 StartRelay = Callable[..., RelayProcess]
 WARNING_AT_START = re.compile(r" WARNING relay\.http: GET /v2/orgs/acme/apps: answered 503")
@@ -206,3 +207,29 @@ def test_after_the_database_dropped_relays_connections_at_most_one_request_is_re
         )
     codes = [get(relay, "/v2/orgs/acme/apps").status_code for _ in range(16)]
     assert set(codes) <= {200, 503} and codes.count(503) <= 1, codes
+
+
+def test_an_event_stream_open_through_an_outage_carries_the_changes_after_it_and_the_log_says_so_twice(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    relay = start_relay()
+    stream = Stream(relay, API_KEYS["acme"]).open()
+    try:
+        assert stream.status == 200
+        stream.next(lambda name, _: name == "ready")
+        relay_pg.stop()
+        poller_warning = "cannot read what changed for the event streams"
+        assert_eventually(lambda: poller_warning in relay.log(), 30, interval=0.2, what="the poller's warning")
+        relay_pg.start()
+        assert_eventually(lambda: served(relay), 30, interval=0.2, what="served again")
+        with relay.api() as api:
+            assert api.post("/tokens/after-outage", json={"permissions": ["token.read"]}).status_code == 201
+        # The same stream, open all along, carries the change made after the outage.
+        assert not stream.ended.is_set()
+        stream.next(lambda name, data: name == "audit" and data["action"] == "token.created", timeout=30)
+        log = relay.log()
+        assert log.count(poller_warning) == 1, [line for line in log.splitlines() if poller_warning in line]
+        again = re.findall(r"INFO relay\.events: the event streams read what changed again after (\d+) failed", log)
+        assert len(again) == 1 and int(again[0]) >= 1, again
+    finally:
+        stream.close()

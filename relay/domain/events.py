@@ -132,6 +132,7 @@ class EventHub:
             self._task = None
 
     async def _run(self) -> None:
+        failed, since = 0, 0.0  # reads failed in a row (the database away), and since when
         while True:
             if not self.streams:
                 self._audit = self._executors = None  # nobody listens: nothing to read until somebody does
@@ -140,7 +141,19 @@ class EventHub:
             try:
                 await self.poll()
             except DatabaseError as exc:
-                log.warning("cannot read what changed for the event streams: %s", exc)
+                # One warning for a run of failures, not one per poll for as long as an outage lasts.
+                if not failed:
+                    since = time.monotonic()
+                    log.warning("cannot read what changed for the event streams (trying again every %g s, "
+                                "quietly): %s", self.poll_secs, exc)  # fmt: skip
+                else:
+                    log.debug("cannot read what changed for the event streams: %s", exc)
+                failed += 1
+            else:
+                if failed:
+                    log.info("the event streams read what changed again after %d failed reads in %.1f s",
+                             failed, time.monotonic() - since)  # fmt: skip
+                failed = 0
             await asyncio.sleep(self.poll_secs)
 
     async def poll(self) -> None:
