@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 # C0 (line ends and tab too), DEL, C1, the line and paragraph separators, and the bidi controls:
 # ALM, LRM/RLM, LRE/RLE/PDF/LRO/RLO, LRI/RLI/FSI/PDI.
@@ -61,6 +64,54 @@ class EscapingFormatter(logging.Formatter):
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+# The libraries whose background work warns at every turn while Relay's database is away: DBOS's
+# threads (queues, schedules, timeouts, notifications: about six lines a second in all) and
+# psycopg_pool at each attempt to reconnect (about two a second).
+QUIETED = ("dbos", "psycopg.pool")
+
+
+class QuietRepeats(logging.Filter):
+    """A warning repeated is written once per ``window`` seconds: the same one again within it (the
+    same logger and message, the details apart) is counted, not written, and the next one written
+    says how many were held back. Errors always pass. :data:`QUIETED`'s loggers have one, so an
+    outage of minutes leaves a few lines of theirs a minute, not thousands."""
+
+    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window = window
+        self.clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # when written, how many held since
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING:
+            return True
+        key = (record.name, record.levelno, _kind(record))
+        now = self.clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.window:
+                self._seen[key] = (seen[0], seen[1] + 1)
+                return False
+            if len(self._seen) >= MAX_KINDS:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if seen is not None and seen[1]:
+            record.msg = f"{record.getMessage()} ({seen[1]} more like it in {now - seen[0]:.0f} s, not logged)"
+            record.args = None
+        return True
+
+
+MAX_KINDS = 1000  # kinds of warning remembered; beyond, forgotten all at once (each passes again)
+
+
+def _kind(record: logging.LogRecord) -> str:
+    """What makes two warnings the same: the template of a message given with arguments, else (DBOS
+    formats its own) the text before its first colon, where the error's details begin."""
+    if record.args:
+        return str(record.msg)
+    return str(record.msg).split(":", 1)[0][:200]
+
 
 def configure_logging(level: str) -> None:
     """``relay serve``'s log: every message to stderr as one escaped line (:class:`EscapingFormatter`),
@@ -72,3 +123,6 @@ def configure_logging(level: str) -> None:
     dbos = logging.getLogger("dbos")
     if not dbos.handlers:
         dbos.addHandler(logging.NullHandler())
+    quiet = QuietRepeats()
+    for name in QUIETED:
+        logging.getLogger(name).addFilter(quiet)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from relay.core.ids import printable
-from relay.logs import LOG_FORMAT, EscapingFormatter, keeping_lines, one_line
+from relay.logs import LOG_FORMAT, EscapingFormatter, QuietRepeats, keeping_lines, one_line
 
 # Every kind of character the formatter escapes: C0 (line ends, tab, ESC, BEL), DEL, C1 (CSI, NEL),
 # the line and paragraph separators, and the bidi controls.
@@ -96,3 +96,64 @@ def test_relay_serves_log_escapes_dbos_lines_too() -> None:
     assert lines[0].endswith("WARNING dbos: workflow w\\x1b]0;owned\\x07\\nforged failed"), lines
     assert lines[1].endswith("INFO uvicorn.error: path /x\\x1b[2J"), lines
     assert "\x1b" not in done.stderr
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def quieted(logged: tuple[logging.Logger, io.StringIO]) -> Iterator[tuple[logging.Logger, io.StringIO, Clock]]:
+    logger, stream = logged
+    clock = Clock()
+    quiet = QuietRepeats(window=60.0, clock=clock)
+    logger.addFilter(quiet)
+    try:
+        yield logger, stream, clock
+    finally:
+        logger.removeFilter(quiet)
+
+
+def test_a_repeated_warning_is_written_once_a_window_saying_how_many_were_held_back(
+    quieted: tuple[logging.Logger, io.StringIO, Clock],
+) -> None:
+    logger, stream, clock = quieted
+    for attempt in range(30):  # psycopg_pool's way: a template and its arguments
+        logger.warning("error connecting in %r: %s", "pool-1", f"refused ({attempt})")
+        clock.now += 1.0
+    # DBOS's way: the message formatted already, the error's details after the first colon
+    logger.warning("Exception listing queues: (psycopg.OperationalError) refused 1")
+    logger.warning("Exception listing queues: (psycopg.OperationalError) refused 2")
+    logger.warning("Notification listener error: refused")  # another kind: written
+    logger.error("Exception listing queues: an error is always written")
+    clock.now += 60.0
+    logger.warning("error connecting in %r: %s", "pool-1", "refused (again)")
+    lines = stream.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "error connecting in 'pool-1': refused (0)",
+        "Exception listing queues: (psycopg.OperationalError) refused 1",
+        "Notification listener error: refused",
+        "Exception listing queues: an error is always written",
+        "error connecting in 'pool-1': refused (again) (29 more like it in 90 s, not logged)",
+    ], lines
+
+
+def test_relay_serve_quiets_the_libraries_that_warn_at_every_turn_of_an_outage() -> None:
+    script = (
+        "import logging\n"
+        "from relay.logs import configure_logging\n"
+        "configure_logging('INFO')\n"
+        "for n in range(5):\n"
+        "    logging.getLogger('dbos').warning(f'Exception polling schedules: refused {n}')\n"
+        "    logging.getLogger('psycopg.pool').warning('error connecting in %r: %s', 'pool-1', n)\n"
+        "    logging.getLogger('relay.lease').warning('not quieted: %s', n)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    assert sum("WARNING dbos: Exception polling schedules" in line for line in lines) == 1, lines
+    assert sum("WARNING psycopg.pool: error connecting" in line for line in lines) == 1, lines
+    assert sum("WARNING relay.lease: not quieted" in line for line in lines) == 5, lines
