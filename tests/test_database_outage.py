@@ -105,6 +105,10 @@ def test_an_outage_logs_one_warning_per_instance_and_one_line_with_the_count_whe
         # One line when the requests are served again, with how many were refused in between.
         counts = [int(m.group(1)) for m in COUNT_AT_END.finditer(log)]
         assert counts == [refused], (relay.instance_id, counts)
+        # The instance's request channel (LISTEN) too: lost once, back once, its attempts unlogged.
+        assert_eventually(lambda relay=relay: "listening on its request channel again" in relay.log(), 30)
+        lost = [line for line in relay.log().splitlines() if "request channel lost" in line]
+        assert len(lost) == 1, lost
 
 
 def sample(exposition: str, name: str) -> float | None:

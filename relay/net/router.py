@@ -299,6 +299,7 @@ class Router:
     async def _listen(self) -> None:
         """LISTEN on this instance's channel; reconnects after a failure."""
         delay = 0.2
+        failed = 0  # attempts failed in a row: the first is a warning, the others are not (an outage)
         while True:
             try:
                 # Keepalives find a lost host under this idle connection (db.TCP_SETTINGS).
@@ -306,6 +307,10 @@ class Router:
                     await conn.execute(f"LISTEN {self.channel}")
                     await conn.execute(f"LISTEN {BLOCKED_CHANNEL}")
                     delay = 0.2
+                    if failed:
+                        log.info("instance %s: listening on its request channel again, after %d failed attempts",
+                                 self.instance_id, failed)  # fmt: skip
+                        failed = 0
                     # Whatever arrived while not listening is found by a poll right away.
                     self._spawn(self._serve_unpicked())
                     async for note in conn.notifies():
@@ -314,8 +319,12 @@ class Router:
                         else:
                             self._on_notify(note.payload)
             except psycopg.Error as exc:
-                log.warning("instance %s: request channel lost (%s); listening again in %.1fs",
-                            self.instance_id, exc, delay)  # fmt: skip
+                if not failed:
+                    log.warning("instance %s: request channel lost (%s); listening again in %.1fs (tried on "
+                                "quietly until it is back)", self.instance_id, exc, delay)  # fmt: skip
+                else:
+                    log.debug("instance %s: listening failed again (%s)", self.instance_id, exc)
+                failed += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
