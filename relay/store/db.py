@@ -152,6 +152,9 @@ class Database:
         return None
 
     async def close(self) -> None:
+        if self._checking is not None and not self._checking.done():
+            self._checking.cancel()  # the pool closes anyway
+            await asyncio.gather(self._checking, return_exceptions=True)
         await self.pool.close()
 
     @asynccontextmanager
@@ -170,17 +173,31 @@ class Database:
             if used is not None and used.broken:
                 # The server closed it (a failover, a restart): the pool's idle ones likely too,
                 # each of which would fail the next statement given it. Checked now, all at once.
-                await self._check_idle()
+                self._check_idle()
                 raise ConnectionLost(f"database error: {exc}") from exc
             raise DatabaseError(f"database error: {exc}") from exc
 
-    async def _check_idle(self) -> None:
-        """The pool's idle connections checked and the broken ones replaced (one check at a time,
-        in a task of its own: a caller cancelled meanwhile must not leave the pool half checked)."""
+    def _check_idle(self) -> None:
+        """The pool's idle connections checked and the broken ones replaced, in a task of its own
+        (one at a time). Not waited for: on a host gone without a word a check can take as long
+        as the connections' keepalive; the check takes the idle connections out of the pool as it
+        begins, so none of them is given to a request meanwhile (the pool opens others)."""
         if self._checking is None or self._checking.done():
-            self._checking = asyncio.create_task(self.pool.check())
-        with contextlib.suppress(Exception):
-            await asyncio.shield(self._checking)
+            self._checking = asyncio.create_task(self._check())
+
+    async def idle_checked(self, limit: float = 5.0) -> None:
+        """Waits up to ``limit`` seconds for the check of the idle connections that a lost one began,
+        if any: for a statement to try again on a working connection."""
+        task = self._checking
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), limit)
+
+    async def _check(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # a pool closing meanwhile: nothing to check
+            log.debug("checking the pool's idle connections failed: %s", exc)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:

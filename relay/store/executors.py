@@ -269,6 +269,8 @@ class ExecutorStore:
                 if attempt == INSTANCE_LOST_TRIES or not (deadlocked(exc) or isinstance(exc, ConnectionLost)):
                     raise
                 why = "a deadlock" if deadlocked(exc) else "a lost connection"
+                if isinstance(exc, ConnectionLost):
+                    await self.db.idle_checked()  # the pool's other idle connections are likely lost too
                 log.info("instance %s: recording its executors' disconnection met %s; again (%d)",
                          instance, why, attempt)  # fmt: skip
         self._count(E.INSTANCE_LOST, cur.rowcount, cur.rowcount)
