@@ -41,7 +41,7 @@ from relay.api.common import ApiError, error_response
 from relay.api.context import ApiContext
 from relay.api.document import PROBLEMS, finish
 from relay.api.refusals import RefusalAudit, was_audited
-from relay.core.refusals import RefusalRun
+from relay.core.outage import RefusalRun
 from relay.errors import (
     Conflict,
     DatabaseError,
@@ -193,7 +193,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         # The database's own words (a host and port, a constraint, a table) are for the operator,
         # in the log; the caller learns which kind of trouble it is and that it may try again.
         # One warning for a run of them (an outage answers every request so), the rest counted
-        # until a request is served again (relay.core.refusals): a line then says how many.
+        # until a request is served again (relay.core.outage): a line then says how many.
         if outage.refuse(time.monotonic(), answered()):
             log.warning(
                 "%s %s: answered 503 database_unavailable: %s (the next ones are counted, not logged,"

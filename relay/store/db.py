@@ -128,7 +128,7 @@ class Database:
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_SECS},
         )
         # Connections given back without an error: the API's sign that its database answers again
-        # after an outage (relay.core.refusals).
+        # after an outage (relay.core.outage).
         self.answered = 0
         self._checking: asyncio.Task[None] | None = None
         # Fenced writes that arrive together share a transaction (relay.store.combiner).

@@ -1,8 +1,8 @@
-"""The bookkeeping of a run of requests refused for the database (relay.core.refusals): no I/O."""
+"""The bookkeeping of a run of requests refused for the database (relay.core.outage): no I/O."""
 
 from __future__ import annotations
 
-from relay.core.refusals import RefusalRun, RunEnded
+from relay.core.outage import RefusalRun, RunEnded
 
 
 def test_only_the_first_refusal_of_a_run_is_to_be_logged() -> None:
