@@ -7,6 +7,7 @@ Relay in its own process and its log read from the file it writes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -21,10 +22,11 @@ import httpx
 import psycopg
 import pytest
 
-from harness.keys import API_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import handshake, open_socket
 from harness.waiting import assert_eventually
 from relay.cli.errors import EXIT_UNAVAILABLE
 from tests.test_events import Stream
@@ -237,3 +239,27 @@ def test_an_event_stream_open_through_an_outage_carries_the_changes_after_it_and
         assert len(again) == 1 and int(again[0]) >= 1, again
     finally:
         stream.close()
+
+
+def test_handshakes_that_cannot_be_recorded_log_one_error_per_app(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    """While the lease still holds, each executor that connects during an outage is refused once its
+    record could not be written (the pool's 10 s): one ERROR each, every second, for every executor
+    of a fleet reconnecting. One line per app a minute now, the next saying how many since."""
+    relay = start_relay(instanceLeaseSecs=60.0)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    relay_pg.stop()
+
+    async def refused(executor_id: str) -> int | None:
+        ws = await open_socket(url)
+        await handshake(ws, executor_id)
+        await asyncio.wait_for(ws.wait_closed(), 40)
+        return ws.close_code
+
+    async def all_of_them() -> list[int | None]:
+        return await asyncio.gather(*(refused(f"unrecorded-{i}") for i in range(4)))
+
+    assert asyncio.run(all_of_them()) == [1011] * 4  # each refused: its record could not be written
+    lines = [line for line in relay.log().splitlines() if "cannot record its connection" in line]
+    assert len(lines) == 1, lines

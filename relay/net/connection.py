@@ -122,7 +122,7 @@ class ExecutorConnection:
             await self.close(1011, "relay instance not holding its lease")
             return
         except DatabaseError as exc:
-            log.error("executor %s: cannot record its connection: %s", self.name, exc)
+            self.hub.unrecorded(self, exc)
             await self.close(1011, "relay database unavailable")
             return
         self.attached_at = self._loop.time()

@@ -245,6 +245,13 @@ class Hub:
 
     # -- used by the connections ------------------------------------------
 
+    def unrecorded(self, conn: ExecutorConnection, exc: DatabaseError) -> None:
+        """Log that a handshake could not be recorded (the database away): once a minute per app,
+        with how many since. While the lease holds, every executor that reconnects meets it, each
+        second, for as long as the outage lasts."""
+        if (since := self._refusals.due("database", "", f"{conn.org}/{conn.app}")) is not None:
+            log.error("executor %s: cannot record its connection: %s%s", conn.name, exc, _since(since))
+
     async def attach(self, conn: ExecutorConnection, info: ExecutorInfoReply) -> int:
         """Record the executor as connected here; returns the epoch.
 
