@@ -14,6 +14,13 @@
 //   alert it receives as a row of alerts_received (name, message, metadata, executor id), as
 //   harness/alert_app.py's does; RELAY_TEST_ALERTS_FAIL: the handler throws for that many alerts first.
 //
+// For the workflow API's routes (harness/workflow_app.py's seed, in small), RELAY_TEST_RICH=1 leaves:
+// - rich-1 (`rich`, SUCCESS): six steps `add`, an event `progress`, a stream `log` with two values,
+//   and a message `hello` on the topic `go`, sent to it and consumed;
+// - the queue `serial` (concurrency 1), declared in the system database;
+// - a schedule `every-hour` of the workflow `tick` (cron `0 * * * *`, context `ctx`), paused, lest
+//   it start a run on the hour.
+//
 // Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL), as the Python app writes it:
 // - step_evidence: one row per execution of a step, keyed by (workflow id, step) but not unique
 //   (a step is at-least-once, so a repeat shows as an extra row);
@@ -216,6 +223,21 @@ const quick = DBOS.registerWorkflow(async (n) => add(n, 1), { name: 'quick' });
 
 const blocker = DBOS.registerWorkflow(async () => DBOS.recv('never', 3600), { name: 'blocker' });
 
+const rich = DBOS.registerWorkflow(
+  async (n) => {
+    let sum = 0;
+    for (let i = 0; i < 6; i++) sum = await add(sum, n + i);
+    await DBOS.setEvent('progress', `step ${sum}`);
+    await DBOS.writeStream('log', 'first');
+    await DBOS.writeStream('log', 'second');
+    const got = await DBOS.recv('go', 60);
+    return `RICH ${sum} ${got}`;
+  },
+  { name: 'rich' },
+);
+
+const tick = DBOS.registerWorkflow(async (scheduledDate, context) => `tick ${context}`, { name: 'tick' });
+
 async function prepareAlerts(pool) {
   const client = await pool.connect();
   try {
@@ -259,6 +281,17 @@ async function seed() {
   await DBOS.startWorkflow(waiting, { workflowID: 'waiting-1' })();
 }
 
+async function seedRich() {
+  await DBOS.registerQueue('serial', { concurrency: 1 });
+  const handle = await DBOS.startWorkflow(rich, { workflowID: 'rich-1' })(1);
+  await DBOS.send('rich-1', 'hello', 'go');
+  await handle.getResult();
+  if ((await DBOS.getSchedule('every-hour')) === null) {
+    await DBOS.createSchedule({ scheduleName: 'every-hour', workflowFn: tick, schedule: '0 * * * *', context: 'ctx' });
+  }
+  await DBOS.pauseSchedule('every-hour');
+}
+
 async function main() {
   if (EVIDENCE_URL) {
     await prepareEvidence();
@@ -294,6 +327,9 @@ async function main() {
   });
   if (ENV.RELAY_TEST_SEED) {
     await seed();
+  }
+  if (ENV.RELAY_TEST_RICH) {
+    await seedRich();
   }
   await work();
   for (let i = 0; i < Number(ENV.RELAY_TEST_SLEEPERS || '0'); i++) {
