@@ -225,8 +225,10 @@ def actor(grant: KeyGrant) -> str:
 R = TypeVar("R", bound=Reply)
 # How the SDK words "there is no such thing" in its error replies.
 _NOT_FOUND = re.compile(r"non-existent|not found|does not exist|has no step named", re.IGNORECASE)
-# And "that is there already" (PostgreSQL's, through the SDK: importing a workflow that exists).
-_EXISTS = re.compile(r"already exists", re.IGNORECASE)
+# And "that is there already": PostgreSQL's, through the SDK, importing a workflow that exists or
+# forking onto an id a workflow has (the Python SDK passes on its "Key (...) already exists", the
+# TypeScript SDK only "duplicate key value violates unique constraint ...").
+_EXISTS = re.compile(r"already exists|duplicate key value violates unique constraint", re.IGNORECASE)
 
 
 def answered(reply: R, *, success: bool = False) -> R:
