@@ -405,3 +405,28 @@ def test_step_aggregates_by_name_and_status(world: World) -> None:
             (a["group"]["function_name"], a["group"]["status"]): (a["count"], a["maxDurationMs"]) for a in served
         }
         assert by_group == {(n, s): (c, int(d)) for n, s, c, d in db}
+
+
+# -- a TypeScript and a Python executor of one app (last: it adds an executor to the module's app) -------
+
+
+def test_a_python_executor_beside_it_does_not_turn_a_typescript_workflows_reads_into_502s(world: World) -> None:
+    """The Python SDK cannot read the values the TypeScript SDK stores (SuperJSON): asked for
+    rich-1's events, messages or streams it fails ("Serialization js_superjson is not available").
+    Relay asks the app's executors in turn, so every other request went to it and was a 502; it now
+    moves on to another executor, as from one that does not know the message."""
+    python = ExecutorProcess(world.relay.workdir, world.sysdb, world.relay.conductor_url, module="harness.workflow_app")
+    try:
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", python.executor_id) == "HEALTHY", 30)
+        expected = {
+            "events": [{"key": "progress", "value": "'step 21'"}],
+            "streams": [{"key": "log", "values": ["'first'", "'second'"]}],
+        }
+        with world.api() as api:
+            for _ in range(4):  # taken in turn: each executor is asked first at least once
+                for route, answer in expected.items():
+                    assert ok(api.get(f"{LEDGER}/workflows/rich-1/{route}")) == answer
+                notes = ok(api.get(f"{LEDGER}/workflows/rich-1/notifications"))
+                assert [(n["topic"], n["message"]) for n in notes] == [("go", "'hello'")]
+    finally:
+        python.stop()

@@ -9,7 +9,11 @@ next executor when one does not answer within the per-executor timeout; the
 whole request ends by a deadline that Conductor's clients wait for (they give
 up at 30 s). A change that is not safe to repeat (an import) is tried once.
 Any request moves on from an executor whose SDK does not know the message
-(it did nothing); it is a 501 only if none of those asked knows it.
+(it did nothing); it is a 501 only if none of those asked knows it. A read or
+a repeatable change moves on from an executor whose SDK cannot read a value
+another language's SDK stored (an app with Python and TypeScript executors:
+``Serialization js_superjson is not available``); if none can, the last such
+reply is the answer.
 
 Which executors serve an app is read from the registry at most once per
 :attr:`GatewayLimits.serving_ttl_secs` for requests that may move on (a
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,6 +55,14 @@ log = logging.getLogger("relay.gateway")
 # How often an app's executors held on a lapsed lease are warned of.
 LAPSE_WARNING_SECS = 60.0
 R = TypeVar("R", bound=Reply)
+# How the Python SDK (``Serialization js_superjson is not available``) and the TypeScript SDK (``Value
+# deserialization type py_pickle is not available``) say that a value was stored by another language's.
+_UNREADABLE = re.compile(r"(Serialization|deserialization type) \S+ is not available")
+
+
+def unreadable(reply: Reply) -> bool:
+    """Whether the executor failed because its SDK cannot read a value another language's SDK wrote."""
+    return bool(reply.error_message and _UNREADABLE.search(reply.error_message))
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class ExecutorGateway:
         unserved = 0  # of the problems, those where the instance holding the socket could not serve
         unsupported: list[UnsupportedMessage] = []  # executors whose SDK does not know the message
         tried: set[str] = set()
+        foreign: R | None = None  # a reply "cannot read that value": another executor may
         healthy, cached = await self._healthy(org, app, fresh=not repeatable)
         while True:
             if not healthy:
@@ -122,7 +136,11 @@ class ExecutorGateway:
                 tried.add(executor_id)
                 key = ExecutorKey(org, app, executor_id)
                 try:
-                    return await self.router.ask(key, make(), expected, min(per, left), owner=owner)
+                    reply = await self.router.ask(key, make(), expected, min(per, left), owner=owner)
+                    if not (repeatable and unreadable(reply)):
+                        return reply
+                    foreign = reply  # another language's executor of the app may read it
+                    continue
                 except UnsupportedMessage as exc:
                     # Its SDK lacks the message (an app moving from dbos 3.2 to relay_client runs
                     # both): it did nothing, so another executor is asked, even for a request that
@@ -142,6 +160,8 @@ class ExecutorGateway:
                 break
             # The list was read a moment ago and none of it answered: read the registry again.
             healthy, cached = await self._healthy(org, app, fresh=True)
+        if foreign is not None:  # no executor asked could read it: the SDK's words are the answer
+            return foreign
         if unsupported and len(unsupported) == len(problems):  # none of those asked knows the message
             raise unsupported[0]
         if problems and unserved == len(problems):  # no executor was asked: none failed to answer
