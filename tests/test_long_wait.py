@@ -155,3 +155,54 @@ def test_a_recovery_that_waited_long_resumes_into_a_sparse_recheck_and_is_still_
         )
         _next_wait(relay_db, next_recv + 1)  # blocked anew (gather, mark_blocked), it waits again
     assert relay.executor("acme", "ledger", DEAD) is not None, "the recovery was meant to still be waiting"
+
+
+def _seed_wakeups(relay_db: str, wakeups: int) -> int:
+    """Replace what the blocked run recorded after its first steps by ``wakeups`` turns of its wait
+    loop, each ended early by a peer connecting (``peer_connected``), one a second over the last
+    minutes, each finding the same block: what a run blocked for a few minutes records while the
+    app's executors reconnect (a rolling restart, a crash-looping pod). Relay must be stopped."""
+    ops = seed_waits(relay_db, RID, wakeups)  # the shape of the turns; their messages rewritten below
+    woken = base64.b64encode(pickle.dumps({"reason": "peer_connected", "peer": "v1-restarting"})).decode()
+    with psycopg.connect(relay_db) as conn:
+        conn.execute(
+            "UPDATE dbos.operation_outputs SET output = %s WHERE workflow_uuid = %s AND function_name = 'DBOS.recv'",
+            (woken, RID),
+        )
+    return ops
+
+
+def test_wakeups_of_a_block_minutes_old_do_not_make_its_recheck_sparse(start_relay: StartRelay, relay_db: str) -> None:
+    """Wrong: the re-check counts every wait of a block, a wait ended early by a wake-up too, and
+    goes sparse after BLOCKED_RECHECKS_DENSE of them, however young the block. Each executor of the
+    app that (re)connects wakes every blocked recovery of the app, so an app of a few hundred
+    executors restarting in turn, or one crash-looping executor, pushes a block a few minutes old
+    to a re-check a day away. CHANGELOG and README promise the 10-minute re-check "for the first
+    day"; what only the re-check sees (a lost wake-up, the PENDING workflows ended by other means)
+    is then seen up to a day late minutes into the block."""
+    relay = start_relay(grace=0.5)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, DEAD, "answer"):
+        assert_eventually(lambda: relay.state_of("acme", "ledger", DEAD) == "HEALTHY", 10)
+    assert_eventually(lambda: _op(relay_db, 4) is not None, 30, what="the recovery's first wait")
+    relay.stop()
+
+    # Blocked for about three minutes, woken by a reconnecting executor once a second meanwhile.
+    wakeups = BLOCKED_RECHECKS_DENSE + 8
+    _seed_wakeups(relay_db, wakeups)
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute(
+            "SELECT min(started_at_epoch_ms) FROM dbos.operation_outputs WHERE workflow_uuid = %s", (RID,)
+        ).fetchone()
+    assert row is not None
+    blocked_since = int(row[0]) / 1000
+    relay.start()
+    live_deadline = 4 + OPS_PER_WAIT * wakeups
+    assert_eventually(lambda: _op(relay_db, live_deadline) is not None, 60, what="the recovery to resume its wait")
+    op = _op(relay_db, live_deadline)
+    assert op is not None and op[0] == "DBOS.sleep", op
+    age = time.time() - blocked_since
+    assert age < 3_600, f"the block is {age:.0f}s old: not the case this test is about"
+    assert op[1] - time.time() <= 600 + 60, (
+        f"a block {age:.0f}s old re-checks in {op[1] - time.time():.0f}s, not within 10 minutes"
+    )
