@@ -157,3 +157,23 @@ def test_relay_serve_quiets_the_libraries_that_warn_at_every_turn_of_an_outage()
     assert sum("WARNING dbos: Exception polling schedules" in line for line in lines) == 1, lines
     assert sum("WARNING psycopg.pool: error connecting" in line for line in lines) == 1, lines
     assert sum("WARNING relay.lease: not quieted" in line for line in lines) == 5, lines
+
+
+def test_relay_serve_quiets_warnings_only_not_the_libraries_info_lines() -> None:
+    """Wrong: QuietRepeats holds back every record up to WARNING, INFO too, though it, the README
+    and the CHANGELOG say repeated *warnings* are written once a minute. DBOS's INFO lines name
+    what it did, the details after the first colon: ``Resuming workflows: [...]`` when Relay's
+    engine resumes stranded grace periods (workflows/engine.py), ``Cancelling workflow(s): [...]``,
+    ``Deleting workflow(s): [...]``. The second of those within a minute, with other workflow ids,
+    is dropped (and counted only if a third comes a minute later), outage or not."""
+    script = (
+        "import logging\n"
+        "from relay.logs import configure_logging\n"
+        "configure_logging('INFO')\n"
+        "logging.getLogger('dbos').info(\"Resuming workflows: ['grace:acme:ledger:a:1']\")\n"
+        "logging.getLogger('dbos').info(\"Resuming workflows: ['grace:acme:ledger:b:1']\")\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    assert any("INFO dbos: Resuming workflows: ['grace:acme:ledger:a:1']" in line for line in lines), lines
+    assert any("INFO dbos: Resuming workflows: ['grace:acme:ledger:b:1']" in line for line in lines), lines
