@@ -263,3 +263,27 @@ def test_handshakes_that_cannot_be_recorded_log_one_error_per_app(
     assert asyncio.run(all_of_them()) == [1011] * 4  # each refused: its record could not be written
     lines = [line for line in relay.log().splitlines() if "cannot record its connection" in line]
     assert len(lines) == 1, lines
+
+
+def test_a_second_outage_is_warned_of_though_no_request_was_served_between_the_two(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    """Wrong: a run of 503 database_unavailable ends only when a request is answered otherwise
+    (relay.api ServedWatch): the database's return alone does not end it. When no request comes
+    between two outages (the console was closed during the first; no load balancer probes the
+    instance), the second outage, hours or weeks later, is counted into the first's run: its first
+    503 is logged at DEBUG, and the log has no warning at all for it, though the CHANGELOG says a
+    run logs "one warning (the first, with the database's words)"."""
+    relay = start_relay()
+    assert served(relay)
+    relay_pg.stop()
+    assert get(relay, "/v2/orgs/acme/apps").status_code == 503
+    relay_pg.start()
+    # The database is back and Relay uses it again (its request channel listens), no request made.
+    assert_eventually(lambda: "listening on its request channel again" in relay.log(), 60)
+    relay_pg.stop()
+    second = get(relay, "/v2/orgs/acme/apps")
+    assert second.status_code == 503 and second.json()["error"]["code"] == "database_unavailable"
+    relay_pg.start()
+    warnings = [line for line in relay.log().splitlines() if WARNING_AT_START.search(line)]
+    assert len(warnings) == 2, f"one warning for two outages: {warnings}"
