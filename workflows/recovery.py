@@ -141,8 +141,9 @@ BLOCKED_RECHECKS_DENSE = _dense_rechecks()
 
 
 def blocked_recheck_secs(rechecks: int) -> float:
-    """The wait before the next re-check of a blocked recovery, after ``rechecks`` waits with no
-    other outcome than the same block (a wait ended early by a wake-up counts too)."""
+    """The wait before the next re-check of a blocked recovery, after ``rechecks`` waits that ran
+    their whole course with no other outcome than the same block (a wait a wake-up ended early does
+    not count: the dense re-checks last at least a day of the block's time)."""
     if rechecks < BLOCKED_RECHECKS_DENSE:
         return float(min(BLOCKED_RECHECK_MAX_SECS, BLOCKED_RECHECK_SECS * 2 ** min(rechecks, 16)))
     sparse = rechecks - BLOCKED_RECHECKS_DENSE + 1
@@ -704,9 +705,13 @@ async def _run(
                 noted = note
                 await services().recoveries.renote_blocked(ref, note)
             turn.give_back()
-            policy.woken(await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=blocked_recheck_secs(rechecks)))
+            message = await DBOS.recv_async(WAKE_TOPIC, timeout_seconds=blocked_recheck_secs(rechecks))
+            policy.woken(message)
             await turn.take()
-            waited, rechecks = True, rechecks + 1
+            # Only a wait that ran its whole course counts towards the next one's length: each such
+            # wait took the time it was given, so the re-check grows sparse only once the block is
+            # truly old, however many wake-ups (a rolling restart, an executor crash-looping) came.
+            waited, rechecks = True, rechecks + (message is None)
             continue
         rechecks = 0
         if isinstance(decision, NewRound):
