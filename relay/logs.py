@@ -73,8 +73,8 @@ QUIETED = ("dbos", "psycopg.pool")
 class QuietRepeats(logging.Filter):
     """A warning repeated is written once per ``window`` seconds: the same one again within it (the
     same logger and message, the details apart) is counted, not written, and the next one written
-    says how many were held back. Errors always pass. :data:`QUIETED`'s loggers have one, so an
-    outage of minutes leaves a few lines of theirs a minute, not thousands."""
+    says how many were held back. Errors, and lines below warnings, always pass. :data:`QUIETED`'s
+    loggers have one, so an outage of minutes leaves a few lines of theirs a minute, not thousands."""
 
     def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -84,7 +84,7 @@ class QuietRepeats(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.WARNING:
+        if record.levelno != logging.WARNING:  # errors always pass, and so do INFO lines (each says what it did)
             return True
         key = (record.name, record.levelno, _kind(record))
         now = self.clock()
