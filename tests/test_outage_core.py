@@ -35,3 +35,21 @@ def test_a_refusal_after_the_database_answered_again_keeps_the_run_going() -> No
 
 def test_nothing_to_tell_without_a_refusal() -> None:
     assert RefusalRun().serve(1.0, answered=100) is None
+
+
+def test_a_run_no_request_saw_end_ends_when_a_request_begun_after_the_database_came_back_is_refused() -> None:
+    run = RefusalRun()
+    assert run.refuse(10.0, answered=5)
+    assert run.refuse(11.0, answered=5) is False
+    # The database came back at 20 (nothing served since); a request begun at 30 is refused: another outage.
+    assert run.ended_unseen(started=30.0, recovered_at=20.0) == RunEnded(refused=2, secs=1.0)
+    assert run.refuse(31.0, answered=9)  # the first of a new run: logged
+
+
+def test_a_request_that_waited_through_the_outage_stays_in_its_run() -> None:
+    run = RefusalRun()
+    run.refuse(10.0, answered=5)
+    # It began at 12, the database came back at 15, it was refused at 22 (the pool's wait): same outage.
+    assert run.ended_unseen(started=12.0, recovered_at=15.0) is None
+    assert run.refuse(22.0, answered=6) is False
+    assert run.ended_unseen(started=23.0, recovered_at=None) is None  # never unreachable since it began

@@ -194,7 +194,16 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         # in the log; the caller learns which kind of trouble it is and that it may try again.
         # One warning for a run of them (an outage answers every request so), the rest counted
         # until a request is served again (relay.core.outage): a line then says how many.
-        if outage.refuse(time.monotonic(), answered()):
+        now = time.monotonic()
+        started = float(request.scope.get("state", {}).get(STARTED, now))
+        if (unseen := outage.ended_unseen(started, ctx.db.recovered_at if ctx is not None else None)) is not None:
+            log.info(
+                "Relay's database answered again after %d requests answered 503 database_unavailable in %.1f s"
+                " (no request was served since)",
+                unseen.refused,
+                unseen.secs,
+            )
+        if outage.refuse(now, answered()):
             log.warning(
                 "%s %s: answered 503 database_unavailable: %s (the next ones are counted, not logged,"
                 " until a request is served again)",
@@ -217,8 +226,13 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     return api
 
 
+# Where ServedWatch notes when a request began (time.monotonic()), in the scope's state.
+STARTED = "relay_started"
+
+
 class ServedWatch:
-    """Calls ``served`` at each HTTP response other than a 503, which may end a run of refusals."""
+    """Calls ``served`` at each HTTP response other than a 503, which may end a run of refusals, and
+    notes when each request began (:data:`STARTED`)."""
 
     def __init__(self, app: ASGIApp, served: Callable[[], None]) -> None:
         self.app = app
@@ -228,6 +242,8 @@ class ServedWatch:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        scope.setdefault("state", {})[STARTED] = time.monotonic()
 
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] != 503:

@@ -23,6 +23,7 @@ class RefusalRun:
         self.refused = 0
         self._since = 0.0
         self._mark = 0  # how many times the database had answered at the latest refusal
+        self._last = 0.0  # when the latest refusal was
 
     def refuse(self, now: float, answered: int) -> bool:
         """Counts a refusal; True if it is the first of a run (the one to log). ``answered`` is how
@@ -31,8 +32,20 @@ class RefusalRun:
         if first:
             self._since = now
         self.refused += 1
-        self._mark = answered
+        self._mark, self._last = answered, now
         return first
+
+    def ended_unseen(self, started: float, recovered_at: float | None) -> RunEnded | None:
+        """The run under way, ended though no request served saw it end: the database answered
+        again (``recovered_at``, after it could not be reached) after the run's latest refusal and
+        before this request began (``started``). A request that waited through the same outage and
+        was refused late began before the database answered again: it stays in the run. A refusal
+        after it is then the first of a new run (another outage), logged as such."""
+        if self.refused == 0 or recovered_at is None or not self._last < recovered_at <= started:
+            return None
+        ended = RunEnded(self.refused, self._last - self._since)
+        self.refused = 0
+        return ended
 
     def serve(self, now: float, answered: int) -> RunEnded | None:
         """A request answered otherwise: the run ends if the database answered since its latest

@@ -306,6 +306,7 @@ class Router:
                 async with await psycopg.AsyncConnection.connect(self.db.conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {self.channel}")
                     await conn.execute(f"LISTEN {BLOCKED_CHANNEL}")
+                    self.db.note_answered()  # the database's return, noticed with no request made
                     delay = 0.2
                     if failed:
                         log.info("instance %s: listening on its request channel again, after %d failed attempts",
@@ -319,6 +320,7 @@ class Router:
                         else:
                             self._on_notify(note.payload)
             except psycopg.Error as exc:
+                self.db.note_unreachable()
                 if not failed:
                     log.warning("instance %s: request channel lost (%s); listening again in %.1fs (tried on "
                                 "quietly until it is back)", self.instance_id, exc, delay)  # fmt: skip

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -130,6 +131,10 @@ class Database:
         # Connections given back without an error: the API's sign that its database answers again
         # after an outage (relay.core.outage).
         self.answered = 0
+        # When the database answered again after it could not be reached (time.monotonic()), if it
+        # ever was: what ends a run of refusals that no request served saw end (relay.core.outage).
+        self.recovered_at: float | None = None
+        self._unreachable = False
         self._checking: asyncio.Task[None] | None = None
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
@@ -167,15 +172,29 @@ class Database:
                 used = conn
                 yield conn
             self.answered += 1
+            self.note_answered()
         except PoolTimeout as exc:
+            self.note_unreachable()
             raise DatabaseError(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) or (used is not None and used.broken):
+                self.note_unreachable()
             if used is not None and used.broken:
                 # The server closed it (a failover, a restart): the pool's idle ones likely too,
                 # each of which would fail the next statement given it. Checked now, all at once.
                 self._check_idle()
                 raise ConnectionLost(f"database error: {exc}") from exc
             raise DatabaseError(f"database error: {exc}") from exc
+
+    def note_unreachable(self) -> None:
+        """The database could not be reached (by the pool, or the lease's own connection)."""
+        self._unreachable = True
+
+    def note_answered(self) -> None:
+        """The database answered (the pool, or the lease's renewal every few seconds, which notices
+        its return when no request comes): :attr:`recovered_at` if it could not be reached before."""
+        if self._unreachable:
+            self._unreachable, self.recovered_at = False, time.monotonic()
 
     def _check_idle(self) -> None:
         """The pool's idle connections checked and the broken ones replaced, in a task of its own

@@ -161,13 +161,21 @@ class Lease:
         """One statement on the lease's connection (connecting within ``patience``, by default a
         renewal period), answered within a renewal period; a failure closes it (the next use
         opens a new one)."""
-        conn = await self._connection(self.renew_every if patience is None else patience)
         try:
-            return await bounded(conn, query, params, self.renew_every, "lease")
-        except BaseException:
+            conn = await self._connection(self.renew_every if patience is None else patience)
+        except Exception:
+            self.db.note_unreachable()
+            raise
+        try:
+            cur = await bounded(conn, query, params, self.renew_every, "lease")
+        except BaseException as exc:
             # Failed, timed out or cancelled mid-statement: the connection's state is unknown.
+            if isinstance(exc, Exception):
+                self.db.note_unreachable()
             await self._drop()
             raise
+        self.db.note_answered()
+        return cur
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
