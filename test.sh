@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Installs Relay with its test tools into .venv, then runs the linters, the
 # type checker and the whole test suite (real PostgreSQL, real DBOS executors).
-# Set RELAY_TEST_DATABASE_URL to use your own PostgreSQL instead of an embedded one.
+# Set RELAY_TEST_DATABASE_URL to use your own PostgreSQL instead of an embedded one, and PYTHON
+# to make .venv with an interpreter other than python3 (3.11 or later).
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m venv .venv
+python=${PYTHON:-python3}
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || version=
+case "$version" in
+  3.1[1-9] | 3.[2-9][0-9]) ;;
+  *)
+    echo "test.sh: Relay needs Python 3.11 or later; '$python' is ${version:-not a Python that runs}." \
+         "Name another interpreter with PYTHON (PYTHON=python3.11 ./test.sh)." >&2
+    exit 1
+    ;;
+esac
+"$python" -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e ./protocol -e '.[test]'
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
 # reachable from CI), and the fleet benchmark's small run goes once through Debian's haproxy.

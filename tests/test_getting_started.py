@@ -98,20 +98,55 @@ def _run_sh(repo: Path, home: Path, port: int, database_url: str, env: dict[str,
     return code
 
 
-def test_run_sh_again_starts_relay_without_reaching_pypi(tmp_path: Path, relay_db: str) -> None:
-    """Step 6 of the tour restarts Relay with ``./run.sh`` again. run.sh runs ``pip install -e`` at
-    every start, and an editable install builds in an isolated environment that fetches setuptools
-    from the index each time: with Relay installed in .venv already, a restart without PyPI (a
-    network outage, an air-gapped host after the first install) fails in pip and Relay does not
-    start. tests/test_first_run.py's own words: "run.sh itself also installs, once"."""
-    repo = tmp_path / "relay"
+def _copy_of_the_repository(repo: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, files.decode().split("\0")):
         if (ROOT / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, repo / name)
+
+
+def _old_python3_on_path(tmp_path: Path) -> dict[str, str]:
+    """A PATH whose ``python3`` answers as Python 3.10 does (Ubuntu 22.04's python3), where python3.11
+    is installed beside it: an interpreter on which Relay's packages refuse to install."""
+    bin_dir = tmp_path / "old-python-bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "python3"
+    refusal = "echo 'ERROR: Package requires a different Python: 3.10.12 not in >=3.11' >&2; exit 1"
+    shim.write_text(f'#!/bin/sh\ncase "$*" in *version_info*) echo 3.10; exit 0;; esac\n{refusal}\n')
+    shim.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_run_sh_on_a_python3_older_than_3_11_says_so_and_names_PYTHON(tmp_path: Path) -> None:
+    """The README asks for Python 3.11+, but run.sh ran whatever ``python3`` is: on an older one it
+    made a .venv of it and stopped in pip with "Package 'relay-protocol' requires a different
+    Python", and there was no way to name the python3.11 installed beside it."""
+    repo = tmp_path / "relay"
+    _copy_of_the_repository(repo)
+    env = {**os.environ, **_old_python3_on_path(tmp_path)}
+    env.pop("PYTHON", None)
+    result = subprocess.run(["./run.sh"], cwd=repo, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Relay needs Python 3.11 or later; 'python3' is 3.10" in result.stderr, result.stderr
+    assert "PYTHON=python3.11 ./run.sh" in result.stderr, result.stderr
+    assert not (repo / ".venv").exists(), "no virtualenv is made of a Python Relay cannot run on"
+
+
+def test_run_sh_again_starts_relay_without_reaching_pypi(tmp_path: Path, relay_db: str) -> None:
+    """Step 6 of the tour restarts Relay with ``./run.sh`` again. run.sh runs ``pip install -e`` at
+    every start, and an editable install builds in an isolated environment that fetches setuptools
+    from the index each time: with Relay installed in .venv already, a restart without PyPI (a
+    network outage, an air-gapped host after the first install) fails in pip and Relay does not
+    start. tests/test_first_run.py's own words: "run.sh itself also installs, once".
+
+    The first start is also given its interpreter by ``PYTHON``, with a ``python3`` too old on PATH
+    (run.sh used to take python3 whatever it was)."""
+    repo = tmp_path / "relay"
+    _copy_of_the_repository(repo)
     home = tmp_path / "home"
-    first = _run_sh(repo, home, free_port(), relay_db, {}, "first")
+    first_env = {**_old_python3_on_path(tmp_path), "PYTHON": sys.executable}
+    first = _run_sh(repo, home, free_port(), relay_db, first_env, "first")
     assert first == 0, (repo / "first.out").read_text(errors="replace")[-3000:]
     assert (repo / ".venv" / "bin" / "relay").exists()
     # The index unreachable: pip is told to use none (what an outage amounts to for pip).
