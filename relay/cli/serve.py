@@ -55,6 +55,12 @@ def paste_lines(executor_url: str, api_url: str, admin_key: str, conductor_key: 
         "conductor_url": "{executor_url}",
         "conductor_key": "{conductor_key}",
     }})
+
+  On dbos 3.3 and later (whose own conductor client needs dbos-enterprise), Relay's open client
+  (`pip install ./protocol ./client` in Relay's folder; README, "Executors on DBOS 3.3 and later"):
+    DBOS(config={{"name": "my-app", ..., "executor_id": relay_client.new_executor_id()}})
+    DBOS.launch()
+    relay_client.connect("{executor_url}", key="{conductor_key}")
 """
 
 
