@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from relay.core.window import CountedWindow
+
 # C0 (line ends and tab too), DEL, C1, the line and paragraph separators, and the bidi controls:
 # ALM, LRM/RLM, LRE/RLE/PDF/LRO/RLO, LRI/RLI/FSI/PDI.
 _CONTROLS = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
@@ -78,31 +80,25 @@ class QuietRepeats(logging.Filter):
 
     def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.window = window
         self.clock = clock
-        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # when written, how many held since
-        self._lock = threading.Lock()
+        self._seen: CountedWindow[tuple[str, int, str]] = CountedWindow(1, window, MAX_KINDS)
+        self._lock = threading.Lock()  # DBOS's threads log too
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.WARNING:  # errors always pass, and so do INFO lines (each says what it did)
             return True
-        key = (record.name, record.levelno, _kind(record))
         now = self.clock()
         with self._lock:
-            seen = self._seen.get(key)
-            if seen is not None and now - seen[0] < self.window:
-                self._seen[key] = (seen[0], seen[1] + 1)
-                return False
-            if len(self._seen) >= MAX_KINDS:
-                self._seen.clear()
-            self._seen[key] = (now, 0)
-        if seen is not None and seen[1]:
-            record.msg = f"{record.getMessage()} ({seen[1]} more like it in {now - seen[0]:.0f} s, not logged)"
+            passed = self._seen.admit((record.name, record.levelno, _kind(record)), now)
+        if passed is None:
+            return False
+        if passed.held:
+            record.msg = f"{record.getMessage()} ({passed.held} more like it in {now - passed.since:.0f} s, not logged)"
             record.args = None
         return True
 
 
-MAX_KINDS = 1000  # kinds of warning remembered; beyond, forgotten all at once (each passes again)
+MAX_KINDS = 1000  # kinds of warning remembered; beyond, the least recently seen are forgotten
 
 
 def _kind(record: logging.LogRecord) -> str:

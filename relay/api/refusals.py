@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from http import HTTPStatus
 from typing import Any
 
@@ -29,6 +28,7 @@ from starlette.requests import Request
 
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant
+from relay.core.window import CountedWindow
 from relay.store.audit import AuditEntry
 from relay_protocol import MAX_NAME_LEN, clean_text
 from relay_protocol.limits import has_unstorable
@@ -98,35 +98,17 @@ class RefusalBudget:
     """How many refusals of one key and action are written per window; sans I/O (``now`` given)."""
 
     def __init__(self, limit: int = MAX_REFUSALS_PER_MINUTE, window: float = 60.0, size: int = MAX_BUDGETS) -> None:
-        self.limit = limit
-        self.window = window
-        self.size = size
-        # key -> [window start, written in it, suppressed since the last written]
-        self._budgets: OrderedDict[BudgetKey, list[float]] = OrderedDict()
+        self._window: CountedWindow[BudgetKey] = CountedWindow(limit, window, size)
 
     def admit(self, key: BudgetKey, now: float) -> int | None:
         """None if this refusal is not written (counted instead); else the number suppressed before
         it, which its entry carries."""
-        budget = self._budgets.get(key)
-        if budget is None:
-            budget = self._budgets[key] = [now, 0, 0]
-            while len(self._budgets) > self.size:
-                self._budgets.popitem(last=False)
-        self._budgets.move_to_end(key)
-        if now - budget[0] >= self.window:
-            budget[0], budget[1] = now, 0
-        if budget[1] >= self.limit:
-            budget[2] += 1
-            return None
-        budget[1] += 1
-        suppressed, budget[2] = int(budget[2]), 0
-        return suppressed
+        passed = self._window.admit(key, now)
+        return None if passed is None else passed.held
 
     def suppress(self, key: BudgetKey, count: int) -> None:
         """Count ``count`` refusals that were admitted but not written into the key's next entry."""
-        budget = self._budgets.get(key)
-        if budget is not None:
-            budget[2] += count
+        self._window.hold(key, count)
 
 
 class RefusalAudit:

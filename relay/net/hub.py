@@ -27,6 +27,7 @@ from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
 from relay.net.connection import (
     CLOSE_KEY_REVOKED,
@@ -109,21 +110,12 @@ class RefusalLog:
     ``every`` seconds with the number refused in between (the metrics count every one)."""
 
     def __init__(self, every: float = REFUSAL_LOG_EVERY_SECS) -> None:
-        self.every = every
-        self._seen: dict[tuple[str, str, str], tuple[float, int]] = {}
+        self._window: CountedWindow[tuple[str, str, str]] = CountedWindow(1, every, REFUSAL_LOG_KEYS)
 
     def due(self, reason: str, host: str, app: str) -> int | None:
         """None: not now; else how many were refused since the last line (0 for the first)."""
-        now = time.monotonic()
-        key = (reason, host, app)
-        last = self._seen.get(key)
-        if last is not None and now - last[0] < self.every:
-            self._seen[key] = (last[0], last[1] + 1)
-            return None
-        if last is None and len(self._seen) >= REFUSAL_LOG_KEYS:  # bounded: forget the quiet ones
-            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.every}
-        self._seen[key] = (now, 0)
-        return 0 if last is None else last[1]
+        passed = self._window.admit((reason, host, app), time.monotonic())
+        return None if passed is None else passed.held
 
 
 def _since(count: int) -> str:
