@@ -8,8 +8,11 @@ called over HTTP.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness.keys import API_KEYS
 from harness.relay import RelayProcess
@@ -132,3 +135,29 @@ def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess
         created = entry("application.create", "details-app")
         assert created["details"]["private_mode"] is False
         assert created["details"]["application_name"] == "details-app"
+
+
+QUERY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    params=st.dictionaries(
+        st.sampled_from(["start", "end", "operation", "subject", "target", "page_size", "offset", "bogus"]),
+        st.one_of(QUERY_TEXT, st.integers(-(2**70), 2**70).map(str)),
+        max_size=5,
+    ),
+    org=st.one_of(st.just("acme"), QUERY_TEXT.filter(lambda s: s and "/" not in s and s not in (".", ".."))),
+)
+def test_any_query_of_the_audit_log_page_is_answered_or_refused_and_harms_no_other_client(
+    relay: RelayProcess, params: dict[str, str], org: str
+) -> None:
+    """Bad input to the audit-logs.md route gets a clear answer (200, or a 4xx problem), never a
+    server error; and the next client is answered as before."""
+    with relay.client() as api:
+        resp = api.get(f"/v1alpha1/api/{quote(org, safe='')}/audit-logs", params=params)
+        assert resp.status_code < 500, said(resp)
+        if resp.status_code >= 400:
+            assert resp.headers["content-type"].startswith("application/problem+json"), said(resp)
+        after = api.get(SELF_HOSTED_AUDIT_LOGS, params={"page_size": 1})
+        assert after.status_code == 200, said(after)
