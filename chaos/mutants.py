@@ -9,11 +9,15 @@ missed when the replay passes; an error when the replay left no verdict. An
 edit whose text is no longer in the tree is an error too, so a mutant cannot
 silently stop applying. ``--baseline`` replays each recording on the unmutated
 tree as well, which must pass. ``python -m chaos mutants`` exits 1 when a mutant
-was missed or a baseline failed, else 3 when a replay left no verdict.
+was missed or a baseline failed, else 3 when a replay left no verdict. Two runs
+cannot share an ``--out`` folder (each replay empties its own subfolder first):
+the second is refused with exit code 2 before it starts anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -151,6 +156,33 @@ def run_mutants(names: list[str] | None, baseline: bool, out: Path) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    with _sole_user(out) as holder:
+        if holder is not None:
+            print(f"chaos: another `chaos mutants` run (pid {holder or 'unknown'}) uses {out}; it would delete "
+                  "that run's replays: give this one another --out", file=sys.stderr)  # fmt: skip
+            return 2
+        return _run_mutants(chosen, baseline, out)
+
+
+@contextlib.contextmanager
+def _sole_user(out: Path) -> Iterator[str | None]:
+    """Holds ``out/.lock`` for the run (released when the process ends, however it ends): yields
+    None when this run has it, else the pid that another run wrote in it (or "")."""
+    with open(out / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            yield lock.read().strip()
+            return
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield None
+
+
+def _run_mutants(chosen: list[Mutant], baseline: bool, out: Path) -> int:
     report = []
     for recorded in dict.fromkeys(m.recorded for m in chosen) if baseline else ():
         report.append(replay(None, recorded, out / recorded.removesuffix(".json")))

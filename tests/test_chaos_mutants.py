@@ -4,7 +4,10 @@ The replays themselves are chaos runs (``./test.sh`` runs the grace mutant's).""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,24 @@ def test_a_mutant_whose_text_is_gone_is_an_error_not_a_pass(tmp_path: Path) -> N
                   (Edit("workflows/grace.py", "no such line", "x"),))  # fmt: skip
     result = replay(gone, gone.recorded, tmp_path)
     assert result["verdict"] == "error" and "no longer holds" in result["why"]
+
+
+def test_a_second_run_on_the_same_out_folder_is_refused_before_it_deletes_anything(tmp_path: Path) -> None:
+    """Each replay empties its own subfolder of ``--out`` first: a second run given the first's
+    folder would delete the first's replays under it. It is refused with exit code 2, naming the
+    first run, and the folder is left as it was."""
+    out = tmp_path / "mutants"
+    kept = out / "grace" / "replay-1.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    with open(out / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a first run holds while it runs
+        lock.write("4242")
+        lock.flush()
+        done = subprocess.run(
+            [sys.executable, "-m", "chaos", "mutants", "grace", "--out", str(out)],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "another `chaos mutants` run (pid 4242)" in done.stderr and "another --out" in done.stderr
+    assert kept.read_text() == "{}" and sorted(p.name for p in out.iterdir()) == [".lock", "grace"]
