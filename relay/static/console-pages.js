@@ -453,6 +453,13 @@ function workflowPage(ctx, app, workflowId) {
         api(`${base}/steps`, {params: {limit: stepsLimit, offset: stepsOffset, loadOutput: showData}}),
         api(`/apps/${enc(app)}/workflows/search`, {method: "POST", body: {parentWorkflowId: [workflowId], limit: PAGE, offset: childrenOffset, loadInput: false, loadOutput: false}}),
       ]);
+      // DBOS gives a workflow's error only with its output, and the error is why the operator came:
+      // a failed workflow's is read without waiting for "Show inputs and outputs" (a workflow that
+      // raised has no output, so this reads nothing large).
+      if (w.status === "ERROR" && !showData) {
+        const full = await api(base, {params: {loadInput: false, loadOutput: true}});
+        w.error = full.error;
+      }
       const active = ACTIVE.includes(w.status);
       unfinished = active || children.some((c) => ACTIVE.includes(c.status));
       const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
