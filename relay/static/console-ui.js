@@ -48,16 +48,18 @@ export function duration(fromIso, toIso) {
   return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
 }
 
-// A table: columns are [header, cell(row) => node, {num: true}?]; an empty list says so.
+// A table: columns are [header, cell(row) => node, {num: true}?]; an empty list says so. It scrolls
+// sideways in its own box (a phone's width), which the keyboard can reach and scroll: the page
+// itself, its header and filters, stays as wide as the window.
 export function table(caption, columns, rows, {rowAttrs, empty = "Nothing to show."} = {}) {
   if (!rows.length) return h("p", {class: "note"}, empty);
-  return h("table", {},
+  return h("div", {class: "scroll", tabindex: "0", role: "region", "aria-label": caption}, h("table", {},
     h("caption", {}, caption),
     h("thead", {}, h("tr", {}, columns.map(([head, , opts]) => h("th", {scope: "col", class: opts?.num ? "num" : null}, head)))),
     h("tbody", {}, rows.map((row) => h("tr", rowAttrs ? rowAttrs(row) : {},
       columns.map(([, cell, opts], i) => i === 0
         ? h("th", {scope: "row", class: opts?.num ? "num" : null}, cell(row))
-        : h("td", {class: opts?.num ? "num" : null}, cell(row)))))));
+        : h("td", {class: opts?.num ? "num" : null}, cell(row))))))));
 }
 
 // Previous/next for a page of `limit` at `offset`; `total` when known, else "more" when the page was full.
