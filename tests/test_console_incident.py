@@ -500,6 +500,53 @@ def test_a_console_refused_the_event_stream_for_too_many_streams_says_so(world: 
         assert live.inner_text() != "Reconnecting…", "refused a stream (429) and says it is reconnecting"
 
 
+def test_a_failed_workflows_error_is_shown_without_asking_for_its_inputs_and_outputs(world: World, page: Page) -> None:
+    """Conductor's console shows a workflow's details with its outcome; the on-call engineer opens a
+    failed workflow to read why it failed. The workflow page read it with ``loadOutput=false``
+    (outputs can be large, so they wait for **Show inputs and outputs**), and DBOS gives the
+    error only with the output: ``failed-1``'s page said ERROR and not why, and nothing on the page
+    said that the error was behind that button."""
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/failed-1")
+    expect(fact(page, "Status")).to_have_text("ERROR")
+    expect(fact(page, "Error")).to_contain_text("failed on purpose with 3")
+    expect(page.get_by_role("heading", name="Input")).to_have_count(0)  # inputs and outputs still wait
+
+
+PHONE_PAGES = (
+    "#/",
+    "#/apps/ledger/executors",
+    "#/apps/ledger/recoveries",
+    "#/apps/ledger/workflows",
+    "#/apps/ledger/workflows/done-1",
+    "#/apps/ledger/queues",
+    "#/apps/ledger/schedules",
+    "#/audit?app=ledger",
+    "#/instances",
+)
+
+
+def test_no_page_scrolls_sideways_on_a_phone(world: World, page: Page) -> None:
+    """README: the console is for on-call work, and on-call is often a phone. At 390 px wide the
+    tables (Apps has nine columns, Executors seven, the workflows eight) were wider than the
+    window, so the whole page scrolled sideways, header and filters with it, and the columns at
+    the right (State, Status, Grace period) were out of sight. A wide table may scroll inside its
+    own box, reachable with the keyboard; the page itself must fit the window."""
+    page.set_viewport_size({"width": 390, "height": 800})
+    admin(page, world)
+    wide = []
+    for route in PHONE_PAGES:
+        go(page, route)
+        settled(page)
+        widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        if widths[0] > widths[1]:
+            wide.append(f"{route}: {widths[0]} px")
+        for box in page.locator("main .scroll").all():
+            # a box that scrolls can be reached and scrolled with the keyboard (axe: scrollable-region-focusable)
+            assert box.get_attribute("tabindex") == "0", route
+    assert not wide, f"pages wider than the 390 px window: {wide}"
+
+
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     """Relay sends a heartbeat on an idle event stream every ``eventHeartbeatSecs`` so that a reader can
     tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the
