@@ -62,6 +62,10 @@ def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
     workdir = tmp_path_factory.mktemp("incident")
     config = relay_yaml(free_port(), pingIntervalSecs=1.0, pingWaitSecs=10.0)
     config["server"].update(eventPollSecs=0.2, eventHeartbeatSecs=HEARTBEAT_SECS, maxConcurrentRequests=MAX_REQUESTS)
+    # The app's failed workflow (failed-1) fires this rule within a second, to the app's own
+    # executors (the alert handler it lacks: the SDK logs it and answers success, so it is sent).
+    config["alerts"] = {"checkIntervalSecs": 1}
+    config["orgs"][0]["apps"][0]["alerts"] = [{"kind": "WorkflowFailure", "minIntervalSecs": 3600}]
     config["orgs"][0]["apps"] += [
         {"name": "paged", "executorTimeoutSecs": 60},
         {"name": "versions", "executorTimeoutSecs": 0.5},
@@ -545,6 +549,41 @@ def test_no_page_scrolls_sideways_on_a_phone(world: World, page: Page) -> None:
             # a box that scrolls can be reached and scrolled with the keyboard (axe: scrollable-region-focusable)
             assert box.get_attribute("tabindex") == "0", route
     assert not wide, f"pages wider than the 390 px window: {wide}"
+
+
+def test_the_alerts_of_an_app_and_its_rules_are_a_tab_of_the_app(world: World, page: Page) -> None:
+    """Relay alerts (README "Alerts"), and the console showed nothing of it: no page of an app's
+    alerting rules (``GET .../alerting-rules``: kind, destination, last fired) nor of the alerts
+    that fired (the audit log's ``alert.sent`` and ``alert.failed``, found only by choosing the
+    action in the whole org's log, as raw JSON). The on-call engineer asks "did it page, whom, and
+    about what" on the app's own page. A read-only key made for the app, which may not read the
+    audit log, sees the rules and when each last fired, and is told where the rest is, not shown
+    a 403."""
+    admin(page, world)
+    go(page, "#/apps/ledger/executors")
+    page.get_by_role("navigation", name="App ledger").get_by_role("link", name="Alerts").click()
+    expect(page.get_by_role("heading", name="Alerts of ledger", exact=True)).to_be_visible()
+    rule = page.get_by_role("table", name="Alerting rules of ledger").get_by_role("row", name="WorkflowFailure")
+    expect(rule).to_contain_text("the alert handler of ledger")
+    expect(rule).to_contain_text("relay.yaml")
+    sent = page.get_by_role("table", name="Alerts of ledger, newest first").get_by_role("row", name="WorkflowFailure")
+    expect(sent).to_contain_text("sent")  # live: the page reads again when the alert is audited
+    expect(sent.get_by_role("link", name="any workflow")).to_have_count(0)
+    expect(sent).to_contain_text("any workflow")
+    expect(rule).not_to_contain_text("never")  # it has fired
+
+    with world.relay.api() as api:
+        made = api.post("/tokens/incident-alerts", json={"appNames": ["ledger"], "permissions": ["application.read"]})
+    assert made.status_code == 201, made.text
+    page.get_by_role("button", name="Sign out").click()
+    sign_in(page, world.relay.http, "acme", made.json()["token"])
+    go(page, "#/apps/ledger/alerts")
+    settled(page)
+    expect(
+        page.get_by_role("table", name="Alerting rules of ledger").get_by_role("row", name="WorkflowFailure")
+    ).not_to_contain_text("never")
+    expect(page.locator("#alerts-unreadable")).to_contain_text("organization.read")
+    assert page.locator("main p.alert").all_inner_texts() == []
 
 
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:

@@ -118,7 +118,7 @@ function appsPage(ctx) {
 }
 
 function appHeader(ctx, app, tab, title) {
-  const tabs = [["executors", "Executors"], ["recoveries", "Recoveries"], ["workflows", "Workflows"], ["queues", "Queues"], ["schedules", "Schedules"]];
+  const tabs = [["executors", "Executors"], ["recoveries", "Recoveries"], ["workflows", "Workflows"], ["queues", "Queues"], ["schedules", "Schedules"], ["alerts", "Alerts"]];
   return h("div", {},
     h("p", {class: "crumbs"}, link([], "Apps"), " › ", h("span", {class: "id"}, app)),
     h("h1", {}, title),
@@ -541,6 +541,68 @@ function schedulesPage(ctx, app) {
   });
 }
 
+// -- alerts -----------------------------------------------------------------------------------------
+
+const ALERTS_SHOWN = 50;
+const ruleParams = (r) => Object.entries(r.ruleMetadata || {}).filter(([, v]) => v !== null && v !== undefined && v !== "")
+  .map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+const destinationOf = (r) => r.webhook ? h("span", {}, h("code", {}, r.webhook), r.format === "slack" ? " (Slack)" : "")
+  : r.receiverApp ? `the alert handler of ${r.receiverApp}` : "this app's own alert handler";
+
+// The subject an alert was about, linked where the console has a page for it.
+function alertSubject(app, d) {
+  if (d.executorId) return link(["apps", app, "recoveries"], d.executorId, {executor: d.executorId});
+  if (d.workflowName) return d.workflowName === "*" ? "any workflow" : link(["apps", app, "workflows"], d.workflowName, {name: d.workflowName});
+  if (d.queueName) return d.queueName === "*" ? "any queue" : link(["apps", app, "workflows"], d.queueName, {queue: d.queueName});
+  if (d.instance) return id(d.instance);
+  return d.appName || "";
+}
+
+// The app's alerting rules (relay.yaml's and the API's) and the alerts delivered or given up on
+// (the audit log's alert.sent and alert.failed of the app), newest first: what paged whom, and when.
+function alertsPage(ctx, app) {
+  return basePage({
+    section: "apps", title: `Alerts of ${app}`, app, heading: appHeader(ctx, app, "alerts", `Alerts of ${app}`),
+    relevant: (name, data) => name === "audit" && data.app === app && (data.action.startsWith("alert.") || data.action.startsWith("alerting_rule.")),
+    async load() {
+      // The alerts sent are audit entries, which only a key with organization.read may read: a key
+      // without it is told so, and still sees the rules.
+      const auditRead = ctx.who.permissions.includes("organization.read");
+      const none = Promise.resolve([]);
+      const [rules, sent, failed] = await Promise.all([
+        api(`/apps/${enc(app)}/alerting-rules`),
+        auditRead ? api("/audit", {params: {app, action: "alert.sent", limit: ALERTS_SHOWN, sortDesc: true}}) : none,
+        auditRead ? api("/audit", {params: {app, action: "alert.failed", limit: ALERTS_SHOWN, sortDesc: true}}) : none,
+      ]);
+      const alerts = [...sent, ...failed].sort((a, b) => b.id - a.id).slice(0, ALERTS_SHOWN);
+      return [
+        h("h2", {}, "Rules"),
+        table(`Alerting rules of ${app}`, [
+          ["Kind", (r) => r.kind],
+          ["Parameters", (r) => ruleParams(r)],
+          ["Sent to", (r) => destinationOf(r)],
+          ["At most every", (r) => `${r.minIntervalSecs} s`, {num: true}],
+          ["Last fired", (r) => r.lastFiredAt ? h("span", {}, when(r.lastFiredAt), " ", h("span", {class: "when", "data-ago": r.lastFiredAt}, ago(r.lastFiredAt))) : "never"],
+          ["Set in", (r) => r.source === "config" ? "relay.yaml" : `the API${r.createdBy ? ` (${r.createdBy})` : ""}`],
+        ], rules, {empty: "No alerting rule: this app alerts nobody (relay.yaml's alerts:, or the alerting-rules API)."}),
+        h("h2", {}, "Alerts"),
+        !auditRead ? h("p", {class: "note", id: "alerts-unreadable"}, "The alerts sent are in the audit log, which this key may not read ",
+          "(it needs organization.read): each rule's last fired time is above.") : table(`Alerts of ${app}, newest first`, [
+          ["Time", (e) => when(e.at)],
+          ["Kind", (e) => e.detail.kind || ""],
+          ["Outcome", (e) => e.action === "alert.sent" ? badge("SUCCESS", "sent") : badge("ERROR", "failed")],
+          ["About", (e) => alertSubject(app, e.detail)],
+          ["Attempts", (e) => e.detail.attempts ?? "", {num: true}],
+          ["Sent to", (e) => e.detail.destination ? h("code", {}, e.detail.destination) : ""],
+          ["Error", (e) => e.detail.error || ""],
+        ], alerts, {empty: "No alert has been sent for this app."}),
+        alerts.length === ALERTS_SHOWN ? h("p", {class: "note"}, `The newest ${ALERTS_SHOWN}; the rest are in the `,
+          link(["audit"], "audit log", {app, action: "alert.sent"}), ".") : null,
+      ];
+    },
+  });
+}
+
 // -- audit and instances ----------------------------------------------------------------------------
 
 // Every action Relay audits (README: the audit log's row under REST API, Operating workflows, Alerts).
@@ -645,6 +707,7 @@ export function pageFor(route, ctx) {
     if (tab === "workflows") return workflowsPage(ctx, app);
     if (tab === "queues") return queuesPage(ctx, app);
     if (tab === "schedules") return schedulesPage(ctx, app);
+    if (tab === "alerts") return alertsPage(ctx, app);
   }
   return notFound(route.parts);
 }
