@@ -586,6 +586,26 @@ def test_the_alerts_of_an_app_and_its_rules_are_a_tab_of_the_app(world: World, p
     assert page.locator("main p.alert").all_inner_texts() == []
 
 
+def test_enter_twice_on_cancel_keeps_the_workflow(world: World, page: Page) -> None:
+    """From the keyboard, **Cancel…** opens its confirmation with focus on **Cancel workflow**, the
+    destructive button: a second Enter (a repeated key, a habit) cancels the workflow that the
+    dialog was there to protect. WAI-ARIA's alert dialog pattern puts focus on the least
+    destructive action; here Enter, Enter must leave the workflow running."""
+    enqueue_parent(world, "keep-me")
+    admin(page, world)
+    go(page, "#/apps/ledger/workflows/keep-me")
+    page.get_by_role("button", name="Cancel…").focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("dialog")).to_be_visible()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    page.wait_for_timeout(500)  # a cancel, had one been sent, has been answered
+    assert status_in_db(world.sysdb, "keep-me") != "CANCELLED", "Enter, Enter cancelled the workflow"
+    expect(page.get_by_role("button", name="Cancel…")).to_be_focused()
+    with world.relay.api() as api:  # it holds the serial queue: done with it
+        assert api.post("/apps/ledger/workflows/keep-me/cancel").status_code == 204
+
+
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     """Relay sends a heartbeat on an idle event stream every ``eventHeartbeatSecs`` so that a reader can
     tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the

@@ -75,7 +75,9 @@ export function pager(label, {offset, limit, shown, total, go}) {
 }
 
 // A modal confirmation: resolves with the form's values, or null if dismissed. Focus goes to the
-// first field (or the confirm button) and back to what had it when the dialog closes.
+// first field, or the confirm button, or for a destructive action (danger) to the button that
+// keeps things as they are, so that a second Enter does not do it (WAI-ARIA's alert dialog: focus
+// the least destructive action); and back to what had it when the dialog closes.
 export function confirmDialog({title, body, confirm, danger = false, fields = []}) {
   return new Promise((resolve) => {
     const opener = document.activeElement;
@@ -97,7 +99,8 @@ export function confirmDialog({title, body, confirm, danger = false, fields = []
       resolve(ok ? values : null);
     });
     dialog.showModal();
-    (form.querySelector("input") || form.querySelector("button")).focus();
+    const keep = form.querySelector('button[value="cancel"]');
+    (form.querySelector("input") || (danger ? keep : form.querySelector("button"))).focus();
   });
 }
 
