@@ -203,8 +203,10 @@ def test_a_workflows_own_page_shows_it_finished_without_a_reload(world: World, p
 
 def settings_entries(page: Page) -> list[str]:
     """The ``executorTimeoutSecs`` each listed ``settings.updated`` entry set (its detail's ``after``)."""
-    details = page.get_by_role("table", name="Audit entries").locator("tbody tr td:last-child code")
-    return [str(json.loads(d)["after"]["executorTimeoutSecs"]) for d in details.all_inner_texts()]
+    details = page.get_by_role("table", name="Audit entries").locator(
+        'tbody tr td:last-child li[data-key="after"] code'
+    )
+    return [str(json.loads(d)["executorTimeoutSecs"]) for d in details.all_inner_texts()]
 
 
 def test_the_next_page_of_the_audit_log_repeats_no_entry_when_new_ones_come(world: World, page: Page) -> None:
@@ -604,6 +606,26 @@ def test_enter_twice_on_cancel_keeps_the_workflow(world: World, page: Page) -> N
     expect(page.get_by_role("button", name="Cancel…")).to_be_focused()
     with world.relay.api() as api:  # it holds the serial queue: done with it
         assert api.post("/apps/ledger/workflows/keep-me/cancel").status_code == 204
+
+
+def test_an_audited_refusal_reads_as_words_and_links_its_workflow(world: World, page: Page) -> None:
+    """The audit log is where the on-call engineer reads what was done (and refused) during the
+    incident. Its Detail column was the entry's JSON on one line: a refused resume read
+    ``{"error":"workflow done-1 (SUCCESS) has finished ...","result":"failure","workflowIds":["done-1"]}``,
+    the error a JSON string among braces and the workflow it names not a link to its page."""
+    with world.relay.api() as api:
+        assert api.post("/apps/ledger/workflows/done-1/resume").status_code == 409
+    admin(page, world)
+    go(page, "#/audit?app=ledger&action=workflow.resume")
+    settled(page)
+    row = page.get_by_role("table", name="Audit entries").locator("tbody tr").first
+    detail = row.locator("td").last
+    expect(detail.locator('li[data-key="error"]')).to_have_text(
+        "error: workflow done-1 (SUCCESS) has finished and cannot be resumed; fork it to run it again"
+    )
+    expect(detail).not_to_contain_text('{"')
+    detail.get_by_role("link", name="done-1", exact=True).click()
+    expect(page.get_by_role("heading", name="Workflow done-1")).to_be_visible()
 
 
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:

@@ -619,6 +619,22 @@ const ACTIONS = [
   "token.created", "token.renamed", "token.deleted", "relay.instance_adopted",
 ];
 
+// An entry's detail as "name: value" pairs rather than one line of JSON: a refusal's error as text,
+// and the workflows and recovery it names linked to their pages.
+function auditDetail(e) {
+  const workflow = (w) => e.app && !unlinkable(w) ? id(link(["apps", e.app, "workflows", w], w)) : id(w);
+  const value = (k, v) => {
+    if ((k === "workflowIds" || k === "newWorkflowIds") && Array.isArray(v)) return v.flatMap((w, i) => [i ? ", " : "", workflow(w)]);
+    if ((k === "workflowId" || k === "newWorkflowId") && typeof v === "string") return workflow(v);
+    if (k === "recoveryId" && e.app && e.executorId) return id(link(["apps", e.app, "recoveries"], v, {executor: e.executorId}));
+    if (k === "error") return h("span", {class: "error-text"}, String(v));
+    return v !== null && typeof v === "object" ? h("code", {}, JSON.stringify(v)) : id(String(v));
+  };
+  const entries = Object.entries(e.detail || {});
+  if (!entries.length) return "";
+  return h("ul", {class: "detail"}, entries.map(([k, v]) => h("li", {"data-key": k}, h("span", {class: "note"}, `${k}: `), value(k, v))));
+}
+
 function auditPage(ctx) {
   const params = ctx.route.params;
   const offset = offsetOf(params);
@@ -659,7 +675,7 @@ function auditPage(ctx) {
           ["Action", (e) => h("code", {}, e.action)],
           ["Executor", (e) => (e.executorId && e.app ? link(["apps", e.app, "recoveries"], e.executorId, {executor: e.executorId}) : id(e.executorId))],
           ["Peer", (e) => id(e.peerExecutorId)], ["Actor", (e) => e.actor],
-          ["Detail", (e) => h("code", {}, JSON.stringify(e.detail))],
+          ["Detail", (e) => auditDetail(e)],
         ], rows, {empty: "No entry matches."}),
         pager("Audit pages", {offset, limit: AUDIT_PAGE, shown: rows.length,
           go: (o) => ctx.go(["audit"], {...applied, offset: o, untilId: o ? untilId || (rows[0] && rows[0].id) : undefined})}),
