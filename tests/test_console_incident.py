@@ -628,6 +628,31 @@ def test_an_audited_refusal_reads_as_words_and_links_its_workflow(world: World, 
     expect(page.get_by_role("heading", name="Workflow done-1")).to_be_visible()
 
 
+def test_the_queues_tab_says_what_each_queue_holds_now(world: World, page: Page) -> None:
+    """Conductor's queues tab shows the workflows enqueued and running on each queue; Relay's listed
+    only how the queues are declared (concurrency, rate limit), so "is the queue stuck, since
+    when?" took a search per queue and status. Here ``serial`` (concurrency 1) runs one workflow
+    that waits and holds another behind it: the tab says 1 running, at least 1 enqueued (linked to
+    them) and since when."""
+    enqueue_parent(world, "queue-head")
+    enqueue_parent(world, "queue-behind")
+    try:
+        assert_eventually(lambda: status_in_db(world.sysdb, "queue-head") == "PENDING", 10)
+        admin(page, world)
+        go(page, "#/apps/ledger/queues")
+        row = page.get_by_role("table", name="Queues of ledger").get_by_role("row", name="serial")
+        cells = row.locator("td")
+        expect(cells.nth(1)).to_have_text("1")  # Running
+        expect(row.get_by_role("time")).to_have_count(1)  # the oldest enqueued, since when
+        cells.nth(0).get_by_role("link").click()
+        expect(page.get_by_label("Status")).to_have_value("ENQUEUED")
+        expect(page.get_by_role("link", name="queue-behind", exact=True)).to_be_visible()
+    finally:
+        with world.relay.api() as api:  # they hold the serial queue: done with them
+            for workflow_id in ("queue-behind", "queue-head"):
+                assert api.post(f"/apps/ledger/workflows/{workflow_id}/cancel").status_code == 204
+
+
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     """Relay sends a heartbeat on an idle event stream every ``eventHeartbeatSecs`` so that a reader can
     tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the

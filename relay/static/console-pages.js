@@ -505,21 +505,52 @@ function workflowPage(ctx, app, workflowId) {
 
 // -- queues and schedules ---------------------------------------------------------------------------
 
+// What each queue holds now (Conductor's queues tab shows the enqueued and running workflows):
+// one aggregate of the app's ENQUEUED and PENDING workflows by queue and status.
+async function queueFigures(app) {
+  const rows = await api(`/apps/${enc(app)}/workflows/aggregates`, {method: "POST", body: {
+    groupByQueueName: true, groupByStatus: true, selectCount: true, selectMinCreatedAt: true, status: ["ENQUEUED", "PENDING"]}});
+  const byQueue = {};
+  for (const r of rows) {
+    const q = byQueue[r.group.queue_name] ||= {ENQUEUED: 0, PENDING: 0, oldest: null};
+    q[r.group.status] = (q[r.group.status] || 0) + (r.count || 0);
+    if (r.group.status === "ENQUEUED" && r.minCreatedAt && (!q.oldest || r.minCreatedAt < q.oldest)) q.oldest = r.minCreatedAt;
+  }
+  return byQueue;
+}
+
 function queuesPage(ctx, app) {
+  // No event says when a workflow is enqueued or dequeued (that is the executors' own work): the
+  // figures are read again every 10 s while the page is shown, unless the app's SDK cannot give them.
+  let figuresRead = false;
   return basePage({
     section: "apps", title: `Queues of ${app}`, app, heading: appHeader(ctx, app, "queues", `Queues of ${app}`),
-    intro: h("p", {class: "note"}, "As the app's executors declare them."),
-    relevant: () => false,
+    intro: h("p", {class: "note"}, "As the app's executors declare them, with the workflows each holds now (read again every 10 s)."),
+    relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
+    pollMs: () => figuresRead ? LIST_POLL_MS : 0,
     async load() {
-      const queues = await api(`/apps/${enc(app)}/queues`);
-      return table(`Queues of ${app}`, [
-        ["Queue", (q) => link(["apps", app, "workflows"], q.name, {queue: q.name})],
-        ["Concurrency", (q) => q.concurrency ?? "unlimited", {num: true}],
-        ["Per worker", (q) => q.workerConcurrency ?? "unlimited", {num: true}],
-        ["Rate limit", (q) => (q.rateLimitMax ? `${q.rateLimitMax} per ${q.rateLimitPeriodSecs} s` : "none")],
-        ["Priority", (q) => (q.priorityEnabled ? "yes" : "no")],
-        ["Partitioned", (q) => (q.partitionQueue ? "yes" : "no")],
-      ], queues, {empty: "This app declares no queue."});
+      // The figures are asked of an executor too, and an older SDK may not answer them (501): the
+      // queues are shown all the same, and the page says why their figures are not.
+      const [queues, figures] = await Promise.all([api(`/apps/${enc(app)}/queues`), queueFigures(app).catch((err) => err)]);
+      const failed = figures instanceof Error;
+      const of = (q) => (failed ? null : figures[q.name]) || {ENQUEUED: 0, PENDING: 0, oldest: null};
+      figuresRead = !failed;
+      const count = (q, status) => failed ? "?" : of(q)[status]
+        ? link(["apps", app, "workflows"], String(of(q)[status]), {queue: q.name, status}) : "0";
+      return [
+        failed ? h("p", {class: "alert", role: "alert"}, `What the queues hold could not be read: ${problemText(figures)}`) : null,
+        table(`Queues of ${app}`, [
+          ["Queue", (q) => link(["apps", app, "workflows"], q.name, {queue: q.name})],
+          ["Enqueued", (q) => count(q, "ENQUEUED"), {num: true}],
+          ["Running", (q) => count(q, "PENDING"), {num: true}],
+          ["Oldest enqueued", (q) => of(q).oldest ? h("span", {}, when(of(q).oldest), " ", h("span", {class: "when", "data-ago": of(q).oldest}, ago(of(q).oldest))) : ""],
+          ["Concurrency", (q) => q.concurrency ?? "unlimited", {num: true}],
+          ["Per worker", (q) => q.workerConcurrency ?? "unlimited", {num: true}],
+          ["Rate limit", (q) => (q.rateLimitMax ? `${q.rateLimitMax} per ${q.rateLimitPeriodSecs} s` : "none")],
+          ["Priority", (q) => (q.priorityEnabled ? "yes" : "no")],
+          ["Partitioned", (q) => (q.partitionQueue ? "yes" : "no")],
+        ], queues, {empty: "This app declares no queue."}),
+      ];
     },
   });
 }
