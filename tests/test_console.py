@@ -597,6 +597,7 @@ def test_the_audit_page_offers_every_action_and_keeps_to_the_app_filter_applied(
         "#/apps/ledger/workflows/done-1",
         "#/apps/ledger/queues",
         "#/apps/ledger/schedules",
+        "#/apps/ledger/alerts",
         "#/audit",
         "#/instances",
     ],
