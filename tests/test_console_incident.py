@@ -653,6 +653,33 @@ def test_the_queues_tab_says_what_each_queue_holds_now(world: World, page: Page)
                 assert api.post(f"/apps/ledger/workflows/{workflow_id}/cancel").status_code == 204
 
 
+def test_a_workflow_stuck_behind_its_queue_can_be_started_now(world: World, page: Page) -> None:
+    """Conductor's console resumes "any ENQUEUED, DELAYED, CANCELLED or MAX_RECOVERY_ATTEMPTS_EXCEEDED
+    workflow" (dbos-docs conductor/workflow-management): an ENQUEUED one starts at once, outside
+    its queue's limits, which is how an on-call engineer gets one urgent workflow past a queue
+    held by another. Relay's API does it (``POST .../resume``), but the console offered an ENQUEUED
+    workflow only Cancel. Here ``serial`` (concurrency 1) runs ``start-head``, which waits, and
+    ``start-behind`` waits behind it: Resume, confirmed, runs it."""
+    enqueue_parent(world, "start-head")
+    enqueue_parent(world, "start-behind")
+    try:
+        assert_eventually(lambda: status_in_db(world.sysdb, "start-head") == "PENDING", 10)
+        assert status_in_db(world.sysdb, "start-behind") == "ENQUEUED"
+        admin(page, world)
+        go(page, "#/apps/ledger/workflows/start-behind")
+        expect(fact(page, "Status")).to_have_text("ENQUEUED")
+        page.get_by_role("button", name="Resume…").click()
+        dialog = page.get_by_role("dialog", name="Start this workflow now?")
+        expect(dialog).to_contain_text("outside its queue's concurrency and rate limits")
+        dialog.get_by_role("button", name="Start now").click()
+        expect(page.locator("#action-status")).to_have_text("Resumed start-behind.")
+        assert_eventually(lambda: status_in_db(world.sysdb, "start-behind") == "PENDING", 10)
+    finally:
+        with world.relay.api() as api:  # they hold the serial queue: done with them
+            for workflow_id in ("start-behind", "start-head"):
+                assert api.post(f"/apps/ledger/workflows/{workflow_id}/cancel").status_code == 204
+
+
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
     """Relay sends a heartbeat on an idle event stream every ``eventHeartbeatSecs`` so that a reader can
     tell a quiet stream from a dead one; the console never looks (``readEvents`` only waits for the

@@ -7,7 +7,8 @@ import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, ta
 const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
 const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];
 // Not finished: DBOS 3.2 holds a workflow enqueued with a delay as DELAYED until its time comes.
-// Such a workflow can be cancelled; resuming it would enqueue it at once, skipping its delay.
+// Such a workflow can be cancelled; resuming it would enqueue it at once, skipping its delay. An
+// ENQUEUED one can be resumed too (as in Conductor's console): it starts now, past its queue's limits.
 const ACTIVE = ["PENDING", "ENQUEUED", "DELAYED"];
 // Finished for good: DBOS does not resume these (Relay answers 409); a fork runs one again.
 const FINISHED = ["SUCCESS", "ERROR"];
@@ -423,9 +424,14 @@ function workflowPage(ctx, app, workflowId) {
       body: `Workflow ${workflowId} stops at its next step and is marked CANCELLED. It can be resumed later.`});
     if (ok) await act("cancel", {});
   }
-  async function confirmResume() {
-    const ok = await confirmDialog({title: "Resume this workflow?", confirm: "Resume workflow",
-      body: `Workflow ${workflowId} is queued again and continues from its last completed step.`});
+  async function confirmResume(status) {
+    // Conductor resumes an ENQUEUED workflow too: it starts now, past its queue's limits; the dialog
+    // says so, as that is what an operator getting one workflow past a held queue wants.
+    const waiting = status === "ENQUEUED";
+    const ok = await confirmDialog({title: waiting ? "Start this workflow now?" : "Resume this workflow?", confirm: waiting ? "Start now" : "Resume workflow",
+      body: waiting
+        ? `Workflow ${workflowId} is ENQUEUED. Resuming starts it now, outside its queue's concurrency and rate limits.`
+        : `Workflow ${workflowId} is queued again and continues from its last completed step.`});
     if (ok) await act("resume", {});
   }
   async function confirmFork(stepId) {
@@ -464,7 +470,7 @@ function workflowPage(ctx, app, workflowId) {
       unfinished = active || children.some((c) => ACTIVE.includes(c.status));
       const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
         active ? h("button", {type: "button", class: "danger", "data-focus-key": "cancel", onclick: confirmCancel}, "Cancel…") : null,
-        !active && !FINISHED.includes(w.status) ? h("button", {type: "button", "data-focus-key": "resume", onclick: confirmResume}, "Resume…") : null,
+        w.status !== "PENDING" && w.status !== "DELAYED" && !FINISHED.includes(w.status) ? h("button", {type: "button", "data-focus-key": "resume", onclick: () => confirmResume(w.status)}, "Resume…") : null,
         h("button", {type: "button", class: "secondary", "data-focus-key": "fork", onclick: () => confirmFork(1)}, "Fork…")) : null;
       const facts = [
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
