@@ -31,7 +31,7 @@ from playwright.sync_api import Browser, Page, Route, expect
 
 from harness.browser import chromium, console_page, sign_in
 from harness.executors import ExecutorProcess
-from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
@@ -678,6 +678,17 @@ def test_a_workflow_stuck_behind_its_queue_can_be_started_now(world: World, page
         with world.relay.api() as api:  # they hold the serial queue: done with them
             for workflow_id in ("start-behind", "start-head"):
                 assert api.post(f"/apps/ledger/workflows/{workflow_id}/cancel").status_code == 204
+
+
+def test_a_read_only_key_is_told_why_a_failed_workflow_offers_no_action(world: World, page: Page) -> None:
+    """A viewer key (``role: viewer``) opening the failed workflow it was paged about found no Fork,
+    Resume or Cancel and no word on why: the buttons were left out in silence, and "read-only"
+    was only a word in the header. The page says that the key may not act, and what would."""
+    sign_in(page, world.relay.http, "acme", VIEWER_KEYS["acme"])
+    go(page, "#/apps/ledger/workflows/failed-1")
+    expect(fact(page, "Error")).to_contain_text("failed on purpose")
+    expect(page.get_by_role("button", name=re.compile("Fork|Resume|Cancel"))).to_have_count(0)
+    expect(page.locator("#read-only-note")).to_contain_text("application.write")
 
 
 def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:

@@ -471,7 +471,9 @@ function workflowPage(ctx, app, workflowId) {
       const actions = ctx.canWrite ? h("div", {class: "actions", role: "group", "aria-label": "Workflow actions"},
         active ? h("button", {type: "button", class: "danger", "data-focus-key": "cancel", onclick: confirmCancel}, "Cancel…") : null,
         w.status !== "PENDING" && w.status !== "DELAYED" && !FINISHED.includes(w.status) ? h("button", {type: "button", "data-focus-key": "resume", onclick: () => confirmResume(w.status)}, "Resume…") : null,
-        h("button", {type: "button", class: "secondary", "data-focus-key": "fork", onclick: () => confirmFork(1)}, "Fork…")) : null;
+        h("button", {type: "button", class: "secondary", "data-focus-key": "fork", onclick: () => confirmFork(1)}, "Fork…"))
+        // A read-only key is told why there is nothing to press, rather than left to look for it.
+        : h("p", {class: "note", id: "read-only-note"}, "This key may read but not act (it lacks application.write): cancel, resume and fork need a key that may write.");
       const facts = [
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
         ["Executor", id(w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
