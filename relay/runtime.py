@@ -162,7 +162,7 @@ class Runtime:
         self.engine = Engine(database_url, instance_id, self.executors, self.recoveries, self.apps)
         self.lease = Lease(self.db, instance_id, config.liveness.instance_lease_secs)
         self.lease.on_fenced = self._fenced
-        self.probe = DatabaseProbe(self.db.conninfo)
+        self.probe = DatabaseProbe(self.db.conninfo, db=self.db)
         self.hub = Hub(config, self.keyring, self.apps, self.executors, instance_id, self.engine, self.lease)
         self.router = Router(
             self.db,

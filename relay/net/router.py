@@ -320,7 +320,7 @@ class Router:
                         else:
                             self._on_notify(note.payload)
             except psycopg.Error as exc:
-                self.db.note_unreachable()
+                self.db.note_unreachable(exc)
                 if not failed:
                     log.warning("instance %s: request channel lost (%s); listening again in %.1fs (tried on "
                                 "quietly until it is back)", self.instance_id, exc, delay)  # fmt: skip

@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -74,9 +74,11 @@ def with_tcp_settings(url: str) -> str:
     return f"{base}{joint}{urlencode(extra)}{mark}{fragment}"
 
 
-async def _attempt_again(pool: AsyncConnectionPool[Any]) -> None:
-    """An attempt to reconnect gave up: begin another."""
-    await pool.check()
+# While the database is known unreachable, a request of the API does not wait for the pool (its
+# 10 s): one connection of its own asks whether the database answers now, given this long, and the
+# answer serves the requests of the next RECHECK_REUSE_SECS too (one attempt at a time).
+RECHECK_SECS = 0.5
+RECHECK_REUSE_SECS = 0.25
 
 
 def deadlocked(exc: BaseException) -> bool:
@@ -86,6 +88,8 @@ def deadlocked(exc: BaseException) -> bool:
 
 # How long the current task waits for a connection of the pool; None: the pool's timeout.
 _patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("relay_db_patience", default=None)
+# Whether the current task is a request of the API, refused at once while the database is known unreachable.
+_hasty: contextvars.ContextVar[bool] = contextvars.ContextVar("relay_db_hasty", default=False)
 
 
 async def patiently(coro: Coroutine[Any, Any, T], wait_secs: float) -> T:
@@ -99,6 +103,19 @@ async def patiently(coro: Coroutine[Any, Any, T], wait_secs: float) -> T:
         return await coro
     finally:
         _patience.reset(token)
+
+
+@contextlib.contextmanager
+def hastily() -> Iterator[None]:
+    """Within it (a request of the API), while the database is known unreachable
+    (:attr:`Database.down_since`), a connection is not waited for: unless a connection of its own
+    finds the database answering now (within :data:`RECHECK_SECS`), the caller is answered 503 at
+    once, not after the pool's 10 s. :func:`patiently` wins over it."""
+    token = _hasty.set(True)
+    try:
+        yield
+    finally:
+        _hasty.reset(token)
 
 
 class Database:
@@ -123,7 +140,9 @@ class Database:
             # (check() grows the pool again), so one is made about every second, however long
             # the outage, and requests waiting for a connection get one as the database returns.
             reconnect_timeout=RECONNECT_GIVE_UP_SECS,
-            reconnect_failed=_attempt_again,
+            reconnect_failed=self._attempt_again,
+            # Each new connection: the database answers (a request need not wait for a statement).
+            configure=self._connected,
             # A database that does not answer (a network cut) costs an attempt this long, not
             # the operating system's TCP timeout.
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_SECS},
@@ -135,7 +154,14 @@ class Database:
         # ever was: what ends a run of refusals that no request served saw end (relay.core.outage).
         self.recovered_at: float | None = None
         self._unreachable = False
+        # Since when the database is known unreachable (time.monotonic()), None while it answers: a
+        # connection failed or was lost, the pool gave up an attempt to connect, the lease could not
+        # renew, the readiness probe had no answer. Not a pool merely busy: its wait proves nothing.
+        self.down_since: float | None = None
+        self.down_reason = ""
         self._checking: asyncio.Task[None] | None = None
+        self._rechecking: asyncio.Task[bool] | None = None
+        self._rechecked = (0.0, False)  # when the latest look at a known unreachable database ended, and what it found
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -157,9 +183,10 @@ class Database:
         return None
 
     async def close(self) -> None:
-        if self._checking is not None and not self._checking.done():
-            self._checking.cancel()  # the pool closes anyway
-            await asyncio.gather(self._checking, return_exceptions=True)
+        for task in (self._checking, self._rechecking):
+            if task is not None and not task.done():
+                task.cancel()  # the pool closes anyway
+                await asyncio.gather(task, return_exceptions=True)
         await self.pool.close()
 
     @asynccontextmanager
@@ -167,18 +194,25 @@ class Database:
         """A connection of the pool: waited for up to the pool's 10 s, or as long as
         :func:`patiently` says in the task that asks."""
         used: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        wait = _patience.get()
+        down_since = self.down_since
+        if wait is None and down_since is not None and _hasty.get() and not await self._answers_now():
+            secs = time.monotonic() - down_since
+            raise DatabaseError(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
         try:
-            async with self.pool.connection(timeout=_patience.get()) as conn:
+            async with self.pool.connection(timeout=wait) as conn:
                 used = conn
                 yield conn
             self.answered += 1
             self.note_answered()
         except PoolTimeout as exc:
-            self.note_unreachable()
+            self.note_unreachable(surely=False)  # the pool busy, or the database away: not known which
             raise DatabaseError(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError) or (used is not None and used.broken):
-                self.note_unreachable()
+            if used is not None and used.broken:
+                self.note_unreachable(exc)
+            elif isinstance(exc, psycopg.OperationalError):
+                self.note_unreachable(surely=False)  # a statement cancelled, a lock not granted: it answered
             if used is not None and used.broken:
                 # The server closed it (a failover, a restart): the pool's idle ones likely too,
                 # each of which would fail the next statement given it. Checked now, all at once.
@@ -186,15 +220,65 @@ class Database:
                 raise ConnectionLost(f"database error: {exc}") from exc
             raise DatabaseError(f"database error: {exc}") from exc
 
-    def note_unreachable(self) -> None:
-        """The database could not be reached (by the pool, or the lease's own connection)."""
+    def note_unreachable(self, why: BaseException | str | None = None, *, surely: bool = True) -> None:
+        """The database could not be reached (by the pool, the lease's own connection, the request
+        channel, the readiness probe): :attr:`down_since`, unless not ``surely`` (a wait for the
+        pool, a statement that failed: the pool may be merely busy)."""
         self._unreachable = True
+        if surely:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            if why is not None:
+                self.down_reason = " ".join(str(why).split()) or type(why).__name__
 
     def note_answered(self) -> None:
         """The database answered (the pool, or the lease's renewal every few seconds, which notices
         its return when no request comes): :attr:`recovered_at` if it could not be reached before."""
+        if self.down_since is not None:
+            self.down_since, self.down_reason = None, ""
         if self._unreachable:
             self._unreachable, self.recovered_at = False, time.monotonic()
+
+    @staticmethod
+    def unhurried() -> None:
+        """The current task waits for connections as the pool does, though a request of the API
+        began it: a task of its own that serves others too (the combined writes' transactions)."""
+        _hasty.set(False)
+
+    async def _answers_now(self) -> bool:
+        """Whether the database, known unreachable, answers now: one attempt at a time, and its answer
+        reused for :data:`RECHECK_REUSE_SECS`. Not waited for by the pool's reconnection, which
+        tries about once a second: a request is served as soon as the database is back."""
+        at, answered = self._rechecked
+        if time.monotonic() - at < RECHECK_REUSE_SECS:
+            return answered
+        if self._rechecking is None or self._rechecking.done():
+            self._rechecking = asyncio.create_task(self._recheck())
+        # Shielded: a request that goes away does not end the attempt the others wait for.
+        return await asyncio.shield(self._rechecking)
+
+    async def _recheck(self) -> bool:
+        try:
+            connecting = psycopg.AsyncConnection.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT_SECS)
+            conn = await asyncio.wait_for(connecting, RECHECK_SECS)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            self.note_unreachable(exc)
+            answered = False
+        else:
+            await conn.close()
+            self.note_answered()
+            answered = True
+        self._rechecked = (time.monotonic(), answered)
+        return answered
+
+    async def _connected(self, _conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
+        """The pool made a new connection: the database answers again, if it did not."""
+        self.note_answered()
+
+    async def _attempt_again(self, pool: AsyncConnectionPool[Any]) -> None:
+        """An attempt to reconnect gave up: the database is unreachable; begin another."""
+        self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
+        await pool.check()
 
     def _check_idle(self) -> None:
         """The pool's idle connections checked and the broken ones replaced, in a task of its own

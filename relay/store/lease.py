@@ -163,15 +163,15 @@ class Lease:
         opens a new one)."""
         try:
             conn = await self._connection(self.renew_every if patience is None else patience)
-        except Exception:
-            self.db.note_unreachable()
+        except Exception as exc:
+            self.db.note_unreachable(exc)
             raise
         try:
             cur = await bounded(conn, query, params, self.renew_every, "lease")
         except BaseException as exc:
             # Failed, timed out or cancelled mid-statement: the connection's state is unknown.
             if isinstance(exc, Exception):
-                self.db.note_unreachable()
+                self.db.note_unreachable(exc)
             await self._drop()
             raise
         self.db.note_answered()

@@ -6,7 +6,9 @@ pool's 10 s, past the readiness probe's timeout, and a busy fleet would be taken
 balancer all at once though each instance reaches its database. Its one connection is opened at the
 first probe and again after a failure; a statement not answered within :data:`PROBE_SECS` (a
 database gone without a word) is ended by shutting its socket, as the lease's are
-(:func:`relay.store.bounded.bounded`). Probes that come together take turns on it.
+(:func:`relay.store.bounded.bounded`). Probes that come together take turns on it. What it finds
+is told to the pool's :class:`relay.store.db.Database`, if given: a probe without an answer makes
+the API's requests refused at once, not after the pool's wait (:attr:`Database.down_since`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from psycopg.rows import dict_row
 
 from relay.errors import DatabaseError
 from relay.store.bounded import Conn, bounded, close_quietly
+from relay.store.db import Database
 
 log = logging.getLogger("relay.probe")
 
@@ -27,9 +30,10 @@ PROBE_SECS = 1.5
 
 
 class DatabaseProbe:
-    def __init__(self, conninfo: str, limit: float = PROBE_SECS) -> None:
+    def __init__(self, conninfo: str, limit: float = PROBE_SECS, db: Database | None = None) -> None:
         self.conninfo = conninfo
         self.limit = limit
+        self.db = db
         self._conn: Conn | None = None
         self._turn = asyncio.Lock()
 
@@ -63,11 +67,15 @@ class DatabaseProbe:
                     self._conn = await asyncio.wait_for(connecting, max(0.0, deadline - loop.time()))
                 assert self._conn is not None
                 await bounded(self._conn, "SELECT 1", (), max(0.0, deadline - loop.time()), "readiness probe")
+                if self.db is not None:
+                    self.db.note_answered()
                 return True
             except (DatabaseError, psycopg.Error, OSError, TimeoutError) as exc:
                 log.debug("readiness probe: the database did not answer: %s", exc or type(exc).__name__)
                 await self.close()
                 if fresh or loop.time() >= deadline:
+                    if self.db is not None:
+                        self.db.note_unreachable(exc)
                     return False
         return False
 
