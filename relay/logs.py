@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from relay.core.outage import FailureRun
 from relay.core.window import CountedWindow
 
 # C0 (line ends and tab too), DEL, C1, the line and paragraph separators, and the bidi controls:
@@ -107,6 +108,31 @@ def _kind(record: logging.LogRecord) -> str:
     if record.args:
         return str(record.msg)
     return str(record.msg).split(":", 1)[0][:200]
+
+
+class FailureLog:
+    """The log of a loop that works on the database every few seconds (the keys' reload, the socket
+    check, the router's poll, the alerts' reads): while the database is away each round fails, and a
+    warning for each wrote a line every few seconds for the whole outage. Now a warning for the first
+    failure of a run (``failing: the error``), the next ones at DEBUG, and one INFO line at the first
+    round that works again (``working, after N failed attempts in S s``)."""
+
+    def __init__(self, logger: logging.Logger, failing: str, working: str) -> None:
+        self.log = logger
+        self.failing = failing
+        self.working = working
+        self._run = FailureRun()
+
+    def failed(self, exc: BaseException) -> None:
+        if self._run.fail(time.monotonic()):
+            self.log.warning("%s: %s (tried again quietly until it works)", self.failing, exc)
+        else:
+            self.log.debug("%s: %s", self.failing, exc)
+
+    def worked(self) -> None:
+        ended = self._run.succeed(time.monotonic())
+        if ended is not None:
+            self.log.info("%s, after %d failed attempts in %.1f s", self.working, ended.failed, ended.secs)
 
 
 def configure_logging(level: str) -> None:

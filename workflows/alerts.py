@@ -58,6 +58,7 @@ from relay.core.alerts import (
 from relay.core.peers import backoff
 from relay.domain.alerts import cannot_make
 from relay.errors import DatabaseError
+from relay.logs import FailureLog
 from relay.metrics import ALERTS_FAILED, ALERTS_SENT
 from relay.store.alerts import AlertStore
 from workflows.services import MAX_RECOVERY_ATTEMPTS, database_trouble, dedupe_key, relay_step, services
@@ -358,12 +359,14 @@ class AlertLoops:
         self._tasks = []
 
     async def _poll_events(self) -> None:
+        told = FailureLog(log, "reading the audit log for alerts failed", "the audit log is read for alerts again")
         while True:
             try:
                 if self.lease_held():
                     await self.poll_events()
+                    told.worked()
             except DatabaseError as exc:
-                log.warning("reading the audit log for alerts failed: %s", exc)
+                told.failed(exc)
             except Exception:
                 log.exception("reading the audit log for alerts failed")
             await asyncio.sleep(self.settings.poll_interval_secs)
@@ -400,16 +403,19 @@ class AlertLoops:
 
     async def _schedule_checks(self) -> None:
         interval = self.settings.check_interval_secs
+        told = FailureLog(log, "cannot start the alert checks", "the alert checks start again")
         while True:
             workflow_id = check_id(interval)
             try:
-                if self.lease_held() and await self.store.rules_of(CONDITION_KINDS):
-                    with SetWorkflowID(workflow_id):
-                        await DBOS.start_workflow_async(condition_round)
+                if self.lease_held():
+                    if await self.store.rules_of(CONDITION_KINDS):
+                        with SetWorkflowID(workflow_id):
+                            await DBOS.start_workflow_async(condition_round)
+                    told.worked()
             except DBOSConflictingWorkflowError:
                 # An instance of the previous release started this interval's round as relay.alerts.check
                 # first (a rolling upgrade): the round runs there, once, as it would here.
                 log.debug("the alert check %s was started by an instance of the previous release", workflow_id)
             except Exception as exc:
-                log.warning("cannot start the alert check %s: %s", workflow_id, exc)
+                told.failed(exc)
             await asyncio.sleep(interval - time.time() % interval + 0.01)

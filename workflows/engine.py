@@ -40,6 +40,7 @@ from relay.core.appfigures import Window
 from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.errors import DatabaseError
+from relay.logs import FailureLog
 from relay.store.apps import AppStore
 from relay.store.db import with_tcp_settings
 from relay.store.executors import ExecutorStore, Unfinished
@@ -343,12 +344,15 @@ class Engine:
         await self.repair()
 
     async def _repair_every(self, interval: float) -> None:
+        me = f"instance {self.instance_id}"
+        told = FailureLog(log, f"{me}: the repair sweep failed", f"{me}: the repair sweep works again")
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.repair()
+                told.worked()
             except DatabaseError as exc:
-                log.warning("instance %s: the repair sweep failed: %s", self.instance_id, exc)
+                told.failed(exc)
             except Exception:
                 log.exception("instance %s: the repair sweep failed", self.instance_id)
 

@@ -55,3 +55,35 @@ class RefusalRun:
         ended = RunEnded(self.refused, now - self._since)
         self.refused = 0
         return ended
+
+
+@dataclass(frozen=True)
+class Recovered:
+    failed: int  # failures in a row before the success, the first (told) included
+    secs: float  # from the first failure to the success
+
+
+class FailureRun:
+    """A recurring task's failures in a row (the database away fails each round of a loop): the
+    first of a run is to be told, the next ones counted, and the first success after them ends the
+    run, told with how many there were. No I/O: the caller gives the time."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+        self._since = 0.0
+
+    def fail(self, now: float) -> bool:
+        """Counts a failure; True if it is the first of a run (the one to tell)."""
+        first = self.failed == 0
+        if first:
+            self._since = now
+        self.failed += 1
+        return first
+
+    def succeed(self, now: float) -> Recovered | None:
+        """A round that worked: the run it ends, if one was under way."""
+        if self.failed == 0:
+            return None
+        ended = Recovered(self.failed, now - self._since)
+        self.failed = 0
+        return ended

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from relay.auth import KeyGrant, KeyRing, Permission, hash_key, new_secret
 from relay.errors import Conflict, DatabaseError, Forbidden, NotFound
+from relay.logs import FailureLog
 from relay.net.hub import Hub
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
@@ -133,12 +134,14 @@ class Tokens:
             self._task = None
 
     async def _watch(self) -> None:
+        told = FailureLog(log, "cannot reload the keys", "the keys are reloaded again")
         while True:
             await asyncio.sleep(REFRESH_SECS)
             try:
                 await self.refresh()
+                told.worked()
             except DatabaseError as exc:
-                log.warning("cannot reload the keys: %s", exc)
+                told.failed(exc)
             except Exception:  # a bug: logged, and the next round tries again (a dead watcher misses every revocation)
                 log.exception("cannot reload the keys")
 

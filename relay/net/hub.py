@@ -29,6 +29,7 @@ from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
+from relay.logs import FailureLog
 from relay.net.connection import (
     CLOSE_KEY_REVOKED,
     CLOSE_REPLACED,
@@ -416,6 +417,8 @@ class Hub:
 
     async def _check_forever(self) -> None:
         liveness = self.config.liveness
+        me = f"instance {self.instance_id}"
+        told = FailureLog(log, f"{me}: socket check failed", f"{me}: the socket check works again")
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._unrecorded.wait(), liveness.socket_check_secs)
@@ -425,10 +428,11 @@ class Hub:
             self._unrecorded.clear()  # a disconnection lost during the check sets it again
             try:
                 await self.check_sockets()
+                told.worked()
             except DatabaseError as exc:
                 if retrying:
                     self._unrecorded.set()
-                log.warning("instance %s: socket check failed: %s", self.instance_id, exc)
+                told.failed(exc)
 
     async def check_sockets(self) -> tuple[int, int]:
         """Compare this instance's sockets with the rows it owns.

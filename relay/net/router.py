@@ -49,6 +49,7 @@ from relay.errors import (
     RequestLost,
     RequestNotServed,
 )
+from relay.logs import FailureLog
 from relay.net.hub import Hub
 from relay.net.wire import Frame, reply_to
 from relay.store.db import Database
@@ -387,6 +388,8 @@ class Router:
         task.add_done_callback(self._serving.discard)
 
     async def _poll(self) -> None:
+        me = f"instance {self.instance_id}"
+        told = FailureLog(log, f"{me}: polling relayed requests failed", f"{me}: polling relayed requests works again")
         while True:
             await asyncio.sleep(POLL_SECS)
             try:
@@ -395,8 +398,9 @@ class Router:
                     await conn.execute(
                         "DELETE FROM relay_rpc WHERE created_at < now() - make_interval(secs => %s)", (KEEP_SECS,)
                     )
+                told.worked()
             except DatabaseError as exc:
-                log.warning("instance %s: polling relayed requests failed: %s", self.instance_id, exc)
+                told.failed(exc)
 
     async def _serve_unpicked(self) -> None:
         async with self.db.connection() as conn:
