@@ -28,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from relay import __version__
 from relay.api import ApiContext, build_api
+from relay.api.refusals import RefusalAudit
 from relay.appmetrics import AppFiguresCollector
 from relay.auth import KeyRing
 from relay.config import RelayConfig
@@ -362,7 +363,7 @@ class Runtime:
         os._exit(EXIT_FENCED)
 
     @asynccontextmanager
-    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
         try:
             await self.start()
         except (DatabaseError, StartupError) as exc:
@@ -375,7 +376,13 @@ class Runtime:
         try:
             yield
         finally:
-            await self.stop()
+            try:
+                # The refused attempts answered just before the stop: their entries need the pool.
+                refusals: RefusalAudit | None = getattr(app.state, "refusals", None)
+                if refusals is not None:
+                    await refusals.settled()
+            finally:
+                await self.stop()
 
     def _one_line(self, exc: BaseException) -> str:
         """``exc`` on one line for relay serve's error line, without the database's password (an

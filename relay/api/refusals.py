@@ -14,7 +14,8 @@ log could name).
 Bounded per instance: at most :data:`MAX_REFUSALS_PER_MINUTE` entries per key and action a minute;
 the others are counted into ``detail.suppressed`` of that key's next entry for the action. The
 entry is written in a task of its own, which the answer does not wait for: a refusal is answered the same
-whether or not its entry can be written (the database down: a line in the log).
+whether or not its entry can be written (the database down: a line in the log). A clean stop waits for
+the entries still being written, up to :data:`SETTLE_SECS` (:meth:`RefusalAudit.settled`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ MAX_REFUSALS_PER_MINUTE = 10
 # Entries written at once by one instance, whatever the number of keys: past it, refusals are
 # counted into the next entry as the ones past the bound are.
 MAX_PENDING = 64
+# How long a clean stop waits for the entries still being written (a slow or locked table), before
+# the pool they are written through closes.
+SETTLE_SECS = 3.0
 # (org, key id, action) budgets kept; the oldest is forgotten past it (keys are few).
 MAX_BUDGETS = 10_000
 
@@ -151,6 +155,16 @@ class RefusalAudit:
         task = asyncio.create_task(self._write(ctx, org, app, entry))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    async def settled(self, timeout: float = SETTLE_SECS) -> None:
+        """Wait, at most ``timeout`` seconds, for the entries being written (a stop's first step); the
+        ones still unwritten then are said so in the log, and lost."""
+        if not self._pending:
+            return
+        _, late = await asyncio.wait(list(self._pending), timeout=timeout)
+        if late:
+            log.warning("%d refused attempts not audited: their entries were not written within %g s of the stop",
+                        len(late), timeout)  # fmt: skip
 
     async def _write(self, ctx: ApiContext, org: str, app: str | None, entry: AuditEntry) -> None:
         try:
