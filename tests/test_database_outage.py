@@ -8,21 +8,24 @@ Relay in its own process and its log read from the file it writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
@@ -287,3 +290,90 @@ def test_a_second_outage_is_warned_of_though_no_request_was_served_between_the_t
     relay_pg.start()
     warnings = [line for line in relay.log().splitlines() if WARNING_AT_START.search(line)]
     assert len(warnings) == 2, f"one warning for two outages: {warnings}"
+
+
+# The loops that work on the database every few seconds: what each says when it begins to fail,
+# and when it works again.
+LOOPS = {
+    "the keys' reload": ("cannot reload the keys", "the keys are reloaded again"),
+    "the router's poll": ("polling relayed requests failed", "polling relayed requests works again"),
+    "the socket check": ("socket check failed", "the socket check works again"),
+    "the alerts' reads": ("reading the audit log for alerts failed", "the audit log is read for alerts again"),
+    "the repair sweep": ("the repair sweep failed", "the repair sweep works again"),
+}
+
+
+def timed_get(relay: RelayProcess, path: str = "/v2/orgs/acme/apps") -> tuple[httpx.Response, float]:
+    began = time.monotonic()
+    response = get(relay, path)
+    return response, time.monotonic() - began
+
+
+def test_through_an_outage_requests_are_refused_at_once_each_loop_logs_twice_and_a_stop_awaits_refusal_audits(
+    start_relay: StartRelay, relay_pg: PostgresServer
+) -> None:
+    """Three gaps, one Relay and one outage of about 30 s. (1) Each request was answered 503 only
+    after the pool's 10 s wait for a connection, though Relay knew its database was away. (2) The
+    loops above wrote their warning at every round, about every 10 s, for the whole outage. (3) A
+    clean stop dropped the refusal-audit entries still being written."""
+    relay = start_relay(socketCheckSecs=2.0, repairIntervalSecs=3.0)
+    assert served(relay)
+    relay_pg.stop()
+    # Relay knows at once: its request channel's connection was closed.
+    assert_eventually(lambda: "request channel lost" in relay.log(), 10, interval=0.1, what="the outage noticed")
+    refusals: list[float] = []
+    outage_began = time.monotonic()
+    while time.monotonic() - outage_began < 30:
+        refused, took = timed_get(relay)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["content-type"] == "application/problem+json", refused.headers
+        assert refused.json()["error"]["code"] == "database_unavailable"
+        assert refused.headers.get("retry-after") == "2", dict(refused.headers)
+        refusals.append(took)
+        time.sleep(0.5)
+    # Not the pool's 10 s: one attempt to connect, refused at once (more on a loaded machine).
+    assert statistics.median(refusals) < 0.5 and max(refusals) < 2.5, refusals
+
+    relay_pg.start()  # (pg_ctl -w: it accepts connections)
+    # Served from the first request on, not refused until the instance notices the database's return.
+    after = [timed_get(relay) for _ in range(20)]
+    assert [r.status_code for r, _ in after] == [200] * 20, [(r.status_code, r.text[:200]) for r, _ in after]
+    assert max(took for _, took in after) < 5.0, [took for _, took in after]  # (the pool reconnects)
+
+    for _, working in LOOPS.values():
+        assert_eventually(lambda working=working: working in relay.log(), 30, interval=0.2, what=working)
+    log = relay.log()
+    for loop, (failing, working) in LOOPS.items():
+        warned = [line for line in log.splitlines() if failing in line]
+        assert len(warned) == 1 and " WARNING " in warned[0], (loop, warned)
+        ended = [line for line in log.splitlines() if working in line]
+        assert len(ended) == 1 and " INFO " in ended[0], (loop, ended)
+
+    # A refused change (a viewer's key creating a key: 403) whose audit entry waits for a lock on the
+    # audit log, then a clean stop: the stop waits for the entry (bounded), so it is written.
+    with psycopg.connect(relay.database_url, autocommit=True) as locker:
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE audit_log IN SHARE MODE")  # INSERTs wait; reads do not
+        headers = {"Authorization": f"Bearer {VIEWER_KEYS['acme']}"}
+        denied = httpx.post(relay.http + "/v2/orgs/acme/tokens/refused-at-stop", headers=headers, json={}, timeout=10)
+        assert denied.status_code == 403, denied.text
+        assert_eventually(lambda: waiting_on_a_lock(locker), 10, interval=0.05, what="the entry's INSERT waits")
+        relay.signal(signal.SIGTERM)
+        assert relay.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            relay.proc.wait(1.5)  # a stop that does not wait for the entry is over by then
+        locker.execute("COMMIT")
+    assert relay.proc.wait(60) == 0
+    with psycopg.connect(relay.database_url) as conn:
+        rows = conn.execute(
+            "SELECT detail->>'result', detail->>'status' FROM audit_log"
+            " WHERE action = 'token.created' AND detail->>'tokenName' = 'refused-at-stop'"
+        ).fetchall()
+    assert rows == [("failure", "403")], rows
+
+
+def waiting_on_a_lock(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a write to the audit log waits for the lock ``conn`` holds on it."""
+    waiting = "SELECT count(*) FROM pg_locks WHERE relation = 'audit_log'::regclass AND NOT granted"
+    row = conn.execute(waiting).fetchone()
+    return row is not None and row[0] >= 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.core.outage import RefusalRun, RunEnded
+from relay.core.outage import FailureRun, Recovered, RefusalRun, RunEnded
 
 
 def test_only_the_first_refusal_of_a_run_is_to_be_logged() -> None:
@@ -53,3 +53,14 @@ def test_a_request_that_waited_through_the_outage_stays_in_its_run() -> None:
     assert run.ended_unseen(started=12.0, recovered_at=15.0) is None
     assert run.refuse(22.0, answered=6) is False
     assert run.ended_unseen(started=23.0, recovered_at=None) is None  # never unreachable since it began
+
+
+def test_a_loops_failures_are_told_once_and_the_first_success_after_them_ends_the_run() -> None:
+    run = FailureRun()
+    assert run.succeed(5.0) is None  # no run under way: nothing to tell
+    assert run.fail(10.0)
+    assert not run.fail(21.0)
+    assert not run.fail(32.0)
+    assert run.succeed(40.0) == Recovered(failed=3, secs=30.0)
+    assert run.succeed(41.0) is None
+    assert run.fail(100.0)  # the next outage is told again
