@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -24,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from relay import __version__
 from relay.errors import ConnectionLost, DatabaseError, Fenced, StartupError
 from relay.store.combiner import WriteCombiner
-from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Migration
+from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Index, Migration
 
 log = logging.getLogger("relay.db")
 
@@ -116,6 +117,56 @@ def hastily() -> Iterator[None]:
         yield
     finally:
         _hasty.reset(token)
+
+
+# How often an instance looks again for the migrations' lock another holds, and after how long it says so.
+MIGRATION_POLL_SECS = 0.2
+MIGRATION_WAIT_NOTICE_SECS = 5.0
+# Times an index build is begun again after PostgreSQL broke a deadlock by cancelling it.
+INDEX_BUILD_ATTEMPTS = 3
+
+
+def _batches(pending: list[Migration]) -> list[list[Migration]]:
+    """The migrations to apply, in order, as the runs that share a transaction: the migrations of
+    SQL that follow one another, and each migration of indexes on its own."""
+    batches: list[list[Migration]] = []
+    for migration in pending:
+        if migration.indexes and (migration.sql or migration.breaks_older):
+            raise ValueError(f"migration {migration.version}: a migration of indexes has no SQL and breaks nothing")
+        if migration.indexes or not batches or batches[-1][0].indexes:
+            batches.append([migration])
+        else:
+            batches[-1].append(migration)
+    return batches
+
+
+async def _build_index(conn: psycopg.AsyncConnection[dict[str, Any]], index: Index) -> None:
+    """Build ``index`` with ``CREATE INDEX CONCURRENTLY`` (in autocommit: it cannot run in a
+    transaction), unless it is there and valid. One left ``INVALID`` by a build cut short is
+    dropped and built again."""
+    name = sql.Identifier(index.name)
+    for attempt in range(1, INDEX_BUILD_ATTEMPTS + 1):
+        cur = await conn.execute(
+            "SELECT indisvalid AS valid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index.name,)
+        )
+        row = await cur.fetchone()
+        if row is not None and row["valid"]:
+            return
+        if row is not None:
+            log.warning("index %s was left invalid by a build cut short: dropping it to build it again", index.name)
+            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+        log.info("building index %s concurrently", index.name)
+        started = time.monotonic()
+        try:
+            await conn.execute(sql.SQL("CREATE INDEX CONCURRENTLY {} ON " + index.on).format(name))
+        except psycopg.errors.DeadlockDetected:
+            # An instance of an earlier release waiting on the lock inside a transaction.
+            if attempt == INDEX_BUILD_ATTEMPTS:
+                raise
+            log.warning("building index %s was cancelled to break a deadlock: building it again", index.name)
+            continue
+        log.info("built index %s in %.1f s", index.name, time.monotonic() - started)
+        return
 
 
 class Database:
@@ -344,31 +395,70 @@ class Database:
         A database that holds migrations this release does not know (a newer release migrated it)
         is checked against its compatibility floor (:mod:`relay.store.migrations`): below it, this
         raises :class:`StartupError` having changed nothing; at or above it, a warning is logged."""
+        try:
+            async with self._migration_lock() as conn:
+                return await self._migrate(conn)
+        except psycopg.Error as exc:
+            raise DatabaseError(f"migrating the database: {exc}") from exc
+
+    @asynccontextmanager
+    async def _migration_lock(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        """A connection of its own (not the pool's), holding the migrations' advisory lock for its
+        session: closing it lets the lock go, whatever happened. The lock is polled for, not waited
+        on in a statement: a statement waiting on it would hold a snapshot that another instance's
+        ``CREATE INDEX CONCURRENTLY`` waits for in turn (a deadlock). An operator's statement or
+        lock timeout does not apply to it: an index on a large table takes what it takes."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_SECS
+        )
+        try:
+            await conn.execute("SET statement_timeout = 0")
+            await conn.execute("SET lock_timeout = 0")
+            waited_since = time.monotonic()
+            said = False
+            while True:
+                cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (MIGRATION_LOCK_KEY,))
+                row = await cur.fetchone()
+                if row is not None and row["got"]:
+                    break
+                if not said and time.monotonic() - waited_since > MIGRATION_WAIT_NOTICE_SECS:
+                    said = True
+                    log.info("waiting for another instance of Relay to finish migrating the database")
+                await asyncio.sleep(MIGRATION_POLL_SECS)
+            yield conn
+        finally:
+            await conn.close()
+
+    async def _migrate(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> list[int]:
         newest = MIGRATIONS[-1].version
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS relay_schema_migrations (
+                   version     integer PRIMARY KEY,
+                   applied_at  timestamptz NOT NULL DEFAULT now())"""
+        )
+        cur = await conn.execute("SELECT version FROM relay_schema_migrations")
+        done = {int(row["version"]) for row in await cur.fetchall()}
+        unknown = done - {migration.version for migration in MIGRATIONS}
+        if unknown:
+            await self._check_floor(conn, max(unknown), newest)
         applied: list[Migration] = []
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-            await conn.execute(
-                """CREATE TABLE IF NOT EXISTS relay_schema_migrations (
-                       version     integer PRIMARY KEY,
-                       applied_at  timestamptz NOT NULL DEFAULT now())"""
-            )
-            cur = await conn.execute("SELECT version FROM relay_schema_migrations")
-            done = {int(row["version"]) for row in await cur.fetchall()}
-            unknown = done - {migration.version for migration in MIGRATIONS}
-            if unknown:
-                await self._check_floor(conn, max(unknown), newest)
-            for migration in MIGRATIONS:
-                if migration.version in done:
-                    continue
-                await conn.execute(migration.sql)
-                await conn.execute("INSERT INTO relay_schema_migrations (version) VALUES (%s)", (migration.version,))
-                applied.append(migration)
-            raised = max((m.version for m in applied if m.breaks_older), default=None)
-            if raised is not None:
-                await conn.execute(
-                    "UPDATE relay_schema_floor SET version = greatest(version, %s) WHERE id = 1", (raised,)
-                )
+        for batch in _batches([m for m in MIGRATIONS if m.version not in done]):
+            if batch[0].indexes:
+                for index in batch[0].indexes:
+                    await _build_index(conn, index)
+            async with conn.transaction():
+                for migration in batch:
+                    if migration.sql:
+                        await conn.execute(migration.sql)
+                    await conn.execute(
+                        "INSERT INTO relay_schema_migrations (version) VALUES (%s)", (migration.version,)
+                    )
+                raised = max((m.version for m in batch if m.breaks_older), default=None)
+                if raised is not None:
+                    await conn.execute(
+                        "UPDATE relay_schema_floor SET version = greatest(version, %s) WHERE id = 1", (raised,)
+                    )
+            applied.extend(batch)
         if applied:
             log.info("database migrated to version %d", applied[-1].version)
         return [migration.version for migration in applied]

@@ -1,8 +1,17 @@
 """Relay's schema: versioned migrations, applied forward at start-up.
 
-They run inside one transaction that first takes a transaction-level advisory
-lock, so two instances starting at once apply each migration exactly once: the
-second waits, then finds it already recorded. A migration is never edited once
+They run under a session-level advisory lock, held by the migrating instance
+on a connection of its own, so two instances starting at once apply each
+migration exactly once: the second waits (polling for the lock, outside any
+transaction), then finds it already recorded. The migrations of SQL
+(:attr:`Migration.sql`) that follow one another run in one transaction, with
+their versions. A migration that adds indexes to a table that may be large
+(:attr:`Migration.indexes`) builds each with ``CREATE INDEX CONCURRENTLY``
+instead, outside any transaction, so the writes of the instances still running
+(a rolling upgrade) are not held up for the length of the build; its version is
+recorded once every index is built and valid. A build cut short (the process
+killed, its backend terminated) leaves an ``INVALID`` index and no version: the
+next start drops that index and builds it again. A migration is never edited once
 released; a change is a new one, appended. Upgrades run forward from the schema
 the last release left.
 
@@ -49,12 +58,24 @@ from typing import NamedTuple
 MIGRATION_LOCK_KEY = 7_215_420_113_001
 
 
+class Index(NamedTuple):
+    """An index built with ``CREATE INDEX CONCURRENTLY``: its name, and what follows ``ON`` (the
+    table, and the columns in parentheses)."""
+
+    name: str
+    on: str
+
+
 class Migration(NamedTuple):
     version: int
+    # Run in the migrations' transaction. Empty for a migration of indexes.
     sql: str
     # Whether code that predates it cannot operate on the schema it leaves: applying it raises the
     # database's compatibility floor (relay_schema_floor) to its version.
     breaks_older: bool = False
+    # Built one after the other outside any transaction, after the migrations before it are
+    # committed; a migration has SQL or indexes, not both, and adding an index breaks nothing.
+    indexes: tuple[Index, ...] = ()
 
 
 MIGRATIONS: list[Migration] = [
@@ -456,13 +477,23 @@ MIGRATIONS: list[Migration] = [
     ),
     Migration(
         16,
-        """
-        -- The recoveries listing's order: a page is read along it, not sorted out of every run of
-        -- the app (relay.store.recoveries.recovery_page).
-        CREATE INDEX recoveries_by_created ON recoveries (org, app, created_at, run, id);
-        -- The audit log by action (the console's Action filter, GET /audit?action=): an action
-        -- rare in a log of recoveries is found among its own entries, not the whole log.
-        CREATE INDEX audit_by_action ON audit_log (org, action, id);
-        """,
+        "",
+        indexes=(
+            # The recoveries listing's order: a page is read along it, not sorted out of every run
+            # of the app (relay.store.recoveries.recovery_page).
+            Index("recoveries_by_created", "recoveries (org, app, created_at, run, id)"),
+            # The audit log by action (the console's Action filter, GET /audit?action=): an action
+            # rare in a log of recoveries is found among its own entries, not the whole log.
+            Index("audit_by_action", "audit_log (org, action, id)"),
+        ),
+    ),
+    Migration(
+        17,
+        "",
+        indexes=(
+            # The audit log of one executor without its app (GET /audit?executor=, the CLI's
+            # --executor): audit_by_executor leads with the app and serves only a filter that names it.
+            Index("audit_by_executor_id", "audit_log (org, executor_id, id)"),
+        ),
     ),
 ]

@@ -1,0 +1,230 @@
+"""Migrations of indexes (relay/store/migrations.py): built ``CONCURRENTLY``, outside the
+migrations' transaction, so the instances still running during a rolling upgrade keep writing;
+once across instances starting together; begun again after a build cut short.
+
+A transaction left open by the test (a slow write of an instance still running) makes
+``CREATE INDEX CONCURRENTLY`` wait for it, which holds a build in the middle for as long as the
+test needs: to write beside it, to start a second instance, or to terminate it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from harness.postgres import Postgres
+from harness.waiting import assert_eventually
+from relay.errors import DatabaseError
+from relay.store import db as db_module
+from relay.store.audit import audit_page
+from relay.store.db import Database
+from relay.store.migrations import MIGRATIONS, Migration
+from tests.test_upgrade import schema_versions
+
+AT_15 = [m for m in MIGRATIONS if m.version <= 15]
+NEW = [m.version for m in MIGRATIONS if m.version > 15]
+# Migration 16 as it was first written (never released): its indexes built in the transaction.
+FIRST_16 = Migration(
+    16,
+    """CREATE INDEX recoveries_by_created ON recoveries (org, app, created_at, run, id);
+       CREATE INDEX audit_by_action ON audit_log (org, action, id);""",
+)
+# Writes of Relay 0.2.0, still running during the upgrade (its relay/recoveries.py, as released).
+OLD_AUDIT = """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail, dedupe_key)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING"""
+OLD_RECOVERY = """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                  VALUES (%s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING"""
+
+
+async def _migrate(url: str, migrations: list[Migration] | None = None, instances: int = 1) -> list[list[int]]:
+    saved = db_module.MIGRATIONS
+    if migrations is not None:
+        db_module.MIGRATIONS = migrations
+    dbs = [Database(url, min_size=1, max_size=1) for _ in range(instances)]
+    try:
+        for db in dbs:
+            await db.open()
+        return list(await asyncio.gather(*(db.migrate() for db in dbs)))
+    finally:
+        db_module.MIGRATIONS = saved
+        for db in dbs:
+            await db.close()
+
+
+def migrate(url: str, migrations: list[Migration] | None = None) -> list[int]:
+    return asyncio.run(_migrate(url, migrations))[0]
+
+
+def at_15(postgres: Postgres, name: str, rows: int = 2_000) -> str:
+    """A database a release with migrations 1 to 15 made, with ``rows`` audit entries."""
+    url = postgres.create_database(name)
+    assert migrate(url, AT_15) == [m.version for m in AT_15]
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor)
+               SELECT 'acme', 'app-' || (i %% 20), 'executor.connected', 'ex-' || (i %% 200), 'relay'
+               FROM generate_series(1, %s) AS i""",
+            (rows,),
+        )
+    return url
+
+
+class InBackground:
+    """Call ``run`` in a thread; :meth:`result` waits for it and returns or raises what it did."""
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        self._outcome: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(run,), daemon=True)
+        self._thread.start()
+
+    def _run(self, run: Callable[[], Any]) -> None:
+        try:
+            self._outcome.append(("value", run()))
+        except BaseException as exc:  # handed to the test's thread
+            self._outcome.append(("error", exc))
+
+    def result(self, timeout: float = 60) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the migration did not end"
+        kind, value = self._outcome[0]
+        if kind == "error":
+            raise value
+        return value
+
+
+def open_write(url: str) -> psycopg.Connection[Any]:
+    """A transaction of an instance still running that wrote and has not committed yet."""
+    conn = psycopg.connect(url)
+    conn.execute(OLD_AUDIT, ("acme", "app-0", "executor.connected", "slow", None, "relay", Jsonb({}), "slow:1"))
+    conn.execute(OLD_RECOVERY, ("slow", "acme", "app-0", "slow", "v1", 1, "grace_period"))
+    return conn
+
+
+def index_builds(url: str) -> list[tuple[int, str]]:
+    """The backends building an index of ``url``'s database and waiting on a lock: pid, statement."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT pid, query FROM pg_stat_activity
+               WHERE datname = current_database() AND query ILIKE '%%CREATE INDEX%%' AND wait_event_type = 'Lock'
+               AND pid <> pg_backend_pid()"""
+        ).fetchall()
+    return [(int(pid), str(query)) for pid, query in rows]
+
+
+def lock_pollers(url: str) -> int:
+    """The backends that last asked for the migrations' lock and did not get it (polling for it)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle'
+               AND query LIKE 'SELECT pg_try_advisory_lock%%'
+               AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"""
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def invalid_indexes(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def indexes(url: str) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'").fetchall()
+    return {str(name): str(definition) for name, definition in rows}
+
+
+def old_release_writes(url: str, n: int) -> None:
+    """Writes of 0.2.0, each its own transaction, that give up if a lock holds them for a second."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '1s'")
+        for i in range(n):
+            conn.execute(OLD_AUDIT, ("acme", "app-1", "executor.dead", f"old-{i}", None, "relay", Jsonb({}), f"o:{i}"))
+            conn.execute(OLD_RECOVERY, (f"old-{i}", "acme", "app-1", f"old-{i}", "v1", i, "grace_period"))
+
+
+def test_two_instances_starting_on_a_database_at_15_build_the_indexes_once_as_older_writes_go_on(
+    postgres: Postgres,
+) -> None:
+    url = at_15(postgres, "index_once")
+    slow = open_write(url)
+    try:
+        both = InBackground(lambda: asyncio.run(_migrate(url, instances=2)))
+        # One instance builds, held by the slow write; the other waits for the migrations' lock.
+        ((_, query),) = assert_eventually(lambda: index_builds(url), 20)
+        # Meanwhile the older instance's writes to both tables go on (a build inside the
+        # migrations' transaction would hold them behind it: lock_timeout).
+        old_release_writes(url, 5)
+        assert "CONCURRENTLY" in query, query
+        assert_eventually(lambda: lock_pollers(url) == 1, 10)
+    finally:
+        slow.commit()
+        slow.close()
+    assert sorted(both.result()) == [[], NEW]
+    assert schema_versions(url) == [m.version for m in MIGRATIONS]
+    assert invalid_indexes(url) == []
+    assert {"recoveries_by_created", "audit_by_action", "audit_by_executor_id"} <= set(indexes(url))
+    assert migrate(url) == []
+
+
+def test_a_build_killed_midway_is_dropped_and_built_again_at_the_next_start(
+    postgres: Postgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = at_15(postgres, "index_killed")
+    slow = open_write(url)
+    try:
+        run = InBackground(lambda: migrate(url))
+        ((pid, query),) = assert_eventually(lambda: index_builds(url), 20)
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+        with pytest.raises(DatabaseError, match="migrating the database"):
+            run.result()
+    finally:
+        slow.commit()
+        slow.close()
+    # The build left its index INVALID and the version unrecorded.
+    (left,) = invalid_indexes(url)
+    assert left in query, (left, query)
+    assert schema_versions(url) == [m.version for m in AT_15]
+
+    with caplog.at_level(logging.INFO, logger="relay.db"):
+        assert migrate(url) == NEW
+    assert f"index {left} was left invalid by a build cut short: dropping it to build it again" in caplog.text
+    assert invalid_indexes(url) == []
+    assert schema_versions(url) == [m.version for m in MIGRATIONS]
+    assert indexes(url) == indexes(fresh(postgres, "index_fresh"))
+
+
+def fresh(postgres: Postgres, name: str) -> str:
+    url = postgres.create_database(name)
+    migrate(url)
+    return url
+
+
+def test_the_schema_is_the_same_whether_16_was_applied_as_first_written_or_concurrently(postgres: Postgres) -> None:
+    first = at_15(postgres, "index_first_16", rows=10)
+    assert migrate(first, [*AT_15, FIRST_16]) == [16]
+    assert migrate(first) == [v for v in NEW if v > 16]
+    assert indexes(first) == indexes(fresh(postgres, "index_new_16"))
+
+
+def test_the_audit_of_one_executor_without_its_app_is_read_along_its_own_index(postgres: Postgres) -> None:
+    """``GET /audit?executorId=`` without ``app``: migration 17's index gives the page in id order
+    (PostgreSQL 18 would otherwise skip-scan audit_by_executor over every app, then sort)."""
+    url = at_15(postgres, "index_plan", rows=20_000)
+    migrate(url)
+    params = dict.fromkeys(("app", "since", "action", "until"))
+    params.update({"org": "acme", "executor": "ex-7", "limit": 100, "offset": 0})
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE audit_log")
+        print(conn.execute("SHOW server_version").fetchone())
+        for newest_first in (False, True):
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + audit_page(newest_first), params).fetchall())
+            assert "Index Scan" in plan and "audit_by_executor_id" in plan and "Sort" not in plan, plan
