@@ -228,3 +228,42 @@ def test_the_audit_of_one_executor_without_its_app_is_read_along_its_own_index(p
         for newest_first in (False, True):
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + audit_page(newest_first), params).fetchall())
             assert "Index Scan" in plan and "audit_by_executor_id" in plan and "Sort" not in plan, plan
+
+
+def test_an_earlier_release_waiting_for_the_lock_in_a_transaction_does_not_stop_the_build(postgres: Postgres) -> None:
+    """An instance of an earlier release (0.2.0, or a build before this one) starting meanwhile
+    waits for the migrations' lock inside a transaction: the build waits for that transaction, which
+    waits for the lock the build's session holds. PostgreSQL breaks the deadlock by cancelling the
+    build; the runner lets the lock go for the earlier release to see its migrations done, then
+    takes it again and builds."""
+    url = at_15(postgres, "index_deadlock")
+    slow = open_write(url)
+    earlier: list[object] = []
+
+    def earlier_release() -> None:
+        with psycopg.connect(url) as conn:  # one transaction, as releases before this one migrated
+            # PostgreSQL cancels one of the two: the build here (a waiter that checks first is
+            # cancelled instead, and that release's start fails, as it would on any deadlock).
+            conn.execute("SET deadlock_timeout = '60s'")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (db_module.MIGRATION_LOCK_KEY,))
+            earlier.append(conn.execute("SELECT max(version) FROM relay_schema_migrations").fetchone())
+
+    try:
+        run = InBackground(lambda: migrate(url))
+        assert_eventually(lambda: index_builds(url), 20)
+        waiter = InBackground(earlier_release)
+        assert_eventually(lambda: lock_waiters(url) == 1, 10)
+    finally:
+        slow.commit()
+        slow.close()
+    assert run.result() == NEW
+    waiter.result()
+    assert earlier == [(15,)]
+    assert invalid_indexes(url) == []
+    assert schema_versions(url) == [m.version for m in MIGRATIONS]
+
+
+def lock_waiters(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()
+    return int(row[0]) if row else 0

@@ -122,7 +122,7 @@ def hastily() -> Iterator[None]:
 # How often an instance looks again for the migrations' lock another holds, and after how long it says so.
 MIGRATION_POLL_SECS = 0.2
 MIGRATION_WAIT_NOTICE_SECS = 5.0
-# Times an index build is begun again after PostgreSQL broke a deadlock by cancelling it.
+# Times the migrations are begun again after PostgreSQL broke a deadlock by cancelling an index build.
 INDEX_BUILD_ATTEMPTS = 3
 
 
@@ -145,28 +145,19 @@ async def _build_index(conn: psycopg.AsyncConnection[dict[str, Any]], index: Ind
     transaction), unless it is there and valid. One left ``INVALID`` by a build cut short is
     dropped and built again."""
     name = sql.Identifier(index.name)
-    for attempt in range(1, INDEX_BUILD_ATTEMPTS + 1):
-        cur = await conn.execute(
-            "SELECT indisvalid AS valid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index.name,)
-        )
-        row = await cur.fetchone()
-        if row is not None and row["valid"]:
-            return
-        if row is not None:
-            log.warning("index %s was left invalid by a build cut short: dropping it to build it again", index.name)
-            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
-        log.info("building index %s concurrently", index.name)
-        started = time.monotonic()
-        try:
-            await conn.execute(sql.SQL("CREATE INDEX CONCURRENTLY {} ON " + index.on).format(name))
-        except psycopg.errors.DeadlockDetected:
-            # An instance of an earlier release waiting on the lock inside a transaction.
-            if attempt == INDEX_BUILD_ATTEMPTS:
-                raise
-            log.warning("building index %s was cancelled to break a deadlock: building it again", index.name)
-            continue
-        log.info("built index %s in %.1f s", index.name, time.monotonic() - started)
+    cur = await conn.execute(
+        "SELECT indisvalid AS valid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index.name,)
+    )
+    row = await cur.fetchone()
+    if row is not None and row["valid"]:
         return
+    if row is not None:
+        log.warning("index %s was left invalid by a build cut short: dropping it to build it again", index.name)
+        await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+    log.info("building index %s concurrently", index.name)
+    started = time.monotonic()
+    await conn.execute(sql.SQL("CREATE INDEX CONCURRENTLY {} ON " + index.on).format(name))
+    log.info("built index %s in %.1f s", index.name, time.monotonic() - started)
 
 
 class Database:
@@ -395,11 +386,23 @@ class Database:
         A database that holds migrations this release does not know (a newer release migrated it)
         is checked against its compatibility floor (:mod:`relay.store.migrations`): below it, this
         raises :class:`StartupError` having changed nothing; at or above it, a warning is logged."""
-        try:
-            async with self._migration_lock() as conn:
-                return await self._migrate(conn)
-        except psycopg.Error as exc:
-            raise DatabaseError(f"migrating the database: {exc}") from exc
+        for attempt in range(1, INDEX_BUILD_ATTEMPTS + 1):
+            try:
+                async with self._migration_lock() as conn:
+                    return await self._migrate(conn)
+            except psycopg.errors.DeadlockDetected as exc:
+                # An instance of an earlier release waits for the lock inside a transaction, which
+                # the index build waits for in turn: PostgreSQL cancelled the build. The lock is let
+                # go (the connection closed) for that instance to see its migrations done, then
+                # taken again; the index left invalid is built again.
+                if attempt == INDEX_BUILD_ATTEMPTS:
+                    raise DatabaseError(f"migrating the database: {exc}") from exc
+                log.warning("an index build was cancelled to break a deadlock with another instance waiting "
+                            "for the migrations' lock; letting the lock go, then building it again")  # fmt: skip
+                await asyncio.sleep(MIGRATION_POLL_SECS)
+            except psycopg.Error as exc:
+                raise DatabaseError(f"migrating the database: {exc}") from exc
+        raise AssertionError("unreachable")
 
     @asynccontextmanager
     async def _migration_lock(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
