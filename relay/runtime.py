@@ -262,6 +262,23 @@ class Runtime:
             reconciled=self.reconciled,
         )
 
+    async def _warn_unleased(self) -> None:
+        """Instances of 0.2.0 (no lease) that hold executors or workflows: nobody adopts them, so
+        their executors and the grace periods and recoveries they began wait for an instance with
+        their id. Said once per start, for each."""
+        for other in await self.instances.unleased():
+            log.warning(
+                "instance %s has no lease (Relay 0.2.0, which predates leases) and holds %d executor "
+                "record(s), %d of them HEALTHY, and %d pending workflow(s): no instance adopts it. While it "
+                "runs, this is a rolling upgrade's normal state; once it has stopped, start this release "
+                "with RELAY_INSTANCE_ID=%s to take its executors, grace periods and recoveries over",
+                other.instance,
+                other.executors,
+                other.healthy,
+                other.pending_workflows,
+                other.instance,
+            )
+
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
@@ -278,6 +295,7 @@ class Runtime:
         stale = await self.executors.instance_lost(self.instance_id)
         if stale:
             log.info("marked %d executors of a previous run of instance %s DISCONNECTED", stale, self.instance_id)
+        await self._warn_unleased()
         # DBOS resumes this instance's pending workflows (grace periods, recoveries)
         # as it launches; then every DISCONNECTED executor gets its grace period.
         self.router.start()

@@ -18,8 +18,10 @@ import psycopg
 import pytest
 
 from harness.executors import Evidence
+from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from tests.test_upgrade import RELEASE, StartExecutor, all_outcomes, schema_versions, ts
 
@@ -144,3 +146,29 @@ def test_a_grace_period_0_2_0_takes_off_this_releases_queue_is_made_up_for_by_th
     finally:
         new.stop()
         old.stop()
+
+
+def test_an_instance_of_0_2_0_that_no_instance_will_adopt_is_named_at_start(tmp_path: Path, relay_db: str) -> None:
+    """0.2.0 predates leases: an instance of it that stopped (here, killed with an executor on it)
+    is adopted by nobody. Its executors stay HEALTHY and what it began waits for an instance with
+    its id (0.2.0's default id, hostname:port, changes with the container): the new release says so."""
+    old = RelayProcess(release_home(tmp_path, "relay-0.2.0"), relay_db, relay_yaml(free_port()), "relay-old").start()
+    url = f"ws://127.0.0.1:{old.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "left-behind", "answer"):
+        assert_eventually(lambda: old.state_of("acme", "ledger", "left-behind") == "HEALTHY", 10)
+        old.signal(signal.SIGKILL)
+        assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+    new = RelayProcess(tmp_path, relay_db, relay_yaml(free_port()), "relay-new")
+    try:
+        new.start()
+        assert new.state_of("acme", "ledger", "left-behind") == "HEALTHY"  # nobody will say otherwise
+    finally:
+        new.stop()
+    warning = (
+        "WARNING relay: instance relay-old has no lease (Relay 0.2.0, which predates leases) and holds 1 executor "
+        "record(s), 1 of them HEALTHY, and 0 pending workflow(s): no instance adopts it. While it runs, this is a "
+        "rolling upgrade's normal state; once it has stopped, start this release with RELAY_INSTANCE_ID=relay-old "
+        "to take its executors, grace periods and recoveries over"
+    )
+    assert new.log().count(warning) == 1, new.log()
+    assert "instance relay-new has no lease" not in new.log()

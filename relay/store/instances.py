@@ -65,10 +65,46 @@ class Adoption:
     per_org: dict[str, int] = field(default_factory=dict)  # executors moved, by org
 
 
+@dataclass(frozen=True)
+class Unleased:
+    """An instance that holds executors or pending workflows and has never held a lease: one of
+    Relay 0.2.0, which predates leases. No instance adopts it (README "Upgrading")."""
+
+    instance: str
+    executors: int
+    healthy: int
+    pending_workflows: int
+
+
 class InstanceStore:
     def __init__(self, db: Database, executors: ExecutorStore) -> None:
         self.db = db
         self.executors = executors
+
+    async def unleased(self) -> list[Unleased]:
+        """The instances without a lease row that own executors' records or pending DBOS workflows."""
+        async with self.db.connection() as conn:
+            pending = (
+                """SELECT executor_id AS instance, count(*) AS n FROM dbos.workflow_status
+                   WHERE status = 'PENDING' AND executor_id IS NOT NULL GROUP BY 1"""
+                if await dbos_ran(conn)
+                else "SELECT NULL::text AS instance, 0::bigint AS n WHERE false"
+            )
+            cur = await conn.execute(
+                f"""WITH owners AS (
+                        SELECT relay_instance AS instance, count(*) AS executors,
+                               count(*) FILTER (WHERE state = 'HEALTHY') AS healthy
+                        FROM executors GROUP BY 1),
+                    pending AS MATERIALIZED ({pending})
+                    SELECT coalesce(o.instance, p.instance) AS instance, coalesce(o.executors, 0) AS executors,
+                           coalesce(o.healthy, 0) AS healthy, coalesce(p.n, 0) AS pending
+                    FROM owners o FULL JOIN pending p ON p.instance = o.instance
+                    WHERE NOT EXISTS (SELECT 1 FROM relay_instances i
+                                      WHERE i.instance_id = coalesce(o.instance, p.instance))
+                    ORDER BY 1"""
+            )
+            rows = await cur.fetchall()
+        return [Unleased(str(r["instance"]), int(r["executors"]), int(r["healthy"]), int(r["pending"])) for r in rows]
 
     async def expired(self, instance_id: str) -> list[tuple[str, int]]:
         """(instance, lease epoch) of the others whose lease expired and that nobody adopted yet."""
