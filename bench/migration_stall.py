@@ -42,10 +42,20 @@ OLD_AUDIT_INSERT = """INSERT INTO audit_log (org, app, action, executor_id, peer
                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING"""
 
 
+# 0.2.0's relay/registry.py, Registry.connected (its other columns left to their defaults).
+OLD_CONNECTED = """INSERT INTO executors AS e (org, app, executor_id, state, application_version, connected_at,
+                        relay_instance)
+                   VALUES ('acme', 'app-0', %s, 'HEALTHY', 'v1', now(), 'relay-old')
+                   ON CONFLICT (org, app, executor_id) DO UPDATE SET state = 'HEALTHY', epoch = e.epoch + 1,
+                        connected_at = now(), relay_instance = EXCLUDED.relay_instance"""
+
+
 def as_one_transaction(migrations: list[Migration]) -> list[Migration]:
     """``migrations`` with each migration of indexes written as plain SQL, run in the transaction."""
     return [
-        Migration(m.version, "".join(f"CREATE INDEX {i.name} ON {i.on};" for i in m.indexes)) if m.indexes else m
+        Migration(m.version, "".join(f"CREATE INDEX IF NOT EXISTS {i.name} ON {i.on};" for i in m.indexes))
+        if m.indexes
+        else m
         for m in migrations
     ]
 
@@ -82,40 +92,45 @@ def seed(url: str, rows: int, apps: int, executors: int) -> None:
         conn.execute("VACUUM ANALYZE recoveries")
 
 
-def old_release_writes(url: str, stop: threading.Event, latencies: list[float]) -> None:
+def old_release_writes(url: str, stop: threading.Event, latencies: list[tuple[float, float]]) -> None:
+    """0.2.0's writes as an executor connects: its record (upserted), then an audit entry."""
     with psycopg.connect(url, autocommit=True) as conn:
         n = 0
         while not stop.is_set():
             n += 1
             began = time.perf_counter()
+            conn.execute(OLD_CONNECTED, (f"old-{n % 50}",))
             conn.execute(
                 OLD_AUDIT_INSERT,
                 ("acme", "app-0", "executor.connected", f"old-{n}", None, "relay", Jsonb({}), f"old:{n}"),
             )
-            latencies.append(time.perf_counter() - began)
+            latencies.append((began, time.perf_counter() - began))
             time.sleep(0.002)
 
 
-def stall(pg: Postgres, mode: str, rows: int, apps: int, executors: int) -> str:
+def stall(pg: Postgres, mode: str, rows: int, apps: int, executors: int, base: int) -> str:
     url = pg.create_database(f"stall_{mode}")
-    asyncio.run(migrate(url, MIGRATIONS[:15]))
+    asyncio.run(migrate(url, [m for m in MIGRATIONS if m.version <= base]))
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO orgs (name) VALUES ('acme')")
+        conn.execute("INSERT INTO apps (org, name, executor_timeout_secs) VALUES ('acme', 'app-0', 30)")
     seed(url, rows, apps, executors)
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     stop = threading.Event()
     writer = threading.Thread(target=old_release_writes, args=(url, stop, latencies))
     writer.start()
     time.sleep(0.5)
-    before = len(latencies)
     began = time.perf_counter()
     applied = asyncio.run(migrate(url, MIGRATIONS if mode == "concurrently" else as_one_transaction(MIGRATIONS)))
     took = time.perf_counter() - began
-    during = latencies[before:]
     time.sleep(0.3)
     stop.set()
     writer.join()
-    assert applied == [16, 17], applied
+    # Every write begun while the migration ran, however long after it the write ended.
+    during = [latency for start, latency in latencies if began <= start <= began + took]
+    assert applied == [m.version for m in MIGRATIONS if m.version > base], applied
     return (
-        f"{mode:>13}: migrated 16 and 17 in {took:.2f} s; {len(during)} writes meanwhile, "
+        f"{mode:>13}: migrated {base + 1} to {applied[-1]} in {took:.2f} s; {len(during)} writes meanwhile, "
         f"the longest {max(during) * 1000:.0f} ms (median {sorted(during)[len(during) // 2] * 1000:.1f} ms)"
     )
 
@@ -157,12 +172,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--apps", type=int, default=50)
     parser.add_argument("--executors", type=int, default=2_000)
+    parser.add_argument("--base", type=int, default=15, help="the schema migrated from (2: Relay 0.2.0's)")
     args = parser.parse_args()
     print_machine()
     pg = Postgres()
     try:
         for mode in ("transaction", "concurrently"):
-            print(stall(pg, mode, args.rows, args.apps, args.executors), flush=True)
+            print(stall(pg, mode, args.rows, args.apps, args.executors, args.base), flush=True)
         url = pg.create_database("plans")
         asyncio.run(migrate(url, MIGRATIONS[:15]))
         seed(url, args.rows, args.apps, args.executors)

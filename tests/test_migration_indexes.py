@@ -118,6 +118,16 @@ def index_builds(url: str) -> list[tuple[int, str]]:
     return [(int(pid), str(query)) for pid, query in rows]
 
 
+def lock_waits(url: str) -> list[tuple[int, str]]:
+    """The backends of ``url``'s database waiting on a lock: pid, statement."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT pid, query FROM pg_stat_activity
+               WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"""
+        ).fetchall()
+    return [(int(pid), str(query)) for pid, query in rows]
+
+
 def lock_pollers(url: str) -> int:
     """The backends that last asked for the migrations' lock and did not get it (polling for it)."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -208,11 +218,65 @@ def fresh(postgres: Postgres, name: str) -> str:
     return url
 
 
+# What migrations 7 and 9 built in the transaction as first written (never released); 16 builds them now.
+FIRST_7_AND_9 = """CREATE INDEX audit_by_at ON audit_log (at);
+                   CREATE INDEX recoveries_by_updated ON recoveries (updated_at);
+                   CREATE INDEX audit_by_executor ON audit_log (org, app, executor_id, id);"""
+
+
 def test_the_schema_is_the_same_whether_16_was_applied_as_first_written_or_concurrently(postgres: Postgres) -> None:
+    """A database an unreleased build migrated to 16 (7, 9 and 16 building their indexes in the
+    transaction) runs 17 only and ends with the schema a fresh one gets."""
     first = at_15(postgres, "index_first_16", rows=10)
+    with psycopg.connect(first) as conn:
+        conn.execute(FIRST_7_AND_9)
     assert migrate(first, [*AT_15, FIRST_16]) == [16]
     assert migrate(first) == [v for v in NEW if v > 16]
-    assert indexes(first) == indexes(fresh(postgres, "index_new_16"))
+    at_15_before = at_15(postgres, "index_first_15", rows=10)
+    with psycopg.connect(at_15_before) as conn:
+        conn.execute(FIRST_7_AND_9)
+    assert migrate(at_15_before) == NEW
+    assert indexes(first) == indexes(at_15_before) == indexes(fresh(postgres, "index_new_16"))
+
+
+# 0.2.0's relay/registry.py, Registry.connected (the columns it leaves to their defaults left out).
+OLD_CONNECTED = """INSERT INTO executors AS e (org, app, executor_id, state, application_version, connected_at,
+                        relay_instance)
+                   VALUES ('acme', 'ledger', %s, 'HEALTHY', 'v1', now(), 'relay-old')
+                   ON CONFLICT (org, app, executor_id) DO UPDATE SET state = 'HEALTHY', epoch = e.epoch + 1,
+                        connected_at = now(), relay_instance = EXCLUDED.relay_instance"""
+
+
+def test_an_upgrade_from_0_2_0_indexes_the_audit_log_outside_the_transaction(postgres: Postgres) -> None:
+    """From 0.2.0's schema (1 and 2), migrations 3 to 15 alter ``executors`` in their transaction
+    (its lock held to the commit): the audit log's indexes are built after it, concurrently, so
+    the running 0.2.0 instances' executors and audit entries are written meanwhile."""
+    url = postgres.create_database("index_from_0_2_0")
+    assert migrate(url, MIGRATIONS[:2]) == [1, 2]
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO orgs (name) VALUES ('acme')")
+        conn.execute("INSERT INTO apps (org, name, executor_timeout_secs) VALUES ('acme', 'ledger', 30)")
+        conn.execute(OLD_CONNECTED, ("before",))
+    slow = psycopg.connect(url)  # an audit entry of 0.2.0 being written
+    slow.execute(OLD_AUDIT, ("acme", "ledger", "executor.dead", "slow", None, "relay", Jsonb({}), "slow:1"))
+    try:
+        run = InBackground(lambda: migrate(url))
+        # The migration waits for the slow write: in its transaction (migration 7's text, too long
+        # for pg_stat_activity to show its CREATE INDEX), or building an index concurrently after it.
+        ((_, query),) = assert_eventually(lambda: lock_waits(url), 20)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '1s'")
+            for i in range(3):
+                conn.execute(OLD_CONNECTED, (f"during-{i}",))
+                conn.execute(OLD_AUDIT, ("acme", "ledger", "executor.connected", f"during-{i}", None, "relay",
+                                         Jsonb({}), f"during:{i}"))  # fmt: skip
+        assert "CONCURRENTLY" in query, query
+        assert schema_versions(url)[-1] == 15  # 3 to 15 committed, their locks let go
+    finally:
+        slow.commit()
+        slow.close()
+    assert run.result() == list(range(3, MIGRATIONS[-1].version + 1))
+    assert invalid_indexes(url) == []
 
 
 def test_the_audit_of_one_executor_without_its_app_is_read_along_its_own_index(postgres: Postgres) -> None:

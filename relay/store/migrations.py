@@ -288,8 +288,7 @@ MIGRATIONS: list[Migration] = [
         -- a NUL character, which an executor may send inside a string.
         ALTER TABLE relay_rpc ALTER COLUMN request TYPE text USING request::text;
         ALTER TABLE relay_rpc ALTER COLUMN reply TYPE text USING reply::text;
-        CREATE INDEX audit_by_at ON audit_log (at);
-        CREATE INDEX recoveries_by_updated ON recoveries (updated_at);
+        -- (Its indexes audit_by_at and recoveries_by_updated are built by migration 16.)
         """,
         # 0.2.0 reads and writes the table keys, dropped here (it predates the floor and does not
         # read it: it fails with 'relation "keys" does not exist').
@@ -368,8 +367,7 @@ MIGRATIONS: list[Migration] = [
         CREATE TRIGGER executors_changed BEFORE UPDATE ON executors
             FOR EACH ROW EXECUTE FUNCTION relay_executor_changed();
         CREATE INDEX executors_by_change ON executors (change_seq);
-        -- A recovery's timeline, and the audit log of one executor, without reading the org's whole log.
-        CREATE INDEX audit_by_executor ON audit_log (org, app, executor_id, id);
+        -- (Its index audit_by_executor is built by migration 16.)
         """,
     ),
     Migration(
@@ -479,6 +477,16 @@ MIGRATIONS: list[Migration] = [
         16,
         "",
         indexes=(
+            # First written in migrations 7 and 9, unreleased, which built them in the transaction:
+            # upgrading from 0.2.0 held its running instances' writes (ALTER TABLE executors locks
+            # the table until the commit) for as long as the audit log took to index, twice. A
+            # database migrated by those builds has them already; each is built only if missing.
+            # Retention by age (relay.store.retention) reads the log and the recoveries by time.
+            Index("audit_by_at", "audit_log (at)"),
+            Index("recoveries_by_updated", "recoveries (updated_at)"),
+            # A recovery's timeline, and the audit log of one executor, without reading the org's
+            # whole log.
+            Index("audit_by_executor", "audit_log (org, app, executor_id, id)"),
             # The recoveries listing's order: a page is read along it, not sorted out of every run
             # of the app (relay.store.recoveries.recovery_page).
             Index("recoveries_by_created", "recoveries (org, app, created_at, run, id)"),
