@@ -81,7 +81,7 @@ def served(relay: RelayProcess) -> bool:
 
 
 def refused_together(relay: RelayProcess, n: int) -> list[httpx.Response]:
-    """``n`` requests at once, each waiting out the pool's wait for a connection."""
+    """``n`` requests at once, each refused while the database is away."""
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(lambda _: get(relay, "/v2/orgs/acme/apps"), range(n)))
 
@@ -100,7 +100,16 @@ def test_an_outage_logs_one_warning_per_instance_and_one_line_with_the_count_whe
     assert {r.json()["error"]["code"] for r in answers} == {"database_unavailable"}
     relay_pg.start()
     for relay, refused in ((first, 3), (second, 2)):
-        assert_eventually(lambda relay=relay: served(relay), 30, interval=0.2, what=f"{relay.instance_id} serves")
+        # Until the database answers again, a request is refused at once: the polls refused count too.
+        polls: list[int] = []
+
+        def serves(relay: RelayProcess = relay, polls: list[int] = polls) -> bool:
+            answer = get(relay, "/v2/orgs/acme/apps")
+            polls.append(answer.status_code)
+            return answer.status_code == 200
+
+        assert_eventually(serves, 30, interval=0.2, what=f"{relay.instance_id} serves")
+        refused += polls.count(503)
         log = relay.log()
         # One warning, with the database's own words, for the outage's first refusal.
         warnings = [line for line in log.splitlines() if WARNING_AT_START.search(line)]
