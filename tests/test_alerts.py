@@ -39,7 +39,7 @@ from relay.core.alerts import AuditFact, Kind, Observed, Rule, alerts_for_event
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
-from relay.domain.alerts import ConditionObserver, RuleEvaluations
+from relay.domain.alerts import AlertSender, ConditionObserver, RuleEvaluations
 from relay.metrics import ALERTS_SENT
 from relay.net.webhook import LOOKUP_THREADS, Attempt, WebhookSender
 from relay.store.alerts import AlertStore
@@ -929,12 +929,19 @@ def test_an_app_down_again_soon_after_it_came_back_is_alerted_once_the_interval_
             assert_eventually(lambda: rows("SELECT 1 FROM alert_conditions") == [], 10, what="the episode ended")
         suppressed = assert_eventually(lambda: rows("SELECT idempotency_key FROM alerts WHERE status = 'suppressed'"),
                                        10, what="the second outage held back")  # fmt: skip
-        (first, second) = assert_eventually(lambda: receiver.deliveries("UnresponsiveApplication")[1:] and
-                                            receiver.deliveries("UnresponsiveApplication"), interval + 15)  # fmt: skip
+        (first, second) = assert_eventually(lambda: firing(receiver)[1:] and firing(receiver), interval + 15)
         assert second.payload["idempotencyKey"] == suppressed[0][0]
         assert second.at - before_first_claim >= interval and first.at < second.at
-        assert_eventually(lambda: len(audit(relay, "alert.sent")) == 2, 10)
-    assert len(receiver.deliveries("UnresponsiveApplication")) == 2
+        # The first outage's end is resolved (it was alerted); the second still holds.
+        assert_eventually(lambda: len(audit(relay, "alert.sent")) == 3, 10)
+        (resolved,) = [d.payload for d in receiver.deliveries("UnresponsiveApplication") if d not in firing(receiver)]
+        assert resolved["resolves"] == first.payload["idempotencyKey"]
+    assert len(receiver.deliveries("UnresponsiveApplication")) == 3
+
+
+def firing(receiver: WebhookReceiver, kind: str = "UnresponsiveApplication") -> list[Delivery]:
+    """The deliveries of alerts of ``kind``, not of their resolutions."""
+    return [d for d in receiver.deliveries(kind) if d.payload.get("status") != "resolved"]
 
 
 def test_the_audit_poll_reads_past_a_burst_of_more_than_a_page_of_entries(relay_db: str) -> None:
@@ -1420,3 +1427,87 @@ def test_a_first_delivery_resumed_after_its_late_one_claimed_does_not_send_the_a
     assert late_sent
     assert not resumed_first, "the resumed first delivery sent the alert the late one sends"
     assert resumed_late, "the late delivery's claim step run again still sends"
+
+
+def test_an_alerted_outage_that_ends_is_resolved_once_after_its_alert_even_while_the_receiver_fails(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The app's only executor dies (UnresponsiveApplication) while the receiver answers 503; the app
+    comes back before the alert got through. Once the receiver is back, it gets the alert, then its
+    resolution (never before it), once each, the resolution naming why the outage ended."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "UnresponsiveApplication", "forSecs": 0.5, "webhook": receiver.url(), "secret": YAML_SECRET}]
+        relay = start_relay(alert_config(free_port(), rules, grace=0.5))
+        first = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", first.executor_id) == "HEALTHY", 10)
+        receiver.fail_for(600)
+        first.kill()
+        assert_eventually(lambda: receiver.deliveries("UnresponsiveApplication", accepted=False), 20, what="a 503")
+        second = start_executor(relay.conductor_url)  # the app is back, its alert still undelivered
+        assert_eventually(lambda: audit(relay, "alert.resolved"), 20, what="the episode's end recorded")
+        assert receiver.payloads() == [], "nothing got through while the receiver failed"
+        receiver.fail_until = 0.0
+        sent = assert_eventually(lambda: len(receiver.payloads()) >= 2 and receiver.payloads(), 20, what="both")
+        alert, resolution = sent[:2]
+        assert "status" not in alert and alert["appName"] == "ledger", alert
+        assert resolution["status"] == "resolved" and resolution["resolves"] == alert["idempotencyKey"]
+        assert resolution["idempotencyKey"] == alert["idempotencyKey"] + ":resolved"
+        assert resolution["kind"] == "UnresponsiveApplication" and resolution["appName"] == "ledger"
+        assert "has 1 healthy executor again" in resolution["message"], resolution["message"]
+        assert all(signed(d, YAML_SECRET) for d in receiver.deliveries())
+        assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 2, 10)
+        assert relay.state_of("acme", "ledger", second.executor_id) == "HEALTHY"
+        assert len(receiver.payloads()) == 2, "one alert, one resolution: no repeat once either was sent"
+
+
+def test_an_unresponsive_apps_alert_is_resolved_saying_so_when_retention_forgets_its_executors(
+    relay_db: str,
+) -> None:
+    """An app whose executor records are all gone (each recovery verified) stays unresponsive while
+    their ids are remembered. Once retention prunes them (executorIdsDays), Relay can no longer tell
+    the app ever had executors and stops watching it: the alerted episode ends, and the receiver
+    gets a resolution that says why (not that the app came back), once."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": receiver.url()}]
+        retention = RetentionConfig(executor_ids_days=SHORT_AUDIT_DAYS)
+
+        async def body(db: Database, store: AlertStore) -> tuple[str, list[Any], Attempt]:
+            (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+            observer = ConditionObserver(store, gateway=None)  # type: ignore[arg-type]  # not asked for this kind
+            executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", "only-one")
+            info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+            epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
+            for event in (ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED, ExecutorEvent.RECOVERY_SENT,
+                          ExecutorEvent.RECOVERED):  # fmt: skip
+                assert await executors.apply(key, event, epoch=epoch)
+            down = await observer.observe_why(rule)
+            assert down is not None and len(down[0]) == 1, "records gone, ids remembered: unresponsive"
+            ((alert, _),) = await due_alerts(store, rule, down[0], over=down[1])
+            assert (await store.claim(alert)).send
+            await store.finish(alert, True, 1, None, "x", "d1")
+            pruned = 0
+            deadline = time.monotonic() + 15
+            while not pruned:  # the id is pruned once it is older than executorIdsDays (0.9 s)
+                assert time.monotonic() < deadline, "retention never pruned the executor's id"
+                await asyncio.sleep(0.2)
+                pruned = (await RetentionStore(db).prune(retention)).executor_ids
+            over = await observer.observe_why(rule)
+            assert over is not None and over[0] == []
+            for _ in range(2):  # the episode ends once, however many rounds see it over
+                assert await due_alerts(store, rule, over[0], over=over[1]) == []
+            facts = [f for f in await store.audit_facts(0, 60) if f.action == "alert.resolved"]
+            resolutions = [a for f in facts for a in AlertLoops.alerts_for(f, [])]
+            sender = AlertSender(store, None, WebhookSender(DestinationPolicy.from_entries(["127.0.0.1"]), 2.0, "t"))  # type: ignore[arg-type]
+            try:
+                return alert.idempotency_key, resolutions, await sender.attempt(resolutions[0], 1)
+            finally:
+                sender.webhooks.close()
+
+        key, resolutions, (attempt, _) = with_store(relay_db, rules, body)
+    assert len(resolutions) == 1 and attempt.ok, attempt
+    (payload,) = receiver.payloads("UnresponsiveApplication")
+    assert payload["status"] == "resolved" and payload["resolves"] == key
+    assert payload["idempotencyKey"] == f"{key}:resolved" and payload["appName"] == "ledger"
+    message = payload["message"]
+    assert "no longer remembers any executor" in message and "executorIdsDays" in message, message
+    assert "healthy" not in message, "the app is not known to be back"

@@ -46,6 +46,7 @@ from relay.core.alerts import (
     CONDITION_KINDS,
     EVENT_KINDS,
     EXECUTOR_KINDS,
+    RESOLVED_ACTION,
     Alert,
     AuditFact,
     Kind,
@@ -54,6 +55,7 @@ from relay.core.alerts import (
     alerts_for_event,
     condition_alert,
     hold_secs,
+    resolution_alert,
 )
 from relay.core.peers import backoff
 from relay.domain.alerts import cannot_make
@@ -147,6 +149,47 @@ async def _deliver(alert: dict[str, Any], late: bool) -> str:
     claimed = await claim(alert, late)
     if not claimed["send"]:
         return f"not sent: {claimed['reason']}"
+    return await _attempts(alert, claimed)
+
+
+@relay_step("relay.alert.firing")
+async def firing(resolves: str) -> ClaimRecord:
+    """Where the delivery of the alert a resolution resolves stands: send the resolution once that
+    alert was sent; wait while it is being sent (retrying), lest the resolution arrive first."""
+    svc = services().alerts
+    status = await svc.store.status_of(resolves)
+    settings = svc.settings
+    return {
+        "send": status == "sent",
+        "reason": status or "never claimed",
+        "max_attempts": settings.max_attempts,
+        "retry_initial": settings.retry_initial_secs,
+        "retry_max": settings.retry_max_secs,
+    }
+
+
+@DBOS.workflow(name="relay.alert.resolve", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
+async def resolve(alert: dict[str, Any]) -> str:
+    """The resolution of an alerted condition whose episode ended (``alert:{its key}:resolved``),
+    delivered as an alert is, once the alert it resolves was sent, never before it (its delivery may
+    still be retrying when the episode ends). Not sent when that alert's delivery failed: nobody
+    was told the condition began. A workflow of its own, which an instance of the previous release
+    does not know and leaves to one of this release."""
+    waits = 0
+    while True:
+        state = await firing(alert["resolves"])
+        # The alert's own delivery ends within its attempts' backoff; twice that, for the attempts' time.
+        if state["reason"] != "sending" or waits >= 2 * state["max_attempts"]:
+            break
+        waits += 1
+        await DBOS.sleep_async(backoff(waits, state["retry_initial"], state["retry_max"]))
+    if not state["send"]:
+        return f"not sent: the alert it resolves is {state['reason']}"
+    return await _attempts(alert, state)
+
+
+async def _attempts(alert: dict[str, Any], claimed: ClaimRecord) -> str:
+    """Try until sent, refused for good, or out of attempts; durable sleeps in between."""
     attempt = 0
     while True:
         attempt += 1
@@ -188,13 +231,14 @@ def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:
 
 
 async def due_alerts(
-    store: AlertStore, rule: Rule, observed: list[Observed], reading: int | None = None
+    store: AlertStore, rule: Rule, observed: list[Observed], reading: int | None = None, over: str | None = None
 ) -> list[tuple[Alert, bool]]:
     """Record which subjects hold (unless a reading newer than ``reading`` was recorded first); (alert,
     late) of those due: not yet claimed, or held back by minIntervalSecs and free to go out now
-    (late), the episode still holding."""
+    (late), the episode still holding. An alerted episode that ends is resolved, saying why (``over``,
+    or the kind's own reason): :meth:`AlertStore.settle`."""
     by_key = {seen.key: seen for seen in observed}
-    due = await store.settle(rule, sorted(by_key), hold_secs(rule), reading)
+    due = await store.settle(rule, sorted(by_key), hold_secs(rule), reading, over)
     alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
     keys = [a.idempotency_key for a in alerts]
     claimed = await store.claimed(keys)
@@ -212,15 +256,16 @@ async def _evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     svc = services().alerts
     rule = _rule(data)
     reading = await svc.store.reading()
-    observed = await svc.observer.observe(rule)
-    if observed is None:
+    seen = await svc.observer.observe_why(rule)
+    if seen is None:
         return []
+    observed, over = seen
     # On time, an alert as relay.alerts.evaluate has always checkpointed it (an earlier build resuming
     # a round of relay.alerts.check during a rolling upgrade reads those); late, wrapped, which no
     # alert's own members can be mistaken for. relay.alerts.evaluate_rule checkpoints the same shapes.
     return [
         {"late": a.to_json()} if late else a.to_json()
-        for a, late in await due_alerts(svc.store, rule, observed, reading)
+        for a, late in await due_alerts(svc.store, rule, observed, reading, over)
     ]
 
 
@@ -385,13 +430,13 @@ class AlertLoops:
         after = max(self._cursor, await self.store.cursor())
         facts = await self.read_facts(after)
         now = time.monotonic()
-        found = [a for fact in facts for a in alerts_for_event(fact, rules) if a.workflow_id not in self._started]
+        found = [a for fact in facts for a in self.alerts_for(fact, rules) if a.workflow_id not in self._started]
         claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()
         started = 0
         for alert in found:
             if alert.idempotency_key not in claimed:  # else its delivery runs, or ran, already
                 with SetWorkflowID(alert.workflow_id):
-                    await DBOS.start_workflow_async(deliver, alert.to_json())
+                    await DBOS.start_workflow_async(deliver if alert.resolves is None else resolve, alert.to_json())
                 started += 1
             self._started[alert.workflow_id] = now
         newest = max((fact.id for fact in facts), default=after)
@@ -400,6 +445,14 @@ class AlertLoops:
         self._cursor = max(after, newest)
         self._started = {wid: at for wid, at in self._started.items() if now - at < 2 * OVERLAP_SECS}
         return started
+
+    @staticmethod
+    def alerts_for(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
+        """The alerts an audit entry fires: an event rule's, or the resolution of a condition's alert."""
+        if fact.action == RESOLVED_ACTION:
+            resolution = resolution_alert(fact)
+            return [] if resolution is None else [resolution]
+        return alerts_for_event(fact, rules)
 
     async def _schedule_checks(self) -> None:
         interval = self.settings.check_interval_secs

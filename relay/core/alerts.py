@@ -15,6 +15,11 @@ is the executor's connection epoch for a death, the lease epoch for an
 adoption, the episode for a condition. Its delivery workflow is named after
 it, so an alert found twice (two instances, a repeated scan) is delivered
 once, and a second death of the same executor (a new epoch) is a new alert.
+
+A condition's episode that was alerted and ends (``alert.resolved`` in the
+audit log, written when it ends) is followed by its **resolution**
+(:func:`resolution_alert`): the same rule, kind and subject, the key
+``{the alert's key}:resolved``, and a message saying why it ended.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ EVENT_ACTIONS = {
     "recovery.failed": Kind.RECOVERY_FAILED,
     "relay.instance_adopted": Kind.INSTANCE_ADOPTED,
 }
+# The audit action written when an alerted condition's episode ends: its resolution is delivered.
+RESOLVED_ACTION = "alert.resolved"
 EVENT_KINDS = frozenset(EVENT_ACTIONS.values())
 CONDITION_KINDS = frozenset(Kind) - EVENT_KINDS
 # Conditions asked of the app's executors (the others are read from Relay's registry).
@@ -78,11 +85,14 @@ class Alert:
     subject_key: str  # the subject as one string (with the death's epoch for RecoveryBlocked)
     epoch: str
     message: str
-    at: str  # ISO 8601 UTC: when it happened (an event), or since when it holds (a condition)
+    at: str  # ISO 8601 UTC: when it happened (an event), since when it holds (a condition), or ended
     metadata: dict[str, str] = field(default_factory=dict)
+    resolves: str | None = None  # a resolution: the idempotency key of the alert whose condition ended
 
     @property
     def idempotency_key(self) -> str:
+        if self.resolves is not None:
+            return f"{self.resolves}:resolved"
         return f"{self.rule_id}:{self.subject_key}:{self.epoch}"
 
     @property
@@ -90,14 +100,22 @@ class Alert:
         return f"alert:{self.idempotency_key}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The workflow's input. A firing alert's has the members it always had: an instance of the
+        previous release that recovers its delivery (a rolling upgrade) reads it as its own."""
+        data = asdict(self)
+        if self.resolves is None:
+            del data["resolves"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Alert:
         return cls(**data)
 
     def payload(self) -> dict[str, Any]:
-        """The JSON body of a webhook: the subject's ids at the top level, beside the alert's own members."""
+        """The JSON body of a webhook: the subject's ids at the top level, beside the alert's own
+        members; a resolution adds ``status: resolved`` and the key of the alert it resolves (a
+        firing alert's body is the one it always was, byte for byte, signature included)."""
+        resolution = {} if self.resolves is None else {"status": "resolved", "resolves": self.resolves}
         return {
             "kind": self.kind,
             "org": self.org,
@@ -109,6 +127,7 @@ class Alert:
             "ruleId": self.rule_id,
             "epoch": self.epoch,
             "metadata": self.metadata,
+            **resolution,
         }
 
     def sdk_metadata(self) -> dict[str, str]:
@@ -139,7 +158,7 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     """A body Slack's incoming webhooks accept: ``text`` (the fallback) and ``blocks``. Every string
     put into mrkdwn is :func:`slack_text`: an executor's ids and names are shown, never read by
     Slack as a mention, a broadcast or a link."""
-    title = f"{alert.kind}: {alert.org}/{alert.app}"
+    title = f"{'Resolved: ' if alert.resolves else ''}{alert.kind}: {alert.org}/{alert.app}"
     facts = " · ".join(f"{k}: `{slack_text(v)}`" for k, v in alert.subject.items())
     context = f"{facts} · at {slack_text(alert.at)} · idempotencyKey `{slack_text(alert.idempotency_key)}`"
     return {
@@ -317,6 +336,55 @@ def hold_secs(rule: Rule) -> float:
     if rule.kind in (Kind.UNRESPONSIVE_APPLICATION, Kind.RECOVERY_BLOCKED):
         return float(rule.param("forSecs", 60.0))
     return 0.0
+
+
+def subject_of(kind: Kind, key: str) -> dict[str, str]:
+    """A condition's subject (the ids a webhook's body carries) from its row's key."""
+    if kind is Kind.RECOVERY_BLOCKED:
+        return {"executorId": key.rpartition("@")[0]}  # "{executor}@{epoch of its death}"
+    name = {Kind.UNRESPONSIVE_APPLICATION: "appName", Kind.WORKFLOW_FAILURE: "workflowName"}.get(kind, "queueName")
+    return {name: key}
+
+
+def why_over(rule: Rule, key: str) -> str:
+    """Why a condition no longer holds for the subject ``key``, as its resolution says it (an
+    UnresponsiveApplication's own reasons come from the observer, which reads them)."""
+    if rule.kind is Kind.RECOVERY_BLOCKED:
+        executor = key.rpartition("@")[0]
+        return f"the recovery of executor {executor} is no longer blocked (under way, done, or its record deleted)"
+    if rule.kind is Kind.WORKFLOW_FAILURE:
+        return (f"fewer than {int(rule.param('count', 1))} workflows failed in the last "
+                f"{float(rule.param('windowSecs', 300.0)):g} s")  # fmt: skip
+    if rule.kind is Kind.SLOW_QUEUE:
+        return f"no workflow has waited in {key if key != '*' else 'its queues'} for more than " + (
+            f"{float(rule.param('thresholdSecs', 60.0)):g} s"
+        )
+    return f"app {rule.app} has a healthy executor again"
+
+
+def resolution_alert(fact: AuditFact) -> Alert | None:
+    """The resolution an ``alert.resolved`` entry calls for: the alert it resolves, ended, and why."""
+    detail = fact.detail
+    try:
+        kind, resolves, key = Kind(detail["kind"]), str(detail["resolves"]), str(detail["subjectKey"])
+    except (KeyError, ValueError):
+        return None
+    subject = subject_of(kind, key)
+    what = ", ".join(f"{k} {v}" for k, v in subject.items())
+    reason = str(detail.get("reason", "its condition no longer holds"))
+    return Alert(
+        rule_id=str(detail.get("ruleId", "")),
+        kind=kind.value,
+        org=fact.org,
+        app=fact.app or "",
+        subject=subject,
+        subject_key=key,
+        epoch=str(detail.get("epoch", "")),
+        message=f"Resolved: {kind.value} of app {fact.app} ({what}) is over: {reason}.",
+        at=fact.at,
+        metadata={"status": "resolved", "resolves": resolves, "reason": reason},
+        resolves=resolves,
+    )
 
 
 def condition_alert(rule: Rule, seen: Observed, episode: int, since: str) -> Alert:

@@ -145,13 +145,34 @@ class ConditionObserver:
 
     async def observe(self, rule: Rule) -> list[Observed] | None:
         """The subjects the rule's condition holds for now; None when that cannot be known now."""
+        seen = await self.observe_why(rule)
+        return None if seen is None else seen[0]
+
+    async def observe_why(self, rule: Rule) -> tuple[list[Observed], str | None] | None:
+        """:meth:`observe`, and why the condition holds no longer for a subject it held for (None:
+        the kind's own reason, :func:`why_over`)."""
         if rule.kind is Kind.UNRESPONSIVE_APPLICATION:
-            had, healthy = await self.store.app_executors(rule.org, rule.app)
-            if not had or healthy > 0:  # an app never connected is not unresponsive: it is not there yet
-                return []
-            message = f"App {rule.app} has had no healthy executor for {rule.param('forSecs', 60.0):g} s."
-            metadata = {"application_name": rule.app, "connected_executor_count": "0"}
-            return [Observed({"appName": rule.app}, rule.app, message, metadata)]
+            return await self._unresponsive(rule)
+        observed = await self._observe(rule)
+        return None if observed is None else (observed, None)
+
+    async def _unresponsive(self, rule: Rule) -> tuple[list[Observed], str | None]:
+        had, healthy = await self.store.app_executors(rule.org, rule.app)
+        if not had:
+            # Never connected (not there yet), or every id it had is forgotten: retention prunes an
+            # id not seen for executorIdsDays once its record is gone. An episode that was alerted
+            # ends then, and its resolution says so rather than that the app came back.
+            why = (f"Relay no longer remembers any executor of app {rule.app} (their ids, not seen for "
+                   "retention.executorIdsDays, were pruned), so it stops watching the app until one connects; "
+                   "it is not known to be back")  # fmt: skip
+            return [], why
+        if healthy > 0:
+            return [], f"app {rule.app} has {healthy} healthy executor{'s' if healthy > 1 else ''} again"
+        message = f"App {rule.app} has had no healthy executor for {rule.param('forSecs', 60.0):g} s."
+        metadata = {"application_name": rule.app, "connected_executor_count": "0"}
+        return [Observed({"appName": rule.app}, rule.app, message, metadata)], None
+
+    async def _observe(self, rule: Rule) -> list[Observed] | None:
         if rule.kind is Kind.RECOVERY_BLOCKED:
             wanted = rule.param("reason")
             return [

@@ -654,7 +654,7 @@ const ACTIONS = [
   "schedule.pause", "schedule.resume", "schedule.trigger", "schedule.backfill",
   "application.create", "application.delete", "application.set_latest_version", "settings.updated",
   "retention.sent", "retention.skipped", "retention.checked",
-  "alert.sent", "alert.failed", "alerting_rule.create", "alerting_rule.delete",
+  "alert.sent", "alert.failed", "alert.resolved", "alerting_rule.create", "alerting_rule.delete",
   "token.created", "token.renamed", "token.deleted", "relay.instance_adopted",
 ];
 

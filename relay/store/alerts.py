@@ -28,7 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from relay.config import MAX_SECS, AlertRuleConfig, RelayConfig
-from relay.core.alerts import EVENT_ACTIONS, Alert, AuditFact, Kind, Rule
+from relay.core.alerts import EVENT_ACTIONS, RESOLVED_ACTION, Alert, AuditFact, Kind, Rule, subject_of, why_over
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 
@@ -258,7 +258,7 @@ class AlertStore:
                 {
                     "after": after,
                     "overlap": overlap_secs,
-                    "actions": list(EVENT_ACTIONS),
+                    "actions": [*EVENT_ACTIONS, RESOLVED_ACTION],
                     "limit": limit,
                     "not_before": not_before,
                 },
@@ -291,10 +291,12 @@ class AlertStore:
             return int(row["n"]) if row else 0
 
     async def settle(
-        self, rule: Rule, holding: list[str], hold_secs: float, reading: int | None = None
+        self, rule: Rule, holding: list[str], hold_secs: float, reading: int | None = None, over: str | None = None
     ) -> list[tuple[str, int, str]]:
         """Record which subjects the condition holds for now; returns (subject, episode, since) of
-        those that have held for ``hold_secs``. A subject no longer holding ends its episode.
+        those that have held for ``hold_secs``. A subject no longer holding ends its episode; if
+        the episode was alerted (its alert sent, or being sent), ``alert.resolved`` is written with
+        it, saying why (``over``, or the kind's own reason), for its resolution to be delivered.
 
         ``reading`` (:meth:`reading`, drawn before the condition was read): a reading older than
         one the rule has settled already changes nothing and returns nothing. Evaluations of one
@@ -317,9 +319,7 @@ class AlertStore:
                 if row["settled_reading"] is not None and row["settled_reading"] > reading and not row["ahead"]:
                     return []  # a newer reading settled first
                 await conn.execute("UPDATE alert_rules SET settled_reading = %s WHERE id = %s", (reading, rule.id))
-            await conn.execute(
-                "DELETE FROM alert_conditions WHERE rule_id = %s AND NOT (subject = ANY(%s))", (rule.id, holding)
-            )
+            await self._end_episodes(conn, rule, holding, over)
             await conn.execute(
                 """INSERT INTO alert_conditions (rule_id, subject) SELECT %s, unnest(%s::text[])
                    ON CONFLICT DO NOTHING""",
@@ -331,6 +331,36 @@ class AlertStore:
                 (rule.id, hold_secs),
             )
             return [(r["subject"], int(r["episode"]), _iso(r["since"])) for r in await cur.fetchall()]
+
+    @staticmethod
+    async def _end_episodes(conn: Conn, rule: Rule, holding: list[str], over: str | None) -> None:
+        """End the episodes of the subjects no longer holding, with ``alert.resolved`` for each one
+        alerted: in the same transaction, so that an episode that ends is resolved however the step
+        that ended it fares (it may run again, and find it ended)."""
+        cur = await conn.execute(
+            """WITH ended AS (DELETE FROM alert_conditions WHERE rule_id = %(rule)s AND NOT (subject = ANY(%(held)s))
+                              RETURNING subject, since)
+               SELECT DISTINCT ON (e.subject) e.subject, a.idempotency_key
+               FROM ended e JOIN alerts a ON a.rule_id = %(rule)s AND a.subject = e.subject
+                AND a.status IN ('sending', 'sent') AND a.created_at >= e.since
+               ORDER BY e.subject, a.created_at DESC""",
+            {"rule": rule.id, "held": holding},
+        )
+        for row in await cur.fetchall():
+            subject, key = str(row["subject"]), str(row["idempotency_key"])
+            detail = {
+                "ruleId": rule.id,
+                "kind": rule.kind.value,
+                "resolves": key,
+                "subjectKey": subject,
+                "epoch": key.removeprefix(f"{rule.id}:{subject}:"),
+                "reason": over or why_over(rule, subject),
+                **subject_of(rule.kind, subject),
+            }
+            entry = AuditEntry(
+                RESOLVED_ACTION, "relay", detail.get("executorId"), None, detail, f"{RESOLVED_ACTION}:{key}"
+            )
+            await write_audit(conn, rule.org, rule.app, entry)
 
     async def claimed(self, keys: list[str]) -> set[str]:
         """Which of these idempotency keys a delivery has claimed already."""
@@ -449,6 +479,14 @@ class AlertStore:
                 return Claim(False, f"another alert about {alert.subject_key} went out within minIntervalSecs")
             await conn.execute("UPDATE alert_rules SET last_fired_at = now() WHERE id = %s", (alert.rule_id,))
             return Claim(True, "claimed")
+
+    async def status_of(self, key: str) -> str | None:
+        """Where the delivery of the alert ``key`` stands (``sending``, ``sent``, ``failed``,
+        ``suppressed``), None if no delivery claimed it."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
+            row = await cur.fetchone()
+        return None if row is None else str(row["status"])
 
     async def finish(
         self, alert: Alert, sent: bool, attempts: int, error: str | None, destination: str, dedupe: str
