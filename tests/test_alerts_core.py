@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from relay.config import RelayConfig
+from relay.core import alerts
 from relay.core.alerts import (
     Alert,
     AuditFact,
@@ -275,3 +276,23 @@ def test_rules_relay_yaml_refuses(bad: dict[str, Any]) -> None:
 
 def test_a_listed_private_destination_is_accepted_in_relay_yaml() -> None:
     assert config([{"kind": "ExecutorDead", "webhook": "http://10.0.0.1/x"}], allowed=["10.0.0.0/8"]).orgs
+
+
+def test_a_resolution_names_the_alert_it_resolves_and_a_firing_alerts_input_keeps_its_shape() -> None:
+    """A resolution (from its ``alert.resolved`` entry) has its own key, ``status: resolved`` and
+    the key it resolves in body, metadata and Slack title; a firing alert's workflow input and body
+    have no member they did not have before (an instance of the previous release reads them)."""
+    detail = {"ruleId": "r1", "kind": "RecoveryBlocked", "resolves": "r1:ex@7:7", "subjectKey": "ex@7",
+              "epoch": "7", "reason": "the recovery of executor ex is no longer blocked"}  # fmt: skip
+    resolution = alerts.resolution_alert(fact("alert.resolved", detail=detail))
+    assert resolution is not None and resolution.idempotency_key == "r1:ex@7:7:resolved"
+    assert resolution.subject == {"executorId": "ex"} and resolution.workflow_id == "alert:r1:ex@7:7:resolved"
+    body = json.loads(webhook_body(resolution, "json"))
+    assert body["status"] == "resolved" and body["resolves"] == "r1:ex@7:7" and body["executorId"] == "ex"
+    assert "no longer blocked" in body["message"] and body["metadata"]["reason"] == detail["reason"]
+    assert resolution.sdk_metadata()["status"] == "resolved"
+    assert json.loads(webhook_body(resolution, "slack"))["blocks"][0]["text"]["text"].startswith("Resolved: ")
+    assert Alert.from_json(resolution.to_json()) == resolution
+    assert alerts.resolution_alert(fact("alert.resolved", detail={**detail, "kind": "NoSuchKind"})) is None
+    (firing,) = alerts_for_event(fact("executor.dead", detail={"epoch": 3}), [rule(Kind.EXECUTOR_DEAD)])
+    assert "resolves" not in firing.to_json() and "status" not in json.loads(webhook_body(firing, "json"))
