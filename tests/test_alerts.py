@@ -1511,3 +1511,77 @@ def test_an_unresponsive_apps_alert_is_resolved_saying_so_when_retention_forgets
     message = payload["message"]
     assert "no longer remembers any executor" in message and "executorIdsDays" in message, message
     assert "healthy" not in message, "the app is not known to be back"
+
+
+def test_a_rule_edited_in_relay_yaml_while_its_condition_holds_pages_once_and_resolves_the_alert(
+    relay_db: str,
+) -> None:
+    """An app is down and alerted; the operator edits its rule in relay.yaml (a longer repeat
+    interval) and Relay restarts. The rule's id was drawn from its parameters, so the edited rule was
+    a new one: the same outage paged a second time under a new key, and the first alert was never
+    resolved (its rule and episode deleted). The edited rule keeps its id: one page, then the end of
+    the outage resolves that alert."""
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": "http://127.0.0.1:9/"}]
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+    kinds = frozenset({Kind.UNRESPONSIVE_APPLICATION})
+
+    async def body(db: Database, store: AlertStore) -> tuple[str, str, list[Any], list[str]]:
+        (rule,) = await store.rules_of(kinds)
+        ((alert, _),) = await due_alerts(store, rule, down)
+        assert (await store.claim(alert)).send
+        await store.finish(alert, True, 1, None, "x", "d1")
+        edited = [{**rules[0], "minIntervalSecs": 600, "webhook": "http://127.0.0.1:8/"}]
+        await store.sync_config(RelayConfig.model_validate(alert_config(free_port(), edited)))
+        (after,) = await store.rules_of(kinds)
+        again = [a.idempotency_key for a, _ in await due_alerts(store, after, down)]  # still down
+        await due_alerts(store, after, [])  # back up
+        facts = [f for f in await store.audit_facts(0, 60) if f.action == "alert.resolved"]
+        return alert.idempotency_key, after.id, again, [f.detail["resolves"] for f in facts]
+
+    key, rule_id, again, resolved = with_store(relay_db, rules, body)
+    assert again == [], "the outage was paged again under the edited rule"
+    assert resolved == [key] and key.startswith(f"{rule_id}:"), "the edited rule keeps its id"
+
+
+def test_a_blocked_recovery_is_resolved_when_the_death_is_over_not_when_a_recovery_is_tried(relay_db: str) -> None:
+    """A dead executor's recovery waits (RecoveryBlocked, alerted); a peer comes and a recovery is
+    sent, which fails, and the recovery waits again. Its alert's key is the death's, so the wait
+    after the failed try cannot page again: had the try resolved the alert, the receiver would
+    believe the executor recovered while it still waits. The alert is resolved once, when the
+    death is over (its workflows recovered and its record deleted)."""
+    rules = [{"kind": "RecoveryBlocked", "forSecs": 0, "minIntervalSecs": 0, "webhook": "http://127.0.0.1:9/"}]
+    blocked = ExecutorEvent.BLOCKED
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[int], str, list[dict[str, Any]]]:
+        (rule,) = await store.rules_of(frozenset({Kind.RECOVERY_BLOCKED}))
+        observer = ConditionObserver(store, gateway=None)  # type: ignore[arg-type]  # not asked for this kind
+        executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", "stuck")
+        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+        epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
+        for event in (ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED):
+            assert await executors.apply(key, event, epoch=epoch)
+        assert await executors.apply(key, blocked, epoch=epoch, reason="no_healthy_peer")
+
+        async def resolved_after(*events: ExecutorEvent) -> int:
+            for event in events:
+                reason = "no_healthy_peer" if event is blocked else None
+                assert await executors.apply(key, event, epoch=epoch, reason=reason)
+            assert await due_alerts(store, rule, await observer.observe(rule) or []) == []
+            return len([f for f in await store.audit_facts(0, 60) if f.action == "alert.resolved"])
+
+        ((alert, _),) = await due_alerts(store, rule, await observer.observe(rule) or [])
+        assert (await store.claim(alert)).send
+        await store.finish(alert, True, 1, None, "x", "d1")
+        counts = [
+            await resolved_after(ExecutorEvent.RECOVERY_SENT),  # a peer is asked
+            await resolved_after(ExecutorEvent.RECOVERY_FAILED, blocked),  # it failed: waiting again
+            await resolved_after(ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED),  # recovered: deleted
+            await resolved_after(),
+        ]
+        facts = [f.detail for f in await store.audit_facts(0, 60) if f.action == "alert.resolved"]
+        return counts, alert.idempotency_key, facts
+
+    counts, key, facts = with_store(relay_db, rules, body)
+    assert counts == [0, 0, 1, 1], "resolved while the death was not over, or not once it was"
+    (fact,) = facts
+    assert fact["resolves"] == key and fact["executorId"] == "stuck" and "recovered" in fact["reason"]

@@ -351,7 +351,7 @@ def why_over(rule: Rule, key: str) -> str:
     UnresponsiveApplication's own reasons come from the observer, which reads them)."""
     if rule.kind is Kind.RECOVERY_BLOCKED:
         executor = key.rpartition("@")[0]
-        return f"the recovery of executor {executor} is no longer blocked (under way, done, or its record deleted)"
+        return f"dead executor {executor} no longer waits: its workflows were recovered, or it connected again"
     if rule.kind is Kind.WORKFLOW_FAILURE:
         return (f"fewer than {int(rule.param('count', 1))} workflows failed in the last "
                 f"{float(rule.param('windowSecs', 300.0)):g} s")  # fmt: skip

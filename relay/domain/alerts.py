@@ -174,19 +174,7 @@ class ConditionObserver:
 
     async def _observe(self, rule: Rule) -> list[Observed] | None:
         if rule.kind is Kind.RECOVERY_BLOCKED:
-            wanted = rule.param("reason")
-            return [
-                Observed(
-                    {"executorId": executor},
-                    f"{executor}@{epoch}",
-                    f"Recovery of dead executor {executor} of app {rule.app} has been waiting "
-                    f"for {rule.param('forSecs', 60.0):g} s: {reason}.",
-                    {"executor_id": executor, "blocked_reason": reason, "epoch": str(epoch)},
-                    epoch=str(epoch),
-                )
-                for executor, epoch, reason in await self.store.blocked(rule.org, rule.app)
-                if wanted is None or reason == wanted
-            ]
+            return await self._blocked(rule)
         try:
             if rule.kind is Kind.WORKFLOW_FAILURE:
                 return await self._failures(rule)
@@ -196,6 +184,32 @@ class ConditionObserver:
             log.debug("alert rule %s of %s/%s cannot be evaluated now: %s", rule.id, rule.org, rule.app, exc)
             return None
         raise ValueError(f"{rule.kind} is not a condition")
+
+    async def _blocked(self, rule: Rule) -> list[Observed]:
+        """The deaths whose recovery waits (for the rule's ``reason``, if it names one), and those it
+        alerted that are not over yet (:meth:`AlertStore.still_dead`)."""
+        wanted = rule.param("reason")
+        observed = [
+            Observed(
+                {"executorId": executor},
+                f"{executor}@{epoch}",
+                f"Recovery of dead executor {executor} of app {rule.app} has been waiting "
+                f"for {rule.param('forSecs', 60.0):g} s: {reason}.",
+                {"executor_id": executor, "blocked_reason": reason, "epoch": str(epoch)},
+                epoch=str(epoch),
+            )
+            for executor, epoch, reason in await self.store.blocked(rule.org, rule.app)
+            if wanted is None or reason == wanted
+        ]
+        waiting = {seen.key for seen in observed}
+        for executor, epoch in await self.store.still_dead(rule.id, rule.org, rule.app):
+            if f"{executor}@{epoch}" not in waiting:  # alerted already: only its episode goes on
+                message = f"Dead executor {executor} of app {rule.app} is still being recovered."
+                metadata = {"executor_id": executor, "epoch": str(epoch)}
+                observed.append(
+                    Observed({"executorId": executor}, f"{executor}@{epoch}", message, metadata, str(epoch))
+                )
+        return observed
 
     async def _aggregates(self, rule: Rule, body: GetWorkflowAggregatesBody) -> GetWorkflowAggregatesReply | None:
         reply = await self.gateway.ask(

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from relay.config import MAX_SECS, AlertRuleConfig, RelayConfig
+from relay.config import MAX_SECS, AlertRuleConfig, AppConfig, RelayConfig
 from relay.core.alerts import EVENT_ACTIONS, RESOLVED_ACTION, Alert, AuditFact, Kind, Rule, subject_of, why_over
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
@@ -108,7 +108,11 @@ class AlertStore:
         A rule of the file is the rule in the database that watches for the same thing (its kind,
         parameters and minimum interval), whatever its destination: a rule pointed at another
         webhook keeps its id, so an alert being delivered when Relay restarts goes on to where the
-        rule says now, not to "its rule was deleted". Rules the file no longer has are deleted."""
+        rule says now, not to "its rule was deleted". A rule whose parameters or minimum interval
+        were edited keeps the id of the file's earlier rule of its app and kind that the file no
+        longer has: an incident it alerted goes on as the same episode under the edited rule (no
+        second page for it, and its resolution when it ends), and its deliveries under way go on.
+        Rules the file no longer has are deleted."""
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 """SELECT id, org, app, kind, params, min_interval_secs FROM alert_rules
@@ -119,7 +123,7 @@ class AlertStore:
                 ident = _identity(r["org"], r["app"], r["kind"], r["params"], r["min_interval_secs"])
                 held.setdefault(ident, []).append(r["id"])
             seen: dict[Identity, int] = {}
-            kept: list[str] = []
+            placed: list[tuple[str, AppConfig, AlertRuleConfig, str | None, int]] = []
             for org in config.orgs:
                 for app in org.apps:
                     for rule in app.alerts:
@@ -127,19 +131,28 @@ class AlertStore:
                         nth = seen.get(ident, 0)
                         seen[ident] = nth + 1
                         ids = held.get(ident, [])
-                        rule_id = ids.pop(0) if ids else config_rule_id(org.name, app.name, rule, nth)
-                        kept.append(rule_id)
-                        receiver = None if rule.webhook else (rule.receiver_app or app.name)
-                        await conn.execute(
-                            """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url,
-                                                        secret, format, receiver_app, source)
-                               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'config')
-                               ON CONFLICT (id) DO UPDATE SET webhook_url = EXCLUDED.webhook_url,
-                                   secret = EXCLUDED.secret, format = EXCLUDED.format,
-                                   receiver_app = EXCLUDED.receiver_app""",
-                            (rule_id, org.name, app.name, rule.kind.value, Jsonb(rule.params()),
-                             rule.min_interval_secs, rule.webhook, rule.signing_secret(), rule.format, receiver),
-                        )  # fmt: skip
+                        placed.append((org.name, app, rule, ids.pop(0) if ids else None, nth))
+            # Rules the file no longer has, by app and kind: the ids an edited rule takes over.
+            spare: dict[tuple[str, str, str], list[str]] = {}
+            for ident, ids in held.items():
+                spare.setdefault(ident[:3], []).extend(ids)
+            kept: list[str] = []
+            for org_name, app, rule, found, nth in placed:
+                edited = spare.get((org_name, app.name, rule.kind.value), [])
+                rule_id = found or (edited.pop(0) if edited else config_rule_id(org_name, app.name, rule, nth))
+                kept.append(rule_id)
+                receiver = None if rule.webhook else (rule.receiver_app or app.name)
+                await conn.execute(
+                    """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url,
+                                                secret, format, receiver_app, source)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'config')
+                       ON CONFLICT (id) DO UPDATE SET params = EXCLUDED.params,
+                           min_interval_secs = EXCLUDED.min_interval_secs, webhook_url = EXCLUDED.webhook_url,
+                           secret = EXCLUDED.secret, format = EXCLUDED.format,
+                           receiver_app = EXCLUDED.receiver_app""",
+                    (rule_id, org_name, app.name, rule.kind.value, Jsonb(rule.params()),
+                     rule.min_interval_secs, rule.webhook, rule.signing_secret(), rule.format, receiver),
+                )  # fmt: skip
             await conn.execute("DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", (kept,))
             # A receiving app Relay does not know (a typo, or an app whose executors never connected
             # yet): the API refuses such a rule (404); the file's is kept, since the app may come,
@@ -413,6 +426,24 @@ class AlertStore:
                 (org, app),
             )
             return [(r["executor_id"], int(r["epoch"]), r["blocked_reason"]) for r in await cur.fetchall()]
+
+    async def still_dead(self, rule_id: str, org: str, app: str) -> list[tuple[str, int]]:
+        """(executor id, epoch) of the deaths a RecoveryBlocked rule alerted that are not over: the
+        executor is still DEAD or RECOVERING at that epoch (a recovery under way may fail and wait
+        again; its alert's key, the death's, cannot page again). Their episode lasts until then,
+        so that its resolution says the death is over, not that a recovery was merely tried."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT e.executor_id, e.epoch FROM alert_conditions c
+                   JOIN executors e ON e.org = %(org)s AND e.app = %(app)s
+                    AND c.subject = e.executor_id || '@' || e.epoch AND e.state IN ('DEAD', 'RECOVERING')
+                   WHERE c.rule_id = %(rule)s AND EXISTS (
+                       SELECT 1 FROM alerts a WHERE a.rule_id = c.rule_id AND a.subject = c.subject
+                       AND a.status IN ('sending', 'sent') AND a.created_at >= c.since)
+                   ORDER BY 1""",
+                {"rule": rule_id, "org": org, "app": app},
+            )
+            return [(r["executor_id"], int(r["epoch"])) for r in await cur.fetchall()]
 
     # -- deliveries ----------------------------------------------------------------------------
 
