@@ -1455,7 +1455,8 @@ def test_an_alerted_outage_that_ends_is_resolved_once_after_its_alert_even_while
         assert resolution["kind"] == "UnresponsiveApplication" and resolution["appName"] == "ledger"
         assert "has 1 healthy executor again" in resolution["message"], resolution["message"]
         assert all(signed(d, YAML_SECRET) for d in receiver.deliveries())
-        assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 2, 10)
+        sent = assert_eventually(lambda: len(audit(relay, "alert.sent")) >= 2 and audit(relay, "alert.sent"), 10)
+        assert [e["detail"].get("resolves") for e in sent] == [None, alert["idempotencyKey"]]
         assert relay.state_of("acme", "ledger", second.executor_id) == "HEALTHY"
         assert len(receiver.payloads()) == 2, "one alert, one resolution: no repeat once either was sent"
 

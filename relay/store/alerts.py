@@ -541,6 +541,8 @@ class AlertStore:
             }
             if error is not None:
                 detail["error"] = error
+            if alert.resolves is not None:
+                detail["resolves"] = alert.resolves  # a resolution, of the alert of that key
             entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
             return await write_audit(conn, alert.org, alert.app, entry)
 
