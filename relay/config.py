@@ -352,6 +352,9 @@ class AlertsConfig(_Model):
     max_attempts: int = Field(default=30, ge=1, le=MAX_COUNT)
     # One webhook request (connection, sending, the response's status line).
     timeout_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    # False: an alerted condition's end is audited (alert.resolved) but no resolution is delivered,
+    # for receivers that take every call as a new alert (as Conductor, which sends none).
+    send_resolutions: bool = True
 
     @field_validator("allowed_destinations")
     @classmethod

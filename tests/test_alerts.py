@@ -25,6 +25,7 @@ from typing import Any, cast
 import httpx
 import psycopg
 from dbos import DBOSClient, EnqueueOptions
+from dbos._error import DBOSException
 
 from harness.executors import ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS, VIEWER_KEYS
@@ -1586,3 +1587,31 @@ def test_a_blocked_recovery_is_resolved_when_the_death_is_over_not_when_a_recove
     assert counts == [0, 0, 1, 1], "resolved while the death was not over, or not once it was"
     (fact,) = facts
     assert fact["resolves"] == key and fact["executorId"] == "stuck" and "recovered" in fact["reason"]
+
+
+def test_with_send_resolutions_off_an_ended_episode_is_audited_and_no_resolution_is_started(relay_db: str) -> None:
+    """``alerts.sendResolutions: false`` (a receiver that takes every call as a new alert): the end
+    is still audited, and the audit poll starts no delivery for it."""
+    rules = [{"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": "http://127.0.0.1:9/"}]
+    down = [Observed({"appName": "ledger"}, "ledger", "down")]
+    config = RelayConfig.model_validate(alert_config(free_port(), rules, sendResolutions=False))
+    assert config.alerts.send_resolutions is False
+
+    async def body(db: Database, store: AlertStore) -> tuple[int, int]:
+        (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+        ((alert, _),) = await due_alerts(store, rule, down)
+        assert (await store.claim(alert)).send
+        await store.finish(alert, True, 1, None, "x", "d1")
+        await due_alerts(store, rule, [])
+        ended = len([f for f in await store.audit_facts(0, 60) if f.action == "alert.resolved"])
+        # DBOS is not launched here: a delivery started would raise (as with resolutions on).
+        started = await AlertLoops(store, config.alerts, lambda: True).poll_events()
+        on = config.alerts.model_copy(update={"send_resolutions": True})
+        try:
+            await AlertLoops(store, on, lambda: True).poll_events()
+        except DBOSException as exc:
+            assert "No DBOS was created" in str(exc)
+            return ended, started
+        raise AssertionError("with resolutions on, the poll started no delivery")
+
+    assert with_store(relay_db, rules, body) == (1, 0)

@@ -430,7 +430,10 @@ class AlertLoops:
         after = max(self._cursor, await self.store.cursor())
         facts = await self.read_facts(after)
         now = time.monotonic()
-        found = [a for fact in facts for a in self.alerts_for(fact, rules) if a.workflow_id not in self._started]
+        wanted = [a for fact in facts for a in self.alerts_for(fact, rules)]
+        if not self.settings.send_resolutions:
+            wanted = [a for a in wanted if a.resolves is None]
+        found = [a for a in wanted if a.workflow_id not in self._started]
         claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()
         started = 0
         for alert in found:
