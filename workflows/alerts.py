@@ -25,6 +25,12 @@
   ``alert:{idempotency key}:late``, at the first round after the interval in
   which it still holds.
 
+- **Resolutions** (``relay.alert.resolve``): an alerted condition's episode
+  that ends is written as ``alert.resolved`` in the audit log, in the
+  transaction that ends it; the audit poll starts its resolution,
+  ``alert:{the alert's key}:resolved``, which waits for that alert to be
+  sent, then is delivered as an alert is.
+
 Delivery is at least once: an attempt whose answer was lost is made again
 with the same body and idempotency key, for the receiver to drop.
 """

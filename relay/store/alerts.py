@@ -11,7 +11,8 @@
   late once the interval has passed, if it still holds (:meth:`AlertStore.late`).
 - ``alert_conditions``: for condition rules, each subject for which the
   condition holds and since when; a subject that stops holding loses its row,
-  so holding again is a new episode (a new alert).
+  so holding again is a new episode (a new alert), and an episode that was
+  alerted ends with ``alert.resolved`` in the audit log (its resolution).
 - ``alert_cursor``: how far the audit log has been read for event rules.
 """
 
