@@ -1615,3 +1615,23 @@ def test_with_send_resolutions_off_an_ended_episode_is_audited_and_no_resolution
         raise AssertionError("with resolutions on, the poll started no delivery")
 
     assert with_store(relay_db, rules, body) == (1, 0)
+
+
+def test_a_rule_added_back_beside_its_edited_self_is_a_rule_of_its_own(relay_db: str) -> None:
+    """A relay.yaml rule (forSecs 30) was edited (forSecs 90) and kept its id, the one drawn from
+    forSecs 30; the operator then adds a forSecs 30 rule back beside it. Its id, drawn again from
+    forSecs 30, was the edited rule's: the second upsert overwrote the first, and one of the two
+    rules the file names was gone (its alerts never sent). Both are rules, each with an id of its own."""
+    hook = "http://127.0.0.1:9/"
+    first = {"kind": "UnresponsiveApplication", "forSecs": 30, "minIntervalSecs": 0, "webhook": hook}
+    edited = {**first, "forSecs": 90}
+    kinds = frozenset({Kind.UNRESPONSIVE_APPLICATION})
+
+    async def body(db: Database, store: AlertStore) -> list[tuple[str, float]]:
+        await store.sync_config(RelayConfig.model_validate(alert_config(free_port(), [edited])))
+        await store.sync_config(RelayConfig.model_validate(alert_config(free_port(), [edited, first])))
+        return sorted((r.id, float(r.param("forSecs", 0.0))) for r in await store.rules_of(kinds))
+
+    rules = with_store(relay_db, [first], body)
+    assert sorted(secs for _, secs in rules) == [30.0, 90.0], f"a rule of the file was lost: {rules}"
+    assert len({rule_id for rule_id, _ in rules}) == 2, rules

@@ -120,7 +120,11 @@ class AlertStore:
                    WHERE source = 'config' ORDER BY created_at, id FOR UPDATE"""
             )
             held: dict[Identity, list[str]] = {}
-            for r in await cur.fetchall():
+            rows = await cur.fetchall()
+            # Every id the file's rules hold now: an id drawn anew must be none of them (the id an
+            # edited rule kept was drawn from its earlier parameters, which a rule added back has).
+            taken = {str(r["id"]) for r in rows}
+            for r in rows:
                 ident = _identity(r["org"], r["app"], r["kind"], r["params"], r["min_interval_secs"])
                 held.setdefault(ident, []).append(r["id"])
             seen: dict[Identity, int] = {}
@@ -140,7 +144,12 @@ class AlertStore:
             kept: list[str] = []
             for org_name, app, rule, found, nth in placed:
                 edited = spare.get((org_name, app.name, rule.kind.value), [])
-                rule_id = found or (edited.pop(0) if edited else config_rule_id(org_name, app.name, rule, nth))
+                rule_id = found or (edited.pop(0) if edited else None)
+                while rule_id is None:
+                    drawn = config_rule_id(org_name, app.name, rule, nth)
+                    rule_id = None if drawn in taken else drawn
+                    nth += 1
+                taken.add(rule_id)
                 kept.append(rule_id)
                 receiver = None if rule.webhook else (rule.receiver_app or app.name)
                 await conn.execute(
