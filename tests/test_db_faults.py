@@ -12,22 +12,26 @@ import contextlib
 import os
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from harness.executors import Evidence, ExecutorProcess
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
+from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from relay.errors import DatabaseError
-from relay.store.db import Database
+from relay.store.db import RECONNECT_GIVE_UP_SECS, Database, hastily, patiently
 from relay.store.lease import Lease
 
 StartExecutor = Callable[..., ExecutorProcess]
@@ -315,3 +319,59 @@ def test_the_pools_and_the_leases_sockets_carry_the_tcp_settings_unless_the_url_
     assert asyncio.run(options(url)) == ((1, 10, 5, 3, 30_000),) * 2
     given = asyncio.run(options(f"{url}?tcp_user_timeout=5000&keepalives_idle=30"))
     assert given == ((1, 30, 5, 3, 5000),) * 2
+
+
+def test_a_database_at_its_connection_limit_still_serves_the_apis_requests_through_the_pools_connections(
+    postgres: Postgres,
+) -> None:
+    """PostgreSQL at its connection limit (max_connections, or the role's) refuses the pool one more
+    connection while every connection of the pool is in use (a burst of requests). The pool gives its
+    attempt up, and Relay took that for its database being unreachable: a request of the API was
+    answered 503 at once (its own attempt to connect refused as well) instead of waiting for one of
+    the pool's connections, which all answer. A busy pool that cannot grow is not an outage: the
+    request waits for a connection and is served."""
+    role = f"capped_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
+    parts = urlsplit(postgres.url_of(role))
+    url = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
+
+    async def scenario() -> str:
+        db = Database(url, min_size=2, max_size=4)
+        await db.open()
+        try:
+            await db.pool.wait(5)  # its two connections
+            with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT 2").format(sql.Identifier(role)))
+            release = asyncio.Event()
+
+            async def hold() -> None:
+                async with db.connection():
+                    await release.wait()
+
+            async def request() -> str:
+                try:
+                    with hastily():
+                        async with db.connection() as conn:
+                            await conn.execute("SELECT 1")
+                    return "served"
+                except DatabaseError as exc:
+                    return f"refused: {exc}"
+
+            holders = [asyncio.create_task(hold()) for _ in range(2)]
+            with contextlib.suppress(DatabaseError):
+                await patiently(request(), 0.5)  # the pool tries to grow: refused
+            await asyncio.sleep(RECONNECT_GIVE_UP_SECS + 0.5)  # the pool gives its attempt up
+            asked = asyncio.create_task(request())  # while the pool's two connections are in use
+            await asyncio.sleep(0.5)
+            release.set()
+            await asyncio.gather(*holders)
+            return await asked
+        finally:
+            await db.close()
+            with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(role)))
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+    assert asyncio.run(scenario()) == "served"

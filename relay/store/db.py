@@ -202,6 +202,7 @@ class Database:
         self.down_since: float | None = None
         self.down_reason = ""
         self._checking: asyncio.Task[None] | None = None
+        self._in_use = 0  # the pool's connections given out by connection() now
         self._rechecking: asyncio.Task[bool] | None = None
         self._rechecked = (0.0, False)  # when the latest look at a known unreachable database ended, and what it found
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
@@ -244,7 +245,11 @@ class Database:
         try:
             async with self.pool.connection(timeout=wait) as conn:
                 used = conn
-                yield conn
+                self._in_use += 1
+                try:
+                    yield conn
+                finally:
+                    self._in_use -= 1
             self.answered += 1
             self.note_answered()
         except PoolTimeout as exc:
@@ -318,8 +323,13 @@ class Database:
         self.note_answered()
 
     async def _attempt_again(self, pool: AsyncConnectionPool[Any]) -> None:
-        """An attempt to reconnect gave up: the database is unreachable; begin another."""
-        self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
+        """An attempt to connect gave up: the database is unreachable, unless the pool still has
+        connections (in use or idle), which only says that no more could be opened (PostgreSQL at
+        its max_connections or the role's limit while a burst grows the pool); begin another."""
+        if self._in_use or pool.get_stats().get("pool_available", 0):
+            self.note_unreachable(surely=False)
+        else:
+            self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
         await pool.check()
 
     def _check_idle(self) -> None:
