@@ -132,7 +132,8 @@ class FailureLog:
     def worked(self) -> None:
         ended = self._run.succeed(time.monotonic())
         if ended is not None:
-            self.log.info("%s, after %d failed attempts in %.1f s", self.working, ended.failed, ended.secs)
+            attempts = "attempt" if ended.failed == 1 else "attempts"
+            self.log.info("%s, after %d failed %s in %.1f s", self.working, ended.failed, attempts, ended.secs)
 
 
 def configure_logging(level: str) -> None:

@@ -310,8 +310,8 @@ class Router:
                     self.db.note_answered()  # the database's return, noticed with no request made
                     delay = 0.2
                     if failed:
-                        log.info("instance %s: listening on its request channel again, after %d failed attempts",
-                                 self.instance_id, failed)  # fmt: skip
+                        log.info("instance %s: listening on its request channel again, after %d failed %s",
+                                 self.instance_id, failed, "attempt" if failed == 1 else "attempts")  # fmt: skip
                         failed = 0
                     # Whatever arrived while not listening is found by a poll right away.
                     self._spawn(self._serve_unpicked())
