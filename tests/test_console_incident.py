@@ -712,3 +712,25 @@ def test_a_frozen_relay_is_not_shown_as_live(world: World, page: Page) -> None:
         world.relay.signal(signal.SIGCONT)
     silent = SILENT_HEARTBEATS * HEARTBEAT_SECS
     assert shown != "Live", f"Relay has sent nothing for {silent:g} s and the console says {shown!r}"
+
+
+def test_the_queues_tab_reads_its_figures_again_after_a_failure_that_passes(world: World, page: Page) -> None:
+    """The Queues tab reads what each queue holds every 10 s; one failed read (here a 503, as Relay
+    answers when no executor can be asked or its database is away for a moment) stopped that for as
+    long as the page was shown, leaving "could not be read" on an on-call engineer's screen after
+    the cause had passed. Only an SDK that cannot aggregate at all (501) is not asked again."""
+    admin(page, world)
+    failed = {"n": 0}
+
+    def once_unavailable(route: Route) -> None:
+        failed["n"] += 1
+        problem = {"title": "Service Unavailable", "status": 503, "error": {"code": "database_unavailable"}}
+        route.fulfill(status=503, content_type="application/problem+json", body=json.dumps(problem))
+
+    page.route("**/apps/ledger/workflows/aggregates", once_unavailable, times=1)
+    go(page, "#/apps/ledger/queues")
+    expect(page.get_by_role("alert")).to_contain_text("could not be read")
+    assert failed["n"] == 1
+    row = page.get_by_role("table", name="Queues of ledger").get_by_role("row", name="serial")
+    expect(row.locator("td").nth(1)).to_have_text("0", timeout=20_000)  # read again, and served
+    expect(page.get_by_text("could not be read")).to_have_count(0)

@@ -529,20 +529,21 @@ async function queueFigures(app) {
 
 function queuesPage(ctx, app) {
   // No event says when a workflow is enqueued or dequeued (that is the executors' own work): the
-  // figures are read again every 10 s while the page is shown, unless the app's SDK cannot give them.
-  let figuresRead = false;
+  // figures are read again every 10 s while the page is shown, unless the app's SDK cannot give them
+  // (501): a failure that may pass (no executor connected, a timeout, Relay busy) is read again too.
+  let readAgain = false;
   return basePage({
     section: "apps", title: `Queues of ${app}`, app, heading: appHeader(ctx, app, "queues", `Queues of ${app}`),
     intro: h("p", {class: "note"}, "As the app's executors declare them, with the workflows each holds now (read again every 10 s)."),
     relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
-    pollMs: () => figuresRead ? LIST_POLL_MS : 0,
+    pollMs: () => readAgain ? LIST_POLL_MS : 0,
     async load() {
       // The figures are asked of an executor too, and an older SDK may not answer them (501): the
       // queues are shown all the same, and the page says why their figures are not.
       const [queues, figures] = await Promise.all([api(`/apps/${enc(app)}/queues`), queueFigures(app).catch((err) => err)]);
       const failed = figures instanceof Error;
       const of = (q) => (failed ? null : figures[q.name]) || {ENQUEUED: 0, PENDING: 0, oldest: null};
-      figuresRead = !failed;
+      readAgain = !failed || figures.status !== 501;
       const count = (q, status) => failed ? "?" : of(q)[status]
         ? link(["apps", app, "workflows"], String(of(q)[status]), {queue: q.name, status}) : "0";
       return [
