@@ -203,6 +203,7 @@ class RelayServer(ServerProcess):
         self.workdir = workdir
         self.database_url = database_url
         self.config_path = workdir / f"{label}.yaml"
+        self.trace = False
 
     @property
     def ws_url(self) -> str:
@@ -247,6 +248,7 @@ class RelayServer(ServerProcess):
         timer is recorded (its ``DBOS.sleep`` checkpoint, written when ``DBOS.recv`` begins)."""
         marks: dict[str, float | None] = {"registry": None, "started": None, "timers": None}
         deadline = time.perf_counter() + ABSORB_TIMEOUT_SECS
+        traced = -1.0
         async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
             while time.perf_counter() < deadline and any(v is None for v in marks.values()):
                 cur = await conn.execute(
@@ -259,6 +261,10 @@ class RelayServer(ServerProcess):
                 row = await cur.fetchone()
                 assert row is not None
                 now = time.perf_counter() - since
+                if self.trace and now - traced >= 1.0:
+                    traced = now
+                    print(f"    {now:5.1f} s: {row[0]} DISCONNECTED, {row[1]} grace periods, {row[2]} timers;"
+                          f" load {load_average()}", flush=True)  # fmt: skip
                 for name, count in zip(marks, row, strict=True):
                     if marks[name] is None and count >= n:
                         marks[name] = now
@@ -468,11 +474,15 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
     try:
         held = await hold(server, fleet, n, args, http)
     finally:
+        profiler = start_profiler(server, args)
         closing = time.perf_counter()
         await fleet.close()
-    await wait_for_held(server, http, 0)
-    close_secs = time.perf_counter() - closing
-    absorbed, quiet = await asyncio.gather(server.absorbed(held.opened, closing), wait_quiet(server.process))
+    try:
+        await wait_for_held(server, http, 0)
+        close_secs = time.perf_counter() - closing
+        absorbed, quiet = await asyncio.gather(server.absorbed(held.opened, closing), wait_quiet(server.process))
+    finally:
+        stop_profiler(profiler)
     per_conn = max(held.opened, 1) * 1024
     result = Result(
         server=server.name,
@@ -492,6 +502,25 @@ async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http:
     )
     report_run(result, held, rss_before, fleet.failures)
     return result
+
+
+def start_profiler(server: ServerProcess, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    """py-spy on Relay from the close on (``--profile-closes``), written when stopped: collapsed stacks
+    of the thread holding the interpreter's lock (``flamegraph.pl`` or speedscope draw them)."""
+    if args.profile_closes is None or not isinstance(server, RelayServer):
+        return None
+    out = Path(args.profile_closes) / f"{server.log_path.stem}-closes.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    py_spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(py_spy), "record", "--pid", str(server.process.pid), "--rate", "50", "--nonblocking", "--gil"]
+    argv += ["--format", "raw", "--output", str(out)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen[bytes] | None) -> None:
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)
+        profiler.wait(timeout=60)
 
 
 def report_run(result: Result, held: Held, rss_before: int, failures: Counter[str]) -> None:
@@ -569,8 +598,12 @@ async def run_all(args: argparse.Namespace, pg: Postgres, workdir: Path) -> list
                     print(f"-- round {round_ + 1} of {args.rounds} at {n}", flush=True)
                 # Each round starts both servers afresh; their order alternates (ABBA), so that a
                 # machine that grows busier or quieter over the rounds favours neither.
-                for kind in ("relay", "bare") if round_ % 2 == 0 else ("bare", "relay"):
-                    result = await run_one(make_server(kind, n, workdir, pg, round_), n, args, http)
+                kinds = [kind for kind in ("relay", "bare") if kind in args.servers]
+                for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
+                    server = make_server(kind, n, workdir, pg, round_)
+                    if isinstance(server, RelayServer):
+                        server.trace = args.trace_closes
+                    result = await run_one(server, n, args, http)
                     if result is not None:
                         results.append(replace(result, round=round_))
     return results
@@ -632,6 +665,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default=200, type=int, help="simultaneous opening handshakes")
     parser.add_argument("--rounds", default=1, type=int, help="rounds of both servers per size, alternating (ABBA)")
     parser.add_argument("--log-dir", help="keep the servers' logs and configs here (default: a temporary directory)")
+    parser.add_argument("--servers", default="relay,bare", type=lambda s: [x for x in s.split(",") if x],
+                        help="which servers to run (default relay,bare; relay alone for the closes)")  # fmt: skip
+    parser.add_argument("--profile-closes", metavar="DIR",
+                        help="record py-spy samples of Relay from the close until it is quiet, into DIR")  # fmt: skip
+    parser.add_argument("--trace-closes", action="store_true",
+                        help="print Relay's closes absorbed so far each second after the close")  # fmt: skip
     parser.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
