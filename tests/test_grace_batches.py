@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
+import sqlalchemy
 from dbos import DBOSClient, EnqueueOptions
 from dbos._error import DBOSConflictingWorkflowError
 
@@ -62,6 +63,32 @@ def _rows(client: DBOSClient, ids: list[str]) -> dict[str, tuple[Any, ...]]:
     return {w.workflow_id: (w.status, w.name, w.queue_name, w.app_version, w.input) for w in found}
 
 
+def _count_statements(starter: GraceStarter) -> list[str]:
+    """The statements the starter sends from now on (SQLAlchemy's events, on its own engine)."""
+    sent: list[str] = []
+    assert starter._engine is not None
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement.split("(")[0].strip())
+
+    sqlalchemy.event.listen(starter._engine, "before_cursor_execute", note)
+    return sent
+
+
+def _columns(url: str, workflow_id: str) -> dict[str, Any]:
+    """A workflow's status row and inputs, less what differs between two writings of the same start."""
+    with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
+        row = conn.execute(
+            """SELECT s.*, i.inputs FROM dbos.workflow_status s JOIN dbos.workflow_input i USING (workflow_uuid)
+                WHERE workflow_uuid = %s""",
+            (workflow_id,),
+        ).fetchone()
+    assert row is not None
+    for moment in ("workflow_uuid", "created_at", "updated_at", "creator_xid", "delay_until_epoch_ms"):
+        row.pop(moment)
+    return row
+
+
 async def _scenario(url: str) -> None:
     asked: list[tuple[str, str]] = []
 
@@ -94,10 +121,19 @@ async def _scenario(url: str) -> None:
         # goes in one transaction, the app's setting read once.
         assert starter.waiting == [bad]
         asked.clear()
+        statements = _count_statements(starter)
         burst = [starter.add(_key(100 + i), 2, time.time()) for i in range(BURST)]
         await asyncio.gather(*(starter.attempted(i, raise_error=True) for i in burst))
         assert (starter.batches, starter.started) == (GROUP, GROUP - 1 + BURST)
         assert asked == [("acme", "ledger")]
+        # Two statements for the whole burst (its status rows, then its inputs), not two a row.
+        assert len(statements) == 2, statements
+        # Each row as DBOS's client writes it alone, but for its id and the moment of its writing.
+        alone = grace_id(_key(999), 2)
+        options: EnqueueOptions = {"queue_name": QUEUE, "workflow_name": GRACE_WORKFLOW, "workflow_id": alone,
+                                   "app_version": WORKFLOWS_VERSION, "delay_seconds": BURST_DELAY_SECS}  # fmt: skip
+        client.enqueue(options, *_rows(client, [burst[0]])[burst[0]][4]["args"])
+        assert _columns(url, burst[0]) == _columns(url, alone)
         # A burst (BURST_ROWS or more in one transaction) waits DELAYED for BURST_DELAY_SECS before
         # its queue may take it (ENQUEUED once due); the group above, started one by one, did not.
         assert {r[0] for r in _rows(client, burst).values()} <= {"DELAYED", "ENQUEUED"}
