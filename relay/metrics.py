@@ -61,7 +61,9 @@ class Metrics(Collector):
         grace_starts: Callable[[], tuple[int, int]] = lambda: (0, 0),
         recovery_turns: Callable[[], tuple[int, int]] = lambda: (0, 0),
         database_answers: Callable[[], Awaitable[bool]] = _answers,
+        back_from_dead: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
+        self.back_from_dead = back_from_dead
         self.database_answers = database_answers
         self._database_up = True
         self.grace_starts = grace_starts
@@ -155,6 +157,13 @@ class Metrics(Collector):
             transactions,
         )
         yield _counter("relay_grace_periods_started", "Grace periods this instance started.", started)
+        batches, deaths = self.back_from_dead()
+        yield _counter(
+            "relay_back_from_dead_batches",
+            "Batches of executors back from the dead (reconnected while DEAD or RECOVERING) handled together.",
+            batches,
+        )
+        yield _counter("relay_back_from_dead_executors", "Executors back from the dead those batches handled.", deaths)
         held, waiting = self.recovery_turns()
         yield _gauge(
             "relay_recovery_turns_held",

@@ -200,6 +200,7 @@ class Runtime:
             lambda: (self.engine.graces.batches, self.engine.graces.started),
             self.engine.recovery_turns,
             self.probe.answers,
+            lambda: (self.engine.back_batches, self.engine.back_handled),
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)

@@ -56,6 +56,7 @@ from workflows.gracestart import GraceStarter
 from workflows.reconcile import reconcile, reconcile_id
 from workflows.recovery import WAKE_TOPIC, recover
 from workflows.retention import job_id, retention
+from workflows.services import RETRY_FIRST_SECS, RETRY_MAX_SECS
 
 log = logging.getLogger("relay.durable")
 
@@ -67,7 +68,7 @@ LIVE = frozenset({"PENDING", "ENQUEUED", "DELAYED"})
 QUEUED = LIVE - {"PENDING"}
 # Why a recovery's record ends when its executor reconnects and no run of it is live.
 BACK_WITH_NO_RUN = "the executor reconnected; no recovery run was live (it had ended without finishing)"
-# Workflow ids looked up in one query by the repair sweep.
+# Workflow ids looked up in one query by the repair sweep, and deaths by the executors back from them.
 SWEEP_BATCH = 200
 
 # DBOS's connections to the system database.
@@ -97,6 +98,13 @@ class Engine:
         self.recoveries = recoveries
         self.apps = apps
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
+        # Deaths whose executors are back (reconnected while DEAD or RECOVERING), in arrival order:
+        # handled together (:meth:`_drain_back`), as a reconnect storm brings them.
+        self._back: dict[tuple[ExecutorKey, int], None] = {}
+        self._back_draining: asyncio.Task[None] | None = None
+        # For /metrics and the tests: batches of deaths whose executors are back, and the deaths handled.
+        self.back_batches = 0
+        self.back_handled = 0
         self._workers: list[asyncio.Task[None]] = []
         self._repairing: asyncio.Task[None] | None = None
         # Apps that may have a recovery waiting for a peer or an operator, so that
@@ -230,18 +238,18 @@ class Engine:
                     log.warning("cannot start the reconciler run %s: %s", workflow_id, exc)
 
     async def stop_workers(self) -> None:
-        tasks = [*self._workers, *([self._repairing] if self._repairing else [])]
+        tasks = [*self._workers, *(t for t in (self._repairing, self._back_draining) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = []
         self._repairing = None
+        self._back_draining = None
         await self.graces.close()
 
     async def _work(self) -> None:
         handlers: dict[str, Callable[[ExecutorKey, int, int | None, float], Awaitable[None]]] = {
             "connected": self._reconnected,
-            "back_from_dead": self._back_from_dead,
         }
         while True:
             kind, key, epoch, previous, at = await self._events.get()
@@ -259,7 +267,9 @@ class Engine:
     ) -> None:
         self._events.put_nowait(("connected", key, epoch, grace_epoch, time.time()))
         if dead_epoch is not None:
-            self._events.put_nowait(("back_from_dead", key, epoch, dead_epoch, time.time()))
+            self._back[(key, dead_epoch)] = None
+            if self._back_draining is None:
+                self._back_draining = asyncio.get_running_loop().create_task(self._drain_back())
 
     async def _grace_secs(self, org: str, app: str) -> float:
         """A grace period's length: the app's setting when it starts, counted from the disconnection
@@ -274,14 +284,57 @@ class Engine:
             await _send(grace_id(key, grace_epoch), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
         await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
 
-    async def _back_from_dead(self, key: ExecutorKey, _epoch: int, dead_epoch: int | None, _at: float) -> None:
-        """The executor reconnected while DEAD or RECOVERING. A live recovery run finds it back and
-        ends itself; a run that ended without finishing (cancelled, in ERROR, dead-lettered) left its
-        record saying it is at work, and no sweep looks at a HEALTHY executor: that record ends here."""
-        assert dead_epoch is not None
-        latest, live = (await self._latest_runs([(key, dead_epoch)]))[(key, dead_epoch)]
-        if not live:
-            await self.recoveries.end_unfinished(key, dead_epoch, BACK_WITH_NO_RUN, latest)
+    async def _drain_back(self) -> None:
+        """The deaths whose executors are back, up to SWEEP_BATCH at a time: one read of their runs,
+        then their records' writes together (:mod:`relay.store.combiner`: a bad one fails alone).
+        What failed is tried again after a backoff (0.2 s doubling to 5 s), behind what arrived
+        meanwhile, as an executor event always was."""
+        delay = RETRY_FIRST_SECS
+        try:
+            while self._back:
+                deaths = list(self._back)[:SWEEP_BATCH]
+                failed = await self._back_from_dead(deaths)
+                self.back_batches += 1
+                self.back_handled += len(deaths) - len(failed)
+                for death in deaths:
+                    if death not in failed:
+                        self._back.pop(death, None)
+                    else:  # last in line
+                        self._back[death] = self._back.pop(death)
+                if failed:
+                    log.warning("%d executor(s) back from the dead: their records could not be ended (%s); "
+                                "retrying in %.1fs", len(failed), next(iter(failed.values())), delay)  # fmt: skip
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_SECS)
+                else:
+                    delay = RETRY_FIRST_SECS
+        finally:
+            self._back_draining = None
+
+    async def _back_from_dead(self, deaths: list[tuple[ExecutorKey, int]]) -> dict[tuple[ExecutorKey, int], Exception]:
+        """These executors reconnected while DEAD or RECOVERING. A live recovery run finds its executor
+        back and ends itself; a run that ended without finishing (cancelled, in ERROR, dead-lettered)
+        left its record saying it is at work, and no sweep looks at a HEALTHY executor: those records
+        end here. Returns the deaths that failed, with their errors."""
+        try:
+            runs = await self._latest_runs(deaths)
+        except Exception as exc:
+            return dict.fromkeys(deaths, exc)
+        unfinished = [(death, runs[death][0]) for death in deaths if not runs[death][1]]
+        outcomes = await asyncio.gather(
+            *(
+                self.recoveries.end_unfinished(key, epoch, BACK_WITH_NO_RUN, latest)
+                for (key, epoch), latest in unfinished
+            ),
+            return_exceptions=True,
+        )
+        failed: dict[tuple[ExecutorKey, int], Exception] = {}
+        for (death, _), outcome in zip(unfinished, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                failed[death] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return failed
 
     # -- Durable ------------------------------------------------------------------------
 

@@ -1,0 +1,101 @@
+"""Executors declared DEAD that come back together (a reconnect storm) are handled together
+(workflows.engine ``_drain_back``): one read of their recovery runs per batch, their records'
+writes combined, and a record whose write fails is retried alone without failing the others.
+Real Relay, real PostgreSQL, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+from dbos import DBOSClient
+from websockets.asyncio.client import ClientConnection
+
+from harness.keys import CONDUCTOR_KEYS
+from harness.relay import RelayProcess
+from harness.simulated import handshake, open_socket
+from harness.waiting import assert_eventually
+from tests.prom import scrape
+
+BACK = 24
+BAD = "back-5"  # its record's write fails until the test lets it through
+
+
+def _records(relay: RelayProcess) -> dict[str, tuple[str, str, str | None]]:
+    """Each executor's recovery record: its id, status and error."""
+    with psycopg.connect(relay.database_url) as conn:
+        rows = conn.execute(
+            "SELECT executor_id, id, status, error FROM recoveries WHERE executor_id LIKE 'back-%%'"
+        ).fetchall()
+    return {str(e): (str(i), str(s), None if err is None else str(err)) for e, i, s, err in rows}
+
+
+async def _connect(relay: RelayProcess, ids: list[str]) -> list[ClientConnection]:
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    sockets = await asyncio.gather(*(open_socket(url) for _ in ids))
+    await asyncio.gather(*(handshake(ws, executor_id) for ws, executor_id in zip(sockets, ids, strict=True)))
+    return list(sockets)
+
+
+def test_executors_back_from_the_dead_together_are_handled_in_batches_and_a_bad_record_fails_alone(
+    start_relay: Any,
+) -> None:
+    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600)  # only the start-up sweep
+    ids = [f"back-{i}" for i in range(BACK)]
+
+    async def die() -> None:
+        for ws in await _connect(relay, ids):
+            ws.transport.abort()
+
+    asyncio.run(die())
+    # Declared DEAD, each one's recovery waits for a peer; an operator cancels every run with DBOS's
+    # tools, so that no run is live and each record goes on saying it waits.
+    assert_eventually(
+        lambda: len(_records(relay)) == BACK and {s for _, s, _ in _records(relay).values()} == {"waiting_for_peer"},
+        20,
+        what="every recovery waiting for a peer",
+    )
+    client = DBOSClient(system_database_url=relay.database_url)
+    try:
+        for rid, _, _ in _records(relay).values():
+            client.cancel_workflow(rid)
+    finally:
+        client.destroy()
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(f"""
+            CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused for the test'; END $$;
+            CREATE TRIGGER refuse_bad BEFORE UPDATE ON recoveries FOR EACH ROW
+            WHEN (NEW.executor_id = '{BAD}' AND NEW.status = 'failed') EXECUTE FUNCTION refuse_bad()""")
+
+    async def storm() -> None:
+        sockets = await _connect(relay, ids)  # all at once: the same ids, back from their deaths
+        try:
+
+            def others_ended() -> bool:
+                records = _records(relay)
+                return all(records[e][1] == "failed" for e in ids if e != BAD)
+
+            await asyncio.to_thread(assert_eventually, others_ended, 20, what="the others' records ended")
+            records = _records(relay)
+            assert all("reconnected" in (records[e][2] or "") for e in ids if e != BAD), records
+            assert records[BAD][1] == "waiting_for_peer", records[BAD]
+            await asyncio.to_thread(
+                assert_eventually, lambda: "could not be ended" in relay.log(), 10, what="the failure logged"
+            )
+            assert scrape(relay.http, "relay_back_from_dead_executors_total") == BACK - 1
+            # Handled together: a few batches (the reconnections arrive over a moment), not one per executor.
+            batches = scrape(relay.http, "relay_back_from_dead_batches_total")
+            assert batches is not None and batches <= BACK / 3, batches
+            with psycopg.connect(relay.database_url, autocommit=True) as conn:
+                conn.execute("DROP TRIGGER refuse_bad ON recoveries")
+            # Tried again after its backoff, it ends too.
+            await asyncio.to_thread(
+                assert_eventually, lambda: _records(relay)[BAD][1] == "failed", 15, what="the bad one ended at last"
+            )
+            assert scrape(relay.http, "relay_back_from_dead_executors_total") == BACK
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+    asyncio.run(storm())
