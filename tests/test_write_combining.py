@@ -256,3 +256,72 @@ def test_a_stop_awaits_the_combined_writes_in_flight_for_a_bounded_time(postgres
     """Before a stop records its executors lost, it lets the combined writes in flight finish (they
     lock the same rows): even a write whose caller is gone, and for at most the time it is given."""
     asyncio.run(_settled(postgres.create_database("settled")))
+
+
+async def _disconnections_together(url: str) -> None:
+    async with _instances(url, "relay-1", "relay-2") as [(db1, _, ex1), (db2, _, ex2)]:
+        mine = [await _connect(ex1, "relay-1", f"m-{i}", lost=False) for i in range(GROUP)]
+        stale = [await _connect(ex2, "relay-2", f"s-{i}", lost=False) for i in range(GROUP)]
+        # Together, in one statement, each row's guard its own: the epoch of a socket that is gone
+        # (the executor reconnected since) changes nothing.
+        (old_key, old_epoch) = mine[0]
+        results = await asyncio.gather(*(ex1.lost(key, epoch, "relay-1") for key, epoch in mine[1:]),
+                                        ex1.lost(old_key, old_epoch - 1, "relay-1"))  # fmt: skip
+        assert results == [True] * (GROUP - 1) + [False]
+        assert ex1.lost_batches <= 2  # the first alone, the rest queued behind it together
+        states, _ = await _rows(db1)
+        assert {e: s for e, s in states.items() if e.startswith("m-")} == {
+            f"m-{i}": "HEALTHY" if i == 0 else "DISCONNECTED" for i in range(GROUP)
+        }
+
+        # An executor that reconnects while its batch waits for its row: the reconnection commits
+        # first (here a new epoch, as the upsert writes it), and the batch's guard skips that row.
+        async with db1.connection() as conn:
+            await conn.execute("UPDATE executors SET state = 'HEALTHY' WHERE executor_id LIKE 'm-%'")
+        racer = await psycopg.AsyncConnection.connect(url)
+        try:
+            await racer.execute("UPDATE executors SET epoch = epoch + 1000 WHERE executor_id = 'm-3'")
+            batch = asyncio.gather(*(ex1.lost(key, epoch, "relay-1") for key, epoch in mine))
+            async with db1.connection() as conn:
+                for _ in range(200):  # until the batch waits for the racer's row lock
+                    cur = await conn.execute(
+                        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'UPDATE executors e SET state%%'"
+                    )
+                    if (row := await cur.fetchone()) and row["n"]:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("the batch never waited for the racer's row")
+            await racer.commit()
+            assert await batch == [i != 3 for i in range(GROUP)]
+        finally:
+            await racer.close()
+        assert (await _rows(db1))[0]["m-3"] == "HEALTHY"
+
+        # A bad row (a NUL in an id) fails the statement: each row is then written alone, and only
+        # the bad one fails.
+        async with db1.connection() as conn:
+            await conn.execute("UPDATE executors SET state = 'HEALTHY' WHERE executor_id LIKE 'm-%'")
+        nul = ExecutorKey("acme", "ledger", "n-\x00")
+        results = await asyncio.gather(
+            *(ex1.lost(key, epoch, "relay-1") for key, epoch in mine[4:]), ex1.lost(nul, 1, "relay-1"),
+            *(ex1.lost(key, epoch, "relay-1") for key, epoch in mine[1:3]),
+            return_exceptions=True,
+        )  # fmt: skip
+        bad = results.pop(GROUP - 4)
+        assert isinstance(bad, DatabaseError) and isinstance(bad.__cause__, psycopg.DataError), bad
+        assert results == [True] * (GROUP - 2)
+
+        # A stale instance's batch changes nothing, and each of its callers is told.
+        async with db2.connection() as conn:
+            await conn.execute("UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = 'relay-2'")
+        results = await asyncio.gather(*(ex2.lost(key, epoch, "relay-2") for key, epoch in stale),
+                                       return_exceptions=True)  # fmt: skip
+        assert all(isinstance(r, Fenced) for r in results), results
+        states, _ = await _rows(db2)
+        assert {e: s for e, s in states.items() if e.startswith("s-")} == {f"s-{i}": "HEALTHY" for i in range(GROUP)}
+
+
+def test_disconnections_recorded_together_keep_each_rows_guard_and_fencing(postgres: Postgres) -> None:
+    asyncio.run(_disconnections_together(postgres.create_database("combine_lost")))

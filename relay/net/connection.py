@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from relay.auth import KeyGrant
 from relay.core.ids import ExecutorKey, printable
-from relay.core.lifecycle import ExecutorEvent
 from relay.core.liveness import LivenessMonitor
 from relay.errors import DatabaseError, ExecutorGone, ExecutorTimeout, Fenced, ProtocolError
 from relay.net.wire import Frame, clean_frame, executor_info
@@ -328,9 +327,7 @@ class ExecutorConnection:
             return
         lost_at = time.time()
         try:
-            changed = await self.hub.executors.apply(
-                self.key, ExecutorEvent.LOST, epoch=self.epoch, instance=self.hub.instance_id
-            )
+            changed = await self.hub.executors.lost(self.key, self.epoch, self.hub.instance_id)
         except Fenced as exc:
             # Another instance adopted this one: the executor's row is the adopter's now.
             log.warning("executor %s: disconnection not recorded, this instance is fenced: %s", self.name, exc)

@@ -144,13 +144,25 @@ class IdentityTaken(RelayError):
 
 
 _PendingConnect = tuple[Handshake, "asyncio.Future[Connected]"]
+# A disconnection to record: the executor, its epoch, the instance that held its socket.
+_Lost = tuple[ExecutorKey, int, str]
+_PendingLost = tuple[_Lost, "asyncio.Future[bool]"]
 
 
-def _database_error(exc: Exception) -> DatabaseError:
-    return exc if isinstance(exc, DatabaseError) else DatabaseError(f"cannot record a connection: {exc}")
+def _database_error(exc: Exception, what: str = "a connection") -> DatabaseError:
+    return exc if isinstance(exc, DatabaseError) else DatabaseError(f"cannot record {what}: {exc}")
 
 
-def _fail(batch: list[_PendingConnect], exc: BaseException) -> None:
+def _settle_one(future: asyncio.Future[bool], outcome: bool | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _fail(batch: list[_PendingConnect] | list[_PendingLost], exc: BaseException) -> None:
     for _, future in batch:
         if not future.done():
             future.set_exception(exc)
@@ -183,6 +195,9 @@ class ExecutorStore:
         # (org, app) -> (when the read began, the read): healthy_peers' shared reads.
         self._peer_reads: dict[tuple[str, str], tuple[float, asyncio.Task[HealthyRead]]] = {}
         self._connect_writer: asyncio.Task[None] | None = None
+        self._lost_queue: list[_PendingLost] = []
+        self._lost_writer: asyncio.Task[None] | None = None
+        self.lost_batches = 0  # for the tests: statements that recorded disconnections together
 
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
         if applied:
@@ -243,6 +258,68 @@ class ExecutorStore:
         changed = await (write(conn) if conn is not None else self.db.writes.run(write))
         self._count(event, int(changed))
         return changed
+
+    async def lost(self, key: ExecutorKey, epoch: int, instance: str) -> bool:
+        """LOST: the socket that ``instance`` held for ``key`` at ``epoch`` closed. Returns whether
+        the row changed (it is still that epoch's, HEALTHY, held by ``instance``).
+
+        Disconnections that arrive while a write of them is in flight are written together, in one
+        statement: 5,000 sockets closing at once cost a few round trips, not 5,000. The guard is
+        each row's own (state, epoch, instance), and the transaction is fenced: a stale instance's
+        batch changes nothing and each of its callers gets :class:`Fenced`. A batch that fails
+        otherwise is written again row by row (:meth:`apply`, combined), so that one bad row never
+        refuses another.
+        """
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._lost_queue.append(((key, epoch, instance), future))
+        if self._lost_writer is None or self._lost_writer.done():
+            self._lost_writer = asyncio.create_task(self._write_losts())
+        return await future
+
+    async def _write_losts(self) -> None:
+        while self._lost_queue:
+            batch, self._lost_queue = self._lost_queue[:CONNECT_BATCH], self._lost_queue[CONNECT_BATCH:]
+            try:
+                changed = await self._update_lost([lost for lost, _ in batch])
+            except Fenced as exc:
+                _fail(batch, exc)
+                continue
+            except Exception as exc:
+                if len(batch) == 1:
+                    _fail(batch, _database_error(exc, "a disconnection"))
+                    continue
+                alone = await asyncio.gather(
+                    *(self.apply(key, E.LOST, epoch=epoch, instance=instance) for (key, epoch, instance), _ in batch),
+                    return_exceptions=True,
+                )
+                for (_, future), outcome in zip(batch, alone, strict=True):
+                    _settle_one(future, outcome)
+                continue
+            self.lost_batches += 1
+            self._count(E.LOST, len(changed), len(batch))
+            for (key, epoch, _), future in batch:
+                _settle_one(future, (key, epoch) in changed)
+
+    async def _update_lost(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
+        async with self.db.fenced() as conn:
+            cur = await conn.execute(
+                f"""UPDATE executors e SET state = {_state_case(E.LOST, "e.state")}{_EFFECTS[E.LOST]}
+                    FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[])
+                        AS t(org, app, executor_id, epoch, instance)
+                    WHERE e.org = t.org AND e.app = t.app AND e.executor_id = t.executor_id
+                      AND e.epoch = t.epoch AND e.relay_instance = t.instance AND e.state = ANY(%s)
+                    RETURNING e.org, e.app, e.executor_id, e.epoch""",
+                (
+                    [key.org for key, _, _ in rows],
+                    [key.app for key, _, _ in rows],
+                    [key.executor_id for key, _, _ in rows],
+                    [epoch for _, epoch, _ in rows],
+                    [instance for _, _, instance in rows],
+                    [s.value for s in states_allowing(E.LOST)],
+                ),
+            )
+            found = await cur.fetchall()
+        return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in found}
 
     async def instance_lost(self, instance: str) -> int:
         """INSTANCE_LOST for every executor this instance held (start-up, shutdown).
