@@ -62,8 +62,10 @@ class Metrics(Collector):
         recovery_turns: Callable[[], tuple[int, int]] = lambda: (0, 0),
         database_answers: Callable[[], Awaitable[bool]] = _answers,
         back_from_dead: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        recovery_wakeups: Callable[[], int] = lambda: 0,
     ) -> None:
         self.back_from_dead = back_from_dead
+        self.recovery_wakeups = recovery_wakeups
         self.database_answers = database_answers
         self._database_up = True
         self.grace_starts = grace_starts
@@ -164,6 +166,11 @@ class Metrics(Collector):
             batches,
         )
         yield _counter("relay_back_from_dead_executors", "Executors back from the dead those batches handled.", deaths)
+        yield _counter(
+            "relay_recovery_wakeups",
+            "Wake-ups sent to blocked recoveries (a peer connected, settings changed, an operator's nudge).",
+            self.recovery_wakeups(),
+        )
         held, waiting = self.recovery_turns()
         yield _gauge(
             "relay_recovery_turns_held",

@@ -201,6 +201,7 @@ class Runtime:
             self.engine.recovery_turns,
             self.probe.answers,
             lambda: (self.engine.back_batches, self.engine.back_handled),
+            lambda: self.engine.wakeups,
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)

@@ -99,3 +99,45 @@ def test_executors_back_from_the_dead_together_are_handled_in_batches_and_a_bad_
             await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
     asyncio.run(storm())
+
+
+STORM = 20
+
+
+def test_a_whole_app_back_from_the_dead_wakes_each_blocked_recovery_about_once(start_relay: Any) -> None:
+    """Every executor of the app died, so each one's recovery waits for a peer. They all come back
+    at once: each reconnection is a peer for the others' recoveries, and woken once per connection
+    the app's recoveries would get STORM x STORM wake-ups. Woken together, about one each, and
+    each still ends (its executor is back)."""
+    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600)
+    ids = [f"back-{i}" for i in range(STORM)]
+
+    async def die() -> None:
+        for ws in await _connect(relay, ids):
+            ws.transport.abort()
+
+    asyncio.run(die())
+    assert_eventually(
+        lambda: len(_records(relay)) == STORM and {s for _, s, _ in _records(relay).values()} == {"waiting_for_peer"},
+        20,
+        what="every recovery waiting for a peer",
+    )
+    before = scrape(relay.http, "relay_recovery_wakeups_total")
+    assert before is not None
+
+    async def storm() -> None:
+        sockets = await _connect(relay, ids)
+        try:
+
+            def all_ended() -> bool:
+                return not any(s == "waiting_for_peer" for _, s, _ in _records(relay).values())
+
+            # Long before the first re-check of a blocked wait (30 s): woken, not re-checked.
+            await asyncio.to_thread(assert_eventually, all_ended, 20, what="every recovery ended")
+            assert {relay.state_of("acme", "ledger", e) for e in ids} == {"HEALTHY"}
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+    asyncio.run(storm())
+    woken = scrape(relay.http, "relay_recovery_wakeups_total")
+    assert woken is not None and woken - before <= 3 * STORM, (before, woken)

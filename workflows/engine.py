@@ -105,6 +105,11 @@ class Engine:
         # For /metrics and the tests: batches of deaths whose executors are back, and the deaths handled.
         self.back_batches = 0
         self.back_handled = 0
+        # Apps whose executors connected, with those executors, waiting to wake the app's blocked
+        # recoveries together (:meth:`_drain_wakes`).
+        self._peers_connected: dict[tuple[str, str], set[str]] = {}
+        self._waking: asyncio.Task[None] | None = None
+        self.wakeups = 0  # wake-ups sent to blocked recoveries, for /metrics and the tests
         self._workers: list[asyncio.Task[None]] = []
         self._repairing: asyncio.Task[None] | None = None
         # Apps that may have a recovery waiting for a peer or an operator, so that
@@ -238,13 +243,15 @@ class Engine:
                     log.warning("cannot start the reconciler run %s: %s", workflow_id, exc)
 
     async def stop_workers(self) -> None:
-        tasks = [*self._workers, *(t for t in (self._repairing, self._back_draining) if t is not None)]
+        running = (self._repairing, self._back_draining, self._waking)
+        tasks = [*self._workers, *(t for t in running if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = []
         self._repairing = None
         self._back_draining = None
+        self._waking = None
         await self.graces.close()
 
     async def _work(self) -> None:
@@ -282,7 +289,41 @@ class Engine:
             # Once its start, if still waiting, has been tried: a message to no workflow is dropped.
             await self.graces.attempted(grace_id(key, grace_epoch))
             await _send(grace_id(key, grace_epoch), {"reason": "reconnected", "epoch": epoch}, RECONNECTED_TOPIC)
-        await self.wake_app(key.org, key.app, {"reason": "peer_connected", "peer": key.executor_id})
+        if (key.org, key.app) in self._maybe_blocked:
+            self._peers_connected.setdefault((key.org, key.app), set()).add(key.executor_id)
+            if self._waking is None:
+                self._waking = asyncio.get_running_loop().create_task(self._drain_wakes())
+
+    async def _drain_wakes(self) -> None:
+        """Wake the blocked recoveries of the apps whose executors connected, once for all the
+        executors that connected since the last time: woken once per connection, a reconnect storm
+        of an app's N executors that had all died (each one's recovery waiting for a peer) sent
+        N x N wake-ups. What failed is tried again after a backoff, with what arrived meanwhile."""
+        delay = RETRY_FIRST_SECS
+        try:
+            while self._peers_connected:
+                pending, self._peers_connected = self._peers_connected, {}
+                failed = None
+                for (org, app), peers in pending.items():
+                    try:
+                        await self._wake_for_peers(org, app, sorted(peers))
+                    except Exception as exc:
+                        failed = exc
+                        self._peers_connected.setdefault((org, app), set()).update(peers)
+                if failed is not None:
+                    log.warning("waking the blocked recoveries of %d app(s) failed (%s); retrying in %.1fs",
+                                len(self._peers_connected), failed, delay)  # fmt: skip
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_SECS)
+                else:
+                    delay = RETRY_FIRST_SECS
+        finally:
+            self._waking = None
+
+    async def _wake_for_peers(self, org: str, app: str, peers: list[str]) -> None:
+        message = {"reason": "peer_connected", "peer": peers[0]}
+        for rid in await self.recoveries.blocked_in_app(org, app, peers):
+            await self.wake_recovery(rid, message)
 
     async def _drain_back(self) -> None:
         """The deaths whose executors are back, up to SWEEP_BATCH at a time: one read of their runs,
@@ -356,12 +397,13 @@ class Engine:
 
     async def wake_recovery(self, rid: str, message: dict[str, Any]) -> None:
         await _send(rid, message, WAKE_TOPIC)
+        self.wakeups += 1
 
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
         if (org, app) not in self._maybe_blocked:
             return
         peer = message.get("peer") if message.get("reason") == "peer_connected" else None
-        for rid in await self.recoveries.blocked_in_app(org, app, peer if isinstance(peer, str) else None):
+        for rid in await self.recoveries.blocked_in_app(org, app, [peer] if isinstance(peer, str) else None):
             await self.wake_recovery(rid, message)
 
     async def refresh_blocked(self) -> None:

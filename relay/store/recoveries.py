@@ -498,22 +498,23 @@ class RecoveryStore:
             history[row["id"]] = sorted(mine.values(), key=lambda e: int(e["id"]))
         return history
 
-    async def blocked_in_app(self, org: str, app: str, peer: str | None = None) -> list[str]:
-        """Ids of this app's recoveries that wait for a peer or an operator; with ``peer`` (an executor
-        of the app that connected), only those it may unblock: every one that waits for a peer
-        (``waiting_for_peer``), and those that wait for an operator (``version_upgrade_not_allowed``)
-        only if it runs the dead executor's version (or its version is not known). Each wake-up
-        costs a blocked recovery a few checkpoints: a deploy's new executors, on a version none of
-        them may use, wake none."""
+    async def blocked_in_app(self, org: str, app: str, peers: list[str] | None = None) -> list[str]:
+        """Ids of this app's recoveries that wait for a peer or an operator; with ``peers`` (executors
+        of the app that connected), only those one of them may unblock: every one that waits for a
+        peer (``waiting_for_peer``), and those that wait for an operator (``version_upgrade_not_allowed``)
+        only if one of them runs the dead executor's version (or its version is not known). Each
+        wake-up costs a blocked recovery a few checkpoints: a deploy's new executors, on a version none
+        of them may use, wake none."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT r.id FROM recoveries r
-                   LEFT JOIN executors p ON p.org = r.org AND p.app = r.app AND p.executor_id = %(peer)s
                    WHERE r.org = %(org)s AND r.app = %(app)s
                      AND r.status IN ('waiting_for_peer', 'awaiting_operator')
-                     AND (%(peer)s::text IS NULL OR r.status = 'waiting_for_peer'
-                          OR p.application_version IS NULL OR p.application_version = r.application_version)""",
-                {"org": org, "app": app, "peer": peer},
+                     AND (%(peers)s::text[] IS NULL OR r.status = 'waiting_for_peer' OR EXISTS (
+                          SELECT 1 FROM unnest(%(peers)s::text[]) AS q(id)
+                          LEFT JOIN executors p ON p.org = r.org AND p.app = r.app AND p.executor_id = q.id
+                          WHERE p.application_version IS NULL OR p.application_version = r.application_version))""",
+                {"org": org, "app": app, "peers": peers},
             )
             return [str(r["id"]) for r in await cur.fetchall()]
 
