@@ -131,3 +131,10 @@ def test_fleet_small(postgres: Postgres, balancer: str) -> None:
         line(out, rf"^  {milestone} +12 ")
     line(out, r"^  recovery frames: \d+ to \d+ of 48 survivors, covering 12 of 12 victims")
     line(out, r"^executors declared DEAD that had not failed, over the whole run: 0 ")
+
+
+def test_storm_small(postgres: Postgres) -> None:
+    out = run_bench(postgres, "bench.storm", "--executors", "20", "--wait", "60")
+    line(out, r"^machine: \d+ CPUs")
+    line(out, rf"^20 executors DEAD, each recovery waiting for a peer, {NUMBER} s after the loss")
+    line(out, rf"^every recovery record ended: {NUMBER} s; Relay CPU {NUMBER} s")
