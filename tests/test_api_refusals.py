@@ -182,9 +182,13 @@ def test_importing_a_workflow_that_exists_is_a_conflict(api: httpx.Client, execu
     assert exported.status_code == 200, exported.text
     resp = api.post("/v2/orgs/acme/apps/ledger/workflows/import", json=exported.json())
     assert resp.status_code == 409, resp.text  # the executor's UniqueViolation: a 502 with its traceback, before
-    assert resp.json()["detail"] == "DETAIL:  Key (workflow_uuid)=(done-1) already exists."
+    # Said as Conductor would, not PostgreSQL's "DETAIL:  Key (workflow_uuid)=(done-1) already exists."
+    assert resp.json()["detail"] == "a workflow with id done-1 already exists"
     forked = api.post("/v2/orgs/acme/apps/ledger/workflows/failed-1/fork", json={"newWorkflowId": "done-1"})
     assert forked.status_code == 409, forked.text
+    assert forked.headers["content-type"] == "application/problem+json"
+    assert forked.json()["detail"] == "a workflow with id done-1 already exists"
+    assert forked.json()["error"]["code"] == "conflict"
 
 
 @pytest.mark.parametrize("count", [1, 400])

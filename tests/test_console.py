@@ -452,9 +452,10 @@ def test_an_actions_error_stays_after_the_refresh_its_audit_entry_brings(world: 
     dialog.get_by_label("New workflow id (optional)").fill("done-1")  # taken: 409
     with page.expect_request(reads_of("failed-1")):  # the refresh the audit entry brings
         dialog.get_by_role("button", name="Fork workflow").click()
-        expect(page.locator("#action-status")).to_contain_text("already exists")
+        # Said as Conductor would, not PostgreSQL's "DETAIL:  Key (workflow_uuid)=(done-1) ...".
+        expect(page.locator("#action-status")).to_have_text("a workflow with id done-1 already exists (409)")
     expect(page.locator('main .data[aria-busy="false"]')).to_have_count(1)  # that refresh is done
-    assert "already exists" in page.locator("#action-status").inner_text()
+    assert "a workflow with id done-1 already exists" in page.locator("#action-status").inner_text()
 
 
 def test_a_delayed_workflow_can_be_cancelled_not_resumed_and_is_a_status_to_filter_by(world: World, page: Page) -> None:

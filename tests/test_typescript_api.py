@@ -321,6 +321,7 @@ def test_fork_onto_a_version_and_a_queue_and_onto_an_id_taken(world: World) -> N
         before = db_workflow(world.sysdb, "rich-1")
         body = problem(api.post(f"{LEDGER}/workflows/done-1/fork", json={"newWorkflowId": "rich-1"}), 409)
         assert body["error"]["code"] == "conflict"
+        assert body["detail"] == "a workflow with id rich-1 already exists"  # not "duplicate key value ..."
         assert db_workflow(world.sysdb, "rich-1") == before
         missing = problem(api.post(f"{LEDGER}/workflows/no-such-workflow/fork", json={}), 404)
         assert "no-such-workflow" in missing["detail"]

@@ -229,6 +229,8 @@ _NOT_FOUND = re.compile(r"non-existent|not found|does not exist|has no step name
 # forking onto an id a workflow has (the Python SDK passes on its "Key (...) already exists", the
 # TypeScript SDK only "duplicate key value violates unique constraint ...").
 _EXISTS = re.compile(r"already exists|duplicate key value violates unique constraint", re.IGNORECASE)
+# PostgreSQL's DETAIL line naming the workflow id taken, said the way Conductor says it.
+_KEY_EXISTS = re.compile(r"Key \(workflow_uuid\)=\((.*)\) already exists")
 
 
 def answered(reply: R, *, success: bool = False) -> R:
@@ -244,7 +246,9 @@ def answered(reply: R, *, success: bool = False) -> R:
             raise ApiError(404, "not_found", clean_text(missing[-1].strip(), 1000))
         exists = [line for line in lines if _EXISTS.search(line)]
         if exists:
-            raise ApiError(409, "conflict", clean_text(exists[-1].strip(), 1000))
+            taken = _KEY_EXISTS.search(exists[-1])
+            said = f"a workflow with id {taken[1]} already exists" if taken else exists[-1].strip()
+            raise ApiError(409, "conflict", clean_text(said, 1000))
         raise ApiError(502, "executor_error", sdk_error(reply.error_message))
     if success and not getattr(reply, "success", True):
         raise ApiError(502, "executor_error", f"the executor answered {reply.type.value} with success: false")

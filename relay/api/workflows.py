@@ -631,7 +631,15 @@ async def fork_workflow(
     detail = {"workflowIds": [workflow_id], "newWorkflowId": new_id, "startStep": fork.startStep}
     async with audited(ctx, org, app, "workflow.fork", actor(who), detail):
         await _must_be_a_version(ctx, org, app, fork.appVersion)
-        reply = answered(await ctx.gateway.ask(org, app, lambda: ForkWorkflowRequest(body=spec), ForkWorkflowReply))
+        reply = await ctx.gateway.ask(org, app, lambda: ForkWorkflowRequest(body=spec), ForkWorkflowReply)
+        try:
+            answered(reply)
+        except ApiError as exc:
+            # The id is taken: the executor's words are PostgreSQL's ("Key (workflow_uuid)=(...)
+            # already exists" from Python, "duplicate key value violates ..." from TypeScript).
+            if exc.status == 409:
+                raise ApiError(409, "conflict", f"a workflow with id {new_id} already exists") from exc
+            raise
     return shapes.WorkflowIdOut(workflowId=reply.new_workflow_id or new_id)
 
 
