@@ -427,6 +427,45 @@ def test_recover_now_on_a_blocked_card_recovers_onto_the_latest_version(world: W
         expect(page.get_by_role("button", name="Recover now… (versions-v3)")).to_have_count(0)
 
 
+def test_an_executor_id_leads_to_the_executor_or_once_recovered_to_its_recoveries(world: World, page: Page) -> None:
+    """An executor id on a workflow's page, or a recovery's peer, was plain text; and an executor
+    recovered (its record deleted) vanished from the Executors list, which said nothing of it while
+    other executors were listed: the engineer paged about it found nothing there. Now the id links
+    to the executor (its row while the registry holds it) and the list says which executors were
+    recovered lately, each linked to its recovery run."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
+    replies: dict[str, Any] = {"recovery": {"success": True}, "exist_pending_workflows": {"exist": False}}
+    with SimulatedPeer(url, "versions-keeper", "answer", version="v7", replies=replies):
+        with SimulatedPeer(url, "versions-gone", "answer", version="v7"):
+            pass  # it dies; the keeper recovers it and its record is deleted
+        assert_eventually(lambda: world.relay.executor("acme", "versions", "versions-gone") is None, 15)
+        admin(page, world)
+        go(page, "#/apps/versions/executors")
+        expect(page.locator("[data-executor=versions-keeper]")).to_be_visible()  # the list is not empty
+        recent = page.locator("#recently-recovered")
+        expect(recent).to_contain_text("recovered in the last hour")
+        recent.get_by_role("link", name="versions-gone", exact=True).click()
+        expect(page).to_have_url(re.compile(r"#/apps/versions/recoveries\?executor=versions-gone$"))
+        card = page.locator('section.recovery:has(h2:has-text("versions-gone"))').first
+        expect(card).to_contain_text("succeeded")
+        card.locator("ol.timeline").get_by_role("link", name="versions-keeper").first.click()
+        expect(page.get_by_role("heading", name="Executor versions-keeper")).to_be_visible()
+        expect(page.locator("[data-executor=versions-keeper]")).to_be_visible()
+        expect(page.locator('tr[data-state="HEALTHY"]')).to_have_count(1)
+        # An id the registry no longer holds: the page says so and where its recoveries are.
+        go(page, "#/apps/versions/executors?executor=versions-gone")
+        gone = page.locator("#executor-gone")
+        expect(gone).to_contain_text("not in the registry")
+        gone.get_by_role("link", name="its recoveries").click()
+        expect(page.locator('section.recovery:has(h2:has-text("versions-gone"))').first).to_be_visible()
+    # A workflow's executor, from its page, to that executor's row.
+    go(page, "#/apps/ledger/workflows/done-1")
+    executor_id = world.ledger.executor_id
+    page.locator("dl.facts").get_by_role("link", name=executor_id, exact=True).click()
+    expect(page.get_by_role("heading", name=f"Executor {executor_id}")).to_be_visible()
+    expect(page.locator(f'tr[data-state="HEALTHY"] [data-executor="{executor_id}"]')).to_be_visible()
+
+
 def test_an_executors_key_pasted_by_mistake_is_refused_with_a_word_on_why(world: World, page: Page) -> None:
     """relay.yaml holds two kinds of key side by side, and at 3 a.m. the wrong one gets pasted. The
     console signs in with any key ``/whoami`` accepts: an executor's conductor key (only

@@ -24,6 +24,12 @@ const link = (parts, text, params) => {
   return h("a", {href: `#/${parts.map((p) => encodeURIComponent(p)).join("/")}${q ? `?${q}` : ""}`}, text);
 };
 const id = (text) => h("span", {class: "id"}, text ?? "");
+// An executor id, linked to the app's Executors page showing it, which says where its recoveries
+// are when its record is gone (a recovered executor's is deleted).
+const executorLink = (app, executorId) => (executorId ? id(link(["apps", app, "executors"], executorId, {executor: executorId})) : id(executorId));
+// How far back the Executors page looks for executors recovered (and so removed from the registry).
+const RECENT_RECOVERY_MS = 3600 * 1000;
+const RECENT_RECOVERIES = 20;  // the newest runs it reads, as many as the Recoveries page shows
 const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
 
 // A page: a heading and controls mounted once, and a data region read again on refresh. A page of
@@ -137,6 +143,8 @@ function since(e) {
 
 function executorsPage(ctx, app) {
   const params = ctx.route.params;
+  const only = params.get("executor") || "";
+  if (only) return executorPage(ctx, app, only);
   const state = STATES.includes(params.get("state")) ? params.get("state") : "";
   const offset = offsetOf(params);
   const select = h("select", {id: "state-filter", name: "state"},
@@ -150,31 +158,76 @@ function executorsPage(ctx, app) {
     heading: appHeader(ctx, app, "executors", `Executors of ${app}`), controls,
     relevant: (name, data) => data.app === app,
     async load() {
-      const [info, executors] = await Promise.all([
+      const [info, executors, recoveries] = await Promise.all([
         api(`/apps/${enc(app)}`),
         api(`/apps/${enc(app)}/executors`, {params: {state, limit: PAGE, offset}}),
+        api(`/apps/${enc(app)}/recoveries`, {params: {limit: RECENT_RECOVERIES, sortDesc: true}}),
       ]);
       const total = state ? info.executors[state] : Object.values(info.executors).reduce((x, y) => x + y, 0);
       return [
         outcome,
-        table(`Executors of ${app}${state ? ` in state ${state}` : ""}`, [
-          ["Executor", (e) => h("span", {class: "id", "data-executor": e.executorId}, e.executorId)],
-          ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "")],
-          ["Version", (e) => id(e.applicationVersion)],
-          ["Host", (e) => e.hostname || ""],
-          ["Relay instance", (e) => id(e.relayInstance)],
-          ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when", "data-ago": since(e)}, ago(since(e))))],
-          ["Recoveries", (e) => e.state === "HEALTHY" ? "" : h("span", {},
-            link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId}),
-            ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `recover-${e.executorId}`, onclick: () => recover(e)},
-              "Recover now…", h("span", {class: "visually-hidden"}, ` (${e.executorId})`))] : "")],
-        ], executors, {
-          rowAttrs: (e) => ({"data-state": e.state, class: e.blockedReason ? "blocked-row" : null}),
-          empty: state ? `No executor of ${app} is ${state}.` : `No executor of ${app} is in the registry (recovered ones are deleted; see Recoveries).`,
-        }),
+        recentlyRecovered(app, recoveries),
+        executorsTable(ctx, app, executors, state, recover),
         pager("Executor pages", {offset, limit: PAGE, shown: executors.length, total,
           go: (o) => ctx.go(["apps", app, "executors"], {state, offset: o})}),
       ];
+    },
+  });
+}
+
+// The executors recovered lately: a recovered executor's record is deleted, so it is in no list of
+// executors; an engineer paged about it is told it was recovered, and where its run is.
+function recentlyRecovered(app, recoveries) {
+  const since = Date.now() - RECENT_RECOVERY_MS;
+  const gone = [...new Set(recoveries
+    .filter((r) => r.status === "succeeded" && r.deletedAt && new Date(r.deletedAt).getTime() >= since)
+    .map((r) => r.executorId))];
+  if (!gone.length) return null;
+  const shown = gone.slice(0, 5);
+  return h("p", {class: "note", id: "recently-recovered"},
+    `${gone.length} executor${gone.length === 1 ? " was" : "s were"} recovered in the last hour and removed from this list: `,
+    shown.map((e, i) => [i ? ", " : "", id(link(["apps", app, "recoveries"], e, {executor: e}))]),
+    gone.length > shown.length ? ` and ${gone.length - shown.length} more` : "",
+    " (see ", link(["apps", app, "recoveries"], "Recoveries"), ").");
+}
+
+function executorsTable(ctx, app, executors, state, recover) {
+  return table(`Executors of ${app}${state ? ` in state ${state}` : ""}`, [
+    ["Executor", (e) => h("span", {class: "id", "data-executor": e.executorId}, e.executorId)],
+    ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "")],
+    ["Version", (e) => id(e.applicationVersion)],
+    ["Host", (e) => e.hostname || ""],
+    ["Relay instance", (e) => id(e.relayInstance)],
+    ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when", "data-ago": since(e)}, ago(since(e))))],
+    ["Recoveries", (e) => e.state === "HEALTHY" ? "" : h("span", {},
+      link(["apps", app, "recoveries"], "Recoveries", {executor: e.executorId}),
+      ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `recover-${e.executorId}`, onclick: () => recover(e)},
+        "Recover now…", h("span", {class: "visually-hidden"}, ` (${e.executorId})`))] : "")],
+  ], executors, {
+    rowAttrs: (e) => ({"data-state": e.state, class: e.blockedReason ? "blocked-row" : null}),
+    empty: state ? `No executor of ${app} is ${state}.` : `No executor of ${app} is in the registry (recovered ones are deleted; see Recoveries).`,
+  });
+}
+
+// One executor (the Executors page with ?executor=): its row, or, when the registry no longer holds
+// it (recovered, hence deleted, or never connected through Relay), where its recoveries are.
+function executorPage(ctx, app, executorId) {
+  const {outcome, recover} = manualRecovery(app);
+  const all = h("p", {class: "note"}, link(["apps", app, "executors"], `All executors of ${app}`));
+  return basePage({
+    section: "apps", title: `Executor ${executorId}`, app,
+    heading: appHeader(ctx, app, "executors", `Executor ${executorId}`), controls: all,
+    relevant: (name, data) => data.app === app,
+    async load() {
+      let e;
+      try {
+        e = await api(`/apps/${enc(app)}/executors/${enc(executorId)}`);
+      } catch (err) {
+        if (err.status !== 404) throw err;
+        return h("p", {class: "note", id: "executor-gone"}, `Executor ${executorId} is not in the registry of ${app}: `,
+          "a recovered executor's record is deleted. See ", link(["apps", app, "recoveries"], "its recoveries", {executor: executorId}), ".");
+      }
+      return [outcome, executorsTable(ctx, app, [e], "", recover)];
     },
   });
 }
@@ -222,9 +275,9 @@ function recoveryCard(ctx, app, r, recover) {
   }
   for (const a of r.attempts) {
     items.push(step("info", `Attempt ${a.attempt}: dispatched`, a.dispatchedAt || (a.outcome === "dispatched" ? a.at : null)));
-    items.push(step("info", "Peer", null, " ", h("span", {class: "id"}, a.peerExecutorId), ` (${a.mode.replaceAll("_", " ")})`));
+    items.push(step("info", "Peer", null, " ", executorLink(app, a.peerExecutorId), ` (${a.mode.replaceAll("_", " ")})`));
     if (a.outcome === "succeeded") {
-      items.push(step("ok", "Verified", a.endedAt || a.at, a.verifiedBy ? [" by ", h("span", {class: "id"}, a.verifiedBy)] : "",
+      items.push(step("ok", "Verified", a.endedAt || a.at, a.verifiedBy ? [" by ", executorLink(app, a.verifiedBy)] : "",
         h("span", {class: "note"}, ` ${duration(a.dispatchedAt, a.endedAt)} after dispatch`)));
       if (a.deletedAt) items.push(step("ok", "Deleted", a.deletedAt, h("span", {class: "note"}, ` ${duration(r.deadAt, a.deletedAt)} after DEAD`)));
     } else if (a.outcome === "failed") {
@@ -246,7 +299,7 @@ function recoveryCard(ctx, app, r, recover) {
       "Recover now…", h("span", {class: "visually-hidden"}, ` (${r.executorId})`)), " "] : "",
     h("span", {class: "note"}, "or: ", h("code", {}, command))) : null;
   return h("section", {class: "recovery", "aria-labelledby": `rec-${r.recoveryId}`, "data-recovery": r.recoveryId},
-    h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", h("span", {class: "id"}, r.executorId), ` · run ${r.run} `, badge(r.status, r.status.replaceAll("_", " "))),
+    h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", executorLink(app, r.executorId), ` · run ${r.run} `, badge(r.status, r.status.replaceAll("_", " "))),
     h("p", {class: "note"}, `Version ${r.applicationVersion} · started `, when(r.createdAt), r.error ? ` · ${r.error}` : ""),
     h("ol", {class: "timeline", "aria-label": `Timeline of recovery run ${r.run} of ${r.executorId}`}, items),
     wayOut);
@@ -316,7 +369,7 @@ function workflowsTable(app, rows, caption) {
     ["Status", (w) => badge(w.status)],
     ["Queue", (w) => w.queueName || ""],
     ["Version", (w) => id(w.appVersion)],
-    ["Executor", (w) => id(w.executorId)],
+    ["Executor", (w) => executorLink(app, w.executorId)],
     ["Created", (w) => when(w.createdAt)],
     ["Updated", (w) => when(w.updatedAt)],
   ], rows, {empty: "No workflow matches."});
@@ -476,7 +529,7 @@ function workflowPage(ctx, app, workflowId) {
         : h("p", {class: "note", id: "read-only-note"}, "This key may read but not act (it lacks application.write): cancel, resume and fork need a key that may write.");
       const facts = [
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
-        ["Executor", id(w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
+        ["Executor", executorLink(app, w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
         ["Completed", when(w.completedAt)],
         ["Parent", w.parentWorkflowId ? id(link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId)) : null],
         ["Forked from", w.forkedFrom ? id(link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom)) : null],
@@ -714,7 +767,7 @@ function auditPage(ctx) {
           ["Time", (e) => when(e.at)], ["App", (e) => (e.app ? link(["apps", e.app], e.app) : "")],
           ["Action", (e) => h("code", {}, e.action)],
           ["Executor", (e) => (e.executorId && e.app ? link(["apps", e.app, "recoveries"], e.executorId, {executor: e.executorId}) : id(e.executorId))],
-          ["Peer", (e) => id(e.peerExecutorId)], ["Actor", (e) => e.actor],
+          ["Peer", (e) => (e.peerExecutorId && e.app ? executorLink(e.app, e.peerExecutorId) : id(e.peerExecutorId))], ["Actor", (e) => e.actor],
           ["Detail", (e) => auditDetail(e)],
         ], rows, {empty: "No entry matches."}),
         pager("Audit pages", {offset, limit: AUDIT_PAGE, shown: rows.length,
