@@ -185,10 +185,9 @@ function recentlyRecovered(app, recoveries) {
   if (!gone.length) return null;
   const shown = gone.slice(0, 5);
   return h("p", {class: "note", id: "recently-recovered"},
-    `${gone.length} executor${gone.length === 1 ? " was" : "s were"} recovered in the last hour and removed from this list: `,
+    `${gone.length} executor${gone.length === 1 ? " was" : "s were"} recovered in the last hour and removed from this list (their runs are under Recoveries): `,
     shown.map((e, i) => [i ? ", " : "", id(link(["apps", app, "recoveries"], e, {executor: e}))]),
-    gone.length > shown.length ? ` and ${gone.length - shown.length} more` : "",
-    " (see ", link(["apps", app, "recoveries"], "Recoveries"), ").");
+    gone.length > shown.length ? ` and ${gone.length - shown.length} more` : "", ".");
 }
 
 function executorsTable(ctx, app, executors, state, recover) {
