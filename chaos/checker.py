@@ -34,8 +34,9 @@ class History:
     # faults as executed: {"at": unix time, "ended": unix time, "kind": ..., "executor": id or None,
     # "duration": seconds}; "at" and "ended" are wall time, as the audit log's (PostgreSQL's) are
     faults: list[dict[str, Any]] = field(default_factory=list)
-    # The ExecutorDead payloads the run's webhook receiver accepted (one rule, on the main app);
-    # None for a run without a receiver.
+    # The ExecutorDead payloads the run's webhook receiver accepted (one rule, on the main app), in
+    # the order they came: alerts, and their resolutions (``status: resolved``) once each death is
+    # over; None for a run without a receiver.
     alerts: list[dict[str, Any]] | None = None
     # executor id -> its app, for every executor the run started
     apps: dict[str, str] = field(default_factory=dict)
@@ -192,7 +193,9 @@ def _paused_instances_fenced(h: History) -> list[str]:
 
 def _one_alert_per_death(h: History) -> list[str]:
     """Every executor declared dead produced exactly one distinct ExecutorDead idempotency key at
-    the receiver (repeats of it are allowed: webhooks are at least once), and nothing else did."""
+    the receiver (repeats of it are allowed: webhooks are at least once), and nothing else did.
+    Resolutions (``status: resolved``) are not alerts: each resolves an alert that arrived before
+    it, and a death has at most one (its key, ``{the alert's key}:resolved``)."""
     if h.alerts is None:
         return []
     died = {
@@ -201,11 +204,23 @@ def _one_alert_per_death(h: History) -> list[str]:
         if e["action"] == "executor.dead"
     }
     keys: dict[tuple[str, str], set[str]] = {}
-    for payload in h.alerts:
-        keys.setdefault((str(payload.get("executorId")), str(payload.get("epoch"))), set()).add(
-            str(payload.get("idempotencyKey"))
-        )
+    resolved: dict[tuple[str, str], set[str]] = {}
+    arrived: set[str] = set()  # the alert keys arrived so far, in the receiver's order
     problems = []
+    for payload in h.alerts:
+        death = (str(payload.get("executorId")), str(payload.get("epoch")))
+        key = str(payload.get("idempotencyKey"))
+        if payload.get("status") != "resolved":
+            keys.setdefault(death, set()).add(key)
+            arrived.add(key)
+            continue
+        resolves = str(payload.get("resolves"))
+        resolved.setdefault(death, set()).add(key)
+        if key != f"{resolves}:resolved" or resolves not in arrived:
+            problems.append(
+                f"a resolution ({key}) of executor {death[0]} epoch {death[1]} came before the alert "
+                f"it resolves ({resolves}), or resolves none"
+            )
     for executor, epoch in sorted(died):
         found = keys.get((executor, epoch), set())
         if len(found) != 1:
@@ -213,6 +228,8 @@ def _one_alert_per_death(h: History) -> list[str]:
                 f"executor {executor} declared dead (epoch {epoch}) produced {len(found)} distinct "
                 "ExecutorDead idempotency keys at the receiver, not exactly one"
             )
+        if len(resolved.get((executor, epoch), set())) > 1:
+            problems.append(f"executor {executor} declared dead (epoch {epoch}) was resolved under more than one key")
     for executor, epoch in sorted(set(keys) - died):
         problems.append(f"an ExecutorDead alert for executor {executor} epoch {epoch}, which was not declared dead")
     return problems
@@ -297,7 +314,8 @@ def figures(h: History) -> dict[str, Any]:
         "outcomes": len(h.outcomes),
         "step_reexecutions": sum(n - 1 for n in step_runs.values()),
         "faults": dict(Counter(f["kind"] for f in h.faults)),
-        "executor_dead_alerts": None if h.alerts is None else len(h.alerts),
+        "executor_dead_alerts": None if h.alerts is None else sum(a.get("status") != "resolved" for a in h.alerts),
+        "executor_dead_resolutions": None if h.alerts is None else sum(a.get("status") == "resolved" for a in h.alerts),
         "instances_adopted": sum(1 for e in h.audit if e["action"] == "relay.instance_adopted"),
         "paused_instances_fenced": sum(1 for f in h.faults if f.get("exit_code") == 3),
         "fault_to_recovery_secs": {

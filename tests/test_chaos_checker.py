@@ -296,3 +296,23 @@ def test_each_death_must_produce_exactly_one_alert_key() -> None:
     assert check(h) == ["an ExecutorDead alert for executor e1 epoch 4, which was not declared dead"]
     h.alerts = None  # a run without a receiver (an older recording) is not judged on alerts
     assert check(h) == []
+
+
+def test_a_deaths_resolution_is_not_a_second_alert_and_must_follow_its_alert() -> None:
+    h = sound()
+    h.audit[0]["detail"] = {"epoch": 3}
+    alert = {"kind": "ExecutorDead", "executorId": "e1", "epoch": "3", "idempotencyKey": "r:e1:3"}
+    resolution = {**alert, "idempotencyKey": "r:e1:3:resolved", "status": "resolved", "resolves": "r:e1:3"}
+    h.alerts = [alert, resolution, dict(resolution)]  # a repeat of the resolution: at least once
+    assert check(h) == []
+    assert figures(h)["executor_dead_alerts"] == 1 and figures(h)["executor_dead_resolutions"] == 2
+    h.alerts = [resolution, alert]
+    assert check(h) == [
+        "a resolution (r:e1:3:resolved) of executor e1 epoch 3 came before the alert it resolves (r:e1:3), "
+        "or resolves none"
+    ]
+    h.alerts = [alert, resolution, {**resolution, "idempotencyKey": "r:e1:3:resolved-again"}]
+    problems = check(h)
+    assert "executor e1 declared dead (epoch 3) was resolved under more than one key" in problems
+    h.alerts = [resolution]  # no alert, only its resolution
+    assert any("produced 0 distinct" in p for p in check(h)) and any("came before" in p for p in check(h))
