@@ -91,9 +91,12 @@ def deaths(relay: RelayProcess) -> set[tuple[str, str]]:
 
 
 def keys_by_death(receiver: WebhookReceiver) -> dict[tuple[str, str], set[str]]:
+    """The ExecutorDead alerts' keys the receiver accepted, by death (not their resolutions': a death
+    recovered by a peer is resolved too)."""
     found: dict[tuple[str, str], set[str]] = defaultdict(set)
     for payload in receiver.payloads("ExecutorDead"):
-        found[(payload["executorId"], payload["epoch"])].add(payload["idempotencyKey"])
+        if payload.get("status") != "resolved":
+            found[(payload["executorId"], payload["epoch"])].add(payload["idempotencyKey"])
     return found
 
 
@@ -149,7 +152,9 @@ def test_a_flapping_executor_pages_once_per_repeat_interval_and_a_refused_delive
 ) -> None:
     """One executor declared dead twice (paused past its grace period, back, then killed): a new key
     per death for a rule with no repeat interval, one alert in all for a rule with a long one, and a
-    receiver that answers 400 gets one attempt per death, each ending in ``alert.failed``."""
+    receiver that answers 400 gets one attempt per death, each ending in ``alert.failed``. Each death
+    is over (recovered by the peer, or back): the alerts sent are resolved, each after its alert;
+    the one held back by the repeat interval and those that failed are not."""
     with WebhookReceiver() as receiver:
         receiver.refused_prefix = "/refused"
         rules = [
@@ -169,22 +174,36 @@ def test_a_flapping_executor_pages_once_per_repeat_interval_and_a_refused_delive
         flapping.kill()
         assert_eventually(lambda: len(deaths(relay)) == 2, 15, what="the second death")
 
-        def arrived(path: str) -> list[Delivery]:
-            return [d for d in receiver.deliveries("ExecutorDead") if d.path == path]
+        def arrived(path: str, resolved: bool = False) -> list[Delivery]:
+            return [
+                d
+                for d in receiver.deliveries("ExecutorDead")
+                if d.path == path and (d.payload.get("status") == "resolved") == resolved
+            ]
 
         assert_eventually(lambda: len(arrived("/every")) >= 2 and len(audit(relay, "alert.failed")) >= 2, 20)
+        assert_eventually(lambda: len(arrived("/every", True)) == 2 and arrived("/damped", True), 20, what="resolved")
         died = deaths(relay)
         assert {(d.payload["executorId"], d.payload["epoch"]) for d in arrived("/every")} == died
         assert len({d.payload["idempotencyKey"] for d in arrived("/every")}) == 2, "a second death is a new alert"
         (damped,) = arrived("/damped")  # the second death came well within its minIntervalSecs
         assert (damped.payload["executorId"], damped.payload["epoch"]) in died
+        # Resolved: each alert sent, after it; not the second death's, held back at /damped.
+        for path in ("/every", "/damped"):
+            order = [d.payload["idempotencyKey"] for d in receiver.deliveries("ExecutorDead") if d.path == path]
+            for resolution in arrived(path, True):
+                assert order.index(resolution.payload["resolves"]) < order.index(resolution.payload["idempotencyKey"])
+            assert {r.payload["resolves"] for r in arrived(path, True)} == {
+                d.payload["idempotencyKey"] for d in arrived(path)
+            }
+        assert not arrived("/refused", True), "a failed alert is not resolved"
         refused = arrived("/refused")
         assert len(refused) == 2 and not any(d.accepted for d in refused), "a 400 is not tried again"
         failed = audit(relay, "alert.failed")
         assert len(failed) == 2 and all(e["detail"]["attempts"] == 1 and "400" in e["detail"]["error"] for e in failed)
         assert all("/refused" not in json.dumps(e) for e in failed)
         assert scrape(relay.http, "relay_alerts_failed_total", kind="ExecutorDead") == 2
-        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 3
+        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 6  # 3 alerts, 3 resolutions
 
 
 def test_a_delivery_outlives_the_instance_that_started_it(
@@ -298,6 +317,72 @@ def test_a_recovery_failing_again_and_again_is_one_alert_at_its_threshold(
         (death,) = deaths(relay)
         assert alert["epoch"] == death[1]
         assert len({p["idempotencyKey"] for p in receiver.payloads("RecoveryFailed")}) == 1
+
+
+def test_a_deaths_alerts_are_resolved_once_it_is_over_by_its_coming_back_or_a_peers_recovery(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """A death's ExecutorDead and RecoveryFailed alerts are resolved when the death is over, once
+    each and after their alert: the executor, paused past its grace period while the only peer
+    refuses to recover it, connects again (both resolved, saying so); then, killed with -9, it is
+    recovered by a real peer (its ExecutorDead resolved, naming the peer; the RecoveryFailed rule
+    alerted nothing for that death, so it resolves nothing)."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0},
+            {"kind": "RecoveryFailed", "attempts": 1, "webhook": receiver.url("/failed"), "minIntervalSecs": 0},
+        ]
+        config = alert_config(free_port(), rules, grace=0.5)
+        config["liveness"].update(
+            recoveryAckTimeoutSecs=1.5, failoverBackoffInitialSecs=0.3, failoverBackoffMaxSecs=0.6
+        )
+        relay = start_relay(config)
+        dying = start_executor(relay.conductor_url)
+        url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        refusal = {"recovery": {"success": False, "error_message": "disk full"}}
+
+        def at(path: str) -> list[dict[str, Any]]:
+            """What the receiver accepted at ``path`` about ``dying`` (the refusing peer dies too, at the end)."""
+            return [
+                d.payload
+                for d in receiver.deliveries(accepted=True)
+                if d.path == path and d.payload["executorId"] == dying.executor_id
+            ]
+
+        with SimulatedPeer(url, "refusing-peer", "answer", replies=refusal) as refusing:
+            assert_eventually(lambda: relay.state_of("acme", "ledger", refusing.executor_id) == "HEALTHY", 10)
+            assert_eventually(lambda: relay.state_of("acme", "ledger", dying.executor_id) == "HEALTHY", 10)
+            dying.pause()
+            assert_eventually(lambda: at("/failed"), 20, what="RecoveryFailed")
+            assert at("/dead") and not any(p.get("status") for p in at("/dead") + at("/failed")), "not over yet"
+            dying.resume()
+            assert_eventually(lambda: len(at("/dead")) == 2 and len(at("/failed")) == 2, 20, what="both resolved")
+        (first,) = {d for d in deaths(relay) if d[0] == dying.executor_id}
+        for path in ("/dead", "/failed"):
+            alert, resolution = at(path)
+            assert "status" not in alert and (alert["executorId"], alert["epoch"]) == first
+            assert resolution["status"] == "resolved" and resolution["resolves"] == alert["idempotencyKey"]
+            assert resolution["idempotencyKey"] == alert["idempotencyKey"] + ":resolved"
+            assert (resolution["kind"], resolution["executorId"], resolution["epoch"]) == (alert["kind"], *first)
+            assert f"executor {dying.executor_id} connected again" in resolution["message"], resolution["message"]
+            assert resolution["metadata"]["ended"] == "connected_again"
+
+        peer = start_executor(relay.conductor_url)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", dying.executor_id) == "HEALTHY", 10)
+        dying.kill()
+        assert_eventually(lambda: len(at("/dead")) == 4, 20, what="the second death's alert and resolution")
+        (second,) = {d for d in deaths(relay) if d[0] == dying.executor_id} - {first}
+        alert, resolution = at("/dead")[2:]
+        assert "status" not in alert and (alert["executorId"], alert["epoch"]) == second
+        assert resolution["resolves"] == alert["idempotencyKey"] and resolution["epoch"] == second[1]
+        assert f"recovered by peer {peer.executor_id}" in resolution["message"], resolution["message"]
+        assert resolution["metadata"]["recovered_by"] == peer.executor_id
+        resolved = sorted(p["resolves"] for p in at("/dead") + at("/failed") if p.get("status"))
+        sent = audit(relay, "alert.sent")
+        assert set(resolved) <= {e["detail"].get("resolves") for e in sent}, "each resolution's alert.sent names it"
+        time.sleep(1.0)  # a few more polls: nothing repeats, and the second death's RecoveryFailed stays quiet
+        assert (len(at("/dead")), len(at("/failed"))) == (4, 2)
 
 
 def received(evidence_db: str, name: str) -> list[dict[str, Any]]:

@@ -296,3 +296,36 @@ def test_a_resolution_names_the_alert_it_resolves_and_a_firing_alerts_input_keep
     assert alerts.resolution_alert(fact("alert.resolved", detail={**detail, "kind": "NoSuchKind"})) is None
     (firing,) = alerts_for_event(fact("executor.dead", detail={"epoch": 3}), [rule(Kind.EXECUTOR_DEAD)])
     assert "resolves" not in firing.to_json() and "status" not in json.loads(webhook_body(firing, "json"))
+
+
+def test_a_deaths_end_resolves_the_alert_of_each_death_rule_of_its_app_under_the_deaths_key() -> None:
+    """The entry that ends a death (its record deleted after a recovery, or a final recovery.failed:
+    the executor is back) makes one resolution per ExecutorDead and RecoveryFailed rule of its app,
+    keyed by the death's alert (rule, executor, epoch), saying how it ended; a failed attempt, or an
+    entry whose recovery is not known, ends nothing."""
+    rules = [rule(Kind.EXECUTOR_DEAD, rule_id="a"), rule(Kind.RECOVERY_FAILED, rule_id="b"),
+             rule(Kind.EXECUTOR_DEAD, app="other", rule_id="c"), rule(Kind.RECOVERY_BLOCKED, rule_id="d"),
+             rule(Kind.INSTANCE_ADOPTED, rule_id="e")]  # fmt: skip
+    (dead,) = alerts_for_event(fact("executor.dead", detail={"epoch": 3}), rules)
+    deleted = fact("executor.deleted", peer="p-2", recovery_epoch=3, detail={"recoveryId": "x", "verifiedBy": "p-3"})
+    recovered = alerts.death_resolutions(deleted, rules)
+    assert [r.resolves for r in recovered] == [dead.idempotency_key, "b:ex-1:3"]
+    assert [r.idempotency_key for r in recovered] == [f"{dead.idempotency_key}:resolved", "b:ex-1:3:resolved"]
+    first = recovered[0]
+    assert (first.kind, first.subject, first.epoch) == ("ExecutorDead", {"executorId": "ex-1"}, "3")
+    assert "recovered by peer p-2, verified by p-3" in first.message
+    assert {k: v for k, v in first.metadata.items() if k != "reason"} == {
+        "status": "resolved", "resolves": dead.idempotency_key, "ended": "recovered", "recovered_by": "p-2",
+        "verified_by": "p-3",
+    }  # fmt: skip
+    idle = alerts.death_resolutions(
+        fact("executor.deleted", peer="p-2", recovery_epoch=3, detail={"nothingPending": True, "verifiedBy": "p-2"}),
+        rules,
+    )
+    assert idle[0].metadata["ended"] == "nothing_pending" and "nothing to recover" in idle[0].message
+    back = alerts.death_resolutions(
+        fact("recovery.failed", recovery_epoch=3, detail={"final": True, "error": "the executor reconnected"}), rules
+    )
+    assert [r.metadata["ended"] for r in back] == ["connected_again"] * 2 and "ex-1 connected again" in back[0].message
+    assert alerts.death_resolutions(fact("recovery.failed", recovery_epoch=3, detail={"error": "x"}), rules) == []
+    assert alerts.death_resolutions(fact("executor.deleted", detail={"recoveryId": "gone"}), rules) == []

@@ -29,7 +29,11 @@
   that ends is written as ``alert.resolved`` in the audit log, in the
   transaction that ends it; the audit poll starts its resolution,
   ``alert:{the alert's key}:resolved``, which waits for that alert to be
-  sent, then is delivered as an alert is.
+  sent, then is delivered as an alert is. A death's ExecutorDead and
+  RecoveryFailed alerts are resolved the same way when the poll reads the
+  entry that ends the death (``executor.deleted``, or a final
+  ``recovery.failed``: the executor connected again), for the rules whose
+  alert of that death was fired.
 
 Delivery is at least once: an attempt whose answer was lost is made again
 with the same body and idempotency key, for the receiver to drop.
@@ -50,6 +54,7 @@ from dbos._error import DBOSConflictingWorkflowError
 from relay.config import AlertsConfig
 from relay.core.alerts import (
     CONDITION_KINDS,
+    DEATH_KINDS,
     EVENT_KINDS,
     EXECUTOR_KINDS,
     RESOLVED_ACTION,
@@ -60,6 +65,7 @@ from relay.core.alerts import (
     Rule,
     alerts_for_event,
     condition_alert,
+    death_resolutions,
     hold_secs,
     resolution_alert,
 )
@@ -161,7 +167,8 @@ async def _deliver(alert: dict[str, Any], late: bool) -> str:
 @relay_step("relay.alert.firing")
 async def firing(resolves: str) -> ClaimRecord:
     """Where the delivery of the alert a resolution resolves stands: send the resolution once that
-    alert was sent; wait while it is being sent (retrying), lest the resolution arrive first."""
+    alert was sent; wait while it is being sent (retrying) or its delivery has yet to claim it
+    (``starting``: a death that ended at once), lest the resolution arrive first."""
     svc = services().alerts
     status = await svc.store.status_of(resolves)
     settings = svc.settings
@@ -172,6 +179,10 @@ async def firing(resolves: str) -> ClaimRecord:
         "retry_initial": settings.retry_initial_secs,
         "retry_max": settings.retry_max_secs,
     }
+
+
+# Where the alert a resolution resolves may stand while the resolution waits for it to be sent.
+WAITING = frozenset({"sending", "starting"})
 
 
 @DBOS.workflow(name="relay.alert.resolve", max_recovery_attempts=MAX_RECOVERY_ATTEMPTS)
@@ -185,7 +196,7 @@ async def resolve(alert: dict[str, Any]) -> str:
     while True:
         state = await firing(alert["resolves"])
         # The alert's own delivery ends within its attempts' backoff; twice that, for the attempts' time.
-        if state["reason"] != "sending" or waits >= 2 * state["max_attempts"]:
+        if state["reason"] not in WAITING or waits >= 2 * state["max_attempts"]:
             break
         waits += 1
         await DBOS.sleep_async(backoff(waits, state["retry_initial"], state["retry_max"]))
@@ -440,6 +451,12 @@ class AlertLoops:
         if not self.settings.send_resolutions:
             wanted = [a for a in wanted if a.resolves is None]
         found = [a for a in wanted if a.workflow_id not in self._started]
+        # A death's end makes a resolution for each of its app's death rules: only the alerts fired
+        # are resolved. One not fired yet is looked for again at the next poll (read again in the
+        # overlap): its delivery is started by the poll that reads the death, which may be another's.
+        ends = sorted({a.resolves for a in found if a.resolves is not None and Kind(a.kind) in DEATH_KINDS})
+        fired = await self.store.fired(ends) if ends else set()
+        found = [a for a in found if a.resolves is None or a.resolves in fired or Kind(a.kind) not in DEATH_KINDS]
         claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()
         started = 0
         for alert in found:
@@ -457,11 +474,12 @@ class AlertLoops:
 
     @staticmethod
     def alerts_for(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
-        """The alerts an audit entry fires: an event rule's, or the resolution of a condition's alert."""
+        """The alerts an audit entry fires: an event rule's, the resolution of a condition's alert,
+        or those of a death's alerts (the entry ends the death)."""
         if fact.action == RESOLVED_ACTION:
             resolution = resolution_alert(fact)
             return [] if resolution is None else [resolution]
-        return alerts_for_event(fact, rules)
+        return [*alerts_for_event(fact, rules), *death_resolutions(fact, rules)]
 
     async def _schedule_checks(self) -> None:
         interval = self.settings.check_interval_secs

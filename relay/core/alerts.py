@@ -19,7 +19,10 @@ once, and a second death of the same executor (a new epoch) is a new alert.
 A condition's episode that was alerted and ends (``alert.resolved`` in the
 audit log, written when it ends) is followed by its **resolution**
 (:func:`resolution_alert`): the same rule, kind and subject, the key
-``{the alert's key}:resolved``, and a message saying why it ended.
+``{the alert's key}:resolved``, and a message saying why it ended. So is a
+death's ``ExecutorDead`` and ``RecoveryFailed`` alert, once the death is over
+(:func:`death_resolutions`): its recovery succeeded (``executor.deleted``), or
+the executor connected again (a final ``recovery.failed``).
 """
 
 from __future__ import annotations
@@ -238,7 +241,9 @@ class AuditFact:
     executor_id: str | None
     detail: dict[str, Any]
     failed_attempts: int = 0  # recovery.failed: failed attempts of that death so far, over all its runs
-    recovery_epoch: int | None = None  # recovery.failed: the epoch of the death its recovery is for
+    # recovery.failed, executor.deleted: the epoch of the death the entry's recovery (recoveryId) is for
+    recovery_epoch: int | None = None
+    peer: str | None = None  # the entry's peer executor (executor.deleted: the one that recovered)
 
 
 def alerts_for_event(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
@@ -339,7 +344,10 @@ def hold_secs(rule: Rule) -> float:
 
 
 def subject_of(kind: Kind, key: str) -> dict[str, str]:
-    """A condition's subject (the ids a webhook's body carries) from its row's key."""
+    """A condition's subject (the ids a webhook's body carries) from its row's key; a death's alert's
+    (ExecutorDead, RecoveryFailed) from its executor's id."""
+    if kind in DEATH_KINDS:
+        return {"executorId": key}
     if kind is Kind.RECOVERY_BLOCKED:
         return {"executorId": key.rpartition("@")[0]}  # "{executor}@{epoch of its death}"
     name = {Kind.UNRESPONSIVE_APPLICATION: "appName", Kind.WORKFLOW_FAILURE: "workflowName"}.get(kind, "queueName")
@@ -369,22 +377,73 @@ def resolution_alert(fact: AuditFact) -> Alert | None:
         kind, resolves, key = Kind(detail["kind"]), str(detail["resolves"]), str(detail["subjectKey"])
     except (KeyError, ValueError):
         return None
+    reason = str(detail.get("reason", "its condition no longer holds"))
+    return _resolution(fact, str(detail.get("ruleId", "")), kind, key, str(detail.get("epoch", "")), resolves, reason)
+
+
+def _resolution(
+    fact: AuditFact, rule_id: str, kind: Kind, key: str, epoch: str, resolves: str, reason: str,
+    more: dict[str, str] | None = None,
+) -> Alert:  # fmt: skip
+    """A resolution: the alert ``resolves`` of ``rule_id`` about ``key``, over at ``fact``, and why."""
     subject = subject_of(kind, key)
     what = ", ".join(f"{k} {v}" for k, v in subject.items())
-    reason = str(detail.get("reason", "its condition no longer holds"))
     return Alert(
-        rule_id=str(detail.get("ruleId", "")),
+        rule_id=rule_id,
         kind=kind.value,
         org=fact.org,
         app=fact.app or "",
         subject=subject,
         subject_key=key,
-        epoch=str(detail.get("epoch", "")),
+        epoch=epoch,
         message=f"Resolved: {kind.value} of app {fact.app} ({what}) is over: {reason}.",
         at=fact.at,
-        metadata={"status": "resolved", "resolves": resolves, "reason": reason},
+        metadata={"status": "resolved", "resolves": resolves, "reason": reason, **(more or {})},
         resolves=resolves,
     )
+
+
+# The audit actions that may end a death: its record deleted after a verified recovery (or none was
+# needed), or a run's final ``recovery.failed`` (the executor connected again).
+DEATH_END_ACTIONS = frozenset({"executor.deleted", "recovery.failed"})
+# The event kinds whose alert is about one death (its key's epoch is the death's): resolved when it ends.
+DEATH_KINDS = frozenset({Kind.EXECUTOR_DEAD, Kind.RECOVERY_FAILED})
+
+
+def death_over(fact: AuditFact) -> tuple[str, dict[str, str]] | None:
+    """(why, metadata) if the entry ends a death (the epoch it is for is ``fact.recovery_epoch``)."""
+    if fact.action not in DEATH_END_ACTIONS or fact.recovery_epoch is None or not fact.executor_id:
+        return None
+    detail = fact.detail
+    verifier = str(detail.get("verifiedBy") or "")
+    if fact.action == "recovery.failed":
+        if not detail.get("final"):
+            return None  # an attempt failed: the death goes on
+        why = f"executor {fact.executor_id} connected again ({str(detail.get('error', 'its recovery ended'))[:300]})"
+        return why, {"ended": "connected_again"}
+    if detail.get("nothingPending"):
+        why = f"it left no PENDING workflow ({verifier or 'a peer'} listed none): nothing to recover, record deleted"
+        return why, {"ended": "nothing_pending", "verified_by": verifier}
+    peer = fact.peer or ""
+    why = f"its workflows were recovered by peer {peer or '?'}" + (f", verified by {verifier}" if verifier else "")
+    more = {"ended": "recovered", "recovered_by": peer, "verified_by": verifier}
+    return why + ", and its record deleted", {k: v for k, v in more.items() if v}
+
+
+def death_resolutions(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
+    """The resolutions a death's end calls for: one for the alert each ExecutorDead and
+    RecoveryFailed rule of the app fired for that death (its key is the death's: rule, executor,
+    epoch), whether or not that rule fired one (the delivery checks: :meth:`AlertStore.fired`)."""
+    over = death_over(fact)
+    if over is None:
+        return []
+    reason, more = over
+    executor, epoch = str(fact.executor_id), str(fact.recovery_epoch)
+    return [
+        _resolution(fact, rule.id, rule.kind, executor, epoch, f"{rule.id}:{executor}:{epoch}", reason, more)
+        for rule in rules
+        if rule.kind in DEATH_KINDS and rule.org == fact.org and rule.app == fact.app
+    ]
 
 
 def condition_alert(rule: Rule, seen: Observed, episode: int, since: str) -> Alert:

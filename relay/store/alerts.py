@@ -29,9 +29,20 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from relay.config import MAX_SECS, AlertRuleConfig, AppConfig, RelayConfig
-from relay.core.alerts import EVENT_ACTIONS, RESOLVED_ACTION, Alert, AuditFact, Kind, Rule, subject_of, why_over
+from relay.core.alerts import (
+    DEATH_END_ACTIONS,
+    EVENT_ACTIONS,
+    RESOLVED_ACTION,
+    Alert,
+    AuditFact,
+    Kind,
+    Rule,
+    subject_of,
+    why_over,
+)
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
+from relay.store.instances import dbos_ran
 
 log = logging.getLogger("relay.alerts")
 
@@ -259,7 +270,8 @@ class AlertStore:
         transaction commits, so a later id can be seen first), or since ``not_before`` if that is
         earlier (a transaction open longer). The two are read apart: entries already read, however
         many, never stand in the way of new ones. A ``recovery.failed`` comes with the failed
-        attempts of that death so far."""
+        attempts of that death so far, it and an ``executor.deleted`` (either may end a death:
+        :func:`relay.core.alerts.death_over`) with the epoch of the death their recovery is for."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """WITH picked AS (
@@ -271,17 +283,19 @@ class AlertStore:
                           AND id <= %(after)s
                           AND action = ANY(%(actions)s)
                         ORDER BY at DESC, id DESC LIMIT %(limit)s))
-                   SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.detail, r.epoch AS recovery_epoch,
+                   SELECT l.id, l.at, l.org, l.app, l.action, l.executor_id, l.peer_executor_id, l.detail,
+                          r.epoch AS recovery_epoch,
                           (SELECT count(*) FROM recovery_attempts a JOIN recoveries r2 ON r2.id = a.recovery_id
                            WHERE r2.org = r.org AND r2.app = r.app AND r2.executor_id = r.executor_id
                              AND r2.epoch = r.epoch AND a.outcome = 'failed') AS failed_attempts
                    FROM picked p JOIN audit_log l ON l.id = p.id
-                   LEFT JOIN recoveries r ON l.action = 'recovery.failed' AND r.id = l.detail->>'recoveryId'
+                   LEFT JOIN recoveries r ON l.action = ANY(%(ends)s) AND r.id = l.detail->>'recoveryId'
                    ORDER BY l.id""",
                 {
                     "after": after,
                     "overlap": overlap_secs,
-                    "actions": [*EVENT_ACTIONS, RESOLVED_ACTION],
+                    "actions": sorted({*EVENT_ACTIONS, RESOLVED_ACTION, *DEATH_END_ACTIONS}),
+                    "ends": sorted(DEATH_END_ACTIONS),
                     "limit": limit,
                     "not_before": not_before,
                 },
@@ -299,6 +313,7 @@ class AlertStore:
                 detail=r["detail"] or {},
                 failed_attempts=int(r["failed_attempts"] or 0),
                 recovery_epoch=None if r["recovery_epoch"] is None else int(r["recovery_epoch"]),
+                peer=r["peer_executor_id"],
             )
             for r in rows
         ]
@@ -523,11 +538,25 @@ class AlertStore:
 
     async def status_of(self, key: str) -> str | None:
         """Where the delivery of the alert ``key`` stands (``sending``, ``sent``, ``failed``,
-        ``suppressed``), None if no delivery claimed it."""
+        ``suppressed``; ``starting``: its workflow, ``alert:{key}``, runs and has not claimed it
+        yet), None if no delivery claimed it or is about to."""
         async with self.db.connection() as conn:
             cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
             row = await cur.fetchone()
-        return None if row is None else str(row["status"])
+            if row is not None:
+                return str(row["status"])
+            running = await _workflows(conn, [key], f"AND w.status IN {_RUNNING}")
+        return "starting" if running else None
+
+    async def fired(self, keys: list[str]) -> set[str]:
+        """Which of these alert keys were fired: a delivery claimed the key, or its workflow
+        (``alert:{key}``) was started. A death's resolutions are made for every ExecutorDead and
+        RecoveryFailed rule of its app; only those of an alert that was fired are delivered."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s)", (keys,))
+            claimed = {str(r["idempotency_key"]) for r in await cur.fetchall()}
+            rest = [k for k in keys if k not in claimed]
+            return claimed | (await _workflows(conn, rest, "") if rest else set())
 
     async def finish(
         self, alert: Alert, sent: bool, attempts: int, error: str | None, destination: str, dedupe: str
@@ -555,6 +584,23 @@ class AlertStore:
                 detail["resolves"] = alert.resolves  # a resolution, of the alert of that key
             entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
             return await write_audit(conn, alert.org, alert.app, entry)
+
+
+# The statuses of a DBOS workflow that has not finished.
+_RUNNING = "('PENDING', 'ENQUEUED', 'DELAYED')"
+
+
+async def _workflows(conn: Conn, keys: list[str], status: str) -> set[str]:
+    """The alert keys whose delivery workflow (``alert:{key}``) Relay's DBOS has (``status``: an SQL
+    condition on it, ``w.status``); none if DBOS never ran on this database."""
+    if not await dbos_ran(conn):
+        return set()
+    cur = await conn.execute(
+        f"""SELECT k FROM unnest(%s::text[]) AS k
+            WHERE EXISTS (SELECT 1 FROM dbos.workflow_status w WHERE w.workflow_uuid = 'alert:' || k {status})""",
+        (keys,),
+    )
+    return {str(r["k"]) for r in await cur.fetchall()}
 
 
 def interval_secs(min_interval_secs: float) -> float:
