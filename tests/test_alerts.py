@@ -385,6 +385,38 @@ def test_a_deaths_alerts_are_resolved_once_it_is_over_by_its_coming_back_or_a_pe
         assert (len(at("/dead")), len(at("/failed"))) == (4, 2)
 
 
+def test_a_death_over_before_its_alert_was_claimed_is_still_resolved_after_it(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """An executor killed with -9 that left nothing PENDING, whose only peer runs another version:
+    its record is deleted within milliseconds of its death (nothing to recover), so the poll reads
+    the death and its end together, and the resolution's first look may come before the alert's
+    delivery claimed its key (here: the claim waits for the rule's row, held as another instance's
+    claim would hold it). It waits for that delivery rather than finding the alert never claimed:
+    the alert, then its resolution saying there was nothing to recover."""
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url(), "minIntervalSecs": 0}]
+        config = alert_config(free_port(), rules, grace=0.3)
+        relay = start_relay(config)
+        dying = start_executor(relay.conductor_url)
+        peer = start_executor(relay.conductor_url, version="v2")
+        assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", dying.executor_id) == "HEALTHY", 10)
+        # Another instance's claim of the same rule holds its row (FOR UPDATE): the alert's claim waits.
+        with psycopg.connect(relay.database_url) as held:
+            held.execute("SELECT 1 FROM alert_rules FOR UPDATE")
+            dying.kill()
+            assert_eventually(lambda: audit(relay, "executor.deleted"), 20, what="the death over")
+            time.sleep(1.5)  # a few polls: the resolution's delivery has begun, its alert still unclaimed
+            assert receiver.payloads() == []
+            held.rollback()
+        alert, resolution = assert_eventually(lambda: len(receiver.payloads()) >= 2 and receiver.payloads(), 20)
+        assert "status" not in alert and alert["executorId"] == dying.executor_id
+        assert resolution["resolves"] == alert["idempotencyKey"], resolution
+        assert resolution["metadata"]["ended"] == "nothing_pending" and "nothing to recover" in resolution["message"]
+        assert resolution["metadata"]["verified_by"] == peer.executor_id
+
+
 def received(evidence_db: str, name: str) -> list[dict[str, Any]]:
     """What the receiving app's alert handler wrote."""
     with psycopg.connect(evidence_db) as conn:
