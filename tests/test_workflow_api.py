@@ -638,6 +638,37 @@ def test_fork_with_a_given_id_and_with_one_relay_draws(world: World) -> None:
     audited_once(world, "ledger", "workflow.fork", "failure", workflowIds=["no-such-workflow"])
 
 
+def forks_waiting(sysdb: str) -> set[str]:
+    """The statements of the system database's sessions waiting for a lock on workflow_status, by
+    their first word."""
+    rows = query(
+        sysdb,
+        """SELECT split_part(ltrim(query), ' ', 1) FROM pg_stat_activity WHERE datname = current_database()
+           AND wait_event_type = 'Lock' AND position('workflow_status' in query) > 0""",
+    )
+    return {str(r[0]).upper() for r in rows}
+
+
+def test_a_fork_whose_first_executor_answers_late_is_answered_201(world: World) -> None:
+    """A fork is tried on the next executor when the one asked first does not answer in time, with
+    the id Relay drew before the first ask. The first one forked all the same, late: the next one
+    finds the id taken. That id is this request's, so the fork is made once and answered 201 (not
+    409 "a workflow with id ... already exists", about an id the caller never gave)."""
+    with psycopg.connect(world.sysdb) as lock, world.api(world.r2) as api, ThreadPoolExecutor(1) as pool:
+        # The executor asked first inserts the fork's row, then waits to mark done-1 forked (its row
+        # is locked here); the one asked a timeout later (PER_EXECUTOR_SECS) waits for that row's id.
+        lock.execute("SELECT 1 FROM dbos.workflow_status WHERE workflow_uuid = 'done-1' FOR UPDATE")
+        answer = pool.submit(api.post, f"{LEDGER}/workflows/done-1/fork", json={"startStep": 10})
+        assert_eventually(lambda: {"INSERT", "UPDATE"} <= forks_waiting(world.sysdb), 10)
+        lock.rollback()
+        drawn = ok(answer.result(), 201)["workflowId"]
+    assert_eventually(lambda: db_status(world, drawn) == "SUCCESS", 20)
+    assert query(world.sysdb, "SELECT forked_from FROM dbos.workflow_status WHERE workflow_uuid = %s", drawn) == [
+        ("done-1",)
+    ]
+    audited_once(world, "ledger", "workflow.fork", workflowIds=["done-1"], newWorkflowId=drawn)
+
+
 def forked_with_child(world: World, new_id: str) -> str:
     """A fork of done-1 from step 6: it starts a child of its own, then waits for a message;
     cancelled once the child is there, so that nothing runs when it is deleted."""
