@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -78,6 +79,7 @@ from relay_protocol import (
     ResumeRequest,
 )
 
+log = logging.getLogger("relay.http")
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
 
@@ -637,9 +639,14 @@ async def fork_workflow(
         except ApiError as exc:
             # The id is taken: the executor's words are PostgreSQL's ("Key (workflow_uuid)=(...)
             # already exists" from Python, "duplicate key value violates ..." from TypeScript).
-            if exc.status == 409:
-                raise ApiError(409, "conflict", f"a workflow with id {new_id} already exists") from exc
-            raise
+            if exc.status != 409:
+                raise
+            if not fork.newWorkflowId:
+                # Relay drew the id for this request: only this fork can hold it. An executor asked
+                # before made it and answered after the per-executor timeout; the next one found it.
+                log.info("fork of %r: %s was made by an executor that answered late", workflow_id, new_id)
+                return shapes.WorkflowIdOut(workflowId=new_id)
+            raise ApiError(409, "conflict", f"a workflow with id {new_id} already exists") from exc
     return shapes.WorkflowIdOut(workflowId=reply.new_workflow_id or new_id)
 
 
