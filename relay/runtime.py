@@ -341,8 +341,11 @@ class Runtime:
         try:
             clock.at("recording its executors' disconnection")
             # First the disconnections still being written (sockets closed just before the stop,
-            # their handlers cancelled by uvicorn): they lock the same rows in another order.
-            await self.db.writes.settled(WRITES_SETTLE_SECS)
+            # their handlers cancelled by uvicorn): they lock the same rows in another order. The
+            # batched ones (ExecutorStore.lost) and the combined writes, within one budget.
+            budget = time.monotonic() + WRITES_SETTLE_SECS
+            await self.executors.settled(WRITES_SETTLE_SECS)
+            await self.db.writes.settled(max(0.0, budget - time.monotonic()))
             await self.executors.instance_lost(self.instance_id)
             clock.at("the repair sweep")
             await self.engine.sweep()

@@ -258,6 +258,31 @@ def test_a_stop_awaits_the_combined_writes_in_flight_for_a_bounded_time(postgres
     asyncio.run(_settled(postgres.create_database("settled")))
 
 
+async def _batched_settled(url: str) -> None:
+    async with _instances(url, "relay-1") as [(db, _, executors)]:
+        key, epoch = await _connect(executors, "relay-1", "ex-1", lost=False)
+        async with await psycopg.AsyncConnection.connect(url) as blocker:
+            await blocker.execute("SELECT 1 FROM executors FOR UPDATE")
+            write = asyncio.create_task(executors.lost(key, epoch, "relay-1"))
+            await asyncio.sleep(0.3)  # its batch's statement waits for the row
+            write.cancel()  # its caller gone (a handler that uvicorn cancels): the batch goes on
+            started = time.monotonic()
+            await executors.settled(0.5)
+            assert 0.5 <= time.monotonic() - started < 1.5  # bounded: the batch still waits
+            await blocker.rollback()
+        started = time.monotonic()
+        await executors.settled(10.0)  # the batch commits and its writer ends
+        assert time.monotonic() - started < 2.0
+        assert (await _rows(db))[0] == {"ex-1": "DISCONNECTED"}
+
+
+def test_a_stop_awaits_the_batched_disconnections_in_flight_for_a_bounded_time(postgres: Postgres) -> None:
+    """Disconnections are written in batches of their own (``ExecutorStore.lost``), not through the
+    combined writes: a stop, before it records its executors lost, lets those in flight finish too
+    (they lock the same rows), bounded as the combined writes' wait is."""
+    asyncio.run(_batched_settled(postgres.create_database("batched_settled")))
+
+
 async def _disconnections_together(url: str) -> None:
     async with _instances(url, "relay-1", "relay-2") as [(db1, _, ex1), (db2, _, ex2)]:
         mine = [await _connect(ex1, "relay-1", f"m-{i}", lost=False) for i in range(GROUP)]

@@ -199,6 +199,14 @@ class ExecutorStore:
         self._lost_writer: asyncio.Task[None] | None = None
         self.lost_batches = 0  # for the tests: statements that recorded disconnections together
 
+    async def settled(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until the batched connections and disconnections being
+        written now are written (a stop's first step, as :meth:`relay.store.combiner.WriteCombiner.settled`:
+        they do not go through the combiner, and lock the rows a stop's :meth:`instance_lost` is about to)."""
+        running = [t for t in (self._lost_writer, self._connect_writer) if t is not None and not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
+
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
         if applied:
             self.events[(event.value, "applied")] += applied
