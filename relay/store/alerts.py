@@ -541,11 +541,13 @@ class AlertStore:
         ``suppressed``; ``starting``: its workflow, ``alert:{key}``, runs and has not claimed it
         yet), None if no delivery claimed it or is about to."""
         async with self.db.connection() as conn:
+            # The workflow first, then the claim: a delivery that claims and finishes between the two
+            # reads is found by the second (read the other way round, it was found by neither).
+            running = await _workflows(conn, [key], f"AND w.status IN {_RUNNING}")
             cur = await conn.execute("SELECT status FROM alerts WHERE idempotency_key = %s", (key,))
             row = await cur.fetchone()
-            if row is not None:
-                return str(row["status"])
-            running = await _workflows(conn, [key], f"AND w.status IN {_RUNNING}")
+        if row is not None:
+            return str(row["status"])
         return "starting" if running else None
 
     async def fired(self, keys: list[str]) -> set[str]:
