@@ -103,7 +103,6 @@ class WriteCombiner:
             await asyncio.wait(list(self._running), timeout=timeout)
 
     async def _drain(self) -> None:
-        self.db.unhurried()  # a request of the API may have begun this lane: the others' writes wait as ever
         try:
             while self._queue:
                 batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]

@@ -89,8 +89,10 @@ def deadlocked(exc: BaseException) -> bool:
 
 # How long the current task waits for a connection of the pool; None: the pool's timeout.
 _patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("relay_db_patience", default=None)
-# Whether the current task is a request of the API, refused at once while the database is known unreachable.
-_hasty: contextvars.ContextVar[bool] = contextvars.ContextVar("relay_db_hasty", default=False)
+# The task of a request of the API, refused at once while the database is known unreachable. The task
+# itself, not a flag: a task it starts (a workflow, a lane of combined writes, an audit entry's write)
+# inherits the variable but is another task, and waits for connections as the pool does.
+_hasty: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar("relay_db_hasty", default=None)
 
 
 async def patiently(coro: Coroutine[Any, Any, T], wait_secs: float) -> T:
@@ -111,8 +113,9 @@ def hastily() -> Iterator[None]:
     """Within it (a request of the API), while the database is known unreachable
     (:attr:`Database.down_since`), a connection is not waited for: unless a connection of its own
     finds the database answering now (within :data:`RECHECK_SECS`), the caller is answered 503 at
-    once, not after the pool's 10 s. :func:`patiently` wins over it."""
-    token = _hasty.set(True)
+    once, not after the pool's 10 s. :func:`patiently` wins over it. Only the task that enters it is
+    hasty, not the tasks it starts."""
+    token = _hasty.set(asyncio.current_task())
     try:
         yield
     finally:
@@ -239,7 +242,14 @@ class Database:
         used: psycopg.AsyncConnection[dict[str, Any]] | None = None
         wait = _patience.get()
         down_since = self.down_since
-        if wait is None and down_since is not None and _hasty.get() and not await self._answers_now():
+        hasty = _hasty.get()
+        if (
+            wait is None
+            and down_since is not None
+            and hasty is not None
+            and hasty is asyncio.current_task()
+            and not await self._answers_now()
+        ):
             secs = time.monotonic() - down_since
             raise DatabaseError(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
         try:
@@ -285,12 +295,6 @@ class Database:
             self.down_since, self.down_reason = None, ""
         if self._unreachable:
             self._unreachable, self.recovered_at = False, time.monotonic()
-
-    @staticmethod
-    def unhurried() -> None:
-        """The current task waits for connections as the pool does, though a request of the API
-        began it: a task of its own that serves others too (the combined writes' transactions)."""
-        _hasty.set(False)
 
     async def _answers_now(self) -> bool:
         """Whether the database, known unreachable, answers now: one attempt at a time, and its answer
