@@ -1,0 +1,364 @@
+'use strict';
+
+// The socket to Relay: connects, answers, and reconnects until stopped.
+//
+// - Relay speaks first (executor_info); the client only answers. The handshake's executor_info is
+//   answered at once, outside the turns, so requests still running never keep the executor from
+//   joining again.
+// - At most maxConcurrentRequests requests are served at once; up to maxWaitingRequests more wait
+//   for a turn, and a request beyond those is answered at once with an error saying the client is
+//   busy (memory stays bounded, and Relay hears why instead of waiting out its timeout).
+// - Replies go through a bounded send queue (sendQueueSize) to one sender that waits for each
+//   frame to be written: a handler whose reply finds the queue full waits, so a Relay slow to read
+//   holds handlers back rather than memory growing. Replies to requests of a socket that has closed
+//   are dropped: they were asked on a socket that is gone.
+// - Relay's pings are answered (ws does it); the client pings Relay every 20 s and gives up on the
+//   socket when no pong comes within 15 s, as the SDK's client does.
+// - After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so executors cut off
+//   together do not all come back at once), forever until stopped. A refusal that will repeat (HTTP
+//   4xx other than 429; close codes 4400, 4401, 4403, 4409; an untrusted certificate) waits twice
+//   as long each time in a row, up to 30 s; Relay too busy (429, 5xx; close codes 4408, 4410) up to
+//   2 s; each times the jitter. A socket open 10 s or more starts the count over.
+// - The key is part of the URL; nothing the client logs carries it (the URL is shown with ***).
+
+const WebSocket = require('ws');
+
+const PING_INTERVAL_MS = 20_000;
+const PING_TIMEOUT_MS = 15_000;
+const OPEN_TIMEOUT_MS = 5_000;
+const CLOSE_TIMEOUT_MS = 5_000;
+const WATCH_INTERVAL_MS = 500;
+const RECONNECT_MS = 1_000;
+const REFUSED_MAX_MS = 30_000;
+const BUSY_MAX_MS = 2_000;
+const STEADY_MS = 10_000;
+const REDACT_ANYWHERE_MIN = 8;
+const REFUSED_CLOSE_CODES = new Set([4400, 4401, 4403, 4409]);
+const BUSY_CLOSE_CODES = new Set([4408, 4410]);
+
+const Retry = Object.freeze({ SOON: 'soon', BUSY: 'busy', REFUSED: 'refused' });
+
+/** The wait before the next try, in ms (see the module's comment). */
+function reconnectDelay(retry = Retry.SOON, inARow = 0, random = Math.random) {
+  const jitter = 0.5 + random();
+  if (retry === Retry.SOON || inARow <= 0) return jitter * RECONNECT_MS;
+  const most = retry === Retry.REFUSED ? REFUSED_MAX_MS : BUSY_MAX_MS;
+  return jitter * Math.min(most, RECONNECT_MS * 2 ** Math.min(inARow - 1, 30));
+}
+
+function retryAfterStatus(status) {
+  return status === 429 || status >= 500 ? Retry.BUSY : Retry.REFUSED;
+}
+
+function retryAfterClose(code) {
+  if (REFUSED_CLOSE_CODES.has(code)) return Retry.REFUSED;
+  return BUSY_CLOSE_CODES.has(code) ? Retry.BUSY : Retry.SOON;
+}
+
+/** Throws unless `base` is a URL the client can connect to; the message names only the part at fault. */
+function checkUrl(base) {
+  if (typeof base !== 'string') throw new TypeError(`the URL must be a string, not ${typeof base}`);
+  let parts;
+  try {
+    parts = new URL(base);
+  } catch {
+    throw new TypeError("not a URL Relay can be reached at (Relay's executor URL: ws://host:port/)");
+  }
+  if (parts.protocol !== 'ws:' && parts.protocol !== 'wss:') {
+    throw new TypeError(`the URL must start with ws:// or wss:// (Relay's executor URL), not ${parts.protocol}//`);
+  }
+  if (!parts.hostname) throw new TypeError('the URL has no host');
+  if (parts.port === '0') throw new TypeError('port 0 is not a port to connect to');
+  if (parts.search || parts.hash) {
+    throw new TypeError('the URL must not have a query or a fragment: the client adds websocket/{app}/{key} to it');
+  }
+  return parts;
+}
+
+function checkKey(key) {
+  if (typeof key !== 'string') throw new TypeError(`the key must be a string, not ${typeof key}`);
+  if (!key) throw new TypeError("the key is empty: give the conductor key Relay issued for this app");
+}
+
+function websocketUrl(base, app, key) {
+  return `${base.replace(/\/+$/, '')}/websocket/${encodeURIComponent(app)}/${encodeURIComponent(key)}`;
+}
+
+/** A counting semaphore for the request turns. */
+class Turns {
+  constructor(size) {
+    this.free = size;
+    this.waiting = [];
+  }
+
+  async take() {
+    if (this.free > 0) {
+      this.free -= 1;
+      return;
+    }
+    await new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  give() {
+    const next = this.waiting.shift();
+    if (next) next();
+    else this.free += 1;
+  }
+}
+
+/** One socket's bounded outbox and its sender. */
+class Outbox {
+  constructor(ws, size) {
+    this.ws = ws;
+    this.size = size;
+    this.frames = [];
+    this.roomWaiters = [];
+    this.sending = false;
+    this.closed = false;
+  }
+
+  /** Queue `text`; waits while the queue is full. Dropped once the socket is gone. */
+  async put(text) {
+    while (!this.closed && this.frames.length >= this.size) {
+      await new Promise((resolve) => this.roomWaiters.push(resolve));
+    }
+    if (this.closed) return;
+    this.frames.push(text);
+    this.pump();
+  }
+
+  pump() {
+    if (this.sending || this.closed || this.frames.length === 0) return;
+    this.sending = true;
+    const text = this.frames.shift();
+    this.roomWaiters.shift()?.();
+    this.ws.send(text, (err) => {
+      this.sending = false;
+      if (err) {
+        this.close();
+        return;
+      }
+      this.pump();
+    });
+  }
+
+  close() {
+    this.closed = true;
+    this.frames = [];
+    for (const wake of this.roomWaiters.splice(0)) wake();
+  }
+}
+
+class Connection {
+  constructor(baseUrl, { key, app, handlers, log, ca, maxConcurrentRequests = 4, maxWaitingRequests = 64,
+    sendQueueSize = 64, maxFrameBytes, alive = () => true }) {
+    const parts = checkUrl(baseUrl);
+    checkKey(key);
+    if (!(maxConcurrentRequests >= 1) || !(sendQueueSize >= 1) || !(maxWaitingRequests >= 0)) {
+      throw new RangeError('maxConcurrentRequests and sendQueueSize must be at least 1, maxWaitingRequests at least 0');
+    }
+    if (ca !== undefined && parts.protocol !== 'wss:') throw new TypeError('ca is for a wss:// URL only');
+    this.app = app;
+    this.executorId = handlers.ctx.executorId;
+    this.handlers = handlers;
+    this.log = log;
+    this._url = websocketUrl(baseUrl, app, key);
+    this.shownUrl = `${websocketUrl(baseUrl, app, '')}***`;
+    this._key = key;
+    this._ca = ca;
+    this._maxConcurrent = maxConcurrentRequests;
+    this._maxHeld = maxConcurrentRequests + maxWaitingRequests;
+    this._sendQueueSize = sendQueueSize;
+    this._maxFrameBytes = maxFrameBytes;
+    this._alive = alive;
+    this._turns = new Turns(maxConcurrentRequests);
+    this._held = 0;
+    this._stopping = false;
+    this._ws = null;
+    this._timer = null;
+    this._watch = null;
+    this._lastProblem = '';
+    this._last = Retry.SOON;
+    this._inARow = 0;
+    this.connected = false;
+    this.stopped = new Promise((resolve) => {
+      this._markStopped = resolve;
+    });
+    this._onStop = [];
+  }
+
+  start() {
+    this._watch = setInterval(() => {
+      if (!this._alive()) {
+        this.log.info('relay client: DBOS was shut down; disconnecting from Relay');
+        this.stop();
+      }
+    }, WATCH_INTERVAL_MS);
+    this._watch.unref();
+    this._open();
+  }
+
+  get running() {
+    return !this._stopping;
+  }
+
+  /** Close the socket (a close frame, code 1000) and stop reconnecting; resolves once it is closed. */
+  async stop() {
+    if (!this._stopping) {
+      this._stopping = true;
+      clearInterval(this._watch);
+      clearTimeout(this._timer);
+      const ws = this._ws;
+      if (ws && ws.readyState !== WebSocket.CLOSED) {
+        const closed = new Promise((resolve) => ws.once('close', resolve));
+        if (ws.readyState === WebSocket.CONNECTING) ws.terminate();
+        else ws.close(1000, 'executor stopping');
+        const timer = setTimeout(() => ws.terminate(), CLOSE_TIMEOUT_MS);
+        await closed;
+        clearTimeout(timer);
+      }
+      this.log.info('relay client: connection to Relay stopped');
+      for (const f of this._onStop.splice(0)) f();
+      this._markStopped();
+    }
+    return this.stopped;
+  }
+
+  /** `textIn` with the key blanked: in the URL's path whatever its length, elsewhere from 8 characters on
+   * (blanking every "e" of a line for a key "e" would spell the key out). */
+  _redact(textIn) {
+    let out = String(textIn);
+    for (const form of new Set([encodeURIComponent(this._key), this._key])) {
+      out = out.split(`/${encodeURIComponent(this.app)}/${form}`).join(`/${encodeURIComponent(this.app)}/***`);
+      if (this._key.length >= REDACT_ANYWHERE_MIN) out = out.split(form).join('***');
+    }
+    return out;
+  }
+
+  _noteProblem(problem) {
+    const redacted = this._redact(problem);
+    if (redacted && redacted !== this._lastProblem) this.log.warn(`relay client: ${redacted}; reconnecting`);
+    this._lastProblem = redacted;
+  }
+
+  _open() {
+    if (this._stopping) return;
+    const ws = new WebSocket(this._url, {
+      handshakeTimeout: OPEN_TIMEOUT_MS,
+      ca: this._ca,
+      maxPayload: this._maxFrameBytes,
+      perMessageDeflate: false,
+      followRedirects: false,
+    });
+    this._ws = ws;
+    let retry = Retry.SOON;
+    let openedAt;
+    let pinger;
+    let outbox;
+    let first = true;
+
+    ws.on('unexpected-response', (req, res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => {
+        const bodyText = Buffer.concat(chunks).toString('utf8').slice(0, 500);
+        this._noteProblem(`Relay refused the connection (${res.statusCode}): ${bodyText}`);
+        retry = retryAfterStatus(res.statusCode);
+        ws.terminate();
+      });
+      res.on('error', () => ws.terminate());
+    });
+    ws.on('open', () => {
+      openedAt = Date.now();
+      this.connected = true;
+      this._noteProblem('');
+      this.log.info(`relay client: connected to ${this.shownUrl} as executor ${this.executorId}`);
+      outbox = new Outbox(ws, this._sendQueueSize);
+      let awaitingPong = null;
+      ws.on('pong', () => {
+        clearTimeout(awaitingPong);
+        awaitingPong = null;
+      });
+      pinger = setInterval(() => {
+        if (awaitingPong) return;
+        ws.ping();
+        awaitingPong = setTimeout(() => {
+          this._noteProblem('Relay did not answer a ping in time');
+          ws.terminate();
+        }, PING_TIMEOUT_MS);
+      }, PING_INTERVAL_MS);
+      ws.once('close', () => clearTimeout(awaitingPong));
+    });
+    ws.on('message', (data, isBinary) => {
+      if (isBinary) {
+        this.log.warn('relay client: ignoring a binary frame from Relay');
+        return;
+      }
+      const textFrame = data.toString('utf8');
+      if (first) {
+        first = false; // the handshake: Relay speaks first, with executor_info
+        this._reply(outbox, this.handlers.answer(textFrame));
+        return;
+      }
+      this._take(textFrame, outbox);
+    });
+    ws.on('error', (err) => {
+      const code = err && err.code;
+      if (code === 'UNABLE_TO_VERIFY_LEAF_SIGNATURE' || code === 'DEPTH_ZERO_SELF_SIGNED_CERT' ||
+          code === 'SELF_SIGNED_CERT_IN_CHAIN' || code === 'ERR_TLS_CERT_ALTNAME_INVALID' ||
+          code === 'CERT_HAS_EXPIRED') {
+        this._noteProblem(`Relay's certificate is not trusted: ${err.message}`);
+        retry = Retry.REFUSED;
+      } else if (!this._stopping) {
+        this._noteProblem(`Connection to Relay lost: ${err && err.message}`);
+      }
+    });
+    ws.on('close', (code) => {
+      clearInterval(pinger);
+      this.connected = false;
+      outbox?.close();
+      if (this._ws === ws) this._ws = null;
+      if (this._stopping) return;
+      if (openedAt !== undefined) {
+        this._noteProblem(`Relay closed the connection (code ${code})`);
+        retry = retryAfterClose(code);
+      }
+      const lasted = openedAt === undefined ? 0 : Date.now() - openedAt;
+      this._inARow = retry === this._last && lasted < STEADY_MS ? this._inARow + 1 : 1;
+      this._last = retry;
+      this._timer = setTimeout(() => this._open(), reconnectDelay(retry, this._inARow));
+    });
+  }
+
+  _take(textFrame, outbox) {
+    if (this._held >= this._maxHeld) {
+      const why = `relay client: busy, ${this._held} requests in progress or waiting for one of ` +
+        `${this._maxConcurrent} turns; not served, ask again later`;
+      this.log.warn(why);
+      const reply = this.handlers.refuse(textFrame, why);
+      if (reply !== undefined) outbox.put(reply);
+      return;
+    }
+    this._held += 1;
+    const served = (async () => {
+      await this._turns.take();
+      try {
+        const reply = this._stopping ? this.handlers.refuse(textFrame, 'relay client: stopping; not served') :
+          await this.handlers.answer(textFrame);
+        if (reply !== undefined) await outbox.put(reply);
+      } finally {
+        this._turns.give();
+        this._held -= 1;
+      }
+    })();
+    served.catch((err) => this.log.error(`relay client: serving a request failed: ${this._redact(err && err.stack)}`));
+  }
+
+  _reply(outbox, pending) {
+    Promise.resolve(pending)
+      .then((reply) => (reply !== undefined ? outbox.put(reply) : undefined))
+      .catch((err) => this.log.error(`relay client: answering Relay failed: ${this._redact(err && err.stack)}`));
+  }
+}
+
+module.exports = { Connection, Retry, reconnectDelay, retryAfterStatus, retryAfterClose, checkUrl, checkKey, websocketUrl };

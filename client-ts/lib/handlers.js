@@ -1,0 +1,415 @@
+'use strict';
+
+// The executor's answers: one small handler per message type, dispatched through a table (ROUTES).
+//
+// answer(text) takes a frame's text and resolves to the reply's text, or undefined for a frame that
+// cannot be addressed (not JSON, no type or request id: logged and dropped). Field names and shapes
+// are the protocol's (Relay's protocol/relay_protocol: messages.py, bodies.py, outputs.py).
+//
+// - A type not in ROUTES is answered as an SDK that does not know it answers: the request's type
+//   and id and error_message "Unknown message type", nothing else.
+// - A request whose fields are not what its type needs gets an error reply naming the field.
+// - A handler that throws is answered with its type's failure reply: the payload empty
+//   (success: false, exist: false, output: [] or null) and error_message saying what failed.
+//
+// Every handler calls DBOS's public API (DBOS.listWorkflows, DBOS.cancelWorkflows, ...), except
+// recovery, which calls DBOSExecutor.globalInstance.recoverPendingWorkflows(ids): the entry point the
+// SDK's own clients used, not part of the DBOS class.
+
+const os = require('node:os');
+const path = require('node:path');
+const fs = require('node:fs');
+const { inspect } = require('node:util');
+const { DBOS } = require('@dbos-inc/dbos-sdk');
+
+const UNKNOWN_TYPE = 'Unknown message type';
+
+class BadRequest extends Error {}
+
+/** The version of the @dbos-inc/dbos-sdk this process runs (its package.json, next to its dist/). */
+function dbosVersion() {
+  try {
+    let dir = path.dirname(require.resolve('@dbos-inc/dbos-sdk'));
+    for (let i = 0; i < 5; i++, dir = path.dirname(dir)) {
+      const manifest = path.join(dir, 'package.json');
+      if (fs.existsSync(manifest)) {
+        const parsed = JSON.parse(fs.readFileSync(manifest, 'utf8'));
+        if (parsed.name === '@dbos-inc/dbos-sdk') return String(parsed.version);
+      }
+    }
+  } catch {
+    // fall through
+  }
+  return 'unknown';
+}
+
+function dbosInternal(name) {
+  return require(`@dbos-inc/dbos-sdk/internal/${name}`);
+}
+
+// --- Reading a request's fields ---
+
+// `fallback`: REQUIRED (the default), or what a missing or null field reads as (OPTIONAL: undefined).
+function field(frame, key, check, what, fallback) {
+  const value = frame[key];
+  if (value === undefined || value === null) {
+    if (fallback === REQUIRED) throw new BadRequest(`${frame.type}: the field ${key} is missing`);
+    return fallback === OPTIONAL ? undefined : fallback;
+  }
+  if (!check(value)) throw new BadRequest(`${frame.type}: the field ${key} must be ${what}`);
+  return value;
+}
+
+const REQUIRED = Symbol('required');
+const OPTIONAL = Symbol('optional');
+const isStr = (v) => typeof v === 'string';
+const isBool = (v) => typeof v === 'boolean';
+const isInt = (v) => Number.isSafeInteger(v);
+const isStrList = (v) => Array.isArray(v) && v.every(isStr);
+const isStrOrList = (v) => isStr(v) || isStrList(v);
+const isObject = (v) => typeof v === 'object' && !Array.isArray(v);
+
+const str = (f, k, d = REQUIRED) => field(f, k, isStr, 'a string', d);
+const bool = (f, k, d = REQUIRED) => field(f, k, isBool, 'true or false', d);
+const int = (f, k, d = REQUIRED) => field(f, k, isInt, 'an integer', d);
+const strList = (f, k, d = REQUIRED) => field(f, k, isStrList, 'a list of strings', d);
+const strOrList = (f, k, d = REQUIRED) => field(f, k, isStrOrList, 'a string or a list of strings', d);
+const object = (f, k, d = REQUIRED) => field(f, k, isObject, 'an object', d);
+
+function body(frame) {
+  return { type: frame.type, ...object(frame, 'body') };
+}
+
+/** One id or several: the request's workflow_ids when given and not empty, else its workflow_id. */
+function ids(frame) {
+  const many = strList(frame, 'workflow_ids', OPTIONAL);
+  return many && many.length > 0 ? many : [str(frame, 'workflow_id')];
+}
+
+/** An empty list is no filter (as the Python SDK reads it), not "IN ()". */
+function filter(value) {
+  return Array.isArray(value) && value.length === 0 ? undefined : value;
+}
+
+/** A list_workflows / list_queued_workflows body as DBOS's GetWorkflowsInput. */
+function workflowsInput(b) {
+  const input = {
+    workflowIDs: filter(strList(b, 'workflow_uuids', OPTIONAL)),
+    workflowName: filter(strOrList(b, 'workflow_name', OPTIONAL)),
+    authenticatedUser: filter(strOrList(b, 'authenticated_user', OPTIONAL)),
+    startTime: str(b, 'start_time', OPTIONAL),
+    endTime: str(b, 'end_time', OPTIONAL),
+    completedAfter: str(b, 'completed_after', OPTIONAL),
+    completedBefore: str(b, 'completed_before', OPTIONAL),
+    dequeuedAfter: str(b, 'dequeued_after', OPTIONAL),
+    dequeuedBefore: str(b, 'dequeued_before', OPTIONAL),
+    status: filter(strOrList(b, 'status', OPTIONAL)),
+    applicationVersion: filter(strOrList(b, 'application_version', OPTIONAL)),
+    forkedFrom: filter(strOrList(b, 'forked_from', OPTIONAL)),
+    parentWorkflowID: filter(strOrList(b, 'parent_workflow_id', OPTIONAL)),
+    queueName: filter(strOrList(b, 'queue_name', OPTIONAL)),
+    limit: int(b, 'limit', OPTIONAL),
+    offset: int(b, 'offset', OPTIONAL),
+    sortDesc: bool(b, 'sort_desc', false),
+    workflow_id_prefix: filter(strOrList(b, 'workflow_id_prefix', OPTIONAL)),
+    loadInput: bool(b, 'load_input', true),
+    loadOutput: bool(b, 'load_output', true),
+    executorId: filter(strOrList(b, 'executor_id', OPTIONAL)),
+    wasForkedFrom: bool(b, 'was_forked_from', OPTIONAL),
+    hasParent: bool(b, 'has_parent', OPTIONAL),
+    attributes: object(b, 'attributes', OPTIONAL),
+    scheduleName: filter(strOrList(b, 'schedule_name', OPTIONAL)),
+    applicationName: filter(strOrList(b, 'application_name', OPTIONAL)),
+  };
+  if (bool(b, 'queues_only', false)) input.queuesOnly = true;
+  for (const key of Object.keys(input)) if (input[key] === undefined) delete input[key];
+  return input;
+}
+
+// --- Building a reply's values ---
+
+const text = (value) => (value === undefined || value === null ? null : String(value));
+const shown = (value) => (value === undefined || value === null ? null : inspect(value, { depth: 8, breakLength: Infinity }));
+
+function errorText(error) {
+  if (error === undefined || error === null) return null;
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  return shown(error);
+}
+
+/** A DBOS WorkflowStatus as the protocol's WorkflowsOutput (PascalCase keys; numbers as strings). */
+function workflowOutput(w) {
+  const roles = w.authenticatedRoles ?? [];
+  return {
+    WorkflowUUID: w.workflowID,
+    Status: text(w.status),
+    WorkflowName: text(w.workflowName),
+    WorkflowClassName: w.workflowClassName || null,
+    WorkflowConfigName: w.workflowConfigName || null,
+    AuthenticatedUser: w.authenticatedUser || null,
+    AssumedRole: w.assumedRole || null,
+    AuthenticatedRoles: roles.length > 0 ? JSON.stringify(roles) : null,
+    Input: w.input === undefined ? null : shown(w.input),
+    Output: w.output === undefined ? null : shown(w.output),
+    Error: errorText(w.error),
+    CreatedAt: text(w.createdAt),
+    UpdatedAt: text(w.updatedAt),
+    QueueName: w.queueName || null,
+    ApplicationVersion: text(w.applicationVersion),
+    ExecutorID: text(w.executorId),
+    WorkflowTimeoutMS: text(w.timeoutMS),
+    WorkflowDeadlineEpochMS: text(w.deadlineEpochMS),
+    DeduplicationID: text(w.deduplicationID),
+    Priority: text(w.priority),
+    QueuePartitionKey: text(w.queuePartitionKey),
+    ForkedFrom: text(w.forkedFrom),
+    WasForkedFrom: w.wasForkedFrom ?? false,
+    ParentWorkflowID: text(w.parentWorkflowID),
+    DequeuedAt: text(w.dequeuedAt),
+    DelayUntilEpochMS: text(w.delayUntilEpochMS),
+    CompletedAt: text(w.completedAt),
+    Attributes: w.attributes === undefined || w.attributes === null ? null : JSON.stringify(w.attributes),
+    ScheduleName: text(w.scheduleName),
+    ApplicationName: text(w.applicationName),
+  };
+}
+
+function stepOutput(s, loadOutput) {
+  return {
+    function_id: s.functionID,
+    function_name: s.name,
+    output: loadOutput && s.output !== undefined && s.output !== null ? shown(s.output) : null,
+    error: loadOutput ? errorText(s.error) : null,
+    child_workflow_id: s.childWorkflowID ?? null,
+    started_at_epoch_ms: text(s.startedAtEpochMs),
+    completed_at_epoch_ms: text(s.completedAtEpochMs),
+  };
+}
+
+// --- The handlers: ROUTES[type] = [handle(frame, ctx) -> reply fields, failure reply fields, what] ---
+
+const ROUTES = new Map();
+
+function route(type, failed, what, handle) {
+  ROUTES.set(type, { handle, failed, what });
+}
+
+const unsuccessful = { success: false };
+
+route('executor_info', { executor_id: 'unknown', application_version: '' }, 'reporting executor info', async (f, ctx) => ({
+  executor_id: ctx.executorId,
+  application_version: DBOS.applicationVersion,
+  hostname: os.hostname(),
+  language: 'typescript',
+  dbos_version: ctx.dbosVersion,
+  executor_metadata: ctx.metadata ?? null,
+}));
+
+route('recovery', unsuccessful, 'recovering workflows', async (f, ctx) => {
+  const executorIds = strList(f, 'executor_ids');
+  const { DBOSExecutor } = dbosInternal('dbos-executor');
+  const executor = DBOSExecutor.globalInstance;
+  if (!executor) throw new Error('DBOS is not launched');
+  const handles = await executor.recoverPendingWorkflows(executorIds);
+  ctx.log.info(`relay client: recovered ${handles.length} workflows of executors ${executorIds.join(', ')}`);
+  return { success: true };
+});
+
+route('exist_pending_workflows', { exist: false }, 'checking for pending workflows', async (f) => {
+  const pending = await DBOS.listWorkflows({
+    status: 'PENDING',
+    executorId: str(f, 'executor_id'),
+    applicationVersion: str(f, 'application_version'),
+    limit: 1,
+    loadInput: false,
+    loadOutput: false,
+  });
+  return { exist: pending.length > 0 };
+});
+
+route('alert', unsuccessful, 'processing alert', async (f, ctx) => {
+  const name = str(f, 'name');
+  const message = str(f, 'message');
+  const metadata = object(f, 'metadata', {});
+  const handler = dbosInternal('decorators').getAlertHandler?.();
+  if (handler) {
+    await handler(name, message, metadata);
+  } else {
+    ctx.log.info(`Alert: ${name} | Message: ${message} | Metadata: ${JSON.stringify(metadata)}`);
+  }
+  return { success: true };
+});
+
+route('list_workflows', { output: [] }, 'listing workflows', async (f) => ({
+  output: (await DBOS.listWorkflows(workflowsInput(body(f)))).map(workflowOutput),
+}));
+
+route('list_queued_workflows', { output: [] }, 'listing queued workflows', async (f) => ({
+  output: (await DBOS.listQueuedWorkflows(workflowsInput(body(f)))).map(workflowOutput),
+}));
+
+route('get_workflow', { output: null }, 'getting workflow', async (f) => {
+  const found = await DBOS.listWorkflows({
+    workflowIDs: [str(f, 'workflow_id')],
+    loadInput: bool(f, 'load_input', true),
+    loadOutput: bool(f, 'load_output', true),
+  });
+  return { output: found.length > 0 ? workflowOutput(found[0]) : null };
+});
+
+route('list_steps', { output: null }, 'listing steps', async (f) => {
+  const loadOutput = bool(f, 'load_output', true);
+  const options = { limit: int(f, 'limit', OPTIONAL), offset: int(f, 'offset', OPTIONAL) };
+  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  const steps = await DBOS.listWorkflowSteps(str(f, 'workflow_id'), options);
+  return { output: steps === undefined ? null : steps.map((s) => stepOutput(s, loadOutput)) };
+});
+
+route('cancel', unsuccessful, 'cancelling workflow(s)', async (f) => {
+  await DBOS.cancelWorkflows(ids(f), { cancelChildren: bool(f, 'cancel_children', false) });
+  return { success: true };
+});
+
+route('delete', unsuccessful, 'deleting workflow(s)', async (f) => {
+  await DBOS.deleteWorkflows(ids(f), bool(f, 'delete_children', false));
+  return { success: true };
+});
+
+route('resume', unsuccessful, 'resuming workflow(s)', async (f) => {
+  const queueName = str(f, 'queue_name', OPTIONAL);
+  await DBOS.resumeWorkflows(ids(f), queueName ? { queueName } : undefined);
+  return { success: true };
+});
+
+route('fork_workflow', { new_workflow_id: null }, 'forking workflow', async (f) => {
+  const b = body(f);
+  const options = {
+    newWorkflowID: str(b, 'new_workflow_id', OPTIONAL),
+    applicationVersion: str(b, 'application_version', OPTIONAL),
+    queueName: str(b, 'queue_name', OPTIONAL),
+    queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
+  };
+  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  const handle = await DBOS.forkWorkflow(str(b, 'workflow_id'), int(b, 'start_step'), options);
+  return { new_workflow_id: handle.workflowID };
+});
+
+route('rewind_workflow', unsuccessful, 'rewinding workflow', async (f) => {
+  const b = body(f);
+  const options = {
+    startStep: int(b, 'start_step', OPTIONAL),
+    applicationVersion: str(b, 'application_version', OPTIONAL),
+    queueName: str(b, 'queue_name', OPTIONAL),
+    queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
+  };
+  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  await DBOS.rewindWorkflow(str(b, 'workflow_id'), options);
+  return { success: true };
+});
+
+route('list_application_versions', { output: [] }, 'listing application versions', async () => ({
+  output: (await DBOS.listApplicationVersions()).map((v) => ({
+    version_id: v.versionId,
+    version_name: v.versionName,
+    version_timestamp: Number(v.versionTimestamp),
+    created_at: Number(v.createdAt),
+  })),
+}));
+
+route('set_latest_application_version', unsuccessful, 'setting the latest application version', async (f) => {
+  await DBOS.setLatestApplicationVersion(str(f, 'version_name'));
+  return { success: true };
+});
+
+route('pause_schedule', unsuccessful, 'pausing schedule', async (f) => {
+  await DBOS.pauseSchedule(str(f, 'schedule_name'));
+  return { success: true };
+});
+
+route('resume_schedule', unsuccessful, 'resuming schedule', async (f) => {
+  await DBOS.resumeSchedule(str(f, 'schedule_name'));
+  return { success: true };
+});
+
+route('trigger_schedule', { workflow_id: null }, 'triggering schedule', async (f) => ({
+  workflow_id: (await DBOS.triggerSchedule(str(f, 'schedule_name'))).workflowID,
+}));
+
+route('backfill_schedule', { workflow_ids: [] }, 'backfilling schedule', async (f) => {
+  const start = new Date(str(f, 'start'));
+  const end = new Date(str(f, 'end'));
+  if (Number.isNaN(start.getTime()) || Number.isNaN(end.getTime())) {
+    throw new BadRequest('backfill_schedule: start and end must be ISO 8601 times');
+  }
+  const handles = await DBOS.backfillSchedule(str(f, 'schedule_name'), start, end);
+  return { workflow_ids: handles.map((h) => h.workflowID) };
+});
+
+/** Every type this client answers; any other gets "Unknown message type". */
+const SERVED = Object.freeze([...ROUTES.keys()]);
+
+// --- Frames ---
+
+function dumps(reply) {
+  return JSON.stringify(reply);
+}
+
+/**
+ * The frame `text` as a request: { frame } to serve, { reply } already due (an unknown type, a
+ * malformed request), or {} when it cannot be addressed (dropped).
+ */
+function read(textFrame, log) {
+  let frame;
+  try {
+    frame = JSON.parse(textFrame);
+  } catch (err) {
+    log.warn(`relay client: ignoring a frame from Relay that is not JSON: ${err.message}`);
+    return {};
+  }
+  if (!isObject(frame) || frame === null || !isStr(frame.type) || !isStr(frame.request_id)) {
+    log.warn('relay client: ignoring a frame from Relay with no type or request_id');
+    return {};
+  }
+  if (!ROUTES.has(frame.type)) {
+    log.warn(`relay client: unexpected message type: ${frame.type.slice(0, 64)}`);
+    return { reply: dumps({ type: frame.type, request_id: frame.request_id, error_message: UNKNOWN_TYPE }) };
+  }
+  return { frame };
+}
+
+class Handlers {
+  /** ctx: { executorId, metadata, log } */
+  constructor(ctx) {
+    this.ctx = { dbosVersion: dbosVersion(), ...ctx };
+  }
+
+  /** The reply's text to the frame `textFrame`, or undefined when it cannot be addressed. */
+  async answer(textFrame) {
+    const { frame, reply } = read(textFrame, this.ctx.log);
+    return frame ? this.respond(frame) : reply;
+  }
+
+  /** The reply to a request not served (too busy, stopping): an error and no payload. */
+  refuse(textFrame, reason) {
+    const { frame, reply } = read(textFrame, this.ctx.log);
+    return frame ? dumps({ type: frame.type, request_id: frame.request_id, error_message: reason }) : reply;
+  }
+
+  async respond(frame) {
+    const handler = ROUTES.get(frame.type);
+    const head = { type: frame.type, request_id: frame.request_id };
+    try {
+      return dumps({ ...head, ...(await handler.handle(frame, this.ctx)) });
+    } catch (err) {
+      if (err instanceof BadRequest) {
+        this.ctx.log.warn(`relay client: malformed request from Relay: ${err.message}`);
+        return dumps({ ...head, error_message: err.message });
+      }
+      const message = `Exception encountered when ${handler.what}: ${err && err.stack ? err.stack : err}`;
+      this.ctx.log.error(message);
+      return dumps({ ...head, ...handler.failed, error_message: message });
+    }
+  }
+}
+
+module.exports = { Handlers, SERVED, UNKNOWN_TYPE, workflowOutput };

@@ -1,0 +1,262 @@
+// A real DBOS application on the TypeScript SDK 5.3 (@dbos-inc/dbos-sdk 5.3.0), launched without a
+// conductor key and connected to Relay by Relay's open client (client-ts/, @relay-oss/client): the
+// counterpart of harness/ts_app (5.2, the SDK's own client), with the same settings (RELAY_TEST_* in
+// the environment) and the same evidence. It prints "READY <executor id>" once DBOS has launched,
+// the client is connected and its jobs have started, then runs until killed.
+// - RELAY_TEST_JOBS starts that many `job` workflows (job-0, ...; RELAY_TEST_JOB_PREFIX, _SLEEP).
+// - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
+//   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
+//   can be found at all (require.resolve), and whether the client is still running; then exits 0.
+// - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
+//   newExecutorId(), tries connect() after each and prints "REFUSED <json>" with what connect()
+//   threw each time; then exits 0.
+// Evidence (RELAY_TEST_EVIDENCE, a PostgreSQL URL), as harness/ts_app writes it:
+// - step_evidence: one row per execution of a step, keyed by (workflow id, step) but not unique;
+// - outcomes: written by a datasource transaction, which commits together with its checkpoint, so a
+//   workflow's outcome appears exactly once (primary key).
+// The data source below is ts_app's (see its comment there), unchanged.
+'use strict';
+
+const fs = require('node:fs');
+const { AsyncLocalStorage } = require('node:async_hooks');
+const { DBOS } = require('@dbos-inc/dbos-sdk');
+const datasource = require('@dbos-inc/dbos-sdk/datasource');
+const { Pool } = require('pg');
+const { SuperJSON } = require('superjson');
+const relay = require('@relay-oss/client');
+
+const ENV = process.env;
+const EVIDENCE_URL = ENV.RELAY_TEST_EVIDENCE;
+const APP = ENV.RELAY_TEST_APP;
+const VERSION = ENV.RELAY_TEST_APP_VERSION || 'v1';
+const ENTERPRISE = '@dbos-inc/dbos-enterprise';
+
+class EvidenceDataSource {
+  constructor(name, url) {
+    this.name = name;
+    this.pool = new Pool({ connectionString: url, max: 4 });
+    this.clients = new AsyncLocalStorage();
+    datasource.registerDataSource(this);
+  }
+
+  async initialize() {
+    const client = await this.pool.connect();
+    try {
+      await client.query('BEGIN');
+      await datasource.initializeDataSourceSchemaPG(async (sql) => (await client.query(sql)).rows);
+      await client.query('COMMIT');
+    } catch (err) {
+      await client.query('ROLLBACK');
+      throw err;
+    } finally {
+      client.release();
+    }
+  }
+
+  async destroy() {
+    await this.pool.end();
+  }
+
+  // The transaction's client, inside a transaction function.
+  get client() {
+    return this.clients.getStore();
+  }
+
+  async recorded(workflowID, stepID) {
+    const rows = await this.pool.query(
+      'SELECT output, error FROM dbos.transaction_completion WHERE workflow_id = $1 AND function_num = $2',
+      [workflowID, stepID],
+    );
+    return rows.rows[0];
+  }
+
+  async invokeTransactionFunction(_config, target, func, ...args) {
+    const workflowID = DBOS.workflowID;
+    const stepID = DBOS.stepID;
+    const durable = workflowID !== undefined && stepID !== undefined;
+    if (durable) {
+      const done = await this.recorded(workflowID, stepID);
+      if (done) return datasource.replayRecordedStep(done);
+    }
+    const client = await this.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const result = await this.clients.run(client, () => func.call(target, ...args));
+      if (durable) {
+        try {
+          await client.query(
+            'INSERT INTO dbos.transaction_completion (workflow_id, function_num, output) VALUES ($1, $2, $3)',
+            [workflowID, stepID, SuperJSON.stringify(result)],
+          );
+        } catch (err) {
+          // Only the completion's own conflict means another execution recorded the step first; a
+          // conflict in the function's statements (a second outcome) is its error, not hidden.
+          throw datasource.isPGKeyConflictError(err) ? new datasource.DBOSStepAlreadyRecordedError(workflowID, stepID) : err;
+        }
+        await datasource.assertStillOwnsWorkflow(workflowID);
+      }
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {});
+      if (err instanceof datasource.DBOSStepAlreadyRecordedError) {
+        // Another execution of the same step committed first: its outcome is the step's.
+        const done = await this.recorded(workflowID, stepID);
+        if (done) return datasource.replayRecordedStep(done);
+      }
+      throw err;
+    } finally {
+      client.release();
+    }
+  }
+}
+
+const ds = EVIDENCE_URL ? new EvidenceDataSource('evidence', EVIDENCE_URL) : undefined;
+
+async function prepareEvidence() {
+  const client = await ds.pool.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query('SELECT pg_advisory_xact_lock(42)');
+    await client.query(`CREATE TABLE IF NOT EXISTS step_evidence (
+        workflow_id text NOT NULL, step text NOT NULL, executor_id text NOT NULL,
+        app text NOT NULL, version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    await client.query(`CREATE TABLE IF NOT EXISTS outcomes (
+        workflow_id text PRIMARY KEY, executor_id text NOT NULL, app text NOT NULL,
+        version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
+    await client.query('COMMIT');
+  } finally {
+    client.release();
+  }
+}
+
+const evidence = DBOS.registerStep(
+  async (step) => {
+    await ds.pool.query(
+      'INSERT INTO step_evidence (workflow_id, step, executor_id, app, version) VALUES ($1, $2, $3, $4, $5)',
+      [DBOS.workflowID, step, DBOS.executorID, APP, VERSION],
+    );
+  },
+  { name: 'evidence' },
+);
+
+const recordOutcome = ds
+  ? datasource.registerTransaction(
+        'evidence',
+        async (workflowId) => {
+          await ds.client.query('INSERT INTO outcomes (workflow_id, executor_id, app, version) VALUES ($1, $2, $3, $4)', [
+            workflowId,
+            DBOS.executorID,
+            APP,
+            VERSION,
+          ]);
+        },
+        { name: 'recordOutcome' },
+      )
+  : async () => {};
+
+const job = DBOS.registerWorkflow(
+  async (sleepSecs) => {
+    await evidence('start');
+    await DBOS.sleep(sleepSecs * 1000);
+    await evidence('after_sleep');
+    await recordOutcome(DBOS.workflowID);
+    return 'done';
+  },
+  { name: 'job' },
+);
+
+// Executors of the tests start at once on one system database: its migrations run here first, one
+// process at a time (two DBOS launches migrating together fail: "tuple concurrently updated"). The
+// lock is tried, not waited for: a statement waiting for it would hold back the migrations' CREATE
+// INDEX CONCURRENTLY, which waits for every open transaction, and the holder would never finish.
+async function migrateSystemDatabase() {
+  const pool = new Pool({ connectionString: ENV.RELAY_TEST_SYSDB, max: 1 });
+  const client = await pool.connect();
+  try {
+    while (!(await client.query('SELECT pg_try_advisory_lock(44) AS got')).rows[0].got) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    await DBOS.migrate(ENV.RELAY_TEST_SYSDB);
+    await client.query('SELECT pg_advisory_unlock(44)');
+  } finally {
+    client.release();
+    await pool.end();
+  }
+}
+
+function configure(executorID) {
+  DBOS.setConfig({
+    name: APP,
+    systemDatabaseUrl: ENV.RELAY_TEST_SYSDB,
+    systemDatabasePoolSize: 4,
+    applicationVersion: VERSION,
+    logLevel: ENV.RELAY_TEST_LOG_LEVEL || 'info',
+    executorID,
+  });
+}
+
+function connect() {
+  return relay.connect(ENV.RELAY_TEST_CONDUCTOR_URL, { key: ENV.RELAY_TEST_CONDUCTOR_KEY, app: APP, metadata: { test: true } });
+}
+
+function enterpriseReport() {
+  let found = true;
+  try {
+    require.resolve(ENTERPRISE);
+  } catch {
+    found = false;
+  }
+  const loaded = Object.keys(require.cache).some((file) => file.includes(`${ENTERPRISE.replace('/', require('node:path').sep)}`));
+  return { enterprise_loaded: loaded, enterprise_found: found };
+}
+
+async function refusals() {
+  const refused = {};
+  for (const [label, executorID] of [['local', 'local'], ['typed', 'typed-in-a-config-file']]) {
+    configure(executorID);
+    await DBOS.launch();
+    try {
+      connect();
+      refused[label] = null;
+    } catch (err) {
+      refused[label] = `${err.name}: ${err.message}`;
+    }
+    await DBOS.shutdown();
+  }
+  process.stdout.write(`REFUSED ${JSON.stringify(refused)}\n`);
+}
+
+async function untilFile(file) {
+  while (!fs.existsSync(file)) await new Promise((resolve) => setTimeout(resolve, 100));
+}
+
+async function main() {
+  if (ENV.RELAY_TEST_REFUSALS) {
+    await refusals();
+    return;
+  }
+  if (EVIDENCE_URL) {
+    await prepareEvidence();
+  }
+  await migrateSystemDatabase();
+  configure(relay.newExecutorId());
+  await DBOS.launch();
+  const connection = connect();
+  const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
+  for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
+    await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
+  }
+  process.stdout.write(`READY ${DBOS.executorID}\n`);
+  if (ENV.RELAY_TEST_FINISH_FILE) {
+    await untilFile(ENV.RELAY_TEST_FINISH_FILE);
+    await connection.stop();
+    await DBOS.shutdown();
+    process.stdout.write(`FINISHED ${JSON.stringify({ ...enterpriseReport(), client_running: connection.running })}\n`);
+  }
+}
+
+main().catch((err) => {
+  process.stderr.write(`${err && err.stack ? err.stack : err}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,128 @@
+"""client-ts (@relay-oss/client), Relay's open executor client for DBOS's TypeScript SDK 5.3, against
+a real Relay: executors are harness/ts_app53, real Node.js applications on @dbos-inc/dbos-sdk 5.3.0
+launched without a conductor key and connected through the client, leaving the same evidence as
+harness/ts_app (steps by (workflow, step), outcomes from a datasource transaction).
+
+5.3 moved its conductor client to the proprietary @dbos-inc/dbos-enterprise package, which is not
+installed here: the apps show they never loaded it and cannot find it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness.executors import Evidence, ExecutorProcess
+from harness.relay import RelayProcess, audit_actions
+from harness.ts_executor import SDK53_VERSION, node_url, start_ts_executor, ts_app53
+from harness.waiting import assert_eventually
+from tests.test_client import read_line
+
+StartRelay = Callable[..., RelayProcess]
+StartTs = Callable[..., ExecutorProcess]
+
+
+@pytest.fixture
+def start_ts53(tmp_path: Path, sysdb: str) -> Iterator[StartTs]:
+    started: list[ExecutorProcess] = []
+
+    def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
+        executor = start_ts_executor(tmp_path, kwargs.pop("sysdb", sysdb), conductor_url, sdk53=True, **kwargs)
+        started.append(executor)
+        return executor
+
+    yield start
+    for executor in started:
+        executor.stop()
+
+
+def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
+    return relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY"
+
+
+def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serve_the_api(
+    start_relay: StartRelay, start_ts53: StartTs, evidence_db: str, sysdb: str, tmp_path: Path
+) -> None:
+    relay = start_relay(grace=1.0)
+    finish = tmp_path / "finish"
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    with ThreadPoolExecutor(2) as pool:  # both launch at once: each start waits for its READY line
+        starting_survivor = pool.submit(
+            start_ts53, relay.conductor_url, env={**env, "RELAY_TEST_FINISH_FILE": str(finish)}
+        )
+        starting_doomed = pool.submit(
+            start_ts53, relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "4"}
+        )
+        survivor, doomed = starting_survivor.result(), starting_doomed.result()
+    for executor in (survivor, doomed):
+        assert_eventually(lambda executor=executor: healthy(relay, executor), 15)
+    # executor_info as the 5.2 SDK's client reports it: Relay needs no special case.
+    record = relay.executor("acme", "ledger", doomed.executor_id)
+    assert record is not None
+    assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == (
+        "typescript",
+        SDK53_VERSION,
+        "v1",
+    )
+    assert record["metadata"] == {"test": True}
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: len({w for w, s, _ in evidence.step_runs() if s == "start"}) >= 6, 15)
+    doomed.kill()  # mid-workflow: every job is in its durable sleep
+
+    outcomes = assert_eventually(lambda: (o := evidence.outcomes()) and len(o) >= 6 and o, 40)
+    assert set(outcomes) == {f"job-{i}" for i in range(6)}
+    assert set(outcomes.values()) == {survivor.executor_id}
+    assert evidence.outcome_count() == 6  # exactly once: a datasource transaction, keyed by workflow
+    assert {e for _, s, e in evidence.step_runs() if s == "after_sleep"} == {survivor.executor_id}
+    # Relay verified with exist_pending_workflows before deleting the dead executor's record.
+    assert_eventually(lambda: relay.executor("acme", "ledger", doomed.executor_id) is None, 10)
+    actions = audit_actions(relay, doomed.executor_id)
+    assert actions.count("recovery.succeeded") == 1 and "executor.deleted" in actions, actions
+
+    with relay.api() as api, psycopg.connect(sysdb) as conn:
+        # A Conductor API route through the client: the survivor's workflows, as its system database has them.
+        resp = api.get(f"/apps/ledger/executors/{survivor.executor_id}/workflows")
+        assert resp.status_code == 200, resp.text
+        rows = conn.execute(
+            "SELECT workflow_uuid, status, name FROM dbos.workflow_status WHERE executor_id = %s",
+            (survivor.executor_id,),
+        ).fetchall()
+        assert {(w["workflowId"], w["status"], w["name"]) for w in resp.json()} == set(rows)
+        assert len(rows) == 6
+        resp = api.get("/apps/ledger/workflows/job-0")
+        assert resp.status_code == 200, resp.text
+        assert (resp.json()["status"], resp.json()["output"]) == ("SUCCESS", "'done'")
+        # A message the client does not serve: the SDK's "Unknown message type", which Relay surfaces as 501.
+        resp = api.get("/apps/ledger/workflows/job-0/notifications")
+        assert resp.status_code == 501, resp.text
+        assert "Unknown message type" in resp.json()["detail"], resp.text
+
+    # stop() closes the socket (Relay sees the executor go at once); the app then shuts DBOS down.
+    # @dbos-inc/dbos-enterprise was never loaded (launch, connect, serving, recovery, stop) and is
+    # not even installed.
+    finish.touch()
+    report = read_line(survivor.proc, "FINISHED ", 30)
+    assert report is not None, survivor.log_path.read_text()
+    assert json.loads(report) == {"enterprise_loaded": False, "enterprise_found": False, "client_running": False}
+    assert_eventually(lambda: relay.state_of("acme", "ledger", survivor.executor_id) == "DISCONNECTED", 5)
+    assert survivor.proc.wait(10) == 0
+
+
+def test_connect_refuses_an_executor_id_it_did_not_draw(sysdb: str) -> None:
+    """recovery by the id `local` (or one typed into a config file) would take other processes' work."""
+    env = {"RELAY_TEST_REFUSALS": "1", "RELAY_TEST_APP": "ledger", "RELAY_TEST_SYSDB": node_url(sysdb),
+           "RELAY_TEST_CONDUCTOR_URL": "ws://127.0.0.1:9/", "RELAY_TEST_CONDUCTOR_KEY": "ck-acme-secret"}  # fmt: skip
+    app = ts_app53()
+    result = subprocess.run(["node", str(app)], env=env, capture_output=True, text=True, timeout=60, cwd=app.parent)
+    refused = [line for line in result.stdout.splitlines() if line.startswith("REFUSED ")]
+    assert result.returncode == 0 and refused, result.stdout + result.stderr
+    report = json.loads(refused[0].removeprefix("REFUSED "))
+    assert report["local"].startswith("ConnectRefused: DBOS's executor id is 'local'"), report
+    assert report["typed"].startswith('ConnectRefused: executor id "typed-in-a-config-file" was not issued'), report
