@@ -13,6 +13,7 @@ import json
 import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from harness.executors import Evidence, ExecutorProcess
 from harness.relay import RelayProcess, audit_actions
 from harness.ts_executor import SDK53_VERSION, node_url, start_ts_executor, ts_app53
 from harness.waiting import assert_eventually
-from tests.test_client import read_line
+from tests.test_client import at, read_line
 
 StartRelay = Callable[..., RelayProcess]
 StartTs = Callable[..., ExecutorProcess]
@@ -126,3 +127,28 @@ def test_connect_refuses_an_executor_id_it_did_not_draw(sysdb: str) -> None:
     report = json.loads(refused[0].removeprefix("REFUSED "))
     assert report["local"].startswith("ConnectRefused: DBOS's executor id is 'local'"), report
     assert report["typed"].startswith('ConnectRefused: executor id "typed-in-a-config-file" was not issued'), report
+
+
+def test_the_client_reconnects_about_a_second_after_relay_comes_back(
+    start_relay: StartRelay, start_ts53: StartTs
+) -> None:
+    relay = start_relay(grace=30)
+    executor = start_ts53(relay.conductor_url)
+    assert_eventually(lambda: healthy(relay, executor), 15)
+    first = relay.executor("acme", "ledger", executor.executor_id)
+    assert first is not None
+    relay.stop()
+    relay.start()
+    ready = datetime.now().timestamp()
+
+    def reconnected() -> dict[str, Any] | None:
+        record = relay.executor("acme", "ledger", executor.executor_id)
+        back = record is not None and record["state"] == "HEALTHY" and record["connectedAt"] != first["connectedAt"]
+        return record if back else None
+
+    record = assert_eventually(reconnected, 10)
+    # Its next try within its reconnect delay (at most 1.5 s while Relay was down, client-ts/README.md),
+    # then a handshake and its record, for which a loaded machine gets the chaos checker's 2 s.
+    assert at(record["connectedAt"]) - ready < 2.0 + 2.0
+    with relay.api() as api:  # and it serves requests on the new socket
+        assert api.get(f"/apps/ledger/executors/{executor.executor_id}/workflows").status_code == 200
