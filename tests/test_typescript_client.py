@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -19,8 +20,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from websockets.sync.server import ServerConnection, serve
 
+import relay_protocol as p
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess, audit_actions
 from harness.ts_executor import SDK53_VERSION, node_url, start_ts_executor, ts_app53
 from harness.waiting import assert_eventually
@@ -152,3 +156,77 @@ def test_the_client_reconnects_about_a_second_after_relay_comes_back(
     assert at(record["connectedAt"]) - ready < 2.0 + 2.0
     with relay.api() as api:  # and it serves requests on the new socket
         assert api.get(f"/apps/ledger/executors/{executor.executor_id}/workflows").status_code == 200
+
+
+def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_bad_ones(
+    start_ts53: StartTs, evidence_db: str
+) -> None:
+    """A peer speaking the protocol frame by frame (a real socket; Relay's own protocol classes read the
+    replies): the handshake, a workflow listing and its steps, a request with a field of the wrong
+    type (an error naming it), frames that are not requests (dropped), and a type the client does
+    not serve (the SDK's "Unknown message type"); the socket stays up for the next request."""
+    frames = [
+        {"type": "list_workflows", "request_id": "list", "body": {"status": [], "workflow_name": "job"}},
+        "this is not JSON",
+        {"no": "type"},
+        {"type": "get_workflow", "request_id": "bad", "workflow_id": 7},
+        {"type": "list_widgets", "request_id": "widgets"},
+        {"type": "list_steps", "request_id": "steps", "workflow_id": "job-0"},
+        {
+            "type": "exist_pending_workflows",
+            "request_id": "pending",
+            "executor_id": "gone",
+            "application_version": "v1",
+        },
+        {"type": "executor_info", "request_id": "again"},
+    ]
+    expected = {"list", "bad", "widgets", "steps", "pending", "again"}
+    replies: dict[str, dict[str, Any]] = {}
+    paths: list[str] = []
+    done = threading.Event()
+
+    def peer(ws: ServerConnection) -> None:
+        assert ws.request is not None
+        paths.append(ws.request.path)
+        ws.send(json.dumps({"type": "executor_info", "request_id": "hello"}))
+        replies["hello"] = json.loads(ws.recv(10))
+        # The job (sleep 0) has finished before it is listed: its outcome is in the evidence.
+        assert_eventually(lambda: len(Evidence(evidence_db).outcomes()) == 1, 15)
+        for frame in frames:
+            ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+        while not expected <= set(replies):
+            reply = json.loads(ws.recv(10))
+            replies[reply["request_id"]] = reply
+        done.set()
+        ws.recv()  # until the executor is stopped
+
+    with serve(peer, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/"
+        executor = start_ts53(
+            url, env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
+        )
+        assert done.wait(30), (replies, executor.log_path.read_text())
+        executor.stop()
+        server.shutdown()
+
+    assert paths == [f"/websocket/ledger/{CONDUCTOR_KEYS['acme']}"]
+    for request_id in ("hello", "again"):
+        info = p.parse_reply(replies[request_id], p.ExecutorInfoReply, request_id=request_id)
+        assert (info.executor_id, info.language, info.dbos_version) == (
+            executor.executor_id,
+            "typescript",
+            SDK53_VERSION,
+        )
+    listed = p.parse_reply(replies["list"], p.ListWorkflowsReply, request_id="list")
+    assert [(w.workflow_id, w.status, w.output) for w in listed.output] == [("job-0", "SUCCESS", "'done'")]
+    steps = p.parse_reply(replies["steps"], p.ListStepsReply, request_id="steps")
+    assert [s.function_name for s in steps.output or []][:1] == ["evidence"]
+    pending = p.parse_reply(replies["pending"], p.ExistPendingWorkflowsReply, request_id="pending")
+    assert pending.exist is False
+    assert replies["widgets"] == p.unknown_type_reply("list_widgets", "widgets")
+    assert replies["bad"] == {
+        "type": "get_workflow",
+        "request_id": "bad",
+        "error_message": "get_workflow: the field workflow_id must be a string",
+    }
