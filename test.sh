@@ -41,8 +41,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-# Executors on DBOS's TypeScript SDK 5.2 (tests/test_typescript_sdk.py) run on Node.js 20 or later,
-# their packages installed by npm from the npm registry on first use.
+# Executors on DBOS's TypeScript SDK 5.2 (tests/test_typescript_sdk.py) and on 5.3 with Relay's
+# open client, client-ts/ (tests/test_typescript_client.py), run on Node.js 20 or later, their
+# packages installed by npm ci from the npm registry on first use (harness/ts_executor.py; the
+# client from this folder, as a copy).
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 if ! command -v npm >/dev/null 2>&1 || [ "$node_major" -lt 20 ]; then
   echo "test.sh: Node.js 20 or later and npm are needed (tests/test_typescript_sdk.py runs executors on" \
