@@ -104,6 +104,12 @@ def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serv
         resp = api.get("/apps/ledger/workflows/job-0")
         assert resp.status_code == 200, resp.text
         assert (resp.json()["status"], resp.json()["output"]) == ("SUCCESS", "'done'")
+        # A fork from the step after the durable sleep, served by the client's fork_workflow: the
+        # copy runs its last steps on the survivor and records its own outcome.
+        resp = api.post("/apps/ledger/workflows/job-0/fork", json={"newWorkflowId": "job-0-fork", "startStep": 2})
+        assert resp.status_code == 201, resp.text
+        assert resp.json() == {"workflowId": "job-0-fork"}
+        assert_eventually(lambda: evidence.outcomes().get("job-0-fork") == survivor.executor_id, 15)
         # A message the client does not serve: the SDK's "Unknown message type", which Relay surfaces as 501.
         resp = api.get("/apps/ledger/workflows/job-0/notifications")
         assert resp.status_code == 501, resp.text
