@@ -10,6 +10,7 @@ installed here: the apps show they never loaded it and cannot find it.
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -46,6 +47,25 @@ def start_ts53(tmp_path: Path, sysdb: str) -> Iterator[StartTs]:
     yield start
     for executor in started:
         executor.stop()
+
+
+def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA of our own and a certificate it signed for 127.0.0.1: (the CA's file, the server's context)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=relay client-ts test CA")  # fmt: skip
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
+    )
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(folder / "server.pem", folder / "server.key")
+    return folder / "ca.pem", server
 
 
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
@@ -165,12 +185,13 @@ def test_the_client_reconnects_about_a_second_after_relay_comes_back(
 
 
 def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_bad_ones(
-    start_ts53: StartTs, evidence_db: str
+    start_ts53: StartTs, evidence_db: str, tmp_path: Path
 ) -> None:
-    """A peer speaking the protocol frame by frame (a real socket; Relay's own protocol classes read the
-    replies): the handshake, a workflow listing and its steps, a request with a field of the wrong
-    type (an error naming it), frames that are not requests (dropped), and a type the client does
-    not serve (the SDK's "Unknown message type"); the socket stays up for the next request."""
+    """A peer speaking the protocol frame by frame (a real socket, over TLS with a CA of its own that
+    the client is given as ``ca``; Relay's own protocol classes read the replies): the handshake, a
+    workflow listing and its steps, a request with a field of the wrong type (an error naming it),
+    frames that are not requests (dropped), and a type the client does not serve (the SDK's "Unknown
+    message type"); the socket stays up for the next request."""
     frames = [
         {"type": "list_workflows", "request_id": "list", "body": {"status": [], "workflow_name": "job"}},
         "this is not JSON",
@@ -206,12 +227,12 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         done.set()
         ws.recv()  # until the executor is stopped
 
-    with serve(peer, "127.0.0.1", 0) as server:
+    ca_file, tls = make_certificates(tmp_path)
+    with serve(peer, "127.0.0.1", 0, ssl=tls) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/"
-        executor = start_ts53(
-            url, env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
-        )
+        url = f"wss://127.0.0.1:{server.socket.getsockname()[1]}/"
+        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
+        executor = start_ts53(url, env={**env, "RELAY_TEST_CA_FILE": str(ca_file)})
         assert done.wait(30), (replies, executor.log_path.read_text())
         executor.stop()
         server.shutdown()

@@ -7,6 +7,7 @@
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
 //   can be found at all (require.resolve), and whether the client is still running; then exits 0.
+// - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
 //   newExecutorId(), tries connect() after each and prints "REFUSED <json>" with what connect()
 //   threw each time; then exits 0.
@@ -197,7 +198,8 @@ function configure(executorID) {
 }
 
 function connect() {
-  return relay.connect(ENV.RELAY_TEST_CONDUCTOR_URL, { key: ENV.RELAY_TEST_CONDUCTOR_KEY, app: APP, metadata: { test: true } });
+  const ca = ENV.RELAY_TEST_CA_FILE ? fs.readFileSync(ENV.RELAY_TEST_CA_FILE) : undefined;
+  return relay.connect(ENV.RELAY_TEST_CONDUCTOR_URL, { key: ENV.RELAY_TEST_CONDUCTOR_KEY, app: APP, metadata: { test: true }, ca });
 }
 
 function enterpriseReport() {
