@@ -205,9 +205,11 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
             "executor_id": "gone",
             "application_version": "v1",
         },
+        {"type": "list_schedules", "request_id": "schedules", "body": {"status": "PAUSED"}},
+        {"type": "get_schedule", "request_id": "schedule", "schedule_name": "every-hour", "load_context": False},
         {"type": "executor_info", "request_id": "again"},
     ]
-    expected = {"list", "bad", "widgets", "steps", "pending", "again"}
+    expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "again"}
     replies: dict[str, dict[str, Any]] = {}
     paths: list[str] = []
     done = threading.Event()
@@ -232,7 +234,7 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"wss://127.0.0.1:{server.socket.getsockname()[1]}/"
         env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
-        executor = start_ts53(url, env={**env, "RELAY_TEST_CA_FILE": str(ca_file)})
+        executor = start_ts53(url, env={**env, "RELAY_TEST_CA_FILE": str(ca_file), "RELAY_TEST_SCHEDULE": "1"})
         assert done.wait(30), (replies, executor.log_path.read_text())
         executor.stop()
         server.shutdown()
@@ -251,6 +253,16 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     assert [s.function_name for s in steps.output or []][:1] == ["evidence"]
     pending = p.parse_reply(replies["pending"], p.ExistPendingWorkflowsReply, request_id="pending")
     assert pending.exist is False
+    (schedule,) = p.parse_reply(replies["schedules"], p.ListSchedulesReply, request_id="schedules").output
+    assert (schedule.schedule_name, schedule.workflow_name, schedule.schedule, schedule.status, schedule.context) == (
+        "every-hour",
+        "tick",
+        "0 * * * *",
+        "PAUSED",
+        "'ctx'",
+    )
+    got = p.parse_reply(replies["schedule"], p.GetScheduleReply, request_id="schedule").output
+    assert got is not None and (got.schedule_id, got.context) == (schedule.schedule_id, None)
     assert replies["widgets"] == p.unknown_type_reply("list_widgets", "widgets")
     assert replies["bad"] == {
         "type": "get_workflow",

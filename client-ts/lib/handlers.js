@@ -321,6 +321,42 @@ route('set_latest_application_version', unsuccessful, 'setting the latest applic
   return { success: true };
 });
 
+/** A DBOS WorkflowSchedule as the protocol's ScheduleOutput. */
+function scheduleOutput(s, loadContext) {
+  return {
+    schedule_id: s.scheduleId,
+    schedule_name: s.scheduleName,
+    workflow_name: s.workflowName,
+    workflow_class_name: s.workflowClassName || null,
+    schedule: s.schedule,
+    status: s.status,
+    context: loadContext && s.context !== undefined ? shown(s.context) : null,
+    last_fired_at: s.lastFiredAt ?? null,
+    automatic_backfill: Boolean(s.automaticBackfill),
+    cron_timezone: s.cronTimezone ?? null,
+    queue_name: s.queueName ?? null,
+    application_name: s.applicationName ?? null,
+  };
+}
+
+route('list_schedules', { output: [] }, 'listing schedules', async (f) => {
+  const b = body(f);
+  const filters = {
+    status: filter(strOrList(b, 'status', OPTIONAL)),
+    workflowName: filter(strOrList(b, 'workflow_name', OPTIONAL)),
+    scheduleNamePrefix: filter(strOrList(b, 'schedule_name_prefix', OPTIONAL)),
+    applicationName: filter(strOrList(b, 'application_name', OPTIONAL)),
+  };
+  for (const key of Object.keys(filters)) if (filters[key] === undefined) delete filters[key];
+  const loadContext = bool(b, 'load_context', true);
+  return { output: (await DBOS.listSchedules(filters)).map((s) => scheduleOutput(s, loadContext)) };
+});
+
+route('get_schedule', { output: null }, 'getting schedule', async (f) => {
+  const found = await DBOS.getSchedule(str(f, 'schedule_name'));
+  return { output: found === null ? null : scheduleOutput(found, bool(f, 'load_context', true)) };
+});
+
 route('pause_schedule', unsuccessful, 'pausing schedule', async (f) => {
   await DBOS.pauseSchedule(str(f, 'schedule_name'));
   return { success: true };

@@ -7,6 +7,7 @@
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
 //   can be found at all (require.resolve), and whether the client is still running; then exits 0.
+// - RELAY_TEST_SCHEDULE=1: a paused schedule `every-hour` of the workflow `tick` (context `ctx`).
 // - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
 //   newExecutorId(), tries connect() after each and prints "REFUSED <json>" with what connect()
@@ -167,6 +168,8 @@ const job = DBOS.registerWorkflow(
   { name: 'job' },
 );
 
+const tick = DBOS.registerWorkflow(async (scheduledDate, context) => `tick ${context}`, { name: 'tick' });
+
 // Executors of the tests start at once on one system database: its migrations run here first, one
 // process at a time (two DBOS launches migrating together fail: "tuple concurrently updated"). The
 // lock is tried, not waited for: a statement waiting for it would hold back the migrations' CREATE
@@ -245,6 +248,11 @@ async function main() {
   configure(relay.newExecutorId());
   await DBOS.launch();
   const connection = connect();
+  if (ENV.RELAY_TEST_SCHEDULE && (await DBOS.getSchedule('every-hour')) === null) {
+    // Paused at once, lest it start a run on the hour.
+    await DBOS.createSchedule({ scheduleName: 'every-hour', workflowFn: tick, schedule: '0 * * * *', context: 'ctx' });
+    await DBOS.pauseSchedule('every-hour');
+  }
   const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
   for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
     await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
