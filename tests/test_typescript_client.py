@@ -29,6 +29,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess, audit_actions
 from harness.ts_executor import SDK53_VERSION, node_url, start_ts_executor, ts_app53
 from harness.waiting import assert_eventually
+from tests.prom import scrape
 from tests.test_client import at, read_line
 
 StartRelay = Callable[..., RelayProcess]
@@ -163,8 +164,19 @@ def test_the_client_reconnects_about_a_second_after_relay_comes_back(
     start_relay: StartRelay, start_ts53: StartTs
 ) -> None:
     relay = start_relay(grace=30)
-    executor = start_ts53(relay.conductor_url)
+    bad_key = "ck-not-a-key-of-relays"
+    with ThreadPoolExecutor(2) as pool:
+        starting = pool.submit(start_ts53, relay.conductor_url)
+        refused = pool.submit(start_ts53, relay.conductor_url, key=bad_key).result()
+        executor = starting.result()
     assert_eventually(lambda: healthy(relay, executor), 15)
+    # A key Relay refuses (403), tried again and refused again: one warning, without the key, and
+    # no other problem (the handshake's abort after the refusal is not a loss).
+    assert_eventually(lambda: (scrape(relay.http, "relay_hub_events_total", kind="rejected_bad_key") or 0) >= 2, 10)
+    refused.stop()
+    logged = refused.log_path.read_text()
+    assert logged.count("relay client: ") == 1 and "Relay refused the connection (403)" in logged, logged
+    assert bad_key not in logged
     first = relay.executor("acme", "ledger", executor.executor_id)
     assert first is not None
     relay.stop()

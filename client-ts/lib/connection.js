@@ -256,8 +256,10 @@ class Connection {
     let pinger;
     let outbox;
     let first = true;
+    let refused = false; // answered with an HTTP status: the abort that follows is no other problem
 
     ws.on('unexpected-response', (req, res) => {
+      refused = true;
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => {
@@ -309,7 +311,7 @@ class Connection {
           code === 'CERT_HAS_EXPIRED') {
         this._noteProblem(`Relay's certificate is not trusted: ${err.message}`);
         retry = Retry.REFUSED;
-      } else if (!this._stopping) {
+      } else if (!this._stopping && !refused) {
         this._noteProblem(`Connection to Relay lost: ${err && err.message}`);
       }
     });
