@@ -219,9 +219,10 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         },
         {"type": "list_schedules", "request_id": "schedules", "body": {"status": "PAUSED"}},
         {"type": "get_schedule", "request_id": "schedule", "schedule_name": "every-hour", "load_context": False},
+        {"type": "alert", "request_id": "alert", "name": "WorkflowFailure", "message": "m", "metadata": {"k": "v"}},
         {"type": "executor_info", "request_id": "again"},
     ]
-    expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "again"}
+    expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "alert", "again"}
     replies: dict[str, dict[str, Any]] = {}
     paths: list[str] = []
     done = threading.Event()
@@ -275,6 +276,11 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     )
     got = p.parse_reply(replies["schedule"], p.GetScheduleReply, request_id="schedule").output
     assert got is not None and (got.schedule_id, got.context) == (schedule.schedule_id, None)
+    assert p.parse_reply(replies["alert"], p.AlertReply, request_id="alert").success
+    alerts = [json.loads(line[6:]) for line in executor.log_path.read_text().splitlines() if line.startswith("ALERT ")]
+    assert alerts == [
+        {"name": "WorkflowFailure", "message": "m", "metadata": {"k": "v"}, "executor": executor.executor_id}
+    ]
     assert replies["widgets"] == p.unknown_type_reply("list_widgets", "widgets")
     assert replies["bad"] == {
         "type": "get_workflow",

@@ -7,6 +7,7 @@
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
 //   can be found at all (require.resolve), and whether the client is still running; then exits 0.
+// - Its alert handler (DBOS.setAlertHandler) writes each alert as a line "ALERT <json>" to stderr.
 // - RELAY_TEST_SCHEDULE=1: a paused schedule `every-hour` of the workflow `tick` (context `ctx`).
 // - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
@@ -245,6 +246,9 @@ async function main() {
     await prepareEvidence();
   }
   await migrateSystemDatabase();
+  DBOS.setAlertHandler(async (name, message, metadata) => {
+    process.stderr.write(`ALERT ${JSON.stringify({ name, message, metadata, executor: DBOS.executorID })}\n`);
+  });
   configure(relay.newExecutorId());
   await DBOS.launch();
   const connection = connect();
