@@ -39,7 +39,8 @@ export interface Connection {
   readonly running: boolean;
   /** Resolves once the connection has stopped. */
   readonly stopped: Promise<void>;
-  /** Close the socket (code 1000) and stop reconnecting; resolves once it is closed. Call it before DBOS.shutdown(). */
+  /** Let the requests taken answer (up to 2 s; new ones are refused) and a retention round end (up to 10 s), then
+   * close the socket (code 1000) and stop reconnecting; resolves once it is closed. Call it before DBOS.shutdown(). */
   stop(): Promise<void>;
 }
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 import relay_protocol as p
@@ -197,13 +198,15 @@ def test_the_client_reconnects_about_a_second_after_relay_comes_back(
 
 
 def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_bad_ones(
-    start_ts53: StartTs, evidence_db: str, tmp_path: Path
+    start_ts53: StartTs, evidence_db: str, sysdb: str, tmp_path: Path
 ) -> None:
     """A peer speaking the protocol frame by frame (a real socket, over TLS with a CA of its own that
     the client is given as ``ca``; Relay's own protocol classes read the replies): the handshake, a
-    workflow listing and its steps, a request with a field of the wrong type (an error naming it),
-    frames that are not requests (dropped), and a type the client does not serve (the SDK's "Unknown
-    message type"); the socket stays up for the next request."""
+    workflow listing and its steps, queues, a request with a field of the wrong type (an error naming
+    it), frames that are not requests (dropped), and a type the client does not serve (the SDK's
+    "Unknown message type"); the socket stays up for the next request. Then a retention round (the
+    finished workflow deleted, the one in flight cancelled), and a stop while a request is being
+    served: that request still answers, one arriving meanwhile is refused, then the socket closes."""
     frames = [
         {"type": "list_workflows", "request_id": "list", "body": {"status": [], "workflow_name": "job"}},
         "this is not JSON",
@@ -221,11 +224,28 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         {"type": "get_schedule", "request_id": "schedule", "schedule_name": "every-hour", "load_context": False},
         {"type": "alert", "request_id": "alert", "name": "WorkflowFailure", "message": "m", "metadata": {"k": "v"}},
         {"type": "executor_info", "request_id": "again"},
+        {"type": "list_queues", "request_id": "queues"},
+        {"type": "get_queue", "request_id": "queue", "name": "serial"},
+        {"type": "get_queue", "request_id": "no-queue", "name": "no-such-queue"},
+        {"type": "get_workflow_events", "request_id": "events", "workflow_id": "job-0"},
     ]
     expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "alert", "again"}
+    expected |= {"queues", "queue", "no-queue", "events"}
     replies: dict[str, dict[str, Any]] = {}
     paths: list[str] = []
     done = threading.Event()
+    finish = tmp_path / "finish"
+    started, stopping = threading.Event(), threading.Event()
+    closed: list[int | None] = []
+
+    def ask(ws: ServerConnection, frame: dict[str, Any]) -> dict[str, Any]:
+        ws.send(json.dumps(frame))
+        reply: dict[str, Any] = json.loads(ws.recv(10))
+        return reply
+
+    def in_sysdb() -> dict[str, str]:
+        with psycopg.connect(sysdb) as conn:
+            return dict(conn.execute("SELECT workflow_uuid, status FROM dbos.workflow_status").fetchall())
 
     def peer(ws: ServerConnection) -> None:
         assert ws.request is not None
@@ -239,17 +259,43 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         while not expected <= set(replies):
             reply = json.loads(ws.recv(10))
             replies[reply["request_id"]] = reply
+        # Retention: job-0 (finished) before the cut-off goes, held-0 (in flight) is cancelled.
+        assert in_sysdb().get("held-0") == "PENDING"
+        now_ms = int(datetime.now().timestamp() * 1000)
+        body = {"gc_cutoff_epoch_ms": now_ms, "timeout_cutoff_epoch_ms": now_ms}
+        replies["retention"] = ask(ws, {"type": "retention", "request_id": "retention", "body": body})
+        assert_eventually(lambda: (s := in_sysdb()) and "job-0" not in s and s.get("held-0") == "CANCELLED", 10)
+        # A stop while the app's alert handler takes 1.5 s: a request arriving meanwhile is refused
+        # at once, the alert's reply still comes, then the close frame.
+        metadata = {"sleep_ms": "1500"}
+        assert started.wait(10)
+        ws.send(json.dumps({"type": "alert", "request_id": "slow", "name": "n", "message": "m", "metadata": metadata}))
+        assert_eventually(lambda: '"sleep_ms"' in executor_log(), 10)
+        finish.touch()
+        assert stopping.wait(10)
+        replies["late"] = ask(ws, {"type": "list_workflows", "request_id": "late", "body": {}})
+        replies["slow"] = json.loads(ws.recv(10))
+        try:
+            ws.recv(10)
+        except ConnectionClosed as exc:
+            closed.append(exc.rcvd.code if exc.rcvd else None)
         done.set()
-        ws.recv()  # until the executor is stopped
 
     ca_file, tls = make_certificates(tmp_path)
     with serve(peer, "127.0.0.1", 0, ssl=tls) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"wss://127.0.0.1:{server.socket.getsockname()[1]}/"
         env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
-        executor = start_ts53(url, env={**env, "RELAY_TEST_CA_FILE": str(ca_file), "RELAY_TEST_SCHEDULE": "1"})
+        env |= {"RELAY_TEST_CA_FILE": str(ca_file), "RELAY_TEST_SCHEDULE": "1", "RELAY_TEST_QUEUE": "1"}
+        env |= {"RELAY_TEST_HOLD": "1", "RELAY_TEST_FINISH_FILE": str(finish)}
+        executor = start_ts53(url, env=env)
+        executor_log = executor.log_path.read_text
+        started.set()
+        if read_line(executor.proc, "STOPPING", 30) is not None:
+            stopping.set()
         assert done.wait(30), (replies, executor.log_path.read_text())
-        executor.stop()
+        report = read_line(executor.proc, "FINISHED ", 10)
+        assert report is not None and json.loads(report)["client_running"] is False, executor_log()
         server.shutdown()
 
     assert paths == [f"/websocket/ledger/{CONDUCTOR_KEYS['acme']}"]
@@ -279,7 +325,8 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     assert p.parse_reply(replies["alert"], p.AlertReply, request_id="alert").success
     alerts = [json.loads(line[6:]) for line in executor.log_path.read_text().splitlines() if line.startswith("ALERT ")]
     assert alerts == [
-        {"name": "WorkflowFailure", "message": "m", "metadata": {"k": "v"}, "executor": executor.executor_id}
+        {"name": "WorkflowFailure", "message": "m", "metadata": {"k": "v"}, "executor": executor.executor_id},
+        {"name": "n", "message": "m", "metadata": {"sleep_ms": "1500"}, "executor": executor.executor_id},
     ]
     assert replies["widgets"] == p.unknown_type_reply("list_widgets", "widgets")
     assert replies["bad"] == {
@@ -287,3 +334,26 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         "request_id": "bad",
         "error_message": "get_workflow: the field workflow_id must be a string",
     }
+    # Queues as DBOS.registerQueue persisted them, field by field as the Python client answers.
+    (queue,) = p.parse_reply(replies["queues"], p.ListQueuesReply, request_id="queues").output
+    assert queue == p.parse_reply(replies["queue"], p.GetQueueReply, request_id="queue").output
+    assert (queue.name, queue.concurrency, queue.worker_concurrency, queue.rate_limit_max) == ("serial", 1, None, 5)
+    assert (queue.rate_limit_period_sec, queue.priority_enabled, queue.partition_queue) == (2.0, True, True)
+    assert (queue.partition_concurrency, queue.partition_worker_concurrency, queue.application_name) == (
+        None,
+        1,
+        "ledger",
+    )
+    assert (queue.partition_rate_limit_max, queue.partition_rate_limit_period_sec) == (None, None)
+    assert p.parse_reply(replies["no-queue"], p.GetQueueReply, request_id="no-queue").output is None
+    # No public API of 5.3 lists a workflow's events: unknown, as an SDK without the message answers.
+    assert replies["events"] == p.unknown_type_reply("get_workflow_events", "events")
+    assert p.parse_reply(replies["retention"], p.RetentionReply, request_id="retention").success
+    # The stop: the request arriving meanwhile refused (an error and no payload), the one being served answered.
+    assert replies["late"] == {
+        "type": "list_workflows",
+        "request_id": "late",
+        "error_message": "relay client: stopping; not served, ask another executor",
+    }
+    assert p.parse_reply(replies["slow"], p.AlertReply, request_id="slow").success
+    assert closed == [1000]

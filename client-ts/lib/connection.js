@@ -19,6 +19,11 @@
 //   4xx other than 429; close codes 4400, 4401, 4403, 4409; an untrusted certificate) waits twice
 //   as long each time in a row, up to 30 s; Relay too busy (429, 5xx; close codes 4408, 4410) up to
 //   2 s; each times the jitter. A socket open 10 s or more starts the count over.
+// - stop() first lets the requests already taken answer: from then on a new request is refused at
+//   once (an error and no payload, which Relay reads as a refusal and asks another executor), and
+//   it waits up to 2 s (DRAIN_REQUESTS_MS) for the requests in progress or waiting for a turn to be
+//   answered and their replies sent, then up to 10 s (DRAIN_RETENTION_MS) for a retention round,
+//   which ends at its next batch; then it closes the socket (code 1000) and stops reconnecting.
 // - The key is part of the URL; nothing the client logs carries it (the URL is shown with ***).
 
 const WebSocket = require('ws');
@@ -27,6 +32,9 @@ const PING_INTERVAL_MS = 20_000;
 const PING_TIMEOUT_MS = 15_000;
 const OPEN_TIMEOUT_MS = 5_000;
 const CLOSE_TIMEOUT_MS = 5_000;
+const DRAIN_REQUESTS_MS = 2_000;
+const DRAIN_RETENTION_MS = 10_000;
+const STOPPING = 'relay client: stopping; not served, ask another executor';
 const WATCH_INTERVAL_MS = 500;
 const RECONNECT_MS = 1_000;
 const REFUSED_MAX_MS = 30_000;
@@ -142,6 +150,13 @@ class Outbox {
     });
   }
 
+  /** Resolves once every frame queued has been written (or the socket is gone). */
+  async flushed() {
+    while (!this.closed && (this.sending || this.frames.length > 0)) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+
   close() {
     this.closed = true;
     this.frames = [];
@@ -173,6 +188,8 @@ class Connection {
     this._alive = alive;
     this._turns = new Turns(maxConcurrentRequests);
     this._held = 0;
+    this._idleWaiters = [];
+    this._outbox = null;
     this._stopping = false;
     this._ws = null;
     this._timer = null;
@@ -202,12 +219,16 @@ class Connection {
     return !this._stopping;
   }
 
-  /** Close the socket (a close frame, code 1000) and stop reconnecting; resolves once it is closed. */
+  /** Let the requests taken answer (bounded; new ones are refused), end a retention round, then close
+   * the socket (a close frame, code 1000) and stop reconnecting; resolves once it is closed. */
   async stop() {
     if (!this._stopping) {
       this._stopping = true;
+      this.handlers.stopping = true;
       clearInterval(this._watch);
       clearTimeout(this._timer);
+      await this._drain();
+      await this.handlers.ctx.retention.join(DRAIN_RETENTION_MS);
       const ws = this._ws;
       if (ws && ws.readyState !== WebSocket.CLOSED) {
         const closed = new Promise((resolve) => ws.once('close', resolve));
@@ -222,6 +243,19 @@ class Connection {
       this._markStopped();
     }
     return this.stopped;
+  }
+
+  /** Wait (up to DRAIN_REQUESTS_MS) for the requests taken to be answered and their replies sent. */
+  async _drain() {
+    let timer;
+    const deadline = new Promise((resolve) => (timer = setTimeout(resolve, DRAIN_REQUESTS_MS)));
+    const idle = this._held === 0 ? Promise.resolve() : new Promise((resolve) => this._idleWaiters.push(resolve));
+    const outbox = this._outbox;
+    await Promise.race([idle.then(() => outbox?.flushed()), deadline]);
+    clearTimeout(timer);
+    if (this._held > 0) {
+      this.log.info(`relay client: stopping with ${this._held} request(s) still being served; their replies are dropped`);
+    }
   }
 
   /** `textIn` with the key blanked: in the URL's path whatever its length, elsewhere from 8 characters on
@@ -276,6 +310,7 @@ class Connection {
       this._noteProblem('');
       this.log.info(`relay client: connected to ${this.shownUrl} as executor ${this.executorId}`);
       outbox = new Outbox(ws, this._sendQueueSize);
+      this._outbox = outbox;
       let awaitingPong = null;
       ws.on('pong', () => {
         clearTimeout(awaitingPong);
@@ -319,6 +354,7 @@ class Connection {
       clearInterval(pinger);
       this.connected = false;
       outbox?.close();
+      if (this._outbox === outbox) this._outbox = null;
       if (this._ws === ws) this._ws = null;
       if (this._stopping) return;
       if (openedAt !== undefined) {
@@ -333,6 +369,11 @@ class Connection {
   }
 
   _take(textFrame, outbox) {
+    if (this._stopping) {
+      const reply = this.handlers.refuse(textFrame, STOPPING);
+      if (reply !== undefined) outbox.put(reply);
+      return;
+    }
     if (this._held >= this._maxHeld) {
       const why = `relay client: busy, ${this._held} requests in progress or waiting for one of ` +
         `${this._maxConcurrent} turns; not served, ask again later`;
@@ -345,12 +386,12 @@ class Connection {
     const served = (async () => {
       await this._turns.take();
       try {
-        const reply = this._stopping ? this.handlers.refuse(textFrame, 'relay client: stopping; not served') :
-          await this.handlers.answer(textFrame);
+        const reply = this._stopping ? this.handlers.refuse(textFrame, STOPPING) : await this.handlers.answer(textFrame);
         if (reply !== undefined) await outbox.put(reply);
       } finally {
         this._turns.give();
         this._held -= 1;
+        if (this._held === 0) for (const wake of this._idleWaiters.splice(0)) wake();
       }
     })();
     served.catch((err) => this.log.error(`relay client: serving a request failed: ${this._redact(err && err.stack)}`));

@@ -21,6 +21,7 @@ const path = require('node:path');
 const fs = require('node:fs');
 const { inspect } = require('node:util');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
+const { Retention } = require('./retention');
 
 const UNKNOWN_TYPE = 'Unknown message type';
 
@@ -227,6 +228,16 @@ route('exist_pending_workflows', { exist: false }, 'checking for pending workflo
   return { exist: pending.length > 0 };
 });
 
+route('retention', unsuccessful, 'enforcing retention policy', async (f, ctx) => {
+  const b = body(f);
+  const round = {};
+  for (const key of ['gc_cutoff_epoch_ms', 'gc_rows_threshold', 'gc_batch_size', 'timeout_cutoff_epoch_ms']) {
+    round[key] = int(b, key, null);
+  }
+  ctx.retention.start(round); // a round still running means this one is skipped, as the SDK did
+  return { success: true };
+});
+
 route('alert', unsuccessful, 'processing alert', async (f, ctx) => {
   const name = str(f, 'name');
   const message = str(f, 'message');
@@ -381,6 +392,41 @@ route('backfill_schedule', { workflow_ids: [] }, 'backfilling schedule', async (
   return { workflow_ids: handles.map((h) => h.workflowID) };
 });
 
+/** A DBOS WorkflowQueue (DBOS.listQueues, DBOS.retrieveQueue: read from its row) as the protocol's QueueOutput. */
+function queueOutput(q) {
+  const limit = (v) => v ?? null;
+  return {
+    name: q.name,
+    concurrency: limit(q.concurrency),
+    worker_concurrency: limit(q.workerConcurrency),
+    rate_limit_max: q.rateLimit ? q.rateLimit.limitPerPeriod : null,
+    rate_limit_period_sec: q.rateLimit ? q.rateLimit.periodSec : null,
+    // Every queue is a priority queue; any per-partition limit makes it a partitioned one.
+    priority_enabled: true,
+    partition_queue: [q.partitionConcurrency, q.partitionWorkerConcurrency, q.partitionRateLimit].some(
+      (v) => v !== undefined && v !== null,
+    ),
+    polling_interval_sec: (q.minPollingIntervalMs ?? 0) / 1000,
+    application_name: q.applicationName ?? null,
+    partition_concurrency: limit(q.partitionConcurrency),
+    partition_worker_concurrency: limit(q.partitionWorkerConcurrency),
+    partition_rate_limit_max: q.partitionRateLimit ? q.partitionRateLimit.limitPerPeriod : null,
+    partition_rate_limit_period_sec: q.partitionRateLimit ? q.partitionRateLimit.periodSec : null,
+  };
+}
+
+route('list_queues', { output: [] }, 'listing queues', async (f) => {
+  // A server predating the filter sends no body; an empty list is every application's queues, as DBOS reads it.
+  const b = { type: f.type, ...object(f, 'body', {}) };
+  const applicationName = strOrList(b, 'application_name', OPTIONAL);
+  return { output: (await DBOS.listQueues(applicationName)).map(queueOutput) };
+});
+
+route('get_queue', { output: null }, 'getting queue', async (f) => {
+  const queue = await DBOS.retrieveQueue(str(f, 'name'));
+  return { output: queue === null ? null : queueOutput(queue) };
+});
+
 /** Every type this client answers; any other gets "Unknown message type". */
 const SERVED = Object.freeze([...ROUTES.keys()]);
 
@@ -416,7 +462,10 @@ function read(textFrame, log) {
 class Handlers {
   /** ctx: { executorId, metadata, log } */
   constructor(ctx) {
+    /** Set when the connection stops: a retention round ends at its next batch. */
+    this.stopping = false;
     this.ctx = { dbosVersion: dbosVersion(), ...ctx };
+    this.ctx.retention = new Retention(ctx.log, () => this.stopping);
   }
 
   /** The reply's text to the frame `textFrame`, or undefined when it cannot be addressed. */

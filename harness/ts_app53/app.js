@@ -7,7 +7,12 @@
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
 //   can be found at all (require.resolve), and whether the client is still running; then exits 0.
-// - Its alert handler (DBOS.setAlertHandler) writes each alert as a line "ALERT <json>" to stderr.
+// - Its alert handler (DBOS.setAlertHandler) writes each alert as a line "ALERT <json>" to stderr,
+//   then takes metadata.sleep_ms milliseconds (if given) to return: a request still being served.
+// - RELAY_TEST_FINISH_FILE also prints "STOPPING" just before it stops the client.
+// - RELAY_TEST_QUEUE=1: a queue `serial` (DBOS.registerQueue: concurrency 1, 5 per 2 s, partitioned
+//   by a worker concurrency of 1 a partition).
+// - RELAY_TEST_HOLD=1: a workflow `held-0` (of `held`) that waits an hour for a message: PENDING.
 // - RELAY_TEST_SCHEDULE=1: a paused schedule `every-hour` of the workflow `tick` (context `ctx`).
 // - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
@@ -169,6 +174,8 @@ const job = DBOS.registerWorkflow(
   { name: 'job' },
 );
 
+const held = DBOS.registerWorkflow(async () => DBOS.recv('never', 3600), { name: 'held' });
+
 const tick = DBOS.registerWorkflow(async (scheduledDate, context) => `tick ${context}`, { name: 'tick' });
 
 // Executors of the tests start at once on one system database: its migrations run here first, one
@@ -248,6 +255,7 @@ async function main() {
   await migrateSystemDatabase();
   DBOS.setAlertHandler(async (name, message, metadata) => {
     process.stderr.write(`ALERT ${JSON.stringify({ name, message, metadata, executor: DBOS.executorID })}\n`);
+    if (metadata.sleep_ms) await new Promise((resolve) => setTimeout(resolve, Number(metadata.sleep_ms)));
   });
   configure(relay.newExecutorId());
   await DBOS.launch();
@@ -257,6 +265,11 @@ async function main() {
     await DBOS.createSchedule({ scheduleName: 'every-hour', workflowFn: tick, schedule: '0 * * * *', context: 'ctx' });
     await DBOS.pauseSchedule('every-hour');
   }
+  if (ENV.RELAY_TEST_QUEUE) {
+    const options = { concurrency: 1, rateLimit: { limitPerPeriod: 5, periodSec: 2 }, partitionWorkerConcurrency: 1 };
+    await DBOS.registerQueue('serial', options);
+  }
+  if (ENV.RELAY_TEST_HOLD) await DBOS.startWorkflow(held, { workflowID: 'held-0' })();
   const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
   for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
     await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
@@ -264,6 +277,7 @@ async function main() {
   process.stdout.write(`READY ${DBOS.executorID}\n`);
   if (ENV.RELAY_TEST_FINISH_FILE) {
     await untilFile(ENV.RELAY_TEST_FINISH_FILE);
+    process.stdout.write('STOPPING\n');
     await connection.stop();
     await DBOS.shutdown();
     process.stdout.write(`FINISHED ${JSON.stringify({ ...enterpriseReport(), client_running: connection.running })}\n`);
