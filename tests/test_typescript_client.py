@@ -27,8 +27,10 @@ from websockets.sync.server import ServerConnection, serve
 import relay_protocol as p
 from harness.executors import Evidence, ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
-from harness.relay import RelayProcess, audit_actions
-from harness.ts_executor import SDK53_VERSION, node_url, start_ts_executor, ts_app53
+from harness.ports import free_port
+from harness.postgres import Postgres
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.ts_executor import SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app53
 from harness.waiting import assert_eventually
 from tests.prom import scrape
 from tests.test_client import at, read_line
@@ -42,7 +44,8 @@ def start_ts53(tmp_path: Path, sysdb: str) -> Iterator[StartTs]:
     started: list[ExecutorProcess] = []
 
     def start(conductor_url: str, **kwargs: Any) -> ExecutorProcess:
-        executor = start_ts_executor(tmp_path, kwargs.pop("sysdb", sysdb), conductor_url, sdk53=True, **kwargs)
+        sdk53 = kwargs.pop("sdk53", True)  # False: harness/ts_app, on 5.2 with the SDK's own client
+        executor = start_ts_executor(tmp_path, kwargs.pop("sysdb", sysdb), conductor_url, sdk53=sdk53, **kwargs)
         started.append(executor)
         return executor
 
@@ -75,21 +78,34 @@ def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
 
 
 def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serve_the_api(
-    start_relay: StartRelay, start_ts53: StartTs, evidence_db: str, sysdb: str, tmp_path: Path
+    start_relay: StartRelay, start_ts53: StartTs, evidence_db: str, sysdb: str, postgres: Postgres, tmp_path: Path
 ) -> None:
-    relay = start_relay(grace=1.0)
+    """Two 5.3 executors on the client (one killed mid-workflow, the other recovers) beside a 5.2
+    executor of another app on the SDK's own client (a mixed fleet on one Relay, issue 16's question
+    of the TypeScript SDK): Conductor API listings through each answer as its system database has it;
+    then the app's retention setting, applied by the survivor through the client's retention."""
+    config = relay_yaml(free_port(), grace=1.0)
+    config["retention"] = {"appsIntervalSecs": 0.5}
+    relay = start_relay(config)
     finish = tmp_path / "finish"
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    with ThreadPoolExecutor(2) as pool:  # both launch at once: each start waits for its READY line
+    billing_db = postgres.create_database("billing")
+    with ThreadPoolExecutor(3) as pool:  # all launch at once: each start waits for its READY line
         starting_survivor = pool.submit(
             start_ts53, relay.conductor_url, env={**env, "RELAY_TEST_FINISH_FILE": str(finish)}
         )
         starting_doomed = pool.submit(
             start_ts53, relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "4"}
         )
-        survivor, doomed = starting_survivor.result(), starting_doomed.result()
+        starting_sdk52 = pool.submit(
+            start_ts53, relay.conductor_url, sdk53=False, app="billing", sysdb=billing_db,
+            env={"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "0", "RELAY_TEST_JOB_PREFIX": "b"},
+        )  # fmt: skip
+        survivor, doomed, sdk52 = starting_survivor.result(), starting_doomed.result(), starting_sdk52.result()
     for executor in (survivor, doomed):
         assert_eventually(lambda executor=executor: healthy(relay, executor), 15)
+    assert_eventually(lambda: relay.state_of("acme", "billing", sdk52.executor_id) == "HEALTHY", 15)
+    assert (relay.executor("acme", "billing", sdk52.executor_id) or {}).get("dbosVersion") == SDK_VERSION
     # executor_info as the 5.2 SDK's client reports it: Relay needs no special case.
     record = relay.executor("acme", "ledger", doomed.executor_id)
     assert record is not None
@@ -132,10 +148,35 @@ def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serv
         assert resp.status_code == 201, resp.text
         assert resp.json() == {"workflowId": "job-0-fork"}
         assert_eventually(lambda: evidence.outcomes().get("job-0-fork") == survivor.executor_id, 15)
+        # The 5.2 executor of the other app, through the SDK's own client: its own system database's rows.
+        resp = api.get(f"/apps/billing/executors/{sdk52.executor_id}/workflows")
+        assert resp.status_code == 200, resp.text
+        with psycopg.connect(billing_db) as billing:
+            rows = billing.execute("SELECT workflow_uuid, status, name FROM dbos.workflow_status").fetchall()
+        assert {(w["workflowId"], w["status"], w["name"]) for w in resp.json()} == set(rows)
+        assert {w for w, _, _ in rows} >= {"b-0", "b-1"}
         # A message the client does not serve: the SDK's "Unknown message type", which Relay surfaces as 501.
         resp = api.get("/apps/ledger/workflows/job-0/notifications")
         assert resp.status_code == 501, resp.text
         assert "Unknown message type" in resp.json()["detail"], resp.text
+
+    # Retention: a rows threshold of 1 keeps the newest finished workflow (the fork) and deletes the
+    # rest, a round sent by Relay to the survivor (the app's only executor) and run by the client.
+    with relay.api() as api:
+        resp = api.patch("/apps/ledger", json={"gcRowsThreshold": 1})
+        assert resp.status_code == 200, resp.text
+
+    def finished() -> set[str]:
+        with psycopg.connect(sysdb) as conn:
+            return {
+                w for (w,) in conn.execute("SELECT workflow_uuid FROM dbos.workflow_status WHERE status = 'SUCCESS'")
+            }
+
+    assert_eventually(lambda: finished() == {"job-0-fork"}, 15, interval=0.2)
+    with relay.api() as api:
+        entries = api.get("/audit", params={"app": "ledger", "limit": 10000}).json()
+    sent = [e for e in entries if e["action"] == "retention.sent"]
+    assert sent and {e["peerExecutorId"] for e in sent} == {survivor.executor_id}
 
     # stop() closes the socket (Relay sees the executor go at once); the app then shuts DBOS down.
     # @dbos-inc/dbos-enterprise was never loaded (launch, connect, serving, recovery, stop) and is
