@@ -173,9 +173,17 @@ def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serv
             }
 
     assert_eventually(lambda: finished() == {"job-0-fork"}, 15, interval=0.2)
-    with relay.api() as api:
-        entries = api.get("/audit", params={"app": "ledger", "limit": 10000}).json()
-    sent = [e for e in entries if e["action"] == "retention.sent"]
+
+    def audited(action: str) -> list[dict[str, Any]]:
+        with relay.api() as api:
+            entries = api.get("/audit", params={"app": "ledger", "limit": 10000}).json()
+        return [e for e in entries if e["action"] == action]
+
+    # Relay's check of a later round (get_workflow_aggregates, served by the client) counts the one left.
+    assert_eventually(
+        lambda: [e for e in audited("retention.checked") if e["detail"]["remaining"]["finished"] == 1], 10
+    )
+    sent = audited("retention.sent")
     assert sent and {e["peerExecutorId"] for e in sent} == {survivor.executor_id}
 
     # stop() closes the socket (Relay sees the executor go at once); the app then shuts DBOS down.
@@ -269,9 +277,19 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         {"type": "get_queue", "request_id": "queue", "name": "serial"},
         {"type": "get_queue", "request_id": "no-queue", "name": "no-such-queue"},
         {"type": "get_workflow_events", "request_id": "events", "workflow_id": "job-0"},
-    ]
+        {"type": "get_workflow_aggregates", "request_id": "wf-agg", "body": {"group_by_status": True,
+         "group_by_name": True, "select_count": True, "select_min_created_at": True}},
+        {"type": "get_step_aggregates", "request_id": "step-agg",
+         "body": {"group_by_function_name": True, "select_count": True}},
+        {"type": "get_workflow_aggregates", "request_id": "no-group", "body": {"select_count": True}},
+        {"type": "get_metrics", "request_id": "metrics", "metric_class": "workflow_step_count",
+         "start_time": "2000-01-01T00:00:00Z", "end_time": "2100-01-01T00:00:00Z"},
+        {"type": "get_metrics", "request_id": "metrics-bad", "metric_class": "cpu",
+         "start_time": "2000-01-01T00:00:00Z", "end_time": "2100-01-01T00:00:00Z"},
+    ]  # fmt: skip
     expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "alert", "again"}
-    expected |= {"queues", "queue", "no-queue", "events"}
+    expected |= {"queues", "queue", "no-queue", "events", "wf-agg", "step-agg", "no-group", "metrics", "metrics-bad"}
+    truth: dict[str, Any] = {}
     replies: dict[str, dict[str, Any]] = {}
     paths: list[str] = []
     done = threading.Event()
@@ -300,12 +318,25 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         while not expected <= set(replies):
             reply = json.loads(ws.recv(10))
             replies[reply["request_id"]] = reply
-        # Retention: job-0 (finished) before the cut-off goes, held-0 (in flight) is cancelled.
+        with psycopg.connect(sysdb) as conn:  # what the aggregates and metrics were computed from
+            truth["workflows"] = conn.execute(
+                "SELECT status, name, count(*), min(created_at) FROM dbos.workflow_status GROUP BY status, name"
+            ).fetchall()
+            truth["steps"] = conn.execute(
+                "SELECT function_name, count(*) FROM dbos.operation_outputs GROUP BY function_name"
+            ).fetchall()
+        # fork_from_failure from job-0's last step: a new workflow, forked from it, that finishes.
+        forked = ask(ws, {"type": "fork_from_failure", "request_id": "fork",
+                          "body": {"workflow_ids": ["job-0"], "from_last_step": True}})  # fmt: skip
+        replies["fork"] = forked
+        for fork_id in forked.get("forked_workflow_ids") or []:
+            assert_eventually(lambda fork_id=fork_id: in_sysdb().get(fork_id) == "SUCCESS", 10)
+        # Retention: job-0 and its fork (finished) before the cut-off go, held-0 (in flight) is cancelled.
         assert in_sysdb().get("held-0") == "PENDING"
         now_ms = int(datetime.now().timestamp() * 1000)
         body = {"gc_cutoff_epoch_ms": now_ms, "timeout_cutoff_epoch_ms": now_ms}
         replies["retention"] = ask(ws, {"type": "retention", "request_id": "retention", "body": body})
-        assert_eventually(lambda: (s := in_sysdb()) and "job-0" not in s and s.get("held-0") == "CANCELLED", 10)
+        assert_eventually(lambda: in_sysdb() == {"held-0": "CANCELLED"}, 10)
         # A stop while the app's alert handler takes 1.5 s: a request arriving meanwhile is refused
         # at once, the alert's reply still comes, then the close frame.
         metadata = {"sleep_ms": "1500"}
@@ -387,6 +418,24 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     )
     assert (queue.partition_rate_limit_max, queue.partition_rate_limit_period_sec) == (None, None)
     assert p.parse_reply(replies["no-queue"], p.GetQueueReply, request_id="no-queue").output is None
+    # Aggregates and metrics, computed by the client from DBOS's listings, as the system database counts.
+    wf_agg = p.parse_reply(replies["wf-agg"], p.GetWorkflowAggregatesReply, request_id="wf-agg").output
+    assert {(a.group["status"], a.group["name"], a.count, a.min_created_at) for a in wf_agg} == set(truth["workflows"])
+    assert {w for _, w, _, _ in truth["workflows"]} >= {"job", "held"}
+    step_agg = p.parse_reply(replies["step-agg"], p.GetStepAggregatesReply, request_id="step-agg").output
+    assert {(a.group["function_name"], a.count) for a in step_agg} == set(truth["steps"])
+    assert ("evidence", 2) in truth["steps"]
+    no_group = replies["no-group"]
+    assert no_group["output"] == [] and "At least one group_by flag" in no_group["error_message"], no_group
+    metrics = p.parse_reply(replies["metrics"], p.GetMetricsReply, request_id="metrics").metrics
+    counts = {(m.metric_type, m.metric_name): m.value for m in metrics}
+    assert counts == {
+        **{("workflow_count", name): count for _, name, count, _ in truth["workflows"]},
+        **{("step_count", name): count for name, count in truth["steps"]},
+    }
+    assert replies["metrics-bad"]["error_message"] == "Unexpected metric class: cpu"
+    (fork_id,) = p.parse_reply(replies["fork"], p.ForkFromFailureReply, request_id="fork").forked_workflow_ids or []
+    assert fork_id != "job-0"
     # No public API of 5.3 lists a workflow's events: unknown, as an SDK without the message answers.
     assert replies["events"] == p.unknown_type_reply("get_workflow_events", "events")
     assert p.parse_reply(replies["retention"], p.RetentionReply, request_id="retention").success

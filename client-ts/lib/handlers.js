@@ -12,16 +12,23 @@
 // - A handler that throws is answered with its type's failure reply: the payload empty
 //   (success: false, exist: false, output: [] or null) and error_message saying what failed.
 //
-// Every handler calls DBOS's public API (DBOS.listWorkflows, DBOS.cancelWorkflows, ...), except
+// Every handler calls DBOS's public API (DBOS.listWorkflows, DBOS.cancelWorkflows, ...; retention and
+// the aggregates in lib/retention.js and lib/aggregates.js, from its listings), except
 // recovery, which calls DBOSExecutor.globalInstance.recoverPendingWorkflows(ids): the entry point the
 // SDK's own clients used, not part of the DBOS class.
+//
+// Answered "Unknown message type" (no route): get_workflow_events, get_workflow_notifications and
+// get_workflow_streams (5.3's public API reads one event, message or stream by key but lists none of
+// a workflow's keys), export_workflow and import_workflow (no public API exports or writes its rows).
 
 const os = require('node:os');
 const path = require('node:path');
 const fs = require('node:fs');
 const { inspect } = require('node:util');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
+const { randomUUID } = require('node:crypto');
 const { Retention } = require('./retention');
+const aggregates = require('./aggregates');
 
 const UNKNOWN_TYPE = 'Unknown message type';
 
@@ -305,6 +312,46 @@ route('fork_workflow', { new_workflow_id: null }, 'forking workflow', async (f) 
   return { new_workflow_id: handle.workflowID };
 });
 
+/** The step a workflow is forked from: the given one, the last of a name, the last failed, or the last. */
+async function startStep(workflowId, fromStep, fromStepName, fromLastFailure) {
+  if (fromStep !== undefined) return fromStep;
+  const steps = (await DBOS.listWorkflowSteps(workflowId)) ?? [];
+  if (fromStepName !== undefined) {
+    const named = steps.filter((s) => s.name === fromStepName).map((s) => s.functionID);
+    if (named.length === 0) throw new Error(`Workflow ${workflowId} has no step named '${fromStepName}'`);
+    return Math.max(...named);
+  }
+  const failed = fromLastFailure ? steps.filter((s) => s.error !== undefined && s.error !== null).map((s) => s.functionID) : [];
+  const all = steps.map((s) => s.functionID);
+  return Math.max(...(failed.length > 0 ? failed : all.length > 0 ? all : [1]));
+}
+
+route('fork_from_failure', { forked_workflow_ids: null }, 'bulk forking workflows', async (f) => {
+  const b = body(f);
+  const workflowIds = strList(b, 'workflow_ids');
+  const fromLastFailure = bool(b, 'from_last_failure', false);
+  const fromLastStep = bool(b, 'from_last_step', false);
+  const fromStep = int(b, 'from_step', OPTIONAL);
+  const fromStepName = str(b, 'from_step_name', OPTIONAL);
+  const options = {
+    applicationVersion: str(b, 'application_version', OPTIONAL),
+    queueName: str(b, 'queue_name', OPTIONAL),
+    queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
+  };
+  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  if ([fromLastFailure, fromLastStep, fromStep !== undefined, fromStepName !== undefined].filter(Boolean).length !== 1) {
+    throw new Error('Exactly one of from_last_failure, from_last_step, from_step, or from_step_name must be specified');
+  }
+  // Every start step first, so that a workflow that cannot be forked stops the batch before any fork.
+  const starts = [];
+  for (const id of workflowIds) starts.push([id, await startStep(id, fromStep, fromStepName, fromLastFailure)]);
+  const forked = [];
+  for (const [id, start] of starts) {
+    forked.push((await DBOS.forkWorkflow(id, start, { ...options, newWorkflowID: randomUUID() })).workflowID);
+  }
+  return { forked_workflow_ids: forked };
+});
+
 route('rewind_workflow', unsuccessful, 'rewinding workflow', async (f) => {
   const b = body(f);
   const options = {
@@ -390,6 +437,58 @@ route('backfill_schedule', { workflow_ids: [] }, 'backfilling schedule', async (
   }
   const handles = await DBOS.backfillSchedule(str(f, 'schedule_name'), start, end);
   return { workflow_ids: handles.map((h) => h.workflowID) };
+});
+
+// --- Aggregates and metrics (lib/aggregates.js, from paged public listings) ---
+
+/** A body's fields, checked by kind: { bools: [...], ints: [...], strs: [...], lists: [...], objects: [...] }. */
+function fields(b, kinds) {
+  const out = {};
+  for (const key of kinds.bools ?? []) out[key] = bool(b, key, OPTIONAL);
+  for (const key of kinds.ints ?? []) out[key] = int(b, key, OPTIONAL);
+  for (const key of kinds.strs ?? []) out[key] = str(b, key, OPTIONAL);
+  for (const key of kinds.lists ?? []) out[key] = strList(b, key, OPTIONAL);
+  for (const key of kinds.objects ?? []) out[key] = object(b, key, OPTIONAL);
+  return out;
+}
+
+const WORKFLOW_AGGREGATES = {
+  bools: ['group_by_status', 'group_by_name', 'group_by_queue_name', 'group_by_executor_id',
+    'group_by_application_version', 'group_by_application_name', 'select_count', 'select_min_created_at',
+    'select_max_queue_wait_ms', 'select_max_total_latency_ms', 'was_forked_from', 'has_parent'],
+  ints: ['time_bucket_size_ms'],
+  strs: ['start_time', 'end_time', 'completed_after', 'completed_before', 'dequeued_after', 'dequeued_before'],
+  lists: ['status', 'name', 'app_version', 'executor_id', 'queue_name', 'workflow_id_prefix', 'workflow_ids',
+    'forked_from', 'parent_workflow_id', 'user', 'schedule_name', 'application_name'],
+  objects: ['attributes'],
+};
+
+const STEP_AGGREGATES = {
+  bools: ['group_by_function_name', 'group_by_status', 'select_count', 'select_max_duration_ms'],
+  ints: ['time_bucket_size_ms'],
+  strs: ['completed_after', 'completed_before'],
+  lists: ['status', 'function_name', 'workflow_id_prefix', 'application_name'],
+};
+
+function appName() {
+  return dbosInternal('dbos-executor').DBOSExecutor.globalInstance?.appName;
+}
+
+route('get_workflow_aggregates', { output: [] }, 'getting workflow aggregates', async (f) => ({
+  output: await aggregates.workflowAggregates(fields(body(f), WORKFLOW_AGGREGATES), appName()),
+}));
+
+route('get_step_aggregates', { output: [] }, 'getting step aggregates', async (f) => ({
+  output: await aggregates.stepAggregates(fields(body(f), STEP_AGGREGATES)),
+}));
+
+route('get_metrics', { metrics: [] }, 'getting metrics', async (f) => {
+  const metricClass = str(f, 'metric_class');
+  const startTime = str(f, 'start_time');
+  const endTime = str(f, 'end_time');
+  const applicationName = strList(f, 'application_name', OPTIONAL);
+  if (metricClass !== 'workflow_step_count') return { metrics: [], error_message: `Unexpected metric class: ${metricClass}` };
+  return { metrics: await aggregates.workflowStepCounts(startTime, endTime, applicationName) };
 });
 
 /** A DBOS WorkflowQueue (DBOS.listQueues, DBOS.retrieveQueue: read from its row) as the protocol's QueueOutput. */
