@@ -258,6 +258,7 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     served: that request still answers, one arriving meanwhile is refused, then the socket closes."""
     frames = [
         {"type": "list_workflows", "request_id": "list", "body": {"status": [], "workflow_name": "job"}},
+        {"type": "list_workflows", "request_id": "every-app", "body": {"application_name": [], "workflow_name": "job"}},
         "this is not JSON",
         {"no": "type"},
         {"type": "get_workflow", "request_id": "bad", "workflow_id": 7},
@@ -287,7 +288,7 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         {"type": "get_metrics", "request_id": "metrics-bad", "metric_class": "cpu",
          "start_time": "2000-01-01T00:00:00Z", "end_time": "2100-01-01T00:00:00Z"},
     ]  # fmt: skip
-    expected = {"list", "bad", "widgets", "steps", "pending", "schedules", "schedule", "alert", "again"}
+    expected = {"list", "every-app", "bad", "widgets", "steps", "pending", "schedules", "schedule", "alert", "again"}
     expected |= {"queues", "queue", "no-queue", "events", "wf-agg", "step-agg", "no-group", "metrics", "metrics-bad"}
     truth: dict[str, Any] = {}
     replies: dict[str, dict[str, Any]] = {}
@@ -311,8 +312,10 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         paths.append(ws.request.path)
         ws.send(json.dumps({"type": "executor_info", "request_id": "hello"}))
         replies["hello"] = json.loads(ws.recv(10))
-        # The job (sleep 0) has finished before it is listed: its outcome is in the evidence.
+        # The job (sleep 0) has finished before it is listed: its outcome is in the evidence, and its
+        # status (written after the outcome's transaction) is SUCCESS.
         assert_eventually(lambda: len(Evidence(evidence_db).outcomes()) == 1, 15)
+        assert_eventually(lambda: in_sysdb().get("job-0") == "SUCCESS", 10)
         for frame in frames:
             ws.send(frame if isinstance(frame, str) else json.dumps(frame))
         while not expected <= set(replies):
@@ -320,7 +323,8 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
             replies[reply["request_id"]] = reply
         with psycopg.connect(sysdb) as conn:  # what the aggregates and metrics were computed from
             truth["workflows"] = conn.execute(
-                "SELECT status, name, count(*), min(created_at) FROM dbos.workflow_status GROUP BY status, name"
+                "SELECT status, name, count(*), min(created_at) FROM dbos.workflow_status"
+                " WHERE application_name IS DISTINCT FROM 'billing' GROUP BY status, name"
             ).fetchall()
             truth["steps"] = conn.execute(
                 "SELECT function_name, count(*) FROM dbos.operation_outputs GROUP BY function_name"
@@ -331,12 +335,13 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         replies["fork"] = forked
         for fork_id in forked.get("forked_workflow_ids") or []:
             assert_eventually(lambda fork_id=fork_id: in_sysdb().get(fork_id) == "SUCCESS", 10)
-        # Retention: job-0 and its fork (finished) before the cut-off go, held-0 (in flight) is cancelled.
+        # Retention: job-0 and its fork (finished) before the cut-off go, held-0 (in flight) is
+        # cancelled; other-0 is billing's (in flight: not this app's to time out).
         assert in_sysdb().get("held-0") == "PENDING"
         now_ms = int(datetime.now().timestamp() * 1000)
         body = {"gc_cutoff_epoch_ms": now_ms, "timeout_cutoff_epoch_ms": now_ms}
         replies["retention"] = ask(ws, {"type": "retention", "request_id": "retention", "body": body})
-        assert_eventually(lambda: in_sysdb() == {"held-0": "CANCELLED"}, 10)
+        assert_eventually(lambda: in_sysdb() == {"held-0": "CANCELLED", "other-0": "ENQUEUED"}, 10)
         # A stop while the app's alert handler takes 1.5 s: a request arriving meanwhile is refused
         # at once, the alert's reply still comes, then the close frame.
         metadata = {"sleep_ms": "1500"}
@@ -359,7 +364,7 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         url = f"wss://127.0.0.1:{server.socket.getsockname()[1]}/"
         env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "1", "RELAY_TEST_JOB_SLEEP": "0"}
         env |= {"RELAY_TEST_CA_FILE": str(ca_file), "RELAY_TEST_SCHEDULE": "1", "RELAY_TEST_QUEUE": "1"}
-        env |= {"RELAY_TEST_HOLD": "1", "RELAY_TEST_FINISH_FILE": str(finish)}
+        env |= {"RELAY_TEST_HOLD": "1", "RELAY_TEST_OTHER_APP": "1", "RELAY_TEST_FINISH_FILE": str(finish)}
         executor = start_ts53(url, env=env)
         executor_log = executor.log_path.read_text
         started.set()
@@ -380,6 +385,9 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         )
     listed = p.parse_reply(replies["list"], p.ListWorkflowsReply, request_id="list")
     assert [(w.workflow_id, w.status, w.output) for w in listed.output] == [("job-0", "SUCCESS", "'done'")]
+    # application_name [] is every application's workflows, as DBOS (and the Python client) read it.
+    every = p.parse_reply(replies["every-app"], p.ListWorkflowsReply, request_id="every-app").output
+    assert {(w.workflow_id, w.application_name) for w in every} == {("job-0", "ledger"), ("other-0", "billing")}
     steps = p.parse_reply(replies["steps"], p.ListStepsReply, request_id="steps")
     assert [s.function_name for s in steps.output or []][:1] == ["evidence"]
     pending = p.parse_reply(replies["pending"], p.ExistPendingWorkflowsReply, request_id="pending")

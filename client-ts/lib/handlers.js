@@ -94,7 +94,8 @@ function ids(frame) {
   return many && many.length > 0 ? many : [str(frame, 'workflow_id')];
 }
 
-/** An empty list is no filter (as the Python SDK reads it), not "IN ()". */
+/** An empty list is no filter (as the Python SDK reads it), not "IN ()". Not for application_name,
+ * whose empty list DBOS reads as every application and whose absence as this one. */
 function filter(value) {
   return Array.isArray(value) && value.length === 0 ? undefined : value;
 }
@@ -127,7 +128,7 @@ function workflowsInput(b) {
     hasParent: bool(b, 'has_parent', OPTIONAL),
     attributes: object(b, 'attributes', OPTIONAL),
     scheduleName: filter(strOrList(b, 'schedule_name', OPTIONAL)),
-    applicationName: filter(strOrList(b, 'application_name', OPTIONAL)),
+    applicationName: strOrList(b, 'application_name', OPTIONAL), // [] is every application's, as DBOS reads it
   };
   if (bool(b, 'queues_only', false)) input.queuesOnly = true;
   for (const key of Object.keys(input)) if (input[key] === undefined) delete input[key];
@@ -403,7 +404,7 @@ route('list_schedules', { output: [] }, 'listing schedules', async (f) => {
     status: filter(strOrList(b, 'status', OPTIONAL)),
     workflowName: filter(strOrList(b, 'workflow_name', OPTIONAL)),
     scheduleNamePrefix: filter(strOrList(b, 'schedule_name_prefix', OPTIONAL)),
-    applicationName: filter(strOrList(b, 'application_name', OPTIONAL)),
+    applicationName: strOrList(b, 'application_name', OPTIONAL), // [] is every application's, as DBOS reads it
   };
   for (const key of Object.keys(filters)) if (filters[key] === undefined) delete filters[key];
   const loadContext = bool(b, 'load_context', true);

@@ -13,6 +13,8 @@
 // - RELAY_TEST_QUEUE=1: a queue `serial` (DBOS.registerQueue: concurrency 1, 5 per 2 s, partitioned
 //   by a worker concurrency of 1 a partition).
 // - RELAY_TEST_HOLD=1: a workflow `held-0` (of `held`) that waits an hour for a message: PENDING.
+// - RELAY_TEST_OTHER_APP=1: a workflow `other-0` of `job` enqueued for the application `billing` (on
+//   its queue `billing-jobs`, which this app does not serve: it stays ENQUEUED).
 // - RELAY_TEST_SCHEDULE=1: a paused schedule `every-hour` of the workflow `tick` (context `ctx`).
 // - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
@@ -270,6 +272,10 @@ async function main() {
     await DBOS.registerQueue('serial', options);
   }
   if (ENV.RELAY_TEST_HOLD) await DBOS.startWorkflow(held, { workflowID: 'held-0' })();
+  if (ENV.RELAY_TEST_OTHER_APP) {
+    const other = { queueName: 'billing-jobs', workflowName: 'job', workflowID: 'other-0', applicationName: 'billing' };
+    await DBOS.enqueueWorkflowWithOptions(other, 0);
+  }
   const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
   for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
     await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
