@@ -31,7 +31,9 @@ function defined(input) {
 async function workflows(limit, filters) {
   const found = [];
   for (;;) {
-    const page = await DBOS.listWorkflows({ ...filters, limit: PAGE, offset: found.length, loadInput: false, loadOutput: false });
+    const page = await DBOS.listWorkflows({
+      ...filters, limit: PAGE, offset: found.length, loadInput: false, loadOutput: false,
+    });
     found.push(...page);
     if (found.length > limit) {
       throw new TooManyRows(`more than ${limit} workflows match: narrow the filter (a time range, say)`);
@@ -41,8 +43,9 @@ async function workflows(limit, filters) {
 }
 
 const groupValue = (value) => (value === undefined || value === null ? null : String(value));
-const bucket = (at, size) => (size === undefined || size === null ? [] : [at === undefined || at === null ? null : String(Math.floor(at / size) * size)]);
-const most = (current, value) => (value === undefined || value === null ? current : current === null ? value : Math.max(current, value));
+const absent = (v) => v === undefined || v === null;
+const bucket = (at, size) => (absent(size) ? [] : [absent(at) ? null : String(Math.floor(at / size) * size)]);
+const most = (current, value) => (absent(value) ? current : current === null ? value : Math.max(current, value));
 
 function checkGrouping(groups, size) {
   if (size !== undefined && size !== null && size <= 0) throw new Error('time_bucket_size_ms must be > 0');
@@ -100,17 +103,20 @@ async function workflowAggregates(b, appName) {
   for (const w of await workflows(MAX_WORKFLOWS, workflowFilters(b, appName))) {
     const key = [...columns.map(([, , get]) => groupValue(get(w))), ...bucket(w.createdAt, size)];
     const id = JSON.stringify(key);
-    if (!groups.has(id)) groups.set(id, { key, count: 0, minCreatedAt: null, maxQueueWaitMs: null, maxTotalLatencyMs: null });
+    if (!groups.has(id)) {
+      groups.set(id, { key, count: 0, minCreatedAt: null, maxQueueWaitMs: null, maxTotalLatencyMs: null });
+    }
     const g = groups.get(id);
     g.count += 1;
-    if (w.createdAt !== undefined && w.createdAt !== null) {
+    if (!absent(w.createdAt)) {
       g.minCreatedAt = g.minCreatedAt === null ? w.createdAt : Math.min(g.minCreatedAt, w.createdAt);
-      if (w.dequeuedAt !== undefined && w.dequeuedAt !== null) g.maxQueueWaitMs = most(g.maxQueueWaitMs, w.dequeuedAt - w.createdAt);
-      if (w.completedAt !== undefined && w.completedAt !== null) g.maxTotalLatencyMs = most(g.maxTotalLatencyMs, w.completedAt - w.createdAt);
+      if (!absent(w.dequeuedAt)) g.maxQueueWaitMs = most(g.maxQueueWaitMs, w.dequeuedAt - w.createdAt);
+      if (!absent(w.completedAt)) g.maxTotalLatencyMs = most(g.maxTotalLatencyMs, w.completedAt - w.createdAt);
     }
   }
   // With nothing selected the SDK counts.
-  const count = b.select_count || !(b.select_min_created_at || b.select_max_queue_wait_ms || b.select_max_total_latency_ms);
+  const selected = b.select_min_created_at || b.select_max_queue_wait_ms || b.select_max_total_latency_ms;
+  const count = b.select_count || !selected;
   return [...groups.values()].map((g) => ({
     group: Object.fromEntries(names.map((name, i) => [name, g.key[i]])),
     count: count ? g.count : null,
@@ -143,7 +149,9 @@ async function windowCandidates(completedAfter, common) {
 async function steps({ completedAfter, completedBefore, workflowIdPrefix, applicationName }) {
   const common = defined({ workflow_id_prefix: workflowIdPrefix, applicationName });
   if (completedBefore !== null) common.endTime = iso(completedBefore);
-  const candidates = completedAfter === null ? await workflows(MAX_STEP_WORKFLOWS, common) : await windowCandidates(completedAfter, common);
+  const candidates = completedAfter === null
+    ? await workflows(MAX_STEP_WORKFLOWS, common)
+    : await windowCandidates(completedAfter, common);
   const found = [];
   for (const w of candidates) {
     for (const step of (await DBOS.listWorkflowSteps(w.workflowID)) ?? []) {
@@ -188,7 +196,8 @@ async function stepAggregates(b) {
     if (!counts.has(id)) counts.set(id, { key, count: 0, maxDurationMs: null });
     const entry = counts.get(id);
     entry.count += 1;
-    entry.maxDurationMs = most(entry.maxDurationMs, started !== null && completed !== null ? completed - started : null);
+    const duration = started !== null && completed !== null ? completed - started : null;
+    entry.maxDurationMs = most(entry.maxDurationMs, duration);
   }
   const count = b.select_count || !b.select_max_duration_ms;
   return [...counts.values()].map((e) => ({
@@ -210,7 +219,8 @@ async function workflowStepCounts(startTime, endTime, applicationName) {
     }
   }
   const stepsByName = new Map();
-  for (const step of await steps({ completedAfter: start, completedBefore: end - 1, workflowIdPrefix: undefined, applicationName })) {
+  const inRange = await steps({ completedAfter: start, completedBefore: end - 1, applicationName });
+  for (const step of inRange) {
     stepsByName.set(step.name, (stepsByName.get(step.name) ?? 0) + 1);
   }
   return [
@@ -219,4 +229,6 @@ async function workflowStepCounts(startTime, endTime, applicationName) {
   ];
 }
 
-module.exports = { workflowAggregates, stepAggregates, workflowStepCounts, TooManyRows, MAX_WORKFLOWS, MAX_STEP_WORKFLOWS };
+module.exports = {
+  workflowAggregates, stepAggregates, workflowStepCounts, TooManyRows, MAX_WORKFLOWS, MAX_STEP_WORKFLOWS,
+};

@@ -254,7 +254,8 @@ class Connection {
     await Promise.race([idle.then(() => outbox?.flushed()), deadline]);
     clearTimeout(timer);
     if (this._held > 0) {
-      this.log.info(`relay client: stopping with ${this._held} request(s) still being served; their replies are dropped`);
+      const held = this._held;
+      this.log.info(`relay client: stopping with ${held} request(s) still being served; their replies are dropped`);
     }
   }
 
@@ -386,7 +387,9 @@ class Connection {
     const served = (async () => {
       await this._turns.take();
       try {
-        const reply = this._stopping ? this.handlers.refuse(textFrame, STOPPING) : await this.handlers.answer(textFrame);
+        const reply = this._stopping
+          ? this.handlers.refuse(textFrame, STOPPING)
+          : await this.handlers.answer(textFrame);
         if (reply !== undefined) await outbox.put(reply);
       } finally {
         this._turns.give();

@@ -322,7 +322,8 @@ async function startStep(workflowId, fromStep, fromStepName, fromLastFailure) {
     if (named.length === 0) throw new Error(`Workflow ${workflowId} has no step named '${fromStepName}'`);
     return Math.max(...named);
   }
-  const failed = fromLastFailure ? steps.filter((s) => s.error !== undefined && s.error !== null).map((s) => s.functionID) : [];
+  const failing = steps.filter((s) => s.error !== undefined && s.error !== null);
+  const failed = fromLastFailure ? failing.map((s) => s.functionID) : [];
   const all = steps.map((s) => s.functionID);
   return Math.max(...(failed.length > 0 ? failed : all.length > 0 ? all : [1]));
 }
@@ -340,7 +341,8 @@ route('fork_from_failure', { forked_workflow_ids: null }, 'bulk forking workflow
     queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
   };
   for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
-  if ([fromLastFailure, fromLastStep, fromStep !== undefined, fromStepName !== undefined].filter(Boolean).length !== 1) {
+  const modes = [fromLastFailure, fromLastStep, fromStep !== undefined, fromStepName !== undefined];
+  if (modes.filter(Boolean).length !== 1) {
     throw new Error('Exactly one of from_last_failure, from_last_step, from_step, or from_step_name must be specified');
   }
   // Every start step first, so that a workflow that cannot be forked stops the batch before any fork.
@@ -488,7 +490,9 @@ route('get_metrics', { metrics: [] }, 'getting metrics', async (f) => {
   const startTime = str(f, 'start_time');
   const endTime = str(f, 'end_time');
   const applicationName = strList(f, 'application_name', OPTIONAL);
-  if (metricClass !== 'workflow_step_count') return { metrics: [], error_message: `Unexpected metric class: ${metricClass}` };
+  if (metricClass !== 'workflow_step_count') {
+    return { metrics: [], error_message: `Unexpected metric class: ${metricClass}` };
+  }
   return { metrics: await aggregates.workflowStepCounts(startTime, endTime, applicationName) };
 });
 

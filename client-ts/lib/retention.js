@@ -83,7 +83,9 @@ async function collect(body, stopping = () => false) {
 
 /** Cancel this application's in-flight workflows created at or before the cut-off; how many. */
 async function timeOut(cutoffMs) {
-  const found = await DBOS.listWorkflows({ status: IN_FLIGHT, endTime: iso(cutoffMs), loadInput: false, loadOutput: false });
+  const found = await DBOS.listWorkflows({
+    status: IN_FLIGHT, endTime: iso(cutoffMs), loadInput: false, loadOutput: false,
+  });
   const ids = found.map((w) => w.workflowID);
   if (ids.length > 0) await DBOS.cancelWorkflows(ids);
   return ids.length;
