@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -392,6 +392,13 @@ def check_id(interval_secs: float, now: float | None = None) -> str:
 # -- every instance's loops --------------------------------------------------------------------
 
 
+async def start_delivery(alert: Alert) -> None:
+    """Start the delivery of an alert (``relay.alert.deliver``) or of a resolution
+    (``relay.alert.resolve``), under its workflow id: DBOS runs each id once."""
+    with SetWorkflowID(alert.workflow_id):
+        await DBOS.start_workflow_async(deliver if alert.resolves is None else resolve, alert.to_json())
+
+
 class AlertLoops:
     """Reading the audit log for event rules, and starting each interval's round of the others.
 
@@ -399,10 +406,17 @@ class AlertLoops:
     it (and adopted) starts nothing when it wakes up before it finds out.
     """
 
-    def __init__(self, store: AlertStore, settings: AlertsConfig, lease_held: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        store: AlertStore,
+        settings: AlertsConfig,
+        lease_held: Callable[[], bool],
+        start: Callable[[Alert], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self.lease_held = lease_held
+        self._start = start or start_delivery
         self._cursor = 0
         self.overlap_secs = OVERLAP_SECS
         # When the oldest transaction open at the previous poll began: entries committed since that
@@ -450,19 +464,29 @@ class AlertLoops:
         wanted = [a for fact in facts for a in self.alerts_for(fact, rules)]
         if not self.settings.send_resolutions:
             wanted = [a for a in wanted if a.resolves is None]
-        found = [a for a in wanted if a.workflow_id not in self._started]
         # A death's end makes a resolution for each of its app's death rules: only the alerts fired
-        # are resolved. One not fired yet is looked for again at the next poll (read again in the
-        # overlap): its delivery is started by the poll that reads the death, which may be another's.
-        ends = sorted({a.resolves for a in found if a.resolves is not None and Kind(a.kind) in DEATH_KINDS})
-        fired = await self.store.fired(ends) if ends else set()
-        found = [a for a in found if a.resolves is None or a.resolves in fired or Kind(a.kind) not in DEATH_KINDS]
+        # are resolved. The entry that fired one was read before the entry that ends its death (it
+        # has the smaller id), by this poll or an earlier one: a delivery claimed or started (it may
+        # be another instance's), or one this poll starts. The resolution is started now, in the
+        # same poll: an end left to be read again later (in the overlap) was lost when the poll lagged
+        # more than the overlap behind the log (a burst of deaths, a restart) or more than a page
+        # of entries came between.
+        firing = {a.idempotency_key for a in wanted if a.resolves is None} | {
+            wid.removeprefix("alert:") for wid in self._started
+        }
+        ends = sorted({a.resolves for a in wanted if a.resolves is not None and Kind(a.kind) in DEATH_KINDS} - firing)
+        fired = firing | (await self.store.fired(ends) if ends else set())
+        found = [
+            a
+            for a in wanted
+            if a.workflow_id not in self._started
+            and (a.resolves is None or a.resolves in fired or Kind(a.kind) not in DEATH_KINDS)
+        ]
         claimed = await self.store.claimed([a.idempotency_key for a in found]) if found else set()
         started = 0
         for alert in found:
             if alert.idempotency_key not in claimed:  # else its delivery runs, or ran, already
-                with SetWorkflowID(alert.workflow_id):
-                    await DBOS.start_workflow_async(deliver if alert.resolves is None else resolve, alert.to_json())
+                await self._start(alert)
                 started += 1
             self._started[alert.workflow_id] = now
         newest = max((fact.id for fact in facts), default=after)
