@@ -6,16 +6,38 @@ a real webhook receiver."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from typing import Any
 
 from harness.executors import ExecutorProcess
+from harness.ports import free_port
+from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
-from relay.config import AlertsConfig
-from relay.core.alerts import Alert
+from harness.waiting import assert_eventually
+from relay.config import AlertsConfig, RelayConfig
+from relay.core.alerts import Alert, Kind, Observed
+from relay.core.destinations import DestinationPolicy
+from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent
+from relay.domain.alerts import AlertSender
+from relay.domain.operator import Operator
+from relay.errors import Conflict
+from relay.net.webhook import WebhookSender
 from relay.store.alerts import AlertStore
+from relay.store.apps import AppStore
+from relay.store.audit import audit_executor
 from relay.store.db import Database
-from tests.test_alerts import with_store
-from workflows.alerts import AlertLoops
+from relay.store.executors import ExecutorStore, Handshake
+from relay_protocol import ExecutorInfoReply
+from tests.test_alerts import (
+    YAML_SECRET,
+    alert_config,
+    audit,
+    signed,
+    with_store,
+)
+from workflows.alerts import AlertLoops, due_alerts
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -73,3 +95,213 @@ def test_a_burst_of_deaths_each_over_at_once_is_resolved_though_the_poll_lags_be
     for poll in polls:  # never before its alert: in the poll that starts the alert, or a later one
         at = {a.idempotency_key: i for i, a in enumerate(poll) if a.resolves is None}
         assert all(at.get(a.resolves, -1) < i for i, a in enumerate(poll) if a.resolves is not None)
+
+
+def test_rules_deleted_while_their_alerts_are_open_resolve_them_to_where_they_went_once(
+    start_relay: StartRelay, start_executor: StartExecutor
+) -> None:
+    """The app's only executor dies (nobody can recover it): an ExecutorDead rule and an
+    UnresponsiveApplication rule alert, a third rule's alert is refused for good by its receiver (a
+    400). The operator deletes the three rules through the API while the death goes on: each open
+    alert gets one resolution, at its rule's webhook, saying the rule was removed (the destination
+    went with the rule, and they stayed open for ever); the failed alert gets none."""
+    with WebhookReceiver() as receiver:
+        receiver.refused_prefix = "/refused"
+        relay = start_relay(alert_config(free_port(), [], grace=0.5))
+        dying = start_executor(relay.conductor_url)
+        with relay.api() as api:
+            made = {
+                path: api.post("/apps/ledger/alerting-rules",
+                               json={"ruleType": kind, "webhook": receiver.url(path), "minIntervalSecs": 0,
+                                     **({"ruleMetadata": {"forSecs": 0}} if kind == "UnresponsiveApplication" else {})})
+                for path, kind in [("/dead", "ExecutorDead"), ("/down", "UnresponsiveApplication"),
+                                   ("/refused", "ExecutorDead")]
+            }  # fmt: skip
+            assert all(r.status_code == 201 for r in made.values()), [r.text for r in made.values()]
+            assert_eventually(lambda: relay.state_of("acme", "ledger", dying.executor_id) == "HEALTHY", 10)
+            dying.kill()
+
+            def at(path: str) -> list[dict[str, Any]]:
+                return [d.payload for d in receiver.deliveries() if d.path == path]
+
+            assert_eventually(lambda: at("/dead") and at("/down") and audit(relay, "alert.failed"), 20, what="alerts")
+            assert relay.state_of("acme", "ledger", dying.executor_id) == "DEAD", "the death goes on"
+            for rule in made.values():
+                assert api.delete(f"/apps/ledger/alerting-rules/{rule.json()['id']}").status_code == 204
+            assert_eventually(lambda: len(at("/dead")) == 2 and len(at("/down")) == 2, 20, what="the resolutions")
+        time.sleep(1.0)  # a few more polls: nothing repeats
+        for path, subject in [("/dead", {"executorId": dying.executor_id}), ("/down", {"appName": "ledger"})]:
+            alert, resolution = at(path)
+            assert "status" not in alert and alert.items() >= subject.items()
+            assert resolution["status"] == "resolved" and resolution["resolves"] == alert["idempotencyKey"]
+            assert resolution.items() >= subject.items() and resolution["kind"] == alert["kind"]
+            assert resolution["metadata"]["ended"] == "rule_removed", resolution
+            assert "is no longer watched: its rule was deleted (by api:" in resolution["message"], resolution
+        assert len(at("/refused")) == 1, "an alert that failed is not resolved"
+        ended = audit(relay, "alert.resolved")
+        assert sorted(e["detail"]["resolves"] for e in ended) == sorted(p["idempotencyKey"] for p in
+                                                                        (at("/dead")[0], at("/down")[0]))  # fmt: skip
+        assert all(e["detail"]["ended"] == "rule_removed" for e in ended)
+
+
+def recording(store: AlertStore) -> tuple[AlertLoops, list[Alert]]:
+    """An audit poll whose deliveries are recorded, not started (DBOS does not run in the test)."""
+    recorded: list[Alert] = []
+
+    async def start(alert: Alert) -> None:
+        recorded.append(alert)
+
+    return AlertLoops(store, AlertsConfig(), lambda: True, start=start), recorded
+
+
+def sender_to(store: AlertStore | None) -> AlertSender:
+    return AlertSender(store, None, WebhookSender(DestinationPolicy.from_entries(["127.0.0.1"]), 2.0, "t"))  # type: ignore[arg-type]
+
+
+async def deliver(store: AlertStore, sender: AlertSender, alert: Alert) -> None:
+    """One delivery as relay.alert.deliver makes it (claimed, sent, finished), or a resolution as
+    relay.alert.resolve does (once the alert it resolves was sent)."""
+    if alert.resolves is None:
+        assert (await store.claim(alert)).send
+    else:
+        assert await store.status_of(alert.resolves) == "sent"
+    outcome, where = await sender.attempt(alert, 1)
+    assert outcome.ok, outcome
+    await store.finish(alert, True, 1, None, where, f"test:{alert.idempotency_key}")
+
+
+async def declared_dead(db: Database, name: str) -> int:
+    """Executor ``name`` of acme/ledger connected, lost and declared dead (audited); its epoch."""
+    executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", name)
+    info = ExecutorInfoReply(request_id="r", executor_id=name, application_version="v1")
+    epoch = (await executors.connected(Handshake(key, info, "relay-1", "key"))).epoch
+    for event in (ExecutorEvent.LOST, ExecutorEvent.GRACE_EXPIRED):
+        assert await executors.apply(key, event, epoch=epoch)
+    async with db.transaction() as conn:
+        await audit_executor(conn, key, "executor.dead", f"dead:{name}", detail={"epoch": epoch})
+    return epoch
+
+
+async def recovered(db: Database, name: str, epoch: int) -> None:
+    """Its death over: its workflows recovered by peer-1, verified, its record deleted (audited)."""
+    executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", name)
+    for event in (ExecutorEvent.RECOVERY_SENT, ExecutorEvent.RECOVERED):
+        assert await executors.apply(key, event, epoch=epoch)
+    async with db.transaction() as conn:
+        await conn.execute(
+            """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+               VALUES (%s, 'acme', 'ledger', %s, 'v1', %s, 'grace_period', 'succeeded')""",
+            (f"rec-{name}", name, epoch),
+        )
+        detail = {"recoveryId": f"rec-{name}", "verifiedBy": "peer-1"}
+        await audit_executor(conn, key, "executor.deleted", f"deleted:{name}", peer="peer-1", detail=detail)
+
+
+def test_rules_taken_out_of_relay_yaml_resolve_their_open_alerts_once_and_a_death_over_just_before(
+    relay_db: str,
+) -> None:
+    """An app is down (UnresponsiveApplication alerted) and two of its executors died (ExecutorDead
+    alerted): one still dead, the other recovered a moment ago, its end not read by the audit poll
+    yet. The rules are taken out of relay.yaml and two instances start (each syncs the file): each
+    open alert is resolved once, at its rule's webhook, signed with its secret; the death that ended
+    before says how it ended (the poll reads it after its rule is gone)."""
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "secret": YAML_SECRET, "minIntervalSecs": 0},
+            {"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": receiver.url("/down")},
+        ]
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> list[dict[str, Any]]:
+            sender.store = store
+            loops, recorded = recording(store)
+            epochs = {name: await declared_dead(db, name) for name in ("still-dead", "recovered")}
+            await loops.poll_events()
+            (down_rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+            ((down, _),) = await due_alerts(store, down_rule, [Observed({"appName": "ledger"}, "ledger", "down")])
+            for alert in [*recorded, down]:
+                await deliver(store, sender, alert)
+            await recovered(db, "recovered", epochs["recovered"])  # its end not read before the rules go
+            without = RelayConfig.model_validate(alert_config(free_port(), []))
+            for _ in range(2):  # two instances start with the file's new version
+                await store.sync_config(without)
+            assert await store.rules_of(frozenset(Kind)) == []
+            recorded.clear()
+            for _ in range(2):
+                await loops.poll_events()
+            for alert in recorded:
+                await deliver(store, sender, alert)
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT detail FROM audit_log WHERE action = 'alert.resolved' ORDER BY id")
+                return [r["detail"] for r in await cur.fetchall()]
+
+        try:
+            ended = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    firing = [d.payload for d in receiver.deliveries() if "status" not in d.payload]
+    resolved = {d.payload["resolves"]: d for d in receiver.deliveries() if d.payload.get("status") == "resolved"}
+    assert len(firing) == 3 and sorted(resolved) == sorted(p["idempotencyKey"] for p in firing), resolved
+    assert len(receiver.deliveries()) == 6, "one resolution each"
+    by_subject = {(d.path, d.payload.get("executorId") or d.payload["appName"]): d for d in resolved.values()}
+    for subject in [("/dead", "still-dead"), ("/down", "ledger")]:
+        payload = by_subject[subject].payload
+        assert payload["metadata"]["ended"] == "rule_removed", payload
+        assert "taken out of relay.yaml" in payload["message"] and "no longer watched" in payload["message"]
+    over = by_subject[("/dead", "recovered")].payload
+    assert over["metadata"]["ended"] == "recovered" and over["metadata"]["recovered_by"] == "peer-1", over
+    assert all(signed(d, YAML_SECRET) for d in receiver.deliveries() if d.path == "/dead")
+    assert sorted(e["subjectKey"] for e in ended) == ["ledger", "still-dead"], "once each, for the open ones"
+    assert all(e["ended"] == "rule_removed" for e in ended)
+
+
+def test_an_apps_rules_deleted_with_it_resolve_their_open_alerts_and_a_refused_delete_resolves_nothing(
+    relay_db: str,
+) -> None:
+    """An app's rules go with the app (``DELETE /apps/{app}``): an alert one of them left open is
+    resolved at its webhook, saying the app was deleted. A delete refused (the app still has an
+    executor in the registry) changes nothing and resolves nothing."""
+    with WebhookReceiver() as receiver:
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> tuple[int, list[dict[str, Any]]]:
+            sender.store = store
+            operator = Operator(db, AppStore(db), ExecutorStore(db), None, None)  # type: ignore[arg-type]
+            async with db.transaction() as conn:
+                for app in ("billing", "busy"):
+                    await AppStore(db).register(conn, "acme", app)
+                    await store.create(conn, {
+                        "id": f"rule-{app}", "org": "acme", "app": app, "kind": "UnresponsiveApplication",
+                        "params": {"forSecs": 0}, "min_interval_secs": 0, "webhook_url": receiver.url(f"/{app}"),
+                        "secret": None, "format": "json", "receiver_app": None, "created_by": "test"})  # fmt: skip
+            for rule in await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION})):
+                down = [Observed({"appName": rule.app}, rule.app, "down")]
+                ((alert, _),) = await due_alerts(store, rule, down)
+                await deliver(store, sender, alert)
+            key = ExecutorKey("acme", "busy", "still-here")
+            info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+            await ExecutorStore(db).connected(Handshake(key, info, "relay-1", "key"))
+            try:
+                await operator.delete_app("acme", "busy", "api:ops")
+                raise AssertionError("an app with an executor was deleted")
+            except Conflict:
+                pass
+            await operator.delete_app("acme", "billing", "api:ops")
+            loops, recorded = recording(store)
+            await loops.poll_events()
+            for resolution in recorded:
+                await deliver(store, sender, resolution)
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT app, detail FROM audit_log WHERE action = 'alert.resolved'")
+                return len(await store.rules_of(frozenset(Kind))), [dict(r) for r in await cur.fetchall()]
+
+        try:
+            left, ended = with_store(relay_db, [], body)
+        finally:
+            sender.webhooks.close()
+    assert left == 1, "busy's rule stays, billing's went with its app"
+    assert [e["app"] for e in ended] == ["billing"] and ended[0]["detail"]["ended"] == "rule_removed"
+    alert, resolution = [d.payload for d in receiver.deliveries() if d.path == "/billing"]
+    assert resolution["resolves"] == alert["idempotencyKey"] and resolution["metadata"]["ended"] == "rule_removed"
+    assert "its app billing was deleted (by api:ops)" in resolution["message"], resolution
+    assert len(receiver.deliveries()) == 3, "busy's alert, billing's alert and its resolution"

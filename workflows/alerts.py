@@ -33,7 +33,9 @@
   RecoveryFailed alerts are resolved the same way when the poll reads the
   entry that ends the death (``executor.deleted``, or a final
   ``recovery.failed``: the executor connected again), for the rules whose
-  alert of that death was fired.
+  alert of that death was fired, in the poll that reads the end. A rule
+  removed while an alert of it is open writes ``alert.resolved`` for it
+  (``ended: rule_removed``), delivered to where the removed rule sent it.
 
 Delivery is at least once: an attempt whose answer was lost is made again
 with the same body and idempotency key, for the receiver to drop.
@@ -44,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -458,10 +460,11 @@ class AlertLoops:
     async def poll_events(self) -> int:
         """Start the delivery of every alert the new audit entries fire; returns how many were started."""
         rules = await self.store.rules_of(EVENT_KINDS)
+        removed = await self.store.removed_rules(DEATH_KINDS)
         after = max(self._cursor, await self.store.cursor())
         facts = await self.read_facts(after)
         now = time.monotonic()
-        wanted = [a for fact in facts for a in self.alerts_for(fact, rules)]
+        wanted = [a for fact in facts for a in self.alerts_for(fact, rules, removed)]
         if not self.settings.send_resolutions:
             wanted = [a for a in wanted if a.resolves is None]
         # A death's end makes a resolution for each of its app's death rules: only the alerts fired
@@ -497,13 +500,17 @@ class AlertLoops:
         return started
 
     @staticmethod
-    def alerts_for(fact: AuditFact, rules: list[Rule]) -> list[Alert]:
+    def alerts_for(fact: AuditFact, rules: list[Rule], removed: Sequence[tuple[Rule, float]] = ()) -> list[Alert]:
         """The alerts an audit entry fires: an event rule's, the resolution of a condition's alert,
-        or those of a death's alerts (the entry ends the death)."""
+        or those of a death's alerts (the entry ends the death). ``removed``: death rules removed
+        since (with when), whose alerts of a death that ended before are resolved too: the removal
+        resolved only those of deaths not over, and its app's deletion took the rules away before this
+        poll read the end."""
         if fact.action == RESOLVED_ACTION:
             resolution = resolution_alert(fact)
             return [] if resolution is None else [resolution]
-        return [*alerts_for_event(fact, rules), *death_resolutions(fact, rules)]
+        ending = [*rules, *(rule for rule, at in removed if fact.at_unix <= at)]
+        return [*alerts_for_event(fact, rules), *death_resolutions(fact, ending)]
 
     async def _schedule_checks(self) -> None:
         interval = self.settings.check_interval_secs

@@ -22,7 +22,8 @@ audit log, written when it ends) is followed by its **resolution**
 ``{the alert's key}:resolved``, and a message saying why it ended. So is a
 death's ``ExecutorDead`` and ``RecoveryFailed`` alert, once the death is over
 (:func:`death_resolutions`): its recovery succeeded (``executor.deleted``), or
-the executor connected again (a final ``recovery.failed``).
+the executor connected again (a final ``recovery.failed``). An alert whose rule is
+removed while it is open is resolved then (``metadata.ended``: ``rule_removed``).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ EVENT_ACTIONS = {
     "recovery.failed": Kind.RECOVERY_FAILED,
     "relay.instance_adopted": Kind.INSTANCE_ADOPTED,
 }
-# The audit action written when an alerted condition's episode ends: its resolution is delivered.
+# The audit action written when an alerted condition's episode ends, or a rule is removed while its
+# alert is open: its resolution is delivered.
 RESOLVED_ACTION = "alert.resolved"
+# ``metadata.ended`` of a resolution whose alert's rule was removed while the alert was open.
+RULE_REMOVED = "rule_removed"
 EVENT_KINDS = frozenset(EVENT_ACTIONS.values())
 CONDITION_KINDS = frozenset(Kind) - EVENT_KINDS
 # Conditions asked of the app's executors (the others are read from Relay's registry).
@@ -378,7 +382,9 @@ def resolution_alert(fact: AuditFact) -> Alert | None:
     except (KeyError, ValueError):
         return None
     reason = str(detail.get("reason", "its condition no longer holds"))
-    return _resolution(fact, str(detail.get("ruleId", "")), kind, key, str(detail.get("epoch", "")), resolves, reason)
+    more = {"ended": str(detail["ended"])} if detail.get("ended") else None  # its rule removed
+    rule_id, epoch = str(detail.get("ruleId", "")), str(detail.get("epoch", ""))
+    return _resolution(fact, rule_id, kind, key, epoch, resolves, reason, more)
 
 
 def _resolution(
@@ -388,6 +394,8 @@ def _resolution(
     """A resolution: the alert ``resolves`` of ``rule_id`` about ``key``, over at ``fact``, and why."""
     subject = subject_of(kind, key)
     what = ", ".join(f"{k} {v}" for k, v in subject.items())
+    # A rule removed while its alert was open: the incident is no longer watched, not known to be over.
+    over = "is no longer watched" if (more or {}).get("ended") == RULE_REMOVED else "is over"
     return Alert(
         rule_id=rule_id,
         kind=kind.value,
@@ -396,7 +404,7 @@ def _resolution(
         subject=subject,
         subject_key=key,
         epoch=epoch,
-        message=f"Resolved: {kind.value} of app {fact.app} ({what}) is over: {reason}.",
+        message=f"Resolved: {kind.value} of app {fact.app} ({what}) {over}: {reason}.",
         at=fact.at,
         metadata={"status": "resolved", "resolves": resolves, "reason": reason, **(more or {})},
         resolves=resolves,

@@ -111,8 +111,11 @@ class AlertRules:
             record = await self.store.get_rule(rule_id)
             if record is None or (record.org, record.app) != (org, app):
                 raise NotFound(f"no alerting rule {rule_id!r} for app {app!r}")
-            if record.source == "config" or not await self.store.delete(conn, rule_id):
+            if record.source == "config":
                 raise Conflict("defined_in_config", f"rule {rule_id!r} is defined in relay.yaml; change it there")
+            await self.store.removing(conn, [rule_id], f"its rule was deleted (by {actor})")
+            if not await self.store.delete(conn, rule_id):
+                raise NotFound(f"no alerting rule {rule_id!r} for app {app!r}")  # deleted meanwhile
             detail = {"ruleId": rule_id, "ruleType": record.kind.value}
             await write_audit(conn, org, app, AuditEntry("alerting_rule.delete", actor, detail=detail))
 
@@ -343,6 +346,9 @@ class AlertSender:
     async def attempt(self, alert: Alert, attempt: int) -> tuple[Attempt, str]:
         """The attempt's outcome, and where it went (as it may be shown)."""
         record = await self.store.get_rule(alert.rule_id)
+        if record is None and alert.resolves is not None:
+            # A resolution of an alert the rule left open when it was removed: to where the alert went.
+            record = await self.store.removed_rule(alert.rule_id)
         if record is None:
             return Attempt(False, error="its rule was deleted"), "(deleted rule)"
         where = destination_of(record)

@@ -14,6 +14,7 @@ from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
 from relay.errors import Conflict, NotFound
+from relay.store.alerts import AlertStore
 from relay.store.apps import AppRecord, AppStore
 from relay.store.audit import AuditEntry, audit_executor, write_audit
 from relay.store.db import Database
@@ -64,6 +65,11 @@ class Operator:
                 raise NotFound(f"no app {app!r} in org {org!r}")
             if await self.apps.listed_in_config(conn, org, app):
                 raise Conflict("defined_in_config", f"app {app!r} is listed in relay.yaml; take it out there first")
+            # Its alert rules go with it: the alerts they left open are resolved (rolled back with the
+            # rest if the app cannot be deleted).
+            rules = await AlertStore.app_rule_ids(conn, org, app)
+            if rules:
+                await AlertStore.removing(conn, rules, f"its app {app} was deleted (by {actor})")
             if not await self.apps.delete(conn, org, app):
                 raise Conflict("app_has_executors", f"app {app!r} still has executors in the registry")
             await write_audit(conn, org, app, AuditEntry("application.delete", actor, detail=SUCCEEDED))

@@ -30,9 +30,12 @@ from psycopg.types.json import Jsonb
 
 from relay.config import MAX_SECS, AlertRuleConfig, AppConfig, RelayConfig
 from relay.core.alerts import (
+    CONDITION_KINDS,
     DEATH_END_ACTIONS,
+    DEATH_KINDS,
     EVENT_ACTIONS,
     RESOLVED_ACTION,
+    RULE_REMOVED,
     Alert,
     AuditFact,
     Kind,
@@ -124,7 +127,7 @@ class AlertStore:
         were edited keeps the id of the file's earlier rule of its app and kind that the file no
         longer has: an incident it alerted goes on as the same episode under the edited rule (no
         second page for it, and its resolution when it ends), and its deliveries under way go on.
-        Rules the file no longer has are deleted."""
+        Rules the file no longer has are deleted, the alerts they left open resolved (:meth:`removing`)."""
         async with self.db.transaction() as conn:
             cur = await conn.execute(
                 """SELECT id, org, app, kind, params, min_interval_secs FROM alert_rules
@@ -135,6 +138,7 @@ class AlertStore:
             # Every id the file's rules hold now: an id drawn anew must be none of them (the id an
             # edited rule kept was drawn from its earlier parameters, which a rule added back has).
             taken = {str(r["id"]) for r in rows}
+            taken_before = set(taken)
             for r in rows:
                 ident = _identity(r["org"], r["app"], r["kind"], r["params"], r["min_interval_secs"])
                 held.setdefault(ident, []).append(r["id"])
@@ -174,6 +178,9 @@ class AlertStore:
                     (rule_id, org_name, app.name, rule.kind.value, Jsonb(rule.params()),
                      rule.min_interval_secs, rule.webhook, rule.signing_secret(), rule.format, receiver),
                 )  # fmt: skip
+            gone = sorted(taken_before - set(kept))
+            if gone:
+                await self.removing(conn, gone, "its rule was taken out of relay.yaml")
             await conn.execute("DELETE FROM alert_rules WHERE source = 'config' AND NOT (id = ANY(%s))", (kept,))
             # A receiving app Relay does not know (a typo, or an app whose executors never connected
             # yet): the API refuses such a rule (404); the file's is kept, since the app may come,
@@ -222,6 +229,78 @@ class AlertStore:
     async def delete(conn: Conn, rule_id: str) -> bool:
         cur = await conn.execute("DELETE FROM alert_rules WHERE id = %s AND source = 'api'", (rule_id,))
         return cur.rowcount == 1
+
+    @staticmethod
+    async def removing(conn: Conn, rule_ids: list[str], why: str) -> None:
+        """Rules about to be deleted (in the caller's transaction, which deletes them): the alerts each
+        left open are resolved, to where the rule sent them. Its destination is kept
+        (``alert_rules_removed``) for their deliveries, and ``alert.resolved`` written, ``why`` its
+        reason and ``ended: rule_removed``, for each alert sent (or being sent) whose episode still
+        holds (a condition's) or whose death is not over (an ExecutorDead or RecoveryFailed alert: the
+        executor is still DEAD or RECOVERING at the death's epoch). Not for an alert that failed or was
+        held back, nor an InstanceAdopted one (it has no end). Written once per alert whatever runs
+        this again (two instances syncing relay.yaml), by the entry's dedupe key."""
+        cur = await conn.execute(
+            f"SELECT {_COLUMNS} FROM alert_rules WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (rule_ids,)
+        )
+        records = [RuleRecord.from_row(r) for r in await cur.fetchall()]
+        if not records:
+            return
+        await conn.execute(
+            f"""INSERT INTO alert_rules_removed ({_COLUMNS}, removed_why)
+                SELECT {_COLUMNS}, %s FROM alert_rules WHERE id = ANY(%s)
+                ON CONFLICT (id) DO UPDATE SET org = EXCLUDED.org, app = EXCLUDED.app, kind = EXCLUDED.kind,
+                    params = EXCLUDED.params, min_interval_secs = EXCLUDED.min_interval_secs,
+                    webhook_url = EXCLUDED.webhook_url, secret = EXCLUDED.secret, format = EXCLUDED.format,
+                    receiver_app = EXCLUDED.receiver_app, source = EXCLUDED.source,
+                    created_at = EXCLUDED.created_at, created_by = EXCLUDED.created_by,
+                    last_fired_at = EXCLUDED.last_fired_at, removed_at = now(),
+                    removed_why = EXCLUDED.removed_why""",
+            (why, [r.id for r in records]),
+        )
+        for record in records:
+            rule = record.rule()
+            if rule.kind in CONDITION_KINDS:
+                await AlertStore._end_episodes(conn, rule, [], why, RULE_REMOVED)
+            elif rule.kind in DEATH_KINDS:
+                cur = await conn.execute(
+                    """SELECT a.subject, a.idempotency_key FROM alerts a
+                       JOIN executors e ON e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
+                        AND e.state IN ('DEAD', 'RECOVERING')
+                        AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch
+                       WHERE a.rule_id = %s AND a.status IN ('sending', 'sent')
+                       ORDER BY a.subject""",
+                    (rule.id,),
+                )
+                for row in await cur.fetchall():
+                    await _resolved(conn, rule, str(row["subject"]), str(row["idempotency_key"]), why, RULE_REMOVED)
+
+    @staticmethod
+    async def app_rule_ids(conn: Conn, org: str, app: str) -> list[str]:
+        """The ids of an app's rules (deleting the app deletes them)."""
+        cur = await conn.execute("SELECT id FROM alert_rules WHERE org = %s AND app = %s ORDER BY id", (org, app))
+        return [str(r["id"]) for r in await cur.fetchall()]
+
+    async def removed_rule(self, rule_id: str) -> RuleRecord | None:
+        """A removed rule, as it was (:meth:`removing`): where the resolutions of its alerts go."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT {_COLUMNS} FROM alert_rules_removed WHERE id = %s", (rule_id,))
+            row = await cur.fetchone()
+        return RuleRecord.from_row(row) if row else None
+
+    async def removed_rules(self, kinds: frozenset[Kind]) -> list[tuple[Rule, float]]:
+        """Removed rules of these kinds that no rule has taken the id of again, each with when it was
+        removed (Unix time)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                f"""SELECT {_COLUMNS}, removed_at FROM alert_rules_removed d
+                    WHERE kind = ANY(%s) AND NOT EXISTS (SELECT 1 FROM alert_rules r WHERE r.id = d.id)
+                    ORDER BY id""",
+                ([k.value for k in kinds],),
+            )
+            rows = await cur.fetchall()
+        return [(RuleRecord.from_row({k: v for k, v in r.items() if k != "removed_at"}).rule(),
+                 r["removed_at"].timestamp()) for r in rows]  # fmt: skip
 
     async def rules_of(self, kinds: frozenset[Kind]) -> list[Rule]:
         """Every rule of these kinds, in every org."""
@@ -371,10 +450,13 @@ class AlertStore:
             return [(r["subject"], int(r["episode"]), _iso(r["since"])) for r in await cur.fetchall()]
 
     @staticmethod
-    async def _end_episodes(conn: Conn, rule: Rule, holding: list[str], over: str | None) -> None:
+    async def _end_episodes(
+        conn: Conn, rule: Rule, holding: list[str], over: str | None, ended: str | None = None
+    ) -> None:
         """End the episodes of the subjects no longer holding, with ``alert.resolved`` for each one
         alerted: in the same transaction, so that an episode that ends is resolved however the step
-        that ended it fares (it may run again, and find it ended)."""
+        that ended it fares (it may run again, and find it ended). ``ended``: why in one word, for
+        ``metadata.ended`` (``rule_removed``), if not the condition's own end."""
         cur = await conn.execute(
             """WITH ended AS (DELETE FROM alert_conditions WHERE rule_id = %(rule)s AND NOT (subject = ANY(%(held)s))
                               RETURNING subject, since)
@@ -385,20 +467,7 @@ class AlertStore:
             {"rule": rule.id, "held": holding},
         )
         for row in await cur.fetchall():
-            subject, key = str(row["subject"]), str(row["idempotency_key"])
-            detail = {
-                "ruleId": rule.id,
-                "kind": rule.kind.value,
-                "resolves": key,
-                "subjectKey": subject,
-                "epoch": key.removeprefix(f"{rule.id}:{subject}:"),
-                "reason": over or why_over(rule, subject),
-                **subject_of(rule.kind, subject),
-            }
-            entry = AuditEntry(
-                RESOLVED_ACTION, "relay", detail.get("executorId"), None, detail, f"{RESOLVED_ACTION}:{key}"
-            )
-            await write_audit(conn, rule.org, rule.app, entry)
+            await _resolved(conn, rule, str(row["subject"]), str(row["idempotency_key"]), over, ended)
 
     async def claimed(self, keys: list[str]) -> set[str]:
         """Which of these idempotency keys a delivery has claimed already."""
@@ -586,6 +655,22 @@ class AlertStore:
                 detail["resolves"] = alert.resolves  # a resolution, of the alert of that key
             entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
             return await write_audit(conn, alert.org, alert.app, entry)
+
+
+async def _resolved(conn: Conn, rule: Rule, subject: str, key: str, over: str | None, ended: str | None) -> None:
+    """``alert.resolved`` for the alert ``key`` of ``rule`` about ``subject``: its resolution is due."""
+    detail = {
+        "ruleId": rule.id,
+        "kind": rule.kind.value,
+        "resolves": key,
+        "subjectKey": subject,
+        "epoch": key.removeprefix(f"{rule.id}:{subject}:"),
+        "reason": over or why_over(rule, subject),
+        **subject_of(rule.kind, subject),
+        **({"ended": ended} if ended else {}),
+    }
+    entry = AuditEntry(RESOLVED_ACTION, "relay", detail.get("executorId"), None, detail, f"{RESOLVED_ACTION}:{key}")
+    await write_audit(conn, rule.org, rule.app, entry)
 
 
 # The statuses of a DBOS workflow that has not finished.

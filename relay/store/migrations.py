@@ -504,4 +504,30 @@ MIGRATIONS: list[Migration] = [
             Index("audit_by_executor_id", "audit_log (org, executor_id, id)"),
         ),
     ),
+    Migration(
+        18,
+        """
+        -- Where a removed alert rule (deleted through the API, taken out of relay.yaml, or gone with its
+        -- app) sent its alerts: the resolutions of the alerts it left open go there (README "Alerts").
+        -- Kept as Relay's own workflows are (retention.relayWorkflowsDays).
+        CREATE TABLE alert_rules_removed (
+            id                  text PRIMARY KEY,
+            org                 text NOT NULL,
+            app                 text NOT NULL,
+            kind                text NOT NULL,
+            params              jsonb NOT NULL DEFAULT '{}'::jsonb,
+            min_interval_secs   double precision NOT NULL,
+            webhook_url         text,
+            secret              text,
+            format              text NOT NULL,
+            receiver_app        text,
+            source              text NOT NULL,
+            created_at          timestamptz NOT NULL,
+            created_by          text,
+            last_fired_at       timestamptz,
+            removed_at          timestamptz NOT NULL DEFAULT now(),
+            removed_why         text NOT NULL
+        );
+        """,
+    ),
 ]

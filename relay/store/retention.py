@@ -69,6 +69,12 @@ class RetentionStore:
                         AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
                 (settings.audit_days, MAX_SECS),
             )
+            # Where removed rules sent their alerts, for those alerts' resolutions: kept as long as
+            # Relay's own workflows (those deliveries) are.
+            await conn.execute(
+                "DELETE FROM alert_rules_removed WHERE removed_at < now() - make_interval(secs => %s * 86400)",
+                (settings.relay_workflows_days,),
+            )
             cur = await conn.execute(
                 """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %s * 86400)
                    AND NOT EXISTS (SELECT 1 FROM executors e
