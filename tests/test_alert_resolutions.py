@@ -15,7 +15,7 @@ from harness.ports import free_port
 from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
-from relay.config import AlertsConfig, RelayConfig
+from relay.config import AlertsConfig, RelayConfig, RetentionConfig
 from relay.core.alerts import Alert, Kind, Observed
 from relay.core.destinations import DestinationPolicy
 from relay.core.ids import ExecutorKey
@@ -29,12 +29,16 @@ from relay.store.apps import AppStore
 from relay.store.audit import audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
+from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.test_alerts import (
+    SHORT_AUDIT_DAYS,
     YAML_SECRET,
     alert_config,
+    alert_keys,
     audit,
     signed,
+    wait_aged,
     with_store,
 )
 from workflows.alerts import AlertLoops, due_alerts
@@ -253,6 +257,45 @@ def test_rules_taken_out_of_relay_yaml_resolve_their_open_alerts_once_and_a_deat
     assert all(signed(d, YAML_SECRET) for d in receiver.deliveries() if d.path == "/dead")
     assert sorted(e["subjectKey"] for e in ended) == ["ledger", "still-dead"], "once each, for the open ones"
     assert all(e["ended"] == "rule_removed" for e in ended)
+
+
+def test_a_death_longer_than_the_audit_retention_is_still_resolved_when_it_ends(relay_db: str) -> None:
+    """An executor dead for longer than retention.auditDays (its recovery waits for an operator):
+    retention pruned its ExecutorDead alert's row by its age, and Relay's workflow of that key goes
+    after relayWorkflowsDays, sooner still; when the death ended, nothing said the alert was ever sent
+    and its resolution was not. The row stays while the death goes on, and goes once it is over."""
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url(), "minIntervalSecs": 0}]
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> tuple[set[str], set[str]]:
+            sender.store = store
+            loops, recorded = recording(store)
+            epoch = await declared_dead(db, "stuck")
+            await loops.poll_events()
+            (alert,) = recorded
+            await deliver(store, sender, alert)
+            await wait_aged(db, alert.idempotency_key)
+            await RetentionStore(db).prune(settings)
+            during = await alert_keys(db)
+            await recovered(db, "stuck", epoch)
+            loops, recorded = recording(store)  # months later: no instance remembers starting the alert
+            await loops.poll_events()
+            for resolution in recorded:
+                await deliver(store, sender, resolution)
+            await RetentionStore(db).prune(settings)
+            return during, await alert_keys(db)
+
+        try:
+            during, after = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    alert, *resolutions = receiver.payloads("ExecutorDead")
+    assert during == {alert["idempotencyKey"]}, "the alert's row was pruned while its death went on"
+    assert [r["resolves"] for r in resolutions] == [alert["idempotencyKey"]], "never resolved"
+    assert resolutions[0]["metadata"]["ended"] == "recovered"
+    assert after == set(), "pruned by its age once the death is over"
 
 
 def test_an_apps_rules_deleted_with_it_resolve_their_open_alerts_and_a_refused_delete_resolves_nothing(

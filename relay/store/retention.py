@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relay.config import MAX_SECS, RetentionConfig
+from relay.core.alerts import DEATH_KINDS
 from relay.store.db import Database
 from relay.store.instances import dbos_ran, still_to_take_over
 
@@ -52,7 +53,10 @@ class RetentionStore:
             # A delivery is under way while its workflow (the claimant it recorded, or the ids a row
             # of an earlier release may have: ``alert:{key}`` and ``alert:{key}:late``) is PENDING,
             # ENQUEUED or DELAYED in Relay's own system database; one that never finished (DBOS
-            # dead-lettered it, or it is gone) leaves its row ``sending`` for good.
+            # dead-lettered it, or it is gone) leaves its row ``sending`` for good. A death's alert
+            # (ExecutorDead, RecoveryFailed: its key's epoch is the death's) is kept while the death goes
+            # on, the executor DEAD or RECOVERING at that epoch: its resolution, when the death ends, is
+            # sent only for an alert whose row says it was.
             running = "false"
             if await dbos_ran(conn):
                 running = """EXISTS (SELECT 1 FROM dbos.workflow_status w
@@ -64,10 +68,15 @@ class RetentionStore:
                     AND NOT (a.status = 'sending' AND {running})
                     AND NOT EXISTS (SELECT 1 FROM alert_conditions c
                                     WHERE c.rule_id = a.rule_id AND c.subject = a.subject)
+                    AND NOT (a.kind = ANY(%s) AND EXISTS (
+                        SELECT 1 FROM executors e
+                        WHERE e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
+                          AND e.state IN ('DEAD', 'RECOVERING')
+                          AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch))
                     AND NOT EXISTS (
                         SELECT 1 FROM alert_rules r WHERE r.id = a.rule_id
                         AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
-                (settings.audit_days, MAX_SECS),
+                (settings.audit_days, sorted(k.value for k in DEATH_KINDS), MAX_SECS),
             )
             # Where removed rules sent their alerts, for those alerts' resolutions: kept as long as
             # Relay's own workflows (those deliveries) are.
