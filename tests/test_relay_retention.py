@@ -17,14 +17,18 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
 from relay.auth import KeyGrant, Permission, hash_key
-from relay.config import RelayConfig
+from relay.config import RelayConfig, RetentionConfig
 from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent as E
 from relay.errors import DatabaseError, ExecutorTimeout
 from relay.net.connection import ExecutorConnection
+from relay.store import db as db_module
 from relay.store.apps import AppStore
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
+from relay.store.migrations import MIGRATIONS
+from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply, RecoveryRequest
 
 StartRelay = Callable[..., RelayProcess]
@@ -163,3 +167,74 @@ async def _send_to_a_peer_that_stopped_reading() -> tuple[float, bool]:
 def test_a_send_to_a_peer_that_stopped_reading_times_out_and_drops_it() -> None:
     waited, aborted = asyncio.run(_send_to_a_peer_that_stopped_reading())
     assert 0.3 <= waited < 1.0 and aborted
+
+
+async def _an_id_connected_long_ago_whose_record_was_just_deleted(url: str) -> tuple[dict[str, bool], int]:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "ids-test", 30)
+        await lease.acquire()
+        store = ExecutorStore(db)
+        key = ExecutorKey("acme", "ledger", "long-lived")
+        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+        connected = await store.connected(Handshake(key, info, "ids-test", "key"))
+        # It stayed connected for 40 days (its id was last presented then), then died just now.
+        async with db.connection() as conn:
+            await conn.execute("UPDATE executor_ids SET last_seen_at = now() - interval '40 days'")
+        assert await store.lost(key, connected.epoch, "ids-test")
+        for event in (E.GRACE_EXPIRED, E.RECOVERY_SENT, E.RECOVERED):  # its recovery, verified: record deleted
+            assert await store.apply(key, event, epoch=connected.epoch)
+        pruned = await RetentionStore(db).prune(RetentionConfig(executor_ids_days=30))
+        gone = await store.gone("acme", "ledger", [key.executor_id])
+        await lease.stop()
+        return gone, pruned.executor_ids
+    finally:
+        await db.close()
+
+
+def test_an_id_is_remembered_for_executor_ids_days_after_its_record_goes(postgres: Postgres) -> None:
+    """An executor connected for longer than executorIdsDays (a long-lived service) presented its id
+    only when it connected. Once it died and its record was deleted, the next retention job forgot
+    its id at once: work its recovery left behind then counted as an unknown id's, which the
+    reconciler leaves alone, and another key could take the id over."""
+    gone, forgotten = asyncio.run(
+        _an_id_connected_long_ago_whose_record_was_just_deleted(postgres.create_database("ids"))
+    )
+    assert gone == {"long-lived": True}, "the id is remembered: its stranded work is the reconciler's"
+    assert forgotten == 0
+
+
+async def _upgrade_with_an_id_deleted_by_the_previous_release(url: str) -> dict[str, bool]:
+    saved = db_module.MIGRATIONS
+    db_module.MIGRATIONS = [m for m in MIGRATIONS if m.version < 19]
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        async with db.connection() as conn:  # as the previous release left them: seen at their connection
+            for executor_id, deleted in (("deleted-lately", "1 hour"), ("deleted-long-ago", "35 days")):
+                await conn.execute(
+                    """INSERT INTO executor_ids (org, app, executor_id, key_id, last_seen_at)
+                       VALUES ('acme', 'ledger', %s, 'k', now() - interval '40 days')""",
+                    (executor_id,),
+                )
+                await conn.execute(
+                    """INSERT INTO audit_log (org, app, action, executor_id, actor, at)
+                       VALUES ('acme', 'ledger', 'executor.deleted', %s, 'relay', now() - %s::interval)""",
+                    (executor_id, deleted),
+                )
+        db_module.MIGRATIONS = saved
+        assert await db.migrate() == [19]
+        await RetentionStore(db).prune(RetentionConfig(executor_ids_days=30))
+        return await ExecutorStore(db).gone("acme", "ledger", ["deleted-lately", "deleted-long-ago"])
+    finally:
+        db_module.MIGRATIONS = saved
+        await db.close()
+
+
+def test_ids_deleted_by_the_previous_release_are_seen_last_at_their_deletion(postgres: Postgres) -> None:
+    gone = asyncio.run(_upgrade_with_an_id_deleted_by_the_previous_release(postgres.create_database("ids19")))
+    assert gone == {"deleted-lately": True, "deleted-long-ago": False}

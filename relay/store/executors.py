@@ -246,7 +246,13 @@ class ExecutorStore:
             "AND (%(instance)s::text IS NULL OR relay_instance = %(instance)s)"
         )
         if check_transition(sources[0], event) is None:
-            query = f"DELETE FROM executors {guard}"
+            # The record goes: its id was last seen now, whenever it last connected. Retention forgets
+            # an id executorIdsDays after that (an id presented only at a connection 40 days old was
+            # forgotten as soon as its record went, and the work its recovery left behind with it).
+            query = f"""WITH gone AS (DELETE FROM executors {guard} RETURNING org, app, executor_id),
+                             seen AS (UPDATE executor_ids i SET last_seen_at = now() FROM gone g
+                                      WHERE i.org = g.org AND i.app = g.app AND i.executor_id = g.executor_id)
+                        SELECT 1 FROM gone"""
         else:
             query = f"UPDATE executors SET state = {_state_case(event)}{_EFFECTS.get(event, '')} {guard}"
         params = {

@@ -530,4 +530,23 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        19,
+        """
+        -- An id is last seen when its record is deleted (relay.store.executors), not only when it
+        -- connects. The ids whose records earlier releases deleted kept their last connection's
+        -- time, which retention took for their last sighting: an executor connected for longer
+        -- than executorIdsDays was forgotten as soon as its record went. Each is seen last at its
+        -- latest audit entry (its deletion, as a rule), read along audit_by_executor.
+        UPDATE executor_ids i SET last_seen_at = latest.at
+        FROM executor_ids x
+        CROSS JOIN LATERAL (SELECT a.at FROM audit_log a
+                            WHERE a.org = x.org AND a.app = x.app AND a.executor_id = x.executor_id
+                            ORDER BY a.id DESC LIMIT 1) latest
+        WHERE i.org = x.org AND i.app = x.app AND i.executor_id = x.executor_id
+          AND latest.at > i.last_seen_at
+          AND NOT EXISTS (SELECT 1 FROM executors e
+                          WHERE e.org = x.org AND e.app = x.app AND e.executor_id = x.executor_id);
+        """,
+    ),
 ]
