@@ -243,3 +243,27 @@ def test_the_reconciler_is_configured_in_relay_yaml() -> None:
         parse_config("reconciler: {intervalSecs: 0}")
     with pytest.raises(ConfigError):
         parse_config("reconciler: {interval: 5}")
+
+
+def test_a_run_whose_first_read_is_retried_through_database_trouble_counts_once(start_relay: StartRelay) -> None:
+    """relay_reconcile_runs_total counted each attempt of a run's first step: a run retried through
+    a few seconds of database trouble (here its app's table is away) counted four or five times."""
+    relay = reconciling_relay(start_relay, grace=30, interval=0.5)
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "peer-1", "answer", replies={"list_workflows": {"output": []}}):
+        assert_eventually(lambda: relay.runs_of("relay.reconcile", "SUCCESS") >= 1, 15, interval=0.2)
+        with psycopg.connect(relay.database_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE apps RENAME TO apps_away")
+            time.sleep(2.5)  # the runs begun meanwhile retry their first read (0.5 s, then 1.5 times longer)
+            conn.execute("ALTER TABLE apps_away RENAME TO apps")
+        after = time.time()
+        assert_eventually(lambda: relay.runs_of("relay.reconcile", "SUCCESS", since=after) >= 2, 15, interval=0.2)
+
+        def counted_and_ran() -> tuple[int, int] | None:  # read between runs: every one begun has ended
+            ran = relay.runs_of("relay.reconcile")
+            counted = scrape(relay.http, "relay_reconcile_runs_total", org="acme", app="ledger") or 0
+            done = relay.runs_of("relay.reconcile", "SUCCESS") == ran == relay.runs_of("relay.reconcile")
+            return (int(counted), ran) if done else None
+
+        counted, ran = assert_eventually(counted_and_ran, 10, interval=0.05)
+    assert counted == ran, f"{counted} runs counted, {ran} ran"

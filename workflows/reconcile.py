@@ -155,8 +155,15 @@ def _updated_ms(w: WorkflowsOutput) -> int | None:
 
 @relay_step("relay.reconcile.find", on_error=_find_failed)
 async def find(org: str, app: str) -> FindRecord:
-    svc = services()
+    found = await _find(org, app)
+    # Once its reads are done: an attempt that database trouble cut short is tried again, and a run
+    # counted as it began counted once per attempt.
     count(org, app, "runs")
+    return found
+
+
+async def _find(org: str, app: str) -> FindRecord:
+    svc = services()
     settings = await svc.apps.settings_of(org, app)
     if settings is None:
         return {"ok": True, "stranded": []}
