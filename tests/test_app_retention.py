@@ -264,3 +264,16 @@ def test_a_check_run_again_after_a_crash_checks_its_own_round_not_an_older_one(s
     audited = [e["detail"]["roundId"] for e in audit(relay, "retention.checked")]  # read after: it has them all
     assert checked == ["newer"], (checked, audited)
     assert audited == ["newer"], audited
+
+
+def test_thresholds_at_their_bound_are_checked(start_relay: StartRelay, start_executor: StartExecutor) -> None:
+    """gcTimeThresholdMs and globalTimeoutMs take up to 2^53 ms (285,000 years): their cutoffs, now
+    minus that, fell before the year 1. The SDK cannot read such a time, so every round's check of
+    the one before it failed on every executor asked, and no round was ever checked."""
+    relay = start_relay(config(gcTimeThresholdMs=2**53, globalTimeoutMs=2**53))
+    executor = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 10)
+    (checked, *_) = assert_eventually(lambda: audit(relay, "retention.checked"), 10, interval=0.2)
+    remaining = checked["detail"]["remaining"]
+    assert remaining == {"finishedBeforeCutoff": 0, "finished": None, "unfinishedBeforeTimeout": 0}, remaining
+    assert all(e["detail"]["gcCutoffEpochMs"] == 0 for e in audit(relay, "retention.sent"))

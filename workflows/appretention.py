@@ -68,7 +68,8 @@ async def _remaining(org: str, app: str, rid: str, checked: RetentionRound) -> d
             group_by_status=True,
             select_count=True,
             status=FINISHED,
-            completed_before=sdk_iso(checked.gc_cutoff_epoch_ms - 1),
+            # (max: a round recorded before the cutoffs were held at 1970 may have one before it)
+            completed_before=sdk_iso(max(0, checked.gc_cutoff_epoch_ms) - 1),
         )
         found["finishedBeforeCutoff"] = await _count(org, app, rid, body)
     if checked.gc_rows_threshold is not None:
@@ -76,10 +77,16 @@ async def _remaining(org: str, app: str, rid: str, checked: RetentionRound) -> d
         found["finished"] = await _count(org, app, rid, body)
     if checked.timeout_cutoff_epoch_ms is not None:
         # The SDK cancels unfinished workflows created at or before the timeout cutoff.
-        cutoff = sdk_iso(checked.timeout_cutoff_epoch_ms)
+        cutoff = sdk_iso(max(0, checked.timeout_cutoff_epoch_ms))
         body = GetWorkflowAggregatesBody(group_by_status=True, select_count=True, status=UNFINISHED, end_time=cutoff)
         found["unfinishedBeforeTimeout"] = await _count(org, app, rid, body)
     return found
+
+
+def _cutoff(now_ms: int, threshold_ms: int | None) -> int | None:
+    """``now - threshold``, not before 1970: a threshold may be up to 2^53 ms, and a cutoff before the
+    year 1 is a time the SDK cannot read (nothing is older than 1970 either way)."""
+    return None if threshold_ms is None else max(0, now_ms - threshold_ms)
 
 
 def _failed(exc: Exception) -> dict[str, Any]:
@@ -120,10 +127,10 @@ async def send(org: str, app: str) -> dict[str, Any]:
     settings = record.retention
     now_ms = int(time.time() * 1000)
     body: dict[str, int | None] = {
-        "gc_cutoff_epoch_ms": None if settings.gc_time_threshold_ms is None else now_ms - settings.gc_time_threshold_ms,
+        "gc_cutoff_epoch_ms": _cutoff(now_ms, settings.gc_time_threshold_ms),
         "gc_rows_threshold": settings.gc_rows_threshold,
         "gc_batch_size": None,  # the SDK's default (50,000 rows a transaction)
-        "timeout_cutoff_epoch_ms": None if settings.global_timeout_ms is None else now_ms - settings.global_timeout_ms,
+        "timeout_cutoff_epoch_ms": _cutoff(now_ms, settings.global_timeout_ms),
     }
     try:
         executor_id, _ = await ask_app(
