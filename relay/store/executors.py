@@ -101,6 +101,7 @@ _EFFECTS: dict[ExecutorEvent, str] = {
     E.BLOCKED: ", blocked_reason = %(reason)s",
     E.RECOVERY_SENT: ", blocked_reason = NULL",
 }
+_SEEN = "UPDATE executor_ids SET last_seen_at = now() WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s"
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
 
@@ -245,14 +246,9 @@ class ExecutorStore:
             "AND (%(epoch)s::bigint IS NULL OR epoch = %(epoch)s) "
             "AND (%(instance)s::text IS NULL OR relay_instance = %(instance)s)"
         )
-        if check_transition(sources[0], event) is None:
-            # The record goes: its id was last seen now, whenever it last connected. Retention forgets
-            # an id executorIdsDays after that (an id presented only at a connection 40 days old was
-            # forgotten as soon as its record went, and the work its recovery left behind with it).
-            query = f"""WITH gone AS (DELETE FROM executors {guard} RETURNING org, app, executor_id),
-                             seen AS (UPDATE executor_ids i SET last_seen_at = now() FROM gone g
-                                      WHERE i.org = g.org AND i.app = g.app AND i.executor_id = g.executor_id)
-                        SELECT 1 FROM gone"""
+        deletes = check_transition(sources[0], event) is None
+        if deletes:
+            query = f"DELETE FROM executors {guard}"
         else:
             query = f"UPDATE executors SET state = {_state_case(event)}{_EFFECTS.get(event, '')} {guard}"
         params = {
@@ -266,6 +262,12 @@ class ExecutorStore:
         }
 
         async def write(c: Conn) -> bool:
+            if deletes:
+                # The record goes: its id is seen now, whenever it last connected. Retention forgets an
+                # id executorIdsDays after that (one presented only at a connection 40 days old was
+                # forgotten as soon as its record went, and the work its recovery left behind with it).
+                # Before the record, as a handshake locks them: the other order could deadlock with one.
+                await c.execute(_SEEN, params)
             cur = await c.execute(query, params)
             return cur.rowcount == 1
 
