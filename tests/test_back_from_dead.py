@@ -41,7 +41,10 @@ async def _connect(relay: RelayProcess, ids: list[str]) -> list[ClientConnection
 def test_executors_back_from_the_dead_together_are_handled_in_batches_and_a_bad_record_fails_alone(
     start_relay: Any,
 ) -> None:
-    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600)  # only the start-up sweep
+    # The simulated executors only answer pings: a wait for them longer than the tests' usual 1 s, lest a
+    # test process starved of the CPU for a second be disconnected for silence (the deaths below are
+    # sockets aborted, seen at once whatever the wait).
+    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600, pingWaitSecs=5.0)  # only the start-up sweep
     ids = [f"back-{i}" for i in range(BACK)]
 
     async def die() -> None:
@@ -109,7 +112,7 @@ def test_a_whole_app_back_from_the_dead_wakes_each_blocked_recovery_about_once(s
     at once: each reconnection is a peer for the others' recoveries, and woken once per connection
     the app's recoveries would get STORM x STORM wake-ups. Woken together, about one each, and
     each still ends (its executor is back)."""
-    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600)
+    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600, pingWaitSecs=5.0)  # as above
     ids = [f"back-{i}" for i in range(STORM)]
 
     async def die() -> None:
