@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DBOS_SERIES = ("3.4", "3.3")
 # What the test apps need besides the client: the evidence database's driver, and
 # the tools test.sh and the client's own tests run in this venv.
-PACKAGES = ["sqlalchemy", "psycopg[binary]", "pytest>=8", "pytest-timeout>=2.3", "mypy>=1.11"]
+PACKAGES = ["sqlalchemy", "psycopg[binary]", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "mypy>=1.11"]
 _STAMP = ".relay-client-hash"
 
 

@@ -305,8 +305,11 @@ def test_the_clients_own_tests_pass_on_each_supported_dbos(series: str, tmp_path
     # A basetemp of its own: a pytest session started without one sets /tmp/pytest-of-root back to
     # 0700, and the embedded PostgreSQL that another worker's test is starting there as its own
     # user (tests/test_first_run.py) could then no longer reach its data directory.
+    # Four workers: the client's tests mostly wait (reconnect delays, DBOS's launches; about 10 s of
+    # CPU in 70 s one by one), so together they take a quarter of the time for hardly more CPU.
     result = subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pytest"), "tests"],
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4",
+         "--basetemp", str(tmp_path / "pytest"), "tests"],
         cwd=ROOT / "client", capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
