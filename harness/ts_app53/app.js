@@ -24,11 +24,9 @@
 // - step_evidence: one row per execution of a step, keyed by (workflow id, step) but not unique;
 // - outcomes: written by a datasource transaction, which commits together with its checkpoint, so a
 //   workflow's outcome appears exactly once (primary key).
-// The data source below is ts_app's (see its comment there), unchanged.
 'use strict';
 
 const fs = require('node:fs');
-const { AsyncLocalStorage } = require('node:async_hooks');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
 const datasource = require('@dbos-inc/dbos-sdk/datasource');
 const { Pool } = require('pg');
@@ -41,129 +39,10 @@ const APP = ENV.RELAY_TEST_APP;
 const VERSION = ENV.RELAY_TEST_APP_VERSION || 'v1';
 const ENTERPRISE = '@dbos-inc/dbos-enterprise';
 
-class EvidenceDataSource {
-  constructor(name, url) {
-    this.name = name;
-    this.pool = new Pool({ connectionString: url, max: 4 });
-    this.clients = new AsyncLocalStorage();
-    datasource.registerDataSource(this);
-  }
-
-  async initialize() {
-    const client = await this.pool.connect();
-    try {
-      await client.query('BEGIN');
-      await datasource.initializeDataSourceSchemaPG(async (sql) => (await client.query(sql)).rows);
-      await client.query('COMMIT');
-    } catch (err) {
-      await client.query('ROLLBACK');
-      throw err;
-    } finally {
-      client.release();
-    }
-  }
-
-  async destroy() {
-    await this.pool.end();
-  }
-
-  // The transaction's client, inside a transaction function.
-  get client() {
-    return this.clients.getStore();
-  }
-
-  async recorded(workflowID, stepID) {
-    const rows = await this.pool.query(
-      'SELECT output, error FROM dbos.transaction_completion WHERE workflow_id = $1 AND function_num = $2',
-      [workflowID, stepID],
-    );
-    return rows.rows[0];
-  }
-
-  async invokeTransactionFunction(_config, target, func, ...args) {
-    const workflowID = DBOS.workflowID;
-    const stepID = DBOS.stepID;
-    const durable = workflowID !== undefined && stepID !== undefined;
-    if (durable) {
-      const done = await this.recorded(workflowID, stepID);
-      if (done) return datasource.replayRecordedStep(done);
-    }
-    const client = await this.pool.connect();
-    try {
-      await client.query('BEGIN');
-      const result = await this.clients.run(client, () => func.call(target, ...args));
-      if (durable) {
-        try {
-          await client.query(
-            'INSERT INTO dbos.transaction_completion (workflow_id, function_num, output) VALUES ($1, $2, $3)',
-            [workflowID, stepID, SuperJSON.stringify(result)],
-          );
-        } catch (err) {
-          // Only the completion's own conflict means another execution recorded the step first; a
-          // conflict in the function's statements (a second outcome) is its error, not hidden.
-          throw datasource.isPGKeyConflictError(err) ? new datasource.DBOSStepAlreadyRecordedError(workflowID, stepID) : err;
-        }
-        await datasource.assertStillOwnsWorkflow(workflowID);
-      }
-      await client.query('COMMIT');
-      return result;
-    } catch (err) {
-      await client.query('ROLLBACK').catch(() => {});
-      if (err instanceof datasource.DBOSStepAlreadyRecordedError) {
-        // Another execution of the same step committed first: its outcome is the step's.
-        const done = await this.recorded(workflowID, stepID);
-        if (done) return datasource.replayRecordedStep(done);
-      }
-      throw err;
-    } finally {
-      client.release();
-    }
-  }
-}
-
-const ds = EVIDENCE_URL ? new EvidenceDataSource('evidence', EVIDENCE_URL) : undefined;
-
-async function prepareEvidence() {
-  const client = await ds.pool.connect();
-  try {
-    await client.query('BEGIN');
-    await client.query('SELECT pg_advisory_xact_lock(42)');
-    await client.query(`CREATE TABLE IF NOT EXISTS step_evidence (
-        workflow_id text NOT NULL, step text NOT NULL, executor_id text NOT NULL,
-        app text NOT NULL, version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
-    await client.query(`CREATE TABLE IF NOT EXISTS outcomes (
-        workflow_id text PRIMARY KEY, executor_id text NOT NULL, app text NOT NULL,
-        version text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`);
-    await client.query('COMMIT');
-  } finally {
-    client.release();
-  }
-}
-
-const evidence = DBOS.registerStep(
-  async (step) => {
-    await ds.pool.query(
-      'INSERT INTO step_evidence (workflow_id, step, executor_id, app, version) VALUES ($1, $2, $3, $4, $5)',
-      [DBOS.workflowID, step, DBOS.executorID, APP, VERSION],
-    );
-  },
-  { name: 'evidence' },
-);
-
-const recordOutcome = ds
-  ? datasource.registerTransaction(
-        'evidence',
-        async (workflowId) => {
-          await ds.client.query('INSERT INTO outcomes (workflow_id, executor_id, app, version) VALUES ($1, $2, $3, $4)', [
-            workflowId,
-            DBOS.executorID,
-            APP,
-            VERSION,
-          ]);
-        },
-        { name: 'recordOutcome' },
-      )
-  : async () => {};
+// The evidence, as harness/ts_app leaves it: harness/ts_evidence.js.
+const { prepareEvidence, evidence, recordOutcome } = require('../ts_evidence').evidenceKit({
+  DBOS, datasource, Pool, SuperJSON, url: EVIDENCE_URL, app: APP, version: VERSION,
+});
 
 const job = DBOS.registerWorkflow(
   async (sleepSecs) => {
