@@ -48,12 +48,27 @@ MAX_COUNT = 2**31 - 1
 MAX_BYTES = 2**30
 # Thresholds in milliseconds stay within what every JSON client reads exactly (2^53 ms is 285,000 years).
 MAX_MS = 2**53
+# The floors of Relay's own intervals (README, "Configuration"). Only "more than 0" once let
+# retention.appsIntervalSecs: 0.000001 start a round, with its audit entry and row, every few
+# milliseconds (526 in 5 s for one app). A poll or retry (a ping, a read of what changed, a
+# failed delivery's first retry) may come ten times a second; a round of work (retention, the
+# reconciler, the alert rules, the repair sweep, the socket check, a heartbeat) four times a
+# second at most; a lease, renewed every third of it with statements that must answer within a
+# share of that, lasts half a second at least (a lease of a microsecond renews without pause, each
+# renewal given 1 ms, and is lost at the first slow answer).
+# The tests use sub-second timers at or above these (0.1 s event polls, 0.3 s reconciler runs).
+MIN_POLL_SECS = 0.1
+MIN_ROUND_SECS = 0.25
+MIN_LEASE_SECS = 0.5
 
 # The settings relay.yaml and the API both take (an app's grace period and retention, an alert rule's
 # parameters), each bounded here once and used by both, so that a value one takes the other takes too.
 Duration = Annotated[float, Field(gt=0, le=MAX_SECS, allow_inf_nan=False)]
 DurationOrZero = Annotated[float, Field(ge=0, le=MAX_SECS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+# relay.yaml's intervals (the API sets none: an alert rule's minIntervalSecs is a damping, 0 for none).
+PollInterval = Annotated[float, Field(ge=MIN_POLL_SECS, le=MAX_SECS, allow_inf_nan=False)]
+RoundInterval = Annotated[float, Field(ge=MIN_ROUND_SECS, le=MAX_SECS, allow_inf_nan=False)]
 # An app's retention threshold (gcTimeThresholdMs, gcRowsThreshold, globalTimeoutMs).
 RetentionThreshold = Annotated[int, Field(gt=0, le=MAX_MS)]
 
@@ -102,8 +117,8 @@ class ServerConfig(_Model):
     # GET /v2/orgs/{org}/events (the console's live updates): how often each instance reads what
     # changed (only while a stream is open), how often an idle stream gets a heartbeat, and how
     # many streams one key, and all keys together, may hold open on one instance (beyond: 429, 503).
-    event_poll_secs: float = Field(default=0.5, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    event_heartbeat_secs: float = Field(default=15.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    event_poll_secs: PollInterval = 0.5
+    event_heartbeat_secs: RoundInterval = 15.0
     max_event_streams_per_key: int = Field(default=8, ge=1, le=MAX_COUNT)
     max_event_streams: int = Field(default=256, ge=1, le=MAX_COUNT)
 
@@ -131,18 +146,18 @@ class DatabaseConfig(_Model):
 
 
 class LivenessConfig(_Model):
-    ping_interval_secs: float = Field(default=20.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    ping_interval_secs: PollInterval = 20.0
     ping_wait_secs: float = Field(default=25.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     recovery_ack_timeout_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    failover_backoff_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    failover_backoff_initial_secs: PollInterval = 1.0
     failover_backoff_max_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    instance_lease_secs: float = Field(default=15.0, gt=0, le=MAX_LEASE_SECS, allow_inf_nan=False)
+    instance_lease_secs: float = Field(default=15.0, ge=MIN_LEASE_SECS, le=MAX_LEASE_SECS, allow_inf_nan=False)
     # How often an instance compares its open sockets with the rows it owns (a lost
     # disconnection is recorded then; a socket another connection replaced is closed).
-    socket_check_secs: float = Field(default=10.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    socket_check_secs: RoundInterval = 10.0
     # How often each instance's repair sweep looks for executors it owns whose grace
     # period or recovery workflow is not running (ended in ERROR, cancelled, never started).
-    repair_interval_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    repair_interval_secs: RoundInterval = 30.0
 
     @model_validator(mode="after")
     def _consistent(self) -> LivenessConfig:
@@ -317,10 +332,10 @@ class RetentionConfig(_Model):
     relay_workflows_days: float = Field(default=7.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
     # Executor ids not seen for this long are forgotten (with the key each was bound to).
     executor_ids_days: float = Field(default=30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
-    interval_secs: float = Field(default=3600.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    interval_secs: RoundInterval = 3600.0
     # How often each app with a retention setting (gcTimeThresholdMs, gcRowsThreshold,
     # globalTimeoutMs) gets a round: a `retention` request to one of its healthy executors.
-    apps_interval_secs: float = Field(default=600.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    apps_interval_secs: RoundInterval = 600.0
     # The per-window counts that GET .../apps/{app}/metrics serves.
     app_metrics_days: float = Field(default=7.0, gt=0, le=MAX_DAYS, allow_inf_nan=False)
 
@@ -343,11 +358,11 @@ class AlertsConfig(_Model):
     # False: only what allowedDestinations lists.
     allow_public_destinations: bool = True
     # How often each instance reads the audit log for ExecutorDead, RecoveryFailed, InstanceAdopted.
-    poll_interval_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    poll_interval_secs: PollInterval = 1.0
     # How often the other rules are evaluated (once per interval, by one instance).
-    check_interval_secs: float = Field(default=30.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    check_interval_secs: RoundInterval = 30.0
     # A failed delivery is tried again after retryInitialSecs, doubling up to retryMaxSecs, maxAttempts in all.
-    retry_initial_secs: float = Field(default=1.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
+    retry_initial_secs: PollInterval = 1.0
     retry_max_secs: float = Field(default=300.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
     max_attempts: int = Field(default=30, ge=1, le=MAX_COUNT)
     # One webhook request (connection, sending, the response's status line).
@@ -378,11 +393,32 @@ class ReconcilerConfig(_Model):
 
     enabled: bool = True
     # How often each app's PENDING workflows are looked over (one run per app and interval).
-    interval_secs: float = Field(default=300.0, gt=0, le=MAX_SECS, allow_inf_nan=False)
-    # Apps it never looks at (the off switch per app).
+    interval_secs: RoundInterval = 300.0
+    # Apps it never looks at (the off switch per app): "org/app" for one org's app, a bare "app"
+    # for the apps of that name in every org (what every entry meant before "org/app").
     skip_apps: list[str] = []
-    # Also recover the workflows of executor ids Relay never registered (never "local").
+    # Also recover the workflows of executor ids Relay never registered (never "local"); their
+    # workflows may be another app's that shares the system database (README).
     include_unknown_executors: bool = False
+
+    @field_validator("skip_apps")
+    @classmethod
+    def _skip_entries(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            org, _, app = entry.rpartition("/")
+            if not app or (entry.count("/") and not org):
+                raise ValueError(f"{entry!r}: give an app (every org) or org/app (one org)")
+        return value
+
+    def skips(self, org: str, app: str) -> bool:
+        """Whether ``skipApps`` names ``app`` of ``org``: as ``org/app``, or as a bare name (every org).
+        The last "/" splits an entry: an app whose name holds one has no executor (the name is a
+        segment of the executors' URL), so the reconciler never looks at it."""
+        for entry in self.skip_apps:
+            skipped_org, _, skipped_app = entry.rpartition("/")
+            if skipped_app == app and skipped_org in ("", org):
+                return True
+        return False
 
 
 class RelayConfig(_Model):

@@ -245,6 +245,19 @@ def test_the_reconciler_is_configured_in_relay_yaml() -> None:
         parse_config("reconciler: {interval: 5}")
 
 
+def test_skip_apps_names_one_orgs_app_as_org_slash_app_and_a_bare_name_every_orgs() -> None:
+    """skipApps matched the app's name only: ``ledger`` in it was skipped in every org, and no entry
+    could name one org's. ``org/app`` names one; a bare name keeps its meaning (every org), so that a
+    relay.yaml written before goes on skipping what it skipped."""
+    config = parse_config("reconciler: {skipApps: [acme/ledger, audit, a/b/c]}").reconciler
+    assert config.skips("acme", "ledger") and not config.skips("globex", "ledger")
+    assert config.skips("acme", "audit") and config.skips("globex", "audit")
+    assert config.skips("a/b", "c") and not config.skips("a", "b/c")  # an app's name has no "/": the last splits
+    for entry in ("/ledger", "acme/", ""):
+        with pytest.raises(ConfigError, match=r"reconciler\.skipApps: .*give an app \(every org\) or org/app"):
+            parse_config(f"reconciler: {{skipApps: ['{entry}']}}")
+
+
 def test_a_run_whose_first_read_is_retried_through_database_trouble_counts_once(start_relay: StartRelay) -> None:
     """relay_reconcile_runs_total counted each attempt of a run's first step: a run retried through
     a few seconds of database trouble (here its app's table is away) counted four or five times."""

@@ -10,10 +10,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
+from pydantic import BaseModel
 
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
-from relay.config import MAX_COUNT, MAX_MS, MAX_SECS, parse_config
+from relay.config import (
+    MAX_COUNT,
+    MAX_MS,
+    MAX_SECS,
+    MIN_LEASE_SECS,
+    MIN_POLL_SECS,
+    MIN_ROUND_SECS,
+    RelayConfig,
+    parse_config,
+)
 from relay.errors import ConfigError
 
 StartRelay = Callable[..., RelayProcess]
@@ -93,3 +104,54 @@ def test_relay_yaml_and_the_api_take_and_refuse_the_same_values_for_the_same_rea
         else:  # one reason, the same in both, in the words of the one bound
             assert api_refusal.startswith(f"{name}: ") and ";" not in api_refusal, (name, value, api_refusal)
             assert api_refusal in yaml_refusal, (name, value, yaml_refusal, api_refusal)
+
+
+# Every interval of relay.yaml and its floor (the API sets no interval: it has none of these).
+FLOORS = {
+    "server.eventPollSecs": MIN_POLL_SECS,
+    "server.eventHeartbeatSecs": MIN_ROUND_SECS,
+    "liveness.pingIntervalSecs": MIN_POLL_SECS,
+    "liveness.failoverBackoffInitialSecs": MIN_POLL_SECS,
+    "liveness.instanceLeaseSecs": MIN_LEASE_SECS,
+    "liveness.socketCheckSecs": MIN_ROUND_SECS,
+    "liveness.repairIntervalSecs": MIN_ROUND_SECS,
+    "retention.intervalSecs": MIN_ROUND_SECS,
+    "retention.appsIntervalSecs": MIN_ROUND_SECS,
+    "alerts.pollIntervalSecs": MIN_POLL_SECS,
+    "alerts.checkIntervalSecs": MIN_ROUND_SECS,
+    "alerts.retryInitialSecs": MIN_POLL_SECS,
+    "reconciler.intervalSecs": MIN_ROUND_SECS,
+}
+
+
+def test_every_interval_in_relay_yaml_is_listed_with_its_floor() -> None:
+    """A setting named like an interval that FLOORS leaves out is one nobody decided a floor for."""
+    named = {
+        f"{section}.{field.alias}"
+        for section, model in RelayConfig.model_fields.items()
+        if isinstance(model.default, BaseModel)
+        for field in type(model.default).model_fields.values()
+        if field.alias and field.alias.lower().endswith(("intervalsecs", "pollsecs"))
+    }
+    assert named <= FLOORS.keys(), named - FLOORS.keys()
+
+
+@pytest.mark.parametrize(("where", "floor"), FLOORS.items())
+def test_an_interval_below_its_floor_is_refused_naming_the_setting_and_the_floor(where: str, floor: float) -> None:
+    """Intervals only had to be more than 0: retention.appsIntervalSecs 0.000001 started 526 rounds
+    of one app, each with its audit entry and row, in 5 s."""
+    section, name = where.split(".")
+    wait = ", pingWaitSecs: 1.0" if name == "pingIntervalSecs" else ""  # which must exceed the interval
+
+    def refusal(value: float) -> str | None:
+        try:
+            parse_config(f"{section}: {{{name}: {value}{wait}}}", "relay.yaml")
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    assert refusal(floor) is None
+    assert (
+        refusal(0.000001)
+        == f"relay.yaml: invalid configuration\n  {where}: Input should be greater than or equal to {floor}"
+    )

@@ -234,7 +234,7 @@ class Engine:
                 log.warning("cannot list the apps to reconcile: %s", exc)
                 continue
             for org, app in apps:
-                if app in settings.skip_apps:
+                if settings.skips(org, app):
                     continue
                 workflow_id = reconcile_id(org, app, interval)
                 try:
