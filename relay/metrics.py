@@ -63,7 +63,9 @@ class Metrics(Collector):
         database_answers: Callable[[], Awaitable[bool]] = _answers,
         back_from_dead: Callable[[], tuple[int, int]] = lambda: (0, 0),
         recovery_wakeups: Callable[[], int] = lambda: 0,
+        retention_rounds: Mapping[tuple[str, str, str], int] | None = None,
     ) -> None:
+        self.retention_rounds = retention_rounds if retention_rounds is not None else {}
         self.back_from_dead = back_from_dead
         self.recovery_wakeups = recovery_wakeups
         self.database_answers = database_answers
@@ -209,6 +211,14 @@ class Metrics(Collector):
                 CounterMetricFamily(f"relay_reconcile_{what}", documentation, labels=["org", "app"]),
                 [((org, app), n) for (org, app, kind), n in self.reconciled.items() if kind == what],
             )
+        yield _labelled(
+            CounterMetricFamily(
+                "relay_app_retention_rounds",
+                "The apps' retention rounds run on this instance, by result: dispatched or skipped.",
+                labels=["org", "app", "result"],
+            ),
+            self.retention_rounds.items(),
+        )
 
 
 # The stranded-workflow reconciler's figures on this instance (workflows/reconcile.py counts them).

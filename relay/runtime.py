@@ -186,6 +186,7 @@ class Runtime:
         self.adopter = Adopter(self.instances, self.lease, self.engine)
         self.operator = Operator(self.db, self.apps, self.executors, self.recoveries, self.engine)
         self.reconciled: Counter[tuple[str, str, str]] = Counter()
+        self.retention_rounds: Counter[tuple[str, str, str]] = Counter()
         self.events = EventHub(ChangeStore(self.db), self.keyring, server)
         # Recovery frames to one peer coalesced (relay.domain.frames): what the workflows ask through.
         self.ask = CoalescingAsk(self.router.ask)
@@ -202,6 +203,7 @@ class Runtime:
             self.probe.answers,
             lambda: (self.engine.back_batches, self.engine.back_handled),
             lambda: self.engine.wakeups,
+            self.retention_rounds,
         )
         # The recovery pipeline (observed by the recovery store) and the apps' figures (README "Metrics").
         self.figures = AppFiguresStore(self.db)
@@ -262,6 +264,7 @@ class Runtime:
             reconciler=self.config.reconciler,
             instance_id=self.instance_id,
             reconciled=self.reconciled,
+            retention_rounds=self.retention_rounds,
         )
 
     async def _warn_unleased(self) -> None:

@@ -277,3 +277,53 @@ def test_thresholds_at_their_bound_are_checked(start_relay: StartRelay, start_ex
     remaining = checked["detail"]["remaining"]
     assert remaining == {"finishedBeforeCutoff": 0, "finished": None, "unfinishedBeforeTimeout": 0}, remaining
     assert all(e["detail"]["gcCutoffEpochMs"] == 0 for e in audit(relay, "retention.sent"))
+
+
+# Fails the start of every retention round of app "aaa" (the first app a round starts), in the
+# database, as a full disk or a broken row of DBOS's would.
+FAIL_AAA_ROUNDS = """
+    CREATE FUNCTION test_fail_aaa() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION 'test: no rounds for aaa'; END $$;
+    CREATE TRIGGER test_fail_aaa BEFORE INSERT ON dbos.workflow_status FOR EACH ROW
+      WHEN (NEW.workflow_uuid LIKE 'relay-app-retention:acme:aaa:%') EXECUTE FUNCTION test_fail_aaa();
+"""
+
+
+def test_one_apps_round_that_cannot_start_holds_up_no_other_and_a_skip_is_audited_once_per_reason(
+    start_relay: StartRelay,
+) -> None:
+    """A failure to start app aaa's round (the first in order) once skipped every later app's
+    round of that interval: ledger had none while aaa's failed. And ledger, with a retention
+    setting and no executor, audited ``retention.skipped`` every interval (144 a day at the
+    default); it is audited when the reason changes, every skip counted by the metric."""
+    settings = config(gcRowsThreshold=10)
+    settings["orgs"][0]["apps"].append({"name": "aaa", "gcRowsThreshold": 10})
+    relay = start_relay(settings)
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(FAIL_AAA_ROUNDS)
+        since = conn.execute("SELECT now()").fetchone()
+
+    def rounds(app: str) -> list[tuple[str, str]]:
+        with psycopg.connect(relay.database_url) as conn:
+            sql = "SELECT status, error FROM app_retention_rounds WHERE app = %s AND sent_at > %s ORDER BY sent_at"
+            return conn.execute(sql, (app, since[0] if since else None)).fetchall()
+
+    assert_eventually(lambda: len(rounds("ledger")) >= 3, 10, what="ledger's rounds while aaa's cannot start")
+    assert "cannot start 1 retention round(s): relay-app-retention:acme:aaa:" in relay.log()
+    assert {status for status, _ in rounds("ledger")} == {"skipped"}
+    assert len(audit(relay, "retention.skipped")) == 1  # one reason: no executor
+    # An executor that refuses the request: a new reason, audited once too.
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "ledger-1", "answer", others="error"):
+        assert_eventually(lambda: len({error for _, error in rounds("ledger")[-3:]}) == 1 and
+                          "retention" in rounds("ledger")[-1][1], 10, what="rounds the executor refused")  # fmt: skip
+    first, second = audit(relay, "retention.skipped")[:2]
+    assert len(audit(relay, "retention.skipped")) == 2 and first["detail"]["error"] != second["detail"]["error"]
+    skipped = sum(1 for status, _ in rounds("ledger") if status == "skipped")
+    metric = 'relay_app_retention_rounds_total{app="ledger",org="acme",result="skipped"} '
+
+    def counted() -> float:
+        with relay.client() as api:
+            return sum(float(x[len(metric) :]) for x in api.get("/metrics").text.splitlines() if x.startswith(metric))
+
+    assert skipped > 3 and assert_eventually(lambda: counted() >= skipped, 5, what="every skip counted")

@@ -15,7 +15,10 @@ remain, how many finished ones there are against the rows threshold, and how
 many unfinished ones created before its timeout cutoff. Then it sends
 ``retention`` with the cutoffs of now (now - threshold) to one healthy
 executor of the app, and records it ``dispatched`` (or ``skipped``, with the
-reason, when no executor took it). Both are in the audit log.
+reason, when no executor took it). Both are in the audit log, a skip only when
+its reason is not the app's previous round's (an idle app with a retention
+setting would write one every interval); ``relay_app_retention_rounds_total``
+counts every round.
 """
 
 from __future__ import annotations
@@ -139,9 +142,11 @@ async def send(org: str, app: str) -> dict[str, Any]:
     except ExecutorRequestError as exc:
         error = clean_text(str(exc), 500)
         log.info("app %s/%s: retention round %s skipped: %s", org, app, rid, error)
-        await svc.app_retention.skipped(rid, org, app, error, dedupe_key())
-        return {"sent": False, "reason": error}
+        audited = await svc.app_retention.skipped(rid, org, app, error, dedupe_key())
+        svc.retention_rounds[(org, app, "skipped")] += 1
+        return {"sent": False, "reason": error, "audited": audited}
     await svc.app_retention.dispatched(rid, org, app, executor_id, body, dedupe_key())
+    svc.retention_rounds[(org, app, "dispatched")] += 1
     return {"sent": True, "executorId": executor_id, **body}
 
 

@@ -199,12 +199,21 @@ class Engine:
         """Start this interval's round of every app with a retention setting (every instance asks;
         DBOS runs each id once)."""
         while True:
+            now = time.time()
             try:
-                now = time.time()
-                for org, app in await self.apps.with_retention():
-                    await _start(round_id(org, app, interval, now), app_retention, org, app)
+                apps = await self.apps.with_retention()
             except Exception as exc:
-                log.warning("cannot start the apps' retention rounds: %s", exc)
+                log.warning("cannot list the apps with a retention setting: %s", exc)
+                apps = []
+            failed: list[str] = []
+            for org, app in apps:  # each on its own: one app's failure holds up no other's round
+                workflow_id = round_id(org, app, interval, now)
+                try:
+                    await _start(workflow_id, app_retention, org, app)
+                except Exception as exc:
+                    failed.append(f"{workflow_id} ({exc})")
+            if failed:  # one line for the interval, however many apps failed
+                log.warning("cannot start %d retention round(s): %s", len(failed), "; ".join(failed[:10]))
             await asyncio.sleep(interval - time.time() % interval + min(0.5, interval / 10))
 
     async def _schedule_app_figures(self, window_secs: float) -> None:

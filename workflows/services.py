@@ -123,6 +123,9 @@ class Services:
     instance_id: str
     # (org, app, what) -> how many, for /metrics: the reconciler's runs and finds on this instance.
     reconciled: Counter[tuple[str, str, str]]
+    # (org, app, result) -> how many, for /metrics: the apps' retention rounds on this instance,
+    # "dispatched" or "skipped" (each skip counts, though only a new reason is audited).
+    retention_rounds: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on Relay's loop, from whichever loop the caller runs on."""

@@ -74,16 +74,27 @@ class AppRetentionStore:
             entry = AuditEntry("retention.sent", "relay", None, executor_id, detail, dedupe)
             await write_audit(conn, org, app, entry)
 
-    async def skipped(self, round_id: str, org: str, app: str, error: str, dedupe: str) -> None:
-        """No executor of the app took the round's request."""
+    async def skipped(self, round_id: str, org: str, app: str, error: str, dedupe: str) -> bool:
+        """No executor of the app took the round's request. Audited only when the app's previous
+        round was not skipped for the same reason: an app with a retention setting and no executor
+        wrote ``retention.skipped`` every interval (144 a day at the default). Whether audited."""
         async with self.db.fenced() as conn:
+            cur = await conn.execute(
+                """SELECT status, error FROM app_retention_rounds WHERE org = %s AND app = %s AND id <> %s
+                   ORDER BY sent_at DESC LIMIT 1""",
+                (org, app, round_id),
+            )
+            previous = await cur.fetchone()
             await conn.execute(
                 """INSERT INTO app_retention_rounds (id, org, app, status, error)
                    VALUES (%s, %s, %s, 'skipped', %s) ON CONFLICT (id) DO NOTHING""",
                 (round_id, org, app, error),
             )
+            if previous is not None and previous["status"] == "skipped" and previous["error"] == error:
+                return False
             entry = AuditEntry("retention.skipped", "relay", None, None, {"roundId": round_id, "error": error}, dedupe)
             await write_audit(conn, org, app, entry)
+            return True
 
     async def unchecked(self, org: str, app: str, before: str) -> RetentionRound | None:
         """The app's latest dispatched round other than ``before`` whose effect is not recorded yet."""
