@@ -25,7 +25,8 @@ export interface ConnectOptions {
   maxWaitingRequests?: number;
   /** Replies queued for sending before a handler waits (default 64). */
   sendQueueSize?: number;
-  /** The largest frame taken from Relay, in bytes (default: ws's, 100 MiB). */
+  /** The largest frame taken from Relay, in bytes (default 100 MiB, ws's); a larger one closes the socket (1009),
+   * and the client connects again. */
   maxFrameBytes?: number;
 }
 

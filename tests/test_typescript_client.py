@@ -297,6 +297,7 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     finish = tmp_path / "finish"
     started, stopping = threading.Event(), threading.Event()
     closed: list[int | None] = []
+    oversized: list[int | None] = []
 
     def ask(ws: ServerConnection, frame: dict[str, Any]) -> dict[str, Any]:
         ws.send(json.dumps(frame))
@@ -312,6 +313,15 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         paths.append(ws.request.path)
         ws.send(json.dumps({"type": "executor_info", "request_id": "hello"}))
         replies["hello"] = json.loads(ws.recv(10))
+        if len(paths) == 1:
+            # A frame past maxFrameBytes' default (100 MiB, ws's own) is not taken: the client closes
+            # the socket (1009, too big) and connects again, where the rest goes on.
+            ws.send("x" * (100 * 1024 * 1024 + 1))
+            try:
+                ws.recv(10)
+            except ConnectionClosed as exc:
+                oversized.append(exc.rcvd.code if exc.rcvd else None)
+            return
         # The job (sleep 0) has finished before it is listed: its outcome is in the evidence, and its
         # status (written after the outcome's transaction) is SUCCESS.
         assert_eventually(lambda: len(Evidence(evidence_db).outcomes()) == 1, 15)
@@ -375,7 +385,8 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
         assert report is not None and json.loads(report)["client_running"] is False, executor_log()
         server.shutdown()
 
-    assert paths == [f"/websocket/ledger/{CONDUCTOR_KEYS['acme']}"]
+    assert paths == [f"/websocket/ledger/{CONDUCTOR_KEYS['acme']}"] * 2
+    assert oversized == [1009]
     for request_id in ("hello", "again"):
         info = p.parse_reply(replies[request_id], p.ExecutorInfoReply, request_id=request_id)
         assert (info.executor_id, info.language, info.dbos_version) == (

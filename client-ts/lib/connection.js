@@ -32,6 +32,8 @@ const PING_INTERVAL_MS = 20_000;
 const PING_TIMEOUT_MS = 15_000;
 const OPEN_TIMEOUT_MS = 5_000;
 const CLOSE_TIMEOUT_MS = 5_000;
+// ws's own default for maxPayload, which passing maxPayload: undefined would turn into no limit at all.
+const MAX_FRAME_BYTES = 100 * 1024 * 1024;
 const DRAIN_REQUESTS_MS = 2_000;
 const DRAIN_RETENTION_MS = 10_000;
 const STOPPING = 'relay client: stopping; not served, ask another executor';
@@ -166,11 +168,14 @@ class Outbox {
 
 class Connection {
   constructor(baseUrl, { key, app, handlers, log, ca, maxConcurrentRequests = 4, maxWaitingRequests = 64,
-    sendQueueSize = 64, maxFrameBytes, alive = () => true }) {
+    sendQueueSize = 64, maxFrameBytes = MAX_FRAME_BYTES, alive = () => true }) {
     const parts = checkUrl(baseUrl);
     checkKey(key);
     if (!(maxConcurrentRequests >= 1) || !(sendQueueSize >= 1) || !(maxWaitingRequests >= 0)) {
       throw new RangeError('maxConcurrentRequests and sendQueueSize must be at least 1, maxWaitingRequests at least 0');
+    }
+    if (!Number.isSafeInteger(maxFrameBytes) || maxFrameBytes < 1) {
+      throw new RangeError('maxFrameBytes must be a whole number of bytes, at least 1');
     }
     if (ca !== undefined && parts.protocol !== 'wss:') throw new TypeError('ca is for a wss:// URL only');
     this.app = app;
