@@ -24,8 +24,10 @@
 //   it waits up to 2 s (DRAIN_REQUESTS_MS) for the requests in progress or waiting for a turn to be
 //   answered and their replies sent, then up to 10 s (DRAIN_RETENTION_MS) for a retention round,
 //   which ends at its next batch; then it closes the socket (code 1000) and stops reconnecting.
-// - The key is part of the URL; nothing the client logs carries it (the URL is shown with ***).
+// - The key is part of the URL; nothing the client logs carries it (the URL is shown with ***), nor
+//   what console.log, util.inspect or JSON.stringify show of a Connection.
 
+const { inspect } = require('node:util');
 const WebSocket = require('ws');
 
 const PING_INTERVAL_MS = 20_000;
@@ -222,6 +224,17 @@ class Connection {
 
   get running() {
     return !this._stopping;
+  }
+
+  /** What JSON.stringify shows of the connection: never the key (in the URL it holds, and its socket's). */
+  toJSON() {
+    const { app, executorId, shownUrl: url, connected, running } = this;
+    return { app, executorId, url, connected, running };
+  }
+
+  /** What console.log and util.inspect show: the same. */
+  [inspect.custom](depth, options, show) {
+    return `Connection ${show(this.toJSON(), options)}`;
   }
 
   /** Let the requests taken answer (bounded; new ones are refused), end a retention round, then close

@@ -6,7 +6,9 @@
 // - RELAY_TEST_JOBS starts that many `job` workflows (job-0, ...; RELAY_TEST_JOB_PREFIX, _SLEEP).
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
-//   can be found at all (require.resolve), and whether the client is still running; then exits 0.
+//   can be found at all (require.resolve), whether the client is still running, and whether what
+//   console.log, util.inspect or JSON.stringify showed of the connection just before held the key
+//   (key_shown); then exits 0.
 // - Its alert handler (DBOS.setAlertHandler) writes each alert as a line "ALERT <json>" to stderr,
 //   then takes metadata.sleep_ms milliseconds (if given) to return: a request still being served.
 // - RELAY_TEST_FINISH_FILE also prints "STOPPING" just before it stops the client.
@@ -27,6 +29,7 @@
 'use strict';
 
 const fs = require('node:fs');
+const util = require('node:util');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
 const datasource = require('@dbos-inc/dbos-sdk/datasource');
 const { Pool } = require('pg');
@@ -105,6 +108,18 @@ function enterpriseReport() {
   return { enterprise_loaded: loaded, enterprise_found: found };
 }
 
+// Whether what an application logging its connection (console.log, util.inspect, JSON.stringify) shows holds the key.
+function keyShownBy(connection) {
+  let json;
+  try {
+    json = JSON.stringify(connection);
+  } catch (err) {
+    json = String(err);
+  }
+  const shown = [util.inspect(connection), util.inspect(connection, { depth: 8 }), String(connection), json];
+  return shown.some((text) => text.includes(ENV.RELAY_TEST_CONDUCTOR_KEY));
+}
+
 async function refusals() {
   const refused = {};
   for (const [label, executorID] of [['local', 'local'], ['typed', 'typed-in-a-config-file']]) {
@@ -162,10 +177,12 @@ async function main() {
   process.stdout.write(`READY ${DBOS.executorID}\n`);
   if (ENV.RELAY_TEST_FINISH_FILE) {
     await untilFile(ENV.RELAY_TEST_FINISH_FILE);
+    const keyShown = keyShownBy(connection);
     process.stdout.write('STOPPING\n');
     await connection.stop();
     await DBOS.shutdown();
-    process.stdout.write(`FINISHED ${JSON.stringify({ ...enterpriseReport(), client_running: connection.running })}\n`);
+    const report = { ...enterpriseReport(), client_running: connection.running, key_shown: keyShown };
+    process.stdout.write(`FINISHED ${JSON.stringify(report)}\n`);
   }
 }
 
