@@ -9,6 +9,7 @@ installed here: the apps show they never loaded it and cannot find it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import subprocess
@@ -17,10 +18,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
+from queue import Queue
 from typing import Any
 
 import psycopg
 import pytest
+from websockets.asyncio.server import ServerConnection as AsyncServerConnection
+from websockets.asyncio.server import serve as async_serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
@@ -473,3 +477,60 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
     }
     assert p.parse_reply(replies["slow"], p.AlertReply, request_id="slow").success
     assert closed == [1000]
+
+
+def test_a_flood_of_requests_whose_replies_relay_does_not_read_waits_in_the_sockets(start_ts53: StartTs) -> None:
+    """The client's one turn held by a slow alert and no room to wait: each further request is refused.
+    Relay reading no reply, the send queue fills, and the client stops reading Relay's frames until it
+    has room: the flood waits in the sockets' buffers (bounded), not in the client's memory as
+    refusals queued without end. Once Relay reads, every request is answered; the client warns once
+    that it is busy, and counts the rest. (An asyncio peer, as Relay is: its sends wait for room while
+    its reading goes on.)"""
+    pad = "r" * 60_000  # each refusal echoes the request id: about 60 KB a reply
+    flood = 1000  # about 60 MB of requests, far more than the sockets' buffers hold
+    sent: list[int] = []
+    stood: list[int] = []
+    answered: dict[str, str | None] = {}  # request id: error message
+    ports: Queue[int] = Queue()
+    finished = threading.Event()
+
+    async def peer(ws: AsyncServerConnection) -> None:
+        await ws.send(json.dumps({"type": "executor_info", "request_id": "hello"}))
+        await ws.recv()
+        slow = {"type": "alert", "request_id": "slow", "name": "n", "message": "m", "metadata": {"sleep_ms": "3000"}}
+        await ws.send(json.dumps(slow))
+
+        async def send_flood() -> None:
+            for i in range(flood):
+                await ws.send(json.dumps({"type": "list_workflows", "request_id": f"{i}-{pad}", "body": {}}))
+                sent.append(i)
+
+        sender = asyncio.create_task(send_flood())
+        await asyncio.sleep(2.5)  # nothing read meanwhile (max_queue=1: the peer's reading waits too)
+        stood.append(len(sent))
+        while len(answered) < flood + 2:
+            if len(answered) == flood + 1:
+                await asyncio.wait_for(sender, 20)
+                await ws.send(json.dumps({"type": "list_workflows", "request_id": "after", "body": {}}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 20))
+            answered[reply["request_id"]] = reply.get("error_message")
+        finished.set()
+
+    async def relay() -> None:
+        async with async_serve(peer, "127.0.0.1", 0, max_queue=1, max_size=None) as server:
+            ports.put(next(iter(server.sockets)).getsockname()[1])
+            await asyncio.to_thread(finished.wait, 60)
+
+    threading.Thread(target=asyncio.run, args=(relay(),), daemon=True).start()
+    options = {"maxConcurrentRequests": 1, "maxWaitingRequests": 0, "sendQueueSize": 1}
+    env = {"RELAY_TEST_CLIENT_OPTIONS": json.dumps(options), "RELAY_TEST_JOBS": "0"}
+    executor = start_ts53(f"ws://127.0.0.1:{ports.get(timeout=10)}/", env=env)
+    assert finished.wait(40), (len(sent), stood, len(answered), executor.log_path.read_text()[-2000:])
+    assert stood[0] < flood // 2, f"{stood[0]} of {flood} requests were read while their replies were not"
+    assert set(answered) == {f"{i}-{pad}" for i in range(flood)} | {"slow", "after"}
+    assert (answered["slow"], answered["after"]) == (None, None)
+    # Refused while the alert held the turn (and between the requests served after it): each busy
+    # episode warned of once (its count is logged at info when the client takes a request again).
+    busy = [e for e in answered.values() if e and e.startswith("relay client: busy")]
+    warned = executor.log_path.read_text().count("relay client: busy")
+    assert len(busy) > flood // 2 and 1 <= warned < len(busy) // 10, (len(busy), warned)

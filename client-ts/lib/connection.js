@@ -10,8 +10,11 @@
 //   busy (memory stays bounded, and Relay hears why instead of waiting out its timeout).
 // - Replies go through a bounded send queue (sendQueueSize) to one sender that waits for each
 //   frame to be written: a handler whose reply finds the queue full waits, so a Relay slow to read
-//   holds handlers back rather than memory growing. Replies to requests of a socket that has closed
-//   are dropped: they were asked on a socket that is gone.
+//   holds handlers back rather than memory growing; and while a refusal (busy, stopping) waits so,
+//   the socket is not read (the requests of a flood stay in the sockets' buffers). Replies to
+//   requests of a socket that has closed are dropped: they were asked on a socket that is gone.
+// - Busy refusals are warned of once, then counted (debug), and the count logged when the client
+//   takes a request again.
 // - Relay's pings are answered (ws does it); the client pings Relay every 20 s and gives up on the
 //   socket when no pong comes within 15 s, as the SDK's client does.
 // - After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so executors cut off
@@ -127,6 +130,12 @@ class Outbox {
     this.roomWaiters = [];
     this.sending = false;
     this.closed = false;
+    this.refusalsWaiting = 0; // refusals waiting for room: reading the socket is paused meanwhile
+  }
+
+  /** Whether a frame put now waits for room. */
+  get full() {
+    return !this.closed && this.frames.length >= this.size;
   }
 
   /** Queue `text`; waits while the queue is full. Dropped once the socket is gone. */
@@ -195,6 +204,7 @@ class Connection {
     this._alive = alive;
     this._turns = new Turns(maxConcurrentRequests);
     this._held = 0;
+    this._refusedBusy = 0; // since the client could last take a request: warned once, then counted
     this._idleWaiters = [];
     this._outbox = null;
     this._stopping = false;
@@ -356,7 +366,7 @@ class Connection {
         this._reply(outbox, this.handlers.answer(textFrame));
         return;
       }
-      this._take(textFrame, outbox);
+      this._take(textFrame, outbox, ws);
     });
     ws.on('error', (err) => {
       const code = err && err.code;
@@ -387,19 +397,23 @@ class Connection {
     });
   }
 
-  _take(textFrame, outbox) {
+  _take(textFrame, outbox, ws) {
     if (this._stopping) {
-      const reply = this.handlers.refuse(textFrame, STOPPING);
-      if (reply !== undefined) outbox.put(reply);
+      this._refuse(textFrame, STOPPING, outbox, ws);
       return;
     }
     if (this._held >= this._maxHeld) {
       const why = `relay client: busy, ${this._held} requests in progress or waiting for one of ` +
         `${this._maxConcurrent} turns; not served, ask again later`;
-      this.log.warn(why);
-      const reply = this.handlers.refuse(textFrame, why);
-      if (reply !== undefined) outbox.put(reply);
+      this._refusedBusy += 1;
+      if (this._refusedBusy === 1) this.log.warn(why);
+      else this.log.debug?.(why);
+      this._refuse(textFrame, why, outbox, ws);
       return;
+    }
+    if (this._refusedBusy > 0) {
+      this.log.info(`relay client: taking requests again; ${this._refusedBusy} refused while busy`);
+      this._refusedBusy = 0;
     }
     this._held += 1;
     const served = (async () => {
@@ -416,6 +430,21 @@ class Connection {
       }
     })();
     served.catch((err) => this.log.error(`relay client: serving a request failed: ${this._redact(err && err.stack)}`));
+  }
+
+  /** Answer a request not served with its refusal. While that reply waits for room in the send queue
+   * (Relay reads none), no more frames are read: the requests of a flood stay in the socket's buffers,
+   * and Relay's own, not in this process's memory as refusals waiting to be queued. */
+  _refuse(textFrame, reason, outbox, ws) {
+    const reply = this.handlers.refuse(textFrame, reason);
+    if (reply === undefined) return;
+    const full = outbox.full;
+    const queued = outbox.put(reply);
+    if (!full) return;
+    if (outbox.refusalsWaiting++ === 0) ws.pause();
+    queued.finally(() => {
+      if (--outbox.refusalsWaiting === 0) ws.resume();
+    });
   }
 
   _reply(outbox, pending) {

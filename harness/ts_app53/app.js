@@ -19,6 +19,7 @@
 //   its queue `billing-jobs`, which this app does not serve: it stays ENQUEUED).
 // - RELAY_TEST_SCHEDULE=1: a paused schedule `every-hour` of the workflow `tick` (context `ctx`).
 // - RELAY_TEST_CA_FILE: the CA (PEM) the client trusts for a wss:// URL.
+// - RELAY_TEST_CLIENT_OPTIONS: more options for connect(), as JSON (maxConcurrentRequests, ...).
 // - RELAY_TEST_REFUSALS=1: launches DBOS with the executor id `local`, then with one not drawn by
 //   newExecutorId(), tries connect() after each and prints "REFUSED <json>" with what connect()
 //   threw each time; then exits 0.
@@ -94,7 +95,9 @@ function configure(executorID) {
 
 function connect() {
   const ca = ENV.RELAY_TEST_CA_FILE ? fs.readFileSync(ENV.RELAY_TEST_CA_FILE) : undefined;
-  return relay.connect(ENV.RELAY_TEST_CONDUCTOR_URL, { key: ENV.RELAY_TEST_CONDUCTOR_KEY, app: APP, metadata: { test: true }, ca });
+  const tuning = JSON.parse(ENV.RELAY_TEST_CLIENT_OPTIONS || '{}');
+  const options = { key: ENV.RELAY_TEST_CONDUCTOR_KEY, app: APP, metadata: { test: true }, ca, ...tuning };
+  return relay.connect(ENV.RELAY_TEST_CONDUCTOR_URL, options);
 }
 
 function enterpriseReport() {
