@@ -14,6 +14,7 @@ import json
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -502,7 +503,7 @@ def test_a_flood_of_requests_whose_replies_relay_does_not_read_waits_in_the_sock
 
         async def send_flood() -> None:
             for i in range(flood):
-                await ws.send(json.dumps({"type": "list_workflows", "request_id": f"{i}-{pad}", "body": {}}))
+                await ws.send(json.dumps({"type": "get_workflow", "request_id": f"{i}-{pad}", "workflow_id": "none"}))
                 sent.append(i)
 
         sender = asyncio.create_task(send_flood())
@@ -534,3 +535,47 @@ def test_a_flood_of_requests_whose_replies_relay_does_not_read_waits_in_the_sock
     busy = [e for e in answered.values() if e and e.startswith("relay client: busy")]
     warned = executor.log_path.read_text().count("relay client: busy")
     assert len(busy) > flood // 2 and 1 <= warned < len(busy) // 10, (len(busy), warned)
+
+
+def test_a_retention_round_over_many_finished_workflows_keeps_the_client_answering(
+    start_ts53: StartTs, sysdb: str
+) -> None:
+    """A round with gc_rows_threshold (the README's example, 1,000,000) reads every finished workflow to
+    find the threshold-th newest completion time: 30,000 here, fewer than the threshold, so none is
+    deleted. The client answers meanwhile as at any other time (the event loop is not held)."""
+    rows = 30_000
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def peer(ws: ServerConnection) -> None:
+        ws.send(json.dumps({"type": "executor_info", "request_id": "hello"}))
+        json.loads(ws.recv(10))
+        with psycopg.connect(sysdb) as conn:
+            conn.execute(
+                "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, application_name,"
+                " application_version, executor_id, created_at, updated_at, completed_at)"
+                " SELECT 'gc-' || i, 'SUCCESS', 'job', 'ledger', 'v1', 'gone', 1e12 + i, 1e12 + i, 1e12 + i"
+                " FROM generate_series(1, %s) i",
+                (rows,),
+            )
+        body = {"gc_rows_threshold": 1_000_000}
+        ws.send(json.dumps({"type": "retention", "request_id": "retention", "body": body}))
+        assert json.loads(ws.recv(10))["success"] is True
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            asked = time.monotonic()
+            ws.send(json.dumps({"type": "executor_info", "request_id": "probe"}))
+            json.loads(ws.recv(30))
+            latencies.append(time.monotonic() - asked)
+            time.sleep(0.05)
+        done.set()
+
+    with serve(peer, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        executor = start_ts53(f"ws://127.0.0.1:{server.socket.getsockname()[1]}/", env={"RELAY_TEST_JOBS": "0"})
+        assert done.wait(40), executor.log_path.read_text()[-2000:]
+        server.shutdown()
+    assert max(latencies) < 0.2, f"the slowest of {len(latencies)} answers took {max(latencies):.2f} s"
+    with psycopg.connect(sysdb) as conn:
+        (left,) = conn.execute("SELECT count(*) FROM dbos.workflow_status WHERE workflow_uuid LIKE 'gc-%'").fetchone()
+    assert left == rows

@@ -26,11 +26,54 @@ const EVERY_APP = [];
 
 const iso = (ms) => new Date(ms).toISOString();
 
+/** A binary min-heap of numbers (Python's heapq, as the Python client keeps them): each step is
+ * O(log n), where sorting the array again at each row made a round over many rows quadratic, the
+ * event loop held for seconds at a page. */
+class MinHeap {
+  constructor() {
+    this.items = [];
+  }
+
+  get size() {
+    return this.items.length;
+  }
+
+  get least() {
+    return this.items[0];
+  }
+
+  push(value) {
+    const items = this.items;
+    items.push(value);
+    for (let i = items.length - 1; i > 0; ) {
+      const parent = (i - 1) >> 1;
+      if (items[parent] <= items[i]) break;
+      [items[parent], items[i]] = [items[i], items[parent]];
+      i = parent;
+    }
+  }
+
+  replaceLeast(value) {
+    const items = this.items;
+    items[0] = value;
+    for (let i = 0; ; ) {
+      const left = 2 * i + 1;
+      const right = left + 1;
+      let least = i;
+      if (left < items.length && items[left] < items[least]) least = left;
+      if (right < items.length && items[right] < items[least]) least = right;
+      if (least === i) break;
+      [items[least], items[i]] = [items[i], items[least]];
+      i = least;
+    }
+  }
+}
+
 /** The completion time below which terminal workflows go (undefined: collect nothing). */
 async function gcCutoff(cutoffMs, rowsThreshold) {
   let cutoff = cutoffMs ?? undefined;
   if (rowsThreshold !== undefined && rowsThreshold !== null && rowsThreshold > 0) {
-    const newest = []; // the rowsThreshold newest completion times, ascending
+    const newest = new MinHeap(); // the rowsThreshold newest completion times
     for (let offset = 0; ; ) {
       const page = await DBOS.listWorkflows({
         completedAfter: iso(0), applicationName: EVERY_APP, limit: PAGE, offset, loadInput: false, loadOutput: false,
@@ -39,17 +82,12 @@ async function gcCutoff(cutoffMs, rowsThreshold) {
       for (const w of page) {
         if (w.completedAt === undefined || w.completedAt === null) continue;
         const at = Number(w.completedAt);
-        if (newest.length < rowsThreshold) {
-          newest.push(at);
-          newest.sort((a, b) => a - b);
-        } else if (at > newest[0]) {
-          newest[0] = at;
-          newest.sort((a, b) => a - b);
-        }
+        if (newest.size < rowsThreshold) newest.push(at);
+        else if (at > newest.least) newest.replaceLeast(at);
       }
       if (page.length < PAGE) break;
     }
-    if (newest.length === rowsThreshold && (cutoff === undefined || newest[0] > cutoff)) cutoff = newest[0];
+    if (newest.size === rowsThreshold && (cutoff === undefined || newest.least > cutoff)) cutoff = newest.least;
   }
   return cutoff;
 }
@@ -136,4 +174,4 @@ class Retention {
   }
 }
 
-module.exports = { Retention, collect, timeOut, gcCutoff, DEFAULT_GC_BATCH_SIZE };
+module.exports = { Retention, collect, timeOut, gcCutoff, MinHeap, DEFAULT_GC_BATCH_SIZE };
