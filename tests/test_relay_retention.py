@@ -238,3 +238,55 @@ async def _upgrade_with_an_id_deleted_by_the_previous_release(url: str) -> dict[
 def test_ids_deleted_by_the_previous_release_are_seen_last_at_their_deletion(postgres: Postgres) -> None:
     gone = asyncio.run(_upgrade_with_an_id_deleted_by_the_previous_release(postgres.create_database("ids19")))
     assert gone == {"deleted-lately": True, "deleted-long-ago": False}
+
+
+async def _an_id_whose_record_an_instance_of_the_previous_stop_deleted(url: str) -> tuple[dict[str, bool], int]:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()  # this code's instance migrated the database (to 19) and runs beside it
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "ids-test", 30)
+        await lease.acquire()
+        store = ExecutorStore(db)
+        key = ExecutorKey("acme", "ledger", "long-lived")
+        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+        connected = await store.connected(Handshake(key, info, "old-instance", "key"))
+        async with db.connection() as conn:
+            await conn.execute("UPDATE executor_ids SET last_seen_at = now() - interval '40 days'")
+        assert await store.lost(key, connected.epoch, "old-instance")
+        for event in (E.GRACE_EXPIRED, E.RECOVERY_SENT):
+            assert await store.apply(key, event, epoch=connected.epoch)
+        async with db.transaction() as conn:
+            # Its recovery verified on an instance of the previous stop (schema 17, which the floor lets
+            # run on 19): its record deleted and audited as that code does, its id not marked seen.
+            cur = await conn.execute(
+                """DELETE FROM executors WHERE org = 'acme' AND app = 'ledger' AND executor_id = %s
+                   AND state = 'RECOVERING' AND epoch = %s""",
+                (key.executor_id, connected.epoch),
+            )
+            assert cur.rowcount == 1
+            await conn.execute(
+                """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail)
+                   VALUES ('acme', 'ledger', 'executor.deleted', %s, 'peer-1', 'relay', '{}')""",
+                (key.executor_id,),
+            )
+        pruned = await RetentionStore(db).prune(RetentionConfig(executor_ids_days=30))
+        gone = await store.gone("acme", "ledger", [key.executor_id])
+        await lease.stop()
+        return gone, pruned.executor_ids
+    finally:
+        await db.close()
+
+
+def test_an_id_whose_record_an_older_instance_deleted_after_the_upgrade_is_remembered(postgres: Postgres) -> None:
+    """A rolling upgrade: migration 19 ran when this code's first instance started, and an instance of
+    the previous stop, still running, deletes a record the way it always did (its id not marked seen).
+    Migration 19 cannot see it (it ran before), so the next retention job forgot the id of an executor
+    connected for longer than executorIdsDays as soon as its record went. Its deletion counts as its
+    last sighting whoever deleted it."""
+    gone, forgotten = asyncio.run(
+        _an_id_whose_record_an_instance_of_the_previous_stop_deleted(postgres.create_database("ids-rolling"))
+    )
+    assert gone == {"long-lived": True}, "the id is remembered: its stranded work is the reconciler's"
+    assert forgotten == 0

@@ -84,11 +84,19 @@ class RetentionStore:
                 "DELETE FROM alert_rules_removed WHERE removed_at < now() - make_interval(secs => %s * 86400)",
                 (settings.relay_workflows_days,),
             )
+            # An id is seen last when its record is deleted: this code marks it so (relay.store.executors),
+            # migration 19 marked the ids deleted before it ran, and the deletion's audit entry says it
+            # for a record an instance of an earlier release deleted after that (a rolling upgrade: the
+            # floor lets schema 17's code run on 19, and it deletes records as it always did).
             cur = await conn.execute(
-                """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %s * 86400)
+                """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %(days)s * 86400)
                    AND NOT EXISTS (SELECT 1 FROM executors e
-                                   WHERE e.org = i.org AND e.app = i.app AND e.executor_id = i.executor_id)""",
-                (settings.executor_ids_days,),
+                                   WHERE e.org = i.org AND e.app = i.app AND e.executor_id = i.executor_id)
+                   AND NOT EXISTS (SELECT 1 FROM audit_log a
+                                   WHERE a.org = i.org AND a.app = i.app AND a.executor_id = i.executor_id
+                                     AND a.action = 'executor.deleted'
+                                     AND a.at >= now() - make_interval(secs => %(days)s * 86400))""",
+                {"days": settings.executor_ids_days},
             )
             executor_ids = cur.rowcount
             # Instances adopted long ago. Every start under a new RELAY_INSTANCE_ID (the default,
