@@ -34,11 +34,13 @@ from relay_protocol import ExecutorInfoReply
 from tests.test_alerts import (
     SHORT_AUDIT_DAYS,
     YAML_SECRET,
+    aged,
     alert_config,
     alert_keys,
     audit,
     signed,
     wait_aged,
+    wait_entries_aged,
     with_store,
 )
 from workflows.alerts import AlertLoops, due_alerts
@@ -269,7 +271,7 @@ def test_a_death_longer_than_the_audit_retention_is_still_resolved_when_it_ends(
         rules = [{"kind": "ExecutorDead", "webhook": receiver.url(), "minIntervalSecs": 0}]
         sender = sender_to(None)
 
-        async def body(db: Database, store: AlertStore) -> tuple[set[str], set[str]]:
+        async def body(db: Database, store: AlertStore) -> tuple[set[str], set[str], set[str]]:
             sender.store = store
             loops, recorded = recording(store)
             epoch = await declared_dead(db, "stuck")
@@ -285,17 +287,21 @@ def test_a_death_longer_than_the_audit_retention_is_still_resolved_when_it_ends(
             for resolution in recorded:
                 await deliver(store, sender, resolution)
             await RetentionStore(db).prune(settings)
-            return during, await alert_keys(db)
+            kept = await alert_keys(db)  # while the entry that ended the death is in the audit log
+            await wait_entries_aged(db, "executor.deleted")
+            await RetentionStore(db).prune(settings)
+            return during, kept, await alert_keys(db)
 
         try:
-            during, after = with_store(relay_db, rules, body)
+            during, kept, after = with_store(relay_db, rules, body)
         finally:
             sender.webhooks.close()
     alert, *resolutions = receiver.payloads("ExecutorDead")
     assert during == {alert["idempotencyKey"]}, "the alert's row was pruned while its death went on"
+    assert kept == during, "pruned before the entry that ended the death was as old"
     assert [r["resolves"] for r in resolutions] == [alert["idempotencyKey"]], "never resolved"
     assert resolutions[0]["metadata"]["ended"] == "recovered"
-    assert after == set(), "pruned by its age once the death is over"
+    assert after == set(), "pruned by its age once the death's end is as old"
 
 
 def test_an_apps_rules_deleted_with_it_resolve_their_open_alerts_and_a_refused_delete_resolves_nothing(
@@ -348,3 +354,50 @@ def test_an_apps_rules_deleted_with_it_resolve_their_open_alerts_and_a_refused_d
     assert resolution["resolves"] == alert["idempotencyKey"] and resolution["metadata"]["ended"] == "rule_removed"
     assert "its app billing was deleted (by api:ops)" in resolution["message"], resolution
     assert len(receiver.deliveries()) == 3, "busy's alert, billing's alert and its resolution"
+
+
+def test_an_alert_older_than_the_audit_retention_is_kept_until_its_end_is_resolved(relay_db: str) -> None:
+    """A death and an outage alerted more than auditDays ago, each over now (the executor recovered;
+    the outage's rule removed): a retention job that ran before the audit poll read the end pruned
+    the alert's row at once (its death no longer going on, its condition no longer held), and the
+    resolution found no sign that the alert was ever sent: never delivered. Each row stays while the
+    entry that ends it (the death's end, the ``alert.resolved``) is in the audit log."""
+    days = 2e-5  # 1.7 s: the alerts grow older than it, the ends written just before the job do not
+    settings = RetentionConfig(audit_days=days)
+    with WebhookReceiver() as receiver:
+        rules = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0},
+            {"kind": "UnresponsiveApplication", "forSecs": 0, "minIntervalSecs": 0, "webhook": receiver.url("/down")},
+        ]
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> tuple[list[Alert], dict[str, str | None]]:
+            sender.store = store
+            loops, recorded = recording(store)
+            epoch = await declared_dead(db, "stuck")
+            await loops.poll_events()
+            (down_rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
+            ((down, _),) = await due_alerts(store, down_rule, [Observed({"appName": "ledger"}, "ledger", "down")])
+            alerts = [*recorded, down]
+            for alert in alerts:
+                await deliver(store, sender, alert)
+            deadline = time.monotonic() + 15
+            while not all([await aged(db, a.idempotency_key, days) for a in alerts]):
+                assert time.monotonic() < deadline, "the alerts never grew older than auditDays"
+                await asyncio.sleep(0.1)
+            await recovered(db, "stuck", epoch)  # the death is over
+            await store.sync_config(RelayConfig.model_validate(alert_config(free_port(), [rules[0]])))
+            await RetentionStore(db).prune(settings)  # before the poll reads either end
+            loops, recorded = recording(store)  # no instance remembers starting the alerts
+            await loops.poll_events()
+            # relay.alert.resolve sends a resolution once the alert it resolves is found sent
+            return recorded, {a.resolves or "": await store.status_of(a.resolves or "") for a in recorded}
+
+        try:
+            started, found = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    alerts = {d.path: d.payload["idempotencyKey"] for d in receiver.deliveries()}
+    assert sorted(alerts) == ["/dead", "/down"], alerts
+    assert sorted(a.resolves or "" for a in started) == sorted(alerts.values()), "a resolution was never started"
+    assert found == dict.fromkeys(alerts.values(), "sent"), "the alerts' rows were pruned: nothing resolved"

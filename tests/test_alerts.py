@@ -1268,6 +1268,24 @@ async def wait_aged(db: Database, *keys: str) -> None:
         await asyncio.sleep(0.1)
 
 
+async def wait_entries_aged(db: Database, action: str, days: float = SHORT_AUDIT_DAYS) -> None:
+    """Until the audit entries of ``action`` are older than ``days`` by the database's clock (retention
+    keeps an alert while the entry that ends it is in the audit log)."""
+    deadline = time.monotonic() + 15
+    while True:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT count(*) AS young FROM audit_log
+                   WHERE action = %s AND at >= now() - make_interval(secs => %s * 86400)""",
+                (action, days),
+            )
+            row = await cur.fetchone()
+        if row and row["young"] == 0:
+            return
+        assert time.monotonic() < deadline, f"the {action} entries never grew older than {days} days"
+        await asyncio.sleep(0.1)
+
+
 async def alert_keys(db: Database) -> set[str]:
     async with db.connection() as conn:
         cur = await conn.execute("SELECT idempotency_key FROM alerts")
@@ -1317,7 +1335,7 @@ def test_an_episode_longer_than_the_audit_retention_is_not_alerted_again(relay_d
     down = [Observed({"appName": "ledger"}, "ledger", "down")]
     settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
 
-    async def body(db: Database, store: AlertStore) -> tuple[list[Any], set[str], set[str], str]:
+    async def body(db: Database, store: AlertStore) -> tuple[list[Any], tuple[set[str], set[str]], set[str], str]:
         (rule,) = await store.rules_of(frozenset({Kind.UNRESPONSIVE_APPLICATION}))
         ((alert, _),) = await due_alerts(store, rule, down)
         assert (await store.claim(alert)).send
@@ -1328,12 +1346,15 @@ def test_an_episode_longer_than_the_audit_retention_is_not_alerted_again(relay_d
         during = await alert_keys(db)
         await due_alerts(store, rule, [])  # back up: the episode ends
         await RetentionStore(db).prune(settings)
-        return again, during, await alert_keys(db), alert.idempotency_key
+        ending = await alert_keys(db)  # its resolution is yet to be sent
+        await wait_entries_aged(db, "alert.resolved")
+        await RetentionStore(db).prune(settings)
+        return again, (during, ending), await alert_keys(db), alert.idempotency_key
 
-    again, during, after, key = with_store(relay_db, rules, body)
+    again, kept, after, key = with_store(relay_db, rules, body)
     assert again == [], "the episode was alerted again after retention"
-    assert during == {key}
-    assert after == set(), "an episode that ended is pruned by its age"
+    assert kept == ({key}, {key}), "kept while the episode held, and while the entry that ended it is in the audit log"
+    assert after == set(), "an episode that ended is pruned by its age, once its end is as old"
 
 
 def test_retention_keeps_what_a_delivery_under_way_a_held_back_episode_and_the_repeat_interval_rely_on(

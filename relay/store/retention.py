@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relay.config import MAX_SECS, RetentionConfig
-from relay.core.alerts import DEATH_KINDS
+from relay.core.alerts import DEATH_END_ACTIONS, DEATH_KINDS
 from relay.store.db import Database
 from relay.store.instances import dbos_ran, still_to_take_over
 
@@ -56,7 +56,11 @@ class RetentionStore:
             # dead-lettered it, or it is gone) leaves its row ``sending`` for good. A death's alert
             # (ExecutorDead, RecoveryFailed: its key's epoch is the death's) is kept while the death goes
             # on, the executor DEAD or RECOVERING at that epoch: its resolution, when the death ends, is
-            # sent only for an alert whose row says it was.
+            # sent only for an alert whose row says it was. And a row is kept while the entry that ends
+            # it is in the audit log (auditDays): its ``alert.resolved``, or an entry that may end its
+            # death. Its resolution, started when the audit poll reads that entry, is sent once the row
+            # says the alert was; a job that ran between the end and the poll left nothing to say so.
+            deaths = sorted(k.value for k in DEATH_KINDS)
             running = "false"
             if await dbos_ran(conn):
                 running = """EXISTS (SELECT 1 FROM dbos.workflow_status w
@@ -73,10 +77,16 @@ class RetentionStore:
                         WHERE e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
                           AND e.state IN ('DEAD', 'RECOVERING')
                           AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch))
+                    AND NOT EXISTS (SELECT 1 FROM audit_log l
+                                    WHERE l.dedupe_key = 'alert.resolved:' || a.idempotency_key)
+                    AND NOT (a.kind = ANY(%s) AND EXISTS (
+                        SELECT 1 FROM audit_log l
+                        WHERE l.org = a.org AND l.app = a.app AND l.executor_id = a.subject
+                          AND l.action = ANY(%s) AND l.at >= a.created_at))
                     AND NOT EXISTS (
                         SELECT 1 FROM alert_rules r WHERE r.id = a.rule_id
                         AND a.created_at > now() - make_interval(secs => least(r.min_interval_secs, %s)))""",
-                (settings.audit_days, sorted(k.value for k in DEATH_KINDS), MAX_SECS),
+                (settings.audit_days, deaths, deaths, sorted(DEATH_END_ACTIONS), MAX_SECS),
             )
             # Where removed rules sent their alerts, for those alerts' resolutions: kept as long as
             # Relay's own workflows (those deliveries) are.
