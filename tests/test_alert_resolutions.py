@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
+
 from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.receiver import WebhookReceiver
@@ -110,7 +112,8 @@ def test_rules_deleted_while_their_alerts_are_open_resolve_them_to_where_they_we
     UnresponsiveApplication rule alert, a third rule's alert is refused for good by its receiver (a
     400). The operator deletes the three rules through the API while the death goes on: each open
     alert gets one resolution, at its rule's webhook, saying the rule was removed (the destination
-    went with the rule, and they stayed open for ever); the failed alert gets none."""
+    went with the rule, and they stayed open for ever); the failed alert gets none. When a peer joins
+    and the death ends, nothing is resolved again."""
     with WebhookReceiver() as receiver:
         receiver.refused_prefix = "/refused"
         relay = start_relay(alert_config(free_port(), [], grace=0.5))
@@ -135,6 +138,10 @@ def test_rules_deleted_while_their_alerts_are_open_resolve_them_to_where_they_we
             for rule in made.values():
                 assert api.delete(f"/apps/ledger/alerting-rules/{rule.json()['id']}").status_code == 204
             assert_eventually(lambda: len(at("/dead")) == 2 and len(at("/down")) == 2, 20, what="the resolutions")
+            # A peer joins and the death ends: the poll resolves the removed rule's alert of it again, under
+            # the id its removal's resolution ran as, which DBOS does not run twice.
+            start_executor(relay.conductor_url)
+            assert_eventually(lambda: audit(relay, "executor.deleted"), 20, what="the death's end")
         time.sleep(1.0)  # a few more polls: nothing repeats
         for path, subject in [("/dead", {"executorId": dying.executor_id}), ("/down", {"appName": "ledger"})]:
             alert, resolution = at(path)
@@ -401,3 +408,57 @@ def test_an_alert_older_than_the_audit_retention_is_kept_until_its_end_is_resolv
     assert sorted(alerts) == ["/dead", "/down"], alerts
     assert sorted(a.resolves or "" for a in started) == sorted(alerts.values()), "a resolution was never started"
     assert found == dict.fromkeys(alerts.values(), "sent"), "the alerts' rows were pruned: nothing resolved"
+
+
+def test_deaths_whose_ends_are_written_after_their_rules_removal_began_are_resolved(relay_db: str) -> None:
+    """An ExecutorDead rule is taken out of relay.yaml while two deaths it alerted are ending. One's
+    recovery succeeds while the removal's transaction waits for the rule's row (a delivery's claim or
+    a round's settling holds it a moment; here another session). The other's executor connected again
+    just before the removal, and its recovery run writes the final ``recovery.failed`` a little after.
+    The removal found neither death going on (no ``alert.resolved`` of its own), and the audit poll,
+    reading each end after the rule had gone, took only rules removed after the end: both
+    resolutions were lost. Each is resolved now, once, saying how its death ended."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0}]
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Alert], list[Alert]]:
+        loops, recorded = recording(store)
+        epochs = {name: await declared_dead(db, name) for name in ("ending", "back")}
+        await loops.poll_events()
+        for alert in recorded:
+            assert (await store.claim(alert)).send
+            await store.finish(alert, True, 1, None, "x", f"sent:{alert.idempotency_key}")
+        key = ExecutorKey("acme", "ledger", "back")
+        info = ExecutorInfoReply(request_id="r", executor_id="back", application_version="v1")
+        await ExecutorStore(db).connected(Handshake(key, info, "relay-1", "key"))  # HEALTHY again
+        without = RelayConfig.model_validate(alert_config(free_port(), []))
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM alert_rules WHERE id = %s FOR UPDATE", (recorded[0].rule_id,))
+                removal = asyncio.create_task(store.sync_config(without))
+                deadline = time.monotonic() + 10
+                while not (await (await holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted"
+                )).fetchone() or (0,))[0]:  # fmt: skip
+                    assert time.monotonic() < deadline and not removal.done(), "the removal never waited"
+                    await asyncio.sleep(0.02)
+                await recovered(db, "ending", epochs["ending"])  # the death ends while the removal waits
+            await removal
+        assert await store.rules_of(frozenset(Kind)) == []
+        async with db.transaction() as conn:  # the run of the death that is over ends, as abandon writes it
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                   VALUES ('rec-back', 'acme', 'ledger', 'back', 'v1', %s, 'grace_period', 'failed')""",
+                (epochs["back"],),
+            )
+            detail = {"error": "the executor reconnected", "recoveryId": "rec-back", "final": True}
+            await audit_executor(conn, key, "recovery.failed", "back:final", detail=detail)
+        alerts = list(recorded)
+        loops, recorded = recording(store)
+        for _ in range(2):
+            await loops.poll_events()
+        return alerts, recorded
+
+    alerts, resolutions = with_store(relay_db, rules, body)
+    assert sorted(r.resolves or "" for r in resolutions) == sorted(a.idempotency_key for a in alerts), resolutions
+    ended = {r.subject["executorId"]: r.metadata["ended"] for r in resolutions}
+    assert ended == {"ending": "recovered", "back": "connected_again"}, ended

@@ -500,17 +500,20 @@ class AlertLoops:
         return started
 
     @staticmethod
-    def alerts_for(fact: AuditFact, rules: list[Rule], removed: Sequence[tuple[Rule, float]] = ()) -> list[Alert]:
+    def alerts_for(fact: AuditFact, rules: list[Rule], removed: Sequence[Rule] = ()) -> list[Alert]:
         """The alerts an audit entry fires: an event rule's, the resolution of a condition's alert,
         or those of a death's alerts (the entry ends the death). ``removed``: death rules removed
-        since (with when), whose alerts of a death that ended before are resolved too: the removal
-        resolved only those of deaths not over, and its app's deletion took the rules away before this
-        poll read the end."""
+        (their destinations kept, :meth:`AlertStore.removed_rules`), whose alerts of a death that
+        ends are resolved too, whenever its end was written: the removal resolved only those of
+        deaths it found going on, and a death may be over before its end is written (the executor
+        connected again; its run writes the final ``recovery.failed`` when it finds out), or end while
+        the removal waits for the rules' rows. One the removal resolved is resolved once: both
+        resolutions have the id ``alert:{key}:resolved``, which DBOS runs once (its workflow is kept
+        as long as the removed rule is)."""
         if fact.action == RESOLVED_ACTION:
             resolution = resolution_alert(fact)
             return [] if resolution is None else [resolution]
-        ending = [*rules, *(rule for rule, at in removed if fact.at_unix <= at)]
-        return [*alerts_for_event(fact, rules), *death_resolutions(fact, ending)]
+        return [*alerts_for_event(fact, rules), *death_resolutions(fact, [*rules, *removed])]
 
     async def _schedule_checks(self) -> None:
         interval = self.settings.check_interval_secs

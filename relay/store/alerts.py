@@ -288,19 +288,16 @@ class AlertStore:
             row = await cur.fetchone()
         return RuleRecord.from_row(row) if row else None
 
-    async def removed_rules(self, kinds: frozenset[Kind]) -> list[tuple[Rule, float]]:
-        """Removed rules of these kinds that no rule has taken the id of again, each with when it was
-        removed (Unix time)."""
+    async def removed_rules(self, kinds: frozenset[Kind]) -> list[Rule]:
+        """Removed rules of these kinds that no rule has taken the id of again."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                f"""SELECT {_COLUMNS}, removed_at FROM alert_rules_removed d
+                f"""SELECT {_COLUMNS} FROM alert_rules_removed d
                     WHERE kind = ANY(%s) AND NOT EXISTS (SELECT 1 FROM alert_rules r WHERE r.id = d.id)
                     ORDER BY id""",
                 ([k.value for k in kinds],),
             )
-            rows = await cur.fetchall()
-        return [(RuleRecord.from_row({k: v for k, v in r.items() if k != "removed_at"}).rule(),
-                 r["removed_at"].timestamp()) for r in rows]  # fmt: skip
+            return [RuleRecord.from_row(r).rule() for r in await cur.fetchall()]
 
     async def rules_of(self, kinds: frozenset[Kind]) -> list[Rule]:
         """Every rule of these kinds, in every org."""
