@@ -20,6 +20,32 @@ const { newExecutorId, claim, release } = require('./lib/ids');
 const { ConnectRefused, RelayClientError } = require('./lib/errors');
 
 const MAX_METADATA_BYTES = 64 * 1024;
+// The options connect() takes (ConnectOptions in index.d.ts): any other name is refused, so a typo
+// (`maxFrameByte`, `CA`) is not silently ignored, nor can an option reach the connection's internals.
+const OPTIONS = Object.freeze([
+  'key',
+  'app',
+  'metadata',
+  'ca',
+  'logger',
+  'maxConcurrentRequests',
+  'maxWaitingRequests',
+  'sendQueueSize',
+  'maxFrameBytes',
+]);
+
+function checkOptions(options) {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    const given = options === null ? 'null' : typeof options;
+    throw new TypeError(`the options must be an object ({ key, app, ... }), not ${given}`);
+  }
+  const unknown = Object.keys(options).filter((name) => !OPTIONS.includes(name));
+  if (unknown.length > 0) {
+    const names = unknown.map((name) => JSON.stringify(name.slice(0, 64))).join(', ');
+    const plural = unknown.length > 1 ? 's' : '';
+    throw new TypeError(`unknown option${plural} ${names}: connect() takes ${OPTIONS.join(', ')}`);
+  }
+}
 
 function checkMetadata(metadata) {
   if (metadata === undefined || metadata === null) return undefined;
@@ -43,7 +69,9 @@ function dbosLaunch() {
  * which connects, answers Relay and reconnects after a loss until stop() or DBOS's shutdown.
  */
 function connect(url, options = {}) {
-  const { key, metadata, ca, logger, ...tuning } = options;
+  checkOptions(options);
+  const { key, metadata, ca, logger } = options;
+  const { maxConcurrentRequests, maxWaitingRequests, sendQueueSize, maxFrameBytes } = options;
   if (!DBOS.isInitialized()) throw new ConnectRefused('DBOS is not launched: call connect() after DBOS.launch()');
   const launch = dbosLaunch();
   const dbosApp = launch?.appName;
@@ -58,7 +86,6 @@ function connect(url, options = {}) {
   if (launch?.conductor) {
     throw new ConnectRefused('DBOS was launched with a conductor key: launch it without one to use this client');
   }
-  delete tuning.app;
   const log = logger ?? DBOS.logger;
   const executorId = DBOS.executorID;
   const checkedMetadata = checkMetadata(metadata);
@@ -70,7 +97,10 @@ function connect(url, options = {}) {
     handlers,
     log,
     ca,
-    ...tuning,
+    maxConcurrentRequests, // undefined: the connection's default
+    maxWaitingRequests,
+    sendQueueSize,
+    maxFrameBytes,
     alive: () => DBOS.isInitialized() && dbosLaunch() === launch,
   });
   claim(executorId, launch);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -35,7 +36,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
-from harness.ts_executor import SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app53
+from harness.ts_executor import CLIENT_TS, SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app53
 from harness.waiting import assert_eventually
 from tests.prom import scrape
 from tests.test_client import at, read_line
@@ -579,3 +580,48 @@ def test_a_retention_round_over_many_finished_workflows_keeps_the_client_answeri
     with psycopg.connect(sysdb) as conn:
         (left,) = conn.execute("SELECT count(*) FROM dbos.workflow_status WHERE workflow_uuid LIKE 'gc-%'").fetchone()
     assert left == rows
+
+
+def run_client_script(script: str, env: dict[str, str] | None = None) -> Any:
+    """Run `script` in Node with client-ts/ (as it is now) its working folder, its packages (ws, DBOS 5.3)
+    from harness/ts_app53's; the JSON it prints last."""
+    modules = ts_app53().parent / "node_modules"
+    full_env = {**os.environ, "NODE_PATH": str(modules), **(env or {})}
+    result = subprocess.run(
+        ["node", "-e", script], cwd=CLIENT_TS, env=full_env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_connect_refuses_an_option_it_does_not_take_and_takes_every_typed_one() -> None:
+    """A typo (maxFrameByte, CA) was ignored, and `handlers` or `log` replaced the client's own."""
+    got = run_client_script(r"""
+const fs = require('node:fs');
+const relay = require('./index.js');
+const typings = /interface ConnectOptions \{([\s\S]*?)\n\}/.exec(fs.readFileSync('index.d.ts', 'utf8'))[1];
+const typed = [...typings.matchAll(/^  (\w+)\??:/gm)].map((m) => m[1]);
+const tried = {
+  typo: { key: 'k', maxFrameByte: 5 }, CA: { key: 'k', CA: 'pem' }, internals: { key: 'k', handlers: {}, log: console },
+  none: null, everyTyped: Object.fromEntries(typed.map((name) => [name, undefined])),
+};
+const out = { typed };
+for (const [name, options] of Object.entries(tried)) {
+  try {
+    relay.connect('ws://127.0.0.1:9/', options);
+    out[name] = 'connected';
+  } catch (err) {
+    out[name] = `${err.name}: ${err.message}`;
+  }
+}
+console.log(JSON.stringify(out));
+""")
+    typed = got["typed"]
+    assert "key" in typed and "maxFrameBytes" in typed, got
+    takes = f"connect() takes {', '.join(typed)}"  # the names the code takes are exactly those typed
+    assert got["typo"] == f'TypeError: unknown option "maxFrameByte": {takes}', got
+    assert got["CA"] == f'TypeError: unknown option "CA": {takes}', got
+    assert got["internals"] == f'TypeError: unknown options "handlers", "log": {takes}', got
+    assert got["none"].startswith("TypeError: the options must be an object"), got
+    # Every typed option passes the check; DBOS is not launched here, which is the next refusal.
+    assert got["everyTyped"] == "ConnectRefused: DBOS is not launched: call connect() after DBOS.launch()", got
