@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socketserver
 import ssl
 import subprocess
 import threading
@@ -625,3 +626,92 @@ console.log(JSON.stringify(out));
     assert got["none"].startswith("TypeError: the options must be an object"), got
     # Every typed option passes the check; DBOS is not launched here, which is the next refusal.
     assert got["everyTyped"] == "ConnectRefused: DBOS is not launched: call connect() after DBOS.launch()", got
+
+
+class _CountingServer(socketserver.ThreadingTCPServer):
+    """Records when each connection came; answers as `answer` does (not TLS, or TLS with a certificate)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, answer: Callable[[Any], None]) -> None:
+        self.came: list[float] = []
+        server = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                server.came.append(time.monotonic())
+                try:
+                    answer(self.request)
+                except (OSError, ssl.SSLError):
+                    pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+def test_a_tls_failure_is_tried_again_less_and_less_often_and_logged_once(tmp_path: Path) -> None:
+    """A wss:// URL at a port without TLS (an HTTP server answering 400) was tried again every second."""
+
+    def http_400(sock: Any) -> None:
+        sock.recv(4096)
+        sock.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    _, tls = make_certificates(tmp_path)  # a CA of our own, which the client is not given
+
+    def untrusted(sock: Any) -> None:
+        tls.wrap_socket(sock, server_side=True).recv(1)
+
+    plain, certificate = _CountingServer(http_400), _CountingServer(untrusted)
+    try:
+        got = run_client_script(
+            r"""
+const { Connection } = require('./lib/connection');
+const { Handlers } = require('./lib/handlers');
+Math.random = () => 0; // the least jitter: each wait is half its nominal length
+const open = (port) => {
+  const lines = [];
+  const log = { debug() {}, info: (m) => lines.push(m), warn: (m) => lines.push(m), error: (m) => lines.push(m) };
+  const handlers = new Handlers({ executorId: `e-${port}`, log });
+  const conn = new Connection(`wss://127.0.0.1:${port}/`, { key: 'k', app: 'ledger', handlers, log });
+  conn.start();
+  return { conn, lines };
+};
+const opened = [open(process.env.PLAIN), open(process.env.CERTIFICATE)];
+setTimeout(async () => {
+  const out = [];
+  for (const { conn, lines } of opened) {
+    out.push({ last: conn._last, inARow: conn._inARow, lines });
+    await conn.stop();
+  }
+  console.log(JSON.stringify(out));
+}, 2000);
+""",
+            {"PLAIN": str(plain.port), "CERTIFICATE": str(certificate.port)},
+        )
+    finally:
+        for server in (plain, certificate):
+            server.shutdown()
+            server.server_close()
+    for server, (last, problem) in zip(
+        (plain, certificate),
+        (
+            ("refused", "relay client: TLS handshake with Relay failed (is this port serving TLS, wss://?): "),
+            ("refused", "relay client: Relay's certificate is not trusted: "),
+        ),
+        strict=True,
+    ):
+        report = got.pop(0)
+        # Tries at 0, 0.5 and 1.5 s (waits of 1 s, then 2 s, halved by the jitter): not every 0.5 s.
+        assert len(server.came) == 3, (server.came, report)
+        gaps = [b - a for a, b in zip(server.came, server.came[1:], strict=False)]
+        assert gaps[1] > 0.85 and gaps[1] > 1.6 * gaps[0], (gaps, report)
+        assert (report["last"], report["inARow"]) == (last, 3), report
+        # One warning for the spell (three tries), then the stop.
+        (warning, stopped) = report["lines"]
+        assert warning.startswith(problem) and warning.endswith("; reconnecting"), report
+        assert stopped == "relay client: connection to Relay stopped", report

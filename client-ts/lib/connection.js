@@ -19,9 +19,10 @@
 //   socket when no pong comes within 15 s, as the SDK's client does.
 // - After a loss it reconnects about a second later (0.5 to 1.5 s, jittered, so executors cut off
 //   together do not all come back at once), forever until stopped. A refusal that will repeat (HTTP
-//   4xx other than 429; close codes 4400, 4401, 4403, 4409; an untrusted certificate) waits twice
-//   as long each time in a row, up to 30 s; Relay too busy (429, 5xx; close codes 4408, 4410) up to
-//   2 s; each times the jitter. A socket open 10 s or more starts the count over.
+//   4xx other than 429; close codes 4400, 4401, 4403, 4409; an untrusted certificate; a failed TLS
+//   handshake: a wss:// URL at a port without TLS) waits twice as long each time in a row, up to
+//   30 s; Relay too busy (429, 5xx; close codes 4408, 4410) up to 2 s; each times the jitter. A
+//   socket open 10 s or more starts the count over.
 // - stop() first lets the requests already taken answer: from then on a new request is refused at
 //   once (an error and no payload, which Relay reads as a refusal and asks another executor), and
 //   it waits up to 2 s (DRAIN_REQUESTS_MS) for the requests in progress or waiting for a turn to be
@@ -68,6 +69,38 @@ function retryAfterStatus(status) {
 function retryAfterClose(code) {
   if (REFUSED_CLOSE_CODES.has(code)) return Retry.REFUSED;
   return BUSY_CLOSE_CODES.has(code) ? Retry.BUSY : Retry.SOON;
+}
+
+// The codes of Node's TLS errors for a certificate it does not trust (OpenSSL's X509 verify results, and
+// Node's own check of the name): the same certificate, the same refusal next time.
+const CERTIFICATE_CODES = new Set([
+  'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_CRL', 'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
+  'UNABLE_TO_DECRYPT_CRL_SIGNATURE', 'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE',
+  'CRL_SIGNATURE_FAILURE', 'CERT_NOT_YET_VALID', 'CERT_HAS_EXPIRED', 'CRL_NOT_YET_VALID', 'CRL_HAS_EXPIRED',
+  'ERROR_IN_CERT_NOT_BEFORE_FIELD', 'ERROR_IN_CERT_NOT_AFTER_FIELD', 'ERROR_IN_CRL_LAST_UPDATE_FIELD',
+  'ERROR_IN_CRL_NEXT_UPDATE_FIELD', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
+  'INVALID_CA', 'PATH_LENGTH_EXCEEDED', 'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH',
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+]);
+
+/** What a socket's error before it opened says of TLS: 'certificate' (not trusted), 'handshake' (the TLS
+ * handshake failed: a port that speaks no TLS, no protocol or cipher in common; OpenSSL's EPROTO or
+ * ERR_SSL_*), or null (no TLS failure: a loss, such as a handshake cut off, ECONNRESET). */
+function tlsFailure(err) {
+  const code = err && err.code;
+  if (typeof code !== 'string') return null;
+  if (CERTIFICATE_CODES.has(code)) return 'certificate';
+  if (code.startsWith('ERR_SSL_')) return 'handshake';
+  if (code === 'EPROTO' && /SSL routines/.test(String(err.message))) return 'handshake';
+  return null;
+}
+
+/** OpenSSL's reason in a TLS error ("wrong version number"), else its message: the same text each time. */
+function opensslReason(err) {
+  if (err.reason) return String(err.reason);
+  const found = /SSL routines:[^:]*:([^:]+)/.exec(String(err.message));
+  return found ? found[1] : String(err.message);
 }
 
 /** Throws unless `base` is a URL the client can connect to; the message names only the part at fault. */
@@ -369,11 +402,13 @@ class Connection {
       this._take(textFrame, outbox, ws);
     });
     ws.on('error', (err) => {
-      const code = err && err.code;
-      if (code === 'UNABLE_TO_VERIFY_LEAF_SIGNATURE' || code === 'DEPTH_ZERO_SELF_SIGNED_CERT' ||
-          code === 'SELF_SIGNED_CERT_IN_CHAIN' || code === 'ERR_TLS_CERT_ALTNAME_INVALID' ||
-          code === 'CERT_HAS_EXPIRED') {
+      const tls = openedAt === undefined ? tlsFailure(err) : null;
+      if (tls === 'certificate') {
         this._noteProblem(`Relay's certificate is not trusted: ${err.message}`);
+        retry = Retry.REFUSED;
+      } else if (tls === 'handshake') {
+        const reason = opensslReason(err);
+        this._noteProblem(`TLS handshake with Relay failed (is this port serving TLS, wss://?): ${reason}`);
         retry = Retry.REFUSED;
       } else if (!this._stopping && !refused) {
         this._noteProblem(`Connection to Relay lost: ${err && err.message}`);
@@ -454,4 +489,4 @@ class Connection {
   }
 }
 
-module.exports = { Connection, Retry, reconnectDelay, retryAfterStatus, retryAfterClose, checkUrl, checkKey, websocketUrl };
+module.exports = { Connection, Retry, tlsFailure, reconnectDelay, retryAfterStatus, retryAfterClose, checkUrl, checkKey, websocketUrl };
