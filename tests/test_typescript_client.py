@@ -715,3 +715,33 @@ setTimeout(async () => {
         (warning, stopped) = report["lines"]
         assert warning.startswith(problem) and warning.endswith("; reconnecting"), report
         assert stopped == "relay client: connection to Relay stopped", report
+
+
+def test_every_line_the_client_logs_starts_relay_client() -> None:
+    """ "Alert: ...", "Exception encountered ..." and "Skipping retention ..." had no `relay client:`."""
+    got = run_client_script(r"""
+const { Handlers } = require('./lib/handlers');
+const lines = [];
+const log = {};
+for (const level of ['debug', 'info', 'warn', 'error']) log[level] = (m) => lines.push(m);
+const handlers = new Handlers({ executorId: 'e1', log });
+const ask = async (frame) => JSON.parse(await handlers.answer(JSON.stringify(frame)));
+(async () => {
+  // DBOS is not launched here: no alert handler, and every DBOS call throws.
+  await ask({ type: 'alert', request_id: 'a', name: 'n', message: 'm', metadata: { k: 'v' } });
+  const failed = await ask({ type: 'list_workflows', request_id: 'l', body: {} });
+  // A round, and another while it runs (started back to back: the first has not ended yet).
+  handlers.ctx.retention.start({ gc_cutoff_epoch_ms: 1 });
+  handlers.ctx.retention.start({ gc_cutoff_epoch_ms: 1 });
+  await handlers.ctx.retention.join(5000);
+  console.log(JSON.stringify({ lines, failed }));
+})();
+""")
+    lines = got["lines"]
+    assert lines and all(line.startswith("relay client: ") for line in lines), lines
+    assert lines[0] == 'relay client: Alert: n | Message: m | Metadata: {"k":"v"}', lines
+    assert lines[1].startswith("relay client: Exception encountered when listing workflows: "), lines
+    assert "relay client: Skipping retention: the previous round on this executor is still running." in lines
+    assert any(line.startswith("relay client: Exception encountered during enforcing retention") for line in lines)
+    # What Relay reads is worded as the SDK's client words it.
+    assert got["failed"]["error_message"].startswith("Exception encountered when listing workflows: "), got

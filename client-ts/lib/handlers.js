@@ -254,7 +254,7 @@ route('alert', unsuccessful, 'processing alert', async (f, ctx) => {
   if (handler) {
     await handler(name, message, metadata);
   } else {
-    ctx.log.info(`Alert: ${name} | Message: ${message} | Metadata: ${JSON.stringify(metadata)}`);
+    ctx.log.info(`relay client: Alert: ${name} | Message: ${message} | Metadata: ${JSON.stringify(metadata)}`);
   }
   return { success: true };
 });
@@ -594,8 +594,9 @@ class Handlers {
         this.ctx.log.warn(`relay client: malformed request from Relay: ${err.message}`);
         return dumps({ ...head, error_message: err.message });
       }
+      // The reply's text as the SDK's client words it; the log line as the client's own, `relay client:`.
       const message = `Exception encountered when ${handler.what}: ${err && err.stack ? err.stack : err}`;
-      this.ctx.log.error(message);
+      this.ctx.log.error(`relay client: ${message}`);
       return dumps({ ...head, ...handler.failed, error_message: message });
     }
   }

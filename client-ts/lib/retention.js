@@ -140,7 +140,7 @@ class Retention {
   /** Start a round; false (and nothing started) if the previous one is still running. */
   start(body) {
     if (this.round !== null) {
-      this.log.warn('Skipping retention: the previous round on this executor is still running.');
+      this.log.warn('relay client: Skipping retention: the previous round on this executor is still running.');
       return false;
     }
     this.round = this._run(body).finally(() => {
@@ -166,10 +166,11 @@ class Retention {
     } catch (err) {
       if (this.stopping()) {
         // Shutdown took DBOS away in the middle of a batch; the next round does the rest.
-        this.log.debug?.('Retention interrupted by shutdown');
+        this.log.debug?.('relay client: retention interrupted by shutdown');
         return;
       }
-      this.log.error(`Exception encountered during enforcing retention policy: ${err && err.stack ? err.stack : err}`);
+      const shown = err && err.stack ? err.stack : err;
+      this.log.error(`relay client: Exception encountered during enforcing retention policy: ${shown}`);
     }
   }
 }
