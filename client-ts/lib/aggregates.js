@@ -22,6 +22,7 @@ class TooManyRows extends Error {}
 const iso = (ms) => new Date(ms).toISOString();
 const epochMs = (text) => new Date(text).getTime();
 
+/** `input`, its undefined members deleted: an option not given is left out, not given as undefined. */
 function defined(input) {
   for (const key of Object.keys(input)) if (input[key] === undefined) delete input[key];
   return input;
@@ -230,5 +231,5 @@ async function workflowStepCounts(startTime, endTime, applicationName) {
 }
 
 module.exports = {
-  workflowAggregates, stepAggregates, workflowStepCounts, TooManyRows, MAX_WORKFLOWS, MAX_STEP_WORKFLOWS,
+  workflowAggregates, stepAggregates, workflowStepCounts, TooManyRows, MAX_WORKFLOWS, MAX_STEP_WORKFLOWS, defined,
 };

@@ -30,6 +30,8 @@ const { randomUUID } = require('node:crypto');
 const { Retention } = require('./retention');
 const aggregates = require('./aggregates');
 
+const { defined } = aggregates;
+
 const UNKNOWN_TYPE = 'Unknown message type';
 
 class BadRequest extends Error {}
@@ -131,7 +133,7 @@ function workflowsInput(b) {
     applicationName: strOrList(b, 'application_name', OPTIONAL), // [] is every application's, as DBOS reads it
   };
   if (bool(b, 'queues_only', false)) input.queuesOnly = true;
-  for (const key of Object.keys(input)) if (input[key] === undefined) delete input[key];
+  defined(input);
   return input;
 }
 
@@ -279,7 +281,7 @@ route('get_workflow', { output: null }, 'getting workflow', async (f) => {
 route('list_steps', { output: null }, 'listing steps', async (f) => {
   const loadOutput = bool(f, 'load_output', true);
   const options = { limit: int(f, 'limit', OPTIONAL), offset: int(f, 'offset', OPTIONAL) };
-  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  defined(options);
   const steps = await DBOS.listWorkflowSteps(str(f, 'workflow_id'), options);
   return { output: steps === undefined ? null : steps.map((s) => stepOutput(s, loadOutput)) };
 });
@@ -308,7 +310,7 @@ route('fork_workflow', { new_workflow_id: null }, 'forking workflow', async (f) 
     queueName: str(b, 'queue_name', OPTIONAL),
     queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
   };
-  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  defined(options);
   const handle = await DBOS.forkWorkflow(str(b, 'workflow_id'), int(b, 'start_step'), options);
   return { new_workflow_id: handle.workflowID };
 });
@@ -340,7 +342,7 @@ route('fork_from_failure', { forked_workflow_ids: null }, 'bulk forking workflow
     queueName: str(b, 'queue_name', OPTIONAL),
     queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
   };
-  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  defined(options);
   const modes = [fromLastFailure, fromLastStep, fromStep !== undefined, fromStepName !== undefined];
   if (modes.filter(Boolean).length !== 1) {
     throw new Error('Exactly one of from_last_failure, from_last_step, from_step, or from_step_name must be specified');
@@ -363,7 +365,7 @@ route('rewind_workflow', unsuccessful, 'rewinding workflow', async (f) => {
     queueName: str(b, 'queue_name', OPTIONAL),
     queuePartitionKey: str(b, 'queue_partition_key', OPTIONAL),
   };
-  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  defined(options);
   await DBOS.rewindWorkflow(str(b, 'workflow_id'), options);
   return { success: true };
 });
@@ -408,7 +410,7 @@ route('list_schedules', { output: [] }, 'listing schedules', async (f) => {
     scheduleNamePrefix: filter(strOrList(b, 'schedule_name_prefix', OPTIONAL)),
     applicationName: strOrList(b, 'application_name', OPTIONAL), // [] is every application's, as DBOS reads it
   };
-  for (const key of Object.keys(filters)) if (filters[key] === undefined) delete filters[key];
+  defined(filters);
   const loadContext = bool(b, 'load_context', true);
   return { output: (await DBOS.listSchedules(filters)).map((s) => scheduleOutput(s, loadContext)) };
 });
