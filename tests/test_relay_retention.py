@@ -169,24 +169,33 @@ def test_a_send_to_a_peer_that_stopped_reading_times_out_and_drops_it() -> None:
     assert 0.3 <= waited < 1.0 and aborted
 
 
+async def _long_lived_executor_in_recovery(
+    db: Database, instance: str
+) -> tuple[Lease, ExecutorStore, ExecutorKey, int]:
+    """An executor that stayed connected (through ``instance``) for 40 days, its id last presented
+    then, and died just now: its recovery sent. Returns the lease held, the store, its key and epoch."""
+    await db.migrate()
+    await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+    lease = Lease(db, "ids-test", 30)
+    await lease.acquire()
+    store = ExecutorStore(db)
+    key = ExecutorKey("acme", "ledger", "long-lived")
+    info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+    connected = await store.connected(Handshake(key, info, instance, "key"))
+    async with db.connection() as conn:
+        await conn.execute("UPDATE executor_ids SET last_seen_at = now() - interval '40 days'")
+    assert await store.lost(key, connected.epoch, instance)
+    for event in (E.GRACE_EXPIRED, E.RECOVERY_SENT):
+        assert await store.apply(key, event, epoch=connected.epoch)
+    return lease, store, key, connected.epoch
+
+
 async def _an_id_connected_long_ago_whose_record_was_just_deleted(url: str) -> tuple[dict[str, bool], int]:
     db = Database(url)
     await db.open()
     try:
-        await db.migrate()
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
-        lease = Lease(db, "ids-test", 30)
-        await lease.acquire()
-        store = ExecutorStore(db)
-        key = ExecutorKey("acme", "ledger", "long-lived")
-        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
-        connected = await store.connected(Handshake(key, info, "ids-test", "key"))
-        # It stayed connected for 40 days (its id was last presented then), then died just now.
-        async with db.connection() as conn:
-            await conn.execute("UPDATE executor_ids SET last_seen_at = now() - interval '40 days'")
-        assert await store.lost(key, connected.epoch, "ids-test")
-        for event in (E.GRACE_EXPIRED, E.RECOVERY_SENT, E.RECOVERED):  # its recovery, verified: record deleted
-            assert await store.apply(key, event, epoch=connected.epoch)
+        lease, store, key, epoch = await _long_lived_executor_in_recovery(db, "ids-test")
+        assert await store.apply(key, E.RECOVERED, epoch=epoch)  # its recovery, verified: record deleted
         pruned = await RetentionStore(db).prune(RetentionConfig(executor_ids_days=30))
         gone = await store.gone("acme", "ledger", [key.executor_id])
         await lease.stop()
@@ -244,26 +253,15 @@ async def _an_id_whose_record_an_instance_of_the_previous_stop_deleted(url: str)
     db = Database(url)
     await db.open()
     try:
-        await db.migrate()  # this code's instance migrated the database (to 19) and runs beside it
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
-        lease = Lease(db, "ids-test", 30)
-        await lease.acquire()
-        store = ExecutorStore(db)
-        key = ExecutorKey("acme", "ledger", "long-lived")
-        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
-        connected = await store.connected(Handshake(key, info, "old-instance", "key"))
-        async with db.connection() as conn:
-            await conn.execute("UPDATE executor_ids SET last_seen_at = now() - interval '40 days'")
-        assert await store.lost(key, connected.epoch, "old-instance")
-        for event in (E.GRACE_EXPIRED, E.RECOVERY_SENT):
-            assert await store.apply(key, event, epoch=connected.epoch)
+        # This code's instance migrated the database (to 19) and runs beside the old one.
+        lease, store, key, epoch = await _long_lived_executor_in_recovery(db, "old-instance")
         async with db.transaction() as conn:
             # Its recovery verified on an instance of the previous stop (schema 17, which the floor lets
             # run on 19): its record deleted and audited as that code does, its id not marked seen.
             cur = await conn.execute(
                 """DELETE FROM executors WHERE org = 'acme' AND app = 'ledger' AND executor_id = %s
                    AND state = 'RECOVERING' AND epoch = %s""",
-                (key.executor_id, connected.epoch),
+                (key.executor_id, epoch),
             )
             assert cur.rowcount == 1
             await conn.execute(
