@@ -130,7 +130,7 @@ class SystemDatabase:
 
 
 def ms_iso(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @pytest.fixture(scope="module")

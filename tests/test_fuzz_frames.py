@@ -386,7 +386,7 @@ async def still_served(fuzz: Fuzz, fuzzer: FuzzingExecutor, executor_id: str) ->
     response, _ = await fuzz.ask_workflows(fuzzer, executor_id, [VALID_ANSWER])
     assert response.status_code == 200, response.text
     assert [w["workflowId"] for w in response.json()] == ["wf-1"]
-    assert response.json()[0]["createdAt"] == "2026-01-01T00:00:00Z"
+    assert response.json()[0]["createdAt"] == "2026-01-01T00:00:00.000Z"
 
 
 async def send_unsolicited(fuzzer: FuzzingExecutor, frames: Sequence[Any]) -> Ending:

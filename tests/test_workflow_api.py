@@ -124,7 +124,7 @@ def ms(text: str | None) -> int | None:
 
 
 def iso(epoch_ms: float) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def unpickled(value: str) -> str:

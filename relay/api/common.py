@@ -74,14 +74,6 @@ def iso(ts: datetime | None) -> str | None:
     return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def epoch_ms_iso(value: object) -> str | None:
-    """The SDK sends workflow times as epoch milliseconds in a string."""
-    try:
-        return iso(datetime.fromtimestamp(int(str(value)) / 1000, UTC))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return None
-
-
 class DecodedRoute(APIRoute):
     """A route whose path parameters are decoded once, when the route matches.
 

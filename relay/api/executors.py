@@ -21,10 +21,9 @@ from relay.api.common import (
     Page,
     PathId,
     actor,
-    epoch_ms_iso,
     iso,
 )
-from relay.api.shapes import WORKFLOW_STATUSES, Shape, one_of
+from relay.api.shapes import WORKFLOW_STATUSES, Shape, ms_iso, one_of
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
 from relay.errors import (
@@ -190,8 +189,8 @@ async def get_executor_workflows(
             queueName=w.queue_name,
             applicationVersion=w.application_version,
             executorId=w.executor_id,
-            createdAt=epoch_ms_iso(w.created_at),
-            updatedAt=epoch_ms_iso(w.updated_at),
+            createdAt=ms_iso(w.created_at),
+            updatedAt=ms_iso(w.updated_at),
         )
         for w in reply.output
     ]

@@ -59,11 +59,12 @@ _EPOCH = datetime(1970, 1, 1)
 def ms_iso(value: str | int | None) -> str | None:
     """Epoch milliseconds (a number, or a number in a string) as ISO 8601 UTC; None if absent, not a
     number, or outside the years 1 to 9999. Exact: no trip through a float, which far from 1970 is
-    off by microseconds."""
+    off by microseconds. Always three fraction digits, as JavaScript's ``toISOString`` writes them:
+    a whole second is ``.000``, so the strings sort as the times do."""
     if value is None:
         return None
     try:
-        return (_EPOCH + timedelta(milliseconds=int(value))).isoformat() + "Z"
+        return (_EPOCH + timedelta(milliseconds=int(value))).isoformat(timespec="milliseconds") + "Z"
     except (TypeError, ValueError, OverflowError):
         return None
 
