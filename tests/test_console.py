@@ -171,10 +171,10 @@ defaults
     timeout server 60s
 frontend public
     bind 127.0.0.1:{port}
-    http-request deny deny_status 404 unless {{ path_beg /relay/ }}
+    http-request deny deny_status 404 unless {{ path_beg /{prefix}/ }}
     default_backend relay
 backend relay
-    http-request replace-path /relay(/.*) \\1
+    http-request replace-path /{prefix}(/.*) \\1
     server relay 127.0.0.1:{relay_port}
 """
 
@@ -183,25 +183,50 @@ def test_the_console_and_the_api_browser_work_under_a_path_prefix(world: World, 
     """A platform team serving Relay at ``/relay/`` of a shared host, behind a reverse proxy that
     takes the prefix off (haproxy here): the console read its files and the API from the host's
     root, none of which the proxy serves, and showed nothing. Everything it reads is below the
-    prefix now, the event stream included; so is the API browser's document."""
-    port = free_port()
-    proxy = Haproxy(PREFIX_PROXY.format(port=port, relay_port=world.relay.port), port, world.workdir / "prefix.log")
+    prefix now, the event stream included; so are the API browser's document and the calls of its
+    "Try it out", which would otherwise go to the host's root."""
+    proxy = prefix_proxy(world, "relay")
     paths: list[str] = []
     page.on("request", lambda r: paths.append(urlsplit(r.url).path))
     try:
-        sign_in(page, f"http://127.0.0.1:{port}/relay", "acme", API_KEYS["acme"])
+        sign_in(page, f"http://127.0.0.1:{proxy.port}/relay", "acme", API_KEYS["acme"])
         expect(page.locator("#live")).to_have_text("Live")  # the event stream, through the prefix
         expect(page.get_by_role("row", name="payments")).to_contain_text("v1: 1 healthy")
-        page.goto(f"http://127.0.0.1:{port}/relay/docs")
-        expect(page.get_by_role("heading", name=re.compile("Relay"))).to_be_visible()
-        # "Try it out" calls the page's origin at the document's paths: they go below the prefix.
-        tried = page.evaluate(
-            "window.ui.getConfigs().requestInterceptor({url: location.origin + '/v2/orgs/acme/apps'}).url"
-        )
-        assert urlsplit(tried).path == "/relay/v2/orgs/acme/apps"
+        try_whoami_in_the_api_browser(page, f"http://127.0.0.1:{proxy.port}/relay")
     finally:
         proxy.stop()
     assert paths and all(p.startswith("/relay/") for p in paths), paths
+
+
+def prefix_proxy(world: World, prefix: str) -> Haproxy:
+    """haproxy on 127.0.0.1:``proxy.port``, serving the world's Relay below ``/{prefix}/`` and
+    taking the prefix off."""
+    port = free_port()
+    config = PREFIX_PROXY.format(port=port, relay_port=world.relay.port, prefix=prefix)
+    return Haproxy(config, port, world.workdir / f"prefix-{prefix}.log")
+
+
+def try_whoami_in_the_api_browser(page: Page, base: str) -> None:
+    """In the API browser at ``{base}/docs``, as an operator: Authorize with the key, "Try it out"
+    on GET /v2/orgs/{org}/whoami, Execute. The call goes to ``{base}/v2/orgs/acme/whoami`` and is
+    answered 200, as the page shows."""
+    page.goto(f"{base}/docs")
+    expect(page.get_by_role("heading", name=re.compile("Relay"))).to_be_visible()
+    page.locator("button.authorize").first.click()
+    page.get_by_label("auth-bearer-value").fill(API_KEYS["acme"])
+    page.locator(".auth-btn-wrapper button.authorize").click()
+    page.get_by_role("button", name="Close").click()
+    whoami = page.locator("#operations-org-whoami_v2_orgs__org__whoami_get")
+    whoami.locator(".opblock-summary-control").click()
+    whoami.get_by_role("button", name="Try it out").click()
+    whoami.get_by_placeholder("org").fill("acme")
+    with page.expect_response(lambda r: r.request.method == "GET" and "/whoami" in r.url) as executed:
+        whoami.get_by_role("button", name="Execute").click()
+    assert executed.value.url == f"{base}/v2/orgs/acme/whoami", executed.value.url
+    assert executed.value.status == 200, executed.value.text()
+    assert executed.value.json()["org"] == "acme", executed.value.text()
+    expect(whoami.locator(".request-url")).to_contain_text(f"{base}/v2/orgs/acme/whoami")
+    expect(whoami.locator(".live-responses-table tbody .response-col_status")).to_have_text("200")
 
 
 def test_a_key_renamed_while_signed_in_is_shown_by_its_new_name(world: World, page: Page) -> None:
