@@ -198,6 +198,19 @@ def test_the_console_and_the_api_browser_work_under_a_path_prefix(world: World, 
     assert paths and all(p.startswith("/relay/") for p in paths), paths
 
 
+def test_the_api_browsers_try_it_out_goes_below_a_prefix_the_apis_paths_also_start_with(
+    world: World, page: Page
+) -> None:
+    """Relay served at ``/v2/`` of a host: "Try it out" took the API's own ``/v2/orgs/...`` for a
+    path already below the prefix, so the call went to the host's ``/v2/orgs/...`` (the proxy
+    passed ``/orgs/...`` on, a 404). Every call of the API browser goes below the prefix."""
+    proxy = prefix_proxy(world, "v2")
+    try:
+        try_whoami_in_the_api_browser(page, f"http://127.0.0.1:{proxy.port}/v2")
+    finally:
+        proxy.stop()
+
+
 def prefix_proxy(world: World, prefix: str) -> Haproxy:
     """haproxy on 127.0.0.1:``proxy.port``, serving the world's Relay below ``/{prefix}/`` and
     taking the prefix off."""

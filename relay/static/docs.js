@@ -14,9 +14,11 @@ window.addEventListener("DOMContentLoaded", () => {
     validatorUrl: null,
     persistAuthorization: false,
     requestInterceptor: (req) => {
-      // Calls of "Try it out" are made to the page's origin: put the prefix in front of the path.
+      // Calls of "Try it out" are made to the page's origin at the API's paths: put the prefix in
+      // front of each, even one the API's paths also start with (Relay served at /v2/). The
+      // fetch of the document itself (loadSpec) is relative to the page already.
       const url = new URL(req.url, location.href);
-      if (prefix && url.origin === location.origin && !url.pathname.startsWith(`${prefix}/`)) {
+      if (prefix && !req.loadSpec && url.origin === location.origin) {
         url.pathname = prefix + url.pathname;
         req.url = url.toString();
       }
