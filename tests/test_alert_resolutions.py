@@ -462,3 +462,58 @@ def test_deaths_whose_ends_are_written_after_their_rules_removal_began_are_resol
     assert sorted(r.resolves or "" for r in resolutions) == sorted(a.idempotency_key for a in alerts), resolutions
     ended = {r.subject["executorId"]: r.metadata["ended"] for r in resolutions}
     assert ended == {"ending": "recovered", "back": "connected_again"}, ended
+
+
+async def waiting_for_locks(conn: psycopg.AsyncConnection[Any], n: int, *tasks: asyncio.Task[Any]) -> None:
+    """Until ``n`` sessions wait for a lock (each of ``tasks`` still running)."""
+    deadline = time.monotonic() + 10
+    while True:
+        cur = await conn.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+        row = await cur.fetchone()
+        if row is not None and row[0] >= n:
+            return
+        assert time.monotonic() < deadline, f"fewer than {n} sessions ever waited for a lock"
+        for task in tasks:
+            assert not task.done(), f"{task.get_name()} ended before it waited: {task}"
+        await asyncio.sleep(0.01)
+
+
+def test_an_app_deleted_while_relay_yaml_takes_its_rules_out_deletes_it_and_syncs_without_a_deadlock(
+    relay_db: str,
+) -> None:
+    """App ledger is taken out of relay.yaml (its two rules with it) and, while a starting instance's
+    sync removes those rules, an operator deletes the app. The sync locked relay.yaml's rules by their
+    creation, the app's deletion by id: with the rule added later having the smaller id, each held one
+    rule and waited for the other, and PostgreSQL failed one of them (the DELETE answered 503, or the
+    instance failed to start). Both lock by id now: one waits for the other, and both succeed. Another
+    session holds the first rule meanwhile, so that both are under way when it lets go."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": secs} for secs in (0, 1)]
+    without = alert_config(free_port(), [])
+    without["orgs"][0]["apps"] = [{"name": "other"}]
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Any], int, list[str]]:
+        config = RelayConfig.model_validate(without)
+        ids = sorted(r.id for r in await store.rules_of(frozenset(Kind)))
+        async with db.transaction() as conn:  # the rule of the larger id came first, at an earlier start
+            await conn.execute("UPDATE alert_rules SET created_at = now() - interval '1 day' WHERE id = %s", (ids[1],))
+        await AppStore(db).sync_config(config)  # ledger is no longer the file's: it may be deleted
+        operator = Operator(db, AppStore(db), ExecutorStore(db), None, None)  # type: ignore[arg-type]
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM alert_rules WHERE id = %s FOR UPDATE", (ids[0],))
+                deleting = asyncio.create_task(operator.delete_app("acme", "ledger", "api:ops"), name="delete")
+                await waiting_for_locks(holder, 1, deleting)
+                syncing = asyncio.create_task(store.sync_config(config), name="sync")
+                await waiting_for_locks(holder, 2, deleting, syncing)
+            outcomes = await asyncio.gather(deleting, syncing, return_exceptions=True)
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT count(*) AS n FROM apps WHERE org = 'acme' AND name = 'ledger'")
+            row = await cur.fetchone()
+            cur = await conn.execute("SELECT id FROM alert_rules_removed ORDER BY id")
+            removed = [str(r["id"]) for r in await cur.fetchall()]
+        assert removed == ids, "the rules' destinations were not kept for their resolutions"
+        return outcomes, row["n"] if row else -1, removed
+
+    outcomes, ledgers, _ = with_store(relay_db, rules, body)
+    assert outcomes == [None, None], outcomes
+    assert ledgers == 0, "the app was not deleted"

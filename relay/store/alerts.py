@@ -129,12 +129,15 @@ class AlertStore:
         second page for it, and its resolution when it ends), and its deliveries under way go on.
         Rules the file no longer has are deleted, the alerts they left open resolved (:meth:`removing`)."""
         async with self.db.transaction() as conn:
+            # Locked by id, as every path that locks several rules does (:meth:`removing`, an app's
+            # deletion): in order of creation, each of this and an app's deletion could hold a rule
+            # the other waited for, and PostgreSQL failed one of them. Read in order of creation.
             cur = await conn.execute(
-                """SELECT id, org, app, kind, params, min_interval_secs FROM alert_rules
-                   WHERE source = 'config' ORDER BY created_at, id FOR UPDATE"""
+                """SELECT id, org, app, kind, params, min_interval_secs, created_at FROM alert_rules
+                   WHERE source = 'config' ORDER BY id FOR UPDATE"""
             )
             held: dict[Identity, list[str]] = {}
-            rows = await cur.fetchall()
+            rows = sorted(await cur.fetchall(), key=lambda r: (r["created_at"], r["id"]))
             # Every id the file's rules hold now: an id drawn anew must be none of them (the id an
             # edited rule kept was drawn from its earlier parameters, which a rule added back has).
             taken = {str(r["id"]) for r in rows}
@@ -248,7 +251,7 @@ class AlertStore:
             return
         await conn.execute(
             f"""INSERT INTO alert_rules_removed ({_COLUMNS}, removed_why)
-                SELECT {_COLUMNS}, %s FROM alert_rules WHERE id = ANY(%s)
+                SELECT {_COLUMNS}, %s FROM alert_rules WHERE id = ANY(%s) ORDER BY id
                 ON CONFLICT (id) DO UPDATE SET org = EXCLUDED.org, app = EXCLUDED.app, kind = EXCLUDED.kind,
                     params = EXCLUDED.params, min_interval_secs = EXCLUDED.min_interval_secs,
                     webhook_url = EXCLUDED.webhook_url, secret = EXCLUDED.secret, format = EXCLUDED.format,
