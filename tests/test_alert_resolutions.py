@@ -26,7 +26,7 @@ from relay.domain.alerts import AlertSender
 from relay.domain.operator import Operator
 from relay.errors import Conflict
 from relay.net.webhook import WebhookSender
-from relay.store.alerts import AlertStore
+from relay.store.alerts import AlertStore, config_rule_id
 from relay.store.apps import AppStore
 from relay.store.audit import audit_executor
 from relay.store.db import Database
@@ -517,3 +517,31 @@ def test_an_app_deleted_while_relay_yaml_takes_its_rules_out_deletes_it_and_sync
     outcomes, ledgers, _ = with_store(relay_db, rules, body)
     assert outcomes == [None, None], outcomes
     assert ledgers == 0, "the app was not deleted"
+
+
+def test_two_instances_starting_with_relay_yaml_rules_in_another_order_both_start(relay_db: str) -> None:
+    """Two instances start at once, their files listing the same two new rules in another order (a
+    file being rolled out). Each inserted the rules in its file's order and waited for the other's
+    insert of the second: PostgreSQL failed one, and that instance did not start. The syncs take
+    turns now. Another session's insert of the first rule, rolled back, holds both up meanwhile."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": secs} for secs in (0, 1)]
+    configs = [RelayConfig.model_validate(alert_config(free_port(), order)) for order in (rules, rules[::-1])]
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Any], list[str]]:
+        first = config_rule_id("acme", "ledger", configs[0].orgs[0].apps[0].alerts[0])
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction(force_rollback=True):
+                await holder.execute(
+                    """INSERT INTO alert_rules (id, org, app, kind, min_interval_secs, webhook_url, source)
+                       VALUES (%s, 'acme', 'ledger', 'ExecutorDead', 0, 'http://127.0.0.1:9/', 'config')""",
+                    (first,),
+                )
+                syncs = [asyncio.create_task(store.sync_config(c), name=f"sync {n}") for n, c in enumerate(configs)]
+                await waiting_for_locks(holder, 1, *syncs)
+                await waiting_for_locks(holder, 2, *syncs)
+            outcomes = await asyncio.gather(*syncs, return_exceptions=True)
+        return outcomes, sorted(r.id for r in await store.rules_of(frozenset(Kind)))
+
+    outcomes, ids = with_store(relay_db, [], body)
+    assert outcomes == [None, None], outcomes
+    assert len(ids) == 2, ids

@@ -55,6 +55,8 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 # How far back the alert poll reads for a transaction still open (AlertStore.open_since): Relay's
 # own are short; an instance paused inside one for longer than this loses its entries' alerts.
 OPEN_SINCE_MAX_SECS = 3600.0
+# The advisory lock of :meth:`AlertStore.sync_config` (relay.store.keys and the migrations have their own).
+CONFIG_RULES_LOCK_KEY = 7_215_420_113_003
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,9 @@ class AlertStore:
         second page for it, and its resolution when it ends), and its deliveries under way go on.
         Rules the file no longer has are deleted, the alerts they left open resolved (:meth:`removing`)."""
         async with self.db.transaction() as conn:
+            # One instance's sync at a time: two inserting the same new rules in another order (their
+            # files list them so) each waited for the other's, and one failed to start.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (CONFIG_RULES_LOCK_KEY,))
             # Locked by id, as every path that locks several rules does (:meth:`removing`, an app's
             # deletion): in order of creation, each of this and an app's deletion could hold a rule
             # the other waited for, and PostgreSQL failed one of them. Read in order of creation.
