@@ -545,3 +545,44 @@ def test_two_instances_starting_with_relay_yaml_rules_in_another_order_both_star
     outcomes, ids = with_store(relay_db, [], body)
     assert outcomes == [None, None], outcomes
     assert len(ids) == 2, ids
+
+
+def test_an_app_relay_yaml_lists_again_while_it_is_deleted_is_registered_again(relay_db: str) -> None:
+    """An operator deletes app ledger, no longer in relay.yaml, as an instance starts with a file that
+    lists it again. The deletion read that the file did not list the app, then the sync listed it,
+    then the deletion went on: the app the file lists was gone (and the file's rules with it) until
+    the next start. The deletion locks the app's row before it reads: the sync waits for it, then
+    registers the app again. Another session holds the app's rule meanwhile."""
+    with_ledger = alert_config(free_port(), [])
+    without = {**with_ledger, "orgs": [{**with_ledger["orgs"][0], "apps": [{"name": "other"}]}]}
+
+    async def body(db: Database, store: AlertStore) -> tuple[Any, list[Any]]:
+        apps = AppStore(db)
+        await apps.sync_config(RelayConfig.model_validate(without))
+        async with db.transaction() as conn:
+            await store.create(conn, {
+                "id": "api-rule", "org": "acme", "app": "ledger", "kind": "ExecutorDead", "params": {},
+                "min_interval_secs": 0, "webhook_url": "http://127.0.0.1:9/", "secret": None, "format": "json",
+                "receiver_app": None, "created_by": "test"})  # fmt: skip
+        operator = Operator(db, apps, ExecutorStore(db), None, None)  # type: ignore[arg-type]
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM alert_rules WHERE id = 'api-rule' FOR UPDATE")
+                deleting = asyncio.create_task(operator.delete_app("acme", "ledger", "api:ops"), name="delete")
+                await waiting_for_locks(holder, 1, deleting)
+                syncing = asyncio.create_task(apps.sync_config(RelayConfig.model_validate(with_ledger)))
+                deadline = time.monotonic() + 10
+                while not syncing.done():  # done at once, or waiting for the deletion
+                    cur = await holder.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+                    if ((await cur.fetchone()) or (0,))[0] >= 2:
+                        break
+                    assert time.monotonic() < deadline, "the sync neither ended nor waited"
+                    await asyncio.sleep(0.01)
+            outcomes = await asyncio.gather(deleting, syncing, return_exceptions=True)
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT from_config FROM apps WHERE org = 'acme' AND name = 'ledger'")
+            return outcomes, [r["from_config"] for r in await cur.fetchall()]
+
+    outcomes, ledger = with_store(relay_db, [], body)
+    assert outcomes == [None, None], outcomes
+    assert ledger == [True], "the app relay.yaml lists was deleted"

@@ -61,9 +61,12 @@ class Operator:
         relay.yaml lists (its executors would register it again with default settings, and its
         rules from the file would be gone until the next start)."""
         async with self.db.transaction() as conn:
-            if await self.apps.get(org, app, conn) is None:
+            # The app's row first, then its rules (by id): the order of every path that locks both.
+            # Read unlocked, relay.yaml's sync could list the app after the check, and it was deleted.
+            listed = await self.apps.lock_listed(conn, org, app)
+            if listed is None:
                 raise NotFound(f"no app {app!r} in org {org!r}")
-            if await self.apps.listed_in_config(conn, org, app):
+            if listed:
                 raise Conflict("defined_in_config", f"app {app!r} is listed in relay.yaml; take it out there first")
             # Its alert rules go with it: the alerts they left open are resolved (rolled back with the
             # rest if the app cannot be deleted).

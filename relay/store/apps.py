@@ -266,10 +266,13 @@ class AppStore:
         return cur.rowcount == 1
 
     @staticmethod
-    async def listed_in_config(conn: Conn, org: str, app: str) -> bool:
-        cur = await conn.execute("SELECT from_config FROM apps WHERE org = %s AND name = %s", (org, app))
+    async def lock_listed(conn: Conn, org: str, app: str) -> bool | None:
+        """Lock the app's row for the caller's transaction (which deletes it); whether relay.yaml lists
+        it, None if there is no such app. Locked, a sync of relay.yaml cannot list it meanwhile: the
+        sync waits, and registers it again once it is deleted."""
+        cur = await conn.execute("SELECT from_config FROM apps WHERE org = %s AND name = %s FOR UPDATE", (org, app))
         row = await cur.fetchone()
-        return bool(row and row["from_config"])
+        return None if row is None else bool(row["from_config"])
 
     @staticmethod
     async def delete(conn: Conn, org: str, app: str) -> bool:
