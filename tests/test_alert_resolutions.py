@@ -586,3 +586,28 @@ def test_an_app_relay_yaml_lists_again_while_it_is_deleted_is_registered_again(r
     outcomes, ledger = with_store(relay_db, [], body)
     assert outcomes == [None, None], outcomes
     assert ledger == [True], "the app relay.yaml lists was deleted"
+
+
+def test_two_instances_starting_with_relay_yaml_apps_in_another_order_both_start(relay_db: str) -> None:
+    """Two instances start at once, their files listing apps ledger and shop in another order. Each
+    marked the apps in its file's order and waited for the other's second: PostgreSQL failed one,
+    and that instance did not start. The syncs take turns now. Another session holds the first app
+    meanwhile, so that both are under way when it lets go."""
+    files = []
+    for names in (["ledger", "shop"], ["shop", "ledger"]):
+        config = alert_config(free_port(), [])
+        files.append({**config, "orgs": [{**config["orgs"][0], "apps": [{"name": n} for n in names]}]})
+    configs = [RelayConfig.model_validate(f) for f in files]
+
+    async def body(db: Database, store: AlertStore) -> list[Any]:
+        apps = AppStore(db)
+        await apps.sync_config(configs[0])
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM apps WHERE org = 'acme' AND name = 'ledger' FOR UPDATE")
+                syncs = [asyncio.create_task(apps.sync_config(c), name=f"sync {n}") for n, c in enumerate(configs)]
+                await waiting_for_locks(holder, 1, *syncs)
+                await waiting_for_locks(holder, 2, *syncs)
+            return await asyncio.gather(*syncs, return_exceptions=True)
+
+    assert with_store(relay_db, [], body) == [None, None]

@@ -22,6 +22,8 @@ from relay.store.db import Database
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 log = logging.getLogger("relay.apps")
+# The advisory lock of :meth:`AppStore.sync_config` (relay.store.keys and relay.store.alerts have their own).
+APPS_LOCK_KEY = 7_215_420_113_004
 # The settings relay.yaml gives an app, in sync_config's order, as the file names them.
 SETTING_NAMES = (
     "executorTimeoutSecs",
@@ -105,6 +107,10 @@ class AppStore:
         an app taken out of the file loses it, as a key taken out of the file is removed.
         """
         async with self.db.connection() as conn, conn.transaction():
+            # One instance's sync at a time: two whose files list the apps in another order (or not the
+            # same apps: a file being rolled out) each locked an app the other waited for, and one
+            # failed to start.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPS_LOCK_KEY,))
             for org in config.orgs:
                 await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
                 for app in org.apps:
