@@ -31,6 +31,7 @@ from relay.store.apps import AppStore
 from relay.store.audit import audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
+from relay.store.migrations import MIGRATIONS
 from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.test_alerts import (
@@ -45,6 +46,7 @@ from tests.test_alerts import (
     wait_entries_aged,
     with_store,
 )
+from tests.test_migration_indexes import migrate
 from workflows.alerts import AlertLoops, due_alerts
 
 StartRelay = Callable[..., RelayProcess]
@@ -611,3 +613,76 @@ def test_two_instances_starting_with_relay_yaml_apps_in_another_order_both_start
             return await asyncio.gather(*syncs, return_exceptions=True)
 
     assert with_store(relay_db, [], body) == [None, None]
+
+
+def test_a_rule_put_back_and_taken_out_again_resolves_a_long_death_once(relay_db: str) -> None:
+    """An ExecutorDead rule is taken out of relay.yaml while the death it alerted goes on (resolved:
+    ``rule_removed``), put back (it draws the same id), and, once relayWorkflowsDays and auditDays
+    have passed, taken out again before the death ends. The second removal found the alert open
+    again (its ``alert.resolved`` pruned), and the death's end resolved it once more under the same
+    key (Relay's workflow of the first resolution pruned): three resolutions of one incident. The
+    alert's row says it was resolved: one resolution."""
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS, relay_workflows_days=SHORT_AUDIT_DAYS)
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
+        with_rule = RelayConfig.model_validate(alert_config(free_port(), rules))
+        without = RelayConfig.model_validate(alert_config(free_port(), []))
+        sender = sender_to(None)
+
+        async def poll_and_deliver(store: AlertStore) -> None:
+            loops, recorded = recording(store)  # a poll that remembers starting nothing: DBOS forgot
+            for _ in range(2):
+                await loops.poll_events()
+            for alert in recorded:
+                await deliver(store, sender, alert)
+
+        async def body(db: Database, store: AlertStore) -> tuple[str, list[str]]:
+            sender.store = store
+            epoch = await declared_dead(db, "stuck")
+            await poll_and_deliver(store)  # the alert
+            (rule,) = await store.rules_of(frozenset({Kind.EXECUTOR_DEAD}))
+            await store.sync_config(without)
+            await poll_and_deliver(store)  # its resolution: the rule was removed
+            await store.sync_config(with_rule)
+            assert [r.id for r in await store.rules_of(frozenset({Kind.EXECUTOR_DEAD}))] == [rule.id]
+            await wait_entries_aged(db, "alert.resolved")
+            await RetentionStore(db).prune(settings)  # the entry and the removed rule's row go
+            await store.sync_config(without)  # taken out again
+            await poll_and_deliver(store)
+            await recovered(db, "stuck", epoch)  # the death ends
+            await poll_and_deliver(store)
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT dedupe_key FROM audit_log WHERE action = 'alert.resolved'")
+                return rule.id, [str(r["dedupe_key"]) for r in await cur.fetchall()]
+
+        try:
+            rule_id, entries = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    alert, *resolutions = receiver.payloads("ExecutorDead")
+    assert alert["idempotencyKey"].startswith(f"{rule_id}:stuck:") and "status" not in alert
+    assert [r["resolves"] for r in resolutions] == [alert["idempotencyKey"]], resolutions
+    assert resolutions[0]["metadata"]["ended"] == "rule_removed"
+    assert entries == [], "the removal again wrote a second alert.resolved"
+
+
+def test_the_upgrade_marks_the_alerts_an_earlier_release_resolved(relay_db: str) -> None:
+    """Migration 20: an alert whose ``alert.resolved`` an earlier release wrote (its rule removed
+    while its death went on) is marked resolved, so that its death's end, read by this release, does
+    not resolve it again; an alert with no such entry is not."""
+    assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 19])[-1] == 19
+    with psycopg.connect(relay_db) as conn:
+        for key in ("r:gone:1", "r:open:1"):
+            conn.execute(
+                """INSERT INTO alerts (idempotency_key, rule_id, org, app, kind, subject, status)
+                   VALUES (%s, 'r', 'acme', 'ledger', 'ExecutorDead', %s, 'sent')""",
+                (key, key.split(":")[1]),
+            )
+        conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor, detail, dedupe_key)
+               VALUES ('acme', 'ledger', 'alert.resolved', 'gone', 'relay', '{}', 'alert.resolved:r:gone:1')"""
+        )
+    assert migrate(relay_db) == [m.version for m in MIGRATIONS if m.version > 19]
+    with psycopg.connect(relay_db) as conn:
+        marked = conn.execute("SELECT idempotency_key, resolved_at IS NOT NULL FROM alerts ORDER BY 1").fetchall()
+    assert marked == [("r:gone:1", True), ("r:open:1", False)]

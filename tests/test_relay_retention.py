@@ -236,7 +236,7 @@ async def _upgrade_with_an_id_deleted_by_the_previous_release(url: str) -> dict[
                     (executor_id, deleted),
                 )
         db_module.MIGRATIONS = saved
-        assert await db.migrate() == [19]
+        assert await db.migrate() == [m.version for m in MIGRATIONS if m.version >= 19]
         await RetentionStore(db).prune(RetentionConfig(executor_ids_days=30))
         return await ExecutorStore(db).gone("acme", "ledger", ["deleted-lately", "deleted-long-ago"])
     finally:

@@ -464,7 +464,13 @@ class AlertLoops:
         after = max(self._cursor, await self.store.cursor())
         facts = await self.read_facts(after)
         now = time.monotonic()
-        wanted = [a for fact in facts for a in self.alerts_for(fact, rules, removed)]
+        made = [(fact, a) for fact in facts for a in self.alerts_for(fact, rules, removed)]
+        # A death's end resolves no alert resolved already: its rule was removed while the death went
+        # on, and put back (or removed again) since. Its resolution's workflow id is the same, but
+        # DBOS forgets a finished workflow after relayWorkflowsDays, and the death may go on longer.
+        ends = sorted({a.resolves for fact, a in made if a.resolves is not None and fact.action != RESOLVED_ACTION})
+        done = await self.store.resolved(ends) if ends else set()
+        wanted = [a for fact, a in made if fact.action == RESOLVED_ACTION or a.resolves not in done]
         if not self.settings.send_resolutions:
             wanted = [a for a in wanted if a.resolves is None]
         # A death's end makes a resolution for each of its app's death rules: only the alerts fired
@@ -477,8 +483,8 @@ class AlertLoops:
         firing = {a.idempotency_key for a in wanted if a.resolves is None} | {
             wid.removeprefix("alert:") for wid in self._started
         }
-        ends = sorted({a.resolves for a in wanted if a.resolves is not None and Kind(a.kind) in DEATH_KINDS} - firing)
-        fired = firing | (await self.store.fired(ends) if ends else set())
+        ended = sorted({a.resolves for a in wanted if a.resolves is not None and Kind(a.kind) in DEATH_KINDS} - firing)
+        fired = firing | (await self.store.fired(ended) if ended else set())
         found = [
             a
             for a in wanted
@@ -507,9 +513,9 @@ class AlertLoops:
         ends are resolved too, whenever its end was written: the removal resolved only those of
         deaths it found going on, and a death may be over before its end is written (the executor
         connected again; its run writes the final ``recovery.failed`` when it finds out), or end while
-        the removal waits for the rules' rows. One the removal resolved is resolved once: both
-        resolutions have the id ``alert:{key}:resolved``, which DBOS runs once (its workflow is kept
-        as long as the removed rule is)."""
+        the removal waits for the rules' rows. One the removal resolved is resolved once: its row
+        says so (:meth:`poll_events` leaves its death's end out), and an end read before the removal
+        committed makes a resolution of the same id, ``alert:{key}:resolved``, which DBOS runs once."""
         if fact.action == RESOLVED_ACTION:
             resolution = resolution_alert(fact)
             return [] if resolution is None else [resolution]

@@ -246,8 +246,10 @@ class AlertStore:
         reason and ``ended: rule_removed``, for each alert sent (or being sent) whose episode still
         holds (a condition's) or whose death is not over (an ExecutorDead or RecoveryFailed alert: the
         executor is still DEAD or RECOVERING at the death's epoch). Not for an alert that failed or was
-        held back, nor an InstanceAdopted one (it has no end). Written once per alert whatever runs
-        this again (two instances syncing relay.yaml), by the entry's dedupe key."""
+        held back, nor an InstanceAdopted one (it has no end), nor one resolved already (a rule taken
+        out of relay.yaml, put back and taken out again: the first entry may be gone by then). Written
+        once per alert whatever runs this again (two instances syncing relay.yaml), by the entry's
+        dedupe key."""
         cur = await conn.execute(
             f"SELECT {_COLUMNS} FROM alert_rules WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (rule_ids,)
         )
@@ -276,7 +278,7 @@ class AlertStore:
                        JOIN executors e ON e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
                         AND e.state IN ('DEAD', 'RECOVERING')
                         AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch
-                       WHERE a.rule_id = %s AND a.status IN ('sending', 'sent')
+                       WHERE a.rule_id = %s AND a.status IN ('sending', 'sent') AND a.resolved_at IS NULL
                        ORDER BY a.subject""",
                     (rule.id,),
                 )
@@ -473,6 +475,16 @@ class AlertStore:
         )
         for row in await cur.fetchall():
             await _resolved(conn, rule, str(row["subject"]), str(row["idempotency_key"]), over, ended)
+
+    async def resolved(self, keys: list[str]) -> set[str]:
+        """Which of these alerts were resolved already (``alert.resolved`` written for them: their
+        rule removed while their death went on)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s) AND resolved_at IS NOT NULL",
+                (keys,),
+            )
+            return {str(r["idempotency_key"]) for r in await cur.fetchall()}
 
     async def claimed(self, keys: list[str]) -> set[str]:
         """Which of these idempotency keys a delivery has claimed already."""
@@ -676,6 +688,12 @@ async def _resolved(conn: Conn, rule: Rule, subject: str, key: str, over: str | 
     }
     entry = AuditEntry(RESOLVED_ACTION, "relay", detail.get("executorId"), None, detail, f"{RESOLVED_ACTION}:{key}")
     await write_audit(conn, rule.org, rule.app, entry)
+    # On the alert's row too, which outlives the entry and Relay's workflow of the resolution while a
+    # death goes on: its end makes no second resolution (AlertLoops.poll_events), nor does its rule's
+    # removal again (:meth:`AlertStore.removing`).
+    await conn.execute(
+        "UPDATE alerts SET resolved_at = now() WHERE idempotency_key = %s AND resolved_at IS NULL", (key,)
+    )
 
 
 # The statuses of a DBOS workflow that has not finished.

@@ -549,4 +549,17 @@ MIGRATIONS: list[Migration] = [
                           WHERE e.org = x.org AND e.app = x.app AND e.executor_id = x.executor_id);
         """,
     ),
+    Migration(
+        20,
+        """
+        -- When an alert's resolution was made (its ``alert.resolved`` written): the alert's row is
+        -- what outlives Relay's workflow of that resolution (relayWorkflowsDays) and the entry
+        -- (auditDays) while its death goes on, and a death's end, or its rule's removal again,
+        -- resolved a second time an alert its rule's removal had resolved. The alerts resolved
+        -- before are those whose entry is still in the audit log (read by its unique key).
+        ALTER TABLE alerts ADD COLUMN resolved_at timestamptz;
+        UPDATE alerts a SET resolved_at = l.at FROM audit_log l
+        WHERE l.dedupe_key = 'alert.resolved:' || a.idempotency_key;
+        """,
+    ),
 ]
