@@ -17,6 +17,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from workflows.appretention import skip_audit_secs
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -295,7 +296,8 @@ def test_one_apps_round_that_cannot_start_holds_up_no_other_and_a_skip_is_audite
     """A failure to start app aaa's round (the first in order) once skipped every later app's
     round of that interval: ledger had none while aaa's failed. And ledger, with a retention
     setting and no executor, audited ``retention.skipped`` every interval (144 a day at the
-    default); it is audited when the reason changes, every skip counted by the metric."""
+    default); it is audited when the reason changes, and again while the skips go on once its entry is
+    a day old or gone, every skip counted by the metric."""
     settings = config(gcRowsThreshold=10)
     settings["orgs"][0]["apps"].append({"name": "aaa", "gcRowsThreshold": 10})
     relay = start_relay(settings)
@@ -312,6 +314,24 @@ def test_one_apps_round_that_cannot_start_holds_up_no_other_and_a_skip_is_audite
     assert "cannot start 1 retention round(s): relay-app-retention:acme:aaa:" in relay.log()
     assert {status for status, _ in rounds("ledger")} == {"skipped"}
     assert len(audit(relay, "retention.skipped")) == 1  # one reason: no executor
+    # Skipped all along a day later (the entry moved back 25 hours): audited again, once, saying since
+    # when; and at the next round once retention has pruned it. It was never written again, so after
+    # auditDays nothing in the audit log said the app was being skipped.
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute("UPDATE audit_log SET at = at - interval '25 hours' WHERE action = 'retention.skipped'")
+    assert_eventually(lambda: len(audit(relay, "retention.skipped")) == 2, 10, what="the skip audited a day later")
+    again = audit(relay, "retention.skipped")[1]["detail"]
+    with psycopg.connect(relay.database_url) as conn:
+        (began, total), *_ = conn.execute(
+            "SELECT min(sent_at), count(*) FROM app_retention_rounds WHERE app = 'ledger'"
+        )
+    assert again["repeated"] is True and ts(again["skippedSince"]) == began and 3 < again["skippedRounds"] <= total
+    done = len(rounds("ledger"))
+    assert_eventually(lambda: len(rounds("ledger")) >= done + 3, 10, what="more rounds")
+    assert len(audit(relay, "retention.skipped")) == 2, "audited again at every round"
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM audit_log WHERE action = 'retention.skipped'")  # as retention prunes it
+    assert_eventually(lambda: len(audit(relay, "retention.skipped")) == 1, 10, what="the skip audited once pruned")
     # An executor that refuses the request: a new reason, audited once too.
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     with SimulatedPeer(url, "ledger-1", "answer", others="error"):
@@ -327,3 +347,10 @@ def test_one_apps_round_that_cannot_start_holds_up_no_other_and_a_skip_is_audite
             return sum(float(x[len(metric) :]) for x in api.get("/metrics").text.splitlines() if x.startswith(metric))
 
     assert skipped > 3 and assert_eventually(lambda: counted() >= skipped, 5, what="every skip counted")
+
+
+def test_a_skip_that_goes_on_is_audited_again_before_retention_prunes_its_entry() -> None:
+    """Once a day, or at half of auditDays when that is shorter: the entry is written again before
+    retention prunes it."""
+    assert skip_audit_secs(90.0) == 86400.0
+    assert skip_audit_secs(1.0) == 43200.0 and skip_audit_secs(0.01) == 432.0

@@ -15,10 +15,11 @@ remain, how many finished ones there are against the rows threshold, and how
 many unfinished ones created before its timeout cutoff. Then it sends
 ``retention`` with the cutoffs of now (now - threshold) to one healthy
 executor of the app, and records it ``dispatched`` (or ``skipped``, with the
-reason, when no executor took it). Both are in the audit log, a skip only when
-its reason is not the app's previous round's (an idle app with a retention
-setting would write one every interval); ``relay_app_retention_rounds_total``
-counts every round.
+reason, when no executor took it). Both are in the audit log, a skip when its
+reason is not the app's previous round's (an idle app with a retention setting
+would write one every interval) and again while it goes on, once a day (twice
+within ``retention.auditDays`` if that is shorter): the audit log always holds
+a current entry. ``relay_app_retention_rounds_total`` counts every round.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ async def _remaining(org: str, app: str, rid: str, checked: RetentionRound) -> d
     return found
 
 
+def skip_audit_secs(audit_days: float) -> float:
+    """How old the app's latest ``retention.skipped`` is when a skip for the same reason is audited
+    again: a day, or half of ``auditDays`` if shorter, so that the entry is written again before
+    retention prunes it (rounds come every ``appsIntervalSecs``, ten minutes by default)."""
+    return min(86400.0, audit_days * 86400 / 2)
+
+
 def _cutoff(now_ms: int, threshold_ms: int | None) -> int | None:
     """``now - threshold``, not before 1970: a threshold may be up to 2^53 ms, and a cutoff before the
     year 1 is a time the SDK cannot read (nothing is older than 1970 either way)."""
@@ -142,7 +150,8 @@ async def send(org: str, app: str) -> dict[str, Any]:
     except ExecutorRequestError as exc:
         error = clean_text(str(exc), 500)
         log.info("app %s/%s: retention round %s skipped: %s", org, app, rid, error)
-        audited = await svc.app_retention.skipped(rid, org, app, error, dedupe_key())
+        again = skip_audit_secs(svc.retention_settings.audit_days)
+        audited = await svc.app_retention.skipped(rid, org, app, error, dedupe_key(), again)
         svc.retention_rounds[(org, app, "skipped")] += 1
         return {"sent": False, "reason": error, "audited": audited}
     await svc.app_retention.dispatched(rid, org, app, executor_id, body, dedupe_key())

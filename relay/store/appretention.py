@@ -13,12 +13,13 @@ crash finds both written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from relay.store.audit import AuditEntry, audited_detail, write_audit
+from relay.config import MAX_SECS
+from relay.store.audit import AuditEntry, Conn, audited_detail, write_audit
 from relay.store.db import Database
 
 
@@ -74,10 +75,15 @@ class AppRetentionStore:
             entry = AuditEntry("retention.sent", "relay", None, executor_id, detail, dedupe)
             await write_audit(conn, org, app, entry)
 
-    async def skipped(self, round_id: str, org: str, app: str, error: str, dedupe: str) -> bool:
-        """No executor of the app took the round's request. Audited only when the app's previous
-        round was not skipped for the same reason: an app with a retention setting and no executor
-        wrote ``retention.skipped`` every interval (144 a day at the default). Whether audited."""
+    async def skipped(
+        self, round_id: str, org: str, app: str, error: str, dedupe: str, again_after_secs: float
+    ) -> bool:
+        """No executor of the app took the round's request. Audited when the app's previous round was
+        not skipped for the same reason, and again while the skips go on once the app's latest
+        ``retention.skipped`` is ``again_after_secs`` old (or gone: retention prunes the audit log),
+        with how long and how many rounds (``repeated``, ``skippedSince``, ``skippedRounds``). At
+        every interval it was 144 entries a day at the default; once per reason, the entry was
+        pruned after auditDays and nothing said the app was still skipped. Whether audited."""
         async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """SELECT status, error FROM app_retention_rounds WHERE org = %s AND app = %s AND id <> %s
@@ -90,9 +96,21 @@ class AppRetentionStore:
                    VALUES (%s, %s, %s, 'skipped', %s) ON CONFLICT (id) DO NOTHING""",
                 (round_id, org, app, error),
             )
+            detail: dict[str, Any] = {"roundId": round_id, "error": error}
             if previous is not None and previous["status"] == "skipped" and previous["error"] == error:
-                return False
-            entry = AuditEntry("retention.skipped", "relay", None, None, {"roundId": round_id, "error": error}, dedupe)
+                # (read along audit_by_action: a skipping app writes one entry a day or so)
+                cur = await conn.execute(
+                    """SELECT detail->>'error' AS error, at > now() - make_interval(secs => %s) AS recent
+                       FROM audit_log WHERE org = %s AND action = 'retention.skipped' AND app = %s
+                         AND dedupe_key IS DISTINCT FROM %s
+                       ORDER BY id DESC LIMIT 1""",
+                    (min(again_after_secs, MAX_SECS), org, app, dedupe),
+                )
+                latest = await cur.fetchone()
+                if latest is not None and latest["error"] == error and latest["recent"]:
+                    return False
+                detail.update(await _skipping(conn, org, app, error))
+            entry = AuditEntry("retention.skipped", "relay", None, None, detail, dedupe)
             await write_audit(conn, org, app, entry)
             return True
 
@@ -137,3 +155,22 @@ class AppRetentionStore:
                 (org, app, limit),
             )
             return [RetentionRound(**row) for row in await cur.fetchall()]
+
+
+async def _skipping(conn: Conn, org: str, app: str, error: str) -> dict[str, Any]:
+    """The run of the app's latest rounds skipped for ``error``: since its first (of the rounds
+    still kept, auditDays) and how many."""
+    cur = await conn.execute(
+        """SELECT min(sent_at) AS since, count(*) AS rounds FROM app_retention_rounds
+           WHERE org = %(org)s AND app = %(app)s AND sent_at > coalesce(
+               (SELECT max(sent_at) FROM app_retention_rounds WHERE org = %(org)s AND app = %(app)s
+                  AND (status <> 'skipped' OR error IS DISTINCT FROM %(error)s)), '-infinity')""",
+        {"org": org, "app": app, "error": error},
+    )
+    row = await cur.fetchone()
+    since = row["since"] if row else None
+    return {
+        "repeated": True,
+        "skippedSince": since.astimezone(UTC).isoformat().replace("+00:00", "Z") if since else None,
+        "skippedRounds": int(row["rounds"]) if row else 0,
+    }
