@@ -22,8 +22,9 @@ from harness.keys import API_KEYS
 from harness.postgres import Postgres
 from harness.relay import RelayProcess
 from relay.api import build_api
-from relay.api.shapes import Rfc3339, sdk_time
+from relay.api.shapes import Rfc3339
 from relay.api.workflows import WorkflowSearch
+from relay.core.times import sdk_time
 from relay.store.db import Database
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import re
 import socket
 import threading
 import time
@@ -353,6 +354,91 @@ def test_a_reader_that_takes_nothing_is_cut_off_and_frees_its_place(pair: Pair, 
         assert "closed the event stream to" in pair.r1.log()
     finally:
         stuck.close()
+
+
+# Relay's own times (six fraction digits) and the executors' epoch milliseconds (three): one width
+# per field, so that the strings sort as the times do.
+RELAYS_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+TIME_KEY = re.compile(r"^at$|At$|_time$|^timeBucket$")
+
+
+def times_in(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """The time-like members of a JSON answer, as (where, value), at any depth."""
+    if isinstance(value, dict):
+        for key, member in value.items():
+            if TIME_KEY.search(key) and member is not None:
+                yield f"{path}.{key}", member
+            else:
+                yield from times_in(member, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from times_in(item, f"{path}[{i}]")
+
+
+def test_every_time_served_has_six_fraction_digits_even_on_a_whole_second(pair: Pair, streams: list[Stream]) -> None:
+    """A PostgreSQL time on a whole second (one in a million, or a bucket) was served as ``...:27Z``
+    beside ``...:27.080000Z``, which sorts after it. Here every kind of Relay's own times is put on a
+    whole second and read back through the API and the event stream."""
+    stream = open_stream(streams, pair.r1, ADMIN)
+
+    async def connect_and_leave() -> str:
+        ws = await open_socket(f"ws://127.0.0.1:{pair.r2.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}")
+        executor_id = await handshake(ws)
+        await ws.close()
+        return executor_id
+
+    executor_id = asyncio.run(connect_and_leave())
+    with pair.r1.api() as api:
+        made = api.post("/apps/ledger/alerting-rules", json={"ruleType": "ExecutorDead", "receivingAppName": "ledger"})
+        assert made.status_code == 201, made.text
+        rule = made.json()["id"]
+    second = "date_trunc('second', now())"
+    with psycopg.connect(pair.database, autocommit=True) as conn:
+        conn.execute(f"""UPDATE executors SET connected_at = {second}, disconnected_at = {second}
+                         WHERE org = 'acme' AND executor_id = %s""", (executor_id,))  # fmt: skip
+        conn.execute(f"UPDATE executor_ids SET first_seen_at = {second} WHERE executor_id = %s", (executor_id,))
+        conn.execute(f"UPDATE apps SET created_at = {second} WHERE org = 'acme'")
+        conn.execute(f"UPDATE tokens SET created_at = {second} WHERE org = 'acme'")
+        conn.execute(f"UPDATE relay_instances SET started_at = {second}")
+        conn.execute(f"UPDATE alert_rules SET created_at = {second}, last_fired_at = {second} WHERE id = %s", (rule,))
+        conn.execute(f"""INSERT INTO app_metric_counts VALUES
+                         ('acme', 'ledger', {second}, 60, 'workflow_count', 'time-widths', 1)""")  # fmt: skip
+        conn.execute(f"""INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger,
+                                                 status, created_at, updated_at)
+                         VALUES ('time-widths', 'acme', 'ledger', 'time-widths-gone', 'v1', 1, 'operator',
+                                 'failed', {second}, {second})""")  # fmt: skip
+        conn.execute(f"""INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome, at)
+                         VALUES ('time-widths', 1, 'peer', 'workflows', 'failed', {second})""")  # fmt: skip
+        entry = conn.execute(
+            f"""INSERT INTO audit_log (at, org, app, action, executor_id, actor, detail)
+                VALUES ({second}, 'acme', 'ledger', 'recovery.dispatched', 'time-widths-gone', 'relay',
+                        '{{"recoveryId": "time-widths", "attempt": 1}}') RETURNING id"""
+        ).fetchone()
+    assert entry is not None
+    event = stream.next(lambda n, d: n == "audit" and d["id"] == entry[0])
+    answers: dict[str, Any] = {"events/audit": event}
+    with pair.r1.api() as api:
+        for path in (
+            "/apps",
+            "/apps/ledger/executors",
+            "/apps/ledger/alerting-rules",
+            "/apps/ledger/recoveries?executorId=time-widths-gone",
+            "/apps/ledger/metrics?startTime=2000-01-01T00:00:00Z&endTime=2100-01-01T00:00:00Z",
+            "/tokens",
+            "/instances",
+            "/audit?sortDesc=true",
+            "/audit-logs",
+        ):
+            resp = api.get(path)
+            assert resp.status_code == 200, (path, resp.text)
+            answers[path] = resp.json()
+        assert api.delete(f"/apps/ledger/alerting-rules/{rule}").status_code == 204
+    found = {path: dict(times_in(answer)) for path, answer in answers.items()}
+    wrong = {path + where: value for path, got in found.items() for where, value in got.items()
+             if not RELAYS_TIME.fullmatch(value)}  # fmt: skip
+    assert not wrong, wrong
+    # Each answer was read with a whole second among its times: the case that was served short.
+    assert all(any(value.endswith(".000000Z") for value in got.values()) for got in found.values()), found
 
 
 def test_a_stopping_instance_closes_its_streams_at_once(pair: Pair, streams: list[Stream]) -> None:

@@ -28,6 +28,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
+from relay.core.times import us_iso
 from tests.prom import sample
 from tests.promql import PromQLError, metric_names
 
@@ -278,8 +279,8 @@ def test_app_figures_match_the_system_database_on_every_instance(
         assert api.get("/apps/ledger/metrics", params={"startTime": since}).status_code == 422
         metrics = api.get("/apps/ledger/metrics", params={"startTime": since, "endTime": until}).json()
         assert api.get("/apps/ledger/metrics", params={"startTime": until, "endTime": since}).json() == []
-    jobs = [m for m in metrics if m["timeBucket"] == datetime.fromtimestamp(start_ms / 1000, UTC).isoformat()
-            .replace("+00:00", "Z") and m["metricType"] == "workflow_count" and m["metricName"] == "job"]  # fmt: skip
+    jobs = [m for m in metrics if m["timeBucket"] == us_iso(datetime.fromtimestamp(start_ms / 1000, UTC))
+            and m["metricType"] == "workflow_count" and m["metricName"] == "job"]  # fmt: skip
     # By workflow name, whatever the queue; the window that served successes may have started none (under
     # load the jobs are created in one window and succeed in the next): then it has no workflow_count.
     started = sum(

@@ -6,14 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from harness.ports import free_port
-from relay.api.shapes import ms_iso
+from relay.api.shapes import text_iso
 from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
+from relay.core.times import ms_iso, us_iso
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
 from relay.net.wire import clean_frame, executor_info
@@ -230,6 +232,44 @@ def test_new_keys_are_random_and_hashed() -> None:
 )
 def test_epoch_milliseconds_as_iso_8601_exactly(value: str | int | None, expected: str | None) -> None:
     assert ms_iso(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (datetime(2026, 12, 6, 4, 21, 27, tzinfo=UTC), "2026-12-06T04:21:27.000000Z"),  # a whole second
+        (datetime(2026, 12, 6, 4, 21, 27, 80000, tzinfo=UTC), "2026-12-06T04:21:27.080000Z"),
+        (datetime(2026, 12, 6, 5, 21, 27, 1, tzinfo=timezone(timedelta(hours=1))), "2026-12-06T04:21:27.000001Z"),
+        (datetime(2026, 12, 6, 4, 21, 27), "2026-12-06T04:21:27.000000Z"),  # no zone: UTC
+        (datetime(1, 1, 1, tzinfo=UTC), "0001-01-01T00:00:00.000000Z"),
+        (datetime.max.replace(tzinfo=UTC), "9999-12-31T23:59:59.999999Z"),
+        (datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), "0001-01-01T00:00:00.000000Z"),  # before year 1
+        (None, None),
+    ],
+)
+def test_relays_own_times_always_carry_six_fraction_digits(value: datetime | None, expected: str | None) -> None:
+    assert us_iso(value) == expected
+
+
+def test_times_of_each_kind_sort_as_strings_as_they_do_as_times() -> None:
+    moments = [datetime(2026, 12, 6, 4, 21, 27, us, tzinfo=UTC) for us in (0, 80000, 999999)]
+    moments += [datetime(2026, 12, 6, 4, 21, 28, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)]
+    assert sorted(moments, key=us_iso) == moments
+    millis = [1700000000000, 1700000000080, 1700000000999, 1700000001000]
+    assert sorted(millis, key=lambda ms: ms_iso(ms) or "") == millis
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2026-12-06T05:21:27+01:00", "2026-12-06T04:21:27.000000Z"),  # a schedule's last run, in its zone
+        ("2026-12-06T04:21:27.5", "2026-12-06T04:21:27.500000Z"),  # no offset: UTC, as the SDK reads it
+        ("yesterday", None),
+        (None, None),
+    ],
+)
+def test_a_time_the_sdk_keeps_as_text_is_served_as_relays_own(value: str | None, expected: str | None) -> None:
+    assert text_iso(value) == expected
 
 
 def test_lone_surrogates_are_replaced_where_frames_arrive() -> None:

@@ -30,6 +30,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
+from relay.core.times import us_iso
 from tests.test_reconciler import reconciling_relay, steps_once
 from tests.test_recovery import in_order
 
@@ -531,7 +532,7 @@ def test_a_typescript_apps_figures_are_what_its_system_database_holds(
     with relay.api() as api:
         metrics = ok(api.get(f"{LEDGER}/metrics", params={"startTime": since, "endTime": until}))
     for start_ms in checked:
-        bucket = datetime.fromtimestamp(start_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        bucket = us_iso(datetime.fromtimestamp(start_ms / 1000, UTC))
         served = {(m["metricType"], m["metricName"]): m["value"] for m in metrics if m["timeBucket"] == bucket}
         end_ms = start_ms + width
         workflows = query(sysdb, """SELECT name, count(*) FROM dbos.workflow_status

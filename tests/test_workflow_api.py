@@ -507,15 +507,16 @@ def test_schedules_as_the_system_database_holds_them(world: World) -> None:
 
 
 def test_a_schedules_last_run_is_served_in_utc(world: World) -> None:
-    """The SDK keeps it as text in the schedule's cron time zone; Relay serves every time in UTC."""
+    """The SDK keeps it as text in the schedule's cron time zone; Relay serves every time in UTC, with six
+    fraction digits even on a whole second (a cron time mostly is), as Relay's own times."""
     sql: LiteralString = "UPDATE dbos.workflow_schedules SET last_fired_at = %s WHERE schedule_name = 'every-hour'"
     ((before,),) = query(world.sysdb, "SELECT last_fired_at FROM dbos.workflow_schedules")
     try:
         with world.api() as api:
             for stored, served in (
-                ("2026-01-01T09:00:00-05:00", "2026-01-01T14:00:00Z"),  # America/New_York's 9:00
+                ("2026-01-01T09:00:00-05:00", "2026-01-01T14:00:00.000000Z"),  # America/New_York's 9:00
                 ("2026-07-01T09:00:00.250000+02:00", "2026-07-01T07:00:00.250000Z"),
-                ("2026-01-01T09:00:00", "2026-01-01T09:00:00Z"),  # no offset: UTC, as the SDK reads it
+                ("2026-01-01T09:00:00", "2026-01-01T09:00:00.000000Z"),  # no offset: UTC, as the SDK reads it
             ):
                 with psycopg.connect(world.sysdb) as conn:
                     conn.execute(sql, (stored,))

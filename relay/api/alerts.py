@@ -26,12 +26,12 @@ from relay.api.common import (
     PathId,
     actor,
     error_response,
-    iso,
 )
 from relay.api.shapes import Shape
 from relay.config import AlertRuleConfig, Duration, DurationOrZero
 from relay.config import Count as ConfigCount
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
+from relay.core.times import us_iso
 from relay.domain.alerts import destination_of
 from relay.store.alerts import RuleRecord, interval_secs
 
@@ -177,14 +177,14 @@ def rule_json(record: RuleRecord) -> dict[str, Any]:
         "ruleType": record.kind.value,
         "ruleMetadata": record.params,
         "minIntervalSecs": _number(interval_secs(record.min_interval_secs)),  # an infinity is no JSON
-        "lastFiredAt": iso(record.last_fired_at),
+        "lastFiredAt": us_iso(record.last_fired_at),
         "org": record.org,
         "app": record.app,
         "kind": record.kind.value,
         "source": record.source,
         "readOnly": record.source == "config",
         **destination_of(record),
-        "createdAt": iso(record.created_at),
+        "createdAt": us_iso(record.created_at),
         "createdBy": record.created_by,
     }
 

@@ -20,12 +20,12 @@ from relay.api.common import (
     Page,
     actor,
     given,
-    iso,
     optional,
 )
 from relay.api.shapes import Shape
 from relay.config import Duration, RetentionThreshold
 from relay.core.lifecycle import ExecutorState
+from relay.core.times import us_iso
 from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
@@ -108,7 +108,7 @@ def application(app: AppRecord) -> Application:
         executors=dict(app.counts),
         executorsByVersion=app.versions,
         blocked=app.blocked,
-        createdAt=iso(app.created_at),
+        createdAt=us_iso(app.created_at),
     )
 
 

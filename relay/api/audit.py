@@ -10,9 +10,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, iso, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
+from relay.core.times import us_iso
 from relay.store.audit import AuditMatch
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
@@ -65,7 +66,7 @@ async def get_audit(
     return [
         AuditEntry(
             id=r["id"],
-            at=iso(r["at"]),
+            at=us_iso(r["at"]),
             org=r["org"],
             app=r["app"],
             action=r["action"],
@@ -163,7 +164,7 @@ def _conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
         details["private_mode"] = False
     return AuditLogEntry(
         id=str(row["id"]),
-        emit_time=iso(row["at"]),
+        emit_time=us_iso(row["at"]),
         operation=CONDUCTOR_OPERATION.get(row["action"], row["action"]),
         status=status,
         subject=_subject(row["actor"]),

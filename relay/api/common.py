@@ -6,7 +6,6 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 from urllib.parse import unquote
 
@@ -66,12 +65,6 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> Respon
     """An RFC 9457 problem (``type``, ``title``, ``status``, ``detail``), carrying also the
     ``{"error": {"code", "message"}}`` member that Relay's errors had before 0.3 (deprecated)."""
     return problem(status, message, error={"code": code, "message": message}, **extra)
-
-
-def iso(ts: datetime | None) -> str | None:
-    if ts is None:
-        return None
-    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class DecodedRoute(APIRoute):

@@ -21,11 +21,11 @@ from relay.api.common import (
     Page,
     PathId,
     actor,
-    iso,
 )
-from relay.api.shapes import WORKFLOW_STATUSES, Shape, ms_iso, one_of
+from relay.api.shapes import WORKFLOW_STATUSES, Shape, one_of
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorState
+from relay.core.times import ms_iso, us_iso
 from relay.errors import (
     ExecutorBadReply,
     ExecutorNotConnected,
@@ -83,8 +83,8 @@ def executor(rec: ExecutorRecord) -> Executor:
         status="DEAD" if rec.state is ExecutorState.RECOVERING else rec.state.value,
         hostId=None,
         executorMetadata=rec.metadata,
-        createdAt=iso(rec.first_seen_at or rec.connected_at),
-        updatedAt=iso(max(changed)),
+        createdAt=us_iso(rec.first_seen_at or rec.connected_at),
+        updatedAt=us_iso(max(changed)),
         org=rec.key.org,
         app=rec.key.app,
         state=rec.state,
@@ -93,9 +93,9 @@ def executor(rec: ExecutorRecord) -> Executor:
         language=rec.language,
         dbosVersion=rec.dbos_version,
         metadata=rec.metadata,
-        connectedAt=iso(rec.connected_at),
-        disconnectedAt=iso(rec.disconnected_at),
-        deadAt=iso(rec.dead_at),
+        connectedAt=us_iso(rec.connected_at),
+        disconnectedAt=us_iso(rec.disconnected_at),
+        deadAt=us_iso(rec.dead_at),
         relayInstance=rec.relay_instance,
         blockedReason=rec.blocked_reason,
     )

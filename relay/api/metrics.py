@@ -17,9 +17,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from relay.api.apps import app_or_404
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, iso, permitted
-from relay.api.shapes import Shape, utc
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, permitted
+from relay.api.shapes import Shape
 from relay.auth import KeyGrant, Permission
+from relay.core.times import us_iso, utc
 from relay.store.appfigures import granularity
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}")
@@ -69,7 +70,7 @@ async def list_metrics(
             metricType=row["metric_type"],
             metricName=row["metric_name"],
             value=int(row["value"]),
-            timeBucket=iso(row["time_bucket"]) or "",
+            timeBucket=us_iso(row["time_bucket"]) or "",
             granularity=int(row["granularity"]),
         )
         for row in rows

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from relay.api.common import ApiError, Ctx, DecodedRoute, authenticated, iso, permitted
+from relay.api.common import ApiError, Ctx, DecodedRoute, authenticated, permitted
 from relay.auth import KeyGrant, Permission
+from relay.core.times import us_iso
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}", tags=["org"])
 # Routes about the caller that name no org: a client holding only a key (the CLI) starts here.
@@ -92,11 +93,11 @@ async def instances(org: str, ctx: Ctx, who: OrgReader) -> list[Instance]:
             instanceId=r["instance_id"],
             live=bool(r["live"]),
             leaseEpoch=int(r["lease_epoch"]),
-            leaseExpiresAt=iso(r["lease_expires_at"]),
-            startedAt=iso(r["started_at"]),
-            renewedAt=iso(r["renewed_at"]),
+            leaseExpiresAt=us_iso(r["lease_expires_at"]),
+            startedAt=us_iso(r["started_at"]),
+            renewedAt=us_iso(r["renewed_at"]),
             adoptedBy=r["adopted_by"],
-            adoptedAt=iso(r["adopted_at"]),
+            adoptedAt=us_iso(r["adopted_at"]),
             executors=int(r["executors"]),
         )
         for r in rows

@@ -13,8 +13,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from relay.api.apps import app_or_404
-from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName, iso
+from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName
 from relay.api.shapes import Shape, one_of, text_iso
+from relay.core.times import us_iso
 from relay.store.recoveries import RecoveryRow
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/recoveries")
@@ -70,7 +71,7 @@ def recovery(row: RecoveryRow) -> Recovery:
         return None
 
     def at(entry: dict[str, Any] | None) -> str | None:
-        return iso(entry["at"]) if entry is not None else None
+        return us_iso(entry["at"]) if entry is not None else None
 
     attempts = []
     for a in row.attempts:
@@ -99,14 +100,14 @@ def recovery(row: RecoveryRow) -> Recovery:
         trigger=row.trigger,
         status=row.status,
         error=row.error,
-        createdAt=iso(row.created_at),
-        updatedAt=iso(row.updated_at),
+        createdAt=us_iso(row.created_at),
+        updatedAt=us_iso(row.updated_at),
         deadAt=at(first("executor.dead")),
         deletedAt=at(first("executor.deleted")),
         attempts=attempts,
         timeline=[
             TimelineEntry(
-                at=iso(e["at"]),
+                at=us_iso(e["at"]),
                 action=e["action"],
                 peerExecutorId=e["peer_executor_id"],
                 attempt=e["detail"].get("attempt"),

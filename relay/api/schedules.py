@@ -18,7 +18,8 @@ from relay.api.common import (
     answered,
     audited,
 )
-from relay.api.shapes import UtcTime, sdk_time
+from relay.api.shapes import UtcTime
+from relay.core.times import sdk_time
 from relay_protocol import (
     BackfillScheduleReply,
     BackfillScheduleRequest,

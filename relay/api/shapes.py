@@ -9,11 +9,12 @@ PascalCase keys; nothing else in Relay reads them.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
+from relay.core.times import ms_iso, us_iso, utc
 from relay_protocol import (
     ApplicationVersionOutput,
     EventOutput,
@@ -53,22 +54,6 @@ class Shape(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_EPOCH = datetime(1970, 1, 1)
-
-
-def ms_iso(value: str | int | None) -> str | None:
-    """Epoch milliseconds (a number, or a number in a string) as ISO 8601 UTC; None if absent, not a
-    number, or outside the years 1 to 9999. Exact: no trip through a float, which far from 1970 is
-    off by microseconds. Always three fraction digits, as JavaScript's ``toISOString`` writes them:
-    a whole second is ``.000``, so the strings sort as the times do."""
-    if value is None:
-        return None
-    try:
-        return (_EPOCH + timedelta(milliseconds=int(value))).isoformat(timespec="milliseconds") + "Z"
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
 def _int(value: str | int | None) -> int | None:
     try:
         return None if value is None else int(value)
@@ -76,29 +61,16 @@ def _int(value: str | int | None) -> int | None:
         return None
 
 
-def utc(value: datetime) -> datetime:
-    """``value`` in UTC. A time that UTC takes past the years 1 to 9999 (0001-01-01T00:30+01:00)
-    is the first or the last time there is: as a bound of a filter or a window, it leaves out
-    nothing that could exist."""
-    try:
-        return value.astimezone(UTC)
-    except (OverflowError, OSError):
-        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
-
-
 def text_iso(value: str | None) -> str | None:
     """A time the SDK keeps as ISO 8601 text in some zone (a schedule's last run, in its cron time
-    zone) as ISO 8601 UTC, as every other time served; None if absent or not such a time. One
-    without an offset is UTC, as the SDK reads one (its backfill)."""
+    zone) as ISO 8601 UTC, six fraction digits, as Relay's own times; None if absent or not such a
+    time. One without an offset is UTC, as the SDK reads one (its backfill)."""
     if value is None:
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        return us_iso(datetime.fromisoformat(value))
     except ValueError:
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return utc(parsed).isoformat().replace("+00:00", "Z")
 
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d")
@@ -124,12 +96,6 @@ def with_offset(value: datetime) -> datetime:
 Rfc3339 = Annotated[datetime, BeforeValidator(rfc3339), AfterValidator(with_offset)]
 # A time in a request body (strict otherwise): RFC 3339, any offset, read as the same instant in UTC.
 UtcTime = Annotated[datetime, Strict(False), BeforeValidator(rfc3339), AfterValidator(with_offset), AfterValidator(utc)]
-
-
-def sdk_time(value: datetime) -> str:
-    """A time as the SDK parses it (Python 3.10's ``fromisoformat``: four-digit year, six fraction
-    digits, ``+00:00`` rather than ``Z``)."""
-    return utc(value).isoformat(timespec="microseconds")
 
 
 class Workflow(Shape):

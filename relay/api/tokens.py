@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, iso, permitted, storable
+from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
+from relay.core.times import us_iso
 from relay.store.keys import TokenRecord
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/tokens")
@@ -66,7 +67,7 @@ def token(record: TokenRecord) -> Token:
         appIds=record.apps or [],
         appNames=record.apps,
         permissions=record.permissions,
-        createdAt=iso(record.created_at),
+        createdAt=us_iso(record.created_at),
         source=record.source,
     )
 

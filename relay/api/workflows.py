@@ -37,7 +37,8 @@ from relay.api.common import (
     answered,
     audited,
 )
-from relay.api.shapes import WORKFLOW_STATUSES, UtcTime, sdk_time
+from relay.api.shapes import WORKFLOW_STATUSES, UtcTime
+from relay.core.times import sdk_time
 from relay.errors import UnsupportedMessage
 from relay_protocol import (
     CancelReply,

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from relay.cli.errors import EXIT_USAGE, CliError
+from relay.core.times import us_iso
 
 MISSING = "-"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -157,6 +158,6 @@ def time_option(value: str | None, now: datetime | None = None) -> str | None:
                 ) from exc
             if moment.tzinfo is None:
                 moment = moment.astimezone()  # a time written without a zone is the local time
-        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return us_iso(moment.astimezone(UTC))
     except (OverflowError, ValueError) as exc:  # 1000000d ago; 0001-01-01 local, east of UTC: before year 1
         raise CliError(f"not a time: {value!r} is out of range (years 1 to 9999)", EXIT_USAGE) from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -18,6 +18,7 @@ import click
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
 from relay.cli.output import cell, clip, duration_ms, page_hint, show_table, time_option, when
+from relay.core.times import us_iso
 
 STATUSES = ("PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 SEARCH_PAGE = 1000  # the API's largest page
@@ -208,8 +209,7 @@ def _ms(created_at: str, after: bool = False) -> str:
     """A bound of the search on the millisecond of ``created_at`` (or the next one, ``after``). The
     SDKs bring a bound to milliseconds, truncating (the Python SDK's ``int(... * 1000)``) or
     rounding: a quarter of a millisecond past lands on that millisecond either way."""
-    moment = datetime.fromisoformat(created_at) + timedelta(milliseconds=1.25 if after else 0.25)
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return us_iso(datetime.fromisoformat(created_at) + timedelta(milliseconds=1.25 if after else 0.25))
 
 
 def _select(api: Api, app: str, ids: Sequence[str], filters: dict[str, Any], verb: str, yes: bool) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any
 from relay.config import AlertRuleConfig
 from relay.core.alerts import Alert, Kind, Observed, Rule, idempotency_header, signature, webhook_body
 from relay.core.appfigures import FAILED_STATUSES
+from relay.core.times import ms_iso
 from relay.domain.gateway import ExecutorGateway
 from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
 from relay.net.webhook import Attempt, WebhookSender, describe
@@ -283,7 +284,7 @@ class ConditionObserver:
         held.sort()
         stuck = sum(count for _, count, _ in held)
         starts = [at for _, _, at in held if at]
-        oldest = _iso(min(starts) / 1000) if starts else ""
+        oldest = (ms_iso(min(starts)) or "") if starts else ""
         queues = ", ".join(queue for queue, _, _ in held)
         which = f"queue {queues}" if len(held) == 1 else f"queues {queues}"
         message = (

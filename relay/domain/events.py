@@ -24,12 +24,12 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 
 from relay.auth import KeyGrant, KeyRing, Permission
 from relay.config import ServerConfig
 from relay.core.tail import Tail
+from relay.core.times import us_iso
 from relay.errors import DatabaseError, StreamsExhausted, TooManyRequests
 from relay.store.changes import ChangeStore
 
@@ -211,10 +211,9 @@ def executor_change(row: dict[str, Any]) -> Change:
 
 
 def audit_change(row: dict[str, Any]) -> Change:
-    at = row["at"]
     data = {
         "id": int(row["id"]),
-        "at": at.astimezone(UTC).isoformat().replace("+00:00", "Z") if at is not None else None,
+        "at": us_iso(row["at"]),
         "app": row["app"],
         "action": row["action"],
         "executorId": row["executor_id"],

@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -43,6 +43,7 @@ from relay.core.alerts import (
     subject_of,
     why_over,
 )
+from relay.core.times import us_iso
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 from relay.store.instances import dbos_ran
@@ -390,7 +391,7 @@ class AlertStore:
         return [
             AuditFact(
                 id=int(r["id"]),
-                at=_iso(r["at"]),
+                at=us_iso(r["at"]),
                 at_unix=r["at"].timestamp(),
                 org=r["org"],
                 app=r["app"],
@@ -454,7 +455,7 @@ class AlertStore:
                    WHERE rule_id = %s AND since <= now() - make_interval(secs => %s) ORDER BY subject""",
                 (rule.id, hold_secs),
             )
-            return [(r["subject"], int(r["episode"]), _iso(r["since"])) for r in await cur.fetchall()]
+            return [(r["subject"], int(r["episode"]), us_iso(r["since"])) for r in await cur.fetchall()]
 
     @staticmethod
     async def _end_episodes(
@@ -717,7 +718,3 @@ def interval_secs(min_interval_secs: float) -> float:
     """A rule's repeat interval as PostgreSQL can take it: rules made before it was bounded may have
     an infinity (JSON's 1e999), or more than PostgreSQL can subtract from now()."""
     return min(min_interval_secs, float(MAX_SECS))
-
-
-def _iso(ts: datetime) -> str:
-    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
