@@ -15,7 +15,8 @@ from harness.ports import free_port
 from relay.api.shapes import text_iso
 from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
-from relay.core.times import ms_iso, us_iso
+from relay.core.times import ms_iso, sdk_time, us_iso
+from relay.domain.alerts import _sdk_time
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
 from relay.net.wire import clean_frame, executor_info
@@ -270,6 +271,12 @@ def test_times_of_each_kind_sort_as_strings_as_they_do_as_times() -> None:
 )
 def test_a_time_the_sdk_keeps_as_text_is_served_as_relays_own(value: str | None, expected: str | None) -> None:
     assert text_iso(value) == expected
+
+
+def test_an_alert_rules_bounds_reach_the_executor_as_the_sdk_parses_them() -> None:
+    # Python 3.10's fromisoformat, which dbos 3.2 allows, takes no "Z": the form of the API's filters.
+    assert _sdk_time(1700000000.0) == sdk_time(datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC))
+    assert _sdk_time(1700000000.0) == "2023-11-14T22:13:20.000000+00:00"
 
 
 def test_lone_surrogates_are_replaced_where_frames_arrive() -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from relay.config import AlertRuleConfig
 from relay.core.alerts import Alert, Kind, Observed, Rule, idempotency_header, signature, webhook_body
 from relay.core.appfigures import FAILED_STATUSES
-from relay.core.times import ms_iso
+from relay.core.times import ms_iso, sdk_time
 from relay.domain.gateway import ExecutorGateway
 from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
 from relay.net.webhook import Attempt, WebhookSender, describe
@@ -128,8 +128,9 @@ def destination_of(record: RuleRecord) -> dict[str, Any]:
     return {"webhook": describe(record.webhook_url), "format": record.format, "secretSet": record.secret is not None}
 
 
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
+def _sdk_time(unix: float) -> str:
+    """A bound of an aggregate the executor parses: in the SDK's form, as the API's filters send it."""
+    return sdk_time(datetime.fromtimestamp(unix, UTC))
 
 
 class ConditionObserver:
@@ -236,7 +237,7 @@ class ConditionObserver:
             group_by_name=True,
             select_count=True,
             status=list(FAILED_STATUSES),
-            completed_after=_iso(now - window),
+            completed_after=_sdk_time(now - window),
             name=[name] if name else None,
         )
         reply = await self._aggregates(rule, body)
@@ -264,7 +265,7 @@ class ConditionObserver:
             select_count=True,
             select_min_created_at=True,
             status=["ENQUEUED"],
-            end_time=_iso(time.time() - threshold),
+            end_time=_sdk_time(time.time() - threshold),
             queue_name=[name] if name else None,
         )
         reply = await self._aggregates(rule, body)
