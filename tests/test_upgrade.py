@@ -71,11 +71,12 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
     jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10"}  # still sleeping when their executor dies
     peer = start_executor(old.conductor_url, env=env)
     victim = start_executor(old.conductor_url, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"})
+    unrecorded = start_executor(old.conductor_url, env=env)
     solo_sysdb = postgres.create_database("solo_sys")
     lonely = start_executor(
         old.conductor_url, app="solo", sysdb=solo_sysdb, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "solo"}
     )
-    for executor in (peer, victim, lonely):
+    for executor in (peer, victim, unrecorded, lonely):
         assert_eventually(lambda e=executor: old.state_of("acme", e.app, e.executor_id) == "HEALTHY", 10)
 
     # 0.2.0 declares the lonely executor dead and its recovery waits for a peer (in DBOS.recv).
@@ -83,25 +84,39 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
     assert_eventually(
         lambda: (old.executor("acme", "solo", lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 10
     )
-    # 0.2.0 starts the victim's grace period; then it dies in the middle of it.
+    # 0.2.0 starts the victim's grace period and records its timer; then it dies in the middle of it.
     victim.kill()
     assert_eventually(lambda: old.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 5)
     disconnected_at = ts((old.executor("acme", "ledger", victim.executor_id) or {})["disconnectedAt"])
-    old.signal(signal.SIGKILL)
-    assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+    assert_eventually(lambda: graces(relay_db, recorded=True) == 1, 10)
+    # A second one's run is started but stopped before it records its timer (the table it records
+    # it in is locked): resumed, it must not wait a whole grace period from the upgrade.
+    with psycopg.connect(relay_db, autocommit=False) as lock:
+        lock.execute("LOCK TABLE dbos.operation_outputs IN SHARE ROW EXCLUSIVE MODE")
+        unrecorded.kill()
+        assert_eventually(lambda: old.state_of("acme", "ledger", unrecorded.executor_id) == "DISCONNECTED", 5)
+        unrecorded_at = ts((old.executor("acme", "ledger", unrecorded.executor_id) or {})["disconnectedAt"])
+        assert_eventually(lambda: graces(relay_db, recorded=False) == 2, 10)
+        old.signal(signal.SIGKILL)
+        assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+    assert graces(relay_db, recorded=True) == 1, "the second run recorded its timer: the lock came too late"
     assert Evidence(evidence_db).outcomes() == {}
 
     new = RelayProcess(tmp_path, relay_db, config, "relay-1")
     try:
         new.start()
-        started = (datetime.now(UTC) - disconnected_at).total_seconds()
-        # The grace period resumes with its original deadline and the peer recovers the victim.
-        assert_eventually(lambda: new.executor("acme", "ledger", victim.executor_id) is None, GRACE + 20)
-        dead = next(e for e in _audit(new, victim.executor_id) if e["action"] == "executor.dead")
-        # Declared at the deadline 0.2.0 recorded, or as soon as the new instance is up when that
-        # took longer (a loaded machine): a grace period begun again would end GRACE after that.
-        late = (ts(dead["at"]) - disconnected_at).total_seconds()
-        assert GRACE - 0.1 <= late <= max(GRACE, started) + 1.5, (late, started)
+        up = datetime.now(UTC)
+        # The grace periods resume with their deadlines (the one 0.2.0 recorded; for the run that
+        # recorded none, one grace period after its executor's disconnection) and the peer recovers
+        # both executors.
+        for executor, lost in ((victim, disconnected_at), (unrecorded, unrecorded_at)):
+            assert_eventually(lambda e=executor: new.executor("acme", "ledger", e.executor_id) is None, GRACE + 20)
+            dead = next(e for e in _audit(new, executor.executor_id) if e["action"] == "executor.dead")
+            # Declared at that deadline, or as soon as the new instance is up when that took longer (a
+            # loaded machine): a grace period begun again would end GRACE after that.
+            started = (up - lost).total_seconds()
+            late = (ts(dead["at"]) - lost).total_seconds()
+            assert GRACE - 0.1 <= late <= max(GRACE, started) + 1.5, (executor is victim, late, started)
         # The waiting recovery is woken by a new peer of its app and finishes.
         rescuer = start_executor(new.conductor_url, app="solo", sysdb=solo_sysdb, env=env)
         assert_eventually(lambda: new.executor("acme", "solo", lonely.executor_id) is None, 30)
@@ -116,7 +131,7 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
             "solo-1": rescuer.executor_id,
         }
         assert Evidence(evidence_db).outcome_count() == 4
-        for executor, app in ((victim, "ledger"), (lonely, "solo")):
+        for executor, app in ((victim, "ledger"), (unrecorded, "ledger"), (lonely, "solo")):
             actions = audit_actions(new, executor.executor_id)
             for action in ("executor.dead", "recovery.dispatched", "recovery.succeeded", "executor.deleted"):
                 assert actions.count(action) == 1, (app, action, actions)
@@ -127,6 +142,19 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
         assert "recovery.waiting_for_peer" in audit_actions(new, lonely.executor_id)
     finally:
         new.stop()
+
+
+def graces(relay_db: str, recorded: bool) -> int:
+    """Relay's PENDING grace periods; with ``recorded``, only those whose timer is recorded."""
+    with psycopg.connect(relay_db) as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM dbos.workflow_status w
+               WHERE w.name = 'relay.grace_period' AND w.status = 'PENDING'
+                 AND (NOT %s OR EXISTS (SELECT 1 FROM dbos.operation_outputs o
+                                        WHERE o.workflow_uuid = w.workflow_uuid))""",
+            (recorded,),
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def recorded_operations(relay_db: str, workflow_id: str) -> list[str]:

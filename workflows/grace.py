@@ -14,17 +14,20 @@ inputs lack ``lost_at``, added after 0.2.0 with a default).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dbos import DBOS, SetWorkflowID
 
 from relay.core.ids import ExecutorKey, recovery_id
 from relay.core.lifecycle import ExecutorEvent
+from relay.errors import DatabaseError
 from workflows import ordering
 from workflows.recovery import recover
 from workflows.services import MAX_RECOVERY_ATTEMPTS, dedupe_key, relay_step, services
 
 RECONNECTED_TOPIC = "reconnected"
+log = logging.getLogger("relay.grace")
 
 
 def remaining(timeout_secs: float, lost_at: float | None) -> float:
@@ -33,12 +36,28 @@ def remaining(timeout_secs: float, lost_at: float | None) -> float:
     ``lost_at`` (``time.time()`` when the hub found the socket gone) makes the grace period
     end ``timeout_secs`` after the disconnection, however long the workflow waited to start:
     behind a group of disconnections, or a slow database. The repair sweep gives the
-    disconnection's time too. Runs that 0.2.0 started have none, and wait ``timeout_secs`` from here. On a replay, DBOS
+    disconnection's time too. Runs that 0.2.0 started have none: :func:`lost_at_of` reads it from
+    the executor's row, and without one they wait ``timeout_secs`` from here. On a replay, DBOS
     keeps the deadline it recorded the first time, so reading the clock here is safe.
     """
     if lost_at is None:
         return timeout_secs
     return min(timeout_secs, max(0.0, lost_at + timeout_secs - time.time()))
+
+
+async def lost_at_of(org: str, app: str, executor_id: str, epoch: int) -> float | None:
+    """The disconnection's time of a run that 0.2.0 started (its inputs have no ``lost_at``), from
+    the executor's row. Such a run stopped (0.2.0 killed) before it recorded its timer, which it
+    does as it first waits, would otherwise wait a whole ``timeout_secs`` more here. Not a step, so the
+    run's steps are 0.2.0's: when the timer was recorded, DBOS keeps it and this is not used. None
+    when the row is not DISCONNECTED at ``epoch`` or the database does not answer (the wait is then
+    ``timeout_secs``, as before; the step after it checks the state anyway)."""
+    try:
+        secs = await services().executors.disconnected_secs(ExecutorKey(org, app, executor_id), epoch)
+    except DatabaseError:  # only a shorter wait is at stake, never the run
+        log.warning("grace period of %s/%s/%s: its disconnection's time could not be read", org, app, executor_id)
+        return None
+    return None if secs is None else time.time() - secs
 
 
 @relay_step("relay.declare_dead")
@@ -51,6 +70,8 @@ async def declare_dead(org: str, app: str, executor_id: str, epoch: int) -> bool
 async def grace_period(
     org: str, app: str, executor_id: str, epoch: int, timeout_secs: float, lost_at: float | None = None
 ) -> str:
+    if lost_at is None:
+        lost_at = await lost_at_of(org, app, executor_id, epoch)
     woken = await DBOS.recv_async(RECONNECTED_TOPIC, timeout_seconds=remaining(timeout_secs, lost_at))
     if woken is not None:
         return f"ended early: {woken}"

@@ -599,6 +599,18 @@ class ExecutorStore:
         async with self.db.connection() as conn:
             return await self.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
 
+    async def disconnected_secs(self, key: ExecutorKey, epoch: int) -> float | None:
+        """How long ago the executor's disconnection at ``epoch`` was, by the database's clock (as the
+        repair sweep reads it); None if its row is not DISCONNECTED at that epoch."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT extract(epoch FROM now() - disconnected_at) AS secs FROM executors
+                   WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s AND state = 'DISCONNECTED'""",
+                (key.org, key.app, key.executor_id, epoch),
+            )
+            row = await cur.fetchone()
+        return None if row is None or row["secs"] is None else float(row["secs"])
+
     async def version_of(self, conn: Conn, key: ExecutorKey) -> str | None:
         cur = await conn.execute(
             "SELECT application_version FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
