@@ -3,6 +3,8 @@ checked against its system database (read here directly; Relay never reads it)."
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -17,6 +19,11 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from relay.config import RelayConfig
+from relay.store.appretention import AppRetentionStore
+from relay.store.apps import AppStore
+from relay.store.db import Database
+from relay.store.lease import Lease
 from workflows.appretention import skip_audit_secs
 
 StartRelay = Callable[..., RelayProcess]
@@ -354,3 +361,38 @@ def test_a_skip_that_goes_on_is_audited_again_before_retention_prunes_its_entry(
     retention prunes it."""
     assert skip_audit_secs(90.0) == 86400.0
     assert skip_audit_secs(1.0) == 43200.0 and skip_audit_secs(0.01) == 432.0
+
+
+def test_a_repeated_skips_since_has_six_fraction_digits_even_on_a_whole_second(relay_db: str) -> None:
+    """``skippedSince`` is one of Relay's own times, written as every other (README "API"): six fraction
+    digits and ``Z``. It was ``isoformat()``'s, which leaves the fraction out on a whole second, so
+    ``...:00Z`` sorted after ``...:00.250000Z``."""
+
+    async def scenario() -> dict[str, Any]:
+        db = Database(relay_db)
+        await db.open()
+        await db.migrate()
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        try:
+            await AppStore(db).sync_config(RelayConfig.model_validate(config()))
+            store = AppRetentionStore(db)
+            assert await store.skipped("r1", "acme", "ledger", "no executor", "d1", 86400.0)
+            async with db.connection() as conn:  # the run began on a whole second; its entry is a day old
+                await conn.execute(
+                    "UPDATE app_retention_rounds SET sent_at = date_trunc('second', now()) - interval '1 hour'"
+                )
+                await conn.execute("UPDATE audit_log SET at = at - interval '25 hours'")
+            assert await store.skipped("r2", "acme", "ledger", "no executor", "d2", 86400.0)
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT detail FROM audit_log WHERE dedupe_key = 'd2'")
+                row = await cur.fetchone()
+            assert row is not None
+            return dict(row["detail"])
+        finally:
+            await lease.stop()
+            await db.close()
+
+    detail = asyncio.run(scenario())
+    assert detail["repeated"] is True and detail["skippedRounds"] == 2
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.000000Z", detail["skippedSince"]), detail

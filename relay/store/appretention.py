@@ -13,12 +13,13 @@ crash finds both written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from relay.config import MAX_SECS
+from relay.core.times import us_iso
 from relay.store.audit import AuditEntry, Conn, audited_detail, write_audit
 from relay.store.db import Database
 
@@ -171,6 +172,6 @@ async def _skipping(conn: Conn, org: str, app: str, error: str) -> dict[str, Any
     since = row["since"] if row else None
     return {
         "repeated": True,
-        "skippedSince": since.astimezone(UTC).isoformat().replace("+00:00", "Z") if since else None,
+        "skippedSince": us_iso(since),
         "skippedRounds": int(row["rounds"]) if row else 0,
     }
