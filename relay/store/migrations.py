@@ -556,10 +556,15 @@ MIGRATIONS: list[Migration] = [
         -- what outlives Relay's workflow of that resolution (relayWorkflowsDays) and the entry
         -- (auditDays) while its death goes on, and a death's end, or its rule's removal again,
         -- resolved a second time an alert its rule's removal had resolved. The alerts resolved
-        -- before are those whose entry is still in the audit log (read by its unique key).
+        -- before are those whose entry is still in the audit log, looked up by its unique key, one
+        -- alert at a time: joined, PostgreSQL hashed the whole audit log while alerts stayed locked.
         ALTER TABLE alerts ADD COLUMN resolved_at timestamptz;
-        UPDATE alerts a SET resolved_at = l.at FROM audit_log l
-        WHERE l.dedupe_key = 'alert.resolved:' || a.idempotency_key;
+        WITH resolved AS MATERIALIZED (
+            SELECT idempotency_key, (SELECT l.at FROM audit_log l
+                                     WHERE l.dedupe_key = 'alert.resolved:' || a.idempotency_key) AS at
+            FROM alerts a)
+        UPDATE alerts a SET resolved_at = r.at FROM resolved r
+        WHERE r.at IS NOT NULL AND a.idempotency_key = r.idempotency_key;
         """,
     ),
 ]
