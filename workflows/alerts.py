@@ -467,7 +467,8 @@ class AlertLoops:
         made = [(fact, a) for fact in facts for a in self.alerts_for(fact, rules, removed)]
         # A death's end resolves no alert resolved already: its rule was removed while the death went
         # on, and put back (or removed again) since. Its resolution's workflow id is the same, but
-        # DBOS forgets a finished workflow after relayWorkflowsDays, and the death may go on longer.
+        # DBOS forgets a finished workflow after relayWorkflowsDays and retention the resolution's own
+        # row after auditDays, and the death may go on longer.
         ends = sorted({a.resolves for fact, a in made if a.resolves is not None and fact.action != RESOLVED_ACTION})
         done = await self.store.resolved(ends) if ends else set()
         wanted = [a for fact, a in made if fact.action == RESOLVED_ACTION or a.resolves not in done]
