@@ -83,7 +83,9 @@ class Operator:
             before = await self.apps.get(org, app, conn)
             if before is None:
                 raise NotFound(f"no app {app!r} in org {org!r}")
-            await self.apps.update(conn, org, app, changes)
+            if not await self.apps.update(conn, org, app, changes):
+                # Deleted since it was read: the update waited for the deletion, then found no row.
+                raise NotFound(f"no app {app!r} in org {org!r}")
             after = await self.apps.get(org, app, conn)
             assert after is not None
             detail = {"before": before.settings(), "after": after.settings()}

@@ -44,6 +44,7 @@ from relay.core.alerts import (
     why_over,
 )
 from relay.core.times import us_iso
+from relay.errors import NotFound
 from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 from relay.store.instances import dbos_ran
@@ -222,14 +223,19 @@ class AlertStore:
 
     @staticmethod
     async def create(conn: Conn, record: dict[str, Any]) -> RuleRecord:
-        cur = await conn.execute(
-            f"""INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, secret, format,
-                                         receiver_app, source, created_by)
-                VALUES (%(id)s, %(org)s, %(app)s, %(kind)s, %(params)s, %(min_interval_secs)s, %(webhook_url)s,
-                        %(secret)s, %(format)s, %(receiver_app)s, 'api', %(created_by)s)
-                RETURNING {_COLUMNS}""",
-            {**record, "params": Jsonb(record["params"])},
-        )
+        """The rule, in the caller's transaction; NotFound when its app is not there (deleted since the
+        caller looked for it: the insert waited for the deletion, then found no app to belong to)."""
+        try:
+            cur = await conn.execute(
+                f"""INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, secret,
+                                             format, receiver_app, source, created_by)
+                    VALUES (%(id)s, %(org)s, %(app)s, %(kind)s, %(params)s, %(min_interval_secs)s, %(webhook_url)s,
+                            %(secret)s, %(format)s, %(receiver_app)s, 'api', %(created_by)s)
+                    RETURNING {_COLUMNS}""",
+                {**record, "params": Jsonb(record["params"])},
+            )
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise NotFound(f"no app {record['app']!r} in org {record['org']!r}") from exc
         row = await cur.fetchone()
         assert row is not None
         return RuleRecord.from_row(row)
