@@ -537,6 +537,21 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
     assert future.out == "" and "no audit entries" in future.err
 
 
+def test_the_audit_tables_detail_is_cut_and_its_help_says_json_has_it_whole(world: World, cli: Cli) -> None:
+    """An entry's detail longer than the table's DETAIL column (a settings change: before and after)
+    is cut there; ``--help`` says so, and ``--json`` has it whole."""
+    timeout = api_json(world, "GET", "/apps/ledger")["executorTimeoutSecs"]
+    api_json(world, "PATCH", "/apps/ledger", json={"executorTimeoutSecs": timeout})  # as it is: an entry
+    args = ("audit", "--app", "ledger", "--action", "settings.updated", "--desc", "--limit", "1")
+    (row,) = ok(cli(*args)).table()
+    (entry,) = ok(cli(*args, "--json")).json()
+    whole = json.dumps(entry["detail"], separators=(",", ":"))
+    assert len(whole) > 80 and len(row["DETAIL"]) == 80, row
+    assert row["DETAIL"] == whole[:79] + "…"
+    helped = " ".join(ok(cli("audit", "--help")).out.split())
+    assert "The DETAIL column is cut at 80 characters (ending in …); --json prints each entry's detail whole" in helped
+
+
 def test_a_manual_recovery_is_readable_as_soon_as_its_id_is_answered(world: World) -> None:
     """The id that POST .../recover answers (202) reads as a recovery at once, even while its
     workflow is slow to write the record: here a lock holds the record's insert for 1.5 s. (Before,

@@ -221,7 +221,9 @@ def audit(
     until_id: int | None,
 ) -> None:
     """The org's audit log, oldest first (newest first with --desc): every recovery action and every
-    change made through the API."""
+    change made through the API.
+
+    The DETAIL column is cut at 80 characters (ending in …); --json prints each entry's detail whole."""
     params = {
         "app": app,
         "executorId": executor,

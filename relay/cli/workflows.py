@@ -143,7 +143,9 @@ def get_workflow(api: Api, app: str, workflow_id: str, no_data: bool) -> None:
 @click.argument("workflow_id")
 @api_command
 def steps(api: Api, app: str, workflow_id: str) -> None:
-    """A workflow's steps, in order: name, outcome, child workflow, when and how long."""
+    """A workflow's steps, in order: name, outcome, child workflow, when and how long.
+
+    The OUTPUT OR ERROR column is cut at 60 characters (ending in …); --json prints them whole."""
     found = api.call("GET", api.org_path("apps", app, "workflows", workflow_id, "steps"))
     if api.as_json:
         print_json(found)
