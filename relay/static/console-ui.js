@@ -29,7 +29,8 @@ export function when(iso) {
   if (!iso) return "";
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return String(iso);
-  return h("time", {datetime: iso, title: iso}, d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"));
+  // The attribute in HTML's form (at most three fraction digits; Relay's times have six), the title as served.
+  return h("time", {datetime: d.toISOString(), title: iso}, d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"));
 }
 
 export function ago(iso) {
