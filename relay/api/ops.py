@@ -88,11 +88,7 @@ def _swagger_file(name: str) -> bytes:
 # its servers entry at /conductor so that a client made from it calls the API under that prefix.
 # All open, as /openapi.json (relay.net.guard.OPEN_PATHS). No OpenAPI 3.0 downgrade
 # (/openapi-3.0.json): Relay has no way to check one against the 3.0 schema.
-# The entry is relative: OpenAPI resolves it against the document's URL, so from
-# .../conductor/v2/openapi.json it is .../conductor wherever Relay is served, below a reverse
-# proxy's path prefix too (an absolute /conductor named the host's root there). No trailing slash:
-# the API's paths are appended to it as they are ("/v2/..."), not resolved.
-SERVED_UNDER_CONDUCTOR = [{"url": "../../conductor"}]
+SERVED_UNDER_CONDUCTOR = [{"url": "/conductor"}]
 
 
 @router.get("/openapi.yaml", include_in_schema=False)
