@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from dbos import DBOS
 
 from relay_client import _internals, ids, lifecycle
-from relay_client.connection import Connection, check_key, check_url
+from relay_client.connection import MAX_FRAME_BYTES, Connection, check_frame_bytes, check_key, check_url
 from relay_client.errors import ConnectRefused, RelayClientError
 from relay_client.handlers import Handlers, Identity
 from relay_client.ids import new_executor_id
@@ -42,6 +42,7 @@ def connect(
     max_concurrent_requests: int = 4,
     send_queue_size: int = 64,
     max_waiting_requests: int = 64,
+    max_frame_bytes: int = MAX_FRAME_BYTES,
 ) -> Connection:
     """Connect this launched DBOS process to Relay at ``url`` (``ws://`` or ``wss://``) as an executor of ``app``.
 
@@ -51,7 +52,8 @@ def connect(
     ``DBOS.destroy()``, the interpreter's exit or :meth:`Connection.stop`.
     ``metadata`` is reported as the executor's metadata. For ``wss://``,
     ``ca_file`` names the CA bundle to trust, or ``ssl_context`` is used as
-    given (default: the system's CAs).
+    given (default: the system's CAs). A frame from Relay over ``max_frame_bytes`` (100 MiB by
+    default) is not read: the socket is closed (1009) and the client connects again.
 
     Raises ValueError for a URL that is not ``ws://`` or ``wss://`` (the console's ``http://`` URL, say)
     or ``metadata`` that JSON cannot carry, before anything else. Raises :class:`ConnectRefused` when
@@ -62,6 +64,7 @@ def connect(
     """
     check_url(url)  # before anything is checked, claimed or started
     check_key(key)
+    check_frame_bytes(max_frame_bytes)
     _check_metadata(metadata)
     instance = _refuse_unsafe()
     app = _app_of_dbos(app)
@@ -73,7 +76,8 @@ def connect(
         url, key=key, app=app, ssl_context=_tls(url, ca_file, ssl_context),
         handlers=Handlers(identity),
         max_concurrent_requests=max_concurrent_requests, send_queue_size=send_queue_size,
-        max_waiting_requests=max_waiting_requests, alive=lambda: _internals.live_instance() is instance,
+        max_waiting_requests=max_waiting_requests, max_frame_bytes=max_frame_bytes,
+        alive=lambda: _internals.live_instance() is instance,
     )  # fmt: skip
     connection.handlers.retention = Retention(stopping=lambda: connection.draining or not connection.running)
     connection.handlers.shutting_down = lambda: connection.draining or _internals.live_instance() is not instance

@@ -33,6 +33,10 @@ answers, and reconnects until stopped.
   503, another 5xx, close codes 4408, 4410; an unexpected error) up to
   :data:`BUSY_MAX_SECS`, each times the jitter. A socket that was
   open :data:`STEADY_SECS` or more before it ended starts the count over.
+- A frame from Relay larger than ``max_frame_bytes`` (:data:`MAX_FRAME_BYTES`, 100 MiB, by
+  default, as client-ts's) is not read: websockets refuses it by its header, the socket is closed
+  (1009) and the client connects again as after any loss, logging why. Unbounded, a Relay (or, without
+  TLS, anyone between) could make the executor buffer gigabytes.
 - For ``wss://`` without a context, the system's CAs (``ssl.create_default_context()``).
 - :meth:`Connection.drain` (DBOS shutting down) refuses requests from then on and
   waits, bounded, for the handlers running and the retention round, the socket
@@ -84,6 +88,11 @@ PING_INTERVAL_SECS = 20.0
 PING_TIMEOUT_SECS = 15.0
 OPEN_TIMEOUT_SECS = 5.0
 CLOSE_TIMEOUT_SECS = 5.0
+#: The largest frame taken from Relay by default: client-ts's (``ws``'s own default). Relay's replies
+#: are what is large; its requests are small, so this only bounds what a bad peer can make it hold.
+MAX_FRAME_BYTES = 100 * 1024 * 1024
+#: The close code websockets sends after refusing a frame over ``max_size`` (RFC 6455's "message too big").
+MESSAGE_TOO_BIG = 1009
 #: How often the loop checks that the DBOS it serves is still there.
 WATCH_INTERVAL_SECS = 0.5
 
@@ -165,6 +174,13 @@ def check_url(base: str) -> None:
         raise ValueError("port 0 is not a port to connect to")
     if parts.query or parts.fragment:
         raise ValueError("the URL must not have a query or a fragment: the client adds websocket/{app}/{key} to it")
+
+
+def check_frame_bytes(max_frame_bytes: object) -> None:
+    """Raise ValueError unless ``max_frame_bytes`` is a whole number of bytes, at least 1 (None, which
+    websockets reads as no limit at all, is refused: that is the unbounded buffer it is there to stop)."""
+    if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes < 1:
+        raise ValueError(f"max_frame_bytes must be a whole number of bytes, at least 1, not {max_frame_bytes!r}")
 
 
 def check_key(key: object) -> None:
@@ -249,7 +265,7 @@ class Connection:
         ssl_context: ssl.SSLContext | None = None,
         max_concurrent_requests: int = 4,
         send_queue_size: int = 64,
-        max_frame_bytes: int | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
         alive: Callable[[], bool] = lambda: True,
         max_waiting_requests: int = 64,
     ) -> None:
@@ -257,6 +273,7 @@ class Connection:
             raise ValueError("max_concurrent_requests and send_queue_size must be at least 1")
         if max_waiting_requests < 0:
             raise ValueError("max_waiting_requests must be at least 0")
+        check_frame_bytes(max_frame_bytes)
         check_url(base_url)
         self.app = app
         self.executor_id = handlers.identity.executor_id
@@ -420,7 +437,13 @@ class Connection:
             self._note_problem(f"Relay refused the connection ({exc.response.status_code}): {body}")
             retry = retry_after_status(exc.response.status_code)
         except ConnectionClosed as exc:
-            self._note_problem(f"Connection to Relay lost: {exc!r}")
+            if exc.sent is not None and exc.sent.code == MESSAGE_TOO_BIG and exc.rcvd_then_sent is not True:
+                self._note_problem(
+                    f"Relay sent a frame larger than max_frame_bytes ({self._max_frame_bytes} bytes); "
+                    f"closed the socket (1009): {exc!r}"
+                )
+            else:
+                self._note_problem(f"Connection to Relay lost: {exc!r}")
             retry = retry_after_close(exc.rcvd.code if exc.rcvd is not None else None)
         except ssl.SSLCertVerificationError as exc:  # an OSError, but no loss: the same certificate next time
             self._note_problem(f"Relay's certificate is not trusted: {exc!r}")

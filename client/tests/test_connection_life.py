@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -371,6 +372,40 @@ def test_a_handler_does_not_see_what_an_earlier_one_left_in_its_context() -> Non
         connection.start()
         eventually(lambda: len(handlers.found) == 3, timeout=10)
         assert handlers.found == ["unset"] * 3, handlers.found
+    finally:
+        connection.stop()
+        relay.stop()
+
+
+def test_a_frame_over_max_frame_bytes_is_not_buffered_the_socket_is_closed_and_the_client_reconnects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """client/README.md: a frame larger than ``max_frame_bytes`` (100 MiB by default, as client-ts's) is
+    not read. Relay (or, without TLS, anyone between) announces a 2 GiB frame and sends its first
+    bytes: the client closes the socket (1009) at the header, says why, and connects again at once;
+    unbounded, it would wait to buffer all 2 GiB and never come back."""
+    oversize = b"\x81\x7f" + (2 * 1024**3).to_bytes(8, "big") + b"x" * 4096  # a text frame of 2 GiB: its header
+
+    def script(ws: ServerConnection, n: int) -> None:
+        assert ask_info(ws, n)
+        if n == 0:
+            ws.socket.sendall(oversize)  # under websockets: only a raw socket can announce 2 GiB cheaply
+        read_until_closed(ws)
+
+    relay = ScriptedRelay(script)
+    connection = Connection(relay.url, key="k", app="clienttest", handlers=Handlers(Identity("f1", "v1")))
+    try:
+        with caplog.at_level(logging.WARNING, logger="dbos.relay_client"):
+            connection.start()
+            eventually(lambda: relay.connections == 2 and connection.connected, timeout=5)
+        warned = [r.getMessage() for r in caplog.records]
+        assert any("larger than max_frame_bytes (104857600 bytes)" in line and "1009" in line for line in warned), (
+            warned
+        )
+        with pytest.raises(ValueError, match="max_frame_bytes must be a whole number"):
+            Connection(
+                relay.url, key="k", app="clienttest", handlers=Handlers(Identity("f2", "v1")), max_frame_bytes=None
+            )  # type: ignore[arg-type]
     finally:
         connection.stop()
         relay.stop()
