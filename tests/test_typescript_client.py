@@ -32,6 +32,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 import relay_protocol as p
+from harness.certificates import make_certificates, make_self_signed
 from harness.executors import Evidence, ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
@@ -59,25 +60,6 @@ def start_ts53(tmp_path: Path, sysdb: str) -> Iterator[StartTs]:
     yield start
     for executor in started:
         executor.stop()
-
-
-def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
-    """A CA of our own and a certificate it signed for 127.0.0.1: (the CA's file, the server's context)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-            "-subj", "/CN=relay client-ts test CA")  # fmt: skip
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
-    )
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(folder / "server.pem", folder / "server.key")
-    return folder / "ca.pem", server
 
 
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
@@ -655,7 +637,10 @@ class _CountingServer(socketserver.ThreadingTCPServer):
 
 
 def test_a_tls_failure_is_tried_again_less_and_less_often_and_logged_once(tmp_path: Path) -> None:
-    """A wss:// URL at a port without TLS (an HTTP server answering 400) was tried again every second."""
+    """A wss:// URL at a port without TLS (an HTTP server answering 400) was tried again every second.
+    A certificate the client does not trust, signed by a CA it is not given or by its own key (Node's
+    UNABLE_TO_VERIFY_LEAF_SIGNATURE, DEPTH_ZERO_SELF_SIGNED_CERT: two of lib/connection.js's
+    CERTIFICATE_CODES), is a refusal that repeats too, logged as such, not a loss tried every second."""
 
     def http_400(sock: Any) -> None:
         sock.recv(4096)
@@ -666,7 +651,14 @@ def test_a_tls_failure_is_tried_again_less_and_less_often_and_logged_once(tmp_pa
     def untrusted(sock: Any) -> None:
         tls.wrap_socket(sock, server_side=True).recv(1)
 
+    (tmp_path / "self").mkdir()
+    self_tls = make_self_signed(tmp_path / "self")
+
+    def self_signed(sock: Any) -> None:
+        self_tls.wrap_socket(sock, server_side=True).recv(1)
+
     plain, certificate = _CountingServer(http_400), _CountingServer(untrusted)
+    self_certificate = _CountingServer(self_signed)
     try:
         got = run_client_script(
             r"""
@@ -681,7 +673,7 @@ const open = (port) => {
   conn.start();
   return { conn, lines };
 };
-const opened = [open(process.env.PLAIN), open(process.env.CERTIFICATE)];
+const opened = [open(process.env.PLAIN), open(process.env.CERTIFICATE), open(process.env.SELF_SIGNED)];
 setTimeout(async () => {
   const out = [];
   for (const { conn, lines } of opened) {
@@ -691,17 +683,18 @@ setTimeout(async () => {
   console.log(JSON.stringify(out));
 }, 2000);
 """,
-            {"PLAIN": str(plain.port), "CERTIFICATE": str(certificate.port)},
+            {"PLAIN": str(plain.port), "CERTIFICATE": str(certificate.port), "SELF_SIGNED": str(self_certificate.port)},
         )
     finally:
-        for server in (plain, certificate):
+        for server in (plain, certificate, self_certificate):
             server.shutdown()
             server.server_close()
     for server, (last, problem) in zip(
-        (plain, certificate),
+        (plain, certificate, self_certificate),
         (
             ("refused", "relay client: TLS handshake with Relay failed (is this port serving TLS, wss://?): "),
-            ("refused", "relay client: Relay's certificate is not trusted: "),
+            ("refused", "relay client: Relay's certificate is not trusted: unable to verify the first certificate"),
+            ("refused", "relay client: Relay's certificate is not trusted: self-signed certificate"),
         ),
         strict=True,
     ):

@@ -8,6 +8,10 @@ import pytest
 from dbos import DBOS
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The repository's root, last: its harness.certificates (standard library only) is shared with
+# the repository's own tests; nothing of Relay's is installed in this venv, and nothing else there
+# has a name the client's tests import.
+sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 import app
 

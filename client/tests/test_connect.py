@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from urllib.parse import quote
 import app
 import pytest
 from dbos import DBOS
+from harness.certificates import make_certificates
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
@@ -217,24 +217,6 @@ def test_reconnects_within_two_seconds_of_relay_coming_back(relay: FakeRelay) ->
             assert back.infos[0]["executor_id"] == "e2"  # the same executor, reconnecting
         finally:
             back.stop()
-
-
-def make_certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
-    """A CA of our own and a certificate it signed for 127.0.0.1: (the CA's file, the server's context)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-            "-subj", "/CN=relay-client test CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-            "-subj", "/CN=127.0.0.1")  # fmt: skip
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(folder / "server.pem", folder / "server.key")
-    return folder / "ca.pem", server
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")

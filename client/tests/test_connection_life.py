@@ -20,7 +20,8 @@ from pathlib import Path
 import app
 import pytest
 from dbos import DBOS
-from test_connect import FakeRelay, SlowHandlers, eventually, make_certificates
+from harness.certificates import make_certificates
+from test_connect import FakeRelay, SlowHandlers, eventually
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 

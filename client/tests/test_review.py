@@ -21,7 +21,8 @@ from pathlib import Path
 import app
 import pytest
 from dbos import DBOS, DBOSClient, SetWorkflowID
-from test_connect import FakeRelay, eventually, make_certificates
+from harness.certificates import make_certificates
+from test_connect import FakeRelay, eventually
 from test_connection_life import ScriptedRelay, ask_info, read_until_closed
 from websockets.sync.server import ServerConnection
 
