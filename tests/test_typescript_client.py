@@ -38,7 +38,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
-from harness.ts_executor import CLIENT_TS, SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app53
+from harness.ts_executor import CLIENT_TS, SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app, ts_app53
 from harness.waiting import assert_eventually
 from tests.prom import scrape
 from tests.test_client import at, read_line
@@ -738,3 +738,85 @@ const ask = async (frame) => JSON.parse(await handlers.answer(JSON.stringify(fra
     assert any(line.startswith("relay client: Exception encountered during enforcing retention") for line in lines)
     # What Relay reads is worded as the SDK's client words it.
     assert got["failed"]["error_message"].startswith("Exception encountered when listing workflows: "), got
+
+
+def test_error_texts_and_inspected_values_are_what_the_52_sdks_own_client_sends() -> None:
+    """client-ts sent a workflow's or step's error as `Name: message`, where the 5.2 SDK's client sends
+    the JSON of serializeError(error); a failed request's error_message as "Exception encountered when
+    <its own words>: <the stack>", where 5.2 sends "<its context for the type>: <the message>"; a
+    schedule with no context as null, where 5.2 sends 'null'; and values inspected to depth 8 on one
+    line, where 5.2 cuts nothing. The same failure now reads the same from an executor on either.
+    Compared with 5.2.11's own conductor/protocol.js where it has the code (errors, inspect), and with
+    its conductor.js's wording (reportException's contexts) for the error messages."""
+    protocol52 = ts_app().parent / "node_modules/@dbos-inc/dbos-sdk/dist/src/conductor/protocol.js"
+    got = run_client_script(
+        r"""
+const { DBOS } = require('@dbos-inc/dbos-sdk');
+const { Handlers, workflowOutput, stepOutput, scheduleOutput } = require('./lib/handlers');
+const sdk52 = require(process.env.PROTOCOL52);
+class Boom extends Error {
+  constructor(message) { super(message); this.name = 'Boom'; this.code = 'E_BOOM'; }
+}
+const error = new Boom('went wrong');
+const deep = { a: { b: { c: { d: { e: { f: { g: { h: { i: { j: 'deep' } } } } } } } } }, list: [...Array(120).keys()] };
+const status = { workflowID: 'w1', status: 'ERROR', workflowName: 'wf', error, input: [deep], output: 'x'.repeat(100) };
+const step = { functionID: 1, name: 's', error, output: undefined };
+const ours = workflowOutput(status);
+const theirs = new sdk52.WorkflowsOutput(status);
+const sched = { scheduleId: 'i', scheduleName: 'n', workflowName: 'wf', schedule: '* * * * *', status: 'ACTIVE' };
+const out = {
+  workflow: [ours.Error, theirs.Error], input: [ours.Input, theirs.Input], output: [ours.Output, theirs.Output],
+  step: [stepOutput(step, true).error, new sdk52.WorkflowSteps(step).error],
+  noContext: [scheduleOutput({ ...sched, context: null }, true).context, sdk52.inspectForConductor(null)],
+  context: [scheduleOutput({ ...sched, context: deep }, true).context, sdk52.inspectForConductor(deep)],
+  notAsked: scheduleOutput({ ...sched, context: null }, false).context,
+  failed: {},
+};
+const log = { debug() {}, info() {}, warn() {}, error() {} };
+const handlers = new Handlers({ executorId: 'e1', log });
+DBOS.setAlertHandler(async () => { throw new Boom('pager down'); });
+(async () => {
+  // DBOS is not launched here: each DBOS call throws "`DBOS.launch()` must be called before running X."
+  for (const frame of [
+    { type: 'cancel', request_id: 'cancel', workflow_ids: ['a', 'b'] },
+    { type: 'resume', request_id: 'resume', workflow_id: 'w1' },
+    { type: 'get_workflow', request_id: 'get_workflow', workflow_id: 'w1' },
+    { type: 'list_steps', request_id: 'list_steps', workflow_id: 'w1' },
+    { type: 'fork_workflow', request_id: 'fork_workflow', body: { workflow_id: 'w1', start_step: 2 } },
+    { type: 'rewind_workflow', request_id: 'rewind_workflow', body: { workflow_id: 'w1' } },
+    { type: 'set_latest_application_version', request_id: 'set_latest', version_name: 'v9' },
+    { type: 'get_schedule', request_id: 'get_schedule', schedule_name: 'nightly' },
+    { type: 'pause_schedule', request_id: 'pause_schedule', schedule_name: 'nightly' },
+    { type: 'get_queue', request_id: 'get_queue', name: 'q1' },
+    { type: 'list_workflows', request_id: 'list_workflows', body: {} },
+    { type: 'alert', request_id: 'alert', name: 'n', message: 'm', metadata: {} },
+  ]) {
+    out.failed[frame.request_id] = JSON.parse(await handlers.answer(JSON.stringify(frame))).error_message;
+  }
+  console.log(JSON.stringify(out));
+})();
+""",
+        {"PROTOCOL52": str(protocol52)},
+    )
+    for field in ("workflow", "step", "input", "output", "noContext", "context"):
+        ours, theirs = got[field]
+        assert ours == theirs, (field, ours, theirs)
+    assert json.loads(got["workflow"][0])["name"] == "Boom" and got["noContext"][0] == "null", got
+    assert got["notAsked"] is None, got
+    launch = "`DBOS.launch()` must be called before running"
+    assert got["failed"] == {
+        "cancel": f"Exception encountered when cancelling workflow(s) a,b: {launch} cancelWorkflows.",
+        "resume": f"Exception encountered when resuming workflow(s) w1: {launch} resumeWorkflows.",
+        "get_workflow": f"Exception encountered when getting workflow w1: {launch} listWorkflows.",
+        "list_steps": f"Exception encountered when listing steps w1: {launch} listWorkflowSteps.",
+        "fork_workflow": "Exception encountered when forking workflow w1 to new workflow undefined on step 2, "
+        f"app version undefined: {launch} forkWorkflow.",
+        "rewind_workflow": f"Exception encountered when rewinding workflow w1 to step 0: {launch} rewindWorkflow.",
+        "set_latest": "Exception encountered when setting latest application version 'v9': "
+        f"{launch} setLatestApplicationVersion.",
+        "get_schedule": f"Exception encountered when getting schedule nightly: {launch} getSchedule.",
+        "pause_schedule": f"Exception encountered when pausing schedule 'nightly': {launch} pauseSchedule.",
+        "get_queue": f"Exception encountered when getting queue q1: {launch} retrieveQueue.",
+        "list_workflows": f"Exception encountered when listing workflows: {launch} listWorkflows.",
+        "alert": "Exception in alert handler: pager down",
+    }, got["failed"]

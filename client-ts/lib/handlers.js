@@ -10,7 +10,13 @@
 //   and id and error_message "Unknown message type", nothing else.
 // - A request whose fields are not what its type needs gets an error reply naming the field.
 // - A handler that throws is answered with its type's failure reply: the payload empty
-//   (success: false, exist: false, output: [] or null) and error_message saying what failed.
+//   (success: false, exist: false, output: [] or null) and error_message saying what failed, in the
+//   5.2 SDK's own client's words: `${context}: ${error.message}`, the context as 5.2 has it for that
+//   type ("Exception encountered when cancelling workflow(s) a,b"), so an operator reads the same text
+//   from both. The log line has the stack too.
+// - A workflow's or step's error is sent as 5.2 sends it: JSON.stringify(serializeError(error)), with
+//   the serialize-error the SDK itself uses; a schedule's context, when asked for, is always inspected
+//   as 5.2 inspects it ("null" for none), and every inspected value with 5.2's options.
 //
 // Every handler calls DBOS's public API (DBOS.listWorkflows, DBOS.cancelWorkflows, ...; retention and
 // the aggregates in lib/retention.js and lib/aggregates.js, from its listings), except
@@ -27,6 +33,7 @@ const fs = require('node:fs');
 const { inspect } = require('node:util');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
 const { randomUUID } = require('node:crypto');
+const { serializeError } = require('serialize-error');
 const { Retention } = require('./retention');
 const aggregates = require('./aggregates');
 
@@ -140,12 +147,15 @@ function workflowsInput(b) {
 // --- Building a reply's values ---
 
 const text = (value) => (value === undefined || value === null ? null : String(value));
-const shown = (value) => (value === undefined || value === null ? null : inspect(value, { depth: 8, breakLength: Infinity }));
+// The 5.2 SDK's inspectForConductor (conductor/protocol.js): nothing collapsed or cut.
+const INSPECT_OPTIONS = { depth: null, maxArrayLength: null, maxStringLength: null };
+const inspected = (value) => inspect(value, INSPECT_OPTIONS);
+const shown = (value) => (value === undefined || value === null ? null : inspected(value));
 
+/** A workflow's or step's error as the 5.2 SDK's client sends it (WorkflowsOutput.Error, WorkflowSteps.error). */
 function errorText(error) {
   if (error === undefined || error === null) return null;
-  if (error instanceof Error) return `${error.name}: ${error.message}`;
-  return shown(error);
+  return JSON.stringify(serializeError(error));
 }
 
 /** A DBOS WorkflowStatus as the protocol's WorkflowsOutput (PascalCase keys; numbers as strings). */
@@ -197,17 +207,26 @@ function stepOutput(s, loadOutput) {
   };
 }
 
-// --- The handlers: ROUTES[type] = [handle(frame, ctx) -> reply fields, failure reply fields, what] ---
+// --- The handlers: ROUTES[type] = { handle(frame, ctx) -> reply fields, failure reply fields, context } ---
 
 const ROUTES = new Map();
 
-function route(type, failed, what, handle) {
-  ROUTES.set(type, { handle, failed, what });
+/** `context`: what a failure's error_message begins with, the 5.2 SDK's client's words for the type:
+ * a string, or a function of the frame for the contexts that name what was asked (ids, names). */
+function route(type, failed, context, handle) {
+  ROUTES.set(type, { handle, failed, context: typeof context === 'function' ? context : () => context });
 }
+
+const when = (what) => `Exception encountered when ${what}`;
+/** The frame's body, or {} (a context is worded from what the frame has, never failing on it). */
+const bodyOf = (f) => (isObject(f.body) && f.body !== null ? f.body : {});
+
+/** 5.2's context for cancel, delete and resume: the ids as it reads them (`workflow_ids ?? [workflow_id]`). */
+const idsContext = (what) => (f) => when(`${what} workflow(s) ${String(f.workflow_ids ?? [f.workflow_id])}`);
 
 const unsuccessful = { success: false };
 
-route('executor_info', { executor_id: 'unknown', application_version: '' }, 'reporting executor info', async (f, ctx) => ({
+route('executor_info', { executor_id: 'unknown', application_version: '' }, when('reporting executor info'), async (f, ctx) => ({
   executor_id: ctx.executorId,
   application_version: DBOS.applicationVersion,
   hostname: os.hostname(),
@@ -216,7 +235,7 @@ route('executor_info', { executor_id: 'unknown', application_version: '' }, 'rep
   executor_metadata: ctx.metadata ?? null,
 }));
 
-route('recovery', unsuccessful, 'recovering workflows', async (f, ctx) => {
+route('recovery', unsuccessful, when('recovering workflows'), async (f, ctx) => {
   const executorIds = strList(f, 'executor_ids');
   const { DBOSExecutor } = dbosInternal('dbos-executor');
   const executor = DBOSExecutor.globalInstance;
@@ -226,7 +245,7 @@ route('recovery', unsuccessful, 'recovering workflows', async (f, ctx) => {
   return { success: true };
 });
 
-route('exist_pending_workflows', { exist: false }, 'checking for pending workflows', async (f) => {
+route('exist_pending_workflows', { exist: false }, when('checking for pending workflows'), async (f) => {
   const pending = await DBOS.listWorkflows({
     status: 'PENDING',
     executorId: str(f, 'executor_id'),
@@ -238,7 +257,7 @@ route('exist_pending_workflows', { exist: false }, 'checking for pending workflo
   return { exist: pending.length > 0 };
 });
 
-route('retention', unsuccessful, 'enforcing retention policy', async (f, ctx) => {
+route('retention', unsuccessful, when('enforcing retention policy'), async (f, ctx) => {
   const b = body(f);
   const round = {};
   for (const key of ['gc_cutoff_epoch_ms', 'gc_rows_threshold', 'gc_batch_size', 'timeout_cutoff_epoch_ms']) {
@@ -248,7 +267,7 @@ route('retention', unsuccessful, 'enforcing retention policy', async (f, ctx) =>
   return { success: true };
 });
 
-route('alert', unsuccessful, 'processing alert', async (f, ctx) => {
+route('alert', unsuccessful, 'Exception in alert handler', async (f, ctx) => {
   const name = str(f, 'name');
   const message = str(f, 'message');
   const metadata = object(f, 'metadata', {});
@@ -261,15 +280,15 @@ route('alert', unsuccessful, 'processing alert', async (f, ctx) => {
   return { success: true };
 });
 
-route('list_workflows', { output: [] }, 'listing workflows', async (f) => ({
+route('list_workflows', { output: [] }, when('listing workflows'), async (f) => ({
   output: (await DBOS.listWorkflows(workflowsInput(body(f)))).map(workflowOutput),
 }));
 
-route('list_queued_workflows', { output: [] }, 'listing queued workflows', async (f) => ({
+route('list_queued_workflows', { output: [] }, when('listing queued workflows'), async (f) => ({
   output: (await DBOS.listQueuedWorkflows(workflowsInput(body(f)))).map(workflowOutput),
 }));
 
-route('get_workflow', { output: null }, 'getting workflow', async (f) => {
+route('get_workflow', { output: null }, (f) => when(`getting workflow ${f.workflow_id}`), async (f) => {
   const found = await DBOS.listWorkflows({
     workflowIDs: [str(f, 'workflow_id')],
     loadInput: bool(f, 'load_input', true),
@@ -278,7 +297,7 @@ route('get_workflow', { output: null }, 'getting workflow', async (f) => {
   return { output: found.length > 0 ? workflowOutput(found[0]) : null };
 });
 
-route('list_steps', { output: null }, 'listing steps', async (f) => {
+route('list_steps', { output: null }, (f) => when(`listing steps ${f.workflow_id}`), async (f) => {
   const loadOutput = bool(f, 'load_output', true);
   const options = { limit: int(f, 'limit', OPTIONAL), offset: int(f, 'offset', OPTIONAL) };
   defined(options);
@@ -286,23 +305,31 @@ route('list_steps', { output: null }, 'listing steps', async (f) => {
   return { output: steps === undefined ? null : steps.map((s) => stepOutput(s, loadOutput)) };
 });
 
-route('cancel', unsuccessful, 'cancelling workflow(s)', async (f) => {
+route('cancel', unsuccessful, idsContext('cancelling'), async (f) => {
   await DBOS.cancelWorkflows(ids(f), { cancelChildren: bool(f, 'cancel_children', false) });
   return { success: true };
 });
 
-route('delete', unsuccessful, 'deleting workflow(s)', async (f) => {
+route('delete', unsuccessful, idsContext('deleting'), async (f) => {
   await DBOS.deleteWorkflows(ids(f), bool(f, 'delete_children', false));
   return { success: true };
 });
 
-route('resume', unsuccessful, 'resuming workflow(s)', async (f) => {
+route('resume', unsuccessful, idsContext('resuming'), async (f) => {
   const queueName = str(f, 'queue_name', OPTIONAL);
   await DBOS.resumeWorkflows(ids(f), queueName ? { queueName } : undefined);
   return { success: true };
 });
 
-route('fork_workflow', { new_workflow_id: null }, 'forking workflow', async (f) => {
+function forkContext(f) {
+  const b = bodyOf(f);
+  return when(
+    `forking workflow ${b.workflow_id} to new workflow ${b.new_workflow_id} on step ${b.start_step}, ` +
+      `app version ${b.application_version}`,
+  );
+}
+
+route('fork_workflow', { new_workflow_id: null }, forkContext, async (f) => {
   const b = body(f);
   const options = {
     newWorkflowID: str(b, 'new_workflow_id', OPTIONAL),
@@ -330,7 +357,7 @@ async function startStep(workflowId, fromStep, fromStepName, fromLastFailure) {
   return Math.max(...(failed.length > 0 ? failed : all.length > 0 ? all : [1]));
 }
 
-route('fork_from_failure', { forked_workflow_ids: null }, 'bulk forking workflows', async (f) => {
+route('fork_from_failure', { forked_workflow_ids: null }, when('bulk forking workflows'), async (f) => {
   const b = body(f);
   const workflowIds = strList(b, 'workflow_ids');
   const fromLastFailure = bool(b, 'from_last_failure', false);
@@ -357,7 +384,10 @@ route('fork_from_failure', { forked_workflow_ids: null }, 'bulk forking workflow
   return { forked_workflow_ids: forked };
 });
 
-route('rewind_workflow', unsuccessful, 'rewinding workflow', async (f) => {
+route('rewind_workflow', unsuccessful, (f) => {
+  const b = bodyOf(f);
+  return when(`rewinding workflow ${b.workflow_id} to step ${b.start_step ?? 0}`);
+}, async (f) => {
   const b = body(f);
   const options = {
     startStep: int(b, 'start_step', OPTIONAL),
@@ -370,7 +400,7 @@ route('rewind_workflow', unsuccessful, 'rewinding workflow', async (f) => {
   return { success: true };
 });
 
-route('list_application_versions', { output: [] }, 'listing application versions', async () => ({
+route('list_application_versions', { output: [] }, when('listing application versions'), async () => ({
   output: (await DBOS.listApplicationVersions()).map((v) => ({
     version_id: v.versionId,
     version_name: v.versionName,
@@ -379,7 +409,9 @@ route('list_application_versions', { output: [] }, 'listing application versions
   })),
 }));
 
-route('set_latest_application_version', unsuccessful, 'setting the latest application version', async (f) => {
+const setLatestContext = (f) => when(`setting latest application version '${f.version_name}'`);
+
+route('set_latest_application_version', unsuccessful, setLatestContext, async (f) => {
   await DBOS.setLatestApplicationVersion(str(f, 'version_name'));
   return { success: true };
 });
@@ -393,7 +425,7 @@ function scheduleOutput(s, loadContext) {
     workflow_class_name: s.workflowClassName || null,
     schedule: s.schedule,
     status: s.status,
-    context: loadContext && s.context !== undefined ? shown(s.context) : null,
+    context: loadContext ? inspected(s.context) : null, // none is "null", as 5.2 sends it
     last_fired_at: s.lastFiredAt ?? null,
     automatic_backfill: Boolean(s.automaticBackfill),
     cron_timezone: s.cronTimezone ?? null,
@@ -402,7 +434,7 @@ function scheduleOutput(s, loadContext) {
   };
 }
 
-route('list_schedules', { output: [] }, 'listing schedules', async (f) => {
+route('list_schedules', { output: [] }, when('listing schedules'), async (f) => {
   const b = body(f);
   const filters = {
     status: filter(strOrList(b, 'status', OPTIONAL)),
@@ -415,26 +447,26 @@ route('list_schedules', { output: [] }, 'listing schedules', async (f) => {
   return { output: (await DBOS.listSchedules(filters)).map((s) => scheduleOutput(s, loadContext)) };
 });
 
-route('get_schedule', { output: null }, 'getting schedule', async (f) => {
+route('get_schedule', { output: null }, (f) => when(`getting schedule ${f.schedule_name}`), async (f) => {
   const found = await DBOS.getSchedule(str(f, 'schedule_name'));
   return { output: found === null ? null : scheduleOutput(found, bool(f, 'load_context', true)) };
 });
 
-route('pause_schedule', unsuccessful, 'pausing schedule', async (f) => {
+route('pause_schedule', unsuccessful, (f) => when(`pausing schedule '${f.schedule_name}'`), async (f) => {
   await DBOS.pauseSchedule(str(f, 'schedule_name'));
   return { success: true };
 });
 
-route('resume_schedule', unsuccessful, 'resuming schedule', async (f) => {
+route('resume_schedule', unsuccessful, (f) => when(`resuming schedule '${f.schedule_name}'`), async (f) => {
   await DBOS.resumeSchedule(str(f, 'schedule_name'));
   return { success: true };
 });
 
-route('trigger_schedule', { workflow_id: null }, 'triggering schedule', async (f) => ({
+route('trigger_schedule', { workflow_id: null }, (f) => when(`triggering schedule '${f.schedule_name}'`), async (f) => ({
   workflow_id: (await DBOS.triggerSchedule(str(f, 'schedule_name'))).workflowID,
 }));
 
-route('backfill_schedule', { workflow_ids: [] }, 'backfilling schedule', async (f) => {
+route('backfill_schedule', { workflow_ids: [] }, (f) => when(`backfilling schedule '${f.schedule_name}'`), async (f) => {
   const start = new Date(str(f, 'start'));
   const end = new Date(str(f, 'end'));
   if (Number.isNaN(start.getTime()) || Number.isNaN(end.getTime())) {
@@ -479,15 +511,15 @@ function appName() {
   return dbosInternal('dbos-executor').DBOSExecutor.globalInstance?.appName;
 }
 
-route('get_workflow_aggregates', { output: [] }, 'getting workflow aggregates', async (f) => ({
+route('get_workflow_aggregates', { output: [] }, when('getting workflow aggregates'), async (f) => ({
   output: await aggregates.workflowAggregates(fields(body(f), WORKFLOW_AGGREGATES), appName()),
 }));
 
-route('get_step_aggregates', { output: [] }, 'getting step aggregates', async (f) => ({
+route('get_step_aggregates', { output: [] }, when('getting step aggregates'), async (f) => ({
   output: await aggregates.stepAggregates(fields(body(f), STEP_AGGREGATES)),
 }));
 
-route('get_metrics', { metrics: [] }, 'getting metrics', async (f) => {
+route('get_metrics', { metrics: [] }, when('getting metrics'), async (f) => {
   const metricClass = str(f, 'metric_class');
   const startTime = str(f, 'start_time');
   const endTime = str(f, 'end_time');
@@ -521,14 +553,14 @@ function queueOutput(q) {
   };
 }
 
-route('list_queues', { output: [] }, 'listing queues', async (f) => {
+route('list_queues', { output: [] }, when('listing queues'), async (f) => {
   // A server predating the filter sends no body; an empty list is every application's queues, as DBOS reads it.
   const b = { type: f.type, ...object(f, 'body', {}) };
   const applicationName = strOrList(b, 'application_name', OPTIONAL);
   return { output: (await DBOS.listQueues(applicationName)).map(queueOutput) };
 });
 
-route('get_queue', { output: null }, 'getting queue', async (f) => {
+route('get_queue', { output: null }, (f) => when(`getting queue ${f.name}`), async (f) => {
   const queue = await DBOS.retrieveQueue(str(f, 'name'));
   return { output: queue === null ? null : queueOutput(queue) };
 });
@@ -596,12 +628,14 @@ class Handlers {
         this.ctx.log.warn(`relay client: malformed request from Relay: ${err.message}`);
         return dumps({ ...head, error_message: err.message });
       }
-      // The reply's text as the SDK's client words it; the log line as the client's own, `relay client:`.
-      const message = `Exception encountered when ${handler.what}: ${err && err.stack ? err.stack : err}`;
-      this.ctx.log.error(`relay client: ${message}`);
-      return dumps({ ...head, ...handler.failed, error_message: message });
+      // The reply's text as the 5.2 SDK's client words it (its reportException: the context, then the
+      // error's message); the log line as the client's own, `relay client:`, with the stack.
+      const context = handler.context(frame);
+      const reason = isObject(err) && err !== null && 'message' in err ? err.message : String(err);
+      this.ctx.log.error(`relay client: ${context}: ${err && err.stack ? err.stack : reason}`);
+      return dumps({ ...head, ...handler.failed, error_message: `${context}: ${reason}` });
     }
   }
 }
 
-module.exports = { Handlers, SERVED, UNKNOWN_TYPE, workflowOutput };
+module.exports = { Handlers, SERVED, UNKNOWN_TYPE, workflowOutput, stepOutput, scheduleOutput };
