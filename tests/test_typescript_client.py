@@ -383,6 +383,9 @@ def test_the_client_answers_each_frame_of_a_peer_as_relay_reads_it_and_survives_
 
     assert paths == [f"/websocket/ledger/{CONDUCTOR_KEYS['acme']}"] * 2
     assert oversized == [1009]
+    # Logged as what it was (as relay_client logs it), not as "Relay closed the connection (code 1009)".
+    assert "Relay sent a frame larger than maxFrameBytes (104857600 bytes); closed the socket (1009)" in executor_log()
+    assert "code 1009" not in executor_log()
     for request_id in ("hello", "again"):
         info = p.parse_reply(replies[request_id], p.ExecutorInfoReply, request_id=request_id)
         assert (info.executor_id, info.language, info.dbos_version) == (

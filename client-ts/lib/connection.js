@@ -353,6 +353,7 @@ class Connection {
     let outbox;
     let first = true;
     let refused = false; // answered with an HTTP status: the abort that follows is no other problem
+    let tooBig = false; // a frame over maxFrameBytes: ws closes the socket itself (1009), Relay did not
 
     ws.on('unexpected-response', (req, res) => {
       refused = true;
@@ -410,6 +411,11 @@ class Connection {
         const reason = opensslReason(err);
         this._noteProblem(`TLS handshake with Relay failed (is this port serving TLS, wss://?): ${reason}`);
         retry = Retry.REFUSED;
+      } else if (err && err.code === 'WS_ERR_UNSUPPORTED_MESSAGE_LENGTH') {
+        tooBig = true; // as relay_client words it
+        this._noteProblem(
+          `Relay sent a frame larger than maxFrameBytes (${this._maxFrameBytes} bytes); closed the socket (1009)`,
+        );
       } else if (!this._stopping && !refused) {
         this._noteProblem(`Connection to Relay lost: ${err && err.message}`);
       }
@@ -422,7 +428,7 @@ class Connection {
       if (this._ws === ws) this._ws = null;
       if (this._stopping) return;
       if (openedAt !== undefined) {
-        this._noteProblem(`Relay closed the connection (code ${code})`);
+        if (!tooBig) this._noteProblem(`Relay closed the connection (code ${code})`);
         retry = retryAfterClose(code);
       }
       const lasted = openedAt === undefined ? 0 : Date.now() - openedAt;
