@@ -25,7 +25,7 @@ from relay.net.connection import ExecutorConnection
 from relay.store import db as db_module
 from relay.store.apps import AppStore
 from relay.store.db import Database
-from relay.store.executors import ExecutorStore, Handshake
+from relay.store.executors import AppGone, ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay.store.migrations import MIGRATIONS
 from relay.store.retention import RetentionStore
@@ -109,14 +109,17 @@ async def _batch_with_a_bad_row(url: str) -> tuple[list[object], list[str]]:
         await lease.acquire()
         store = ExecutorStore(db)
 
-        def handshake_of(app: str, executor_id: str) -> Handshake:
+        def handshake_of(org: str, app: str, executor_id: str, register_app: bool = False) -> Handshake:
             info = ExecutorInfoReply(request_id="r", executor_id=executor_id, application_version="v1")
-            return Handshake(ExecutorKey("acme", app, executor_id), info, "batch-test", "key")
+            return Handshake(ExecutorKey(org, app, executor_id), info, "batch-test", "key", register_app)
 
-        # Three together, written as one batch; the one of an app that does not exist breaks the statement.
-        good = [handshake_of("ledger", f"good-{n}") for n in range(2)]
-        bad = handshake_of("no-such-app", "bad")
-        results = await asyncio.gather(*(store.connected(h) for h in [good[0], bad, good[1]]), return_exceptions=True)
+        # Four together, written as one batch; registering an app in an org that does not exist breaks
+        # the statement. An app that does not exist (and is not registered) only refuses its own.
+        good = [handshake_of("acme", "ledger", f"good-{n}") for n in range(2)]
+        bad = handshake_of("no-such-org", "ledger", "bad", register_app=True)
+        gone = handshake_of("acme", "no-such-app", "gone")
+        batch = [good[0], bad, good[1], gone]
+        results = await asyncio.gather(*(store.connected(h) for h in batch), return_exceptions=True)
         async with db.connection() as conn:
             cur = await conn.execute("SELECT executor_id FROM executors ORDER BY executor_id")
             stored = [str(r["executor_id"]) for r in await cur.fetchall()]
@@ -130,6 +133,7 @@ def test_a_batch_of_handshakes_with_one_bad_row_records_the_others(postgres: Pos
     results, stored = asyncio.run(_batch_with_a_bad_row(postgres.create_database("batch")))
     assert isinstance(results[1], DatabaseError)
     assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException)
+    assert isinstance(results[3], AppGone), results[3]
     assert stored == ["good-0", "good-1"]
 
 

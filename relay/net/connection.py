@@ -22,7 +22,7 @@ from relay.core.liveness import LivenessMonitor
 from relay.errors import DatabaseError, ExecutorGone, ExecutorTimeout, Fenced, ProtocolError
 from relay.net.wire import Frame, clean_frame, executor_info
 from relay.net.wsproto import Keepalive
-from relay.store.executors import IdentityTaken
+from relay.store.executors import AppGone, IdentityTaken
 from relay_protocol import ExecutorInfoReply, ExecutorInfoRequest, Request, decode_frame
 from relay_protocol import ProtocolError as WireError
 
@@ -39,6 +39,7 @@ Send = Callable[[Message], Awaitable[None]]
 # Close codes sent after accept (4000-4999 are the application's to define).
 CLOSE_BAD_HANDSHAKE = 4400
 CLOSE_BAD_KEY = 4403
+CLOSE_UNKNOWN_APP = 4404
 CLOSE_HANDSHAKE_TIMEOUT = 4408
 CLOSE_REPLACED = 4409
 CLOSE_NOT_ANSWERING = 4410
@@ -115,6 +116,13 @@ class ExecutorConnection:
             self.hub.counters["rejected_identity_taken"] += 1
             log.warning("executor %s: refused: %s", self.name, exc)
             await self.close(CLOSE_BAD_KEY, "this executor id belongs to another key")
+            return
+        except AppGone as exc:
+            # Deleted through the API during the handshake, with autoRegisterApps off: the SDK's next
+            # attempt is refused with the 404 of an unknown app.
+            self.hub.counters["rejected_unknown_app"] += 1
+            log.warning("executor %s: refused: %s (deleted during its handshake)", self.name, exc)
+            await self.close(CLOSE_UNKNOWN_APP, "no such app: it was deleted")
             return
         except Fenced as exc:
             log.warning("executor %s: refused, this instance does not hold its lease: %s", self.name, exc)

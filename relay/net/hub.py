@@ -146,9 +146,6 @@ class Hub:
         self.pending_handshakes = 0
         self.sockets_by_key: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
-        # Apps this instance registered (autoRegisterApps), so that a handshake costs no INSERT; only
-        # ever a hint: a failed recording forgets its app.
-        self._registered: set[tuple[str, str]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
         # Set when a disconnection could not be recorded (the database is out): the socket check
@@ -251,18 +248,11 @@ class Hub:
         A newer socket of the same executor takes over: the older one is closed,
         here or on the instance that holds it.
         """
-        app = (conn.org, conn.app)
-        if self.config.auto_register_apps and app not in self._registered:
-            await self.apps.ensure(conn.org, conn.app)
-            self._registered.add(app)
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
-        try:
-            result = await self.executors.connected(Handshake(key, info, self.instance_id, conn.grant.key_id))
-        except DatabaseError:
-            # Perhaps the app was deleted since it was registered (the record's foreign key refuses
-            # it): registered again at the executor's next attempt.
-            self._registered.discard(app)
-            raise
+        # An app missing (never seen, or deleted since) is registered in the transaction that records
+        # the executor, if apps register themselves; else AppGone refuses the handshake.
+        handshake = Handshake(key, info, self.instance_id, conn.grant.key_id, self.config.auto_register_apps)
+        result = await self.executors.connected(handshake)
         previous = self.connections.get(key)
         self.connections[key] = conn
         if previous is not None and previous is not conn:

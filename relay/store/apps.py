@@ -164,6 +164,37 @@ class AppStore:
                 (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
             )
 
+    @staticmethod
+    async def hold(conn: Conn, apps: list[tuple[str, str]], register: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Lock ``apps`` (org, name) against deletion for the caller's transaction (``FOR KEY SHARE``,
+        which writing an executor's row takes anyway), registering with default settings those of
+        ``register`` that are missing; returns those that exist, locked.
+
+        The executor's row is written in the same transaction: an app's deletion either commits
+        first (the app is then registered again here, or missing) or waits for that commit and finds
+        the executor (409). Locked in the order of their names, as every path that locks several.
+        """
+        wanted = sorted(set(apps) | set(register))
+        orgs, names = [o for o, _ in wanted], [n for _, n in wanted]
+        held: set[tuple[str, str]] = set()
+        for _ in range(3):  # an app registered here may be deleted again before it is locked: rare
+            cur = await conn.execute(
+                """SELECT a.org, a.name FROM apps a JOIN unnest(%s::text[], %s::text[]) AS w(org, name)
+                   ON a.org = w.org AND a.name = w.name ORDER BY a.org, a.name FOR KEY SHARE OF a""",
+                (orgs, names),
+            )
+            held = {(str(r["org"]), str(r["name"])) for r in await cur.fetchall()}
+            missing = sorted(set(register) - held)
+            if not missing:
+                break
+            await conn.execute(
+                """INSERT INTO apps (org, name, executor_timeout_secs)
+                   SELECT org, name, %s FROM unnest(%s::text[], %s::text[]) AS m(org, name)
+                   ON CONFLICT DO NOTHING""",
+                (DEFAULT_EXECUTOR_TIMEOUT_SECS, [o for o, _ in missing], [n for _, n in missing]),
+            )
+        return held
+
     async def list_apps(
         self,
         org: str,

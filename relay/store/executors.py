@@ -30,6 +30,7 @@ from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
 from relay.errors import ConnectionLost, DatabaseError, Fenced, RelayError
+from relay.store.apps import AppStore
 from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
 
@@ -128,6 +129,9 @@ class Handshake:
     info: ExecutorInfoReply
     instance: str
     key_id: str  # the permanent id of the key the executor presented
+    # Register the app with default settings if it is missing (autoRegisterApps), in the transaction
+    # that writes the executor's row; else a missing app refuses the handshake (AppGone).
+    register_app: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,11 @@ class Connected:
 
 class IdentityTaken(RelayError):
     """The executor id was first registered under another key: this key may not present it."""
+
+
+class AppGone(RelayError):
+    """The executor's app is not registered (deleted since the handshake began), and apps are not
+    registered by their executors' connections."""
 
 
 _PendingConnect = tuple[Handshake, "asyncio.Future[Connected]"]
@@ -426,7 +435,7 @@ class ExecutorStore:
                 seen.add(item[0].key)
             self._connect_queue = later + self._connect_queue[CONNECT_BATCH:]
             try:
-                results = await self._upsert_connected([h for h, _ in batch])
+                results, gone = await self._upsert_connected([h for h, _ in batch])
             except Fenced as exc:
                 _fail(batch, exc)
                 continue
@@ -437,28 +446,36 @@ class ExecutorStore:
                     for item in batch:
                         await self._write_one(item)
                 continue
-            self._settle(batch, results)
+            self._settle(batch, results, gone)
 
     async def _write_one(self, item: _PendingConnect) -> None:
         try:
-            results = await self._upsert_connected([item[0]])
+            results, gone = await self._upsert_connected([item[0]])
         except Exception as exc:
             _fail([item], _database_error(exc))
             return
-        self._settle([item], results)
+        self._settle([item], results, gone)
 
-    def _settle(self, batch: list[_PendingConnect], results: dict[ExecutorKey, Connected]) -> None:
+    def _settle(
+        self, batch: list[_PendingConnect], results: dict[ExecutorKey, Connected], gone: set[tuple[str, str]]
+    ) -> None:
         self._count(E.CONNECTED, len(results), len(batch))
         for handshake, future in batch:
             if future.done():
                 continue
             result = results.get(handshake.key)
-            if result is None:
+            if result is None and (handshake.key.org, handshake.key.app) in gone:
+                future.set_exception(AppGone(f"no app {handshake.key.app!r} in org {handshake.key.org!r}"))
+            elif result is None:
                 future.set_exception(IdentityTaken(f"executor id {handshake.key.executor_id!r} belongs to another key"))
             else:
                 future.set_result(result)
 
-    async def _upsert_connected(self, rows: list[Handshake]) -> dict[ExecutorKey, Connected]:
+    async def _upsert_connected(
+        self, rows: list[Handshake]
+    ) -> tuple[dict[ExecutorKey, Connected], set[tuple[str, str]]]:
+        """The batch's records, and the apps (org, name) that are gone: their executors' rows are not
+        written."""
         allowed = [s.value for s in states_allowing(E.CONNECTED)]
         columns: list[list[Any]] = [[] for _ in range(10)]
         for h in rows:
@@ -477,8 +494,18 @@ class ExecutorStore:
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-        ids = (columns[0], columns[1], columns[2], columns[9])
         async with self.db.fenced() as conn:
+            # The apps first, held until the rows are written: an app deleted meanwhile is registered
+            # again (as an unknown app's first connection registers it) or refuses its executors; its
+            # deletion, if it comes after, waits for this commit and finds the executors (409).
+            apps = [(h.key.org, h.key.app) for h in rows]
+            held = await AppStore.hold(conn, apps, [a for a, h in zip(apps, rows, strict=True) if h.register_app])
+            gone = set(apps) - held
+            rows = [h for h in rows if (h.key.org, h.key.app) in held]
+            columns = [[v for v, a in zip(column, apps, strict=True) if a in held] for column in columns]
+            if not rows:
+                return {}, gone
+            ids = (columns[0], columns[1], columns[2], columns[9])
             # The ids this batch's keys may present: new ones are bound to their key here.
             cur = await conn.execute(
                 """INSERT INTO executor_ids AS i (org, app, executor_id, key_id)
@@ -491,7 +518,7 @@ class ExecutorStore:
             bound = {(r["org"], r["app"], r["executor_id"]) for r in await cur.fetchall()}
             keep = [i for i, h in enumerate(rows) if (h.key.org, h.key.app, h.key.executor_id) in bound]
             if not keep:
-                return {}
+                return {}, gone
             mine = [[column[i] for i in keep] for column in columns[:9]]
             cur = await conn.execute(
                 """WITH t AS (
@@ -519,7 +546,7 @@ class ExecutorStore:
                    FROM up LEFT JOIN old USING (org, app, executor_id)""",
                 (*mine, allowed),
             )
-            return {
+            results = {
                 ExecutorKey(r["org"], r["app"], r["executor_id"]): Connected(
                     int(r["epoch"]),
                     r["previous_epoch"],
@@ -528,6 +555,7 @@ class ExecutorStore:
                 )
                 for r in await cur.fetchall()
             }
+            return results, gone
 
     async def stranded(
         self, conn: Conn, key: ExecutorKey, version: str, instance: str, audit_mark: int | None
