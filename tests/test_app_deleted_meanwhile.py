@@ -208,3 +208,24 @@ def test_a_handshake_as_its_app_is_deleted_is_refused_clearly_when_apps_do_not_r
     assert isinstance(outcome, AppGone), repr(outcome)
     assert str(outcome) == "no app 'ledger' in org 'acme'"
     assert rows == 0
+
+
+def test_a_stranded_executor_reinstated_as_its_app_is_deleted_is_left_alone(relay_db: str) -> None:
+    """The reconciler found work of an executor without a record, then the app was deleted (it had no
+    executor in the registry) as it wrote the record back: the insert failed on its foreign key, a
+    DatabaseError that its step retried for half an hour before the run ended in ERROR. It finds the app
+    gone now: no record (None), and the app stays deleted."""
+
+    async def body(db: Database, _: AlertStore) -> tuple[BaseException | int | None, int]:
+        executors = ExecutorStore(db)
+        key = ExecutorKey("acme", "ledger", "e-1")
+
+        async def reinstate() -> int | None:
+            async with db.fenced() as conn:
+                return await executors.stranded(conn, key, "v1", "relay-1", None)
+
+        outcome, _ = await deleted_meanwhile(relay_db, db, reinstate())
+        return outcome, await _executor_rows(db)
+
+    outcome, rows = with_store(relay_db, [], body)
+    assert outcome is None and rows == 0, (outcome, rows)

@@ -216,7 +216,8 @@ async def _find(org: str, app: str) -> FindRecord:
 async def reinstate(org: str, app: str, stranded: StrandedRecord, audit_mark: int | None = None) -> int | None:
     """The executor's record back DEAD, owned by this instance, and ``reconcile.found`` and
     ``reconcile.recovered`` audited; its epoch. None if it has a record now (it connected, or
-    another run brought it back) or anything was audited about it since ``audit_mark``."""
+    another run brought it back), its app was deleted since it was found, or anything was audited
+    about it since ``audit_mark``."""
     svc = services()
     key = ExecutorKey(org, app, stranded["executorId"])
     async with svc.executors.db.fenced() as conn:

@@ -564,11 +564,16 @@ class ExecutorStore:
         (whose repair sweep then watches its recovery), in the caller's fenced transaction.
 
         Returns its epoch; None if it has a record now (it connected, or another run of the
-        reconciler brought it back), or if an audit entry about it was written after
+        reconciler brought it back), if its app was deleted meanwhile, or if an audit entry about it was written after
         ``audit_mark`` (:meth:`audit_mark`, read before its work was listed): the listing may
         predate a recovery that has moved that work since, so a later run looks again.
         """
         check_transition(None, E.STRANDED)
+        if not await AppStore.hold(conn, [(key.org, key.app)], []):
+            # The app was deleted since its work was listed (it had no executor in the registry): the
+            # record would refer to no app. Nothing to recover for Relay then; the operator deleted it.
+            self._count(E.STRANDED, 0)
+            return None
         cur = await conn.execute(
             """INSERT INTO executors AS e (org, app, executor_id, state, application_version,
                     connected_at, disconnected_at, dead_at, relay_instance)
