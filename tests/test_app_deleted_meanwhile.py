@@ -20,9 +20,10 @@ from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
 from relay.config import AlertRuleConfig
 from relay.core.ids import ExecutorKey
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.alerts import AlertRules
 from relay.domain.operator import Operator
-from relay.errors import NotFound
+from relay.errors import Conflict, NotFound
 from relay.store.alerts import AlertStore
 from relay.store.apps import AppStore
 from relay.store.db import Database
@@ -229,3 +230,50 @@ def test_a_stranded_executor_reinstated_as_its_app_is_deleted_is_left_alone(rela
 
     outcome, rows = with_store(relay_db, [], body)
     assert outcome is None and rows == 0, (outcome, rows)
+
+
+def test_a_grace_period_and_a_recovery_writing_their_executor_as_its_app_is_deleted(relay_db: str) -> None:
+    """The grace period's write (DISCONNECTED to DEAD) held up by another session, then the record's
+    deletion (nothing left to recover) not committed yet: an app deletion meanwhile is the 409 of an app
+    with an executor, at once (it waits for neither), and both writes land. Once the record is gone, the
+    app is deleted. (Were the deletion to wait for the executors' rows, or skip its check, it would hang
+    here or fail on the foreign key: a 503.)"""
+    lifecycle = ExecutorEvent
+
+    async def body(db: Database, _: AlertStore) -> list[object]:
+        executors = ExecutorStore(db)
+        operator = Operator(db, AppStore(db), executors, None, None)  # type: ignore[arg-type]
+        key = ExecutorKey("acme", "ledger", "e-1")
+        async with db.connection() as conn:  # as if taken out of relay.yaml: the API may delete it
+            await conn.execute("UPDATE apps SET from_config = false WHERE org = 'acme' AND name = 'ledger'")
+        epoch = (await executors.connected(_handshake("e-1", False))).epoch
+        assert await executors.lost(key, epoch, "relay-1")
+
+        async def delete() -> str:
+            try:
+                await asyncio.wait_for(operator.delete_app("acme", "ledger", "api:ops"), 5)
+            except Conflict as exc:
+                return str(exc)
+            return "deleted"
+
+        seen: list[object] = []
+        async with await psycopg.AsyncConnection.connect(relay_db) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'e-1' FOR UPDATE")
+                grace = asyncio.create_task(
+                    executors.apply(key, lifecycle.GRACE_EXPIRED, epoch=epoch, expected=ExecutorState.DISCONNECTED)
+                )
+                await waiting_for_locks(holder, 1, grace)
+                seen.append(await delete())
+        seen.append(await grace)
+        record = await executors.get(key)
+        seen.append(record.state if record else None)
+        async with db.connection() as conn, conn.transaction():
+            assert await executors.apply(key, lifecycle.NOTHING_PENDING, epoch=epoch, conn=conn)
+            seen.append(await delete())
+        seen += [await executors.get(key), await delete()]
+        return seen
+
+    seen = with_store(relay_db, [], body)
+    busy = "app 'ledger' still has executors in the registry"
+    assert seen == [busy, True, ExecutorState.DEAD, busy, None, "deleted"], seen
