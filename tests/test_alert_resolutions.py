@@ -666,6 +666,66 @@ def test_a_rule_put_back_and_taken_out_again_resolves_a_long_death_once(relay_db
     assert entries == [], "the removal again wrote a second alert.resolved"
 
 
+async def sessions_waiting(conn: psycopg.AsyncConnection[Any]) -> int:
+    """How many sessions of this database wait for a lock."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_rules_taken_out_again_as_retention_prunes_their_old_rows_are_removed_and_pruned_without_a_deadlock(
+    relay_db: str,
+) -> None:
+    """Two relay.yaml rules taken out long ago (more than relayWorkflowsDays) and put back are taken
+    out again as retention's round prunes the rows that kept their destinations. The removal upserts
+    those rows by id; the round deleted them in the table's order (the other one here, as the table's
+    history left it): each held one row and waited for the other, and PostgreSQL failed one of them
+    (the instance's start, or the round). The round leaves a row another transaction holds for its
+    next round now: both go through, the removed rules' rows are there (recent) for their
+    resolutions, and an old row nobody holds is pruned. Another session holds the second rule's row
+    meanwhile, so that both are under way when it lets go."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": secs} for secs in (0, 1)]
+    without = RelayConfig.model_validate(alert_config(free_port(), []))
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Any], dict[str, bool]]:
+        ids = sorted(r.id for r in await store.rules_of(frozenset(Kind)))
+        async with db.transaction() as conn:  # removed long ago, the larger id first in the table
+            for removed_id, rule_id in ((ids[1], ids[1]), (ids[0], ids[0]), ("config-long-gone", ids[0])):
+                await conn.execute(
+                    """INSERT INTO alert_rules_removed (id, org, app, kind, min_interval_secs, webhook_url, format,
+                                                       source, created_at, removed_at, removed_why)
+                       SELECT %s, org, app, kind, min_interval_secs, webhook_url, format, source, created_at,
+                              now() - interval '30 days', 'its rule was taken out of relay.yaml'
+                       FROM alert_rules WHERE id = %s""",
+                    (removed_id, rule_id),
+                )
+        async with await psycopg.AsyncConnection.connect(relay_db, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM alert_rules_removed WHERE id = %s FOR UPDATE", (ids[1],))
+                pruning = asyncio.create_task(RetentionStore(db).prune(RetentionConfig()), name="prune")
+                deadline = time.monotonic() + 10
+                while not pruning.done() and await sessions_waiting(holder) < 1:  # done, or waiting
+                    assert time.monotonic() < deadline, "the round neither ended nor waited"
+                    await asyncio.sleep(0.01)
+                waiting = 0 if pruning.done() else 1
+                syncing = asyncio.create_task(store.sync_config(without), name="sync")
+                while await sessions_waiting(holder) < waiting + 1:
+                    assert time.monotonic() < deadline and not syncing.done(), "the removal never waited"
+                    await asyncio.sleep(0.01)
+            outcomes = await asyncio.gather(pruning, syncing, return_exceptions=True)
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, removed_at > now() - interval '1 hour' AS recent FROM alert_rules_removed ORDER BY id"
+            )
+            return outcomes, {str(r["id"]): bool(r["recent"]) for r in await cur.fetchall()}
+
+    (pruned, synced), removed = with_store(relay_db, rules, body)
+    assert not isinstance(pruned, BaseException) and synced is None, (pruned, synced)
+    assert len(removed) == 2 and all(removed.values()), removed
+
+
 def test_the_upgrade_marks_the_alerts_an_earlier_release_resolved(relay_db: str) -> None:
     """Migration 20: an alert whose ``alert.resolved`` an earlier release wrote (its rule removed
     while its death went on) is marked resolved, so that its death's end, read by this release, does

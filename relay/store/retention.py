@@ -89,10 +89,18 @@ class RetentionStore:
                 (settings.audit_days, deaths, deaths, sorted(DEATH_END_ACTIONS), MAX_SECS),
             )
             # Where removed rules sent their alerts, for those alerts' resolutions: kept as long as
-            # Relay's own workflows (those deliveries) are.
+            # Relay's own workflows (those deliveries) are. A row another transaction holds is left
+            # for the next round: the holder is a rule's removal (AlertStore.removing), which upserts
+            # the row by id as the rule is removed again and leaves it recent (or, rolled back, as
+            # old as it was, for the next round). Deleted in the table's order, as this was, the
+            # round could take one of two rules removed again and wait for the other while the
+            # removal, holding that one, waited for the first: PostgreSQL failed one of them (an
+            # app's deletion answered 503, or an instance failed to start).
+            old = "removed_at < now() - make_interval(secs => %(days)s * 86400)"
             await conn.execute(
-                "DELETE FROM alert_rules_removed WHERE removed_at < now() - make_interval(secs => %s * 86400)",
-                (settings.relay_workflows_days,),
+                f"""DELETE FROM alert_rules_removed WHERE {old} AND id IN (
+                        SELECT id FROM alert_rules_removed WHERE {old} ORDER BY id FOR UPDATE SKIP LOCKED)""",
+                {"days": settings.relay_workflows_days},
             )
             # An id is seen last when its record is deleted: this code marks it so (relay.store.executors),
             # migration 19 marked the ids deleted before it ran, and the deletion's audit entry says it
