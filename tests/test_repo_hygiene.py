@@ -1,7 +1,8 @@
-"""What the repository tracks: no machine-local links."""
+"""What the repository tracks: no machine-local links, and no time written outside relay.core.times."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,3 +17,19 @@ def test_no_symlink_is_tracked() -> None:
     listed = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True)
     links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000 ")]
     assert links == [], f"symlinks tracked: {links}"
+
+
+def test_times_are_written_by_relay_core_times_only() -> None:
+    """``datetime.isoformat()`` leaves the fraction out of a whole second (``...:27+00:00`` sorts after
+    ``...:27.080000+00:00``) and writes ``+00:00`` where Relay's answers say ``Z``: workflows/reconcile.py
+    sent its executor filters so. Every time that reaches an executor or an answer of Relay is written
+    by relay/core/times.py (``us_iso``, ``ms_iso``, ``sdk_time``); parsing (``fromisoformat``) is free."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("relay", "workflows")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if path != ROOT / "relay" / "core" / "times.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(?<!from)isoformat\(", line)
+    ]
+    assert found == [], f"isoformat() outside relay/core/times.py: {found}"

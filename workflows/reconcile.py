@@ -54,6 +54,7 @@ from dbos import DBOS, SetWorkflowID
 
 from relay.core.ids import ExecutorKey, app_part, recovery_id
 from relay.core.stranded import PendingWorkflow, candidate_ids, find_stranded
+from relay.core.times import sdk_time
 from relay.errors import ExecutorRequestError
 from relay.store.audit import audit_executor, audited_detail
 from relay_protocol import ListWorkflowsBody, ListWorkflowsReply, ListWorkflowsRequest, WorkflowsOutput, clean_text
@@ -120,7 +121,7 @@ async def _at_work(org: str, app: str, peer: str, executor_ids: list[str], since
     ``since_ms``, as ``peer`` reads them: a process under that id is alive. Two requests for all of
     them; only when one fills its page (a busy executor may hide the others) is each id not seen
     yet asked for on its own."""
-    since = datetime.fromtimestamp(since_ms / 1000, UTC).isoformat()
+    since = sdk_time(datetime.fromtimestamp(since_ms / 1000, UTC))
 
     async def seen(ids: list[str], created: bool, limit: int) -> tuple[set[str], bool]:
         body = ListWorkflowsBody(executor_id=ids, start_time=since if created else None,
