@@ -292,3 +292,75 @@ def test_an_id_whose_record_an_older_instance_deleted_after_the_upgrade_is_remem
     )
     assert gone == {"long-lived": True}, "the id is remembered: its stranded work is the reconciler's"
     assert forgotten == 0
+
+
+async def _sessions_waiting(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _ids_coming_back_as_retention_forgets_them(url: str) -> tuple[object, list[object], list[str]]:
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "ids-back", 30)
+        await lease.acquire()
+        store = ExecutorStore(db)
+        async with db.connection() as conn:  # not seen for 40 days; in the table, back-b first
+            for name in ("back-b", "back-a"):
+                await conn.execute(
+                    """INSERT INTO executor_ids (org, app, executor_id, key_id, first_seen_at, last_seen_at)
+                       VALUES ('acme', 'ledger', %s, 'key', now() - interval '50 days', now() - interval '40 days')""",
+                    (name,),
+                )
+
+        def handshake_of(name: str) -> Handshake:
+            info = ExecutorInfoReply(request_id="r", executor_id=name, application_version="v1")
+            return Handshake(ExecutorKey("acme", "ledger", name), info, "ids-back", "key")
+
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executor_ids WHERE executor_id = 'back-b' FOR UPDATE")
+                pruning = asyncio.create_task(RetentionStore(db).prune(RetentionConfig(executor_ids_days=30)))
+                deadline = asyncio.get_running_loop().time() + 10
+                while not pruning.done() and await _sessions_waiting(holder) < 1:  # done, or waiting
+                    assert asyncio.get_running_loop().time() < deadline, "the round neither ended nor waited"
+                    await asyncio.sleep(0.01)
+                waiting = 0 if pruning.done() else 1
+                # One batch, back-a first: its statement itself, which the combiner would write again
+                # row by row had it failed (relay.store.executors), hiding the deadlock but for a second.
+                batch = [handshake_of(n) for n in ("back-a", "back-b")]
+                connecting = asyncio.gather(store._upsert_connected(batch), return_exceptions=True)
+                while await _sessions_waiting(holder) < waiting + 1:
+                    assert asyncio.get_running_loop().time() < deadline, "the batch never waited"
+                    assert not connecting.done(), connecting
+                    await asyncio.sleep(0.01)
+            (pruned,) = await asyncio.gather(pruning, return_exceptions=True)
+            results = await connecting
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT executor_id FROM executors ORDER BY executor_id")
+            stored = [str(r["executor_id"]) for r in await cur.fetchall()]
+        await lease.stop()
+        return pruned, list(results), stored
+    finally:
+        await db.close()
+
+
+def test_ids_coming_back_as_retention_forgets_them_are_connected_and_pruned_without_a_deadlock(
+    postgres: Postgres,
+) -> None:
+    """Two executors not seen for executorIdsDays connect at once (one batch) as retention's round
+    forgets their ids. The batch upserts the ids in its order, the round deleted them in the table's:
+    each held one and waited for the other, and PostgreSQL failed one of them (the round, or the batch,
+    written again one row at a time a second later). The round leaves an id another transaction
+    holds for its next round now. Another session holds the second id meanwhile, so that both are
+    under way when it lets go."""
+    pruned, results, stored = asyncio.run(_ids_coming_back_as_retention_forgets_them(postgres.create_database("back")))
+    assert not isinstance(pruned, BaseException), pruned
+    assert not any(isinstance(r, BaseException) for r in results), results
+    assert stored == ["back-a", "back-b"]

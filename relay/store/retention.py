@@ -105,15 +105,21 @@ class RetentionStore:
             # An id is seen last when its record is deleted: this code marks it so (relay.store.executors),
             # migration 19 marked the ids deleted before it ran, and the deletion's audit entry says it
             # for a record an instance of an earlier release deleted after that (a rolling upgrade: the
-            # floor lets schema 17's code run on 19, and it deletes records as it always did).
+            # floor lets schema 17's code run on 19, and it deletes records as it always did). An id
+            # another transaction holds is left for the next round, as above: a batch of handshakes
+            # (relay.store.executors) upserts its ids in the batch's order and sees them now; deleted
+            # in the table's order, two ids coming back at once could deadlock with it.
             cur = await conn.execute(
-                """DELETE FROM executor_ids i WHERE last_seen_at < now() - make_interval(secs => %(days)s * 86400)
-                   AND NOT EXISTS (SELECT 1 FROM executors e
-                                   WHERE e.org = i.org AND e.app = i.app AND e.executor_id = i.executor_id)
-                   AND NOT EXISTS (SELECT 1 FROM audit_log a
-                                   WHERE a.org = i.org AND a.app = i.app AND a.executor_id = i.executor_id
-                                     AND a.action = 'executor.deleted'
-                                     AND a.at >= now() - make_interval(secs => %(days)s * 86400))""",
+                """DELETE FROM executor_ids d WHERE (d.org, d.app, d.executor_id) IN (
+                       SELECT i.org, i.app, i.executor_id FROM executor_ids i
+                       WHERE i.last_seen_at < now() - make_interval(secs => %(days)s * 86400)
+                         AND NOT EXISTS (SELECT 1 FROM executors e
+                                         WHERE e.org = i.org AND e.app = i.app AND e.executor_id = i.executor_id)
+                         AND NOT EXISTS (SELECT 1 FROM audit_log a
+                                         WHERE a.org = i.org AND a.app = i.app AND a.executor_id = i.executor_id
+                                           AND a.action = 'executor.deleted'
+                                           AND a.at >= now() - make_interval(secs => %(days)s * 86400))
+                       FOR UPDATE OF i SKIP LOCKED)""",
                 {"days": settings.executor_ids_days},
             )
             executor_ids = cur.rowcount
