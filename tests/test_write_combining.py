@@ -350,3 +350,57 @@ async def _disconnections_together(url: str) -> None:
 
 def test_disconnections_recorded_together_keep_each_rows_guard_and_fencing(postgres: Postgres) -> None:
     asyncio.run(_disconnections_together(postgres.create_database("combine_lost")))
+
+
+async def _sessions_waiting(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _reconnections_during_an_adoption(url: str) -> tuple[object, list[object]]:
+    async with _instances(url, "relay-1", "relay-2") as [(_, lease1, ex1), (db2, _, ex2)]:
+        for executor_id in ("m-b", "m-a"):  # in the table, m-b first
+            await _connect(ex1, "relay-1", executor_id, lost=False)
+        async with db2.connection() as conn:  # relay-1 crashed: its rows still say HEALTHY, its lease ran out
+            await conn.execute(
+                "UPDATE relay_instances SET lease_expires_at = now() - interval '1 second' "
+                "WHERE instance_id = 'relay-1'"
+            )
+        assert lease1.epoch is not None
+        info = {n: ExecutorInfoReply(request_id="r", executor_id=n, application_version="v1") for n in ("m-a", "m-b")}
+        # Its executors connect again to relay-2, m-a first: one batch (its statement itself, which the
+        # combiner would write again row by row had it failed, hiding the deadlock but for a second).
+        batch = [Handshake(ExecutorKey("acme", "ledger", n), info[n], "relay-2", "key") for n in ("m-a", "m-b")]
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'm-b' FOR UPDATE")
+                adopting = asyncio.create_task(InstanceStore(db2, ex2).adopt("relay-2", "relay-1", lease1.epoch))
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not adopting.done(), "the adoption never waited"
+                    await asyncio.sleep(0.01)
+                connecting = asyncio.gather(ex2._upsert_connected(batch), return_exceptions=True)
+                while await _sessions_waiting(holder) < 2:
+                    assert time.monotonic() < deadline and not connecting.done(), "the batch never waited"
+                    await asyncio.sleep(0.01)
+            (adopted,) = await asyncio.gather(adopting, return_exceptions=True)
+            return adopted, list(await connecting)
+
+
+def test_executors_connecting_again_while_their_crashed_instance_is_adopted_meet_no_deadlock(
+    postgres: Postgres,
+) -> None:
+    """An instance crashed; its executors connect again to another (one batch of handshakes) while
+    that one adopts the crashed instance. The adoption locked the executors' rows in the table's
+    order, the batch in the order the handshakes came: each held one and waited for the other, and
+    PostgreSQL failed one of them (the adoption, or the batch, written again row by row a second
+    later). Both lock by (org, app, executor id) now: one waits for the other. Another session holds
+    the first row in the table meanwhile, so that both are under way when it lets go."""
+    adopted, results = asyncio.run(_reconnections_during_an_adoption(postgres.create_database("adopt_batch")))
+    assert adopted is not None and not isinstance(adopted, BaseException), adopted
+    assert not any(isinstance(r, BaseException) for r in results), results
+    (connected,) = results
+    assert sorted(k.executor_id for k in connected) == ["m-a", "m-b"]  # type: ignore[attr-defined]

@@ -102,6 +102,9 @@ _EFFECTS: dict[ExecutorEvent, str] = {
     E.BLOCKED: ", blocked_reason = %(reason)s",
     E.RECOVERY_SENT: ", blocked_reason = NULL",
 }
+# The order in which a transaction that writes several executors' rows locks them: by key, code point
+# by code point (COLLATE "C"), as Python sorts a batch of handshakes (ExecutorStore._upsert_connected).
+_LOCK_ORDER = 'org COLLATE "C", app COLLATE "C", executor_id COLLATE "C"'
 _SEEN = "UPDATE executor_ids SET last_seen_at = now() WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s"
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
@@ -388,7 +391,7 @@ class ExecutorStore:
         cur = await conn.execute(
             f"""WITH before AS (
                     SELECT org, app, executor_id, state FROM executors
-                    WHERE relay_instance = %(dead)s AND state = ANY(%(sources)s) FOR UPDATE),
+                    WHERE relay_instance = %(dead)s AND state = ANY(%(sources)s) ORDER BY {_LOCK_ORDER} FOR UPDATE),
                 moved AS (
                     UPDATE executors e SET state = {_state_case(E.ADOPTED, "e.state")},
                         relay_instance = %(adopter)s,
@@ -477,6 +480,10 @@ class ExecutorStore:
         """The batch's records, and the apps (org, name) that are gone: their executors' rows are not
         written."""
         allowed = [s.value for s in states_allowing(E.CONNECTED)]
+        # Rows locked in key order, as an adoption locks them (_LOCK_ORDER): in the order the handshakes
+        # came, a batch of executors connecting again and the adoption of the instance they were connected
+        # to each held a row the other waited for, and PostgreSQL failed one of them.
+        rows = sorted(rows, key=lambda h: (h.key.org, h.key.app, h.key.executor_id))
         columns: list[list[Any]] = [[] for _ in range(10)]
         for h in rows:
             info = h.info
