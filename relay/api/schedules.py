@@ -17,9 +17,12 @@ from relay.api.common import (
     actor,
     answered,
     audited,
+    not_the_apps,
+    owned_by,
 )
 from relay.api.shapes import UtcTime
 from relay.core.times import sdk_time
+from relay.errors import UnsupportedMessage
 from relay_protocol import (
     BackfillScheduleReply,
     BackfillScheduleRequest,
@@ -58,7 +61,11 @@ async def list_schedules(
     """The app's schedules with their contexts, as Conductor serves them to an app not in private
     mode (Relay has none; its clients send no parameter); ``loadContext=false`` leaves them out."""
     body = ListSchedulesBody(
-        status=status, workflow_name=workflowName, schedule_name_prefix=scheduleNamePrefix, load_context=loadContext
+        status=status,
+        workflow_name=workflowName,
+        schedule_name_prefix=scheduleNamePrefix,
+        load_context=loadContext,
+        application_name=owned_by(app),
     )
     reply = answered(await ctx.gateway.ask(org, app, lambda: ListSchedulesRequest(body=body), ListSchedulesReply))
     return [shapes.schedule(s) for s in reply.output]
@@ -79,19 +86,37 @@ async def get_schedule(
         return GetScheduleRequest(schedule_name=schedule_name, load_context=loadContext)
 
     reply = answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply))
-    if reply.output is None:
+    if reply.output is None or not_the_apps(app, reply.output.application_name):
         raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
     return shapes.schedule(reply.output)
 
 
 async def _must_exist(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
     """404 for a schedule the app does not have: DBOS 3.2 pauses or resumes an unknown name by
-    updating no row, and answers ``success: true``, so a misspelt name read as paused."""
+    updating no row, and answers ``success: true``, so a misspelt name read as paused. Another app's
+    schedule (apps may share a system database, which the SDK reads whole) is one the app does not have."""
 
     def ask() -> GetScheduleRequest:
         return GetScheduleRequest(schedule_name=schedule_name, load_context=False)
 
-    if answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply)).output is None:
+    found = answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply)).output
+    if found is None or not_the_apps(app, found.application_name):
+        raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
+
+
+async def _not_another_apps(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
+    """404 for another app's schedule (apps may share a system database, which the SDK reads whole),
+    asked before a trigger or a backfill. A schedule no app has, or an SDK that cannot say, is left
+    to the SDK's own answer, as before."""
+
+    def ask() -> GetScheduleRequest:
+        return GetScheduleRequest(schedule_name=schedule_name, load_context=False)
+
+    try:
+        found = answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply)).output
+    except UnsupportedMessage:
+        return
+    if found is not None and not_the_apps(app, found.application_name):
         raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
 
 
@@ -123,6 +148,7 @@ async def trigger_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, 
     request = TriggerScheduleRequest(schedule_name=schedule_name)
     detail = {"scheduleName": schedule_name}
     async with audited(ctx, org, app, "schedule.trigger", actor(who), detail):
+        await _not_another_apps(ctx, org, app, schedule_name)
         reply = answered(await ctx.gateway.ask(org, app, lambda: request, TriggerScheduleReply, repeatable=False))
         if reply.workflow_id is None:
             raise ApiError(502, "executor_error", "the executor started no workflow")
@@ -141,5 +167,6 @@ async def backfill_schedule(
 
     detail = {"scheduleName": schedule_name, "startTime": start, "endTime": end}
     async with audited(ctx, org, app, "schedule.backfill", actor(who), detail):
+        await _not_another_apps(ctx, org, app, schedule_name)
         reply = answered(await ctx.gateway.ask(org, app, ask, BackfillScheduleReply))
     return shapes.WorkflowIdsOut(workflowIds=reply.workflow_ids)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import logging
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
@@ -36,6 +37,8 @@ from relay.api.common import (
     actor,
     answered,
     audited,
+    not_the_apps,
+    owned_by,
 )
 from relay.api.shapes import WORKFLOW_STATUSES, UtcTime
 from relay.core.times import sdk_time
@@ -162,8 +165,6 @@ class WorkflowSearch(Body):
         )
 
 
-Found = TypeVar("Found")
-
 # What DBOS 3.2 does nothing to, yet answers ``success: true`` for: cancelling or deleting a workflow
 # that does not exist, resuming one that has finished. Relay asks first (one list of the ids), so an
 # operator or an agent is not told "cancelled" for a typo'd id; a workflow that finishes between the
@@ -217,17 +218,16 @@ async def _must_be_resumable(ctx: Ctx, org: str, app: str, ids: list[str]) -> No
         )
 
 
-async def _or_404(ctx: Ctx, org: str, app: str, workflow_id: str, found: list[Found]) -> list[Found]:
-    """``found``; when it is empty, a 404 if the workflow does not exist (the SDK answers ``[]`` for the
-    steps, events, notifications and streams of a workflow it has never heard of: a typo'd id read as
-    a workflow with none). Asked only when there is nothing to show, so it costs nothing otherwise."""
-    if not found:
-        await _must_exist(ctx, org, app, [workflow_id])
-    return found
+async def _must_be_the_apps(ctx: Ctx, org: str, app: str, workflow_id: str) -> None:
+    """404 unless the workflow exists and is ``app``'s, asked before a request that names one workflow
+    and that the SDK serves from the whole system database (its steps, events, notifications,
+    streams, an export, a fork): another app's workflow is answered as one that does not exist. It
+    also makes a typo'd id a 404, where the SDK answers ``[]`` for a workflow it never heard of."""
+    await _must_exist(ctx, org, app, [workflow_id])
 
 
 async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[shapes.Workflow]:
-    body = search.body()
+    body = dataclasses.replace(search.body(), application_name=owned_by(app))
     reply = await ctx.gateway.ask(org, app, lambda: ListWorkflowsRequest(body=body), ListWorkflowsReply)
     return [shapes.workflow(w) for w in answered(reply).output]
 
@@ -401,6 +401,7 @@ async def workflow_aggregates(
         was_forked_from=q.wasForkedFrom,
         has_parent=q.hasParent,
         attributes=q.attributes,
+        application_name=owned_by(app),
     )
     reply = await ctx.gateway.ask(org, app, lambda: GetWorkflowAggregatesRequest(body=body), GetWorkflowAggregatesReply)
     return [shapes.workflow_aggregate(a) for a in answered(reply).output]
@@ -443,6 +444,7 @@ async def step_aggregates(org: str, app: str, q: StepAggregates, ctx: Ctx, _: Ca
         workflow_id_prefix=q.workflowIdPrefix,
         completed_after=_when(q.completedAfter),
         completed_before=_when(q.completedBefore),
+        application_name=owned_by(app),
     )
     reply = await ctx.gateway.ask(org, app, lambda: GetStepAggregatesRequest(body=body), GetStepAggregatesReply)
     return [shapes.step_aggregate(a) for a in answered(reply).output]
@@ -513,7 +515,7 @@ async def get_workflow(
         return GetWorkflowRequest(workflow_id=workflow_id, load_input=loadInput, load_output=loadOutput)
 
     reply = answered(await ctx.gateway.ask(org, app, ask, GetWorkflowReply))
-    if reply.output is None:
+    if reply.output is None or not_the_apps(app, reply.output.application_name):
         raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
     return shapes.workflow(reply.output)
 
@@ -534,35 +536,38 @@ async def list_steps(
     def ask() -> ListStepsRequest:
         return ListStepsRequest(workflow_id=workflow_id, load_output=loadOutput, limit=limit, offset=offset)
 
+    await _must_be_the_apps(ctx, org, app, workflow_id)
     reply = answered(await ctx.gateway.ask(org, app, ask, ListStepsReply))
-    return await _or_404(ctx, org, app, workflow_id, [shapes.step(s) for s in reply.output or []])
+    return [shapes.step(s) for s in reply.output or []]
 
 
 @router.get("/workflows/{workflow_id}/events", response_model=list[shapes.Event])
 async def workflow_events(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.Event]:
+    await _must_be_the_apps(ctx, org, app, workflow_id)
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowEventsRequest(workflow_id=workflow_id), GetWorkflowEventsReply
     )
-    return await _or_404(ctx, org, app, workflow_id, [shapes.event(e) for e in answered(reply).events or []])
+    return [shapes.event(e) for e in answered(reply).events or []]
 
 
 @router.get("/workflows/{workflow_id}/notifications", response_model=list[shapes.Notification])
 async def workflow_notifications(
     org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller
 ) -> list[shapes.Notification]:
+    await _must_be_the_apps(ctx, org, app, workflow_id)
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowNotificationsRequest(workflow_id=workflow_id), GetWorkflowNotificationsReply
     )
-    found = [shapes.notification(n) for n in answered(reply).notifications or []]
-    return await _or_404(ctx, org, app, workflow_id, found)
+    return [shapes.notification(n) for n in answered(reply).notifications or []]
 
 
 @router.get("/workflows/{workflow_id}/streams", response_model=list[shapes.StreamEntry])
 async def workflow_streams(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.StreamEntry]:
+    await _must_be_the_apps(ctx, org, app, workflow_id)
     reply = await ctx.gateway.ask(
         org, app, lambda: GetWorkflowStreamsRequest(workflow_id=workflow_id), GetWorkflowStreamsReply
     )
-    return await _or_404(ctx, org, app, workflow_id, [shapes.stream(s) for s in answered(reply).streams or []])
+    return [shapes.stream(s) for s in answered(reply).streams or []]
 
 
 @router.get("/workflows/{workflow_id}/export", response_model=shapes.SerializedWorkflow)
@@ -579,6 +584,7 @@ async def export_workflow(
     def ask() -> ExportWorkflowRequest:
         return ExportWorkflowRequest(workflow_id=workflow_id, export_children=exportChildren)
 
+    await _must_be_the_apps(ctx, org, app, workflow_id)
     reply = answered(await ctx.gateway.ask(org, app, ask, ExportWorkflowReply))
     if reply.serialized_workflow is None:
         raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
@@ -633,6 +639,7 @@ async def fork_workflow(
     )
     detail = {"workflowIds": [workflow_id], "newWorkflowId": new_id, "startStep": fork.startStep}
     async with audited(ctx, org, app, "workflow.fork", actor(who), detail):
+        await _must_be_the_apps(ctx, org, app, workflow_id)
         await _must_be_a_version(ctx, org, app, fork.appVersion)
         reply = await ctx.gateway.ask(org, app, lambda: ForkWorkflowRequest(body=spec), ForkWorkflowReply)
         try:
@@ -775,6 +782,7 @@ async def bulk_fork_from_failure(
     request = ForkFromFailureRequest(body=spec)
     detail: dict[str, Any] = {"workflowIds": body.workflowIds}
     async with audited(ctx, org, app, "workflow.bulk_fork_from_failure", actor(who), detail):
+        await _must_exist(ctx, org, app, body.workflowIds)  # the app's, as every action's
         await _must_be_a_version(ctx, org, app, body.appVersion)
         reply = answered(await ctx.gateway.ask(org, app, lambda: request, ForkFromFailureReply, repeatable=False))
         detail["forkedWorkflowIds"] = reply.forked_workflow_ids or []
