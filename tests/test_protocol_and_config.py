@@ -128,6 +128,22 @@ def test_a_good_file_with_fractional_durations() -> None:
     assert ring.lookup("") is None
 
 
+def test_a_key_of_relay_yaml_with_an_empty_list_of_apps_reaches_no_app() -> None:
+    """``apps: []`` is a key for no app, as the tokens API's ``appNames: []`` is and as the database's
+    copy of the key reads (relay.store.keys.TokenRecord.grant); the ring an instance starts with, from
+    relay.yaml before it reads the database, read it as every app."""
+    config = parse_config(
+        GOOD.replace("role: admin}", "role: admin, apps: []}").replace(
+            'sha256: "' + hash_key("c") + '"}', 'sha256: "' + hash_key("c") + '", apps: []}'
+        )
+    )
+    ring = KeyRing(grants_from_config(config))
+    for key, permission in (("c", Permission.WEBSOCKET_CONNECT), ("a", Permission.APPLICATION_READ)):
+        grant = ring.lookup(key)
+        assert grant is not None and grant.apps == frozenset(), (key, grant)
+        assert not grant.allows(permission, "ledger"), key
+
+
 def test_an_empty_file_is_all_defaults() -> None:
     config = parse_config("")
     assert (config.server.port, config.liveness.ping_interval_secs, config.liveness.ping_wait_secs) == (8080, 20, 25)

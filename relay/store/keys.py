@@ -67,8 +67,7 @@ class TokenRecord:
         )
 
     def grant(self) -> KeyGrant:
-        apps = frozenset(self.apps) if self.apps is not None else None
-        return KeyGrant(self.id, self.org, self.name, frozenset(self.permissions), apps)
+        return KeyGrant(self.id, self.org, self.name, frozenset(self.permissions), _apps(self.apps))
 
 
 def _config_rows(config: RelayConfig) -> list[tuple[str, str, str, str, list[str], list[str] | None]]:
@@ -85,10 +84,15 @@ def _config_rows(config: RelayConfig) -> list[tuple[str, str, str, str, list[str
     return rows
 
 
+def _apps(apps: list[str] | None) -> frozenset[str] | None:
+    return frozenset(apps) if apps is not None else None
+
+
 def grants_from_config(config: RelayConfig) -> list[tuple[str, KeyGrant]]:
     """relay.yaml's keys as grants (before the database is reached)."""
     return [
-        (sha, KeyGrant(key_id, org, name, frozenset(Permission(p) for p in perms), frozenset(apps) if apps else None))
+        # ``apps: []`` is a key for no app, as the database's copy of it reads (TokenRecord.grant).
+        (sha, KeyGrant(key_id, org, name, frozenset(Permission(p) for p in perms), _apps(apps)))
         for key_id, org, name, sha, perms, apps in _config_rows(config)
     ]
 
