@@ -16,7 +16,6 @@ from urllib.parse import quote
 
 import httpx
 
-from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.receiver import WebhookReceiver
@@ -234,69 +233,3 @@ def test_a_peers_id_and_error_reach_the_recovery_log_escaped(start_relay: StartR
     forged = [line for line in log.splitlines() if line.split(" ", 2)[-1].startswith("CRITICAL relay: forged")]
     assert forged == [], f"lines an executor wrote are in Relay's log: {forged}"
     assert "\x1b" not in log, "an executor's escape sequences are in Relay's log as it sent them"
-
-
-# -- a shared system database: one app's key and another app's workflows ----------------------------
-
-
-def test_a_key_scoped_to_one_app_cannot_reach_another_apps_workflows_on_a_shared_system_database(
-    start_relay: StartRelay, start_executor: Callable[..., ExecutorProcess]
-) -> None:
-    """Attacker: a key limited to app ``ledger`` (``application.read`` and ``application.write``),
-    where apps ``ledger`` and ``billing`` keep their workflows in one DBOS system database (as the
-    README's retention section allows).
-
-    Attack: it reads and acts on workflows, schedules and queues through ``/apps/ledger/...``,
-    naming billing's (an id seen in a log, a link, an alert). Relay asks ledger's executor, which
-    reads the shared system database whole: billing's workflow is read with its input and steps,
-    cancelled and forked, and its schedule paused, through the app the key may touch.
-
-    Expected: every route of an app acts on that app's workflows, schedules and queues only (DBOS's
-    ``application_name``): billing's are not listed or counted under ledger, a read or an action
-    naming one is a 404 (as for one that does not exist), and billing's workflow is left PENDING.
-    """
-    relay = start_relay()
-    ledger_executor = start_executor(relay.conductor_url, app="ledger")
-    # billing's workflows (``waiting-1`` PENDING, ``done-1``), its schedule ``every-hour`` and its
-    # queue ``serial``; DBOS wants version names unique across the apps of a system database.
-    env = {"RELAY_TEST_SEED": "1"}
-    billing = start_executor(relay.conductor_url, app="billing", version="b1", module="harness.workflow_app", env=env)
-    for app, executor in (("ledger", ledger_executor), ("billing", billing)):
-        assert_eventually(lambda: relay.state_of("acme", app, executor.executor_id) == "HEALTHY", 15)  # noqa: B023
-    with relay.api() as admin:
-        made = admin.post("/tokens/ledger-ops", json={"permissions": ["application.read", "application.write"],
-                                                      "appNames": ["ledger"]})  # fmt: skip
-        assert made.status_code == 201, made.text
-        assert admin.get("/apps/billing/workflows/waiting-1").json()["status"] == "PENDING"
-        assert admin.get("/apps/billing/schedules/every-hour").status_code == 200
-    with relay.api(key=made.json()["token"]) as key:
-        ledger = "/apps/ledger"
-        assert key.get(f"{ledger}/workflows").json() == [], "billing's workflows listed under ledger"
-        counted = key.post(f"{ledger}/workflows/aggregates", json={"groupByApplicationName": True}).json()
-        assert counted == [], f"billing's workflows counted under ledger: {counted}"
-        assert key.get(f"{ledger}/schedules").json() == [], "billing's schedule listed under ledger"
-        assert "serial" not in [q["name"] for q in key.get(f"{ledger}/queues").json()], "billing's queue"
-        for method, path, body in [
-            ("GET", f"{ledger}/workflows/waiting-1", None),
-            ("GET", f"{ledger}/workflows/done-1/steps", None),
-            ("GET", f"{ledger}/workflows/done-1/events", None),
-            ("GET", f"{ledger}/workflows/done-1/export", None),
-            ("POST", f"{ledger}/workflows/waiting-1/cancel", None),
-            ("POST", f"{ledger}/workflows/bulk-cancel", {"workflowIds": ["waiting-1"]}),
-            ("POST", f"{ledger}/workflows/done-1/fork", {"startStep": 0}),
-            ("POST", f"{ledger}/workflows/bulk-fork-from-failure", {"workflowIds": ["done-1"], "fromLastStep": True}),
-            ("GET", f"{ledger}/schedules/every-hour", None),
-            ("POST", f"{ledger}/schedules/every-hour/pause", None),
-            ("POST", f"{ledger}/schedules/every-hour/trigger", None),
-            (
-                "POST",
-                f"{ledger}/schedules/every-hour/backfill",
-                {"startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T03:00:00Z"},
-            ),
-            ("GET", f"{ledger}/queues/serial", None),
-        ]:
-            resp = key.request(method, path, json=body)
-            assert resp.status_code == 404, f"{method} {path}: {resp.status_code} {resp.text[:300]}"
-    with relay.api() as admin:
-        assert admin.get("/apps/billing/workflows/waiting-1").json()["status"] == "PENDING"
-        assert admin.get("/apps/billing/schedules/every-hour").json()["status"] == "ACTIVE"

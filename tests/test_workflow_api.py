@@ -1035,3 +1035,53 @@ def test_a_read_moves_on_when_an_executor_says_it_is_too_busy_to_take_it(world: 
             assert met_busy_first, "the busy executor was never asked first"
     finally:
         real.stop()
+
+
+def test_a_key_limited_to_another_app_on_the_same_system_database_reaches_nothing_of_ledgers(world: World) -> None:
+    """Apps ``ledger`` and ``billing`` keep their workflows in one system database, which their executors
+    read whole. A key limited to ``billing`` (reads and writes) names ledger's workflows, schedule and
+    queue under ``/apps/billing/...``: Relay used to ask billing's executor by id or name alone, which
+    read ledger's workflow with its input and steps, cancelled and forked it, and paused, triggered and
+    backfilled ledger's schedule. Every route of an app now acts on that app's only (DBOS's
+    ``application_name``): nothing of ledger's is listed or counted under billing, and a read or an
+    action naming one is a 404, as for one that does not exist, which changes nothing. Last in the
+    module: billing's executor joins the world's system database."""
+    # DBOS wants version names unique across the apps of a system database.
+    billing = ExecutorProcess(world.workdir, world.sysdb, world.r1.conductor_url, app="billing", version="b1")
+    try:
+        assert_eventually(lambda: healthy(world.r1, "billing", billing.executor_id), 10)
+        with world.api() as admin:
+            made = admin.post("/tokens/billing-ops", json={"permissions": ["application.read", "application.write"],
+                                                           "appNames": ["billing"]})  # fmt: skip
+            assert made.status_code == 201, made.text
+            before = {w: db_status(world, w) for w in ("waiting-1", "done-1")}
+            schedule = ok(admin.get(f"{LEDGER}/schedules/every-hour"))["status"]
+        with world.r1.api(key=made.json()["token"]) as key:
+            assert ok(key.get("/apps/billing/workflows")) == [], "ledger's workflows listed under billing"
+            counted = ok(key.post("/apps/billing/workflows/aggregates", json={"groupByApplicationName": True}))
+            assert counted == [], f"ledger's workflows counted under billing: {counted}"
+            assert ok(key.get("/apps/billing/schedules")) == [], "ledger's schedule listed under billing"
+            assert "serial" not in [q["name"] for q in ok(key.get("/apps/billing/queues"))], "ledger's queue"
+            backfill = {"startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T03:00:00Z"}
+            for method, path, body in [
+                ("GET", "/workflows/waiting-1", None),
+                ("GET", "/workflows/done-1/steps", None),
+                ("GET", "/workflows/done-1/events", None),
+                ("GET", "/workflows/done-1/export", None),
+                ("POST", "/workflows/waiting-1/cancel", None),
+                ("POST", "/workflows/bulk-cancel", {"workflowIds": ["waiting-1"]}),
+                ("POST", "/workflows/done-1/fork", {"startStep": 0}),
+                ("POST", "/workflows/bulk-fork-from-failure", {"workflowIds": ["done-1"], "fromLastStep": True}),
+                ("GET", "/schedules/every-hour", None),
+                ("POST", "/schedules/every-hour/resume", None),
+                ("POST", "/schedules/every-hour/trigger", None),
+                ("POST", "/schedules/every-hour/backfill", backfill),
+                ("GET", "/queues/serial", None),
+            ]:
+                problem(key.request(method, f"/apps/billing{path}", json=body), 404)
+        with world.api() as admin:
+            assert {w: db_status(world, w) for w in before} == before, "ledger's workflows changed"
+            assert ok(admin.get(f"{LEDGER}/schedules/every-hour"))["status"] == schedule
+            assert admin.delete("/tokens/billing-ops").status_code == 204
+    finally:
+        billing.stop()
