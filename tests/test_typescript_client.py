@@ -772,12 +772,15 @@ const out = {
   step: [stepOutput(step, true).error, new sdk52.WorkflowSteps(step).error],
   noContext: [scheduleOutput({ ...sched, context: null }, true).context, sdk52.inspectForConductor(null)],
   context: [scheduleOutput({ ...sched, context: deep }, true).context, sdk52.inspectForConductor(deep)],
-  notAsked: scheduleOutput({ ...sched, context: null }, false).context,
+  // Not asked for, a context is left out, as 5.2 leaves it (its `undefined`), not sent as null.
+  notAsked: JSON.parse(JSON.stringify(scheduleOutput({ ...sched, context: deep }, false))),
   failed: {},
+  thrown: {},
 };
 const log = { debug() {}, info() {}, warn() {}, error() {} };
 const handlers = new Handlers({ executorId: 'e1', log });
-DBOS.setAlertHandler(async () => { throw new Boom('pager down'); });
+let thrown = new Boom('pager down');
+DBOS.setAlertHandler(async () => { throw thrown; });
 (async () => {
   // DBOS is not launched here: each DBOS call throws "`DBOS.launch()` must be called before running X."
   for (const frame of [
@@ -796,6 +799,16 @@ DBOS.setAlertHandler(async () => { throw new Boom('pager down'); });
   ]) {
     out.failed[frame.request_id] = JSON.parse(await handlers.answer(JSON.stringify(frame))).error_message;
   }
+  // A thrown value that is not an Error: 5.2 sends `${context}: ${e.message}`, "undefined" for a
+  // string (and fails on null); client-ts sends the value itself, an object inspected on one line.
+  const alert = { type: 'alert', request_id: 'alert', name: 'n', message: 'm', metadata: {} };
+  for (const [name, value] of Object.entries({
+    string: 'pager down', number: 503, null: null, object: { code: 'E_DOWN', retry: false },
+    messageOnly: { message: 'like an Error' }, emptyError: new Error(''),
+  })) {
+    thrown = value;
+    out.thrown[name] = JSON.parse(await handlers.answer(JSON.stringify(alert))).error_message;
+  }
   console.log(JSON.stringify(out));
 })();
 """,
@@ -805,7 +818,7 @@ DBOS.setAlertHandler(async () => { throw new Boom('pager down'); });
         ours, theirs = got[field]
         assert ours == theirs, (field, ours, theirs)
     assert json.loads(got["workflow"][0])["name"] == "Boom" and got["noContext"][0] == "null", got
-    assert got["notAsked"] is None, got
+    assert "context" not in got["notAsked"] and got["notAsked"]["schedule_name"] == "n", got["notAsked"]
     launch = "`DBOS.launch()` must be called before running"
     assert got["failed"] == {
         "cancel": f"Exception encountered when cancelling workflow(s) a,b: {launch} cancelWorkflows.",
@@ -823,3 +836,11 @@ DBOS.setAlertHandler(async () => { throw new Boom('pager down'); });
         "list_workflows": f"Exception encountered when listing workflows: {launch} listWorkflows.",
         "alert": "Exception in alert handler: pager down",
     }, got["failed"]
+    assert got["thrown"] == {
+        "string": "Exception in alert handler: pager down",
+        "number": "Exception in alert handler: 503",
+        "null": "Exception in alert handler: null",
+        "object": "Exception in alert handler: { code: 'E_DOWN', retry: false }",
+        "messageOnly": "Exception in alert handler: like an Error",
+        "emptyError": "Exception in alert handler: Error",
+    }, got["thrown"]

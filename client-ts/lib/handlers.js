@@ -13,7 +13,8 @@
 //   (success: false, exist: false, output: [] or null) and error_message saying what failed, in the
 //   5.2 SDK's own client's words: `${context}: ${error.message}`, the context as 5.2 has it for that
 //   type ("Exception encountered when cancelling workflow(s) a,b"), so an operator reads the same text
-//   from both. The log line has the stack too.
+//   from both; a thrown value with no message (a string, an Error("")) is named, where 5.2 says
+//   "undefined" or nothing (reasonOf). The log line has the stack too.
 // - A workflow's or step's error is sent as 5.2 sends it: JSON.stringify(serializeError(error)), with
 //   the serialize-error the SDK itself uses; a schedule's context, when asked for, is always inspected
 //   as 5.2 inspects it ("null" for none), and every inspected value with 5.2's options.
@@ -425,7 +426,8 @@ function scheduleOutput(s, loadContext) {
     workflow_class_name: s.workflowClassName || null,
     schedule: s.schedule,
     status: s.status,
-    context: loadContext ? inspected(s.context) : null, // none is "null", as 5.2 sends it
+    // None is "null", as 5.2 sends it; not asked for, left out (undefined), as 5.2 leaves it.
+    context: loadContext ? inspected(s.context) : undefined,
     last_fired_at: s.lastFiredAt ?? null,
     automatic_backfill: Boolean(s.automaticBackfill),
     cron_timezone: s.cronTimezone ?? null,
@@ -597,6 +599,18 @@ function read(textFrame, log) {
   return { frame };
 }
 
+/** What a failure reply says of the value a handler threw: its message, as 5.2 words it. Where 5.2
+ * sends nothing of it, the value itself: 5.2's `${e.message}` is "undefined" for a thrown string or
+ * number (and fails on null), and "" for an Error with no message; client-ts sends the string or
+ * number, the Error's name ("TypeError"), an object without a message inspected on one line. */
+function reasonOf(err) {
+  const isObj = err !== null && typeof err === 'object';
+  const message = isObj && 'message' in err && err.message !== undefined && err.message !== null ? String(err.message) : '';
+  if (message !== '') return message;
+  if (err instanceof Error) return err.name || 'Error';
+  return isObj ? inspect(err, { breakLength: Infinity }) : String(err);
+}
+
 class Handlers {
   /** ctx: { executorId, metadata, log } */
   constructor(ctx) {
@@ -631,7 +645,7 @@ class Handlers {
       // The reply's text as the 5.2 SDK's client words it (its reportException: the context, then the
       // error's message); the log line as the client's own, `relay client:`, with the stack.
       const context = handler.context(frame);
-      const reason = isObject(err) && err !== null && 'message' in err ? err.message : String(err);
+      const reason = reasonOf(err);
       this.ctx.log.error(`relay client: ${context}: ${err && err.stack ? err.stack : reason}`);
       return dumps({ ...head, ...handler.failed, error_message: `${context}: ${reason}` });
     }
