@@ -680,3 +680,50 @@ def test_the_sign_in_page_has_no_serious_accessibility_violations_and_works_from
     assert skip.bounding_box() is not None and skip.bounding_box()["x"] >= 0  # type: ignore[index]
     page.keyboard.press("Enter")
     expect(page.locator("main")).to_be_focused()
+
+
+def test_text_from_key_holders_is_shown_as_text_and_its_bidi_controls_escaped(world: World, page: Page) -> None:
+    """Workflow ids are chosen by whoever starts a workflow (often from an end user's input): one that
+    is markup is shown as its characters, and one ending in U+202E (right-to-left override) reordered
+    the ids after it in the same line of the audit log ("x\\u202e, second" read "x dnoces ,"), so
+    that what was refused did not read as what was asked. The console shows such characters escaped."""
+    markup = '<img src=x onerror="window.__pwned=1">'
+    ids = [markup, "flip\u202e", "second"]
+    with world.relay.api() as api:
+        refused = api.post("/apps/ledger/workflows/bulk-cancel", json={"workflowIds": ids})
+    assert refused.status_code == 404, refused.text  # no such workflows: refused, and audited
+    admin(page, world)
+    go(page, "#/audit?app=ledger&action=workflow.bulk_cancel")
+    listed = page.locator('li[data-key="workflowIds"]').first
+    expect(listed).to_contain_text(markup)
+    assert page.evaluate("window.__pwned") is None and page.locator("main img").count() == 0
+    # Where the first and the last letter of "second" are drawn: left to right, as it is written.
+    first, last = listed.locator(".id", has_text="second").evaluate(
+        """el => {
+          const text = [...el.querySelectorAll("*"), el].flatMap((n) => [...n.childNodes])
+            .find((n) => n.nodeType === Node.TEXT_NODE && n.data === "second");
+          const at = (i) => { const r = document.createRange(); r.setStart(text, i); r.setEnd(text, i + 1);
+            return r.getBoundingClientRect().left; };
+          return [at(0), at(5)];
+        }"""
+    )
+    assert first < last, (first, last)
+    # Shown escaped, as the command line shows it; the error's text reads in its own order too.
+    expect(listed).to_contain_text("flip\\u202e, second")
+    expect(page.locator(".error-text").first).to_contain_text("flip\\u202e, second")
+
+
+def test_a_keys_name_is_shown_as_text_with_its_bidi_controls_escaped(world: World, page: Page) -> None:
+    """A key's name is its creator's text: shown in the header as its characters, its U+202E escaped
+    (it drew " in acme · read-only" backwards)."""
+    admin_key = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    tokens = f"{world.relay.http}/v2/orgs/acme/tokens"
+    name = "<b>on call\u202e"
+    created = httpx.post(f"{tokens}/{name}", json={"permissions": ["application.read"]}, headers=admin_key)
+    assert created.status_code == 201, created.text
+    try:
+        sign_in(page, world.relay.http, "acme", created.json()["token"])
+        expect(page.locator("#who")).to_have_text("<b>on call\\u202e in acme · read-only")
+        assert page.locator("header b, #who b").count() == 0
+    finally:
+        httpx.delete(f"{tokens}/{name}", headers=admin_key)

@@ -1,6 +1,17 @@
 // Small DOM helpers for the console: elements built with textContent (never innerHTML, so
 // nothing an executor or a caller sends can become markup), tables, pagers, dialogs, times.
 
+// The bidirectional formatting characters (the marks U+061C, U+200E, U+200F, the embeddings and
+// overrides U+202A-U+202E, the isolates U+2066-U+2069): one in a workflow id or an error drew the
+// text after it, up to the end of its block, in another order than it has (an audit entry's
+// "x\u202e, second" read "x dnoces ,"). Every text put on the page shows them escaped, as the
+// command line does (\u202e): legible, and reordering nothing.
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+export function plain(text) {
+  return String(text).replace(BIDI_CONTROLS, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
@@ -17,7 +28,7 @@ export function h(tag, attrs = {}, ...children) {
 function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(plain(child)));
   }
 }
 
@@ -108,9 +119,9 @@ export function confirmDialog({title, body, confirm, danger = false, fields = []
 export function announce(text) {
   const region = document.getElementById("announce");
   region.textContent = "";
-  setTimeout(() => { region.textContent = text; }, 30);
+  setTimeout(() => { region.textContent = plain(text); }, 30);
 }
 
 export function problemText(err) {
-  return err && err.message ? err.message : String(err);
+  return plain(err && err.message ? err.message : String(err));
 }

@@ -4,7 +4,7 @@
 // again every few seconds (pollLater): nothing else is polled.
 
 import {api, readEvents, session} from "./console-api.js";
-import {ago, h, problemText} from "./console-ui.js";
+import {ago, h, plain, problemText} from "./console-ui.js";
 import {pageFor} from "./console-pages.js";
 
 const main = document.getElementById("main");
@@ -88,7 +88,7 @@ function startSession() {
 
 function showWho() {
   const writes = who.permissions.includes("application.write") ? "" : " · read-only";
-  document.getElementById("who").textContent = `${who.tokenName} in ${who.org}${writes}`;
+  document.getElementById("who").textContent = plain(`${who.tokenName} in ${who.org}${writes}`);
   // Only the pages the key may read: Instances and the audit log need organization.read (a key
   // limited to apps lacks it).
   const orgRead = who.permissions.includes("organization.read");
@@ -147,7 +147,7 @@ async function show() {
     if (a.dataset.nav === page.section) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
-  document.title = `${page.title} · Relay console`;
+  document.title = plain(`${page.title} · Relay console`);
   main.replaceChildren();
   page.mount(main);
   const heading = main.querySelector("h1");
