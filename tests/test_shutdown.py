@@ -205,7 +205,7 @@ async def _instance_lost_through_a_deadlock(url: str) -> None:
                 async with db.connection() as conn:
                     cur = await conn.execute(
                         """SELECT count(*) AS n FROM pg_stat_activity
-                            WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE executors SET state%%'"""
+                            WHERE wait_event_type = 'Lock' AND query LIKE 'WITH held AS%%'"""
                     )
                     row = await cur.fetchone()
                 return row is not None and row["n"] == 1
@@ -230,8 +230,8 @@ async def _instance_lost_through_a_deadlock(url: str) -> None:
 
 
 def test_a_stop_that_meets_a_deadlock_on_its_executors_rows_records_them_all_the_same(postgres: Postgres) -> None:
-    """Recording every executor of a stopping instance lost locks their rows in the table's order;
-    disconnections still being written lock them in theirs. PostgreSQL breaks such a deadlock by
+    """Recording every executor of a stopping instance lost locks their rows in key order; other
+    writes still being written several to a transaction lock them in theirs. PostgreSQL breaks such a deadlock by
     failing one transaction: the stop's runs again (it failed one fresh-clone CI run with a traceback
     and an "Application shutdown failed")."""
     asyncio.run(_instance_lost_through_a_deadlock(postgres.create_database("deadlock")))

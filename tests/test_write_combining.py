@@ -4,6 +4,7 @@ transaction, a bad row fails alone, and fencing still holds for every row of a b
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -311,7 +312,7 @@ async def _disconnections_together(url: str) -> None:
                 for _ in range(200):  # until the batch waits for the racer's row lock
                     cur = await conn.execute(
                         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'UPDATE executors e SET state%%'"
+                        " AND query LIKE '%%UPDATE executors e SET state%%'"
                     )
                     if (row := await cur.fetchone()) and row["n"]:
                         break
@@ -402,5 +403,58 @@ def test_executors_connecting_again_while_their_crashed_instance_is_adopted_meet
     adopted, results = asyncio.run(_reconnections_during_an_adoption(postgres.create_database("adopt_batch")))
     assert adopted is not None and not isinstance(adopted, BaseException), adopted
     assert not any(isinstance(r, BaseException) for r in results), results
-    (connected,) = results
-    assert sorted(k.executor_id for k in connected) == ["m-a", "m-b"]  # type: ignore[attr-defined]
+    (outcome,) = results
+    assert isinstance(outcome, tuple)
+    connected, gone = outcome
+    assert sorted(k.executor_id for k in connected) == ["m-a", "m-b"] and not gone
+
+
+async def _disconnections_and_reconnections_at_once(url: str, whole_instance: bool) -> tuple[object, object]:
+    async with _instances(url, "relay-1", "relay-2") as [(_, _, ex1), (_, _, ex2)]:
+        epochs = dict([await _connect(ex1, "relay-1", n, lost=False) for n in ("m-b", "m-a")])  # m-b first
+        info = {n: ExecutorInfoReply(request_id="r", executor_id=n, application_version="v1") for n in ("m-a", "m-b")}
+        keys = [ExecutorKey("acme", "ledger", n) for n in ("m-b", "m-a")]
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'm-a' FOR UPDATE")
+                # The executors connect again to relay-2 (one batch of handshakes, its statement
+                # itself: the writer would write it again row by row had it failed) before relay-1
+                # writes their old sockets' disconnections (one batch, m-b first, as the join may
+                # take them), or all of its executors' at a stop.
+                batch = [Handshake(k, info[k.executor_id], "relay-2", "key") for k in keys]
+                connecting = asyncio.gather(ex2._upsert_connected(batch), return_exceptions=True)
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not connecting.done(), "the handshakes never waited"
+                    await asyncio.sleep(0.01)
+                lost = [(k, epochs[k], "relay-1") for k in keys]
+                losing = asyncio.gather(ex1.instance_lost("relay-1") if whole_instance else ex1._update_lost(lost),
+                                        return_exceptions=True)  # fmt: skip
+                while await _sessions_waiting(holder) < 2:
+                    assert time.monotonic() < deadline and not losing.done(), "the disconnections never waited"
+                    await asyncio.sleep(0.01)
+            ((connected,), (disconnected,)) = await connecting, await losing
+            return connected, disconnected
+
+
+@pytest.mark.parametrize("whole_instance", [False, True], ids=["batch", "instance_lost"])
+def test_executors_disconnecting_and_connecting_again_at_once_meet_no_deadlock(
+    postgres: Postgres, caplog: pytest.LogCaptureFixture, whole_instance: bool
+) -> None:
+    """A network blip: executors' old sockets close and they connect again to another instance at
+    once, one batch of each (or the old instance stops: one statement for all of its executors).
+    The disconnections locked the rows in the join's (or the table's) order, the handshakes by key:
+    each held a row the other waited for, and PostgreSQL failed one (the batch, written again row by
+    row a second later and counted as an error; or the stop's statement, run again a second later).
+    All of them lock by (org, app, executor id) now: one waits for the other. Another session holds
+    the first key's row meanwhile, so that both are under way when it lets go, the handshakes first."""
+    caplog.set_level(logging.INFO, "relay.store")
+    url = postgres.create_database(f"blip_{int(whole_instance)}")
+    connected, disconnected = asyncio.run(_disconnections_and_reconnections_at_once(url, whole_instance))
+    assert not isinstance(connected, BaseException) and not isinstance(disconnected, BaseException), (
+        connected,
+        disconnected,
+    )
+    assert sorted(k.executor_id for k in connected[0]) == ["m-a", "m-b"]  # type: ignore[index]
+    assert disconnected == (0 if whole_instance else set())  # the executors had moved: nothing to write
+    assert "deadlock" not in caplog.text  # instance_lost runs again after one, and says so

@@ -330,12 +330,18 @@ class ExecutorStore:
 
     async def _update_lost(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
         async with self.db.fenced() as conn:
+            # Rows locked in key order (_LOCK_ORDER), as a batch of handshakes and an adoption lock
+            # them: in the join's order, executors disconnecting and connecting again at once (a network
+            # blip) could each hold a row the other's batch waited for, and PostgreSQL failed one batch.
             cur = await conn.execute(
-                f"""UPDATE executors e SET state = {_state_case(E.LOST, "e.state")}{_EFFECTS[E.LOST]}
-                    FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[])
-                        AS t(org, app, executor_id, epoch, instance)
-                    WHERE e.org = t.org AND e.app = t.app AND e.executor_id = t.executor_id
-                      AND e.epoch = t.epoch AND e.relay_instance = t.instance AND e.state = ANY(%s)
+                f"""WITH mine AS (
+                        SELECT org, app, executor_id FROM executors
+                        WHERE (org, app, executor_id, epoch, relay_instance) IN (
+                                SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[]))
+                          AND state = ANY(%s)
+                        ORDER BY {_LOCK_ORDER} FOR UPDATE)
+                    UPDATE executors e SET state = {_state_case(E.LOST, "e.state")}{_EFFECTS[E.LOST]}
+                    FROM mine m WHERE e.org = m.org AND e.app = m.app AND e.executor_id = m.executor_id
                     RETURNING e.org, e.app, e.executor_id, e.epoch""",
                 (
                     [key.org for key, _, _ in rows],
@@ -354,17 +360,22 @@ class ExecutorStore:
 
         After a crash the sockets are gone but their rows still say HEALTHY.
 
-        At a shutdown, the disconnections of sockets that closed just before it may still be
-        being written, several to a transaction (:mod:`relay.store.combiner`), and lock the same
-        rows in another order: PostgreSQL then fails one of the two transactions to break the
-        deadlock, and this one runs again (the rows the other wrote are no longer HEALTHY).
+        The rows are locked in key order (_LOCK_ORDER), as the batches of handshakes and of
+        disconnections lock them: executors connecting again to another instance while this one
+        stops wait for this statement, or it for them, without a deadlock. A deadlock with writes
+        that lock in another order (several to a transaction, :mod:`relay.store.combiner`) makes
+        PostgreSQL fail one of the two transactions; this one then runs again.
         """
         for attempt in range(1, INSTANCE_LOST_TRIES + 1):
             try:
                 async with self.db.fenced() as conn:
-                    cur = await conn.execute(
-                        f"""UPDATE executors SET state = {_state_case(E.INSTANCE_LOST)}{_EFFECTS[E.INSTANCE_LOST]}
-                            WHERE relay_instance = %s AND state = ANY(%s)""",
+                    cur = await conn.execute(  # in key order, as handshakes lock them (_LOCK_ORDER)
+                        f"""WITH held AS (
+                                SELECT org, app, executor_id FROM executors
+                                WHERE relay_instance = %s AND state = ANY(%s) ORDER BY {_LOCK_ORDER} FOR UPDATE)
+                            UPDATE executors e
+                            SET state = {_state_case(E.INSTANCE_LOST, "e.state")}{_EFFECTS[E.INSTANCE_LOST]}
+                            FROM held h WHERE e.org = h.org AND e.app = h.app AND e.executor_id = h.executor_id""",
                         (instance, [s.value for s in states_allowing(E.INSTANCE_LOST)]),
                     )
                 break
