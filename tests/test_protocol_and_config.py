@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from harness.ports import free_port
 from relay.api.shapes import text_iso
 from relay.auth import ADMIN, KeyRing, Permission, hash_key, new_key
 from relay.config import parse_config
-from relay.core.times import ms_iso, sdk_time, us_iso
+from relay.core.times import ms_iso, sdk_ms_time, sdk_time, us_iso
 from relay.domain.alerts import _sdk_time
 from relay.errors import ConfigError, ProtocolError
 from relay.net.hub import parse_websocket_path
@@ -293,6 +294,18 @@ def test_an_alert_rules_bounds_reach_the_executor_as_the_sdk_parses_them() -> No
     # Python 3.10's fromisoformat, which dbos 3.2 allows, takes no "Z": the form of the API's filters.
     assert _sdk_time(1700000000.0) == sdk_time(datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC))
     assert _sdk_time(1700000000.0) == "2023-11-14T22:13:20.000000+00:00"
+
+
+@pytest.mark.parametrize(
+    "epoch_ms", [0, 1, 999, 1000, 1_700_000_000_080, 1_764_979_199_999, 253_402_300_799_999, -1, -86_400_001]
+)
+def test_epoch_milliseconds_reach_the_sdk_as_they_always_did(epoch_ms: int) -> None:
+    """The app figures' and retention checks' bounds, once written by workflows/services.sdk_iso with
+    strftime: the same string, character for character (and one the SDK parses)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}+00:00"
+    assert sdk_ms_time(epoch_ms) == before
+    assert datetime.fromisoformat(before) == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=epoch_ms)
 
 
 def test_lone_surrogates_are_replaced_where_frames_arrive() -> None:

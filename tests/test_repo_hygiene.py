@@ -23,13 +23,15 @@ def test_times_are_written_by_relay_core_times_only() -> None:
     """``datetime.isoformat()`` leaves the fraction out of a whole second (``...:27+00:00`` sorts after
     ``...:27.080000+00:00``) and writes ``+00:00`` where Relay's answers say ``Z``: workflows/reconcile.py
     sent its executor filters so. Every time that reaches an executor or an answer of Relay is written
-    by relay/core/times.py (``us_iso``, ``ms_iso``, ``sdk_time``); parsing (``fromisoformat``) is free."""
+    by relay/core/times.py (``us_iso``, ``ms_iso``, ``sdk_time``, ``sdk_ms_time``, and the CLI's for people);
+    parsing (``fromisoformat``, ``strptime``) is free. ``strftime`` too built a time by hand (the SDK's
+    times of workflows/services.sdk_iso), so it is caught as well."""
     found = [
         f"{path.relative_to(ROOT)}:{n}"
         for top in ("relay", "workflows")
         for path in sorted((ROOT / top).rglob("*.py"))
         if path != ROOT / "relay" / "core" / "times.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"(?<!from)isoformat\(", line)
+        if re.search(r"(?<!from)isoformat\(|strftime\(", line)
     ]
-    assert found == [], f"isoformat() outside relay/core/times.py: {found}"
+    assert found == [], f"isoformat() or strftime() outside relay/core/times.py: {found}"

@@ -25,6 +25,7 @@ from typing import Any
 from dbos import DBOS
 
 from relay.core.appfigures import Aggregates, Row, StepRow, Window, counts, series
+from relay.core.times import sdk_ms_time
 from relay.errors import ExecutorRequestError
 from relay_protocol import (
     GetStepAggregatesBody,
@@ -35,7 +36,7 @@ from relay_protocol import (
     GetWorkflowAggregatesRequest,
     clean_text,
 )
-from workflows.services import ask_app, relay_step, sdk_iso, services
+from workflows.services import ask_app, relay_step, services
 
 log = logging.getLogger("relay.figures")
 
@@ -63,7 +64,7 @@ async def _steps(org: str, app: str, spread: str, body: GetStepAggregatesBody) -
 
 async def aggregates(org: str, app: str, window: Window) -> Aggregates:
     """Ask the app's executors what the figures of ``window`` need (five requests)."""
-    first, last = sdk_iso(window.start_ms), sdk_iso(window.last_ms)
+    first, last = sdk_ms_time(window.start_ms), sdk_ms_time(window.last_ms)
     spread = f"{org}:{app}:{window.start_ms}"
     by_name_queue = GetWorkflowAggregatesBody(group_by_name=True, group_by_queue_name=True, select_count=True)
 

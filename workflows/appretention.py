@@ -31,6 +31,7 @@ from typing import Any
 from dbos import DBOS
 
 from relay.core.ids import app_part
+from relay.core.times import sdk_ms_time
 from relay.errors import ExecutorRequestError
 from relay.store.appretention import RetentionRound
 from relay_protocol import (
@@ -42,7 +43,7 @@ from relay_protocol import (
     RetentionRequest,
     clean_text,
 )
-from workflows.services import MAX_RECOVERY_ATTEMPTS, ask_app, dedupe_key, relay_step, sdk_iso, services
+from workflows.services import MAX_RECOVERY_ATTEMPTS, ask_app, dedupe_key, relay_step, services
 
 log = logging.getLogger("relay.retention")
 
@@ -73,7 +74,7 @@ async def _remaining(org: str, app: str, rid: str, checked: RetentionRound) -> d
             select_count=True,
             status=FINISHED,
             # (max: a round recorded before the cutoffs were held at 1970 may have one before it)
-            completed_before=sdk_iso(max(0, checked.gc_cutoff_epoch_ms) - 1),
+            completed_before=sdk_ms_time(max(0, checked.gc_cutoff_epoch_ms) - 1),
         )
         found["finishedBeforeCutoff"] = await _count(org, app, rid, body)
     if checked.gc_rows_threshold is not None:
@@ -81,7 +82,7 @@ async def _remaining(org: str, app: str, rid: str, checked: RetentionRound) -> d
         found["finished"] = await _count(org, app, rid, body)
     if checked.timeout_cutoff_epoch_ms is not None:
         # The SDK cancels unfinished workflows created at or before the timeout cutoff.
-        cutoff = sdk_iso(max(0, checked.timeout_cutoff_epoch_ms))
+        cutoff = sdk_ms_time(max(0, checked.timeout_cutoff_epoch_ms))
         body = GetWorkflowAggregatesBody(group_by_status=True, select_count=True, status=UNFINISHED, end_time=cutoff)
         found["unfinishedBeforeTimeout"] = await _count(org, app, rid, body)
     return found

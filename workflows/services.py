@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
@@ -272,9 +271,3 @@ async def ask_app(
         return reply
 
     return await first_answer(org, app, one, spread)
-
-
-def sdk_iso(epoch_ms: int) -> str:
-    """A time as the SDK reads it (``datetime.fromisoformat``: an explicit offset, milliseconds)."""
-    seconds, millis = divmod(epoch_ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}+00:00"

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.core.times import us_iso
+from relay.core.times import local_seconds, us_iso
 
 MISSING = "-"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -105,7 +105,7 @@ def when(value: str | None) -> str:
     parsed = parse_iso(value)
     if parsed is None:
         return value or MISSING
-    return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return local_seconds(parsed)
 
 
 def age(value: str | None, now: datetime | None = None) -> str:

@@ -23,6 +23,7 @@ from click.core import ParameterSource
 
 from relay.auth import hash_key, new_key, new_secret
 from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
+from relay.core.times import utc_minutes
 from relay.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -286,7 +287,7 @@ def init(path: Path, force: bool, org: str, host: str, port: int) -> None:
     """Write a commented relay.yaml with a fresh admin key and conductor key, and print the keys once."""
     admin, conductor = new_secret(), new_secret()
     text = RELAY_YAML.format(
-        now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        now=utc_minutes(datetime.now(UTC)),
         path=path,
         host=yaml_string(host),
         port=port,

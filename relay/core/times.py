@@ -9,7 +9,8 @@ field sort as its times do (clients, the console, the CLI, dbos-mcp, scripts com
 
 ``datetime.isoformat()`` alone leaves the fraction out when it is zero: a whole second
 (``...:27Z``) would sort after ``...:27.080000Z``. The SDK's own form (``+00:00``, for Python 3.10's
-``fromisoformat``) is :func:`sdk_time`.
+``fromisoformat``) is :func:`sdk_time`, and :func:`sdk_ms_time` for epoch milliseconds. The CLI's
+times for people (local, to the second) are :func:`local_seconds` and :func:`utc_minutes`.
 """
 
 from __future__ import annotations
@@ -63,3 +64,20 @@ def sdk_time(value: datetime) -> str:
     """A time as the SDK parses it (Python 3.10's ``fromisoformat``: four-digit year, six fraction
     digits, ``+00:00`` rather than ``Z``)."""
     return utc(value).isoformat(timespec="microseconds")
+
+
+def sdk_ms_time(epoch_ms: int) -> str:
+    """Epoch milliseconds as the SDK parses a time: three fraction digits and ``+00:00``
+    (``2026-01-31T12:00:00.000+00:00``), the string Relay's app figures and retention checks have
+    always sent (once written with ``strftime``, character for character the same)."""
+    return (_EPOCH + timedelta(milliseconds=epoch_ms)).isoformat(timespec="milliseconds") + "+00:00"
+
+
+def local_seconds(value: datetime) -> str:
+    """A time for people: in the machine's local zone, to the second (``2026-01-31 13:00:00``)."""
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def utc_minutes(value: datetime) -> str:
+    """A time for people, in UTC to the minute (``2026-01-31 12:00 UTC``)."""
+    return utc(value).strftime("%Y-%m-%d %H:%M UTC")
