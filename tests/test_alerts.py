@@ -1778,3 +1778,44 @@ def test_a_rule_added_back_beside_its_edited_self_is_a_rule_of_its_own(relay_db:
     rules = with_store(relay_db, [first], body)
     assert sorted(secs for _, secs in rules) == [30.0, 90.0], f"a rule of the file was lost: {rules}"
     assert len({rule_id for rule_id, _ in rules}) == 2, rules
+
+
+def test_rules_and_app_figures_count_their_apps_own_workflows_whichever_executor_answers(
+    start_relay: StartRelay,
+) -> None:
+    """Apps may share a system database. Relay's own counts (a WorkflowFailure and a SlowQueue rule's
+    conditions, the app figures' five requests) asked without ``application_name``, so that what was
+    counted was whatever the executor answering took for its app (the SDKs' default: their own app,
+    which the API's requests no longer rely on either). Every one names the app now. The executor is
+    simulated: it keeps what Relay asks."""
+    rules = [
+        {"kind": "WorkflowFailure", "webhook": "http://127.0.0.1:9/"},
+        {"kind": "SlowQueue", "thresholdSecs": 1, "webhook": "http://127.0.0.1:9/"},
+    ]
+    config = alert_config(free_port(), rules)
+    config["metrics"] = {"appFiguresWindowSecs": 1.0}
+    relay = start_relay(config)
+    asked: list[dict[str, Any]] = []
+
+    def keep(request: dict[str, Any]) -> dict[str, Any]:
+        asked.append(request)
+        return {"output": []}
+
+    def seen() -> set[str]:
+        found = set()
+        for request in list(asked):
+            status = request["body"].get("status") or []
+            if "ERROR" in status:
+                found.add("WorkflowFailure")
+            elif status == ["ENQUEUED"]:
+                found.add("SlowQueue")
+            elif request["type"] == "get_step_aggregates":
+                found.add("figures")
+        return found
+
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "ledger-1", "answer", replies={"get_workflow_aggregates": keep,
+                                                          "get_step_aggregates": keep}):  # fmt: skip
+        assert_eventually(lambda: seen() == {"WorkflowFailure", "SlowQueue", "figures"}, 20, what="every count")
+    unnamed = [(r["type"], r["body"]) for r in asked if r["body"].get("application_name") != ["ledger"]]
+    assert unnamed == [], f"counts that do not name the app: {unnamed}"

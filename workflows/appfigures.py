@@ -25,6 +25,7 @@ from typing import Any
 from dbos import DBOS
 
 from relay.core.appfigures import Aggregates, Row, StepRow, Window, counts, series
+from relay.core.ids import owned_by
 from relay.core.times import sdk_ms_time
 from relay.errors import ExecutorRequestError
 from relay_protocol import (
@@ -66,7 +67,11 @@ async def aggregates(org: str, app: str, window: Window) -> Aggregates:
     """Ask the app's executors what the figures of ``window`` need (five requests)."""
     first, last = sdk_ms_time(window.start_ms), sdk_ms_time(window.last_ms)
     spread = f"{org}:{app}:{window.start_ms}"
-    by_name_queue = GetWorkflowAggregatesBody(group_by_name=True, group_by_queue_name=True, select_count=True)
+    # The app's own (apps may share a system database): so counted whichever executor answers.
+    mine = owned_by(app)
+    by_name_queue = GetWorkflowAggregatesBody(
+        group_by_name=True, group_by_queue_name=True, select_count=True, application_name=mine
+    )
 
     async def ask(**body: Any) -> list[Row]:
         return await _workflows(org, app, spread, replace(by_name_queue, **body))
@@ -92,6 +97,7 @@ async def aggregates(org: str, app: str, window: Window) -> Aggregates:
             select_max_duration_ms=True,
             completed_after=first,
             completed_before=last,
+            application_name=mine,
         ),
     )
     return Aggregates(started, dequeued, completed, live, steps)

@@ -207,14 +207,6 @@ def actor(grant: KeyGrant) -> str:
     return f"api:{grant.name}"
 
 
-def owned_by(app: str) -> list[str]:
-    """The SDK's ``application_name`` filter for the workflows, queues and schedules of ``app``: apps
-    may share a system database, which their executors read whole (DBOS's rows of no app, from before
-    it named owners, are every app's). Every listing, count and lookup of an app's carries it, so
-    that a key limited to one app reaches no other app's through it."""
-    return [app]
-
-
 def not_the_apps(app: str, owner: str | None) -> bool:
     """Whether a workflow, queue or schedule the SDK found is another app's (None: DBOS's rows of no app)."""
     return owner is not None and owner != app

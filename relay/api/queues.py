@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from relay.api import shapes
-from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, PathId, answered, not_the_apps, owned_by
+from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, PathId, answered, not_the_apps
+from relay.core.ids import owned_by
 from relay_protocol import GetQueueReply, GetQueueRequest, ListQueuesBody, ListQueuesReply, ListQueuesRequest
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/queues", tags=["queues"])

@@ -18,9 +18,9 @@ from relay.api.common import (
     answered,
     audited,
     not_the_apps,
-    owned_by,
 )
 from relay.api.shapes import UtcTime
+from relay.core.ids import owned_by
 from relay.core.times import sdk_time
 from relay.errors import UnsupportedMessage
 from relay_protocol import (

@@ -105,3 +105,12 @@ class RecoveryRef:
     @classmethod
     def of(cls, key: ExecutorKey, epoch: int, rid: str | None = None) -> RecoveryRef:
         return cls(key, epoch, rid if rid is not None else recovery_id(key, epoch))
+
+
+def owned_by(app: str) -> list[str]:
+    """The SDK's ``application_name`` filter for the workflows, queues and schedules of ``app``: apps
+    may share a system database, which their executors read whole (DBOS's rows of no app, from before
+    it named owners, are every app's). Every listing, count and lookup of an app's carries it, the
+    API's and Relay's own (alert rules' conditions, app figures), so that a key limited to one app
+    reaches no other app's through it and no count depends on which executor answers."""
+    return [app]

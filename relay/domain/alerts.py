@@ -32,6 +32,7 @@ from typing import Any
 from relay.config import AlertRuleConfig
 from relay.core.alerts import Alert, Kind, Observed, Rule, idempotency_header, signature, webhook_body
 from relay.core.appfigures import FAILED_STATUSES
+from relay.core.ids import owned_by
 from relay.core.times import ms_iso, sdk_time
 from relay.domain.gateway import ExecutorGateway
 from relay.errors import Conflict, ExecutorRequestError, NotFound, TooManyRequests, UnsupportedMessage
@@ -239,6 +240,7 @@ class ConditionObserver:
             status=list(FAILED_STATUSES),
             completed_after=_sdk_time(now - window),
             name=[name] if name else None,
+            application_name=owned_by(rule.app),
         )
         reply = await self._aggregates(rule, body)
         if reply is None:
@@ -267,6 +269,7 @@ class ConditionObserver:
             status=["ENQUEUED"],
             end_time=_sdk_time(time.time() - threshold),
             queue_name=[name] if name else None,
+            application_name=owned_by(rule.app),
         )
         reply = await self._aggregates(rule, body)
         if reply is None:
