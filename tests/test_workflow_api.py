@@ -27,6 +27,7 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
+from dbos import DBOSClient, EnqueueOptions
 
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
@@ -1035,6 +1036,33 @@ def test_a_read_moves_on_when_an_executor_says_it_is_too_busy_to_take_it(world: 
             assert met_busy_first, "the busy executor was never asked first"
     finally:
         real.stop()
+
+
+def test_a_workflow_of_no_app_is_listed_and_reached_under_the_app(world: World) -> None:
+    """A DBOSClient given no application name writes its workflows with no owner (``application_name``
+    NULL): DBOS reads them as every app's, and so does Relay's scoping by app. One enqueued so is
+    listed, counted, read, cancelled and deleted under ledger (before billing joins the database)."""
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        options: EnqueueOptions = {"queue_name": "nowhere", "workflow_name": "job", "workflow_id": "nameless-1"}
+        client.enqueue(options, 1)
+    finally:
+        client.destroy()
+    assert query(world.sysdb, "SELECT application_name FROM dbos.workflow_status "
+                              "WHERE workflow_uuid = 'nameless-1'") == [(None,)]  # fmt: skip
+    with world.api() as api:
+        listed = ok(api.post(f"{LEDGER}/workflows/search", json={"workflowIds": ["nameless-1"]}))
+        assert [w["workflowId"] for w in listed] == ["nameless-1"]
+        assert "nameless-1" in [w["workflowId"] for w in ok(api.get(f"{LEDGER}/workflows", params={"limit": 1000}))]
+        counted = ok(api.post(f"{LEDGER}/workflows/aggregates", json={"groupByQueueName": True}))
+        assert {"group": {"queue_name": "nowhere"}, "count": 1} in counted, counted
+        assert ok(api.get(f"{LEDGER}/workflows/nameless-1"))["status"] == "ENQUEUED"
+        assert ok(api.get(f"{LEDGER}/workflows/nameless-1/steps")) == []
+        assert ok(api.get(f"{LEDGER}/workflows/nameless-1/events")) == []
+        ok(api.post(f"{LEDGER}/workflows/nameless-1/cancel"), 204)
+        assert db_status(world, "nameless-1") == "CANCELLED"
+        assert api.delete(f"{LEDGER}/workflows/nameless-1").status_code == 204
+        assert db_status(world, "nameless-1") is None
 
 
 def test_a_key_limited_to_another_app_on_the_same_system_database_reaches_nothing_of_ledgers(world: World) -> None:
