@@ -458,3 +458,56 @@ def test_executors_disconnecting_and_connecting_again_at_once_meet_no_deadlock(
     assert sorted(k.executor_id for k in connected[0]) == ["m-a", "m-b"]  # type: ignore[index]
     assert disconnected == (0 if whole_instance else set())  # the executors had moved: nothing to write
     assert "deadlock" not in caplog.text  # instance_lost runs again after one, and says so
+
+
+async def _new_apps_registered_by_a_sync_and_a_batch(url: str) -> tuple[object, list[object], set[tuple[str, str]]]:
+    async with _instances(url, "relay-1", "relay-2") as [(db1, _, _), (_, _, ex2)]:
+        # A new relay.yaml lists an app of each org, globex first; relay-2's executors of both apps
+        # connect as relay-1 starts with it (one batch: registered by their connection, in key order).
+        rolled_out = relay_yaml(free_port())
+        rolled_out["orgs"].reverse()
+        for org, app in (("globex", "x-new"), ("acme", "y-new")):
+            next(o for o in rolled_out["orgs"] if o["name"] == org)["apps"].append({"name": app})
+        keys = [ExecutorKey("acme", "y-new", "e-y"), ExecutorKey("globex", "x-new", "e-x")]
+        batch = [
+            Handshake(k, ExecutorInfoReply(request_id="r", executor_id=k.executor_id, application_version="v1"),
+                      "relay-2", "key", register_app=True)
+            for k in keys
+        ]  # fmt: skip
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                # Holds the sync at org acme's row (another session writing it), whatever it wrote before.
+                await holder.execute("UPDATE orgs SET created_at = created_at WHERE name = 'acme'")
+                syncing = asyncio.create_task(AppStore(db1).sync_config(RelayConfig.model_validate(rolled_out)))
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not syncing.done(), "the sync never waited"
+                    await asyncio.sleep(0.01)
+                # Its statement itself: the combiner would write a failed batch again row by row.
+                connecting = asyncio.gather(ex2._upsert_connected(batch), return_exceptions=True)
+                while not connecting.done() and await _sessions_waiting(holder) < 2:
+                    assert time.monotonic() < deadline, "the batch neither ended nor waited"
+                    await asyncio.sleep(0.01)
+            (synced,) = await asyncio.gather(syncing, return_exceptions=True)
+            results = await connecting
+        async with db1.connection() as conn:
+            cur = await conn.execute("SELECT org, name FROM apps WHERE from_config AND name LIKE '%%-new'")
+            listed = {(str(r["org"]), str(r["name"])) for r in await cur.fetchall()}
+        return synced, list(results), listed
+
+
+def test_new_apps_registered_by_a_relay_yaml_sync_and_a_batch_of_handshakes_at_once_meet_no_deadlock(
+    postgres: Postgres,
+) -> None:
+    """An instance starts with a relay.yaml that lists new apps while their executors, connecting to
+    another instance, register them (autoRegisterApps). A batch of handshakes registers its missing
+    apps in its transaction, in key order; the sync wrote them in the file's order: each had inserted
+    an app the other then inserted too, and PostgreSQL failed one of them ("deadlock detected": the
+    instance's start, or the batch, written again row by row a second later). The sync writes them in
+    key order too now."""
+    synced, results, listed = asyncio.run(_new_apps_registered_by_a_sync_and_a_batch(postgres.create_database("sync")))
+    assert not isinstance(synced, BaseException), repr(synced)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    ((connected, gone),) = results
+    assert sorted(k.executor_id for k in connected) == ["e-x", "e-y"] and gone == set()
+    assert listed == {("acme", "y-new"), ("globex", "x-new")}

@@ -111,9 +111,12 @@ class AppStore:
             # same apps: a file being rolled out) each locked an app the other waited for, and one
             # failed to start.
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPS_LOCK_KEY,))
-            for org in config.orgs:
+            # Apps in key order (org, then name), as a batch of handshakes registers those it finds
+            # missing (AppStore.hold): in the file's order, each inserted an app the other then inserted
+            # too, and PostgreSQL failed one of them (this start, or the batch).
+            for org in sorted(config.orgs, key=lambda o: o.name):
                 await conn.execute("INSERT INTO orgs (name) VALUES (%s) ON CONFLICT DO NOTHING", (org.name,))
-                for app in org.apps:
+                for app in sorted(org.apps, key=lambda a: a.name):
                     wanted = (app.executor_timeout_secs, app.recover_to_latest_version, app.gc_time_threshold_ms,
                               app.gc_rows_threshold, app.global_timeout_ms)  # fmt: skip
                     cur = await conn.execute(
@@ -172,7 +175,8 @@ class AppStore:
 
         The executor's row is written in the same transaction: an app's deletion either commits
         first (the app is then registered again here, or missing) or waits for that commit and finds
-        the executor (409). Locked in the order of their names, as every path that locks several.
+        the executor (409). Locked, and registered, in the order of their keys (org, name), as every path
+        that locks or inserts several (relay.yaml's sync: :meth:`sync_config`).
         """
         wanted = sorted(set(apps) | set(register))
         orgs, names = [o for o, _ in wanted], [n for _, n in wanted]
@@ -180,7 +184,8 @@ class AppStore:
         for _ in range(3):  # an app registered here may be deleted again before it is locked: rare
             cur = await conn.execute(
                 """SELECT a.org, a.name FROM apps a JOIN unnest(%s::text[], %s::text[]) AS w(org, name)
-                   ON a.org = w.org AND a.name = w.name ORDER BY a.org, a.name FOR KEY SHARE OF a""",
+                   ON a.org = w.org AND a.name = w.name
+                   ORDER BY a.org COLLATE "C", a.name COLLATE "C" FOR KEY SHARE OF a""",
                 (orgs, names),
             )
             held = {(str(r["org"]), str(r["name"])) for r in await cur.fetchall()}
