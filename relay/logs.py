@@ -14,9 +14,12 @@ included: a message is one line; DEL, C1, the line and paragraph separators,
 the bidi controls), as ``repr`` writes them (``\\x1b``, ``\\n``, ``\\u202e``).
 A backslash is left as it is, so text already escaped at the call site
 (:func:`relay.core.ids.printable`, which also bounds its length) is not
-escaped twice. A traceback (Python's own text) keeps its lines; the control
-characters in it other than the line ends (an exception's message may hold an
-executor's text) are escaped the same way.
+escaped twice. A traceback (Python's own text) keeps its lines, but the
+message of each exception in it (and of its causes, its context, a group's
+members, and their notes) is one line, escaped like a message: it may hold an
+executor's error text or a header's value, whose line end would otherwise
+forge a log line inside the traceback. The other control characters in a
+traceback are escaped the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from relay.core.outage import FailureRun
@@ -59,10 +63,33 @@ class EscapingFormatter(logging.Formatter):
         return one_line(super().formatMessage(record))
 
     def formatException(self, ei: logging._SysExcInfoType) -> str:
-        return keeping_lines(super().formatException(ei))
+        if ei[1] is None:
+            return keeping_lines(super().formatException(ei))
+        shown = traceback.TracebackException(ei[0] or type(ei[1]), ei[1], ei[2], compact=True)
+        _one_line_messages(shown)
+        return keeping_lines("".join(shown.format()).removesuffix("\n"))
 
     def formatStack(self, stack_info: str) -> str:
         return keeping_lines(super().formatStack(stack_info))
+
+
+def _one_line_messages(shown: traceback.TracebackException) -> None:
+    """Each message in ``shown``'s chain as :func:`one_line` writes it: the frames keep their lines."""
+    seen: set[int] = set()
+    todo = [shown]
+    while todo:
+        te = todo.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        # The exception's str(), as TracebackException keeps it (a private field since 3.5: no other
+        # way to it); a SyntaxError shows its msg instead.
+        te._str = one_line(te._str)  # type: ignore[attr-defined]
+        if getattr(te, "msg", None) is not None:
+            te.msg = one_line(str(te.msg))
+        if isinstance(te.__notes__, list):
+            te.__notes__ = [one_line(str(note)) for note in te.__notes__]
+        todo.extend(t for t in (te.__cause__, te.__context__, *(te.exceptions or ())) if t is not None)
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

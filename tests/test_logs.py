@@ -72,10 +72,39 @@ def test_a_traceback_keeps_its_lines_but_not_the_escapes_in_its_message(
     lines = text.splitlines()
     assert lines[0].endswith("recovery r\\x1b1: step failed")
     assert lines[1] == "Traceback (most recent call last):"
-    assert "ValueError: bad reply \\x1b[2J\\rRELAY OK" in lines, lines
-    assert "second line" in lines, "the traceback's own lines are kept"
+    assert lines[2].startswith('  File "') and lines[2].endswith(
+        "in test_a_traceback_keeps_its_lines_but_not_the_escapes_in_its_message"
+    ), lines
+    assert lines[3].strip().startswith("raise ValueError("), "the source line shown, escaped"
+    assert lines[4:] == ["ValueError: bad reply \\x1b[2J\\rRELAY OK\\nsecond line"], "the message is one line"
     assert "\x1b" not in text and "\r" not in text
     assert keeping_lines("a\nb\x1bc") == "a\nb\\x1bc"
+
+
+FORGED = "2026-01-01 00:00:00,000 CRITICAL relay: forged"
+
+
+def test_no_message_in_a_traceback_forges_a_log_line(logged: tuple[logging.Logger, io.StringIO]) -> None:
+    """An exception's message from outside (an executor's error text, a header's value), its
+    cause's, a note, a group's members': each is one line in the traceback, which keeps its own."""
+    logger, stream = logged
+    try:
+        try:
+            raise OSError(f"executor said\n{FORGED}")
+        except OSError as cause:
+            cause.add_note(f"a note\n{FORGED}")
+            raise ExceptionGroup(f"group\n{FORGED}", [ValueError(f"member\n{FORGED}")]) from cause
+    except ExceptionGroup:
+        logger.exception("failed")
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith("ERROR relay.test-logs: failed")
+    assert not [line for line in lines[1:] if FORGED in line and not line.split(FORGED)[0].endswith("\\n")], lines
+    assert "OSError: executor said\\n" + FORGED in lines
+    assert "a note\\n" + FORGED in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert any(line.endswith("| ExceptionGroup: group\\n" + FORGED + " (1 sub-exception)") for line in lines), lines
+    assert "    | ValueError: member\\n" + FORGED in lines, lines
+    assert sum(line.startswith(("  File", "  |   File")) for line in lines) == 2, "each traceback's frame on its line"
 
 
 def test_relay_serves_log_escapes_dbos_lines_too() -> None:
