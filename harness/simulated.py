@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -78,7 +78,10 @@ class SimulatedPeer:
     a message type it does not know (an older SDK). With ``hold``, its reply to
     ``recovery`` waits until ``hold`` is set (the socket keeps answering
     everything else meanwhile). ``slow`` maps a message type to how long its
-    replies wait (the socket reads on meanwhile: a slow executor).
+    replies wait (the socket reads on meanwhile: a slow executor). ``paired`` maps a
+    message type to the types that release its replies: each reply to it waits until a request of
+    one of those types comes after it, so a Relay that waits for the first reply before it sends the
+    second never gets one.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class SimulatedPeer:
         others: str = "error",
         hold: threading.Event | None = None,
         slow: dict[str, float] | None = None,
+        paired: dict[str, Collection[str]] | None = None,
     ) -> None:
         if on_recovery not in ("close", "silent", "lie", "answer"):
             raise ValueError(f"unknown behaviour {on_recovery!r}")
@@ -104,6 +108,8 @@ class SimulatedPeer:
         self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
         self.hold = hold
         self.slow = slow or {}
+        self.paired = paired or {}
+        self._unpaired: list[tuple[Collection[str], asyncio.Event]] = []  # replies waiting for a release
         self._held: set[asyncio.Task[None]] = set()
         self.requests: Counter[str] = Counter()
         self._ready = threading.Event()
@@ -136,6 +142,7 @@ class SimulatedPeer:
                 request = json.loads(frame)
                 kind = request["type"]
                 self.requests[kind] += 1
+                self._release(kind)
                 if kind == "recovery" and self.on_recovery == "close":
                     await ws.close()
                     return
@@ -158,6 +165,11 @@ class SimulatedPeer:
                 if kind in self.slow:
                     self._later(self._send_after(ws, reply, self.slow[kind]))
                     continue
+                if kind in self.paired:
+                    released = asyncio.Event()
+                    self._unpaired.append((self.paired[kind], released))
+                    self._later(self._send_when_set(ws, reply, released))
+                    continue
                 await ws.send(json.dumps(reply))
         except ConnectionClosed:
             return
@@ -165,6 +177,12 @@ class SimulatedPeer:
             for task in list(self._held):  # replies still waiting die with the socket
                 task.cancel()
             await asyncio.gather(*self._held, return_exceptions=True)
+
+    def _release(self, kind: str) -> None:
+        """Send the replies waiting for a request of type ``kind`` (``paired``)."""
+        for waiting in [w for w in self._unpaired if kind in w[0]]:
+            self._unpaired.remove(waiting)
+            waiting[1].set()
 
     def _later(self, sending: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(sending)
@@ -174,6 +192,12 @@ class SimulatedPeer:
     @staticmethod
     async def _send_after(ws: ClientConnection, reply: dict[str, Any], delay: float) -> None:
         await asyncio.sleep(delay)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps(reply))
+
+    @staticmethod
+    async def _send_when_set(ws: ClientConnection, reply: dict[str, Any], released: asyncio.Event) -> None:
+        await released.wait()
         with contextlib.suppress(ConnectionClosed):
             await ws.send(json.dumps(reply))
 

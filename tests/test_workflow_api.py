@@ -976,6 +976,53 @@ def test_502_when_no_executor_answers_and_429_beyond_the_requests_in_flight(worl
         assert [p.requests["get_workflow"] for p in peers] == [1, 1]
 
 
+# A workflow's reads, and the message each asks the executor.
+READS = {
+    "steps": ("list_steps", {"output": [{"function_id": 0, "function_name": "charge"}]}),
+    "events": ("get_workflow_events", {"events": [{"key": "k", "value": "v"}]}),
+    "notifications": (
+        "get_workflow_notifications",
+        {"notifications": [{"message": "m", "created_at_epoch_ms": 1, "consumed": False}]},
+    ),
+    "streams": ("get_workflow_streams", {"streams": [{"key": "k", "values": ["v"]}]}),
+    "export": ("export_workflow", {"serialized_workflow": "c2VyaWFsaXplZA=="}),
+}
+
+
+def test_a_workflows_read_asks_whether_it_is_the_apps_at_the_same_time(world: World) -> None:
+    """App ``paired``: an executor that answers the check (a listing of the id) only once it has
+    the read in hand, so a Relay that waits for the check before reading is never answered (502).
+    Another app's workflow is still a 404 (the read's answer dropped), and the check's error is
+    the answer whatever the read says, as when the check came first."""
+
+    def listed(request: dict[str, Any]) -> dict[str, Any]:
+        ids = request["body"]["workflow_uuids"]
+        if ids == ["broken"]:
+            return {"error_message": "Exception encountered when listing workflows: the database is away"}
+        mine = [{"WorkflowUUID": "mine", "Status": "SUCCESS", "WasForkedFrom": False, "ApplicationName": "paired"}]
+        return {"output": mine if ids == ["mine"] else []}  # the SDK filters by application_name
+
+    replies: dict[str, Any] = {"list_workflows": listed, **{kind: fields for kind, fields in READS.values()}}
+    url = executor_url(world.r2, "paired")
+    releasing = [kind for kind, _ in READS.values()]
+    with (
+        SimulatedPeer(
+            url, f"paired-{uuid.uuid4()}", "silent", replies=replies, paired={"list_workflows": releasing}
+        ) as peer,
+        world.api(world.r2) as api,
+    ):
+        assert_eventually(lambda: healthy(world.r2, "paired", peer.executor_id), 10)
+        for read, (kind, _) in READS.items():
+            resp = api.get(f"/apps/paired/workflows/mine/{read}")
+            assert resp.status_code == 200, (read, resp.status_code, resp.text)
+            assert resp.json(), read
+            asked = peer.requests[kind]
+            problem(api.get(f"/apps/paired/workflows/theirs/{read}"), 404)  # another app's, or none
+            assert peer.requests[kind] == asked + 1, "read, and its answer dropped"
+            body = problem(api.get(f"/apps/paired/workflows/broken/{read}"), 502)
+            assert "the database is away" in body["detail"], body
+
+
 def test_501_when_the_executors_sdk_does_not_know_the_message(world: World) -> None:
     url = executor_url(world.r2, "old-sdk")
     with SimulatedPeer(url, f"old-{uuid.uuid4()}", "silent", others="unknown") as old, world.api(world.r2) as api:

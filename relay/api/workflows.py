@@ -7,13 +7,15 @@ both need ``application.write``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
 import logging
 import uuid
+from collections.abc import Coroutine
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
@@ -79,11 +81,13 @@ from relay_protocol import (
     ListWorkflowsBody,
     ListWorkflowsReply,
     ListWorkflowsRequest,
+    Reply,
     ResumeReply,
     ResumeRequest,
 )
 
 log = logging.getLogger("relay.http")
+R = TypeVar("R", bound=Reply)
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
 
@@ -219,11 +223,28 @@ async def _must_be_resumable(ctx: Ctx, org: str, app: str, ids: list[str]) -> No
 
 
 async def _must_be_the_apps(ctx: Ctx, org: str, app: str, workflow_id: str) -> None:
-    """404 unless the workflow exists and is ``app``'s, asked before a request that names one workflow
-    and that the SDK serves from the whole system database (its steps, events, notifications,
-    streams, an export, a fork): another app's workflow is answered as one that does not exist. It
-    also makes a typo'd id a 404, where the SDK answers ``[]`` for a workflow it never heard of."""
+    """404 unless the workflow exists and is ``app``'s, asked before a change that names one workflow
+    (a fork) and with a read that the SDK serves from the whole system database (:func:`_read_of_the_apps`):
+    another app's workflow is answered as one that does not exist. It also makes a typo'd id a 404,
+    where the SDK answers ``[]`` for a workflow it never heard of."""
     await _must_exist(ctx, org, app, [workflow_id])
+
+
+async def _read_of_the_apps(ctx: Ctx, org: str, app: str, workflow_id: str, read: Coroutine[Any, Any, R]) -> R:
+    """``read``'s reply, asked at the same time as :func:`_must_be_the_apps` (one round trip, not
+    two in a row): the steps, events, notifications, streams or export of one workflow change
+    nothing, so another app's is read and its answer dropped. The check's answer comes first, as
+    when it was asked first: its error (a 404, 429, 502, 503...) is the answer, and the read still
+    under way is cancelled; then the read's error, else its reply. The two are two requests in
+    flight, each counted against ``maxExecutorRequestsPerApp``."""
+    reading = asyncio.create_task(read)
+    try:
+        await _must_be_the_apps(ctx, org, app, workflow_id)
+    except BaseException:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)  # its error, if it had one, is not the answer
+        raise
+    return await reading
 
 
 async def _list(ctx: Ctx, org: str, app: str, search: WorkflowSearch) -> list[shapes.Workflow]:
@@ -536,17 +557,17 @@ async def list_steps(
     def ask() -> ListStepsRequest:
         return ListStepsRequest(workflow_id=workflow_id, load_output=loadOutput, limit=limit, offset=offset)
 
-    await _must_be_the_apps(ctx, org, app, workflow_id)
-    reply = answered(await ctx.gateway.ask(org, app, ask, ListStepsReply))
+    asking = ctx.gateway.ask(org, app, ask, ListStepsReply)
+    reply = answered(await _read_of_the_apps(ctx, org, app, workflow_id, asking))
     return [shapes.step(s) for s in reply.output or []]
 
 
 @router.get("/workflows/{workflow_id}/events", response_model=list[shapes.Event])
 async def workflow_events(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.Event]:
-    await _must_be_the_apps(ctx, org, app, workflow_id)
-    reply = await ctx.gateway.ask(
+    asking = ctx.gateway.ask(
         org, app, lambda: GetWorkflowEventsRequest(workflow_id=workflow_id), GetWorkflowEventsReply
     )
+    reply = await _read_of_the_apps(ctx, org, app, workflow_id, asking)
     return [shapes.event(e) for e in answered(reply).events or []]
 
 
@@ -554,19 +575,19 @@ async def workflow_events(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: 
 async def workflow_notifications(
     org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller
 ) -> list[shapes.Notification]:
-    await _must_be_the_apps(ctx, org, app, workflow_id)
-    reply = await ctx.gateway.ask(
+    asking = ctx.gateway.ask(
         org, app, lambda: GetWorkflowNotificationsRequest(workflow_id=workflow_id), GetWorkflowNotificationsReply
     )
+    reply = await _read_of_the_apps(ctx, org, app, workflow_id, asking)
     return [shapes.notification(n) for n in answered(reply).notifications or []]
 
 
 @router.get("/workflows/{workflow_id}/streams", response_model=list[shapes.StreamEntry])
 async def workflow_streams(org: str, app: str, workflow_id: PathId, ctx: Ctx, _: Caller) -> list[shapes.StreamEntry]:
-    await _must_be_the_apps(ctx, org, app, workflow_id)
-    reply = await ctx.gateway.ask(
+    asking = ctx.gateway.ask(
         org, app, lambda: GetWorkflowStreamsRequest(workflow_id=workflow_id), GetWorkflowStreamsReply
     )
+    reply = await _read_of_the_apps(ctx, org, app, workflow_id, asking)
     return [shapes.stream(s) for s in answered(reply).streams or []]
 
 
@@ -584,8 +605,8 @@ async def export_workflow(
     def ask() -> ExportWorkflowRequest:
         return ExportWorkflowRequest(workflow_id=workflow_id, export_children=exportChildren)
 
-    await _must_be_the_apps(ctx, org, app, workflow_id)
-    reply = answered(await ctx.gateway.ask(org, app, ask, ExportWorkflowReply))
+    asking = ctx.gateway.ask(org, app, ask, ExportWorkflowReply)
+    reply = answered(await _read_of_the_apps(ctx, org, app, workflow_id, asking))
     if reply.serialized_workflow is None:
         raise ApiError(404, "not_found", f"workflow {workflow_id} not found")
     return shapes.SerializedWorkflow(serializedWorkflow=reply.serialized_workflow)
