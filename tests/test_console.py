@@ -12,29 +12,33 @@ single executor.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import psycopg
 import pytest
 from dbos import DBOSClient
 from playwright.sync_api import Browser, Page, expect
+from websockets.sync.client import connect
 
 from harness.browser import axe_violations, chromium, chromium_path, console_page, screenshot, sign_in, watch
 from harness.executors import ExecutorProcess
 from harness.haproxy import Haproxy
-from harness.keys import API_KEYS, VIEWER_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import info_reply
 from harness.waiting import assert_eventually
 
 expect.set_options(timeout=10_000)
@@ -727,3 +731,62 @@ def test_a_keys_name_is_shown_as_text_with_its_bidi_controls_escaped(world: Worl
         assert page.locator("header b, #who b").count() == 0
     finally:
         httpx.delete(f"{tokens}/{name}", headers=admin_key)
+
+
+def test_a_workflows_outcome_shows_its_bidi_controls_escaped(world: World, page: Page) -> None:
+    """The outcome of an action on a workflow (``Cancelled <id>.``) was written to the page as it was,
+    past the escaping every other text has: an id ending in U+202E drew the rest of the line backwards."""
+    workflow_id = "late\u202e"
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "later", "workflow_name": "job", "workflow_id": workflow_id,
+                        "delay_seconds": 36_000, "application_name": "ledger"}, 5)  # fmt: skip
+    finally:
+        client.destroy()
+    admin(page, world)
+    go(page, f"#/apps/ledger/workflows/{quote(workflow_id, safe='')}")  # the link's address: the id itself
+    page.get_by_role("button", name="Cancel…").click()
+    page.get_by_role("dialog").get_by_role("button", name="Cancel workflow").click()
+    assert_eventually(lambda: status_in_db(world.sysdb, workflow_id) == "CANCELLED", 10, what="cancelled")
+    expect(page.locator("#action-status")).to_have_text("Cancelled late\\u202e.")
+
+
+def test_a_blocked_recoverys_command_for_copying_is_the_executors_id_itself(world: World, page: Page) -> None:
+    """A blocked recovery's card shows the command that recovers the executor, to copy into a shell.
+    The console escapes U+202E to show it (``\\u202e``): the command then named another executor, and
+    one with a ``$`` or a quote was never quoted. Each word is quoted as a shell reads it back: an id
+    with such characters in ANSI-C quotes (``$'...\\u202e...'``), which bash turns back into the id.
+    (The SDKs and Relay's clients name executors by UUID; the protocol takes any id, as here.)"""
+    executor_id = "cut\u202e$HOME's"
+
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/solo/{CONDUCTOR_KEYS['acme']}"
+    with connect(url, open_timeout=10) as ws:  # (the page's own event loop runs in this thread)
+        request = json.loads(ws.recv(timeout=10))
+        ws.send(info_reply(request["request_id"], executor_id))
+        assert_eventually(lambda: world.relay.state_of("acme", "solo", executor_id) == "HEALTHY", 10)
+    assert_eventually(lambda: world.relay.state_of("acme", "solo", executor_id) == "DISCONNECTED", 10)
+    with world.relay.api() as api:  # declared dead now; the app has no other executor: blocked
+        recover = api.post(f"/apps/solo/executors/{quote(executor_id, safe='')}/recover", json={})
+    assert recover.status_code == 202, recover.text
+    admin(page, world)
+    go(page, f"#/apps/solo/recoveries?executor={quote(executor_id, safe='')}")
+    command = page.locator("section.recovery code").first
+    expect(command).to_have_text(re.compile(r"^relay recover solo \$'.*'$"))
+    shown = command.inner_text()
+    assert "\u202e" not in shown and "\\u202e" in shown, shown
+    # What a shell makes of the words after "relay recover": the app, and the executor's id itself.
+    assert read_back(shown.removeprefix("relay recover ")) == ["solo", executor_id]
+    # And so of any id: one like an option, a space, a tab, a backslash, a command substitution.
+    for odd in ("-x", "a b", "tab\tid", "back\\slash'\u2066", "$(touch /nonexistent)"):
+        shown = page.evaluate(
+            """async (id) => (await import(new URL("console-ui.js", document.querySelector("script[type=module]").src)))
+                 .shellCommand("relay recover", ["solo", id], ["--to-latest"])"""
+        , odd)  # fmt: skip
+        words = read_back(shown.removeprefix("relay recover "))
+        assert words in (["solo", odd, "--to-latest"], ["--to-latest", "--", "solo", odd]), (odd, shown)
+
+
+def read_back(words: str) -> list[str]:
+    """The words bash makes of ``words``."""
+    read = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], capture_output=True, text=True, check=True)
+    return read.stdout.split("\0")[:-1]

@@ -2,7 +2,7 @@
 // says which live events concern it, and reads again only its own data when one comes.
 
 import {api, enc} from "./console-api.js";
-import {ago, announce, badge, confirmDialog, duration, h, pager, problemText, table, when} from "./console-ui.js";
+import {ago, announce, badge, confirmDialog, duration, h, pager, plain, problemText, shellCommand, table, when} from "./console-ui.js";
 
 const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
 const WORKFLOW_STATUSES = ["PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"];
@@ -291,7 +291,7 @@ function recoveryCard(ctx, app, r, recover) {
   }
   // A way out, named on the card: the button (with a key that may write), and the command.
   const toLatest = r.status === "awaiting_operator";
-  const command = `relay recover ${app} ${r.executorId}${toLatest ? " --to-latest" : ""}`;
+  const command = shellCommand("relay recover", [app, r.executorId], toLatest ? ["--to-latest"] : []);
   const wayOut = blocked ? h("p", {class: "actions"},
     ctx.canWrite ? [h("button", {type: "button", class: "secondary", "data-focus-key": `recover-${r.recoveryId}`,
       onclick: () => recover({executorId: r.executorId, state: "DEAD", blockedReason: r.status, toLatest})},
@@ -362,7 +362,7 @@ const unlinkable = (workflowId) => workflowId === "." || workflowId === "..";
 function workflowsTable(app, rows, caption) {
   return table(caption, [
     ["Workflow", (w) => unlinkable(w.workflowId)
-      ? h("span", {class: "id", title: `A browser cannot open this id; use: relay workflows get ${app} ${w.workflowId}`}, w.workflowId)
+      ? h("span", {class: "id", title: `A browser cannot open this id; use: ${shellCommand("relay workflows get", [app, w.workflowId])}`}, w.workflowId)
       : h("span", {class: "id"}, link(["apps", app, "workflows", w.workflowId], w.workflowId))],
     ["Name", (w) => w.workflowName || ""],
     ["Status", (w) => badge(w.status)],
@@ -435,7 +435,7 @@ function workflowPage(ctx, app, workflowId) {
   // data region: every action is audited, and the refresh the audit event brings must not wipe
   // it. It goes when the operator acts again or leaves the page (a new page has its own).
   const outcome = h("p", {id: "action-status", role: "status", class: "note", tabindex: "-1", "data-focus-fallback": ""});
-  const tell = (text, failed = false) => { outcome.className = failed ? "alert" : "note"; outcome.textContent = text; };
+  const tell = (text, failed = false) => { outcome.className = failed ? "alert" : "note"; outcome.textContent = plain(text); };
 
   async function act(kind, body) {
     const verb = {cancel: "Cancelled", resume: "Resumed", fork: "Forked"}[kind];

@@ -12,6 +12,30 @@ export function plain(text) {
   return String(text).replace(BIDI_CONTROLS, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
 }
 
+// A command shown for copying into a shell: each word as bash or zsh reads it back, character for
+// character. A word of letters, digits and _@%+=:,./- is left as it is; another is single-quoted;
+// one with a control or a bidirectional character goes in ANSI-C quotes with that character escaped
+// ($'cut\u202e'): legible, as plain shows it, and the shell makes it the character again (the
+// escape plain shows, copied as it is, named another executor). Options come after the arguments,
+// or before "--" and them when an argument starts with "-" (not to be read as an option).
+const SHELL_SAFE = /^[A-Za-z0-9_@%+=:,./-]+$/;
+const SHELL_ESCAPED = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function shellWord(text) {
+  const s = String(text);
+  if (SHELL_SAFE.test(s)) return s;
+  if (!s.match(SHELL_ESCAPED)) return `'${s.replaceAll("'", "'\\''")}'`;
+  const escaped = s.replace(/[\\']/g, (c) => `\\${c}`)
+    .replace(SHELL_ESCAPED, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  return `$'${escaped}'`;
+}
+
+export function shellCommand(command, args, options = []) {
+  const dashed = args.some((a) => String(a).startsWith("-"));
+  const words = args.map(shellWord);
+  return [command, ...(dashed ? [...options, "--", ...words] : [...words, ...options])].join(" ");
+}
+
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
