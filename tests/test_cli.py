@@ -29,12 +29,14 @@ from typing import Any, LiteralString
 import httpx
 import psycopg
 import pytest
+from websockets.sync.client import connect
 
 from harness.executors import ExecutorProcess
-from harness.keys import API_KEYS, VIEWER_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from harness.simulated import info_reply
 from harness.waiting import assert_eventually
 from relay.cli import main
 from relay.cli.client import Api
@@ -535,6 +537,27 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
     )
     future = ok(cli("audit", "--since", "2999-01-01T00:00:00Z"))
     assert future.out == "" and "no audit entries" in future.err
+
+
+def test_the_command_recover_says_to_follow_with_reads_back_as_the_recovery_id(world: World, cli: Cli) -> None:
+    """``relay recover`` ends with the command that follows the recovery, to copy into a shell. It wrote
+    the recovery id as a table cell: U+202E in the executor's id (and so in the recovery's) as the
+    characters ``\\u202e``, its spaces and quotes as they were, so that the command named another
+    recovery or none. Its words are quoted as bash reads them back now. (The SDKs name executors by
+    UUID; the protocol takes any id, as this handshake's.)"""
+    executor_id = "cut\u202e it's $HOME"
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+    with connect(url, open_timeout=10) as ws:
+        request = json.loads(ws.recv(timeout=10))
+        ws.send(info_reply(request["request_id"], executor_id))
+        assert_eventually(lambda: world.relay.state_of("acme", "ledger", executor_id) == "HEALTHY", 10)
+    assert_eventually(lambda: world.relay.state_of("acme", "ledger", executor_id) == "DISCONNECTED", 10)
+    started = ok(cli("recover", "ledger", executor_id))
+    assert "\u202e" not in started.out, started.out  # nothing raw for the terminal
+    _, command = started.out.rstrip("\n").split("; follow it with: ")
+    (recovery,) = api_json(world, "GET", "/apps/ledger/recoveries", params={"executorId": executor_id})
+    read = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, text=True, check=True)
+    assert read.stdout.split("\0")[:-1] == ["relay", "recoveries", "ledger", recovery["recoveryId"]], command
 
 
 def test_the_audit_tables_detail_is_cut_and_its_help_says_json_has_it_whole(world: World, cli: Cli) -> None:

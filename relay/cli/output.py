@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,6 +44,22 @@ def visible(text: str) -> str:
     """``text`` with its control and bidirectional characters written as escapes (``\\x1b``,
     ``\\u202e``), so that none reaches the terminal."""
     return _CONTROLS.sub(lambda m: _escape(m.group()), text)
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a command to copy into a shell, which bash and zsh read back as
+    ``text`` itself: as it is, or single-quoted (:func:`shlex.quote`); one with a control or a
+    bidirectional character in ANSI-C quotes, each such character escaped (``$'cut\\u202e'``), so that
+    none reaches the terminal either. (:func:`cell` escapes them too, but its ``\\u202e`` copied into
+    a command is six other characters.)"""
+    if not _CONTROLS.search(text):
+        return shlex.quote(text)
+    quoted = text.replace("\\", "\\\\").replace("'", "\\'")
+    # \xHH for ASCII only: bash writes \x85 as the byte 0x85, \u0085 as the character.
+    escaped = _CONTROLS.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if m.group() < "\x80" else f"\\u{ord(m.group()):04x}", quoted
+    )
+    return f"$'{escaped}'"
 
 
 def json_text(data: Any) -> str:
