@@ -84,7 +84,8 @@ def _one_line_messages(shown: traceback.TracebackException) -> None:
         seen.add(id(te))
         # The exception's str(), as TracebackException keeps it (a private field since 3.5: no other
         # way to it); a SyntaxError shows its msg instead.
-        te._str = one_line(te._str)  # type: ignore[attr-defined]
+        if isinstance(getattr(te, "_str", None), str):  # a Python without it logs the message as is
+            te._str = one_line(te._str)  # type: ignore[attr-defined]
         if getattr(te, "msg", None) is not None:
             te.msg = one_line(str(te.msg))
         if isinstance(te.__notes__, list):
