@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -850,6 +851,12 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
     # With their result, as every other change the API makes (application.set_latest_version...).
     audited_once(world, "ghost-app", "application.create")
     audited_once(world, "ghost-app", "application.delete")
+    # An app registered by its first executor's connection (autoRegisterApps) is audited too, naming that
+    # executor and its address; an app that existed (relay.yaml's, whose executors connected) is not.
+    (registered,) = audit(world, "busy-app", "application.create", result="success", executorId=peer.executor_id)
+    assert re.fullmatch(rf"executor:{re.escape(peer.executor_id)}@127\.0\.0\.1:\d+", registered["actor"])
+    assert registered["actor"] == f"executor:{peer.executor_id}@{registered['detail']['address']}"
+    assert audit(world, "ledger", "application.create") == []
 
 
 # -- serving: 503, failover, 502, 501, 429 (asked of instance 2) ---------------------------------

@@ -251,7 +251,9 @@ class Hub:
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
         # An app missing (never seen, or deleted since) is registered in the transaction that records
         # the executor, if apps register themselves; else AppGone refuses the handshake.
-        handshake = Handshake(key, info, self.instance_id, conn.grant.key_id, self.config.auto_register_apps)
+        handshake = Handshake(
+            key, info, self.instance_id, conn.grant.key_id, self.config.auto_register_apps, conn.client
+        )
         result = await self.executors.connected(handshake)
         previous = self.connections.get(key)
         self.connections[key] = conn

@@ -7,7 +7,7 @@ only reads it, to count an app's executors by state.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +17,7 @@ import psycopg
 
 from relay.config import DEFAULT_EXECUTOR_TIMEOUT_SECS, RelayConfig
 from relay.core.lifecycle import ExecutorState
+from relay.store.audit import AuditEntry, write_audit
 from relay.store.db import Database
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
@@ -168,10 +169,14 @@ class AppStore:
             )
 
     @staticmethod
-    async def hold(conn: Conn, apps: list[tuple[str, str]], register: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    async def hold(
+        conn: Conn, apps: list[tuple[str, str]], register: Mapping[tuple[str, str], AuditEntry]
+    ) -> set[tuple[str, str]]:
         """Lock ``apps`` (org, name) against deletion for the caller's transaction (``FOR KEY SHARE``,
         which writing an executor's row takes anyway), registering with default settings those of
-        ``register`` that are missing; returns those that exist, locked.
+        ``register`` that are missing, each audited with its entry (``application.create``) in this
+        transaction (an app another transaction registered first is not audited here); returns those
+        that exist, locked.
 
         The executor's row is written in the same transaction: an app's deletion either commits
         first (the app is then registered again here, or missing) or waits for that commit and finds
@@ -192,12 +197,14 @@ class AppStore:
             missing = sorted(set(register) - held)
             if not missing:
                 break
-            await conn.execute(
+            cur = await conn.execute(
                 """INSERT INTO apps (org, name, executor_timeout_secs)
                    SELECT org, name, %s FROM unnest(%s::text[], %s::text[]) AS m(org, name)
-                   ON CONFLICT DO NOTHING""",
+                   ON CONFLICT DO NOTHING RETURNING org, name""",
                 (DEFAULT_EXECUTOR_TIMEOUT_SECS, [o for o, _ in missing], [n for _, n in missing]),
             )
+            for row in sorted((str(r["org"]), str(r["name"])) for r in await cur.fetchall()):
+                await write_audit(conn, row[0], row[1], register[row])
         return held
 
     async def list_apps(

@@ -32,6 +32,7 @@ from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition,
 from relay.core.peers import Peer
 from relay.errors import ConnectionLost, DatabaseError, Fenced, RelayError
 from relay.store.apps import AppStore
+from relay.store.audit import AuditEntry
 from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
 
@@ -136,6 +137,7 @@ class Handshake:
     # Register the app with default settings if it is missing (autoRegisterApps), in the transaction
     # that writes the executor's row; else a missing app refuses the handshake (AppGone).
     register_app: bool = False
+    client: str = "unknown"  # the executor's address (host:port), named in the audit of an app it registers
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,18 @@ _PendingConnect = tuple[Handshake, "asyncio.Future[Connected]"]
 # A disconnection to record: the executor, its epoch, the instance that held its socket.
 _Lost = tuple[ExecutorKey, int, str]
 _PendingLost = tuple[_Lost, "asyncio.Future[bool]"]
+
+
+def _registrations(rows: list[Handshake]) -> dict[tuple[str, str], AuditEntry]:
+    """The audit entry of each app these handshakes may register, naming the first of its executors
+    (``executor:<id>@<host:port>``): written only if the batch's transaction is the one that registers it."""
+    entries: dict[tuple[str, str], AuditEntry] = {}
+    for h in rows:
+        app = (h.key.org, h.key.app)
+        if h.register_app and app not in entries:
+            detail = {"result": "success", "executorId": h.key.executor_id, "address": h.client}
+            entries[app] = AuditEntry("application.create", f"executor:{h.key.executor_id}@{h.client}", detail=detail)
+    return entries
 
 
 def _database_error(exc: Exception, what: str = "a connection") -> DatabaseError:
@@ -529,7 +543,7 @@ class ExecutorStore:
             # again (as an unknown app's first connection registers it) or refuses its executors; its
             # deletion, if it comes after, waits for this commit and finds the executors (409).
             apps = [(h.key.org, h.key.app) for h in rows]
-            held = await AppStore.hold(conn, apps, [a for a, h in zip(apps, rows, strict=True) if h.register_app])
+            held = await AppStore.hold(conn, apps, _registrations(rows))
             gone = set(apps) - held
             rows = [h for h in rows if (h.key.org, h.key.app) in held]
             columns = [[v for v, a in zip(column, apps, strict=True) if a in held] for column in columns]
@@ -599,7 +613,7 @@ class ExecutorStore:
         predate a recovery that has moved that work since, so a later run looks again.
         """
         check_transition(None, E.STRANDED)
-        if not await AppStore.hold(conn, [(key.org, key.app)], []):
+        if not await AppStore.hold(conn, [(key.org, key.app)], {}):
             # The app was deleted since its work was listed (it had no executor in the registry): the
             # record would refer to no app. Nothing to recover for Relay then; the operator deleted it.
             self._count(E.STRANDED, 0)
