@@ -19,6 +19,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, info_reply, off_loop, open_socket
 from harness.waiting import assert_eventually
+from tests.prom import scrape
 
 StartRelay = Callable[..., RelayProcess]
 OTHER_KEY = "ck-acme-second"
@@ -204,7 +205,10 @@ def test_apps_are_not_registered_from_the_path_when_auto_registration_is_off(sta
         await ws.close()
         return 101
 
+    # Counted, and exported from the start: an alert on its increase sees the first refusal.
+    assert scrape(relay.http, "relay_hub_events_total", kind="rejected_unknown_app") == 0
     assert asyncio.run(attempt("no-such-app")) == 404
+    assert scrape(relay.http, "relay_hub_events_total", kind="rejected_unknown_app") == 1
     assert asyncio.run(attempt("ledger")) == 101
     with relay.api() as api:
         assert [a["name"] for a in api.get("/apps").json()] == ["ledger"]

@@ -5,6 +5,7 @@ Conductor's ``GET .../apps/{app}/metrics``, and the Grafana dashboard's expressi
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import uuid
@@ -29,6 +30,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
 from relay.core.times import us_iso
+from relay.net.hub import HUB_EVENT_KINDS
 from tests.prom import sample
 from tests.promql import PromQLError, metric_names
 
@@ -398,3 +400,16 @@ def test_the_dashboard_parses_and_the_parser_refuses_what_is_not_promql() -> Non
     for broken in ("sum(rate(x[5m])", "rate(x[5m]", "x{a=b}", "nosuchfn(x)", "x +", "x[5]", "sum by (a x)"):
         with pytest.raises(PromQLError):
             metric_names(broken)
+
+
+def test_every_hub_event_is_declared_and_listed_in_the_readme() -> None:
+    """relay_hub_events_total exports the kinds Hub declares, from the start: a kind counted but not
+    declared would appear only once it happened (an alert on its increase misses the first), and one
+    the README does not list is unknown to the operator."""
+    root = Path(__file__).resolve().parents[1]
+    counted = set()
+    for module in (root / "relay" / "net").glob("*.py"):
+        counted |= set(re.findall(r'counters\["(\w+)"\]', module.read_text()))
+    assert counted == set(HUB_EVENT_KINDS)
+    (row,) = [line for line in (root / "README.md").read_text().splitlines() if "`relay_hub_events_total`" in line]
+    assert [kind for kind in HUB_EVENT_KINDS if f"`{kind}`" not in row] == []

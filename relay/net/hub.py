@@ -98,6 +98,28 @@ def valid_app_name(app: str) -> bool:
 
 
 MAX_APP_NAME = 256
+# The kinds of relay_hub_events_total, each exported from the start (0 until it happens), so that an
+# alert on its increase sees the first one: sockets refused before the handshake (rejected_*, by
+# reason), handshakes recorded and refused after executor_info, silent sockets closed, frames ignored,
+# sockets let go when the lease was lost. README's metrics table lists them.
+HUB_EVENT_KINDS = (
+    "handshakes",
+    "rejected_not_found",
+    "rejected_bad_app",
+    "rejected_bad_key",
+    "rejected_not_ready",
+    "rejected_busy",
+    "rejected_key_sockets",
+    "rejected_unknown_app",
+    "rejected_bad_handshake",
+    "rejected_handshake_timeout",
+    "rejected_identity_taken",
+    "disconnected_silent",
+    "frames_binary",
+    "frames_malformed",
+    "frames_unexpected",
+    "let_go_lease_lost",
+)
 # A socket check leaves alone what changed in the last moments: a handshake being recorded.
 SETTLED_SECS = 2.0
 # A refused handshake is logged once a minute per reason, host and app: an executor with a deleted
@@ -145,7 +167,7 @@ class Hub:
         self.connections: dict[ExecutorKey, ExecutorConnection] = {}
         self.pending_handshakes = 0
         self.sockets_by_key: Counter[str] = Counter()
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(HUB_EVENT_KINDS, 0))
         self._checker: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
         # Set when a disconnection could not be recorded (the database is out): the socket check
