@@ -840,9 +840,19 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
         # settings and rules), and so does one with executors in the registry.
         assert problem(api.delete(LEDGER), 409)["error"]["code"] == "defined_in_config"
         assert ok(api.get(LEDGER))["name"] == "ledger"
-        with SimulatedPeer(executor_url(world.r1, "busy-app"), f"busy-{uuid.uuid4()}", "answer") as peer:
+        asked: list[dict[str, Any]] = []
+
+        def keep(request: dict[str, Any]) -> dict[str, Any]:
+            asked.append(request)
+            return {"output": []}
+
+        url = executor_url(world.r1, "busy-app")
+        with SimulatedPeer(url, f"busy-{uuid.uuid4()}", "answer", replies={"list_workflows": keep}) as peer:
             assert_eventually(lambda: healthy(world.r1, "busy-app", peer.executor_id), 10)
             assert "executors" in problem(api.delete("/apps/busy-app"), 409)["detail"]
+            # An executor's own workflows are its app's (apps may share a system database), as every listing.
+            assert ok(api.get(f"/apps/busy-app/executors/{peer.executor_id}/workflows")) == []
+            assert [r["body"].get("application_name") for r in asked] == [["busy-app"]]
         assert ok(api.get("/apps/busy-app"))["name"] == "busy-app"
         assert ok(api.delete("/apps/ghost-app"), 204) is None
         problem(api.get("/apps/ghost-app"), 404)

@@ -23,7 +23,7 @@ from relay.api.common import (
     actor,
 )
 from relay.api.shapes import WORKFLOW_STATUSES, Shape, one_of
-from relay.core.ids import ExecutorKey
+from relay.core.ids import ExecutorKey, owned_by
 from relay.core.lifecycle import ExecutorState
 from relay.core.times import ms_iso, us_iso
 from relay.errors import (
@@ -165,7 +165,16 @@ async def get_executor_workflows(
         known = ", ".join(WORKFLOW_STATUSES)
         raise ApiError(422, "invalid_request", f"no workflow status {status}: one of {known}")
     key = ExecutorKey(org, app, executor_id)
-    body = ListWorkflowsBody(executor_id=executor_id, status=status, limit=limit, load_input=False, load_output=False)
+    # The app's own workflows (owned_by), as every other listing: an executor reads its whole system
+    # database, which apps may share, and a key limited to this app reaches no other app's through it.
+    body = ListWorkflowsBody(
+        executor_id=executor_id,
+        status=status,
+        limit=limit,
+        load_input=False,
+        load_output=False,
+        application_name=owned_by(app),
+    )
     timeout = ctx.config.liveness.recovery_ack_timeout_secs
     try:
         reply = await ctx.router.ask(key, ListWorkflowsRequest(body=body), ListWorkflowsReply, timeout)
