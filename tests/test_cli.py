@@ -38,7 +38,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import info_reply
 from harness.waiting import assert_eventually
-from relay.cli import main
+from relay.cli import main, operate, output
 from relay.cli.client import Api
 from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from relay.cli.output import cell as table_cell
@@ -558,6 +558,20 @@ def test_the_command_recover_says_to_follow_with_reads_back_as_the_recovery_id(w
     (recovery,) = api_json(world, "GET", "/apps/ledger/recoveries", params={"executorId": executor_id})
     read = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, text=True, check=True)
     assert read.stdout.split("\0")[:-1] == ["relay", "recoveries", "ledger", recovery["recoveryId"]], command
+
+
+@pytest.mark.parametrize("app", ["-x", "--help", "-", "it's -x", "ledger"])
+def test_a_command_to_copy_reads_back_as_its_arguments_when_one_starts_with_a_dash(app: str) -> None:
+    """An app may be named ``-x`` (an executor's first connection registers any printable name): the
+    command ``relay recover`` says to follow with, ``relay recoveries -x <id>``, was read by click as
+    an unknown option. ``--`` comes before such arguments now, as the console's commands have it."""
+    rid = f"recovery:acme/{app}:e-1:1"
+    command = output.shell_command("relay recoveries", [app, rid], ["--desc"])
+    read = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, text=True, check=True)
+    words = read.stdout.split("\0")[:-1]
+    assert words[:2] == ["relay", "recoveries"] and ("--" in words) == app.startswith("-"), words
+    params = operate.recoveries.make_context("recoveries", words[2:]).params
+    assert (params["app"], params["recovery_id"], params["desc"]) == (app, rid, True)
 
 
 def test_the_audit_tables_detail_is_cut_and_its_help_says_json_has_it_whole(world: World, cli: Cli) -> None:

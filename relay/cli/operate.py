@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from relay.cli.client import Api, api_command, print_json
-from relay.cli.output import age, cell, clip, page_hint, seconds, shell_word, show_table, table, time_option, when
+from relay.cli.output import age, cell, clip, page_hint, seconds, shell_command, show_table, table, time_option, when
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
 limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
@@ -117,7 +117,7 @@ def recover(api: Api, app: str, executor: str, to_latest: bool) -> None:
         return
     rid = cell(started["recoveryId"])
     # The command as a shell reads it back (cell's escapes, copied, would name another recovery).
-    follow = f"relay recoveries {shell_word(app)} {shell_word(started['recoveryId'])}"
+    follow = shell_command("relay recoveries", [app, started["recoveryId"]])
     if started.get("newRun", True):
         click.echo(f"recovery {rid} started; follow it with: {follow}")
         return

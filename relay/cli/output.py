@@ -62,6 +62,15 @@ def shell_word(text: str) -> str:
     return f"$'{escaped}'"
 
 
+def shell_command(command: str, args: Sequence[str], options: Sequence[str] = ()) -> str:
+    """``command`` with its positional ``args`` as shell words (:func:`shell_word`), then ``options``;
+    ``--`` before the arguments, options first, if one starts with ``-`` (an app may be named ``-x``),
+    which click would otherwise read as an option. As the console's ``shellCommand``."""
+    words = [shell_word(a) for a in args]
+    dashed = any(a.startswith("-") for a in args)
+    return " ".join([command, *([*options, "--", *words] if dashed else [*words, *options])])
+
+
 def json_text(data: Any) -> str:
     """``data`` as indented JSON, DEL, C1 and the bidirectional characters escaped too (``\\u009b``,
     ``\\u202e``): the same values, nothing raw for a terminal."""
