@@ -38,7 +38,7 @@ from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
-from harness.simulated import info_reply
+from harness.simulated import SimulatedPeer, info_reply
 from harness.waiting import assert_eventually
 
 expect.set_options(timeout=10_000)
@@ -784,6 +784,17 @@ def test_a_blocked_recoverys_command_for_copying_is_the_executors_id_itself(worl
         , odd)  # fmt: skip
         words = read_back(shown.removeprefix("relay recover "))
         assert words in (["solo", odd, "--to-latest"], ["--to-latest", "--", "solo", odd]), (odd, shown)
+
+    # A workflow's status is the executor's text: it coloured its badge as a class ("SUCCESS alert" took
+    # the page's alert class too). A known status is a class; any other is the neutral "other".
+    reported = [{"WorkflowUUID": "odd-1", "Status": "SUCCESS alert", "WasForkedFrom": False},
+                {"WorkflowUUID": "failed-9", "Status": "ERROR", "WasForkedFrom": False}]  # fmt: skip
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/odd-status/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "odd-1", "answer", replies={"list_workflows": {"output": reported}}):
+        go(page, "#/apps/odd-status/workflows")
+        badges = page.locator("tbody tr .badge")
+        expect(badges).to_have_text(["SUCCESS alert", "ERROR"])
+        assert [b.get_attribute("class") for b in badges.all()] == ["badge other", "badge ERROR"]
 
 
 def read_back(words: str) -> list[str]:

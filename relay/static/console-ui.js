@@ -56,8 +56,18 @@ function append(el, children) {
   }
 }
 
+// The values a badge is coloured by (console.css): DBOS's workflow statuses, executor states, recovery
+// statuses and Relay's own. A value is a class only if it is one of them: an executor chooses the status
+// text it reports, and "SUCCESS alert", say, would have taken the page's own classes. Anything else
+// gets the neutral "other", its text shown as it is.
+const BADGE_CLASSES = new Set([
+  "PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+  "HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING", "AVAILABLE", "UNAVAILABLE",
+  "dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed", "blocked", "live", "expired",
+]);
+
 export function badge(value, label) {
-  return h("span", {class: `badge ${value || ""}`}, label ?? value ?? "");
+  return h("span", {class: `badge ${BADGE_CLASSES.has(value) ? value : "other"}`}, label ?? value ?? "");
 }
 
 export function when(iso) {
