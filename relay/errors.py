@@ -9,7 +9,8 @@ only these::
     ├── StartupError           a step of the start-up failed (other than reaching the database)
     ├── DatabaseError          PostgreSQL unreachable or a statement failed
     │   ├── Fenced             this instance's lease is not held: its ownership-bound writes are refused
-    │   └── ConnectionLost     the connection broke under a statement (a failover, a restart, a cut)
+    │   └── DatabaseUnreachable    not reached: no connection of the pool in time, or the database known down
+    │       └── ConnectionLost     the connection broke under a statement (a failover, a restart, a cut)
     ├── ProtocolError          a frame from an executor broke the protocol
     ├── ExecutorRequestError   a request to a connected executor did not get a usable answer
     │   ├── ExecutorNotConnected   no live instance holds a socket to that executor
@@ -53,7 +54,15 @@ class DatabaseError(RelayError):
     """PostgreSQL could not be reached, or a statement failed."""
 
 
-class ConnectionLost(DatabaseError):
+class DatabaseUnreachable(DatabaseError):
+    """The database was not reached, whatever the statement: no connection of the pool within the
+    wait (the database away, or every connection busy), the database known unreachable (a request of
+    the API refused at once), or the connection lost under the statement. Another statement now would
+    most likely fail the same way, where a statement's own failure (a bad value, a deadlock) says
+    nothing of the next one."""
+
+
+class ConnectionLost(DatabaseUnreachable):
     """The pool's connection broke under a statement: the server closed it (a failover, a restart of
     PostgreSQL, an administrator) or it was cut. A statement that is safe to repeat may be tried
     again at once: the pool's other idle connections were checked, and the broken ones replaced."""

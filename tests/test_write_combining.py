@@ -20,12 +20,12 @@ from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Peer
-from relay.errors import DatabaseError, Fenced
+from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.combiner import WriteCombiner
-from relay.store.db import Database
-from relay.store.executors import ExecutorStore, Handshake
+from relay.store.db import Database, patiently
+from relay.store.executors import Connected, ExecutorStore, Handshake
 from relay.store.instances import InstanceStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
@@ -511,3 +511,67 @@ def test_new_apps_registered_by_a_relay_yaml_sync_and_a_batch_of_handshakes_at_o
     ((connected, gone),) = results
     assert sorted(k.executor_id for k in connected) == ["e-x", "e-y"] and gone == set()
     assert listed == {("acme", "y-new"), ("globex", "x-new")}
+
+
+async def _handshakes_that_fail_together_or_alone(url: str) -> None:
+    db = Database(url, min_size=1, max_size=1)  # one connection: held, none is left for the handshakes
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        executors = ExecutorStore(db)
+
+        def handshake(executor_id: str, hostname: str = "host") -> Handshake:
+            info = ExecutorInfoReply(
+                request_id="r", executor_id=executor_id, application_version="v1", hostname=hostname
+            )
+            return Handshake(ExecutorKey("acme", "ledger", executor_id), info, "relay-1", "key")
+
+        async def together(*ids: str, hostname: str = "host") -> list[object]:
+            # Queued before the writer's first round: one batch.
+            return await asyncio.gather(*(executors.connected(handshake(i, hostname)) for i in ids),
+                                        return_exceptions=True)  # fmt: skip
+
+        def requests() -> int:
+            return db.pool.get_stats().get("requests_num", 0)
+
+        # A statement of the batch's own fails (a NUL PostgreSQL cannot store): written again row by
+        # row, the others are recorded and only the bad row is refused.
+        both = await asyncio.gather(together("a", "c"), together("b", hostname="bad\x00"))
+        (a, c), (b,) = both
+        assert isinstance(a, Connected) and isinstance(c, Connected), both
+        assert isinstance(b, DatabaseError) and not isinstance(b, DatabaseUnreachable), repr(b)
+        assert isinstance(b.__cause__, psycopg.DataError), repr(b.__cause__)
+
+        # No connection within the wait: the database not reached. The batch is refused together, at
+        # one request of the pool, not written again row by row (each waiting in turn).
+        async with db.connection():
+            asked = requests()
+            results = await patiently(together("d", "e", "f"), 0.05)
+            assert all(isinstance(r, DatabaseUnreachable) for r in results), results
+            assert requests() - asked == 1
+
+        # The connection lost under the batch's statement (the server ended it): refused together too.
+        async with db.connection() as conn:
+            pid = conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as other:
+            await other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        asked = requests()
+        results = await together("g", "h", "i")
+        assert all(isinstance(r, ConnectionLost) for r in results), results
+        assert requests() - asked == 1
+        await lease.stop()
+    finally:
+        await db.close()
+
+
+def test_a_batch_of_handshakes_is_refused_together_when_the_database_is_not_reached_else_written_row_by_row(
+    postgres: Postgres,
+) -> None:
+    """The database not reached (no connection of the pool in time, or the connection lost under the
+    statement: :class:`DatabaseUnreachable`, made where the error is, in relay.store.db): every row of a
+    batch of handshakes would fail the same way, each after the pool's 10 s in turn, so the batch is
+    refused at once. A statement failing for a row of its own: the others are recorded, row by row."""
+    asyncio.run(_handshakes_that_fail_together_or_alone(postgres.create_database("handshakes_refused")))

@@ -1,7 +1,9 @@
 """Relay's PostgreSQL: the connection pool, plain and fenced transactions.
 
 psycopg's errors become :class:`relay.errors.DatabaseError` here, at the
-boundary, so the layers above handle only Relay's own errors.
+boundary, so the layers above handle only Relay's own errors: a
+:class:`relay.errors.DatabaseUnreachable` (or its :class:`relay.errors.ConnectionLost`)
+when the database was not reached, whatever the statement.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from relay import __version__
-from relay.errors import ConnectionLost, DatabaseError, Fenced, StartupError
+from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, StartupError
 from relay.store.combiner import WriteCombiner
 from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Index, Migration
 
@@ -251,7 +253,7 @@ class Database:
             and not await self._answers_now()
         ):
             secs = time.monotonic() - down_since
-            raise DatabaseError(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
+            raise DatabaseUnreachable(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
         try:
             async with self.pool.connection(timeout=wait) as conn:
                 used = conn
@@ -264,7 +266,7 @@ class Database:
             self.note_answered()
         except PoolTimeout as exc:
             self.note_unreachable(surely=False)  # the pool busy, or the database away: not known which
-            raise DatabaseError(f"no database connection available: {exc}") from exc
+            raise DatabaseUnreachable(f"no database connection available: {exc}") from exc
         except psycopg.Error as exc:
             if used is not None and used.broken:
                 self.note_unreachable(exc)

@@ -25,12 +25,11 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import PoolTimeout
 
 from relay.core.ids import ExecutorKey
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
-from relay.errors import ConnectionLost, DatabaseError, Fenced, RelayError
+from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, RelayError
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
 from relay.store.db import Database, deadlocked
@@ -179,15 +178,6 @@ def _registrations(rows: list[Handshake]) -> dict[tuple[str, str], AuditEntry]:
 
 def _database_error(exc: Exception, what: str = "a connection") -> DatabaseError:
     return exc if isinstance(exc, DatabaseError) else DatabaseError(f"cannot record {what}: {exc}")
-
-
-def _unreachable(exc: Exception) -> bool:
-    """Whether a write failed because the database was not reached (no connection within the pool's
-    wait, one lost under the statement, or the database known down) rather than by a statement of
-    its own (a bad row, a deadlock): then every row of its batch would fail the same way."""
-    if isinstance(exc, ConnectionLost) or isinstance(exc.__cause__, PoolTimeout):  # (PoolTimeout is a psycopg.Error)
-        return True
-    return isinstance(exc, DatabaseError) and not isinstance(exc.__cause__, psycopg.Error)
 
 
 def _settle_one(future: asyncio.Future[bool], outcome: bool | BaseException) -> None:
@@ -478,7 +468,7 @@ class ExecutorStore:
                 _fail(batch, exc)
                 continue
             except Exception as exc:
-                if len(batch) == 1 or _unreachable(exc):
+                if len(batch) == 1 or isinstance(exc, DatabaseUnreachable):
                     # The database not reached: each row on its own would wait the pool's 10 s in turn
                     # (a fleet reconnecting during an outage refused one handshake every 10 s).
                     _fail(batch, _database_error(exc))
