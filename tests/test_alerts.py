@@ -806,7 +806,8 @@ def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: st
         # The app deleted (no record left) and created again: its old ids are an earlier app's.
         async with db.transaction() as conn:
             assert await AppStore.delete(conn, "acme", "ledger")
-        await AppStore(db).ensure("acme", "ledger")
+        async with db.transaction() as conn:  # as the API's PUT registers it
+            assert await AppStore(db).register(conn, "acme", "ledger")
         return never or [], healthy or [], deleted, await observer.observe(rule) or []
 
     never, healthy, deleted, recreated = with_store(relay_db, rules, scenario)

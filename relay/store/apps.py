@@ -159,15 +159,6 @@ class AppStore:
             cur = await conn.execute("SELECT 1 FROM apps WHERE org = %s AND name = %s", (org, app))
             return await cur.fetchone() is not None
 
-    async def ensure(self, org: str, app: str) -> None:
-        """Register an app not listed in relay.yaml, with default settings."""
-        async with self.db.connection() as conn:
-            await conn.execute(
-                """INSERT INTO apps (org, name, executor_timeout_secs) VALUES (%s, %s, %s)
-                   ON CONFLICT DO NOTHING""",
-                (org, app, DEFAULT_EXECUTOR_TIMEOUT_SECS),
-            )
-
     @staticmethod
     async def hold(
         conn: Conn, apps: list[tuple[str, str]], register: Mapping[tuple[str, str], AuditEntry]
