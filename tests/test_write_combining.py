@@ -575,3 +575,49 @@ def test_a_batch_of_handshakes_is_refused_together_when_the_database_is_not_reac
     batch of handshakes would fail the same way, each after the pool's 10 s in turn, so the batch is
     refused at once. A statement failing for a row of its own: the others are recorded, row by row."""
     asyncio.run(_handshakes_that_fail_together_or_alone(postgres.create_database("handshakes_refused")))
+
+
+async def _combined_writes_beside_a_batch_locked_by_key(url: str) -> tuple[object, list[object], object]:
+    async with _instances(url, "relay-1") as [(_, _, executors)]:
+        epochs = dict([await _connect(executors, "relay-1", n, lost=False) for n in ("m-a", "m-b")])
+        keys = sorted(epochs, key=lambda k: k.executor_id)  # m-a first, in key order
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'm-a' FOR UPDATE")
+                # A batch of disconnections (its statement itself, which the writer would write again
+                # row by row had it failed) waits for m-a, the first key, holding nothing.
+                batch = [(k, epochs[k], "relay-1") for k in keys]
+                losing = asyncio.gather(executors._update_lost(batch), return_exceptions=True)
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not losing.done(), "the batch never waited"
+                    await asyncio.sleep(0.01)
+                # Two combined writes queued the other way round, m-b first: one transaction. In the
+                # order queued it locked m-b, then waited for m-a behind the batch, which then waited
+                # for m-b: a deadlock, and PostgreSQL failed one of them.
+                combined = asyncio.gather(
+                    *(
+                        executors.apply(k, ExecutorEvent.LOST, epoch=epochs[k], instance="relay-1")
+                        for k in reversed(keys)
+                    ),
+                    return_exceptions=True,
+                )
+                while await _sessions_waiting(holder) < 2:
+                    assert time.monotonic() < deadline and not combined.done(), "the combined writes never waited"
+                    await asyncio.sleep(0.01)
+            ((lost,),) = [await losing]
+            return lost, list(await combined), {(k, epochs[k]) for k in keys}
+
+
+def test_combined_writes_queued_out_of_key_order_meet_no_deadlock_with_a_batch_locked_by_key(
+    postgres: Postgres,
+) -> None:
+    """The writes a transaction of the combiner carries lock their executors' rows in key order
+    (_LOCK_ORDER), as the batches of handshakes, of disconnections, a stop and an adoption do, not in
+    the order they were queued: one waits for the other. Another session holds the first key's row
+    meanwhile, so that both are under way, the batch first, when it lets go."""
+    url = postgres.create_database("combine_order")
+    lost, combined, both = asyncio.run(_combined_writes_beside_a_batch_locked_by_key(url))
+    assert not isinstance(lost, BaseException), repr(lost)
+    assert not any(isinstance(r, BaseException) for r in combined), combined
+    assert lost == both and combined == [False, False]  # the batch, first, recorded both: nothing left to write

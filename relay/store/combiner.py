@@ -20,6 +20,15 @@ What stays per write:
 - Fencing. The batch's transaction is :meth:`Database.fenced`: its lease check
   holds until the commit for every write in it. A stale instance's batch commits
   nothing, and every write in it gets :class:`Fenced`.
+- Its locks' order. A batch runs its writes in the order of the executors they lock
+  (the ``locks`` of :meth:`WriteCombiner.run`: by org, app, executor id, code point by
+  code point), not in the order they were queued: as every batch that locks several
+  executors' rows does (a batch of handshakes or of disconnections, a stop, an adoption:
+  ``_LOCK_ORDER`` in :mod:`relay.store.executors`), so that such a batch and this one wait
+  for each other, and neither holds a row the other waits for (a deadlock, which PostgreSQL
+  breaks by failing one). Writes of one executor keep the order they were queued in; writes
+  that lock no executor's row (an audit entry of its own) come after the others, holding
+  what they lock for the shortest time and taking nothing a keyed write could wait for.
 - Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
@@ -40,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
+from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
 
 if TYPE_CHECKING:
@@ -54,6 +64,15 @@ Write = Callable[[Conn], Awaitable[T]]
 class _Queued(Generic[T]):
     write: Write[T]
     done: asyncio.Future[T]
+    locks: ExecutorKey | None = None
+
+
+def _lock_order(queued: _Queued[Any]) -> tuple[bool, str, str, str]:
+    """Where a write runs in its batch: by the executor whose rows it locks, as Python compares
+    strings (code point by code point, as ``COLLATE "C"`` orders them in ``_LOCK_ORDER``); a
+    write that locks none, after."""
+    key = queued.locks
+    return (True, "", "", "") if key is None else (False, key.org, key.app, key.executor_id)
 
 
 class _Failed(Exception):
@@ -85,11 +104,14 @@ class WriteCombiner:
         self.batches = 0
         self.writes = 0
 
-    async def run(self, write: Write[T]) -> T:
+    async def run(self, write: Write[T], *, locks: ExecutorKey | None = None) -> T:
         """``write``'s result once its transaction has committed; its error if it failed, or
-        the batch's (:class:`Fenced`, the database unreachable) if the transaction did."""
+        the batch's (:class:`Fenced`, the database unreachable) if the transaction did.
+
+        ``locks``: the executor whose rows (its record, its id, its recoveries) ``write`` locks,
+        which places it in its batch (in key order); None for a write that locks no executor's row."""
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(write, done))
+        self._queue.append(_Queued(write, done, locks))
         running = len(self._running)
         if running < self.base_lanes or (running < self.lanes and len(self._queue) > self.max_batch):
             self._running.add(asyncio.get_running_loop().create_task(self._drain()))
@@ -114,6 +136,7 @@ class WriteCombiner:
             self._running.discard(asyncio.current_task())
 
     async def _commit(self, batch: list[_Queued[Any]]) -> None:
+        batch = sorted(batch, key=_lock_order)  # stable: one executor's writes in the order queued
         while batch:
             results: list[Any] = []
             try:

@@ -297,7 +297,7 @@ class ExecutorStore:
             cur = await c.execute(query, params)
             return cur.rowcount == 1
 
-        changed = await (write(conn) if conn is not None else self.db.writes.run(write))
+        changed = await (write(conn) if conn is not None else self.db.writes.run(write, locks=key))
         self._count(event, int(changed))
         return changed
 
@@ -376,9 +376,10 @@ class ExecutorStore:
 
         The rows are locked in key order (_LOCK_ORDER), as the batches of handshakes and of
         disconnections lock them: executors connecting again to another instance while this one
-        stops wait for this statement, or it for them, without a deadlock. A deadlock with writes
-        that lock in another order (several to a transaction, :mod:`relay.store.combiner`) makes
-        PostgreSQL fail one of the two transactions; this one then runs again.
+        stops wait for this statement, or it for them, without a deadlock; so do the combined
+        writes (:mod:`relay.store.combiner`), which run in key order too. A deadlock with writes
+        that lock in another order (another session's) makes PostgreSQL fail one of the two
+        transactions; this one then runs again.
         """
         for attempt in range(1, INSTANCE_LOST_TRIES + 1):
             try:
