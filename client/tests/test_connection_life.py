@@ -28,6 +28,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 import relay_client
 import relay_protocol as p
 from relay_client import _internals, lifecycle
+from relay_client import connection as connection_module
 from relay_client.connection import SHUTTING_DOWN, Connection
 from relay_client.handlers import Handlers, Identity
 
@@ -112,14 +113,19 @@ def test_a_handler_left_running_by_a_lost_connection_still_counts_against_max_co
         relay.stop()
 
 
-def test_handlers_left_running_by_lost_connections_starve_the_next_connections_executor_info() -> None:
+def test_handlers_left_running_by_lost_connections_starve_the_next_connections_executor_info(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Relay's socket drops (a restart, a lease lost: 1012) while the executor is serving slow requests
     (a database that hangs, a big aggregates query), a few times in a row, with the default settings.
     Each drop strands its handlers' threads in the event loop's default executor, min(32, cpus + 4)
     threads shared by every connection, and the next connection's executor_info waits behind them:
     Relay gets no executor_info within its handshakeTimeoutSecs (10 s), closes the socket (4408), and
     the executor can no longer join at all while those handlers run (Relay starts its grace period,
-    then recovers the live executor's workflows elsewhere)."""
+    then recovers the live executor's workflows elsewhere).
+    The wait before each reconnection is cut from a second to a tenth: the stranded handlers wait
+    for the test's gate, however long the client waits between its connections."""
+    monkeypatch.setattr(connection_module, "RECONNECT_SECS", 0.1)
     handlers = SlowHandlers(Identity(executor_id="r2", application_version="v1"))
     answered: list[bool] = []
     attempts = 10  # 4 stranded handlers per drop: 40, more than the largest default executor (32)
