@@ -81,7 +81,7 @@ ORG, APP = "bench", "app"
 CONDUCTOR_KEY = "bench-conductor-key"
 API_KEY = "bench-api-key"
 PING_INTERVAL_SECS = 20.0
-SETTLE_SECS = 2.0  # before the baseline RSS, and after the N are held
+SETTLE_SECS = 2.0  # before the baseline RSS, and after the N are held (--settle-secs)
 COUNT_TIMEOUT_SECS = 60.0
 ABSORB_TIMEOUT_SECS = 120.0
 POLL_SECS = 0.02
@@ -427,14 +427,14 @@ async def handshakes(server: ServerProcess, fleet: Fleet, n: int, concurrency: i
 async def hold(server: ServerProcess, fleet: Fleet, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Held:
     proc = server.process
     held = await handshakes(server, fleet, n, args.concurrency, http)
-    await asyncio.sleep(SETTLE_SECS)
+    await asyncio.sleep(args.settle_secs)
     rss_held = proc.memory_info().rss
     cpu0, wall0 = cpu_secs(proc), time.perf_counter()
     await asyncio.sleep(args.idle_secs)
     idle_cpu_pct = 100 * (cpu_secs(proc) - cpu0) / (time.perf_counter() - wall0)
     # Connections opened at 0..handshake_secs get their first ping PING_INTERVAL_SECS later.
     first_pings_end = held.handshake_secs + PING_INTERVAL_SECS
-    idle_start = held.handshake_secs + SETTLE_SECS
+    idle_start = held.handshake_secs + args.settle_secs
     return replace(
         held,
         idle_covers_pings=idle_start <= PING_INTERVAL_SECS and idle_start + args.idle_secs >= first_pings_end,
@@ -468,7 +468,7 @@ async def wait_quiet(proc: psutil.Process, timeout: float = 120.0, window: float
 
 
 async def measure(server: ServerProcess, n: int, args: argparse.Namespace, http: httpx.AsyncClient) -> Result:
-    await asyncio.sleep(SETTLE_SECS)
+    await asyncio.sleep(args.settle_secs)
     rss_before = server.process.memory_info().rss
     fleet = Fleet(server.ws_url)
     try:
@@ -662,6 +662,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.connections", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,5000", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--idle-secs", default=20.0, type=float, help="idle CPU window (default 20)")
+    settle = f"pause before the baseline RSS and once all are held (default {SETTLE_SECS:g})"
+    parser.add_argument("--settle-secs", default=SETTLE_SECS, type=float, help=settle)
     parser.add_argument("--concurrency", default=200, type=int, help="simultaneous opening handshakes")
     parser.add_argument("--rounds", default=1, type=int, help="rounds of both servers per size, alternating (ABBA)")
     parser.add_argument("--log-dir", help="keep the servers' logs and configs here (default: a temporary directory)")
