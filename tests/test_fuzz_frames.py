@@ -123,11 +123,11 @@ VALID_ANSWER = {
 # --- The running Relay, the honest executor, and the checks after every example ------------
 
 
-def lease_epoch(relay: RelayProcess) -> int:
-    """The epoch of the instance's lease (``/readyz`` tells only whether it is held)."""
-    with psycopg.connect(relay.database_url) as conn:
-        row = conn.execute("SELECT lease_epoch FROM relay_instances WHERE instance_id = %s", (relay.instance_id,))
-        return int(row.fetchone()[0])  # type: ignore[index]
+def lease_epoch(relay: RelayProcess, conn: psycopg.Connection[Any]) -> int:
+    """The epoch of the instance's lease (``/readyz`` tells only whether it is held), read on ``conn``
+    (autocommit: each read sees the latest)."""
+    row = conn.execute("SELECT lease_epoch FROM relay_instances WHERE instance_id = %s", (relay.instance_id,))
+    return int(row.fetchone()[0])  # type: ignore[index]
 
 
 def url_segment(executor_id: str) -> str:
@@ -158,9 +158,11 @@ class LogWatch:
 class Fuzz:
     """A running Relay with its honest executor, and what each example needs to talk to them."""
 
-    def __init__(self, relay: RelayProcess, honest_id: str, honest_connected_at: str, lease_epoch: int) -> None:
+    def __init__(self, relay: RelayProcess, honest_id: str, honest_connected_at: str) -> None:
         self.relay = relay
-        self.lease_epoch = lease_epoch
+        # One connection for the lease's check after every example, not one each (tens of ms apiece).
+        self.db = psycopg.connect(relay.database_url, autocommit=True)
+        self.lease_epoch = lease_epoch(relay, self.db)
         self.honest_id = honest_id
         self.honest_connected_at = honest_connected_at
         self.url = websocket_url(relay.port)
@@ -203,7 +205,7 @@ class Fuzz:
         assert self.relay.proc is not None and self.relay.proc.poll() is None, f"Relay exited: {self.log_tail()}"
         ready = await self.api.get(f"{self.relay.http}/readyz")
         assert ready.status_code == 200, f"/readyz: {ready.status_code} {ready.text}"
-        assert lease_epoch(self.relay) == self.lease_epoch, "the lease was taken again"
+        assert lease_epoch(self.relay, self.db) == self.lease_epoch, "the lease was taken again"
         honest = await self.record(self.honest_id)
         assert honest is not None and honest["state"] == "HEALTHY", f"the honest executor: {honest}"
         assert honest["connectedAt"] == self.honest_connected_at, "the honest executor's socket was disturbed"
@@ -295,6 +297,7 @@ class Fuzz:
     def close(self) -> None:
         self.runner.run(self.api.aclose())
         self.runner.close()
+        self.db.close()
 
 
 @pytest.fixture(scope="module")
@@ -321,7 +324,7 @@ def fuzz(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
         record = assert_eventually(honest_healthy, 10, what="the honest executor HEALTHY")
         assert record is not None
-        fuzz = Fuzz(relay, honest_id, record["connectedAt"], lease_epoch(relay))
+        fuzz = Fuzz(relay, honest_id, record["connectedAt"])
         yield fuzz
     finally:
         if fuzz is not None:
