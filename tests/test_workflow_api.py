@@ -867,6 +867,13 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
     assert re.fullmatch(rf"executor:{re.escape(peer.executor_id)}@127\.0\.0\.1:\d+", registered["actor"])
     assert registered["actor"] == f"executor:{peer.executor_id}@{registered['detail']['address']}"
     assert audit(world, "ledger", "application.create") == []
+    # In Conductor's listing its subject is that executor, not Relay itself; ?subject= finds it by its id.
+    with world.api() as api:
+        logs = ok(api.get("/audit-logs", params={"operation": "application.create", "subject": registered["actor"]}))
+    subject = {"type": "executor", "id": registered["actor"], "display": registered["actor"]}
+    assert [(e["subject"], e["target"]) for e in logs["entries"]] == [
+        (subject, {"type": "application", "id": "busy-app"})
+    ]
 
 
 # -- serving: 503, failover, 502, 501, 429 (asked of instance 2) ---------------------------------

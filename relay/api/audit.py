@@ -95,7 +95,9 @@ NAMED_BY = {"schedule": "scheduleName", "alerting_rule": "ruleId", "token": "tok
 
 
 class AuditSubject(Shape):
-    type: str  # "api_key" (an API key, by its name), or "relay" (Relay itself, relay.yaml, the first run)
+    # "api_key" (an API key, by its name), "executor" (an executor whose connection registered an app),
+    # or "relay" (Relay itself, relay.yaml, the first run)
+    type: str
     id: str
     display: str
 
@@ -125,6 +127,10 @@ def _subject(actor: str) -> AuditSubject:
     if actor.startswith("api:"):
         name = actor.removeprefix("api:")
         return AuditSubject(type="api_key", id=name, display=name)
+    if actor.startswith("executor:"):
+        # executor:<executorId>@<host:port> (relay.store.executors): the executor, not Relay, did it. The
+        # actor whole as id and display, as ?subject= matches it.
+        return AuditSubject(type="executor", id=actor, display=actor)
     return AuditSubject(type="relay", id=actor, display=actor)
 
 
