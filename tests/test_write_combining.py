@@ -18,7 +18,7 @@ from harness.postgres import Postgres
 from harness.relay import relay_yaml
 from relay.config import RelayConfig
 from relay.core.ids import ExecutorKey
-from relay.core.lifecycle import ExecutorEvent
+from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.core.peers import Peer
 from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced
 from relay.store.apps import AppStore
@@ -621,3 +621,61 @@ def test_combined_writes_queued_out_of_key_order_meet_no_deadlock_with_a_batch_l
     assert not isinstance(lost, BaseException), repr(lost)
     assert not any(isinstance(r, BaseException) for r in combined), combined
     assert lost == both and combined == [False, False]  # the batch, first, recorded both: nothing left to write
+
+
+async def _a_deletion_combined_beside_a_batch_of_handshakes(url: str) -> tuple[list[object], list[object]]:
+    async with _instances(url, "relay-1") as [(_, _, executors)]:
+        a, a_epoch = await _connect(executors, "relay-1", "m-a", lost=False)
+        b, b_epoch = await _connect(executors, "relay-1", "m-b", lost=False)
+        c, c_epoch = await _connect(executors, "relay-1", "m-c")
+        assert await executors.apply(c, ExecutorEvent.DECLARED_DEAD, epoch=c_epoch)
+        again = [
+            Handshake(k, ExecutorInfoReply(request_id="r", executor_id=k.executor_id, application_version="v1"),
+                      "relay-1", "key")
+            for k in (a, c)
+        ]  # fmt: skip
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'm-b' FOR UPDATE")
+                # One transaction, in key order: m-a's record, m-b's (held: it waits there), then m-c's
+                # deletion, which updates m-c's id row before its record (as a handshake writes them).
+                combined = asyncio.gather(
+                    executors.apply(c, ExecutorEvent.NOTHING_PENDING, epoch=c_epoch),
+                    executors.apply(a, ExecutorEvent.LOST, epoch=a_epoch, instance="relay-1"),
+                    executors.apply(b, ExecutorEvent.LOST, epoch=b_epoch, instance="relay-1"),
+                    return_exceptions=True,
+                )
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not combined.done(), "the combined writes never waited"
+                    await asyncio.sleep(0.01)
+                # m-a and m-c connect again: the batch writes both ids, then waits for m-a's record. The
+                # combined writes, let go, then wanted m-c's id row: a deadlock, PostgreSQL failed one.
+                connecting = asyncio.gather(executors._upsert_connected(again), return_exceptions=True)
+                while await _sessions_waiting(holder) < 2:
+                    assert time.monotonic() < deadline and not connecting.done(), "the handshakes never waited"
+                    await asyncio.sleep(0.01)
+            return list(await combined), list(await connecting)
+
+
+def test_a_deletion_combined_with_other_executors_writes_meets_no_deadlock_with_a_batch_of_handshakes(
+    postgres: Postgres,
+) -> None:
+    """A write deleting a record (a dead executor with nothing pending, a recovery verified) updates
+    its remembered id before the record, as a handshake writes them; a batch of handshakes writes all
+    its ids, then all its records. In a combined transaction after another executor's write, in key
+    order, it held that record while it waited for an id such a batch held, the batch waiting for the
+    record: "deadlock detected", one failed. A combined transaction of several executors locks their
+    ids first now, in key order, as the batch does. Another session holds m-b's record meanwhile, so
+    that both are under way, the combined writes first, when it lets go."""
+    combined, connecting = asyncio.run(
+        _a_deletion_combined_beside_a_batch_of_handshakes(postgres.create_database("ids_order"))
+    )
+    assert combined == [True, True, True], combined
+    (written,) = connecting
+    assert not isinstance(written, BaseException), repr(written)  # the batch that PostgreSQL failed
+    connected, gone = written
+    assert {k.executor_id: r.previous_state for k, r in connected.items()} == {  # type: ignore[union-attr]
+        "m-a": ExecutorState.DISCONNECTED,  # the combined writes, first, recorded its disconnection
+        "m-c": None,  # and deleted m-c's record: a new one
+    } and gone == set()

@@ -29,6 +29,11 @@ What stays per write:
   breaks by failing one). Writes of one executor keep the order they were queued in; writes
   that lock no executor's row (an audit entry of its own) come after the others, holding
   what they lock for the shortest time and taking nothing a keyed write could wait for.
+  A batch of several executors first locks their remembered ids (``executor_ids``), in
+  key order, as a batch of handshakes does before it writes their records: a write that
+  deletes a record (a recovery verified) updates its id's row before the record, and
+  run after another executor's write it held that executor's record while it waited for
+  an id row such a batch held, waiting for that record.
 - Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
@@ -51,6 +56,7 @@ import psycopg
 
 from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
+from relay_protocol.limits import has_unstorable
 
 if TYPE_CHECKING:
     from relay.store.db import Database
@@ -139,8 +145,12 @@ class WriteCombiner:
         batch = sorted(batch, key=_lock_order)  # stable: one executor's writes in the order queued
         while batch:
             results: list[Any] = []
+            # (A key PostgreSQL cannot store has no id to lock: its write fails alone, as any bad row.)
+            keys = list(dict.fromkeys(q.locks for q in batch if q.locks is not None and _storable(q.locks)))
             try:
                 async with self.db.fenced() as conn:
+                    if len(keys) > 1:  # (one executor's writes lock its id before its record, as a handshake)
+                        await _lock_ids(conn, keys)
                     for index, queued in enumerate(batch):
                         try:
                             results.append(await queued.write(conn))
@@ -164,6 +174,25 @@ class WriteCombiner:
             for queued, result in zip(batch, results, strict=True):
                 _settle(queued, result=result)
             return
+
+
+def _storable(key: ExecutorKey) -> bool:
+    return not any(has_unstorable(part) for part in (key.org, key.app, key.executor_id))
+
+
+async def _lock_ids(conn: Conn, keys: list[ExecutorKey]) -> None:
+    """Lock the ids of these executors (in key order) as the writes that update them would
+    (``FOR NO KEY UPDATE``), before any of their records: a batch of handshakes writes every id
+    of its batch, then every record (relay.store.executors). A failure is the transaction's (every
+    write of the batch gets it, as Database.connection makes it: the connection lost, say)."""
+    await conn.execute(
+        """SELECT 1 FROM executor_ids i
+           JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(org, app, executor_id)
+             ON i.org = k.org AND i.app = k.app AND i.executor_id = k.executor_id
+           ORDER BY i.org COLLATE "C", i.app COLLATE "C", i.executor_id COLLATE "C"
+           FOR NO KEY UPDATE OF i""",
+        ([k.org for k in keys], [k.app for k in keys], [k.executor_id for k in keys]),
+    )
 
 
 def _settle(queued: _Queued[Any], *, result: Any = None, error: BaseException | None = None) -> None:
