@@ -62,7 +62,7 @@ fi
 # two cores: most of a test's time is spent waiting for what Relay times (grace periods, leases),
 # and two workers kept the cores busy less than half of the run.
 if [ $# -eq 0 ]; then
-  .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder
+  .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-3}" --dist loadfile
 else
   .venv/bin/python -m pytest "$@"
 fi

@@ -1,9 +1,5 @@
 from __future__ import annotations
 
-import json
-import os
-import statistics
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,39 +11,6 @@ from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
-
-# Each test file's seconds in a quiet run of the whole suite. The files run heaviest first: pytest-xdist
-# hands a worker the next file in collection order whenever it runs low (test.sh passes
-# --no-loadscope-reorder, which keeps this order rather than xdist's own, by number of tests), so the
-# last files handed out are short ones and no worker is left running a long file alone at the end. A
-# file not listed counts as the median. Written again by a run with RELAY_TEST_SECONDS=<path>.
-FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text())
-    usual = statistics.median(seconds.values())
-    first: dict[str, int] = {}
-    for index, item in enumerate(items):
-        first.setdefault(item.nodeid.split("::")[0], index)
-    # Stable: a file's tests keep their order.
-    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], usual), first[item.nodeid.split("::")[0]]))
-
-
-_seconds_by_file: defaultdict[str, float] = defaultdict(float)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if os.environ.get("RELAY_TEST_SECONDS"):
-        _seconds_by_file[report.nodeid.split("::")[0]] += report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    out = os.environ.get("RELAY_TEST_SECONDS")
-    # Written by the run's controller (which every worker's reports reach), not by each worker.
-    if out and not hasattr(session.config, "workerinput") and _seconds_by_file:
-        ranked = sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])
-        Path(out).write_text(json.dumps({f: round(s, 1) for f, s in ranked}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")
