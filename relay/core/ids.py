@@ -25,8 +25,11 @@ import re
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class ExecutorKey:
+    """Ordered by org, app, executor id, code point by code point (as ``COLLATE "C"``): the order
+    in which a transaction that writes several executors' rows locks them (relay.store.executors)."""
+
     org: str
     app: str
     executor_id: str

@@ -20,20 +20,17 @@ What stays per write:
 - Fencing. The batch's transaction is :meth:`Database.fenced`: its lease check
   holds until the commit for every write in it. A stale instance's batch commits
   nothing, and every write in it gets :class:`Fenced`.
-- Its locks' order. A batch runs its writes in the order of the executors they lock
-  (the ``locks`` of :meth:`WriteCombiner.run`: by org, app, executor id, code point by
-  code point), not in the order they were queued: as every batch that locks several
-  executors' rows does (a batch of handshakes or of disconnections, a stop, an adoption:
-  ``_LOCK_ORDER`` in :mod:`relay.store.executors`), so that such a batch and this one wait
-  for each other, and neither holds a row the other waits for (a deadlock, which PostgreSQL
-  breaks by failing one). Writes of one executor keep the order they were queued in; writes
-  that lock no executor's row (an audit entry of its own) come after the others, holding
-  what they lock for the shortest time and taking nothing a keyed write could wait for.
-  A batch of several executors first locks their remembered ids (``executor_ids``), in
-  key order, as a batch of handshakes does before it writes their records: a write that
-  deletes a record (a recovery verified) updates its id's row before the record, and
-  run after another executor's write it held that executor's record while it waited for
-  an id row such a batch held, waiting for that record.
+- Its locks' order. A write may name the key of the rows it locks (``locks`` of
+  :meth:`WriteCombiner.run`: an executor's, in :mod:`relay.store.executors`), and a batch
+  runs its writes in the order of their keys, not in the order they were queued: as every
+  transaction that locks several keys' rows does, so that such a transaction and this one
+  wait for each other, and neither holds a row the other waits for (a deadlock, which
+  PostgreSQL breaks by failing one). Writes of one key keep the order they were queued in;
+  writes that lock no key's row (an audit entry of its own) come after the others, holding
+  what they lock for the shortest time and taking nothing a keyed write could wait for. A
+  batch of several keys first calls the writes' locker (``lock_keys``) once, with their keys
+  in order: what the store that owns the keys must lock before any write of them
+  (:func:`relay.store.executors.lock_ids`).
 - Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
@@ -48,15 +45,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
-from relay.core.ids import ExecutorKey
 from relay.errors import DatabaseError
-from relay_protocol.limits import has_unstorable
 
 if TYPE_CHECKING:
     from relay.store.db import Database
@@ -64,21 +59,22 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 Write = Callable[[Conn], Awaitable[T]]
+# Locks the rows of these keys (two or more, distinct, in order) in the caller's transaction.
+KeyLocker = Callable[[Conn, list[Any]], Awaitable[None]]
 
 
 @dataclass
 class _Queued(Generic[T]):
     write: Write[T]
     done: asyncio.Future[T]
-    locks: ExecutorKey | None = None
+    locks: Hashable | None = None
+    lock_keys: KeyLocker | None = None
 
 
-def _lock_order(queued: _Queued[Any]) -> tuple[bool, str, str, str]:
-    """Where a write runs in its batch: by the executor whose rows it locks, as Python compares
-    strings (code point by code point, as ``COLLATE "C"`` orders them in ``_LOCK_ORDER``); a
-    write that locks none, after."""
-    key = queued.locks
-    return (True, "", "", "") if key is None else (False, key.org, key.app, key.executor_id)
+def _lock_order(queued: _Queued[Any]) -> tuple[Any, ...]:
+    """Where a write runs in its batch: by the key whose rows it locks (keys compare as their
+    store orders them); a write that locks none, after."""
+    return (1,) if queued.locks is None else (0, queued.locks)
 
 
 class _Failed(Exception):
@@ -110,14 +106,18 @@ class WriteCombiner:
         self.batches = 0
         self.writes = 0
 
-    async def run(self, write: Write[T], *, locks: ExecutorKey | None = None) -> T:
+    async def run(self, write: Write[T], *, locks: Hashable | None = None, lock_keys: KeyLocker | None = None) -> T:
         """``write``'s result once its transaction has committed; its error if it failed, or
         the batch's (:class:`Fenced`, the database unreachable) if the transaction did.
 
-        ``locks``: the executor whose rows (its record, its id, its recoveries) ``write`` locks,
-        which places it in its batch (in key order); None for a write that locks no executor's row."""
+        ``locks``: the key whose rows ``write`` locks (an executor's: its record, its id, its
+        recoveries), which places it in its batch (in key order: keys that compare as their store
+        locks them); None for a write that locks no key's row. ``lock_keys``, with ``locks``: what
+        locks several such keys' rows, in order, before any write of them runs."""
+        if locks is not None and lock_keys is None:
+            raise ValueError("a write that locks a key's rows needs the locker of its keys")
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(write, done, locks))
+        self._queue.append(_Queued(write, done, locks, lock_keys))
         running = len(self._running)
         if running < self.base_lanes or (running < self.lanes and len(self._queue) > self.max_batch):
             self._running.add(asyncio.get_running_loop().create_task(self._drain()))
@@ -145,12 +145,11 @@ class WriteCombiner:
         batch = sorted(batch, key=_lock_order)  # stable: one executor's writes in the order queued
         while batch:
             results: list[Any] = []
-            # (A key PostgreSQL cannot store has no id to lock: its write fails alone, as any bad row.)
-            keys = list(dict.fromkeys(q.locks for q in batch if q.locks is not None and _storable(q.locks)))
             try:
                 async with self.db.fenced() as conn:
-                    if len(keys) > 1:  # (one executor's writes lock its id before its record, as a handshake)
-                        await _lock_ids(conn, keys)
+                    for lock_keys, keys in _keys_by_locker(batch).items():
+                        if len(keys) > 1:  # (one key's writes lock its rows themselves, in their order)
+                            await lock_keys(conn, keys)
                     for index, queued in enumerate(batch):
                         try:
                             results.append(await queued.write(conn))
@@ -176,23 +175,15 @@ class WriteCombiner:
             return
 
 
-def _storable(key: ExecutorKey) -> bool:
-    return not any(has_unstorable(part) for part in (key.org, key.app, key.executor_id))
-
-
-async def _lock_ids(conn: Conn, keys: list[ExecutorKey]) -> None:
-    """Lock the ids of these executors (in key order) as the writes that update them would
-    (``FOR NO KEY UPDATE``), before any of their records: a batch of handshakes writes every id
-    of its batch, then every record (relay.store.executors). A failure is the transaction's (every
-    write of the batch gets it, as Database.connection makes it: the connection lost, say)."""
-    await conn.execute(
-        """SELECT 1 FROM executor_ids i
-           JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(org, app, executor_id)
-             ON i.org = k.org AND i.app = k.app AND i.executor_id = k.executor_id
-           ORDER BY i.org COLLATE "C", i.app COLLATE "C", i.executor_id COLLATE "C"
-           FOR NO KEY UPDATE OF i""",
-        ([k.org for k in keys], [k.app for k in keys], [k.executor_id for k in keys]),
-    )
+def _keys_by_locker(batch: list[_Queued[Any]]) -> dict[KeyLocker, list[Any]]:
+    """The distinct keys of a batch (sorted: the batch is), per locker. A locker's failure is the
+    transaction's: every write of the batch gets it, as Database.connection makes it (the
+    connection lost, say)."""
+    keys: dict[KeyLocker, dict[Any, None]] = {}
+    for queued in batch:
+        if queued.locks is not None and queued.lock_keys is not None:
+            keys.setdefault(queued.lock_keys, {})[queued.locks] = None
+    return {lock_keys: list(of) for lock_keys, of in keys.items()}
 
 
 def _settle(queued: _Queued[Any], *, result: Any = None, error: BaseException | None = None) -> None:

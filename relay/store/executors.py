@@ -21,7 +21,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -32,10 +32,13 @@ from relay.core.peers import Peer
 from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, RelayError
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
+from relay.store.combiner import Write
 from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
+from relay_protocol.limits import has_unstorable
 
 E = ExecutorEvent
+T = TypeVar("T")
 log = logging.getLogger("relay.store")
 
 # Runs of the statement that records an instance's executors lost, when PostgreSQL fails it to break
@@ -104,8 +107,31 @@ _EFFECTS: dict[ExecutorEvent, str] = {
     E.RECOVERY_SENT: ", blocked_reason = NULL",
 }
 # The order in which a transaction that writes several executors' rows locks them: by key, code point
-# by code point (COLLATE "C"), as Python sorts a batch of handshakes (ExecutorStore._upsert_connected).
+# by code point (COLLATE "C"), as ExecutorKey compares (a batch of handshakes, the combined writes).
 _LOCK_ORDER = 'org COLLATE "C", app COLLATE "C", executor_id COLLATE "C"'
+
+
+async def lock_ids(conn: Conn, keys: list[ExecutorKey]) -> None:
+    """Lock the remembered ids of these executors (``keys``: distinct, in key order) as the writes that
+    update them would (``FOR NO KEY UPDATE``), in key order (_LOCK_ORDER), before any of their records:
+    what a combined transaction of several executors' writes does first (the locker of
+    :meth:`ExecutorStore.combined`), as a batch of handshakes writes every id of its batch, then every
+    record. A write that deletes a record (a recovery verified) updates its id's row before the record:
+    run after another executor's write, it held that executor's record while it waited for an id row
+    such a batch held, waiting for that record (a deadlock)."""
+    # A key PostgreSQL cannot store has no id to lock: its write fails alone, as any bad row. One
+    # executor's writes lock its id themselves, before its record.
+    storable = [k for k in keys if not any(has_unstorable(part) for part in (k.org, k.app, k.executor_id))]
+    if len(storable) < 2:
+        return
+    await conn.execute(
+        f"""SELECT 1 FROM executor_ids WHERE (org, app, executor_id) IN (
+                SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))
+            ORDER BY {_LOCK_ORDER} FOR NO KEY UPDATE""",
+        ([k.org for k in storable], [k.app for k in storable], [k.executor_id for k in storable]),
+    )
+
+
 _SEEN = "UPDATE executor_ids SET last_seen_at = now() WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s"
 # Events with a statement of their own: a batched upsert, and a move of every row of an instance.
 _OWN_STATEMENT = (E.CONNECTED, E.ADOPTED, E.STRANDED)
@@ -234,6 +260,12 @@ class ExecutorStore:
         if running:
             await asyncio.wait(running, timeout=timeout)
 
+    async def combined(self, write: Write[T], key: ExecutorKey) -> T:
+        """``write``, which locks ``key``'s rows (its record, its id, its recoveries), run by the
+        combiner (:mod:`relay.store.combiner`): in a transaction shared with the writes queued with it,
+        in key order, several executors' ids locked first (:func:`lock_ids`)."""
+        return await self.db.writes.run(write, locks=key, lock_keys=lock_ids)
+
     def _count(self, event: ExecutorEvent, applied: int, attempted: int = 1) -> None:
         if applied:
             self.events[(event.value, "applied")] += applied
@@ -297,7 +329,7 @@ class ExecutorStore:
             cur = await c.execute(query, params)
             return cur.rowcount == 1
 
-        changed = await (write(conn) if conn is not None else self.db.writes.run(write, locks=key))
+        changed = await (write(conn) if conn is not None else self.combined(write, key))
         self._count(event, int(changed))
         return changed
 

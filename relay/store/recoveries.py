@@ -122,7 +122,7 @@ class RecoveryStore:
             row = await cur.fetchone()
             return True, True, (row["secs"] if row else None)
 
-        dead, declared, secs = await self.db.writes.run(write, locks=key)
+        dead, declared, secs = await self.executors.combined(write, key)
         if secs is not None:
             observe(self.pipeline.disconnect_to_dead, secs)
         return dead, declared
@@ -152,7 +152,7 @@ class RecoveryStore:
                 await self._take_over(conn, ref, trigger, dedupe)
             return version
 
-        return await self.db.writes.run(write, locks=ref.key)
+        return await self.executors.combined(write, ref.key)
 
     async def _take_over(self, conn: Conn, ref: RecoveryRef, trigger: str, dedupe: str | None) -> None:
         key = ref.key
@@ -223,7 +223,7 @@ class RecoveryStore:
             await conn.execute("SELECT pg_notify(%s, %s)", (BLOCKED_CHANNEL, note))
             return await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
 
-        if await self.db.writes.run(write, locks=ref.key):
+        if await self.executors.combined(write, ref.key):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
 
     async def renote_blocked(self, ref: RecoveryRef, error: str | None) -> None:
@@ -238,7 +238,7 @@ class RecoveryStore:
                 (error, ref.rid, error),
             )
 
-        await self.db.writes.run(write, locks=ref.key)
+        await self.executors.combined(write, ref.key)
 
     async def dispatch(self, ref: RecoveryRef, plan: Dispatch, dedupe: str) -> bool:
         """DEAD -> RECOVERING and the attempt recorded; False if the executor is no longer dead."""
@@ -269,7 +269,7 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "recovery.dispatched", f"{dedupe}:dispatched", peer=peer, detail=detail)
             return True, first, since_dead
 
-        dispatched, first, since_dead = await self.db.writes.run(write, locks=ref.key)
+        dispatched, first, since_dead = await self.executors.combined(write, ref.key)
         if not dispatched:
             return False
         if first:
@@ -303,7 +303,7 @@ class RecoveryStore:
                 (ref.rid,),
             )
 
-        await self.db.writes.run(write, locks=ref.key)
+        await self.executors.combined(write, ref.key)
 
     async def mark_verified(self, ref: RecoveryRef) -> None:
         """The attempt in flight passed verification (the first time counts)."""
@@ -315,7 +315,7 @@ class RecoveryStore:
                 (ref.rid,),
             )
 
-        await self.db.writes.run(write, locks=ref.key)
+        await self.executors.combined(write, ref.key)
 
     async def fail_attempt(self, ref: RecoveryRef, attempt: int, peer: str, error: str, dedupe: str) -> None:
         """RECOVERING -> DEAD, the attempt marked failed."""
@@ -332,7 +332,7 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, peer=peer, detail=detail)
             return timings
 
-        timings = await self.db.writes.run(write, locks=ref.key)
+        timings = await self.executors.combined(write, ref.key)
         if timings is not None:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
 
@@ -376,7 +376,7 @@ class RecoveryStore:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
             return dead, deleted, timings
 
-        dead, deleted, timings = await self.db.writes.run(write, locks=ref.key)
+        dead, deleted, timings = await self.executors.combined(write, ref.key)
         if timings is not None:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
             observe(self.pipeline.reply_to_verified, timings["to_verified"])
@@ -410,7 +410,7 @@ class RecoveryStore:
             await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
             return dead, True
 
-        dead, deleted = await self.db.writes.run(write, locks=ref.key)
+        dead, deleted = await self.executors.combined(write, ref.key)
         if deleted and dead is not None:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
         return deleted
@@ -423,7 +423,7 @@ class RecoveryStore:
             detail = {"error": reason, "recoveryId": ref.rid, "final": True}
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, detail=detail)
 
-        await self.db.writes.run(write, locks=ref.key)
+        await self.executors.combined(write, ref.key)
 
     async def end_unfinished(self, key: ExecutorKey, epoch: int, reason: str, up_to_run: int) -> list[str]:
         """The records of this death's runs up to ``up_to_run`` that still say they are at work, when the
@@ -446,7 +446,7 @@ class RecoveryStore:
                 await audit_executor(conn, key, "recovery.failed", f"back:{rid}", detail=detail)
             return ended
 
-        return await self.db.writes.run(write, locks=key)
+        return await self.executors.combined(write, key)
 
     async def get(
         self,
