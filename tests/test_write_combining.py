@@ -679,3 +679,41 @@ def test_a_deletion_combined_with_other_executors_writes_meets_no_deadlock_with_
         "m-a": ExecutorState.DISCONNECTED,  # the combined writes, first, recorded its disconnection
         "m-c": None,  # and deleted m-c's record: a new one
     } and gone == set()
+
+
+async def _disconnections_that_fail_together(url: str) -> tuple[list[object], int, list[object]]:
+    db = Database(url, min_size=1, max_size=1)  # one connection: held, none is left for the disconnections
+    await db.open()
+    try:
+        await db.migrate()
+        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        executors = ExecutorStore(db)
+        held = [await _connect(executors, "relay-1", f"d-{i}", lost=False) for i in range(GROUP)]
+
+        async def losing() -> list[object]:  # queued before the writer's first round: one batch
+            return await asyncio.gather(*(executors.lost(k, e, "relay-1") for k, e in held), return_exceptions=True)
+
+        async with db.connection():
+            asked = db.pool.get_stats().get("requests_num", 0)
+            refused = await patiently(losing(), 0.05)
+            requests = db.pool.get_stats().get("requests_num", 0) - asked
+        # Nothing lost: each row is still HEALTHY, held by this instance (its socket check records it
+        # once the database answers), and is recorded then.
+        recorded = await losing()
+        await lease.stop()
+        return refused, requests, recorded
+    finally:
+        await db.close()
+
+
+def test_a_batch_of_disconnections_is_refused_together_when_the_database_is_not_reached(postgres: Postgres) -> None:
+    """The database not reached (no connection of the pool in time): a batch of disconnections was
+    written again row by row (combined), each write waiting for the pool in turn (the pool's 10 s
+    each, in an outage). It is refused together now, at one request of the pool, as a batch of
+    handshakes is; each caller keeps its row for the socket check, which records it later."""
+    refused, requests, recorded = asyncio.run(_disconnections_that_fail_together(postgres.create_database("lost_out")))
+    assert all(isinstance(r, DatabaseUnreachable) for r in refused), refused
+    assert requests == 1
+    assert recorded == [True] * GROUP

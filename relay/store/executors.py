@@ -340,9 +340,10 @@ class ExecutorStore:
         Disconnections that arrive while a write of them is in flight are written together, in one
         statement: 5,000 sockets closing at once cost a few round trips, not 5,000. The guard is
         each row's own (state, epoch, instance), and the transaction is fenced: a stale instance's
-        batch changes nothing and each of its callers gets :class:`Fenced`. A batch that fails
-        otherwise is written again row by row (:meth:`apply`, combined), so that one bad row never
-        refuses another.
+        batch changes nothing and each of its callers gets :class:`Fenced`; one that did not reach the
+        database (:class:`DatabaseUnreachable`) is refused together, at one wait for the pool. A batch
+        that fails otherwise is written again row by row (:meth:`apply`, combined), so that one bad row
+        never refuses another.
         """
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._lost_queue.append(((key, epoch, instance), future))
@@ -359,7 +360,9 @@ class ExecutorStore:
                 _fail(batch, exc)
                 continue
             except Exception as exc:
-                if len(batch) == 1:
+                if len(batch) == 1 or isinstance(exc, DatabaseUnreachable):
+                    # The database not reached: each row on its own would wait for the pool in turn, as
+                    # a batch of handshakes would. Each caller keeps its row HEALTHY for its socket check.
                     _fail(batch, _database_error(exc, "a disconnection"))
                     continue
                 alone = await asyncio.gather(
