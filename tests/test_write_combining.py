@@ -717,3 +717,49 @@ def test_a_batch_of_disconnections_is_refused_together_when_the_database_is_not_
     assert all(isinstance(r, DatabaseUnreachable) for r in refused), refused
     assert requests == 1
     assert recorded == [True] * GROUP
+
+
+async def _a_connection_lost_under_a_combined_write(url: str) -> tuple[object, object]:
+    async with _instances(url, "relay-1") as [(_, lease, executors)]:
+        a, a_epoch = await _connect(executors, "relay-1", "m-a", lost=False)
+        b, b_epoch = await _connect(executors, "relay-1", "m-b", lost=False)
+        assert lease._conn is not None
+        kept = lease._conn.info.backend_pid  # the lease's own connection: not the pool's
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM executors WHERE executor_id = 'm-a' FOR UPDATE")
+                losing = asyncio.gather(
+                    executors.apply(a, ExecutorEvent.LOST, epoch=a_epoch, instance="relay-1"), return_exceptions=True
+                )
+                deadline = time.monotonic() + 10
+                while await _sessions_waiting(holder) < 1:
+                    assert time.monotonic() < deadline and not losing.done(), "the combined write never waited"
+                    await asyncio.sleep(0.01)
+                # A restart of PostgreSQL, as the pool sees it: every one of its connections ends, the idle
+                # ones (waited for until they have), then the one under the combined write's statement.
+                for waiting in (False, True):
+                    await holder.execute(
+                        """SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+                           WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)
+                             AND (wait_event_type IS NOT DISTINCT FROM 'Lock') = %s""",
+                        (kept, waiting),
+                    )
+            (lost,) = await losing
+        # The next write: on a working connection (the idle ones were checked, the broken ones replaced).
+        after = await asyncio.gather(
+            executors.apply(b, ExecutorEvent.LOST, epoch=b_epoch, instance="relay-1"), return_exceptions=True
+        )
+        return lost, after[0]
+
+
+def test_a_connection_lost_under_a_combined_write_is_connection_lost_and_the_next_write_succeeds(
+    postgres: Postgres,
+) -> None:
+    """The server ends the connection under a combined write's statement (a restart, a failover): the
+    write got a plain DatabaseError (its failure taken for the write's own), and the pool's idle
+    connections, broken too, were not checked, so that the next write failed on one. It is the
+    transaction's failure now, as Database.connection makes it: ConnectionLost, and the idle
+    connections checked."""
+    lost, after = asyncio.run(_a_connection_lost_under_a_combined_write(postgres.create_database("combine_lost")))
+    assert isinstance(lost, ConnectionLost), repr(lost)
+    assert after is True, repr(after)

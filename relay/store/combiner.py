@@ -35,7 +35,10 @@ What stays per write:
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
   fails the others. (No savepoint per write: the failure is rare, and the common
-  case pays nothing for it.)
+  case pays nothing for it.) A connection lost under a write's statement is the
+  transaction's failure, not the write's: every write of the batch gets
+  :class:`ConnectionLost`, as :meth:`Database.connection` makes it, which also has
+  the pool's idle connections checked (a restart of PostgreSQL broke them too).
 
 A write must touch nothing but the connection: it may run more than once
 before its transaction commits. Its result is delivered only after the commit.
@@ -154,6 +157,10 @@ class WriteCombiner:
                         try:
                             results.append(await queued.write(conn))
                         except Exception as exc:
+                            if isinstance(exc, psycopg.Error) and conn.broken:
+                                # The connection lost under it: the transaction's failure, which
+                                # Database.connection makes ConnectionLost (and has the pool checked).
+                                raise
                             raise _Failed(index, exc) from exc
             except _Failed as failed:
                 _settle(batch[failed.index], error=_as_database_error(failed.error))
