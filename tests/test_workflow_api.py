@@ -868,8 +868,11 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
     assert registered["actor"] == f"executor:{peer.executor_id}@{registered['detail']['address']}"
     assert audit(world, "ledger", "application.create") == []
     # In Conductor's listing its subject is that executor, not Relay itself; ?subject= finds it by its id.
+    # Its target is the app; the executor's id is its executorId too: ?executorId= finds it.
     with world.api() as api:
         logs = ok(api.get("/audit-logs", params={"operation": "application.create", "subject": registered["actor"]}))
+        by_executor = ok(api.get("/audit", params={"executorId": peer.executor_id, "action": "application.create"}))
+    assert [(e["id"], e["executorId"]) for e in by_executor] == [(registered["id"], peer.executor_id)]
     subject = {"type": "executor", "id": registered["actor"], "display": registered["actor"]}
     assert [(e["subject"], e["target"]) for e in logs["entries"]] == [
         (subject, {"type": "application", "id": "busy-app"})

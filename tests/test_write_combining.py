@@ -25,7 +25,7 @@ from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry, AuditStore
 from relay.store.combiner import WriteCombiner
 from relay.store.db import Database, patiently
-from relay.store.executors import Connected, ExecutorStore, Handshake
+from relay.store.executors import Connected, ExecutorStore, Handshake, IdentityTaken
 from relay.store.instances import InstanceStore
 from relay.store.lease import Lease
 from relay.store.recoveries import RecoveryStore
@@ -511,6 +511,49 @@ def test_new_apps_registered_by_a_relay_yaml_sync_and_a_batch_of_handshakes_at_o
     ((connected, gone),) = results
     assert sorted(k.executor_id for k in connected) == ["e-x", "e-y"] and gone == set()
     assert listed == {("acme", "y-new"), ("globex", "x-new")}
+
+
+async def _apps_registered_by_handshakes_some_refused(url: str) -> tuple[list[dict[str, Any]], object, set[str]]:
+    async with _instances(url, "relay-1") as [(db, _, ex)]:
+        async with db.connection() as conn:
+            # Ids an earlier app of each name bound to its key (kept after the app's deletion).
+            await conn.execute(
+                """INSERT INTO executor_ids (org, app, executor_id, key_id)
+                   VALUES ('acme', 'again', 'a-old', 'old-key'), ('acme', 'refused', 'r-old', 'old-key')"""
+            )
+
+        def handshake(app: str, executor_id: str, port: int) -> Handshake:
+            info = ExecutorInfoReply(request_id="r", executor_id=executor_id, application_version="v1")
+            key = ExecutorKey("acme", app, executor_id)
+            return Handshake(key, info, "relay-1", "new-key", register_app=True, client=f"10.0.0.1:{port}")
+
+        # One batch: the app's first executor in key order is refused, the second accepted.
+        connected, gone = await ex._upsert_connected([handshake("again", "b-new", 2), handshake("again", "a-old", 1)])
+        assert sorted(k.executor_id for k in connected) == ["b-new"] and gone == set()
+        # An app whose only handshake is refused.
+        (refused,) = await asyncio.gather(ex.connected(handshake("refused", "r-old", 3)), return_exceptions=True)
+        entries = await AuditStore(db).list_entries("acme", None, "b-new", None, 10, action="application.create")
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT name FROM apps WHERE org = 'acme' AND name IN ('again', 'refused')")
+            apps = {str(r["name"]) for r in await cur.fetchall()}
+        return entries, refused, apps
+
+
+def test_an_app_registered_by_a_batch_of_handshakes_is_audited_as_an_accepted_executors_doing(
+    postgres: Postgres,
+) -> None:
+    """A batch of handshakes registers an app: its entry names the first executor of it in key order
+    that the batch accepts, in its executorId column too (``?executorId=`` finds it); it named the first
+    in key order even if the batch refused it (its id bound to an earlier app of that name), with the
+    column empty. A handshake refused so registered the app even if no other was accepted: it
+    registers nothing now, and is refused as IdentityTaken."""
+    entries, refused, apps = asyncio.run(_apps_registered_by_handshakes_some_refused(postgres.create_database("reg")))
+    assert [(e["app"], e["actor"], e["executor_id"]) for e in entries] == [
+        ("again", "executor:b-new@10.0.0.1:2", "b-new")
+    ], entries
+    assert entries[0]["detail"] == {"result": "success", "executorId": "b-new", "address": "10.0.0.1:2"}
+    assert isinstance(refused, IdentityTaken), repr(refused)
+    assert apps == {"again"}
 
 
 async def _handshakes_that_fail_together_or_alone(url: str) -> None:

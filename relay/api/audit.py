@@ -145,7 +145,8 @@ def _target(row: dict[str, Any]) -> AuditTarget | None:
     if kind in NAMED_BY:
         key = NAMED_BY[kind]
         return AuditTarget(type=kind, id=str(detail[key])) if detail.get(key) is not None else None
-    if row["executor_id"]:
+    if row["executor_id"] and kind != "application":
+        # (An app registered by an executor's connection names that executor too: its target is the app.)
         return AuditTarget(type="executor", id=row["executor_id"])
     if row["app"]:
         return AuditTarget(type="application", id=row["app"])

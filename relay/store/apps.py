@@ -7,7 +7,7 @@ only reads it, to count an app's executors by state.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +25,9 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 log = logging.getLogger("relay.apps")
 # The advisory lock of :meth:`AppStore.sync_config` (relay.store.keys and relay.store.alerts have their own).
 APPS_LOCK_KEY = 7_215_420_113_004
+# The apps to register of those a transaction found missing (:meth:`AppStore.hold`), each with its
+# audit entry: called with the missing apps in key order, on the transaction's connection.
+Registrar = Callable[[Conn, list[tuple[str, str]]], Awaitable[Mapping[tuple[str, str], AuditEntry]]]
 # The settings relay.yaml gives an app, in sync_config's order, as the file names them.
 SETTING_NAMES = (
     "executorTimeoutSecs",
@@ -160,21 +163,19 @@ class AppStore:
             return await cur.fetchone() is not None
 
     @staticmethod
-    async def hold(
-        conn: Conn, apps: list[tuple[str, str]], register: Mapping[tuple[str, str], AuditEntry]
-    ) -> set[tuple[str, str]]:
+    async def hold(conn: Conn, apps: list[tuple[str, str]], register: Registrar | None = None) -> set[tuple[str, str]]:
         """Lock ``apps`` (org, name) against deletion for the caller's transaction (``FOR KEY SHARE``,
-        which writing an executor's row takes anyway), registering with default settings those of
-        ``register`` that are missing, each audited with its entry (``application.create``) in this
-        transaction (an app another transaction registered first is not audited here); returns those
-        that exist, locked.
+        which writing an executor's row takes anyway), registering with default settings those that
+        are missing and ``register`` (asked, in this transaction, only if some are) gives an entry,
+        each audited with its entry (``application.create``) in this transaction (an app another
+        transaction registered first is not audited here); returns those that exist, locked.
 
         The executor's row is written in the same transaction: an app's deletion either commits
         first (the app is then registered again here, or missing) or waits for that commit and finds
         the executor (409). Locked, and registered, in the order of their keys (org, name), as every path
         that locks or inserts several (relay.yaml's sync: :meth:`sync_config`).
         """
-        wanted = sorted(set(apps) | set(register))
+        wanted = sorted(set(apps))
         orgs, names = [o for o, _ in wanted], [n for _, n in wanted]
         held: set[tuple[str, str]] = set()
         for _ in range(3):  # an app registered here may be deleted again before it is locked: rare
@@ -185,7 +186,9 @@ class AppStore:
                 (orgs, names),
             )
             held = {(str(r["org"]), str(r["name"])) for r in await cur.fetchall()}
-            missing = sorted(set(register) - held)
+            missing = sorted(set(wanted) - held)
+            entries = await register(conn, missing) if missing and register is not None else {}
+            missing = sorted(entries)
             if not missing:
                 break
             cur = await conn.execute(
@@ -195,7 +198,7 @@ class AppStore:
                 (DEFAULT_EXECUTOR_TIMEOUT_SECS, [o for o, _ in missing], [n for _, n in missing]),
             )
             for row in sorted((str(r["org"]), str(r["name"])) for r in await cur.fetchall()):
-                await write_audit(conn, row[0], row[1], register[row])
+                await write_audit(conn, row[0], row[1], entries[row])
         return held
 
     async def list_apps(

@@ -190,16 +190,38 @@ _Lost = tuple[ExecutorKey, int, str]
 _PendingLost = tuple[_Lost, "asyncio.Future[bool]"]
 
 
-def _registrations(rows: list[Handshake]) -> dict[tuple[str, str], AuditEntry]:
-    """The audit entry of each app these handshakes may register, naming the first of its executors
-    (``executor:<id>@<host:port>``): written only if the batch's transaction is the one that registers it."""
-    entries: dict[tuple[str, str], AuditEntry] = {}
-    for h in rows:
-        app = (h.key.org, h.key.app)
-        if h.register_app and app not in entries:
-            detail = {"result": "success", "executorId": h.key.executor_id, "address": h.client}
-            entries[app] = AuditEntry("application.create", f"executor:{h.key.executor_id}@{h.client}", detail=detail)
-    return entries
+class _Registrations:
+    """The apps a batch of handshakes registers (:meth:`AppStore.hold`), of those it finds missing:
+    each with a handshake the batch accepts, audited as that executor's doing (the first of them in
+    key order: ``executor:<id>@<host:port>``, ``executorId`` its id). A handshake whose id is bound
+    to another key (an earlier app of that name) is refused (:class:`IdentityTaken`): it neither
+    registers the app nor names it; an app whose handshakes are all refused so is not registered
+    (``refused``: refused as IdentityTaken, not as AppGone)."""
+
+    def __init__(self, rows: list[Handshake]) -> None:
+        self.rows = [h for h in rows if h.register_app]
+        self.refused: set[tuple[str, str]] = set()
+
+    async def __call__(self, conn: Conn, missing: list[tuple[str, str]]) -> dict[tuple[str, str], AuditEntry]:
+        wanted = set(missing)
+        rows = [h for h in self.rows if (h.key.org, h.key.app) in wanted]
+        cur = await conn.execute(
+            """SELECT i.org, i.app, i.executor_id FROM executor_ids i
+               JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS h(org, app, id, key_id)
+               ON i.org = h.org AND i.app = h.app AND i.executor_id = h.id WHERE i.key_id <> h.key_id""",
+            ([h.key.org for h in rows], [h.key.app for h in rows], [h.key.executor_id for h in rows],
+             [h.key_id for h in rows]),
+        )  # fmt: skip
+        taken = {(r["org"], r["app"], r["executor_id"]) for r in await cur.fetchall()}
+        entries: dict[tuple[str, str], AuditEntry] = {}
+        for h in sorted(rows, key=lambda h: (h.key.org, h.key.app, h.key.executor_id)):
+            app = (h.key.org, h.key.app)
+            if app not in entries and (h.key.org, h.key.app, h.key.executor_id) not in taken:
+                detail = {"result": "success", "executorId": h.key.executor_id, "address": h.client}
+                actor = f"executor:{h.key.executor_id}@{h.client}"
+                entries[app] = AuditEntry("application.create", actor, h.key.executor_id, detail=detail)
+        self.refused = {(h.key.org, h.key.app) for h in rows} - set(entries)
+        return entries
 
 
 def _database_error(exc: Exception, what: str = "a connection") -> DatabaseError:
@@ -569,8 +591,9 @@ class ExecutorStore:
             # again (as an unknown app's first connection registers it) or refuses its executors; its
             # deletion, if it comes after, waits for this commit and finds the executors (409).
             apps = [(h.key.org, h.key.app) for h in rows]
-            held = await AppStore.hold(conn, apps, _registrations(rows))
-            gone = set(apps) - held
+            registrations = _Registrations(rows)
+            held = await AppStore.hold(conn, apps, registrations)
+            gone = set(apps) - held - registrations.refused
             rows = [h for h in rows if (h.key.org, h.key.app) in held]
             columns = [[v for v, a in zip(column, apps, strict=True) if a in held] for column in columns]
             if not rows:
@@ -639,7 +662,7 @@ class ExecutorStore:
         predate a recovery that has moved that work since, so a later run looks again.
         """
         check_transition(None, E.STRANDED)
-        if not await AppStore.hold(conn, [(key.org, key.app)], {}):
+        if not await AppStore.hold(conn, [(key.org, key.app)]):
             # The app was deleted since its work was listed (it had no executor in the registry): the
             # record would refer to no app. Nothing to recover for Relay then; the operator deleted it.
             self._count(E.STRANDED, 0)
