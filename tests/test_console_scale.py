@@ -251,3 +251,33 @@ def test_a_workflow_with_more_children_than_a_page_pages_them(scale: Scale) -> N
         shown = set(children.locator("th").all_inner_texts())
         context.close()
     assert len(shown) == 20 and all("seed-0002" <= s <= "seed-000319" for s in shown), shown
+
+
+def test_the_recently_recovered_line_counts_every_executor_recovered_in_the_last_hour(scale: Scale) -> None:
+    """An app's Executors page says how many executors were recovered in the last hour: it counted
+    them among the app's 20 newest recoveries, and said "20 executors" in a mass failure of any size.
+    Of the 300 seeded succeeded runs (their executors deleted), 50 ended two hours ago: 250 now, asked
+    of the API (``status=succeeded&updatedSince=...&total=true``: ``X-Total-Count``), the newest five named."""
+    with psycopg.connect(scale.relay.database_url) as conn:
+        conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+               SELECT 'acme', 'ledger', 'executor.deleted', executor_id, 'relay',
+                      jsonb_build_object('recoveryId', id, 'attempt', 1)
+               FROM recoveries WHERE org = 'acme' AND app = 'ledger' AND status = 'succeeded'"""
+        )
+        conn.execute(
+            """UPDATE recoveries SET updated_at = now() - interval '2 hours'
+               WHERE app = 'ledger' AND executor_id = ANY(%s)""",
+            ([f"gone-{g}" for g in range(1, 51)],),
+        )
+    with chromium() as browser:
+        context = browser.new_context()
+        page = context.new_page()
+        sign_in(page, scale.relay.http, "acme", API_KEYS["acme"])
+        page.evaluate("route => { location.hash = route; }", "#/apps/ledger/executors")
+        recent = page.locator("#recently-recovered")
+        expect(recent).to_contain_text("250 executors were recovered in the last hour")
+        expect(recent).to_contain_text(" and 245 more.")
+        named = recent.get_by_role("link").all_inner_texts()
+        context.close()
+    assert len(named) == 5 and all(n.startswith("gone-") and int(n[5:]) > 50 for n in named), named

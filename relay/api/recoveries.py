@@ -8,13 +8,13 @@ read by its id.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from relay.api.apps import app_or_404
 from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName
-from relay.api.shapes import Shape, one_of, text_iso
+from relay.api.shapes import Rfc3339, Shape, one_of, text_iso
 from relay.core.times import us_iso
 from relay.store.recoveries import RecoveryRow
 
@@ -40,6 +40,9 @@ class TimelineEntry(Shape):
     peerExecutorId: str | None
     attempt: int | None
     detail: dict[str, Any]
+
+
+RunStatus = Literal["dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed"]
 
 
 class Recovery(Shape):
@@ -118,21 +121,42 @@ def recovery(row: RecoveryRow) -> Recovery:
     )
 
 
-@router.get("")
+TOTAL = {"X-Total-Count": {"description": "with `total=true`: the runs the filters match, on every page",
+                            "schema": {"type": "integer", "minimum": 0}}}  # fmt: skip
+
+
+@router.get("", responses={200: {"headers": TOTAL}})
 async def get_recoveries(
     org: str,
     app: str,
     ctx: Ctx,
     _: Caller,
     page: Page,
+    response: Response,
     executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
     sortDesc: bool = False,
+    status: RunStatus | None = None,
+    updatedSince: Rfc3339 | None = None,
+    total: bool = False,
 ) -> list[Recovery]:
-    """Oldest first (newest first with ``sortDesc=true``)."""
+    """Oldest first (newest first with ``sortDesc=true``); only the runs in ``status``, or whose last
+    change (``updatedAt``: a finished run's end) is at or after ``updatedSince``, if given. With
+    ``total=true``, the ``X-Total-Count`` header counts the runs the filters match (the console's
+    executors recovered in the last hour: ``status=succeeded&updatedSince=...``)."""
     await app_or_404(ctx, org, app)
     rows = await ctx.recoveries.get(
-        org, app, executor_id=executor_id, limit=page.limit, offset=page.offset, newest_first=sortDesc
+        org,
+        app,
+        executor_id=executor_id,
+        limit=page.limit,
+        offset=page.offset,
+        newest_first=sortDesc,
+        status=status,
+        updated_since=updatedSince,
     )
+    if total:
+        count = await ctx.recoveries.count(org, app, executor_id, status, updatedSince)
+        response.headers["X-Total-Count"] = str(count)
     return [recovery(r) for r in rows]
 
 

@@ -25,7 +25,17 @@ function query(params) {
   return text ? `?${text}` : "";
 }
 
-export async function api(path, {method = "GET", params, body, org = session.org, key = session.key} = {}) {
+export async function api(path, options = {}) {
+  return (await call(path, options)).data;
+}
+
+// A listing with the number of rows its filters match on every page (total=true: X-Total-Count).
+export async function apiCounted(path, {params, ...options} = {}) {
+  const {data, resp} = await call(path, {...options, params: {...params, total: true}});
+  return {rows: data, total: Number(resp.headers.get("X-Total-Count"))};
+}
+
+async function call(path, {method = "GET", params, body, org = session.org, key = session.key} = {}) {
   const headers = {Authorization: `Bearer ${key}`};
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const resp = await fetch(`v2/orgs/${enc(org)}${path}${query(params)}`, {
@@ -38,7 +48,7 @@ export async function api(path, {method = "GET", params, body, org = session.org
     const detail = (data && (data.detail || (data.error && data.error.message))) || resp.statusText || `HTTP ${resp.status}`;
     throw new ApiError(resp.status, `${detail} (${resp.status})`);
   }
-  return data;
+  return {data, resp};
 }
 
 // Reads GET /v2/orgs/{org}/events until it ends; calls onEvent(name, data) for each event.

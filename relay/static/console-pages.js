@@ -1,7 +1,7 @@
 // The console's pages. Each reads one page of what it lists (limit and offset, never everything),
 // says which live events concern it, and reads again only its own data when one comes.
 
-import {api, enc} from "./console-api.js";
+import {api, apiCounted, enc} from "./console-api.js";
 import {ago, announce, badge, confirmDialog, duration, h, pager, plain, problemText, shellCommand, table, when} from "./console-ui.js";
 
 const STATES = ["HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING"];
@@ -29,7 +29,7 @@ const id = (text) => h("span", {class: "id"}, text ?? "");
 const executorLink = (app, executorId) => (executorId ? id(link(["apps", app, "executors"], executorId, {executor: executorId})) : id(executorId));
 // How far back the Executors page looks for executors recovered (and so removed from the registry).
 const RECENT_RECOVERY_MS = 3600 * 1000;
-const RECENT_RECOVERIES = 20;  // the newest runs it reads, as many as the Recoveries page shows
+const RECENT_RECOVERIES = 20;  // the newest runs it reads for the ids it names (it counts them all)
 const offsetOf = (params) => Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
 
 // A page: a heading and controls mounted once, and a data region read again on refresh. A page of
@@ -161,7 +161,8 @@ function executorsPage(ctx, app) {
       const [info, executors, recoveries] = await Promise.all([
         api(`/apps/${enc(app)}`),
         api(`/apps/${enc(app)}/executors`, {params: {state, limit: PAGE, offset}}),
-        api(`/apps/${enc(app)}/recoveries`, {params: {limit: RECENT_RECOVERIES, sortDesc: true}}),
+        apiCounted(`/apps/${enc(app)}/recoveries`, {params: {limit: RECENT_RECOVERIES, sortDesc: true,
+          status: "succeeded", updatedSince: new Date(Date.now() - RECENT_RECOVERY_MS).toISOString()}}),
       ]);
       const total = state ? info.executors[state] : Object.values(info.executors).reduce((x, y) => x + y, 0);
       return [
@@ -176,18 +177,15 @@ function executorsPage(ctx, app) {
 }
 
 // The executors recovered lately: a recovered executor's record is deleted, so it is in no list of
-// executors; an engineer paged about it is told it was recovered, and where its run is.
-function recentlyRecovered(app, recoveries) {
-  const since = Date.now() - RECENT_RECOVERY_MS;
-  const gone = [...new Set(recoveries
-    .filter((r) => r.status === "succeeded" && r.deletedAt && new Date(r.deletedAt).getTime() >= since)
-    .map((r) => r.executorId))];
-  if (!gone.length) return null;
-  const shown = gone.slice(0, 5);
+// executors; an engineer paged about it is told it was recovered, and where its run is. Counted by the
+// API (the runs that succeeded in the last hour, however many), the newest few named.
+function recentlyRecovered(app, {rows, total}) {
+  if (!total) return null;
+  const shown = [...new Set(rows.filter((r) => r.deletedAt).map((r) => r.executorId))].slice(0, 5);
   return h("p", {class: "note", id: "recently-recovered"},
-    `${gone.length} executor${gone.length === 1 ? " was" : "s were"} recovered in the last hour and removed from this list (their runs are under Recoveries): `,
+    `${total} executor${total === 1 ? " was" : "s were"} recovered in the last hour and removed from this list (their runs are under Recoveries): `,
     shown.map((e, i) => [i ? ", " : "", id(link(["apps", app, "recoveries"], e, {executor: e}))]),
-    gone.length > shown.length ? ` and ${gone.length - shown.length} more` : "", ".");
+    total > shown.length ? ` and ${total - shown.length} more` : "", ".");
 }
 
 function executorsTable(ctx, app, executors, state, recover) {

@@ -60,16 +60,20 @@ class RecoveryRow:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+# The runs of an app a listing filters (parameters: org, app, a run's id or None twice, an executor
+# id or None twice, a status or None twice, a time their last change is not before or None twice).
+_RUNS = """FROM recoveries WHERE org = %s AND app = %s AND (%s::text IS NULL OR id = %s)
+             AND (%s::text IS NULL OR executor_id = %s) AND (%s::text IS NULL OR status = %s)
+             AND (%s::timestamptz IS NULL OR updated_at >= %s)"""
+
+
 def recovery_page(newest_first: bool) -> str:
-    """A page of an app's runs with their attempts (parameters: org, app, a run's id or None twice,
-    an executor id or None twice, limit, offset). The page is cut first, along the index of the
-    listing's order (``recoveries_by_created``), and only its runs' attempts are read: a page costs
-    the runs up to it, not every run the app has had."""
+    """A page of an app's runs with their attempts (parameters: those of ``_RUNS``, limit, offset).
+    The page is cut first, along the index of the listing's order (``recoveries_by_created``), and
+    only its runs' attempts are read: a page costs the runs up to it, not every run the app has had."""
     order = "DESC" if newest_first else "ASC"
     return f"""WITH page AS (
-                   SELECT * FROM recoveries
-                   WHERE org = %s AND app = %s AND (%s::text IS NULL OR id = %s)
-                     AND (%s::text IS NULL OR executor_id = %s)
+                   SELECT * {_RUNS}
                    ORDER BY created_at {order}, run {order}, id {order} LIMIT %s OFFSET %s)
                SELECT r.*, COALESCE((
                    SELECT json_agg(json_build_object(
@@ -457,14 +461,25 @@ class RecoveryStore:
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        status: str | None = None,
+        updated_since: datetime | None = None,
     ) -> list[RecoveryRow]:
+        match = (org, app, rid, rid, executor_id, executor_id, status, status, updated_since, updated_since)
         async with self.db.connection() as conn:
-            cur = await conn.execute(
-                recovery_page(newest_first), (org, app, rid, rid, executor_id, executor_id, limit, offset)
-            )
+            cur = await conn.execute(recovery_page(newest_first), (*match, limit, offset))
             rows = await cur.fetchall()
             history = await self._history(conn, org, app, rows)
         return [RecoveryRow(**row, history=history.get(row["id"], [])) for row in rows]
+
+    async def count(
+        self, org: str, app: str, executor_id: str | None, status: str | None, updated_since: datetime | None
+    ) -> int:
+        """How many runs :meth:`get` lists with these filters, on every page."""
+        match = (org, app, None, None, executor_id, executor_id, status, status, updated_since, updated_since)
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT count(*) AS n {_RUNS}", match)
+            row = await cur.fetchone()
+        return int(row["n"]) if row else 0
 
     @staticmethod
     async def _history(conn: Conn, org: str, app: str, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
