@@ -51,6 +51,16 @@ if ! command -v npm >/dev/null 2>&1 || [ "$node_major" -lt 20 ]; then
        "DBOS's TypeScript SDK, which needs Node.js 20; Debian 12's own nodejs package is 18)." >&2
   exit 1
 fi
+# Python keeps the bytecode it compiles (an image may set PYTHONDONTWRITEBYTECODE): the suite starts
+# some 600 Python processes of this tree's code (Relay instances, executors, the CLI), and without it
+# each compiled Relay's modules again (about 0.15 s of CPU per start) and each pytest worker rewrote
+# the assertions of every test module and plugin again (about 9 s of CPU). One collection first, beside
+# the linters (which use one core), writes them once for all.
+unset PYTHONDONTWRITEBYTECODE
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest --collect-only -q -p no:xdist >/dev/null 2>&1 &
+  warm=$!
+fi
 .venv/bin/ruff check relay workflows tests bench chaos harness protocol deploy client
 .venv/bin/ruff format --check relay workflows tests bench chaos harness protocol deploy client
 .venv/bin/mypy relay workflows chaos bench harness protocol/relay_protocol deploy
@@ -62,6 +72,7 @@ fi
 # two cores: most of a test's time is spent waiting for what Relay times (grace periods, leases),
 # and two workers kept the cores busy less than half of the run.
 if [ $# -eq 0 ]; then
+  wait "$warm" || true  # (a collection error is the run's to report, below)
   .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-3}" --dist loadfile
 else
   .venv/bin/python -m pytest "$@"
