@@ -23,6 +23,7 @@ import httpx
 from chaos.dbrules import SAMPLE_TIMEOUT_SECS
 from harness.keys import API_KEYS
 from harness.relay import RelayProcess, list_all
+from harness.web import TLS
 
 SAMPLE_EVERY_SECS = 0.4
 READY_POLL_SECS = 0.25
@@ -81,6 +82,7 @@ class RegistryWatch:
                     base_url=f"{relay.http}/v2/orgs/{self.org}",
                     headers={"Authorization": f"Bearer {API_KEYS[self.org]}"},
                     timeout=SAMPLE_TIMEOUT_SECS,
+                    verify=TLS,
                 )
             sent = time.time()
             try:
@@ -106,7 +108,7 @@ def time_to_ready(relays: Sequence[RelayProcess], since: float, cap: float) -> d
                 del waiting[instance]
                 continue
             try:
-                ok = httpx.get(f"{relay.http}/readyz", timeout=1.0).status_code == 200
+                ok = httpx.get(f"{relay.http}/readyz", timeout=1.0, verify=TLS).status_code == 200
             except httpx.HTTPError:
                 ok = False
             if ok:

@@ -19,6 +19,7 @@ import yaml
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
 from harness.procs import end
 from harness.waiting import assert_eventually
+from harness.web import TLS
 
 
 def relay_yaml(port: int, grace: float = 30, **liveness: float) -> dict[str, Any]:
@@ -78,7 +79,7 @@ class RelayProcess:
         if self.proc.poll() is not None:
             raise RuntimeError(f"relay exited with {self.proc.returncode}:\n{self.log()}")
         try:
-            return httpx.get(f"{self.http}/readyz", timeout=1).status_code == 200
+            return httpx.get(f"{self.http}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -97,12 +98,13 @@ class RelayProcess:
             base_url=f"{self.http}/v2/orgs/{org}",
             headers={"Authorization": f"Bearer {key or API_KEYS[org]}"},
             timeout=10,
+            verify=TLS,
         )
 
     def client(self, key: str | None = API_KEYS["acme"]) -> httpx.Client:
         """A client of the whole server (paths from the root), with ``key`` (None: without one)."""
         headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-        return httpx.Client(base_url=self.http, headers=headers, timeout=10)
+        return httpx.Client(base_url=self.http, headers=headers, timeout=10, verify=TLS)
 
     def executor(self, org: str, app: str, executor_id: str) -> dict[str, Any] | None:
         with self.api(org) as api:

@@ -6,6 +6,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.keys import API_KEYS
+from harness.web import TLS
 
 # /metrics wants a key with metric.read.
 AUTH = {"Authorization": f"Bearer {API_KEYS['acme']}"}
@@ -21,4 +22,4 @@ def sample(text: str, name: str, **labels: str) -> float | None:
 
 
 def scrape(base_url: str, name: str, **labels: str) -> float | None:
-    return sample(httpx.get(f"{base_url}/metrics", headers=AUTH, timeout=5).text, name, **labels)
+    return sample(httpx.get(f"{base_url}/metrics", headers=AUTH, timeout=5, verify=TLS).text, name, **labels)

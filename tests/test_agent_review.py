@@ -26,6 +26,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from tests.test_dbos_mcp import McpDriver, SystemDatabase, mcp_python
 
 APP = "ledger"
@@ -289,7 +290,7 @@ def test_a_status_no_workflow_has_is_refused_not_answered_with_nothing(world: Wo
         searched = api.post(f"{LEDGER}/workflows/search", json={"status": ["ERROR", "FAILED"]})
         counted = api.post(f"{LEDGER}/workflows/aggregates", json={"groupByStatus": True, "status": ["FAILED"]})
         fine = api.get(f"{LEDGER}/workflows", params={"status": "ERROR"})
-    document = httpx.get(f"{world.relay.http}/v2/openapi.json")
+    document = httpx.get(f"{world.relay.http}/v2/openapi.json", verify=TLS)
     assert document.status_code == 200, status_of(document)
     for resp in (listed, searched, counted):
         assert resp.status_code == 422, status_of(resp)

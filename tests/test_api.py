@@ -15,6 +15,7 @@ from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from tests.prom import AUTH, sample
 
 StartRelay = Callable[..., RelayProcess]
@@ -30,7 +31,7 @@ def relay(start_relay: StartRelay) -> RelayProcess:
     [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "api-acme-secret"}, {"Authorization": "Basic x"}],
 )
 def test_401_without_a_valid_api_key(relay: RelayProcess, headers: dict[str, str]) -> None:
-    resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=headers)
+    resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=headers, verify=TLS)
     assert resp.status_code == 401
     # Refused before the route, by the request guard, as a problem (RFC 9457).
     assert resp.headers["content-type"] == "application/problem+json"
@@ -97,7 +98,7 @@ def test_not_found_and_invalid_requests_use_the_error_shape(relay: RelayProcess)
         assert "state" in resp.json()["error"]["message"]
         resp = api.get("/apps/ledger/executors/x/workflows", params={"limit": 0})
         assert resp.status_code == 422
-    resp = httpx.get(f"{relay.http}/nowhere")
+    resp = httpx.get(f"{relay.http}/nowhere", verify=TLS)
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "http_error"
 
 
@@ -119,8 +120,8 @@ def test_unlisted_app_is_registered_on_first_connection_with_defaults(relay: Rel
 
 
 def test_health_ready_and_metrics(relay: RelayProcess) -> None:
-    assert httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}
-    assert httpx.get(f"{relay.http}/readyz").json() == {"status": "ready"}
+    assert httpx.get(f"{relay.http}/healthz", verify=TLS).json() == {"status": "ok"}
+    assert httpx.get(f"{relay.http}/readyz", verify=TLS).json() == {"status": "ready"}
     with psycopg.connect(relay.database_url) as conn:
         row = conn.execute("SELECT lease_epoch FROM relay_instances WHERE instance_id = 'relay-1'").fetchone()
     assert row is not None and row[0] >= 1
@@ -139,10 +140,10 @@ def test_health_ready_and_metrics(relay: RelayProcess) -> None:
 
 
 def test_console_page_is_served(relay: RelayProcess) -> None:
-    resp = httpx.get(f"{relay.http}/")
+    resp = httpx.get(f"{relay.http}/", verify=TLS)
     assert resp.status_code == 200
     assert "text/html" in resp.headers["content-type"]
-    script = httpx.get(f"{relay.http}/static/console-api.js")  # its scripts are files of their own (CSP)
+    script = httpx.get(f"{relay.http}/static/console-api.js", verify=TLS)  # its scripts are files of their own (CSP)
     assert "/v2/orgs/" in script.text and "Authorization" in script.text
 
 

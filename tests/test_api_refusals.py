@@ -21,6 +21,7 @@ from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS
 from harness.postgres import Postgres
 from harness.relay import RelayProcess
+from harness.web import TLS
 from relay.api import build_api
 from relay.api.shapes import Rfc3339
 from relay.api.workflows import WorkflowSearch
@@ -43,7 +44,7 @@ def executor(relay: RelayProcess, postgres: Postgres, tmp_path_factory: pytest.T
 
 @pytest.fixture
 def api(relay: RelayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=relay.http, headers=ADMIN, timeout=10) as client:
+    with httpx.Client(base_url=relay.http, headers=ADMIN, timeout=10, verify=TLS) as client:
         yield client
 
 

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Mount
 from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
+from harness.web import TLS
 from relay.api import build_api
 from relay.api.refusals import AUDITED_ROUTES
 from relay.auth import Permission
@@ -180,7 +181,7 @@ def fill(path: str, **override: str) -> str:
 def call(relay: RelayProcess, method: str, path: str, key: str | None) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     body = {} if method in ("POST", "PATCH") else None
-    with httpx.Client(base_url=relay.http, headers=headers, timeout=10) as client:
+    with httpx.Client(base_url=relay.http, headers=headers, timeout=10, verify=TLS) as client:
         # Streamed: the status is all that is read (the event stream's body never ends).
         with client.stream(method, path, json=body) as resp:
             return resp.status_code
@@ -191,7 +192,9 @@ def keys(relay_for_matrix: RelayProcess) -> dict[str, str]:
     """An admin-made key lacking each permission, and one scoped to another app."""
     made: dict[str, str] = {}
     with httpx.Client(
-        base_url=f"{relay_for_matrix.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {API_KEYS['acme']}"}
+        base_url=f"{relay_for_matrix.http}/v2/orgs/acme",
+        headers={"Authorization": f"Bearer {API_KEYS['acme']}"},
+        verify=TLS,
     ) as admin:
         for missing in API_PERMISSIONS:
             body = {"permissions": [p.value for p in API_PERMISSIONS if p is not missing]}
@@ -256,10 +259,14 @@ def test_the_grantable_permissions_are_what_a_key_may_be_given(
     for base in ("", "/conductor"):
         for key in (API_KEYS["acme"], keys["websocket-only"]):
             resp = httpx.get(
-                f"{relay_for_matrix.http}{base}/v2/orgs/acme/permissions", headers={"Authorization": f"Bearer {key}"}
+                f"{relay_for_matrix.http}{base}/v2/orgs/acme/permissions",
+                headers={"Authorization": f"Bearer {key}"},
+                verify=TLS,
             )
             assert (resp.status_code, resp.json()) == (200, catalogue), base
-    with httpx.Client(base_url=relay_for_matrix.http, headers={"Authorization": f"Bearer {API_KEYS['acme']}"}) as admin:
+    with httpx.Client(
+        base_url=relay_for_matrix.http, headers={"Authorization": f"Bearer {API_KEYS['acme']}"}, verify=TLS
+    ) as admin:
         made = admin.post("/v2/orgs/acme/tokens/all-grantable", json={"permissions": catalogue})
         assert made.status_code == 201, made.text
         assert admin.delete("/v2/orgs/acme/tokens/all-grantable").status_code == 204

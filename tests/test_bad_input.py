@@ -18,6 +18,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.net.hub import RefusalLog
 from tests.prom import AUTH, sample
 
@@ -250,7 +251,7 @@ def test_flood_of_connection_attempts_leaves_others_alone(
         record = api.get(f"/apps/ledger/executors/{newcomer}").json()
     assert record["executorId"] == newcomer  # a well-behaved newcomer got through mid-flood
     assert_bystander_untouched(relay, ex, connected_at)
-    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH).text
+    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH, verify=TLS).text
     assert sample(metrics, "relay_hub_events_total", kind="rejected_bad_key") == 300
     # Counted, each of them, but logged once a minute per host and app (an executor with a deleted
     # key tries again every second for as long as it runs: a line each was the log's whole volume).

@@ -40,6 +40,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, info_reply
 from harness.waiting import assert_eventually
+from harness.web import TLS
 
 expect.set_options(timeout=10_000)
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -262,18 +263,20 @@ def test_a_key_renamed_while_signed_in_is_shown_by_its_new_name(world: World, pa
     organization.read hears of no key's change: the header kept the old name until a reload."""
     admin_key = {"Authorization": f"Bearer {API_KEYS['acme']}"}
     tokens = f"{world.relay.http}/v2/orgs/acme/tokens"
-    created = httpx.post(f"{tokens}/night-shift", json={"permissions": ["application.read"]}, headers=admin_key)
+    created = httpx.post(
+        f"{tokens}/night-shift", json={"permissions": ["application.read"]}, headers=admin_key, verify=TLS
+    )
     assert created.status_code == 201, created.text
     try:
         sign_in(page, world.relay.http, "acme", created.json()["token"])
         expect(page.locator("#who")).to_have_text("night-shift in acme · read-only")
-        renamed = httpx.patch(f"{tokens}/night-shift", json={"newName": "day-shift"}, headers=admin_key)
+        renamed = httpx.patch(f"{tokens}/night-shift", json={"newName": "day-shift"}, headers=admin_key, verify=TLS)
         assert renamed.status_code == 200, renamed.text
         go(page, "#/apps/ledger")
         expect(page.locator("#who")).to_have_text("day-shift in acme · read-only")
     finally:
         for name in ("night-shift", "day-shift"):
-            httpx.delete(f"{tokens}/{name}", headers=admin_key)
+            httpx.delete(f"{tokens}/{name}", headers=admin_key, verify=TLS)
 
 
 def test_a_key_refused_the_event_stream_asks_for_it_once_and_says_so(world: World, page: Page) -> None:
@@ -723,14 +726,14 @@ def test_a_keys_name_is_shown_as_text_with_its_bidi_controls_escaped(world: Worl
     admin_key = {"Authorization": f"Bearer {API_KEYS['acme']}"}
     tokens = f"{world.relay.http}/v2/orgs/acme/tokens"
     name = "<b>on call\u202e"
-    created = httpx.post(f"{tokens}/{name}", json={"permissions": ["application.read"]}, headers=admin_key)
+    created = httpx.post(f"{tokens}/{name}", json={"permissions": ["application.read"]}, headers=admin_key, verify=TLS)
     assert created.status_code == 201, created.text
     try:
         sign_in(page, world.relay.http, "acme", created.json()["token"])
         expect(page.locator("#who")).to_have_text("<b>on call\\u202e in acme · read-only")
         assert page.locator("header b, #who b").count() == 0
     finally:
-        httpx.delete(f"{tokens}/{name}", headers=admin_key)
+        httpx.delete(f"{tokens}/{name}", headers=admin_key, verify=TLS)
 
 
 def test_a_workflows_outcome_shows_its_bidi_controls_escaped(world: World, page: Page) -> None:

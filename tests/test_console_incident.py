@@ -37,6 +37,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from harness.web import TLS
 
 expect.set_options(timeout=10_000)
 APP_MODULE = "harness.workflow_app"
@@ -150,7 +151,7 @@ def hold_every_request_slot(stack: ExitStack, relay: RelayProcess) -> None:
         )
 
     def busy() -> bool:
-        with httpx.Client(base_url=relay.http) as client:
+        with httpx.Client(base_url=relay.http, verify=TLS) as client:
             asked = client.get("/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {API_KEYS['acme']}"})
         return asked.status_code == 503
 

@@ -31,6 +31,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.cli.errors import EXIT_UNAVAILABLE
 from tests.test_events import Stream
 
@@ -70,7 +71,7 @@ def start_relay(relay_pg: PostgresServer, tmp_path: Path, request: pytest.Fixtur
 
 def get(relay: RelayProcess, path: str) -> httpx.Response:
     headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
-    return httpx.get(relay.http + path, headers=headers, timeout=30)
+    return httpx.get(relay.http + path, headers=headers, timeout=30, verify=TLS)
 
 
 def served(relay: RelayProcess) -> bool:
@@ -364,7 +365,9 @@ def test_through_an_outage_requests_are_refused_at_once_each_loop_logs_twice_and
         locker.execute("BEGIN")
         locker.execute("LOCK TABLE audit_log IN SHARE MODE")  # INSERTs wait; reads do not
         headers = {"Authorization": f"Bearer {VIEWER_KEYS['acme']}"}
-        denied = httpx.post(relay.http + "/v2/orgs/acme/tokens/refused-at-stop", headers=headers, json={}, timeout=10)
+        denied = httpx.post(
+            relay.http + "/v2/orgs/acme/tokens/refused-at-stop", headers=headers, json={}, timeout=10, verify=TLS
+        )
         assert denied.status_code == 403, denied.text
         assert_eventually(lambda: waiting_on_a_lock(locker), 10, interval=0.05, what="the entry's INSERT waits")
         relay.signal(signal.SIGTERM)

@@ -32,6 +32,7 @@ import yaml
 from harness.compose import ComposeError, build, compose_up, read_dockerfile
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.config import parse_config
 from tests.deploy_checks import (
     COMPOSE_FILE,
@@ -321,6 +322,7 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
                 base_url=f"{run.url('relay', relay_port)}/v2/orgs/{org}/apps/{app}",
                 headers={"Authorization": f"Bearer {DEMO_API_KEY}"},
                 timeout=30,
+                verify=TLS,
             )
             stack.callback(api.close)
 
@@ -334,7 +336,7 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
             assert executor["dbosVersion"].startswith("3.2")
 
             # A workflow started on the app's HTTP endpoint, read through Relay.
-            order = httpx.post(f"{run.url('sample-app', app_port)}/orders", timeout=10)
+            order = httpx.post(f"{run.url('sample-app', app_port)}/orders", timeout=10, verify=TLS)
             assert order.status_code == 202
             workflow_id = order.json()["workflowId"]
 
@@ -347,7 +349,7 @@ def test_compose_example_runs_as_local_processes(postgres: Postgres, tmp_path: P
             assert workflow["workflowName"] == "process_order" and "done" in (workflow["output"] or "")
             steps = [s["stepName"] for s in api.get(f"/workflows/{workflow_id}/steps").json()]
             assert steps == ["reserve_stock", "DBOS.sleep", "charge_card"], steps
-            mine = httpx.get(f"{run.url('sample-app', app_port)}/orders/{workflow_id}", timeout=10).json()
+            mine = httpx.get(f"{run.url('sample-app', app_port)}/orders/{workflow_id}", timeout=10, verify=TLS).json()
             assert mine["status"] == "SUCCESS"
 
             # The periodic workflow's schedule, as the app applied it, triggered through Relay.

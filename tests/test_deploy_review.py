@@ -47,6 +47,7 @@ from harness.postgres import Postgres
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import open_socket
+from harness.web import TLS
 
 StartRelay = Callable[..., RelayProcess]
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
@@ -82,7 +83,7 @@ def test_an_app_deleted_through_the_api_is_refused_by_an_instance_that_admitted_
     cfg = relay_yaml(free_port())
     cfg["autoRegisterApps"] = False
     relay = start_relay(cfg)
-    with httpx.Client(base_url=f"{relay.http}/v2/orgs/acme", headers=ADMIN, timeout=10) as api:
+    with httpx.Client(base_url=f"{relay.http}/v2/orgs/acme", headers=ADMIN, timeout=10, verify=TLS) as api:
         assert api.put("/apps/orders").status_code == 204
         assert asyncio.run(admitted(relay, "orders")) == 101
         assert api.delete("/apps/orders").status_code == 204
@@ -119,7 +120,7 @@ def test_readyz_answers_ready_while_the_pool_is_busy_with_slow_requests(start_re
     with psycopg.connect(relay.database_url) as lock:
         lock.execute("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE")
         status, took = asyncio.run(probe_while_the_pool_is_held())
-    with httpx.Client(base_url=relay.http, timeout=5) as client:  # the lease was held throughout
+    with httpx.Client(base_url=relay.http, timeout=5, verify=TLS) as client:  # the lease was held throughout
         assert client.get("/readyz").status_code == 200
     assert (status, took < 2) == (200, True), f"/readyz answered {status} after {took:.1f} s"
 
@@ -180,7 +181,7 @@ def test_the_probes_answer_head_as_they_answer_get(start_relay: StartRelay, prob
     default); Relay answers the probes' HEAD with 405, so such a balancer takes every healthy,
     ready instance out."""
     relay = start_relay()
-    with httpx.Client(base_url=relay.http, timeout=5) as client:
+    with httpx.Client(base_url=relay.http, timeout=5, verify=TLS) as client:
         assert client.get(probe).status_code == 200
         assert client.head(probe).status_code == 200
 
@@ -251,7 +252,7 @@ def serve_until_ready(args: list[str], env: dict[str, str], port: int, cwd: Path
         deadline, ready = time.monotonic() + 60, False
         while not ready and proc.poll() is None and time.monotonic() < deadline:
             try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
             except httpx.HTTPError:
                 time.sleep(0.2)
     finally:

@@ -27,6 +27,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
+from harness.web import TLS
 
 PER_KEY = 2
 PER_INSTANCE = 4
@@ -89,7 +90,9 @@ class Stream:
     def _read(self) -> None:
         url = f"{self.relay.http}/v2/orgs/{self.org}/events"
         try:
-            with httpx.stream("GET", url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30) as resp:
+            with httpx.stream(
+                "GET", url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30, verify=TLS
+            ) as resp:
                 self.status = resp.status_code
                 self._opened.set()
                 if resp.status_code != 200:
@@ -203,7 +206,7 @@ def test_a_stream_carries_only_what_its_key_may_see(pair: Pair, streams: list[St
     assert open_stream(streams, pair.r1, API_KEYS["globex"], org="globex").status == 200  # its own org
     assert open_stream(streams, pair.r1, make_key(pair.r1, "ev-tokens", ["token.read"])).status == 403
     assert open_stream(streams, pair.r1, "not-a-key").status == 401
-    resp = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", timeout=5)  # no key: refused before the route
+    resp = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", timeout=5, verify=TLS)  # no key: refused before the route
     assert resp.status_code == 401 and resp.headers["content-type"] == "application/problem+json"
 
 
@@ -211,13 +214,17 @@ def test_streams_are_capped_per_key_and_per_instance_and_leave_the_api_answering
     pair: Pair, streams: list[Stream]
 ) -> None:
     first = [open_stream(streams, pair.r1, ADMIN) for _ in range(PER_KEY)]
-    over = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5)
+    over = httpx.get(
+        f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5, verify=TLS
+    )
     assert over.status_code == 429 and over.headers["content-type"] == "application/problem+json"
     viewer = make_key(pair.r1, "ev-cap", ["application.read"])
     more = [open_stream(streams, pair.r1, viewer) for _ in range(PER_INSTANCE - PER_KEY)]
     assert all(s.status == 200 for s in first + more)
     third = make_key(pair.r1, "ev-cap-2", ["application.read"])
-    full = httpx.get(f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {third}"}, timeout=5)
+    full = httpx.get(
+        f"{pair.r1.http}/v2/orgs/acme/events", headers={"Authorization": f"Bearer {third}"}, timeout=5, verify=TLS
+    )
     assert full.status_code == 503 and full.headers["retry-after"]
     # Open streams are not requests in progress: with more of them than maxConcurrentRequests (3),
     # the API still answers.

@@ -34,6 +34,7 @@ from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.config import RelayConfig, load_config
 from relay.domain.firstrun import FirstKeys, ensure_first_keys
 from relay.net.server import public_urls
@@ -84,7 +85,7 @@ class Serve:
         if self.proc.poll() is not None:
             raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.stderr()[-4000:]}")
         try:
-            return httpx.get(f"{self.http}/readyz", timeout=1).status_code == 200
+            return httpx.get(f"{self.http}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -106,7 +107,9 @@ class Serve:
         return self.proc.returncode
 
     def api(self, key: str, org: str = "default") -> httpx.Client:
-        return httpx.Client(base_url=f"{self.http}/v2/orgs/{org}", headers={"Authorization": f"Bearer {key}"})
+        return httpx.Client(
+            base_url=f"{self.http}/v2/orgs/{org}", headers={"Authorization": f"Bearer {key}"}, verify=TLS
+        )
 
 
 def printed_keys(out: str) -> tuple[str, str]:
@@ -442,7 +445,7 @@ def test_an_empty_host_listens_on_every_address_of_both_families(
     request.addfinalizer(relay.stop)
     relay.launch().wait_ready(60)
     for base in (f"http://127.0.0.1:{relay.port}", f"http://[::1]:{relay.port}"):
-        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}, base
+        assert httpx.get(f"{base}/healthz", verify=TLS).json() == {"status": "ok"}, base
     assert f"executors connect to: ws://{socket.gethostname()}:{relay.port}/" in relay.stdout()
 
 

@@ -18,6 +18,7 @@ from harness.browser import chromium
 from harness.ports import free_port
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.cli.errors import EXIT_ERROR
 from relay.runtime import EXIT_FENCED
 
@@ -82,7 +83,7 @@ def _run_sh(repo: Path, home: Path, port: int, database_url: str, env: dict[str,
         if proc.poll() is not None:
             return True
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -27,6 +27,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.net.guard import BodyLimit, bearer_key, body_limit
 from tests.prom import sample
 
@@ -125,7 +126,7 @@ def rss(relay: RelayProcess) -> int:
 def test_an_unauthenticated_64_mib_body_is_refused_before_it_is_sent(relay: RelayProcess) -> None:
     path = "/v2/orgs/acme/apps/ledger"
     for _ in range(3):  # warm up whatever a first request loads
-        httpx.patch(f"{relay.http}{path}", json={"executorTimeoutSecs": 30})
+        httpx.patch(f"{relay.http}{path}", json={"executorTimeoutSecs": 30}, verify=TLS)
     before = rss(relay)
     sent = []
     for framing in ("Content-Length: 67108864", "Transfer-Encoding: chunked"):
@@ -147,11 +148,11 @@ def test_an_unauthenticated_64_mib_body_is_refused_before_it_is_sent(relay: Rela
 def test_unauthenticated_requests_under_v2_and_conductor_v2_get_401_problems(relay: RelayProcess) -> None:
     for path in ("/v2/orgs/acme/apps", "/conductor/v2/orgs/acme/apps", "/v2/anything"):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEYS["acme"]}):
-            resp = httpx.get(f"{relay.http}{path}", headers=headers)
+            resp = httpx.get(f"{relay.http}{path}", headers=headers, verify=TLS)
             assert_problem(resp, resp.content, 401)
             assert resp.json()["title"] == "Unauthorized"
     # A valid key of another org passes the guard; the route refuses it (403).
-    resp = httpx.get(f"{relay.http}/v2/orgs/globex/apps", headers=ADMIN)
+    resp = httpx.get(f"{relay.http}/v2/orgs/globex/apps", headers=ADMIN, verify=TLS)
     assert resp.status_code == 403
 
 
@@ -195,15 +196,15 @@ def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(
             )  # fmt: skip
 
         def refused() -> httpx.Response | None:
-            resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN)
+            resp = httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN, verify=TLS)
             return resp if resp.status_code == 503 else None
 
         resp = assert_eventually(refused, 5, what="a third request refused")
         assert resp is not None
         assert_problem(resp, resp.content, 503)
         assert resp.headers["retry-after"] == "1"
-        assert httpx.get(f"{relay.http}/readyz").status_code == 200
-        assert httpx.get(f"{relay.http}/healthz").status_code == 200
+        assert httpx.get(f"{relay.http}/readyz", verify=TLS).status_code == 200
+        assert httpx.get(f"{relay.http}/healthz", verify=TLS).status_code == 200
         for sock in slow:
             sock.sendall(body[10:])
             answer, text = response(sock)
@@ -211,7 +212,7 @@ def test_concurrent_requests_beyond_the_cap_get_503_and_the_probes_still_answer(
     finally:
         for sock in slow:
             sock.close()
-    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN, verify=TLS).status_code == 200
 
 
 def test_bodies_that_never_come_hold_no_request_slot_past_the_body_timeout(start_relay: StartRelay) -> None:
@@ -229,7 +230,9 @@ def test_bodies_that_never_come_hold_no_request_slot_past_the_body_timeout(start
                 head("PATCH", "/v2/orgs/acme/apps/ledger", f"Authorization: Bearer {API_KEYS['acme']}",
                      "Content-Type: application/json", "Content-Length: 100") + b"{"
             )  # fmt: skip
-        assert_eventually(lambda: httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 503, 5)
+        assert_eventually(
+            lambda: httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN, verify=TLS).status_code == 503, 5
+        )
         started = time.monotonic()
         for sock in held:
             received, _ = closed_within(sock, 10)
@@ -239,7 +242,7 @@ def test_bodies_that_never_come_hold_no_request_slot_past_the_body_timeout(start
     finally:
         for sock in held:
             sock.close()
-    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
+    assert httpx.get(f"{relay.http}/v2/orgs/acme/apps", headers=ADMIN, verify=TLS).status_code == 200
     with relay.api() as api:  # nothing was changed by the bodies that never came
         assert api.get("/apps/ledger").json()["executorTimeoutSecs"] != 100
 
@@ -250,7 +253,7 @@ def test_bodies_that_never_come_hold_no_request_slot_past_the_body_timeout(start
 def test_a_client_that_never_finishes_its_headers_is_closed(relay: RelayProcess) -> None:
     with connect(relay) as partial, connect(relay) as idle:
         partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        assert httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}  # others are served meanwhile
+        assert httpx.get(f"{relay.http}/healthz", verify=TLS).json() == {"status": "ok"}  # others are served meanwhile
         received, after = closed_within(partial, 3)
         assert received.startswith(b"HTTP/1.1 408 ")
         assert after < 2.0  # headerTimeoutSecs is 1
@@ -367,7 +370,7 @@ def test_simultaneous_handshakes_cannot_overshoot_the_pending_cap(relay: RelayPr
     assert refused == [503] * (3 * HANDSHAKE_CAP - accepted)
 
     def pending() -> float | None:
-        return sample(httpx.get(f"{relay.http}/metrics", headers=ADMIN).text, "relay_pending_handshakes")
+        return sample(httpx.get(f"{relay.http}/metrics", headers=ADMIN, verify=TLS).text, "relay_pending_handshakes")
 
     assert_eventually(lambda: pending() == 0, 5, what="every slot given back")
 
@@ -376,9 +379,9 @@ def test_simultaneous_handshakes_cannot_overshoot_the_pending_cap(relay: RelayPr
 
 
 def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
-    healthz = httpx.get(f"{relay.http}/healthz")
+    healthz = httpx.get(f"{relay.http}/healthz", verify=TLS)
     assert healthz.json() == {"status": "ok"}
-    readyz = httpx.get(f"{relay.http}/readyz")
+    readyz = httpx.get(f"{relay.http}/readyz", verify=TLS)
     assert readyz.json() == {"status": "ready"}
     for resp in (healthz, readyz):
         assert resp.headers["x-content-type-options"] == "nosniff"
@@ -389,7 +392,7 @@ def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
         conn.execute("SELECT 1 FROM relay_instances WHERE instance_id = %s FOR UPDATE", (relay.instance_id,))
 
         def not_ready() -> httpx.Response | None:
-            resp = httpx.get(f"{relay.http}/readyz", timeout=5)
+            resp = httpx.get(f"{relay.http}/readyz", timeout=5, verify=TLS)
             return resp if resp.status_code == 503 else None
 
         unready = assert_eventually(not_ready, 5, what="/readyz 503 without the lease")
@@ -398,19 +401,19 @@ def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
     problem = assert_problem(unready, unready.content, 503)
     assert problem == {"type": "about:blank", "title": "Service Unavailable", "status": 503, "detail": "not ready"}
     assert relay.instance_id not in unready.text
-    assert_eventually(lambda: httpx.get(f"{relay.http}/readyz").status_code == 200, 5)
+    assert_eventually(lambda: httpx.get(f"{relay.http}/readyz", verify=TLS).status_code == 200, 5)
 
 
 def test_metrics_need_a_key_with_metric_read(relay: RelayProcess) -> None:
     url = f"{relay.http}/metrics"
-    resp = httpx.get(url)
+    resp = httpx.get(url, verify=TLS)
     assert_problem(resp, resp.content, 401)
     assert "acme" not in resp.text
-    resp = httpx.get(url, headers={"Authorization": f"Bearer {CONDUCTOR_KEYS['acme']}"})
+    resp = httpx.get(url, headers={"Authorization": f"Bearer {CONDUCTOR_KEYS['acme']}"}, verify=TLS)
     assert_problem(resp, resp.content, 403)
     assert "metric.read" in resp.json()["detail"]
     for key in (API_KEYS["acme"], VIEWER_KEYS["acme"], API_KEYS["globex"]):
-        resp = httpx.get(url, headers={"Authorization": f"Bearer {key}"})
+        resp = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, verify=TLS)
         assert resp.status_code == 200
         assert sample(resp.text, "relay_lease_held") is not None
 
@@ -419,12 +422,12 @@ def test_public_metrics_need_no_key(start_relay: StartRelay) -> None:
     config = relay_yaml(free_port())
     config["server"]["publicMetrics"] = True
     relay = start_relay(config)
-    resp = httpx.get(f"{relay.http}/metrics")
+    resp = httpx.get(f"{relay.http}/metrics", verify=TLS)
     assert resp.status_code == 200 and sample(resp.text, "relay_lease_held") == 1
 
 
 def test_the_api_browser_loads_everything_from_relay_under_a_strict_policy(relay: RelayProcess) -> None:
-    page = httpx.get(f"{relay.http}/docs")
+    page = httpx.get(f"{relay.http}/docs", verify=TLS)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     csp = dict(part.strip().split(" ", 1) for part in page.headers["content-security-policy"].split(";"))
     assert csp["default-src"] == "'none'" and csp["frame-ancestors"] == "'none'"
@@ -443,51 +446,59 @@ def test_the_api_browser_loads_everything_from_relay_under_a_strict_policy(relay
 
     types = {".js": ("text/javascript", "application/javascript"), ".css": ("text/css",)}
     for path in references:
-        resp = httpx.get(f"{relay.http}/{path}")
+        resp = httpx.get(f"{relay.http}/{path}", verify=TLS)
         assert resp.status_code == 200, path
         assert resp.headers["content-type"].split(";")[0] in types[path[path.rindex(".") :]], path
         assert resp.headers["x-content-type-options"] == "nosniff"
-    script = httpx.get(f"{relay.http}/static/docs.js").text
+    script = httpx.get(f"{relay.http}/static/docs.js", verify=TLS).text
     assert '"openapi.json"' in script and "validatorUrl: null" in script
-    assert httpx.get(f"{relay.http}/openapi.json").json()["info"]["title"] == "Relay"
-    assert httpx.get(f"{relay.http}/redoc").status_code == 404
+    assert httpx.get(f"{relay.http}/openapi.json", verify=TLS).json()["info"]["title"] == "Relay"
+    assert httpx.get(f"{relay.http}/redoc", verify=TLS).status_code == 404
 
 
 def test_the_api_document_where_conductors_clients_fetch_it_and_no_key_needed(relay: RelayProcess) -> None:
     """Self-hosted Conductor serves /openapi.yaml besides /openapi.json; managed Conductor serves
     /conductor/v2/openapi.json, its servers entry at /conductor."""
-    document = httpx.get(f"{relay.http}/openapi.json").json()
-    resp = httpx.get(f"{relay.http}/openapi.yaml")
+    document = httpx.get(f"{relay.http}/openapi.json", verify=TLS).json()
+    resp = httpx.get(f"{relay.http}/openapi.yaml", verify=TLS)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/yaml"
     assert yaml.safe_load(resp.text) == document
     also = ("/healthz", "/readyz", "/metrics")
     api_paths = {path: item for path, item in document["paths"].items() if path.startswith("/v2/") or path in also}
     assert "/v2/orgs/{org}/apps" in api_paths and all(path in api_paths for path in also)
     for path in ("/conductor/v2/openapi.json", "/v2/openapi.json"):
-        resp = httpx.get(f"{relay.http}{path}")
+        resp = httpx.get(f"{relay.http}{path}", verify=TLS)
         assert resp.status_code == 200, path
         assert resp.json() == {**document, "paths": api_paths, "servers": [{"url": "/conductor"}]}, path
     # A client made from it resolves every path it lists under /conductor, where Relay serves them
     # (the contract: every path of the API, the probes and /metrics also under /conductor).
     base = httpx.URL(f"{relay.http}/conductor/v2/openapi.json").join(resp.json()["servers"][0]["url"])
-    assert httpx.get(f"{base}/v2/orgs/acme/apps", headers=ADMIN).status_code == 200
-    assert httpx.get(f"{base}/healthz").json() == httpx.get(f"{relay.http}/healthz").json() == {"status": "ok"}
-    assert httpx.get(f"{base}/readyz").json() == {"status": "ready"}
-    assert httpx.get(f"{base}/metrics").status_code == httpx.get(f"{relay.http}/metrics").status_code == 401
+    assert httpx.get(f"{base}/v2/orgs/acme/apps", headers=ADMIN, verify=TLS).status_code == 200
+    assert (
+        httpx.get(f"{base}/healthz", verify=TLS).json()
+        == httpx.get(f"{relay.http}/healthz", verify=TLS).json()
+        == {"status": "ok"}
+    )
+    assert httpx.get(f"{base}/readyz", verify=TLS).json() == {"status": "ready"}
+    assert (
+        httpx.get(f"{base}/metrics", verify=TLS).status_code
+        == httpx.get(f"{relay.http}/metrics", verify=TLS).status_code
+        == 401
+    )
     for scrape in ("/metrics", "/v1/metrics"):
-        resp = httpx.get(f"{base}{scrape}", headers=ADMIN)
+        resp = httpx.get(f"{base}{scrape}", headers=ADMIN, verify=TLS)
         assert resp.status_code == 200 and "relay_lease_held" in resp.text, scrape
     # Not the console or the API's document at the root.
-    assert httpx.get(f"{base}/openapi.json").status_code == 404
+    assert httpx.get(f"{base}/openapi.json", verify=TLS).status_code == 404
     # Nothing else under the API's prefixes opened with it.
-    assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml").status_code == 401
+    assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml", verify=TLS).status_code == 401
 
 
 UNSAFE_JS = re.compile(r"\.(?:inner|outer)HTML\s*\+?=|insertAdjacentHTML|document\.write|\beval\(|new Function\(")
 
 
 def test_the_console_runs_under_a_strict_content_security_policy(relay: RelayProcess) -> None:
-    page = httpx.get(f"{relay.http}/")
+    page = httpx.get(f"{relay.http}/", verify=TLS)
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     csp = page.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
@@ -501,15 +512,15 @@ def test_the_console_runs_under_a_strict_content_security_policy(relay: RelayPro
     assert '<link rel="stylesheet" href="static/console.css">' in page.text
 
     for module in ("console.js", "console-api.js", "console-ui.js", "console-pages.js"):
-        script = httpx.get(f"{relay.http}/static/{module}")
+        script = httpx.get(f"{relay.http}/static/{module}", verify=TLS)
         assert script.status_code == 200, module
         assert script.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
         # Modules import only this origin's files: nothing from a CDN, nothing built at run time.
         assert "http://" not in script.text and "https://" not in script.text, module
         # Markup never built from strings (the elements are made with textContent), nothing evaluated.
         assert not UNSAFE_JS.findall(script.text), module
-    assert "Authorization" in httpx.get(f"{relay.http}/static/console-api.js").text
-    styles = httpx.get(f"{relay.http}/static/console.css")
+    assert "Authorization" in httpx.get(f"{relay.http}/static/console-api.js", verify=TLS).text
+    styles = httpx.get(f"{relay.http}/static/console.css", verify=TLS)
     assert styles.status_code == 200 and styles.headers["content-type"].startswith("text/css")
     assert "@import" not in styles.text and "url(http" not in styles.text
 

@@ -29,6 +29,7 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.config import RetentionConfig
 from relay.errors import RequestNotServed
 from relay.store.db import Database
@@ -75,7 +76,7 @@ def relay_workflow(relay: RelayProcess, workflow_id_like: str) -> list[tuple[str
 
 
 def metric(relay: RelayProcess, name: str) -> float:
-    for line in httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text.splitlines():
+    for line in httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"no metric {name}")

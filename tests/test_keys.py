@@ -19,6 +19,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.config import RelayConfig
 from relay.store.apps import AppStore
 from relay.store.db import Database
@@ -28,7 +29,9 @@ StartRelay = Callable[..., RelayProcess]
 
 
 def api(relay: RelayProcess, key: str, org: str = "acme") -> httpx.Client:
-    return httpx.Client(base_url=f"{relay.http}/v2/orgs/{org}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    return httpx.Client(
+        base_url=f"{relay.http}/v2/orgs/{org}", headers={"Authorization": f"Bearer {key}"}, timeout=10, verify=TLS
+    )
 
 
 def status(relay: RelayProcess, key: str, path: str = "/apps") -> int:

@@ -19,6 +19,7 @@ from harness.postgres import Postgres
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.config import RelayConfig
 from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef
@@ -40,7 +41,7 @@ StartRelay = Callable[..., RelayProcess]
 
 
 def readyz(relay: RelayProcess) -> httpx.Response:
-    return httpx.get(f"{relay.http}/readyz", timeout=5)
+    return httpx.get(f"{relay.http}/readyz", timeout=5, verify=TLS)
 
 
 def lease_epoch(relay: RelayProcess) -> int:

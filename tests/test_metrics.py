@@ -29,6 +29,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, requests_over_runs
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.core.times import us_iso
 from relay.net.hub import HUB_EVENT_KINDS
 from tests.prom import sample
@@ -45,7 +46,9 @@ def ts(value: str) -> float:
 
 
 def scrape(relay: RelayProcess, key: str = API_KEYS["acme"], **params: str | list[str]) -> str:
-    resp = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {key}"}, params=params, timeout=5)
+    resp = httpx.get(
+        f"{relay.http}/metrics", headers={"Authorization": f"Bearer {key}"}, params=params, timeout=5, verify=TLS
+    )
     resp.raise_for_status()
     return resp.text
 
@@ -123,7 +126,7 @@ def test_recovery_pipeline_figures_match_the_audit_log(
     ):
         assert f"# TYPE {family}\n" in other, family
     opened = httpx.get(f"{relay.http}/v1/metrics", headers={"Authorization": f"Bearer {API_KEYS['globex']}",
-                       "Accept": "application/openmetrics-text"}, timeout=5)  # fmt: skip
+                       "Accept": "application/openmetrics-text"}, timeout=5, verify=TLS)  # fmt: skip
     # A key limited to the app sees its series.
     with relay.api() as admin:
         made = admin.post("/tokens/ledger-metrics", json={"permissions": ["metric.read"], "appNames": ["ledger"]})
@@ -251,7 +254,7 @@ def test_app_figures_match_the_system_database_on_every_instance(
     assert point_in_time(scrape(r2)) == point_in_time(scrape(r1))
     # OpenMetrics to a scraper that asks for it, at Conductor's path, as Conductor's documentation scrapes.
     resp = httpx.get(f"{r1.http}/v1/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}",
-                     "Accept": "application/openmetrics-text"}, timeout=5)  # fmt: skip
+                     "Accept": "application/openmetrics-text"}, timeout=5, verify=TLS)  # fmt: skip
     assert resp.headers["content-type"].startswith("application/openmetrics-text") and resp.text.endswith("# EOF\n")
     opened = {(s.name.removeprefix(PREFIX), tuple(sorted(s.labels.items()))): s.value
               for f in openmetrics_families(resp.text) for s in f.samples if s.name.startswith(PREFIX)}  # fmt: skip

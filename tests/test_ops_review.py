@@ -27,6 +27,7 @@ from harness.ports import free_port
 from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from tests.test_alerts import alert_config, audit
 
 StartRelay = Callable[..., RelayProcess]
@@ -102,7 +103,7 @@ def test_relay_yaml_refuses_a_webhook_whose_host_name_the_allow_list_refuses(tmp
             if proc.poll() is not None:
                 return True
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
             except httpx.HTTPError:
                 return False
 

@@ -14,10 +14,13 @@ import pytest
 
 from harness.keys import API_KEYS
 from harness.relay import RelayProcess
+from harness.web import TLS
 
 
 def client(relay: RelayProcess, key: str = API_KEYS["acme"]) -> httpx.Client:
-    return httpx.Client(base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    return httpx.Client(
+        base_url=f"{relay.http}/v2/orgs/acme", headers={"Authorization": f"Bearer {key}"}, timeout=10, verify=TLS
+    )
 
 
 def segment(name: str) -> str:

@@ -19,6 +19,7 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.core.peers import Peer, order_peers
 from tests.prom import AUTH, sample
 
@@ -77,7 +78,7 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
     with relay.api() as api:
         audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
     at = {e["action"]: ts(e["at"]).timestamp() for e in audit}
-    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
     for stage, seconds in (
         ("dead_to_dispatched", at["recovery.dispatched"] - at["executor.dead"]),
         ("dead_to_deleted", at["executor.deleted"] - at["executor.dead"]),
@@ -199,7 +200,7 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     assert_eventually(blocked, 10)
     with relay.api() as api:
         assert api.get("/apps/ledger/recoveries").json()[0]["status"] == "awaiting_operator"
-    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH).text
+    metrics = httpx.get(f"{relay.http}/metrics", headers=AUTH, verify=TLS).text
     blocked = sample(metrics, "relay_executors_blocked", org="acme", app="ledger", reason="version_upgrade_not_allowed")
     assert blocked == 1
     time.sleep(1.0)
@@ -273,7 +274,7 @@ def test_relay_killed_between_dispatch_and_delete_finishes_once(
         assert actions.count(action) == 1, (action, actions)
     assert "recovery.failed" not in actions
     # The restarted process observed the stages it recorded, not the dispatch its predecessor recorded.
-    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
     assert not sample(text, "relay_recovery_dead_to_dispatched_seconds_count")
     assert sample(text, "relay_recovery_dead_to_deleted_seconds_count") == 1
 

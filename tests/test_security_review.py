@@ -22,6 +22,7 @@ from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, handshake, off_loop, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.core.alerts import AuditFact, Kind, Rule, alerts_for_event, webhook_body
 from tests.test_alerts import alert_config as alerts_config
 
@@ -76,7 +77,7 @@ def test_metrics_show_a_key_nothing_of_another_orgs_apps_or_executors(start_rela
         limited = made.json()["token"]
 
     def scraped(key: str) -> str:
-        resp = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        resp = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10, verify=TLS)
         assert resp.status_code == 200, resp.text
         return resp.text
 

@@ -30,6 +30,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, handshake, open_socket
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.core.lifecycle import ExecutorEvent
 from relay.core.peers import Peer, order_peers
 from tests.prom import AUTH
@@ -48,7 +49,7 @@ def write_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def applied_events(relay: RelayProcess) -> Counter[str]:
-    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5).text
+    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
     return Counter(
         {
             s.labels["event"]: int(s.value)

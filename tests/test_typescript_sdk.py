@@ -30,6 +30,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from relay.core.times import us_iso
 from tests.test_reconciler import reconciling_relay, steps_once
 from tests.test_recovery import in_order
@@ -427,7 +428,7 @@ Figures = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def scrape_figures(relay: RelayProcess) -> str:
     resp = httpx.get(f"{relay.http}/metrics", headers={"Authorization": f"Bearer {API_KEYS['acme']}"},
-                     params={"scope": "apps"}, timeout=5)  # fmt: skip
+                     params={"scope": "apps"}, timeout=5, verify=TLS)  # fmt: skip
     resp.raise_for_status()
     return resp.text
 

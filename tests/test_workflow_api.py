@@ -37,6 +37,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from harness.web import TLS
 from tests.prom import scrape
 
 APP_MODULE = "harness.workflow_app"
@@ -550,7 +551,7 @@ def test_every_route_is_served_under_the_conductor_prefix_too(world: World) -> N
     """A client whose base URL is ``http://host:port/conductor``, as for DBOS's managed Conductor."""
     headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
     app = "/v2/orgs/acme/apps/ledger"
-    with httpx.Client(base_url=f"{world.r1.http}/conductor", headers=headers, timeout=10) as conductor:
+    with httpx.Client(base_url=f"{world.r1.http}/conductor", headers=headers, timeout=10, verify=TLS) as conductor:
         with world.api() as api:
             assert ok(conductor.get("/v2/orgs/acme/apps")) == ok(api.get("/apps"))
         odd = ok(conductor.get(f"{app}/workflows/odd%2Fsteps"))
