@@ -425,16 +425,21 @@ class ScriptedRefusals:
     def _handle(self, ws: ServerConnection) -> None:
         step = self._step()
         ws.send(json.dumps({"type": "executor_info", "request_id": f"info-{len(self.tries)}"}))
+        ended = None
         try:
             ws.recv(timeout=5)
             if step is None:
                 ws.recv()
                 return
             time.sleep(step[1])
+            # Kept as the close is sent: close() returns once the client has answered it, and the
+            # client may start its wait as soon as the frame arrives (on a loaded machine, tens of
+            # milliseconds before close() returned: a right wait then looked short).
+            ended = time.monotonic()
             ws.close(step[0], "closed by the script")
         except ConnectionClosed:
             pass
-        self.ended.append(time.monotonic())
+        self.ended.append(ended if ended is not None else time.monotonic())
 
     def stop(self) -> None:
         self._server.shutdown()
