@@ -806,3 +806,34 @@ def test_a_connection_lost_under_a_combined_write_is_connection_lost_and_the_nex
     lost, after = asyncio.run(_a_connection_lost_under_a_combined_write(postgres.create_database("combine_lost")))
     assert isinstance(lost, ConnectionLost), repr(lost)
     assert after is True, repr(after)
+
+
+async def _disconnections_after_a_restart(url: str) -> tuple[list[object], dict[str, str]]:
+    async with _instances(url, "relay-1") as [(db, lease, executors)]:
+        held = [await _connect(executors, "relay-1", f"r-{i}", lost=False) for i in range(GROUP)]
+        assert lease._conn is not None
+        kept = lease._conn.info.backend_pid  # the lease's own connection: not the pool's
+        # A restart of PostgreSQL, as the pool sees it once the server is back: its idle connections
+        # ended (waited for until they have), the database answering new ones.
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as killer:
+            await killer.execute(
+                """SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+                   WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)""",
+                (kept,),
+            )
+        recorded = await asyncio.gather(*(executors.lost(k, e, "relay-1") for k, e in held), return_exceptions=True)
+        states, _ = await _rows(db)
+        return recorded, states
+
+
+def test_a_batch_of_disconnections_meeting_a_connection_the_server_ended_is_written_on_another(
+    postgres: Postgres,
+) -> None:
+    """PostgreSQL restarted and back: a batch of disconnections is given one of the pool's idle
+    connections, which the restart ended. It was refused together, as in an outage (ConnectionLost is
+    the database not reached): each executor stayed HEALTHY until the socket check, pingIntervalSecs
+    later, and each socket's close logged an error. Written once more on a working connection now
+    (the idle ones checked first), at once."""
+    recorded, states = asyncio.run(_disconnections_after_a_restart(postgres.create_database("lost_restart")))
+    assert recorded == [True] * GROUP, recorded
+    assert states == {f"r-{i}": "DISCONNECTED" for i in range(GROUP)}, states

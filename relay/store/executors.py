@@ -33,7 +33,7 @@ from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fen
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
 from relay.store.combiner import Write
-from relay.store.db import Database, deadlocked
+from relay.store.db import Database, deadlocked, patiently
 from relay_protocol import ExecutorInfoReply
 from relay_protocol.limits import has_unstorable
 
@@ -44,6 +44,9 @@ log = logging.getLogger("relay.store")
 # Runs of the statement that records an instance's executors lost, when PostgreSQL fails it to break
 # a deadlock (each failure waits out deadlock_timeout, 1 s by default, first).
 INSTANCE_LOST_TRIES = 5
+# How long a batch of disconnections whose connection was lost waits for another (its second run):
+# the database is back after a restart, and in an outage it is refused soon, not after the pool's 10 s.
+LOST_AGAIN_WAIT_SECS = 2.0
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
@@ -377,7 +380,7 @@ class ExecutorStore:
         while self._lost_queue:
             batch, self._lost_queue = self._lost_queue[:CONNECT_BATCH], self._lost_queue[CONNECT_BATCH:]
             try:
-                changed = await self._update_lost([lost for lost, _ in batch])
+                changed = await self._update_lost_once_again([lost for lost, _ in batch])
             except Fenced as exc:
                 _fail(batch, exc)
                 continue
@@ -398,6 +401,18 @@ class ExecutorStore:
             self._count(E.LOST, len(changed), len(batch))
             for (key, epoch, _), future in batch:
                 _settle_one(future, (key, epoch) in changed)
+
+    async def _update_lost_once_again(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
+        """:meth:`_update_lost`, run once more after a connection lost under it (PostgreSQL restarted,
+        a failover: the pool's idle connections broken too, and checked first): the database that
+        ended it likely answers on another, and refused, the batch would wait for the socket check
+        (``pingIntervalSecs``) to be recorded. Guarded by each row's epoch and state, as the first run;
+        its connection waited for :data:`LOST_AGAIN_WAIT_SECS` at most (in an outage it is refused)."""
+        try:
+            return await self._update_lost(rows)
+        except ConnectionLost:
+            await self.db.idle_checked()
+            return await patiently(self._update_lost(rows), LOST_AGAIN_WAIT_SECS)
 
     async def _update_lost(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
         async with self.db.fenced() as conn:
