@@ -458,7 +458,7 @@ def test_an_executor_id_leads_to_the_executor_or_once_recovered_to_its_recoverie
         go(page, "#/apps/versions/executors")
         expect(page.locator("[data-executor=versions-keeper]")).to_be_visible()  # the list is not empty
         recent = page.locator("#recently-recovered")
-        expect(recent).to_contain_text("recovered in the last hour")
+        expect(recent).to_contain_text("1 recovery succeeded in the last hour, its executor removed from this list")
         recent.get_by_role("link", name="versions-gone", exact=True).click()
         expect(page).to_have_url(re.compile(r"#/apps/versions/recoveries\?executor=versions-gone$"))
         card = page.locator('section.recovery:has(h2:has-text("versions-gone"))').first

@@ -253,12 +253,25 @@ def test_a_workflow_with_more_children_than_a_page_pages_them(scale: Scale) -> N
     assert len(shown) == 20 and all("seed-0002" <= s <= "seed-000319" for s in shown), shown
 
 
-def test_the_recently_recovered_line_counts_every_executor_recovered_in_the_last_hour(scale: Scale) -> None:
+def test_the_recently_recovered_line_counts_every_recovery_of_the_last_hour(scale: Scale) -> None:
     """An app's Executors page says how many executors were recovered in the last hour: it counted
     them among the app's 20 newest recoveries, and said "20 executors" in a mass failure of any size.
-    Of the 300 seeded succeeded runs (their executors deleted), 50 ended two hours ago: 250 now, asked
-    of the API (``status=succeeded&updatedSince=...&total=true``: ``X-Total-Count``), the newest five named."""
+    Of the 300 seeded succeeded runs (their executors deleted), 50 ended two hours ago: 250 now, and
+    gone-300 came back and was recovered again (its two runs the newest): 251 runs, asked of the API
+    (``status=succeeded&updatedSince=...&total=true``: ``X-Total-Count``), the newest five executors
+    named. The count is of runs: the line said "251 executors were recovered" (there were 250) and
+    "and 246 more" beside five names."""
     with psycopg.connect(scale.relay.database_url) as conn:
+        conn.execute(
+            """UPDATE recoveries SET created_at = clock_timestamp()
+               WHERE id = 'recovery:acme:ledger:gone-300:300'"""
+        )
+        conn.execute(
+            """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger,
+                                       status, created_at, updated_at)
+               VALUES ('recovery:acme:ledger:gone-300:1300', 'acme', 'ledger', 'gone-300', 'v1', 1300, 1,
+                       'grace_period', 'succeeded', clock_timestamp(), clock_timestamp())"""
+        )
         conn.execute(
             """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
                SELECT 'acme', 'ledger', 'executor.deleted', executor_id, 'relay',
@@ -276,8 +289,9 @@ def test_the_recently_recovered_line_counts_every_executor_recovered_in_the_last
         sign_in(page, scale.relay.http, "acme", API_KEYS["acme"])
         page.evaluate("route => { location.hash = route; }", "#/apps/ledger/executors")
         recent = page.locator("#recently-recovered")
-        expect(recent).to_contain_text("250 executors were recovered in the last hour")
-        expect(recent).to_contain_text(" and 245 more.")
+        expect(recent).to_contain_text("251 recoveries succeeded in the last hour, their executors removed")
+        # Five executors named, six of the runs (gone-300's two): 245 more runs.
+        expect(recent).to_contain_text(": gone-300, gone-99, gone-98, gone-97, gone-96 and 245 more.")
         named = recent.get_by_role("link").all_inner_texts()
         context.close()
     assert len(named) == 5 and all(n.startswith("gone-") and int(n[5:]) > 50 for n in named), named

@@ -178,14 +178,17 @@ function executorsPage(ctx, app) {
 
 // The executors recovered lately: a recovered executor's record is deleted, so it is in no list of
 // executors; an engineer paged about it is told it was recovered, and where its run is. Counted by the
-// API (the runs that succeeded in the last hour, however many), the newest few named.
+// API (the runs that succeeded in the last hour, however many), the newest few executors named. The
+// count is of runs, not executors: one that came back and was recovered again counts twice, so the
+// line says recoveries, and "more" counts the runs of the executors it does not name.
 function recentlyRecovered(app, {rows, total}) {
   if (!total) return null;
   const shown = [...new Set(rows.filter((r) => r.deletedAt).map((r) => r.executorId))].slice(0, 5);
+  const more = total - rows.filter((r) => r.deletedAt && shown.includes(r.executorId)).length;
   return h("p", {class: "note", id: "recently-recovered"},
-    `${total} executor${total === 1 ? " was" : "s were"} recovered in the last hour and removed from this list (their runs are under Recoveries): `,
+    `${total} recover${total === 1 ? "y" : "ies"} succeeded in the last hour, ${total === 1 ? "its executor" : "their executors"} removed from this list (the runs are under Recoveries)${shown.length ? ": " : ""}`,
     shown.map((e, i) => [i ? ", " : "", id(link(["apps", app, "recoveries"], e, {executor: e}))]),
-    total > shown.length ? ` and ${total - shown.length} more` : "", ".");
+    shown.length && more > 0 ? ` and ${more} more` : "", ".");
 }
 
 function executorsTable(ctx, app, executors, state, recover) {
