@@ -253,6 +253,37 @@ def test_a_workflow_with_more_children_than_a_page_pages_them(scale: Scale) -> N
     assert len(shown) == 20 and all("seed-0002" <= s <= "seed-000319" for s in shown), shown
 
 
+def test_the_recoveries_listing_filters_by_status_and_time_and_counts_on_every_page(scale: Scale) -> None:
+    """``status``, ``updatedSince`` (at or after) and ``total=true`` (``X-Total-Count``, the same on
+    every page); a bad value of each is refused with the API's error shape, naming it."""
+    with psycopg.connect(scale.relay.database_url) as conn:
+        row = conn.execute(
+            """SELECT updated_at, count(*) OVER (PARTITION BY org, app) AS n FROM recoveries
+               WHERE org = 'acme' AND app = 'ledger' AND status = 'succeeded' ORDER BY updated_at LIMIT 1"""
+        ).fetchone()
+    assert row is not None and row[1] >= RECOVERIES
+    oldest, succeeded = row[0].isoformat(), row[1]  # (the seeded runs, and any a test added)
+    with scale.relay.api() as api:
+        params: dict[str, Any] = {"status": "succeeded", "updatedSince": oldest, "limit": 7, "offset": succeeded - 5}
+        page = api.get("/apps/ledger/recoveries", params={**params, "total": "true"})
+        assert page.status_code == 200, page.text
+        assert page.headers["X-Total-Count"] == str(succeeded) and len(page.json()) == 5
+        assert "X-Total-Count" not in api.get("/apps/ledger/recoveries", params=params).headers
+        for query, total in ({"status": "failed"}, 0), ({"updatedSince": "2999-01-01T00:00:00Z"}, 0):
+            none = api.get("/apps/ledger/recoveries", params={**query, "total": "true"})
+            assert (none.status_code, none.json(), none.headers["X-Total-Count"]) == (200, [], str(total))
+        for name, bad in (
+            ("status", "done"),
+            ("updatedSince", "yesterday"),
+            ("updatedSince", "2026-01-01T00:00:00"),
+            ("total", "maybe"),
+        ):
+            refused = api.get("/apps/ledger/recoveries", params={name: bad})
+            assert refused.status_code == 422, (name, bad, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "invalid_request" and name in error["message"], (name, bad, error)
+
+
 def test_the_recently_recovered_line_counts_every_recovery_of_the_last_hour(scale: Scale) -> None:
     """An app's Executors page says how many executors were recovered in the last hour: it counted
     them among the app's 20 newest recoveries, and said "20 executors" in a mass failure of any size.
