@@ -281,6 +281,17 @@ def test_focus_stays_on_the_page_after_cancel_removes_the_button_that_had_it(wor
         " return a && a !== document.body && a.isConnected ? (a.id || a.textContent || a.tagName) : null; }"
     )
     assert focused is not None, "after Cancel, focus is on <body>: the button that had it was removed"
+    # A later refresh (the audit event of another action on it reads the page again) keeps focus on
+    # the page: the outcome it fell back to, put back by each refresh, lost it as it was taken out.
+    with page.expect_response(lambda r: r.url.split("?")[0].endswith("/apps/ledger/workflows/cancel-me")):
+        with world.relay.api() as api:
+            assert api.post("/apps/ledger/workflows/cancel-me/cancel").status_code < 300
+    settled(page)
+    focused = page.evaluate(
+        "() => { const a = document.activeElement;"
+        " return a && a !== document.body && a.isConnected ? (a.id || a.textContent || a.tagName) : null; }"
+    )
+    assert focused is not None, "after a later refresh, focus is on <body>: the outcome that had it was put back"
 
 
 def enqueue_parent(world: World, workflow_id: str) -> None:

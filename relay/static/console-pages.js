@@ -49,8 +49,6 @@ function basePage({section, title, heading, intro, controls, load, relevant, app
       main.append(...[heading || h("h1", {}, title), intro, controls, status, region].filter(Boolean));
     },
     async refresh() {
-      const focusKey = document.activeElement && region.contains(document.activeElement)
-        ? document.activeElement.dataset.focusKey || document.activeElement.getAttribute("href") : null;
       region.setAttribute("aria-busy", "true");
       let content;
       try {
@@ -58,18 +56,25 @@ function basePage({section, title, heading, intro, controls, load, relevant, app
       } finally {
         region.setAttribute("aria-busy", "false");
       }
+      // What has focus as the region is replaced (not as the read began: a dialog open then had it,
+      // and its opener got it back while the read was under way). An element put back as it was (the
+      // page's outcome) loses focus as it is taken out: it gets it again.
+      const had = document.activeElement && region.contains(document.activeElement) ? document.activeElement : null;
+      const focusKey = had ? had.dataset.focusKey || had.getAttribute("href") : null;
       region.replaceChildren(...[content].flat(Infinity).filter(Boolean));
       failed = false;
       status.className = "note";
       status.setAttribute("role", "status");
       status.textContent = "";
-      if (focusKey) {
-        const again = [...region.querySelectorAll("[data-focus-key], a[href]")]
-          .find((el) => (el.dataset.focusKey || el.getAttribute("href")) === focusKey);
+      if (had) {
+        const again = focusKey
+          ? [...region.querySelectorAll("[data-focus-key], a[href]")]
+            .find((el) => (el.dataset.focusKey || el.getAttribute("href")) === focusKey)
+          : region.contains(had) ? had : null;
         // What had focus is gone (a Cancel button once the workflow is cancelled): the page's
         // outcome, or its heading, rather than the top of the document.
         const fallback = region.querySelector("[data-focus-fallback]") || document.querySelector("main h1");
-        if (again) again.focus();
+        if (again) again.focus({preventScroll: true});
         else if (fallback) fallback.focus({preventScroll: true});
       }
     },
