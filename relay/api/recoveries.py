@@ -139,10 +139,10 @@ async def get_recoveries(
     updatedSince: Rfc3339 | None = None,
     total: bool = False,
 ) -> list[Recovery]:
-    """Oldest first (newest first with ``sortDesc=true``); only the runs in ``status``, or whose last
-    change (``updatedAt``: a finished run's end) is at or after ``updatedSince``, if given. With
-    ``total=true``, the ``X-Total-Count`` header counts the runs the filters match (the console's
-    executors recovered in the last hour: ``status=succeeded&updatedSince=...``)."""
+    """Oldest first (newest first with ``sortDesc=true``); each filter given narrows the runs: in
+    ``status``, and whose last change (``updatedAt``: a finished run's end) is at or after
+    ``updatedSince``. With ``total=true``, the ``X-Total-Count`` header counts the runs the filters
+    match (the console's recoveries that succeeded in the last hour: ``status=succeeded&updatedSince=...``)."""
     await app_or_404(ctx, org, app)
     rows = await ctx.recoveries.get(
         org,
