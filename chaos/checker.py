@@ -304,8 +304,14 @@ def figures(h: History) -> dict[str, Any]:
         if e["action"] == "executor.deleted"
     ]
     for fault in h.faults:
-        # The first recovery of that executor after the fault (one that resumed may die again later).
-        after = [at for executor, at in deletions if executor == fault.get("executor") and at >= fault["at"]]
+        # The first recovery of that executor after the fault, before the next fault on it: one that
+        # survived the fault (a pause shorter than the grace, a partition healed) and was recovered
+        # after a later fault is that fault's (the soak of seed 50 counted 244 s for such a pause).
+        executor = fault.get("executor")
+        until = min(
+            (f["at"] for f in h.faults if f.get("executor") == executor and f["at"] > fault["at"]), default=None
+        )
+        after = [at for e, at in deletions if e == executor and at >= fault["at"] and (until is None or at < until)]
         if after:
             recovery_secs.append(min(after) - fault["at"])
     return {

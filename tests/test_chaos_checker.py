@@ -45,6 +45,17 @@ def test_fault_to_recovery_takes_the_first_recovery_after_each_fault() -> None:
     assert figures(h)["fault_to_recovery_secs"]["max"] == 8.0  # deleted at 00:00:03, not 00:01:00
 
 
+def test_a_fault_the_executor_survived_takes_no_recovery_of_a_later_fault() -> None:
+    h = sound()
+    start = datetime(2026, 11, 30, tzinfo=UTC).timestamp()
+    # Paused at -60 s and resumed in time; killed at -1 s and recovered at 00:00:03: one recovery, 4 s.
+    h.faults = [
+        {"at": start - 60.0, "kind": "sigstop", "executor": "e1"},
+        {"at": start - 1.0, "kind": "kill9", "executor": "e1"},
+    ]
+    assert figures(h)["fault_to_recovery_secs"] == {"count": 1, "p50": 4.0, "p99": 4.0, "max": 4.0}
+
+
 def test_a_lost_workflow_is_rejected() -> None:
     h = sound()
     h.workflows["w3"] = ("PENDING", "ledger")
