@@ -20,7 +20,7 @@ from harness.waiting import assert_eventually
 from relay.config import AlertsConfig, RelayConfig, RetentionConfig
 from relay.core.alerts import Alert, Kind, Observed
 from relay.core.destinations import DestinationPolicy
-from relay.core.ids import ExecutorKey
+from relay.core.ids import ExecutorKey, RecoveryRef
 from relay.core.lifecycle import ExecutorEvent
 from relay.domain.alerts import AlertSender
 from relay.domain.operator import Operator
@@ -32,6 +32,7 @@ from relay.store.audit import audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.migrations import MIGRATIONS
+from relay.store.recoveries import RecoveryStore
 from relay.store.retention import RetentionStore
 from relay_protocol import ExecutorInfoReply
 from tests.test_alerts import (
@@ -746,3 +747,43 @@ def test_the_upgrade_marks_the_alerts_an_earlier_release_resolved(relay_db: str)
     with psycopg.connect(relay_db) as conn:
         marked = conn.execute("SELECT idempotency_key, resolved_at IS NOT NULL FROM alerts ORDER BY 1").fetchall()
     assert marked == [("r:gone:1", True), ("r:open:1", False)]
+
+
+def test_a_recovery_verified_after_its_executor_connected_again_resolves_the_deaths_alert(relay_db: str) -> None:
+    """A death's recovery is verified (its workflows recovered by the peer), and the executor connects
+    again before the write that deletes its record: the record, a live connection's now, is kept. No
+    ``executor.deleted`` comes then, nor a final ``recovery.failed`` (the run succeeded), and the
+    death's ExecutorDead alert stayed open for good (the soak of seed 50: a paused instance adopted,
+    its executor back 0.2 s before the success). The success says the record was kept and ends it."""
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0}]
+
+    async def body(db: Database, store: AlertStore) -> tuple[list[Alert], list[Alert], bool, dict[str, Any]]:
+        loops, fired = recording(store)
+        epoch = await declared_dead(db, "back")
+        await loops.poll_events()
+        for alert in fired:
+            assert (await store.claim(alert)).send
+            await store.finish(alert, True, 1, None, "x", f"sent:{alert.idempotency_key}")
+        executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", "back")
+        async with db.transaction() as conn:
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                   VALUES ('rec-back', 'acme', 'ledger', 'back', 'v1', %s, 'grace_period', 'waiting_for_peer')""",
+                (epoch,),
+            )
+        info = ExecutorInfoReply(request_id="r", executor_id="back", application_version="v1")
+        await executors.connected(Handshake(key, info, "relay-1", "key"))  # back, before the success's write
+        deleted = await RecoveryStore(db, executors).succeed(
+            RecoveryRef(key, epoch, "rec-back"), 1, "peer-1", "t", "peer-1"
+        )
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT detail FROM audit_log WHERE action = 'recovery.succeeded'")
+            (row,) = await cur.fetchall()
+        loops, resolved = recording(store)
+        await loops.poll_events()
+        return fired, resolved, deleted, row["detail"]
+
+    fired, resolved, deleted, detail = with_store(relay_db, rules, body)
+    assert not deleted and detail.get("recordKept") is True, detail
+    assert [r.resolves for r in resolved] == [a.idempotency_key for a in fired] and len(fired) == 1, resolved
+    assert resolved[0].metadata["ended"] == "recovered" and "connected again meanwhile" in resolved[0].message

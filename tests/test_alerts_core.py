@@ -329,3 +329,15 @@ def test_a_deaths_end_resolves_the_alert_of_each_death_rule_of_its_app_under_the
     assert [r.metadata["ended"] for r in back] == ["connected_again"] * 2 and "ex-1 connected again" in back[0].message
     assert alerts.death_resolutions(fact("recovery.failed", recovery_epoch=3, detail={"error": "x"}), rules) == []
     assert alerts.death_resolutions(fact("executor.deleted", detail={"recoveryId": "gone"}), rules) == []
+    # A verified recovery ends the death with its executor.deleted; one whose executor connected again
+    # before the deletion (record kept) ends it itself: nothing else will (the soak of seed 50).
+    succeeded = {"recoveryId": "x", "verifiedBy": "p-3"}
+    assert (
+        alerts.death_resolutions(fact("recovery.succeeded", peer="p-2", recovery_epoch=3, detail=succeeded), rules)
+        == []
+    )
+    kept = alerts.death_resolutions(
+        fact("recovery.succeeded", peer="p-2", recovery_epoch=3, detail={**succeeded, "recordKept": True}), rules
+    )
+    assert [r.resolves for r in kept] == [dead.idempotency_key, "b:ex-1:3"]
+    assert kept[0].metadata["ended"] == "recovered" and "ex-1 connected again meanwhile" in kept[0].message

@@ -412,8 +412,9 @@ def _resolution(
 
 
 # The audit actions that may end a death: its record deleted after a verified recovery (or none was
-# needed), or a run's final ``recovery.failed`` (the executor connected again).
-DEATH_END_ACTIONS = frozenset({"executor.deleted", "recovery.failed"})
+# needed), a run's final ``recovery.failed`` (the executor connected again), or a verified recovery
+# whose executor connected again before its record was deleted (``recordKept``).
+DEATH_END_ACTIONS = frozenset({"executor.deleted", "recovery.failed", "recovery.succeeded"})
 # The event kinds whose alert is about one death (its key's epoch is the death's): resolved when it ends.
 DEATH_KINDS = frozenset({Kind.EXECUTOR_DEAD, Kind.RECOVERY_FAILED})
 
@@ -429,13 +430,19 @@ def death_over(fact: AuditFact) -> tuple[str, dict[str, str]] | None:
             return None  # an attempt failed: the death goes on
         why = f"executor {fact.executor_id} connected again ({str(detail.get('error', 'its recovery ended'))[:300]})"
         return why, {"ended": "connected_again"}
+    if fact.action == "recovery.succeeded" and not detail.get("recordKept"):
+        return None  # its executor.deleted, written with it, ends the death
     if detail.get("nothingPending"):
         why = f"it left no PENDING workflow ({verifier or 'a peer'} listed none): nothing to recover, record deleted"
         return why, {"ended": "nothing_pending", "verified_by": verifier}
     peer = fact.peer or ""
     why = f"its workflows were recovered by peer {peer or '?'}" + (f", verified by {verifier}" if verifier else "")
     more = {"ended": "recovered", "recovered_by": peer, "verified_by": verifier}
-    return why + ", and its record deleted", {k: v for k, v in more.items() if v}
+    if detail.get("recordKept"):
+        why += f", and executor {fact.executor_id} connected again meanwhile (its record kept)"
+    else:
+        why += ", and its record deleted"
+    return why, {k: v for k, v in more.items() if v}
 
 
 def death_resolutions(fact: AuditFact, rules: list[Rule]) -> list[Alert]:

@@ -375,6 +375,11 @@ class RecoveryStore:
             detail: dict[str, object] = {"attempt": attempt, "recoveryId": ref.rid}
             if verified_by is not None:
                 detail["verifiedBy"] = verified_by
+            if not deleted:
+                # The executor connected again between the verification and this write: its workflows
+                # were recovered, its record (a live connection's) is kept. This entry ends the death
+                # (relay.core.alerts.death_over): no executor.deleted comes, nor a final recovery.failed.
+                detail["recordKept"] = True
             await audit_executor(conn, ref.key, "recovery.succeeded", f"{dedupe}:succeeded", peer=peer, detail=detail)
             if deleted:
                 await audit_executor(conn, ref.key, "executor.deleted", f"{dedupe}:deleted", peer=peer, detail=detail)
