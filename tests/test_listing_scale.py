@@ -126,7 +126,13 @@ async def _a_long_history_of_recoveries(url: str) -> None:
             for newest_first in (False, True):
                 for offset in (0, 100):
                     sql = recovery_page(newest_first)
-                    params = ("acme", "ledger", None, None, None, None, RECOVERY_PAGE, offset)
+                    params = (
+                        "acme",
+                        "ledger",
+                        *(None,) * 8,
+                        RECOVERY_PAGE,
+                        offset,
+                    )  # no run id, executor, status, time
                     cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
                     explained = await cur.fetchone()
                     assert explained is not None

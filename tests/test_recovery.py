@@ -423,7 +423,9 @@ def test_an_executor_back_from_the_dead_is_watched_again(
     relay = start_relay(grace=1.0, pingIntervalSecs=0.2, pingWaitSecs=1.0)
     peer = start_executor(relay.conductor_url)
     a1 = start_executor(relay.conductor_url)
-    assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+    # Both registered before the pause (a1 paused in its handshake would never have been recorded).
+    for executor in (peer, a1):
+        assert_eventually(lambda e=executor: relay.state_of("acme", "ledger", e.executor_id) == "HEALTHY", 10)
     a1.pause()
     assert_eventually(lambda: "executor.deleted" in audit_actions(relay, a1.executor_id), 15)
     a1.resume()

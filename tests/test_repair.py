@@ -144,17 +144,24 @@ def test_a_cancelled_grace_period_still_ends_in_dead_at_its_deadline_and_a_recov
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peer = start_executor(relay.conductor_url, env=env)
     victim = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "3"})
-    assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+    for executor in (peer, victim):
+        assert_eventually(lambda e=executor: relay.state_of("acme", "ledger", e.executor_id) == "HEALTHY", 10)
     victim.kill()
     record = assert_eventually(
         lambda: (r := relay.executor("acme", "ledger", victim.executor_id)) and r["state"] == "DISCONNECTED" and r, 5
     )
-    with psycopg.connect(relay_db) as conn:
-        (grace_id,) = conn.execute(
-            "SELECT workflow_uuid FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
-            (f"grace:acme:ledger:{victim.executor_id}:%",),
-        ).fetchone() or (None,)
-    assert grace_id is not None
+
+    def grace_period() -> str | None:
+        # Started just after the record says DISCONNECTED (disconnections' grace periods are enqueued
+        # together, after the registry's write).
+        with psycopg.connect(relay_db) as conn:
+            (found,) = conn.execute(
+                "SELECT workflow_uuid FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
+                (f"grace:acme:ledger:{victim.executor_id}:%",),
+            ).fetchone() or (None,)
+        return None if found is None else str(found)
+
+    grace_id = assert_eventually(grace_period, 5, what="the grace period's workflow")
     cancel(relay_db, grace_id)
     outcomes = assert_eventually(lambda: (o := Evidence(evidence_db).outcomes()) and len(o) >= JOBS and o, 40)
     assert set(outcomes.values()) == {peer.executor_id}
