@@ -556,15 +556,24 @@ def test_an_app_registered_by_a_batch_of_handshakes_is_audited_as_an_accepted_ex
     assert apps == {"again"}
 
 
-async def _handshakes_that_fail_together_or_alone(url: str) -> None:
-    db = Database(url, min_size=1, max_size=1)  # one connection: held, none is left for the handshakes
+@asynccontextmanager
+async def _one_connection(url: str) -> AsyncIterator[tuple[Database, Lease, ExecutorStore]]:
+    """A store on a pool of one connection (a test that holds it leaves none for the writes), the apps
+    of relay.yaml synced and the lease held."""
+    db = Database(url, min_size=1, max_size=1)
     await db.open()
     try:
         await db.migrate()
         await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
         lease = Lease(db, "relay-1", 30)
         await lease.acquire()
-        executors = ExecutorStore(db)
+        yield db, lease, ExecutorStore(db)
+    finally:
+        await db.close()
+
+
+async def _handshakes_that_fail_together_or_alone(url: str) -> None:
+    async with _one_connection(url) as (db, lease, executors):  # its one connection held: none for the handshakes
 
         def handshake(executor_id: str, hostname: str = "host") -> Handshake:
             info = ExecutorInfoReply(
@@ -606,8 +615,6 @@ async def _handshakes_that_fail_together_or_alone(url: str) -> None:
         assert all(isinstance(r, ConnectionLost) for r in results), results
         assert requests() - asked == 1
         await lease.stop()
-    finally:
-        await db.close()
 
 
 def test_a_batch_of_handshakes_is_refused_together_when_the_database_is_not_reached_else_written_row_by_row(
@@ -725,14 +732,7 @@ def test_a_deletion_combined_with_other_executors_writes_meets_no_deadlock_with_
 
 
 async def _disconnections_that_fail_together(url: str) -> tuple[list[object], int, list[object]]:
-    db = Database(url, min_size=1, max_size=1)  # one connection: held, none is left for the disconnections
-    await db.open()
-    try:
-        await db.migrate()
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
-        lease = Lease(db, "relay-1", 30)
-        await lease.acquire()
-        executors = ExecutorStore(db)
+    async with _one_connection(url) as (db, lease, executors):  # its one connection held: none for the disconnections
         held = [await _connect(executors, "relay-1", f"d-{i}", lost=False) for i in range(GROUP)]
 
         async def losing() -> list[object]:  # queued before the writer's first round: one batch
@@ -747,8 +747,6 @@ async def _disconnections_that_fail_together(url: str) -> tuple[list[object], in
         recorded = await losing()
         await lease.stop()
         return refused, requests, recorded
-    finally:
-        await db.close()
 
 
 def test_a_batch_of_disconnections_is_refused_together_when_the_database_is_not_reached(postgres: Postgres) -> None:
