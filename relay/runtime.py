@@ -54,6 +54,7 @@ from relay.store.appretention import AppRetentionStore
 from relay.store.apps import AppStore
 from relay.store.audit import AuditStore
 from relay.store.changes import ChangeStore
+from relay.store.configsync import sync_config
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.instances import InstanceStore
@@ -287,9 +288,7 @@ class Runtime:
     async def start(self) -> None:
         await self.db.open()
         await self.db.migrate()
-        await self.apps.sync_config(self.config)
-        await self.alert_store.sync_config(self.config)
-        await self.keys.sync_config(self.config)
+        await sync_config(self.db, self.config)  # apps, rules and keys: whole, in one transaction
         first = await ensure_first_keys(self.keys, self.config)
         if first is not None and self.announce is not None:
             self.announce(first)  # at once: a start that fails later must not lose the secrets it made

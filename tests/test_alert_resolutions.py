@@ -29,6 +29,7 @@ from relay.net.webhook import WebhookSender
 from relay.store.alerts import AlertStore, config_rule_id
 from relay.store.apps import AppStore
 from relay.store.audit import audit_executor
+from relay.store.configsync import sync_config
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.migrations import MIGRATIONS
@@ -506,7 +507,7 @@ def test_an_app_deleted_while_relay_yaml_takes_its_rules_out_deletes_it_and_sync
                 await holder.execute("SELECT 1 FROM alert_rules WHERE id = %s FOR UPDATE", (ids[0],))
                 deleting = asyncio.create_task(operator.delete_app("acme", "ledger", "api:ops"), name="delete")
                 await waiting_for_locks(holder, 1, deleting)
-                syncing = asyncio.create_task(store.sync_config(config), name="sync")
+                syncing = asyncio.create_task(sync_config(db, config), name="sync")  # a start's: apps, rules, keys
                 await waiting_for_locks(holder, 2, deleting, syncing)
             outcomes = await asyncio.gather(deleting, syncing, return_exceptions=True)
         async with db.connection() as conn:
@@ -573,7 +574,7 @@ def test_an_app_relay_yaml_lists_again_while_it_is_deleted_is_registered_again(r
                 await holder.execute("SELECT 1 FROM alert_rules WHERE id = 'api-rule' FOR UPDATE")
                 deleting = asyncio.create_task(operator.delete_app("acme", "ledger", "api:ops"), name="delete")
                 await waiting_for_locks(holder, 1, deleting)
-                syncing = asyncio.create_task(apps.sync_config(RelayConfig.model_validate(with_ledger)))
+                syncing = asyncio.create_task(sync_config(db, RelayConfig.model_validate(with_ledger)))  # a start's
                 deadline = time.monotonic() + 10
                 while not syncing.done():  # done at once, or waiting for the deletion
                     cur = await holder.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")

@@ -121,8 +121,9 @@ class AlertStore:
 
     # -- rules -------------------------------------------------------------------------
 
-    async def sync_config(self, config: RelayConfig) -> None:
-        """Make relay.yaml's rules in the database match the file (after the apps are synced).
+    async def sync_config(self, config: RelayConfig, conn: Conn | None = None) -> None:
+        """Make relay.yaml's rules in the database match the file (after the apps are synced; in
+        ``conn``'s transaction, if given: :func:`relay.store.configsync.sync_config`).
 
         A rule of the file is the rule in the database that watches for the same thing (its kind,
         parameters and minimum interval), whatever its destination: a rule pointed at another
@@ -132,7 +133,7 @@ class AlertStore:
         longer has: an incident it alerted goes on as the same episode under the edited rule (no
         second page for it, and its resolution when it ends), and its deliveries under way go on.
         Rules the file no longer has are deleted, the alerts they left open resolved (:meth:`removing`)."""
-        async with self.db.transaction() as conn:
+        async with self.db.transaction(conn) as conn:
             # One instance's sync at a time: two inserting the same new rules in another order (their
             # files list them so) each waited for the other's, and one failed to start.
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (CONFIG_RULES_LOCK_KEY,))

@@ -24,6 +24,7 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 log = logging.getLogger("relay.apps")
 # The advisory lock of :meth:`AppStore.sync_config` (relay.store.keys and relay.store.alerts have their own).
+# A start takes it first, and holds it while it syncs the rules and keys too (relay.store.configsync).
 APPS_LOCK_KEY = 7_215_420_113_004
 # The apps to register of those a transaction found missing (:meth:`AppStore.hold`), each with its
 # audit entry: called with the missing apps in key order, on the transaction's connection.
@@ -101,8 +102,9 @@ class AppStore:
         async with self.db.connection() as own:
             yield own
 
-    async def sync_config(self, config: RelayConfig) -> None:
-        """Make orgs and configured apps in the database match relay.yaml.
+    async def sync_config(self, config: RelayConfig, conn: Conn | None = None) -> None:
+        """Make orgs and configured apps in the database match relay.yaml (in ``conn``'s transaction,
+        if given: a start's, which syncs the rules and keys too, :func:`relay.store.configsync.sync_config`).
 
         App settings from the file are written only when the app is first seen:
         later changes come through the API (PATCH) and must survive a restart. ``from_config``
@@ -110,7 +112,7 @@ class AppStore:
         its executors would bring it back with default settings and without the file's rules);
         an app taken out of the file loses it, as a key taken out of the file is removed.
         """
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.transaction(conn) as conn:
             # One instance's sync at a time: two whose files list the apps in another order (or not the
             # same apps: a file being rolled out) each locked an app the other waited for, and one
             # failed to start.

@@ -361,8 +361,16 @@ class Database:
             log.debug("checking the pool's idle connections failed: %s", exc)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
-        """A plain transaction, for writes that belong to no instance (operator actions, settings)."""
+    async def transaction(
+        self, within: psycopg.AsyncConnection[dict[str, Any]] | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        """A plain transaction, for writes that belong to no instance (operator actions, settings).
+        ``within``: the caller's transaction, which this one joins (a savepoint of it): what it locks
+        is held, and what it writes committed, with the caller's."""
+        if within is not None:
+            async with within.transaction():
+                yield within
+            return
         async with self.connection() as conn, conn.transaction():
             yield conn
 

@@ -104,10 +104,11 @@ class KeyStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def sync_config(self, config: RelayConfig) -> None:
-        """Make relay.yaml's keys in the database match the file (keys removed from it stop working)."""
+    async def sync_config(self, config: RelayConfig, conn: Conn | None = None) -> None:
+        """Make relay.yaml's keys in the database match the file (keys removed from it stop working),
+        in ``conn``'s transaction if given (:func:`relay.store.configsync.sync_config`)."""
         rows = _config_rows(config)
-        async with self.db.transaction() as conn:
+        async with self.db.transaction(conn) as conn:
             # Two instances inserting the same key at once collide on its secret's unique index
             # (ON CONFLICT covers the id only): one of them failed to start.
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (KEYS_LOCK_KEY,))
