@@ -835,3 +835,62 @@ def test_a_batch_of_disconnections_meeting_a_connection_the_server_ended_is_writ
     recorded, states = asyncio.run(_disconnections_after_a_restart(postgres.create_database("lost_restart")))
     assert recorded == [True] * GROUP, recorded
     assert states == {f"r-{i}": "DISCONNECTED" for i in range(GROUP)}, states
+
+
+class _Unordered:
+    """A key that does not compare (as an object), only hashes: a store's key without an order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"_Unordered({self.name!r})"
+
+
+async def _keys_that_do_not_order(url: str) -> tuple[list[object], list[list[object]], list[object]]:
+    async with _instances(url, "relay-1") as [(db, _, _)]:
+        combiner = WriteCombiner(db, lanes=1, base_lanes=1)
+        locked: list[list[object]] = []
+
+        async def lock(conn: psycopg.AsyncConnection[Any], keys: list[Any]) -> None:
+            locked.append(list(keys))
+
+        def write(value: str) -> Any:
+            async def run(conn: psycopg.AsyncConnection[dict[str, Any]]) -> str:
+                row = await (await conn.execute("SELECT %s::text AS v", (value,))).fetchone()
+                assert row is not None
+                return str(row["v"])
+
+            return run
+
+        keyed = [ExecutorKey("acme", "ledger", "e-b"), _Unordered("x"), "s-key", ExecutorKey("acme", "ledger", "e-a")]
+        # Queued together, one batch: two keys of a type that does not order among others that do.
+        batch = [combiner.run(write(f"w{i}"), locks=key, lock_keys=lock) for i, key in enumerate(keyed)]
+        batch += [
+            combiner.run(write("unordered-2"), locks=_Unordered("y"), lock_keys=lock),
+            combiner.run(write("free")),
+        ]
+        results = await asyncio.wait_for(asyncio.gather(*batch, return_exceptions=True), 5)
+        # The lane goes on: the next writes are written.
+        after = await asyncio.wait_for(
+            asyncio.gather(combiner.run(write("next"), locks=ExecutorKey("acme", "ledger", "e-c"), lock_keys=lock)), 5
+        )
+        with pytest.raises(TypeError):  # an unhashable key is refused to its caller, at once
+            await combiner.run(write("never"), locks=["a", "list"], lock_keys=lock)  # type: ignore[arg-type]
+        return results, locked, list(after)
+
+
+def test_a_combined_batch_whose_keys_do_not_order_fails_those_writes_alone_and_the_lane_goes_on(
+    postgres: Postgres,
+) -> None:
+    """The combiner sorted a batch's keys before its transaction: keys that do not compare raised
+    TypeError there, the lane's task died, and every write of the batch waited for ever (and those
+    queued behind it, until another write came). The writes whose keys do not order fail alone with
+    a TypeError that says so; keys of several types run type by type; the lane writes the next."""
+    results, locked, after = asyncio.run(_keys_that_do_not_order(postgres.create_database("combine_unordered")))
+    refused = [results[1], results[4]]
+    assert all(isinstance(r, TypeError) and "does not order" in str(r) for r in refused), refused
+    assert [results[i] for i in (0, 2, 3, 5)] == ["w0", "w2", "w3", "free"]
+    a, b = ExecutorKey("acme", "ledger", "e-a"), ExecutorKey("acme", "ledger", "e-b")
+    assert locked == [["s-key", a, b]]  # each type's keys in order, the types by name (builtins.str first)
+    assert after == ["next"]

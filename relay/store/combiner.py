@@ -30,7 +30,10 @@ What stays per write:
   what they lock for the shortest time and taking nothing a keyed write could wait for. A
   batch of several keys first calls the writes' locker (``lock_keys``) once, with their keys
   in order: what the store that owns the keys must lock before any write of them
-  (:func:`relay.store.executors.lock_ids`).
+  (:func:`relay.store.executors.lock_ids`). Keys of several types (which do not compare) run
+  type by type, each type's in its order, the types by name: one order for every batch. Writes
+  whose keys do not compare with the others of their type fail alone (:class:`TypeError`),
+  before the transaction: the lane goes on with the rest of the batch, and the next writes.
 - Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
@@ -80,6 +83,28 @@ def _lock_order(queued: _Queued[Any]) -> tuple[Any, ...]:
     return (1,) if queued.locks is None else (0, queued.locks)
 
 
+def _in_lock_order(batch: list[_Queued[Any]]) -> tuple[list[_Queued[Any]], list[_Queued[Any]]]:
+    """(the batch's writes in the order they run: :func:`_lock_order`; those whose keys cannot be
+    ordered, which do not run). Stable: one key's writes in the order queued."""
+    try:
+        return sorted(batch, key=_lock_order), []
+    except Exception:  # keys that do not compare (TypeError), or whose comparison fails
+        pass
+    by_type: dict[tuple[str, str], list[_Queued[Any]]] = {}
+    for queued in batch:
+        if queued.locks is not None:
+            kind = type(queued.locks)
+            by_type.setdefault((kind.__module__, kind.__qualname__), []).append(queued)
+    ordered: list[_Queued[Any]] = []
+    refused: list[_Queued[Any]] = []
+    for _, of_type in sorted(by_type.items(), key=lambda item: item[0]):
+        try:
+            ordered += sorted(of_type, key=_lock_order)
+        except Exception:
+            refused += of_type
+    return ordered + [q for q in batch if q.locks is None], refused
+
+
 class _Failed(Exception):
     """One write of a batch failed: roll the transaction back, leaving the error with that write."""
 
@@ -119,6 +144,8 @@ class WriteCombiner:
         locks several such keys' rows, in order, before any write of them runs."""
         if locks is not None and lock_keys is None:
             raise ValueError("a write that locks a key's rows needs the locker of its keys")
+        if locks is not None:
+            hash(locks)  # TypeError, here: an unhashable key would fail its whole batch
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(write, done, locks, lock_keys))
         running = len(self._running)
@@ -145,7 +172,13 @@ class WriteCombiner:
             self._running.discard(asyncio.current_task())
 
     async def _commit(self, batch: list[_Queued[Any]]) -> None:
-        batch = sorted(batch, key=_lock_order)  # stable: one executor's writes in the order queued
+        batch, refused = _in_lock_order(batch)
+        for queued in refused:
+            error = TypeError(
+                f"the key {queued.locks!r} of a combined write does not order with the other keys of its "
+                f"type in its batch ({type(queued.locks).__qualname__}): the write was not run"
+            )
+            _settle(queued, error=error)
         while batch:
             results: list[Any] = []
             try:
