@@ -668,6 +668,61 @@ def test_a_rule_put_back_and_taken_out_again_resolves_a_long_death_once(relay_db
     assert entries == [], "the removal again wrote a second alert.resolved"
 
 
+def test_alerts_the_previous_release_resolved_by_a_rules_removal_are_resolved_once(relay_db: str) -> None:
+    """A rolling upgrade: an instance of the release before migration 20 takes an ExecutorDead rule
+    out of relay.yaml while two deaths it alerted go on, and writes their ``alert.resolved`` without
+    marking the alerts' rows. One death ends after its resolution's workflow is forgotten
+    (relayWorkflowsDays, before auditDays): its end resolved the alert a second time. The other goes
+    on past auditDays, the rule put back and taken out again: the removal, then the death's end,
+    resolved it a second and a third time. The entry counts while it is there, and retention marks
+    the row as it prunes the entry: one resolution each."""
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS, relay_workflows_days=SHORT_AUDIT_DAYS)
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
+        with_rule = RelayConfig.model_validate(alert_config(free_port(), rules))
+        without = RelayConfig.model_validate(alert_config(free_port(), []))
+        sender = sender_to(None)
+
+        async def poll_and_deliver(store: AlertStore) -> None:
+            loops, recorded = recording(store)  # a poll that remembers starting nothing: DBOS forgot,
+            loops.overlap_secs = 0.0  # and reads each entry once, as DBOS starts a workflow id once meanwhile
+            for _ in range(2):
+                await loops.poll_events()
+            for alert in recorded:
+                await deliver(store, sender, alert)
+
+        async def body(db: Database, store: AlertStore) -> list[str]:
+            sender.store = store
+            epochs = {name: await declared_dead(db, name) for name in ("over", "stuck")}
+            await poll_and_deliver(store)  # the two alerts
+            await store.sync_config(without)
+            await poll_and_deliver(store)  # their resolutions: the rule was removed
+            async with db.transaction() as conn:  # as the previous release left them
+                await conn.execute("UPDATE alerts SET resolved_at = NULL")
+            await recovered(db, "over", epochs["over"])
+            await poll_and_deliver(store)
+            await store.sync_config(with_rule)  # put back
+            await wait_entries_aged(db, "alert.resolved")
+            await RetentionStore(db).prune(settings)  # the entries and the removed rule's row go
+            await store.sync_config(without)  # taken out again
+            await poll_and_deliver(store)
+            await recovered(db, "stuck", epochs["stuck"])
+            await poll_and_deliver(store)
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE resolved_at IS NULL")
+                return [str(r["idempotency_key"]) for r in await cur.fetchall()]
+
+        try:
+            unmarked = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    payloads = receiver.payloads("ExecutorDead")
+    alerts = sorted(p["idempotencyKey"] for p in payloads if "resolves" not in p)
+    resolved = sorted(p["resolves"] for p in payloads if "resolves" in p)
+    assert len(alerts) == 2 and resolved == alerts, payloads
+    assert unmarked == []
+
+
 async def sessions_waiting(conn: psycopg.AsyncConnection[Any]) -> int:
     """How many sessions of this database wait for a lock."""
     cur = await conn.execute(

@@ -486,10 +486,14 @@ class AlertStore:
 
     async def resolved(self, keys: list[str]) -> set[str]:
         """Which of these alerts were resolved already (``alert.resolved`` written for them: their
-        rule removed while their death went on)."""
+        rule removed while their death went on). Its row says so, or, for one an instance of the
+        release before migration 20 resolved (a rolling upgrade: it writes the entry alone), the
+        entry does, until retention prunes it and marks the row (relay.store.retention)."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                "SELECT idempotency_key FROM alerts WHERE idempotency_key = ANY(%s) AND resolved_at IS NOT NULL",
+                """SELECT idempotency_key FROM alerts a WHERE idempotency_key = ANY(%s)
+                   AND (resolved_at IS NOT NULL OR EXISTS (
+                        SELECT 1 FROM audit_log l WHERE l.dedupe_key = 'alert.resolved:' || a.idempotency_key))""",
                 (keys,),
             )
             return {str(r["idempotency_key"]) for r in await cur.fetchall()}

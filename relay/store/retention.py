@@ -33,10 +33,23 @@ class RetentionStore:
         comment) are kept whatever their age.
         """
         async with self.db.transaction() as conn:
+            # An alert whose ``alert.resolved`` goes now, and whose row does not say it was resolved:
+            # an instance of the release before migration 20 resolved it (its rule removed, in a
+            # rolling upgrade) and wrote the entry alone. The row keeps the fact, as this release
+            # writes it (relay.store.alerts): else its death's end, or its rule's removal again,
+            # resolved it a second time once the entry was gone. Read from the entries deleted.
             cur = await conn.execute(
-                "DELETE FROM audit_log WHERE at < now() - make_interval(secs => %s * 86400)", (settings.audit_days,)
+                """WITH gone AS (DELETE FROM audit_log WHERE at < now() - make_interval(secs => %s * 86400)
+                                 RETURNING at, action, dedupe_key),
+                        marked AS (UPDATE alerts a SET resolved_at = g.at FROM gone g
+                                   WHERE g.action = 'alert.resolved' AND starts_with(g.dedupe_key, 'alert.resolved:')
+                                     AND a.idempotency_key = substr(g.dedupe_key, length('alert.resolved:') + 1)
+                                     AND a.resolved_at IS NULL)
+                   SELECT count(*) AS n FROM gone""",
+                (settings.audit_days,),
             )
-            audit = cur.rowcount
+            row = await cur.fetchone()
+            audit = int(row["n"]) if row else 0
             finished = """SELECT id FROM recoveries WHERE status IN ('succeeded', 'failed')
                           AND updated_at < now() - make_interval(secs => %s * 86400)"""
             await conn.execute(
