@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -277,6 +278,7 @@ def test_the_recoveries_listing_filters_by_status_and_time_and_counts_on_every_p
             ("updatedSince", "yesterday"),
             ("updatedSince", "2026-01-01T00:00:00"),
             ("total", "maybe"),
+            ("executorDeleted", "maybe"),
         ):
             refused = api.get("/apps/ledger/recoveries", params={name: bad})
             assert refused.status_code == 422, (name, bad, refused.text)
@@ -291,7 +293,9 @@ def test_the_recently_recovered_line_counts_every_recovery_of_the_last_hour(scal
     gone-300 came back and was recovered again (its two runs the newest): 251 runs, asked of the API
     (``status=succeeded&updatedSince=...&total=true``: ``X-Total-Count``), the newest five executors
     named. The count is of runs: the line said "251 executors were recovered" (there were 250) and
-    "and 246 more" beside five names."""
+    "and 246 more" beside five names. A run that succeeded while its executor had connected again
+    (``recordKept``: no ``executor.deleted``) removed nothing from the list and is not counted
+    (``executorDeleted=true``): the line said 252, "their executors removed"."""
     with psycopg.connect(scale.relay.database_url) as conn:
         conn.execute(
             """UPDATE recoveries SET created_at = clock_timestamp()
@@ -314,6 +318,24 @@ def test_the_recently_recovered_line_counts_every_recovery_of_the_last_hour(scal
                WHERE app = 'ledger' AND executor_id = ANY(%s)""",
             ([f"gone-{g}" for g in range(1, 51)],),
         )
+        conn.execute(
+            """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger,
+                                       status, created_at, updated_at)
+               VALUES ('recovery:acme:ledger:back-1:1', 'acme', 'ledger', 'back-1', 'v1', 1, 1,
+                       'grace_period', 'succeeded', clock_timestamp(), clock_timestamp());
+               INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+               VALUES ('acme', 'ledger', 'recovery.succeeded', 'back-1', 'relay',
+                       '{"recoveryId": "recovery:acme:ledger:back-1:1", "attempt": 1, "recordKept": true}')"""
+        )
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    with scale.relay.api() as api:
+        for deleted, total in ("true", 251), ("false", 1):
+            params = {"status": "succeeded", "updatedSince": hour_ago, "executorDeleted": deleted, "total": "true"}
+            runs = api.get("/apps/ledger/recoveries", params={**params, "limit": 1, "sortDesc": "true"})
+            assert runs.status_code == 200 and runs.headers["X-Total-Count"] == str(total), (deleted, runs.text)
+            assert [(r["executorId"], r["deletedAt"] is None) for r in runs.json()] == [
+                ("back-1", True) if deleted == "false" else ("gone-300", False)
+            ]
     with chromium() as browser:
         context = browser.new_context()
         page = context.new_page()

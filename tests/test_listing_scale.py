@@ -129,10 +129,10 @@ async def _a_long_history_of_recoveries(url: str) -> None:
                     params = (
                         "acme",
                         "ledger",
-                        *(None,) * 8,
+                        *(None,) * 10,
                         RECOVERY_PAGE,
                         offset,
-                    )  # no run id, executor, status, time
+                    )  # no run id, executor, status, time, deletion
                     cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
                     explained = await cur.fetchone()
                     assert explained is not None

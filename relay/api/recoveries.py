@@ -137,12 +137,16 @@ async def get_recoveries(
     sortDesc: bool = False,
     status: RunStatus | None = None,
     updatedSince: Rfc3339 | None = None,
+    executorDeleted: bool | None = None,
     total: bool = False,
 ) -> list[Recovery]:
     """Oldest first (newest first with ``sortDesc=true``); each filter given narrows the runs: in
-    ``status``, and whose last change (``updatedAt``: a finished run's end) is at or after
-    ``updatedSince``. With ``total=true``, the ``X-Total-Count`` header counts the runs the filters
-    match (the console's recoveries that succeeded in the last hour: ``status=succeeded&updatedSince=...``)."""
+    ``status``, whose last change (``updatedAt``: a finished run's end) is at or after
+    ``updatedSince``, and (``executorDeleted``) that deleted their executor's record, or did not (a
+    run that succeeded while its executor had connected again keeps it: ``recordKept``). With
+    ``total=true``, the ``X-Total-Count`` header counts the runs the filters match (the console's
+    executors recovered and removed in the last hour:
+    ``status=succeeded&updatedSince=...&executorDeleted=true``)."""
     await app_or_404(ctx, org, app)
     rows = await ctx.recoveries.get(
         org,
@@ -153,9 +157,10 @@ async def get_recoveries(
         newest_first=sortDesc,
         status=status,
         updated_since=updatedSince,
+        executor_deleted=executorDeleted,
     )
     if total:
-        count = await ctx.recoveries.count(org, app, executor_id, status, updatedSince)
+        count = await ctx.recoveries.count(org, app, executor_id, status, updatedSince, executorDeleted)
         response.headers["X-Total-Count"] = str(count)
     return [recovery(r) for r in rows]
 

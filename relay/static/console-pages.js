@@ -167,7 +167,8 @@ function executorsPage(ctx, app) {
         api(`/apps/${enc(app)}`),
         api(`/apps/${enc(app)}/executors`, {params: {state, limit: PAGE, offset}}),
         apiCounted(`/apps/${enc(app)}/recoveries`, {params: {limit: RECENT_RECOVERIES, sortDesc: true,
-          status: "succeeded", updatedSince: new Date(Date.now() - RECENT_RECOVERY_MS).toISOString()}}),
+          status: "succeeded", updatedSince: new Date(Date.now() - RECENT_RECOVERY_MS).toISOString(),
+          executorDeleted: true}}),
       ]);
       const total = state ? info.executors[state] : Object.values(info.executors).reduce((x, y) => x + y, 0);
       return [
@@ -183,7 +184,9 @@ function executorsPage(ctx, app) {
 
 // The executors recovered lately: a recovered executor's record is deleted, so it is in no list of
 // executors; an engineer paged about it is told it was recovered, and where its run is. Counted by the
-// API (the runs that succeeded in the last hour, however many), the newest few executors named. The
+// API (the runs that succeeded in the last hour and deleted their executor's record, however many: a
+// run that succeeded while its executor had connected again kept the record, recordKept, and the
+// executor is still in this list, so it is not counted), the newest few executors named. The
 // count is of runs, not executors: one that came back and was recovered again counts twice, so the
 // line says recoveries, and "more" counts the runs of the executors it does not name.
 function recentlyRecovered(app, {rows, total}) {

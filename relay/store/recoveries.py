@@ -64,7 +64,13 @@ class RecoveryRow:
 # id or None twice, a status or None twice, a time their last change is not before or None twice).
 _RUNS = """FROM recoveries WHERE org = %s AND app = %s AND (%s::text IS NULL OR id = %s)
              AND (%s::text IS NULL OR executor_id = %s) AND (%s::text IS NULL OR status = %s)
-             AND (%s::timestamptz IS NULL OR updated_at >= %s)"""
+             AND (%s::timestamptz IS NULL OR updated_at >= %s)
+             AND (%s::boolean IS NULL OR %s = EXISTS (
+                 SELECT 1 FROM audit_log d
+                 WHERE d.org = recoveries.org AND d.app = recoveries.app AND d.executor_id = recoveries.executor_id
+                   AND d.action = 'executor.deleted' AND d.detail->>'recoveryId' = recoveries.id))"""
+# (The last filter: whether the run deleted its executor's record, as its ``executor.deleted`` entry
+# says. A run that succeeded while its executor had connected again kept the record: ``recordKept``.)
 
 
 def recovery_page(newest_first: bool) -> str:
@@ -468,8 +474,10 @@ class RecoveryStore:
         newest_first: bool = False,
         status: str | None = None,
         updated_since: datetime | None = None,
+        executor_deleted: bool | None = None,
     ) -> list[RecoveryRow]:
-        match = (org, app, rid, rid, executor_id, executor_id, status, status, updated_since, updated_since)
+        match = (org, app, rid, rid, executor_id, executor_id, status, status, updated_since, updated_since,
+                 executor_deleted, executor_deleted)  # fmt: skip
         async with self.db.connection() as conn:
             cur = await conn.execute(recovery_page(newest_first), (*match, limit, offset))
             rows = await cur.fetchall()
@@ -477,10 +485,17 @@ class RecoveryStore:
         return [RecoveryRow(**row, history=history.get(row["id"], [])) for row in rows]
 
     async def count(
-        self, org: str, app: str, executor_id: str | None, status: str | None, updated_since: datetime | None
+        self,
+        org: str,
+        app: str,
+        executor_id: str | None,
+        status: str | None,
+        updated_since: datetime | None,
+        executor_deleted: bool | None = None,
     ) -> int:
         """How many runs :meth:`get` lists with these filters, on every page."""
-        match = (org, app, None, None, executor_id, executor_id, status, status, updated_since, updated_since)
+        match = (org, app, None, None, executor_id, executor_id, status, status, updated_since, updated_since,
+                 executor_deleted, executor_deleted)  # fmt: skip
         async with self.db.connection() as conn:
             cur = await conn.execute(f"SELECT count(*) AS n {_RUNS}", match)
             row = await cur.fetchone()
