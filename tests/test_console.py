@@ -191,6 +191,7 @@ frontend public
     default_backend relay
 backend relay
     http-request replace-path /{prefix}(/.*) \\1
+    http-request set-header X-Forwarded-Prefix /{prefix}
     server relay 127.0.0.1:{relay_port}
 """
 
@@ -223,6 +224,26 @@ def test_the_api_browsers_try_it_out_goes_below_a_prefix_the_apis_paths_also_sta
     proxy = prefix_proxy(world, "v2")
     try:
         try_whoami_in_the_api_browser(page, f"http://127.0.0.1:{proxy.port}/v2")
+    finally:
+        proxy.stop()
+
+
+def test_the_conductor_api_document_names_its_server_below_the_prefix(world: World) -> None:
+    """Relay served at ``/relay/`` by a proxy that takes the prefix off and names it in
+    X-Forwarded-Prefix: the documents at ``/relay/conductor/v2/openapi.json`` and
+    ``/relay/v2/openapi.json`` named their server ``/conductor``, from the host's root, so a client
+    made from them (schemathesis, dbos-mcp) called the host's ``/conductor/v2/...``, which the proxy
+    does not serve (404). They name ``/relay/conductor`` now, where the API answers."""
+    proxy = prefix_proxy(world, "relay")
+    root = f"http://127.0.0.1:{proxy.port}"
+    try:
+        for where in ("/relay/conductor/v2/openapi.json", "/relay/v2/openapi.json"):
+            document = httpx.get(f"{root}{where}")
+            assert document.status_code == 200, (where, document.text)
+            assert document.json()["servers"] == [{"url": "/relay/conductor"}], where
+            base = httpx.URL(f"{root}{where}").join(document.json()["servers"][0]["url"])
+            apps = httpx.get(f"{base}/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {API_KEYS['acme']}"})
+            assert apps.status_code == 200 and "payments" in {a["name"] for a in apps.json()}, (where, apps.text)
     finally:
         proxy.stop()
 

@@ -494,6 +494,28 @@ def test_the_api_document_where_conductors_clients_fetch_it_and_no_key_needed(re
     assert httpx.get(f"{relay.http}/conductor/v2/openapi.yaml", verify=TLS).status_code == 401
 
 
+def test_the_conductor_api_documents_prefix_is_checked(relay: RelayProcess) -> None:
+    """X-Forwarded-Prefix (a proxy serving Relay below a path) starts the servers entry of
+    /v2/openapi.json, a final ``/`` or none (empty: the host's root); a value that is not one path of URL characters (no
+    leading ``/``, a ``..`` segment, another origin, a list, twice given) is refused with a 400 naming
+    the header, and the document of the next request is as before."""
+    url = f"{relay.http}/conductor/v2/openapi.json"
+    for given, server in (
+        ("/relay", "/relay/conductor"),
+        ("/a/b-c/", "/a/b-c/conductor"),
+        ("/", "/conductor"),
+        ("", "/conductor"),
+    ):
+        resp = httpx.get(url, headers={"X-Forwarded-Prefix": given}, verify=TLS)
+        assert resp.status_code == 200 and resp.json()["servers"] == [{"url": server}], (given, resp.text)
+    for bad in ("relay", "/a/../b", "/..", "//evil.example", "https://evil.example/x", "/a,/b", "/a b"):
+        resp = httpx.get(url, headers={"X-Forwarded-Prefix": bad}, verify=TLS)
+        assert resp.status_code == 400 and "X-Forwarded-Prefix" in resp.json()["detail"], (bad, resp.text)
+    twice = httpx.get(url, headers=[("X-Forwarded-Prefix", "/a"), ("X-Forwarded-Prefix", "/b")], verify=TLS)
+    assert twice.status_code == 400, twice.text
+    assert httpx.get(url, verify=TLS).json()["servers"] == [{"url": "/conductor"}]
+
+
 UNSAFE_JS = re.compile(r"\.(?:inner|outer)HTML\s*\+?=|insertAdjacentHTML|document\.write|\beval\(|new Function\(")
 
 

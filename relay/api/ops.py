@@ -16,7 +16,7 @@ import yaml
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from relay.api.common import Ctx, DecodedRoute, problem
+from relay.api.common import ApiError, Ctx, DecodedRoute, problem
 from relay.appmetrics import SCOPES, ScrapeView
 from relay.auth import Permission
 from relay.net.guard import bearer_key
@@ -88,7 +88,31 @@ def _swagger_file(name: str) -> bytes:
 # its servers entry at /conductor so that a client made from it calls the API under that prefix.
 # All open, as /openapi.json (relay.net.guard.OPEN_PATHS). No OpenAPI 3.0 downgrade
 # (/openapi-3.0.json): Relay has no way to check one against the 3.0 schema.
-SERVED_UNDER_CONDUCTOR = [{"url": "/conductor"}]
+#
+# Relay served below a path prefix by a proxy that strips it: the proxy names the prefix in
+# X-Forwarded-Prefix (Traefik's StripPrefix sends it; nginx, haproxy: a header set), or the ASGI
+# server in the scope's root_path. The servers entry of /v2/openapi.json starts with it: clients
+# made from the document (schemathesis, generated clients) take the entry's path from the host's
+# root, and called the host's /conductor/v2/..., not Relay's. (/openapi.json names no server: the
+# API browser, static/docs.js, puts the page's prefix in front of its calls itself.)
+FORWARDED_PREFIX = "x-forwarded-prefix"
+# Path segments of RFC 3986 characters (no comma: one prefix, not a list), none "." or "..".
+PREFIX = re.compile(r"(?:/(?!\.{1,2}(?:/|$))[A-Za-z0-9._~!$&'()*+;=:@%-]+)*/?")
+
+
+def served_prefix(request: Request) -> str:
+    """The path prefix Relay is served below, without its final ``/`` ("" at the host's root)."""
+    given = request.headers.getlist(FORWARDED_PREFIX)
+    if not given:
+        return str(request.scope.get("root_path") or "").rstrip("/")
+    if len(given) > 1 or not PREFIX.fullmatch(given[0]) or given[0][:1] not in ("", "/"):
+        raise ApiError(
+            400,
+            "invalid_request",
+            "X-Forwarded-Prefix must be one path below which Relay is served, such as /relay "
+            f"(segments of URL path characters, none '.' or '..'): got {', '.join(given)[:200]!r}",
+        )
+    return given[0].rstrip("/")
 
 
 @router.get("/openapi.yaml", include_in_schema=False)
@@ -110,7 +134,8 @@ async def openapi_under_conductor(request: Request) -> JSONResponse:
     document = api.openapi()
     # Only the paths also served under /conductor, where this document's servers entry points.
     paths = {path: item for path, item in document.get("paths", {}).items() if served_under_conductor(path)}
-    return JSONResponse({**document, "paths": paths, "servers": SERVED_UNDER_CONDUCTOR})
+    servers = [{"url": f"{served_prefix(request)}/conductor"}]
+    return JSONResponse({**document, "paths": paths, "servers": servers})
 
 
 # The probes answer HEAD as GET (RFC 9110 9.1; load balancers' checks: HAProxy's ``option httpchk
