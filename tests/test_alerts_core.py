@@ -145,6 +145,26 @@ def test_a_slack_alert_shows_workflow_and_queue_names_escaped_and_code_spans_unb
     assert slack_text("a&b<c>d`e") == f"a&amp;b&lt;c&gt;d{GRAVE}e"
 
 
+def test_a_slack_alerts_mrkdwn_is_verbatim_so_plain_names_and_urls_are_not_parsed() -> None:
+    """Slack parses a mrkdwn text object that is not ``verbatim``: plain URLs and channel names
+    become links, and "certain mentions" are parsed. Every mrkdwn object of an alert is verbatim,
+    the user's text in it shown as typed (escaped), with no mention or link syntax."""
+    evil = "@channel @here #general https://evil.example/x <!channel> <http://evil.example|y>"
+    seen = Observed({"workflowName": evil}, evil, f"failed: {evil}")
+    for fired in condition_alert(rule(Kind.WORKFLOW_FAILURE), seen, 1, "t"), sample():
+        body = json.loads(webhook_body(fired, "slack"))
+        mrkdwn = [b["text"] for b in body["blocks"] if b["type"] == "section"]
+        mrkdwn += [e for b in body["blocks"] for e in b.get("elements", []) if e["type"] == "mrkdwn"]
+        assert len(mrkdwn) == 2 and all(t["verbatim"] is True for t in mrkdwn), mrkdwn
+        assert all(not {"<", ">"} & set(t["text"]) for t in mrkdwn), mrkdwn
+    assert "@channel @here #general https://evil.example/x &lt;!channel&gt;" in mrkdwn_texts(seen)
+
+
+def mrkdwn_texts(seen: Observed) -> str:
+    body = json.loads(webhook_body(condition_alert(rule(Kind.WORKFLOW_FAILURE), seen, 1, "t"), "slack"))
+    return body["blocks"][1]["text"]["text"]
+
+
 def test_a_long_slack_message_is_cut_between_escapes() -> None:
     for pad in range(2890, 2901):
         message = "x" * pad + "&" * 50

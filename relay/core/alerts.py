@@ -164,7 +164,11 @@ def webhook_body(alert: Alert, fmt: str) -> bytes:
 def slack_payload(alert: Alert) -> dict[str, Any]:
     """A body Slack's incoming webhooks accept: ``text`` (the fallback) and ``blocks``. Every string
     put into mrkdwn is :func:`slack_text`: an executor's ids and names are shown, never read by
-    Slack as a mention, a broadcast or a link."""
+    Slack as a mention, a broadcast or a link. Each mrkdwn text object is ``verbatim``: without it
+    Slack turns plain text into links and mentions itself (api.slack.com/reference/block-kit/
+    composition-objects#text: URLs and conversation names linked, "certain mentions" parsed), so an
+    error message's ``@channel`` or ``https://...`` would notify or link; it still shows Relay's own
+    code spans."""
     title = f"{'Resolved: ' if alert.resolves else ''}{alert.kind}: {alert.org}/{alert.app}"
     facts = " · ".join(f"{k}: `{slack_text(v)}`" for k, v in alert.subject.items())
     context = f"{facts} · at {slack_text(alert.at)} · idempotencyKey `{slack_text(alert.idempotency_key)}`"
@@ -172,13 +176,14 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
         "text": f"{slack_text(title)}: {slack_text(alert.message)}",
         "blocks": [
             {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": _cut(slack_text(alert.message), 2900)}},
-            {
-                "type": "context",
-                "elements": [{"type": "mrkdwn", "text": context}],
-            },
+            {"type": "section", "text": _mrkdwn(_cut(slack_text(alert.message), 2900))},
+            {"type": "context", "elements": [_mrkdwn(context)]},
         ],
     }
+
+
+def _mrkdwn(text: str) -> dict[str, Any]:
+    return {"type": "mrkdwn", "text": text, "verbatim": True}
 
 
 # Slack reads "<...>" as a mention, a broadcast (<!channel>) or a link, and "&" starts an entity; a
