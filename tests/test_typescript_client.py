@@ -743,6 +743,40 @@ const ask = async (frame) => JSON.parse(await handlers.answer(JSON.stringify(fra
     assert got["failed"]["error_message"].startswith("Exception encountered when listing workflows: "), got
 
 
+def test_falsy_inputs_outputs_and_errors_are_left_out_as_the_52_sdks_own_client_leaves_them() -> None:
+    """5.2's client sends a workflow's input and output, a step's output and their errors only when
+    truthy (``info.output ? inspectForConductor(info.output) : undefined``): a workflow that returned
+    0, '' or false shows no output from a 5.2 executor. client-ts showed ``0``, ``''``, ``false``.
+    Compared with 5.2.11's own conductor/protocol.js, value by value, as Relay reads the reply
+    (JSON: 5.2's left-out field and the client's null alike)."""
+    protocol52 = ts_app().parent / "node_modules/@dbos-inc/dbos-sdk/dist/src/conductor/protocol.js"
+    got = run_client_script(
+        r"""
+const { workflowOutput, stepOutput } = require('./lib/handlers');
+const sdk52 = require(process.env.PROTOCOL52);
+const values = { zero: 0, negZero: -0, nan: NaN, empty: '', no: false, nul: null, undef: undefined, big0: 0n,
+                 one: 1, text: 'x', yes: true, list: [0], none: [], obj: {} };
+const wire = (o, k) => JSON.parse(JSON.stringify(o))[k] ?? null;
+const out = {};
+for (const [name, v] of Object.entries(values)) {
+  const status = { workflowID: 'w', status: 'SUCCESS', workflowName: 'wf', input: v, output: v, error: v };
+  const step = { functionID: 1, name: 's', output: v, error: v };
+  const fields = (w, s) => [wire(w, 'Input'), wire(w, 'Output'), wire(w, 'Error'), wire(s, 'output'), wire(s, 'error')];
+  out[name] = {
+    ours: fields(workflowOutput(status), stepOutput(step, true)),
+    theirs: fields(new sdk52.WorkflowsOutput(status), new sdk52.WorkflowSteps(step)),
+  };
+}
+console.log(JSON.stringify(out, (k, v) => (typeof v === 'bigint' ? String(v) : v)));
+""",
+        {"PROTOCOL52": str(protocol52)},
+    )
+    for name, pair in got.items():
+        assert pair["ours"] == pair["theirs"], (name, pair)
+    assert got["zero"]["ours"] == [None] * 5 and got["one"]["ours"][:2] == ["1", "1"], got
+    assert got["list"]["ours"][:2] == ["[ 0 ]", "[ 0 ]"] and got["none"]["ours"][:2] == ["[]", "[]"], got
+
+
 def test_error_texts_and_inspected_values_are_what_the_52_sdks_own_client_sends() -> None:
     """client-ts sent a workflow's or step's error as `Name: message`, where the 5.2 SDK's client sends
     the JSON of serializeError(error); a failed request's error_message as "Exception encountered when

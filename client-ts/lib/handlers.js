@@ -151,11 +151,14 @@ const text = (value) => (value === undefined || value === null ? null : String(v
 // The 5.2 SDK's inspectForConductor (conductor/protocol.js): nothing collapsed or cut.
 const INSPECT_OPTIONS = { depth: null, maxArrayLength: null, maxStringLength: null };
 const inspected = (value) => inspect(value, INSPECT_OPTIONS);
-const shown = (value) => (value === undefined || value === null ? null : inspected(value));
+// A workflow's input and output, a step's output and either's error are sent, as 5.2 sends them
+// (`info.output ? inspectForConductor(info.output) : undefined`), only when truthy: a workflow that
+// returned 0, '' or false shows no output from a 5.2 executor, and none from this client either.
+const shown = (value) => (value ? inspected(value) : null);
 
 /** A workflow's or step's error as the 5.2 SDK's client sends it (WorkflowsOutput.Error, WorkflowSteps.error). */
 function errorText(error) {
-  if (error === undefined || error === null) return null;
+  if (!error) return null;
   return JSON.stringify(serializeError(error));
 }
 
@@ -171,8 +174,8 @@ function workflowOutput(w) {
     AuthenticatedUser: w.authenticatedUser || null,
     AssumedRole: w.assumedRole || null,
     AuthenticatedRoles: roles.length > 0 ? JSON.stringify(roles) : null,
-    Input: w.input === undefined ? null : shown(w.input),
-    Output: w.output === undefined ? null : shown(w.output),
+    Input: shown(w.input),
+    Output: shown(w.output),
     Error: errorText(w.error),
     CreatedAt: text(w.createdAt),
     UpdatedAt: text(w.updatedAt),
@@ -200,7 +203,7 @@ function stepOutput(s, loadOutput) {
   return {
     function_id: s.functionID,
     function_name: s.name,
-    output: loadOutput && s.output !== undefined && s.output !== null ? shown(s.output) : null,
+    output: loadOutput ? shown(s.output) : null,
     error: loadOutput ? errorText(s.error) : null,
     child_workflow_id: s.childWorkflowID ?? null,
     started_at_epoch_ms: text(s.startedAtEpochMs),
