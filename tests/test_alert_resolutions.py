@@ -829,14 +829,29 @@ def test_a_recovery_verified_after_its_executor_connected_again_resolves_the_dea
             )
         info = ExecutorInfoReply(request_id="r", executor_id="back", application_version="v1")
         await executors.connected(Handshake(key, info, "relay-1", "key"))  # back, before the success's write
-        deleted = await RecoveryStore(db, executors).succeed(
-            RecoveryRef(key, epoch, "rec-back"), 1, "peer-1", "t", "peer-1"
-        )
+        recoveries = RecoveryStore(db, executors)
+        deleted = await recoveries.succeed(RecoveryRef(key, epoch, "rec-back"), 1, "peer-1", "t", "peer-1")
         async with db.connection() as conn:
             cur = await conn.execute("SELECT detail FROM audit_log WHERE action = 'recovery.succeeded'")
             (row,) = await cur.fetchall()
+        # The listing's executorDeleted: this run kept the record (the console's recently-recovered
+        # line, which says the executors were removed, does not count it).
+        kept = [await recoveries.count("acme", "ledger", "back", "succeeded", None, gone) for gone in (True, False)]
+        assert kept == [0, 1], kept
         loops, resolved = recording(store)
         await loops.poll_events()
+        # A run that deleted its record (its executor stayed away) is the one counted.
+        gone_epoch, gone = await declared_dead(db, "gone"), ExecutorKey("acme", "ledger", "gone")
+        async with db.transaction() as conn:
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                   VALUES ('rec-gone', 'acme', 'ledger', 'gone', 'v1', %s, 'grace_period', 'dispatching')""",
+                (gone_epoch,),
+            )
+        assert await executors.apply(gone, ExecutorEvent.RECOVERY_SENT, epoch=gone_epoch)
+        assert await recoveries.succeed(RecoveryRef(gone, gone_epoch, "rec-gone"), 1, "peer-1", "t2", "peer-1")
+        removed = [await recoveries.count("acme", "ledger", "gone", "succeeded", None, g) for g in (True, False)]
+        assert removed == [1, 0], removed
         return fired, resolved, deleted, row["detail"]
 
     fired, resolved, deleted, detail = with_store(relay_db, rules, body)
