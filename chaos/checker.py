@@ -15,6 +15,7 @@ from typing import Any
 from chaos.dbrules import database_figures, database_violations
 from chaos.semantics import semantic_violations, timing_figures
 from harness.stats import percentile
+from relay.core.ids import ExecutorKey, recovery_run
 
 TERMINAL = ("SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
@@ -55,6 +56,10 @@ class History:
     # its terminal status was written), as Unix times. Empty for a record from before (no
     # nothing-pending checks then).
     owners: dict[str, Owner] = field(default_factory=dict)
+    # When the runner read the receiver's payloads (wall time), after the audit log: a death that ended
+    # less than RESOLUTION_MARGIN_SECS before it may not be resolved yet. None: the newest audit
+    # entry's time stands for it.
+    alerts_read_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ def check(h: History) -> list[str]:
         *_instances_adopted_once(h),
         *_paused_instances_fenced(h),
         *_one_alert_per_death(h),
+        *_ended_deaths_resolved(h),
         *_recovered_within_the_app(h),
         *_nothing_was_pending(h),
         *semantic_violations(h),
@@ -235,6 +241,75 @@ def _one_alert_per_death(h: History) -> list[str]:
     return problems
 
 
+# How long before the runner read the receiver a death may have ended without its resolution there
+# yet: Relay reads the end every alerts.pollIntervalSecs (0.5 s in chaos), then delivers the
+# resolution as a workflow (a second or so on a loaded machine). The runner waits for outstanding
+# resolutions before it gathers (chaos/run.py, alerted), so only an end written after that wait is
+# excused.
+RESOLUTION_MARGIN_SECS = 5.0
+
+
+def death_ends(audit: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
+    """(executor id, epoch) of each death declared by ``executor.dead`` whose end the audit log shows
+    -> (when, the entry's action), the first entry that ends it: an ``executor.deleted``, a
+    ``recovery.succeeded`` (its record deleted with it, or kept: the executor connected again
+    meanwhile) or a final ``recovery.failed`` (the executor connected again), of a run of that
+    death's recovery (its ``recoveryId`` names one: ``recovery:{org}:{app}:{executor}:{epoch}[:{run}]``).
+    Read from the contract, not from Relay's own reading of its log (relay.core.alerts.death_over):
+    a success that ended nothing there is an end here."""
+    deaths: dict[str, dict[str, ExecutorKey]] = {}  # executor id -> epoch -> its key
+    for e in audit:
+        epoch = str((e.get("detail") or {}).get("epoch"))
+        if e["action"] == "executor.dead" and epoch.isdigit():
+            executor = str(e["executorId"])
+            key = ExecutorKey(str(e.get("org") or ""), str(e.get("app") or ""), executor)
+            deaths.setdefault(executor, {}).setdefault(epoch, key)
+    ends: dict[tuple[str, str], tuple[float, str]] = {}
+    for e in audit:
+        detail = e.get("detail") or {}
+        rid = detail.get("recoveryId")
+        final = e["action"] == "recovery.failed" and detail.get("final")
+        if not isinstance(rid, str) or not (final or e["action"] in ("executor.deleted", "recovery.succeeded")):
+            continue
+        for epoch, key in deaths.get(str(e["executorId"]), {}).items():
+            death = (key.executor_id, epoch)
+            if death not in ends and recovery_run(key, int(epoch), rid) is not None:
+                ends[death] = (_unix(e), e["action"])
+    return ends
+
+
+def unresolved(audit: list[dict[str, Any]], alerts: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
+    """The deaths of :func:`death_ends` whose ExecutorDead alert reached the receiver and its
+    resolution did not (the run's one rule sends resolutions: alerts.sendResolutions is left on)."""
+    alerted: set[tuple[str, str]] = set()
+    resolved: set[tuple[str, str]] = set()
+    for payload in alerts:
+        death = (str(payload.get("executorId")), str(payload.get("epoch")))
+        (resolved if payload.get("status") == "resolved" else alerted).add(death)
+    return {d: end for d, end in death_ends(audit).items() if d in alerted and d not in resolved}
+
+
+def _ended_deaths_resolved(h: History) -> list[str]:
+    """Every death that ended (:func:`death_ends`) and was alerted has its alert resolved at the
+    receiver by the end of the run, unless it ended within :data:`RESOLUTION_MARGIN_SECS` of when
+    the receiver was read. A death never alerted is :func:`_one_alert_per_death`'s to report; one
+    whose end the audit log does not show (its executor came back and no run of its recovery has
+    found out yet) is not over for Relay either."""
+    if h.alerts is None:
+        return []
+    until = h.alerts_read_at if h.alerts_read_at is not None else max(map(_unix, h.audit), default=0.0)
+    problems = []
+    for (executor, epoch), (at, action) in sorted(unresolved(h.audit, h.alerts).items()):
+        if at > until - RESOLUTION_MARGIN_SECS:
+            continue
+        stamp = datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]
+        problems.append(
+            f"executor {executor} declared dead (epoch {epoch}) ended at {stamp} ({action}), "
+            f"{until - at:.1f} s before the run's end, but its ExecutorDead alert was never resolved at the receiver"
+        )
+    return problems
+
+
 def _recovered_within_the_app(h: History) -> list[str]:
     """Contract rule 2: the peer asked to recover is of the dead executor's app."""
     problems = []
@@ -322,6 +397,8 @@ def figures(h: History) -> dict[str, Any]:
         "faults": dict(Counter(f["kind"] for f in h.faults)),
         "executor_dead_alerts": None if h.alerts is None else sum(a.get("status") != "resolved" for a in h.alerts),
         "executor_dead_resolutions": None if h.alerts is None else sum(a.get("status") == "resolved" for a in h.alerts),
+        # Deaths whose end the audit log shows (each must be resolved if it was alerted)
+        "deaths_ended": len(death_ends(h.audit)),
         "instances_adopted": sum(1 for e in h.audit if e["action"] == "relay.instance_adopted"),
         "paused_instances_fenced": sum(1 for f in h.faults if f.get("exit_code") == 3),
         "fault_to_recovery_secs": {

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from chaos.checker import History, Owner, Timing, check, figures
+from chaos.checker import History, Owner, Timing, check, figures, unresolved
 from chaos.dbrules import READY_SLACK_SECS
 from chaos.observe import RegistryWatch, time_to_ready
 from chaos.record import FORMAT, write_record
@@ -144,8 +144,9 @@ class Fleet:
             recoveryAckTimeoutSecs=10, failoverBackoffInitialSecs=0.5, failoverBackoffMaxSecs=4,
             instanceLeaseSecs=profile.lease_secs,
         )  # fmt: skip
+        # Resolutions on (the default): the checker requires every ended death's (checker.death_ends).
         config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.5,
-                            "retryInitialSecs": 0.5, "retryMaxSecs": 2.0}  # fmt: skip
+                            "retryInitialSecs": 0.5, "retryMaxSecs": 2.0, "sendResolutions": True}  # fmt: skip
         if profile.reconcile_secs is not None:  # the reconciler runs among the faults, and must find nothing wrong
             config["reconciler"] = {"enabled": True, "intervalSecs": profile.reconcile_secs}
         rule = {"kind": "ExecutorDead", "webhook": self.receiver.url(), "minIntervalSecs": 0}
@@ -471,14 +472,16 @@ def gather(fleet: Fleet, faults: list[dict[str, Any]], exits: list[dict[str, Any
         registry: dict[str, dict[str, Any]] = {}
         for app in (MAIN_APP, DECOY_APP):
             registry.update({e["executorId"]: e for e in list_all(api, f"/apps/{app}/executors")})
+    alerts_read_at = time.time()  # after the audit log: every end read has had until now to be resolved
+    alerts = fleet.alerts()
     # A workflow id names its app ("ledger:<executor>:<n>", children "<parent>.childN").
     alive = [slot.executor_id for slot in fleet.slots if slot.proc is not None and slot.proc.poll() is None]
     p = fleet.profile
     timing = Timing(p.grace_secs, p.ping_wait_secs, p.ping_interval_secs, p.lease_secs)
     return History(
         workflows, outcomes, steps, audit, registry, faults,
-        alerts=fleet.alerts(), apps=apps, alive=alive, timing=timing, health=fleet.watch.samples, exits=exits,
-        owners=owners,
+        alerts=alerts, apps=apps, alive=alive, timing=timing, health=fleet.watch.samples, exits=exits,
+        owners=owners, alerts_read_at=alerts_read_at,
     )  # fmt: skip
 
 
@@ -489,11 +492,13 @@ def liar(profile: Profile, index: int) -> bool:
 
 
 def alerted(fleet: Fleet) -> bool:
-    """Whether every death in the audit log has reached the receiver (for the wait before gathering)."""
+    """Whether every death in the audit log has reached the receiver, and the resolution of every
+    one of them alerted whose end the log shows (for the wait before gathering)."""
     with fleet.relay.api() as api:
         audit = list_all(api, "/audit")  # every entry, oldest first (a page is bounded)
+    alerts = fleet.alerts()
     died = {(e["executorId"], str(e["detail"].get("epoch"))) for e in audit if e["action"] == "executor.dead"}
-    return died <= {(p.get("executorId"), str(p.get("epoch"))) for p in fleet.alerts()}
+    return died <= {(p.get("executorId"), str(p.get("epoch"))) for p in alerts} and not unresolved(audit, alerts)
 
 
 def unfinished(fleet: Fleet) -> list[dict[str, Any]]:
@@ -589,7 +594,7 @@ def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History,
         time.sleep(1.0)
     unplanned += fleet.revive()
     time.sleep(2 * profile.grace_secs)  # let the last recoveries write their audit entries
-    deadline = time.time() + 15.0  # and the last deaths' alerts arrive
+    deadline = time.time() + 15.0  # and the last deaths' alerts arrive, and the resolutions of those over
     while time.time() < deadline and not alerted(fleet):
         time.sleep(0.5)
     unplanned += fleet.revive()  # an instance fenced out at the very end counts too

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from chaos.checker import History, Owner, check, figures
+from chaos.checker import RESOLUTION_MARGIN_SECS, History, Owner, check, figures
 from chaos.schedule import FAULT_KINDS, INSTANCE_FAULTS, PROFILES, make_schedule
 
 
@@ -327,3 +327,74 @@ def test_a_deaths_resolution_is_not_a_second_alert_and_must_follow_its_alert() -
     assert "executor e1 declared dead (epoch 3) was resolved under more than one key" in problems
     h.alerts = [resolution]  # no alert, only its resolution
     assert any("produced 0 distinct" in p for p in check(h)) and any("came before" in p for p in check(h))
+
+
+def ended(*entries: tuple[str, dict[str, object]], read_after: float = 60.0) -> History:
+    """A death of e1 (epoch 3) of acme/ledger, alerted, then ``entries`` one second apart from
+    00:00:01, the receiver read ``read_after`` seconds after 00:00:00."""
+    h = sound()
+    h.audit = [
+        {"org": "acme", "app": "ledger", "executorId": "e1", "action": action, "detail": detail,
+         "at": f"2026-11-30T00:00:{i:02d}Z", "peerExecutorId": "e2"}
+        for i, (action, detail) in enumerate([("executor.dead", {"epoch": 3}), *entries])
+    ]  # fmt: skip
+    h.registry["e1"] = {"state": "HEALTHY"}  # (a death whose record was deleted passes either way)
+    h.alerts = [{"kind": "ExecutorDead", "executorId": "e1", "epoch": "3", "idempotencyKey": "r:e1:3"}]
+    h.alerts_read_at = datetime(2026, 11, 30, tzinfo=UTC).timestamp() + read_after
+    return h
+
+
+RUN = "recovery:acme:ledger:e1:3"
+RECOVERED = [("recovery.dispatched", {"recoveryId": RUN}), ("recovery.succeeded", {"recoveryId": RUN}),
+             ("executor.deleted", {"recoveryId": RUN})]  # fmt: skip
+RESOLUTION = {
+    "kind": "ExecutorDead", "executorId": "e1", "epoch": "3", "idempotencyKey": "r:e1:3:resolved",
+    "status": "resolved", "resolves": "r:e1:3",
+}  # fmt: skip
+
+
+def test_every_ended_death_must_have_its_alert_resolved() -> None:
+    h = ended(*RECOVERED)
+    h.alerts = [*(h.alerts or []), RESOLUTION]
+    assert check(h) == [] and figures(h)["deaths_ended"] == 1
+    h = ended(*RECOVERED)  # recovered at 00:00:02 (recovery.succeeded, with its deletion), never resolved
+    assert check(h) == [
+        "executor e1 declared dead (epoch 3) ended at 00:00:02.000 (recovery.succeeded), 58.0 s before the "
+        "run's end, but its ExecutorDead alert was never resolved at the receiver"
+    ]
+    # An end within the margin of when the receiver was read may not be resolved yet; one before it must.
+    assert check(ended(*RECOVERED, read_after=2.0 + RESOLUTION_MARGIN_SECS - 0.5)) == []
+    assert len(check(ended(*RECOVERED, read_after=2.0 + RESOLUTION_MARGIN_SECS + 0.5))) == 1
+    h = ended(*RECOVERED)
+    h.alerts_read_at = None  # (a history without the time: its newest audit entry's stands for it)
+    assert check(h) == []
+    h.audit.append({**h.audit[0], "action": "executor.connected", "detail": {}, "at": "2026-11-30T00:00:30Z"})
+    assert len(check(h)) == 1
+
+
+def test_each_end_of_a_death_calls_for_its_resolution_and_nothing_else_does() -> None:
+    # The soak's miss: the executor connected again just before its recovery's success (record kept).
+    kept = ("recovery.succeeded", {"recoveryId": RUN, "recordKept": True})
+    assert any("(recovery.succeeded)" in p for p in check(ended(("recovery.dispatched", {"recoveryId": RUN}), kept)))
+    unmarked = ("recovery.succeeded", {"recoveryId": RUN})  # as the release before recordKept wrote it
+    assert any(
+        "(recovery.succeeded)" in p for p in check(ended(("recovery.dispatched", {"recoveryId": RUN}), unmarked))
+    )
+    final = ("recovery.failed", {"recoveryId": RUN, "final": True, "error": "connected again"})
+    assert any("(recovery.failed)" in p for p in check(ended(final)))
+    second_run = [(a, {"recoveryId": f"{RUN}:2"}) for a, _ in RECOVERED]
+    assert any("(recovery.succeeded)" in p for p in check(ended(*second_run)))
+    # Not ends of this death: a failed attempt, another death's recovery, an entry naming no run.
+    attempt = ("recovery.failed", {"recoveryId": RUN, "attempt": 1, "error": "timed out"})
+    other = [(a, {"recoveryId": "recovery:acme:ledger:e1:4"}) for a, _ in RECOVERED]
+    for entries in ([attempt], other, [(a, {}) for a, _ in RECOVERED]):
+        assert not [p for p in check(ended(*entries)) if "never resolved" in p], entries
+    # A death never alerted is the alert rule's to report, once.
+    h = ended(*RECOVERED)
+    h.alerts = []
+    assert [p for p in check(h) if "e1" in p] == [
+        "executor e1 declared dead (epoch 3) produced 0 distinct ExecutorDead idempotency keys at the receiver, "
+        "not exactly one"
+    ]
+    h.alerts = None  # a run without a receiver is not judged on alerts
+    assert check(h) == []
