@@ -79,6 +79,8 @@ MUTANTS = (
                  "    reply = await _ask(ref, peer, RecoveryRequest(executor_ids=[ref.key.executor_id]), "
                  "RecoveryReply, timeout)\n",
                  "    return {\"ok\": True}\n"),)),
+    Mutant("unresolved", "a death's end resolves none of its alerts", "grace-quick.json",
+           (Edit("relay/core/alerts.py", "    over = death_over(fact)\n", "    over = None\n"),)),
     Mutant("nothing-pending", "a blocked recovery finds nothing pending without asking a peer", "deploy.json",
            (Edit("workflows/recovery.py",
                  "    asked = order_peers(ref.key.executor_id, peers)[:NOTHING_PENDING_ASKED]\n",
