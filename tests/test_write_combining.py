@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -605,25 +606,31 @@ async def _handshakes_that_fail_together_or_alone(url: str) -> None:
             assert all(isinstance(r, DatabaseUnreachable) for r in results), results
             assert requests() - asked == 1
 
-        # The connection lost under the batch's statement (the server ended it): refused together too.
+        # The connection lost under the batch's statement (the server ended it), and the database refusing
+        # every connection after it (gone): run once more, which finds no connection, then refused together.
         async with db.connection() as conn:
-            pid = conn.info.backend_pid
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as other:
-            await other.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        asked = requests()
-        results = await together("g", "h", "i")
-        assert all(isinstance(r, ConnectionLost) for r in results), results
-        assert requests() - asked == 1
+            pid, name = conn.info.backend_pid, sql.Identifier(conn.info.dbname)
+        # (From another database: PostgreSQL does not take the current one's connections away.)
+        async with await psycopg.AsyncConnection.connect(url, dbname="postgres", autocommit=True) as other:
+            await other.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+            await other.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+            asked = requests()
+            results = await together("g", "h", "i")
+            await other.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+        assert all(type(r) is DatabaseUnreachable for r in results), results  # the second run's: no connection
+        assert requests() - asked == 2
         await lease.stop()
 
 
 def test_a_batch_of_handshakes_is_refused_together_when_the_database_is_not_reached_else_written_row_by_row(
-    postgres: Postgres,
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The database not reached (no connection of the pool in time, or the connection lost under the
-    statement: :class:`DatabaseUnreachable`, made where the error is, in relay.store.db): every row of a
-    batch of handshakes would fail the same way, each after the pool's 10 s in turn, so the batch is
-    refused at once. A statement failing for a row of its own: the others are recorded, row by row."""
+    statement and none to be had after it: :class:`DatabaseUnreachable`, made where the error is, in
+    relay.store.db): every row of a batch of handshakes would fail the same way, each after the pool's
+    10 s in turn, so the batch is refused at once. A statement failing for a row of its own: the others
+    are recorded, row by row."""
+    monkeypatch.setattr("relay.store.db.LOST_AGAIN_WAIT_SECS", 0.25)  # the second run's wait, shortened
     asyncio.run(_handshakes_that_fail_together_or_alone(postgres.create_database("handshakes_refused")))
 
 
@@ -894,3 +901,48 @@ def test_a_combined_batch_whose_keys_do_not_order_fails_those_writes_alone_and_t
     a, b = ExecutorKey("acme", "ledger", "e-a"), ExecutorKey("acme", "ledger", "e-b")
     assert locked == [["s-key", a, b]]  # each type's keys in order, the types by name (builtins.str first)
     assert after == ["next"]
+
+
+async def _handshakes_after_a_restart(url: str) -> tuple[list[object], list[object], dict[str, str], int]:
+    async with _instances(url, "relay-1") as [(db, lease, executors)]:
+
+        def handshake(executor_id: str) -> Handshake:
+            info = ExecutorInfoReply(request_id="r", executor_id=executor_id, application_version="v1")
+            return Handshake(ExecutorKey("acme", "ledger", executor_id), info, "relay-1", "key")
+
+        async def together(*ids: str) -> list[object]:  # queued before the writer's first round: one batch
+            return await asyncio.gather(*(executors.connected(handshake(i)) for i in ids), return_exceptions=True)
+
+        first = await together(*(f"h-{i}" for i in range(GROUP // 2)))
+        assert lease._conn is not None
+        kept = lease._conn.info.backend_pid  # the lease's own connection: not the pool's
+        # A restart of PostgreSQL, as the pool sees it once the server is back: its idle connections
+        # ended (waited for until they have), the database answering new ones.
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as killer:
+            cur = await killer.execute(
+                """SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+                   WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)""",
+                (kept,),
+            )
+            ended = await cur.fetchone()
+        assert ended is not None
+        second = await together(*(f"h-{i}" for i in range(GROUP)))  # the first four again, four new
+        states, _ = await _rows(db)
+        return first, second, states, int(ended[0])
+
+
+def test_a_batch_of_handshakes_meeting_a_connection_the_server_ended_is_written_on_another(
+    postgres: Postgres,
+) -> None:
+    """PostgreSQL restarted and back: a batch of handshakes is given one of the pool's idle connections,
+    which the restart ended. It was refused together, as in an outage (ConnectionLost is the database
+    not reached): every executor of it was closed and connected again a second later. Written once more
+    on a working connection now (the idle ones checked first), as a batch of disconnections is: each
+    handshake accepted at its first try."""
+    first, second, states, ended = asyncio.run(_handshakes_after_a_restart(postgres.create_database("hs_restart")))
+    assert all(isinstance(r, Connected) for r in first), first
+    assert ended >= 1  # the pool's connections the "restart" ended
+    assert all(isinstance(r, Connected) for r in second), second
+    previous = [r.previous_state for r in second if isinstance(r, Connected)]
+    assert previous == [ExecutorState.HEALTHY] * (GROUP // 2) + [None] * (GROUP // 2), previous
+    assert states == {f"h-{i}": "HEALTHY" for i in range(GROUP)}, states

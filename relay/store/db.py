@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -35,6 +35,10 @@ T = TypeVar("T")
 
 # Replacing a lost connection: an attempt is given up after this long, and another begins.
 RECONNECT_GIVE_UP_SECS = 2.0
+# How long a batch whose connection was lost under it waits for another on its second run
+# (Database.again_if_lost): the database is back after a restart, and in an outage it is refused
+# soon, not after the pool's 10 s.
+LOST_AGAIN_WAIT_SECS = 2.0
 CONNECT_TIMEOUT_SECS = 5
 
 
@@ -353,6 +357,21 @@ class Database:
         if task is not None and not task.done():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), limit)
+
+    async def again_if_lost(self, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``run()``, and once more if the connection under it was lost (:class:`ConnectionLost`:
+        PostgreSQL restarted, a failover; the pool's idle connections broken too, and checked first):
+        the database that ended it likely answers on another. For the batches refused together when
+        the database is not reached (the handshakes', the disconnections'): refused, each of their
+        callers would wait for its own retry. The second run waits :data:`LOST_AGAIN_WAIT_SECS` at
+        most for its connection (in an outage the batch is refused soon); its failure is the caller's.
+        ``run`` must be safe to run twice: guarded statements (the first run may have committed if
+        the connection was lost under its commit)."""
+        try:
+            return await run()
+        except ConnectionLost:
+            await self.idle_checked()
+            return await patiently(run(), LOST_AGAIN_WAIT_SECS)
 
     async def _check(self) -> None:
         try:

@@ -33,7 +33,7 @@ from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fen
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
 from relay.store.combiner import Write
-from relay.store.db import Database, deadlocked, patiently
+from relay.store.db import Database, deadlocked
 from relay_protocol import ExecutorInfoReply
 from relay_protocol.limits import has_unstorable
 
@@ -44,9 +44,6 @@ log = logging.getLogger("relay.store")
 # Runs of the statement that records an instance's executors lost, when PostgreSQL fails it to break
 # a deadlock (each failure waits out deadlock_timeout, 1 s by default, first).
 INSTANCE_LOST_TRIES = 5
-# How long a batch of disconnections whose connection was lost waits for another (its second run):
-# the database is back after a restart, and in an outage it is refused soon, not after the pool's 10 s.
-LOST_AGAIN_WAIT_SECS = 2.0
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 
 
@@ -366,7 +363,8 @@ class ExecutorStore:
         statement: 5,000 sockets closing at once cost a few round trips, not 5,000. The guard is
         each row's own (state, epoch, instance), and the transaction is fenced: a stale instance's
         batch changes nothing and each of its callers gets :class:`Fenced`; one that did not reach the
-        database (:class:`DatabaseUnreachable`) is refused together, at one wait for the pool. A batch
+        database (:class:`DatabaseUnreachable`) is refused together, at one wait for the pool (one whose
+        connection the server ended is written once more on another first: :meth:`Database.again_if_lost`). A batch
         that fails otherwise is written again row by row (:meth:`apply`, combined), so that one bad row
         never refuses another.
         """
@@ -380,7 +378,10 @@ class ExecutorStore:
         while self._lost_queue:
             batch, self._lost_queue = self._lost_queue[:CONNECT_BATCH], self._lost_queue[CONNECT_BATCH:]
             try:
-                changed = await self._update_lost_once_again([lost for lost, _ in batch])
+                # Once more on another connection if the server ended this one (PostgreSQL restarted and
+                # back): refused, each row would wait for the socket check (pingIntervalSecs).
+                rows = [lost for lost, _ in batch]
+                changed = await self.db.again_if_lost(functools.partial(self._update_lost, rows))
             except Fenced as exc:
                 _fail(batch, exc)
                 continue
@@ -401,18 +402,6 @@ class ExecutorStore:
             self._count(E.LOST, len(changed), len(batch))
             for (key, epoch, _), future in batch:
                 _settle_one(future, (key, epoch) in changed)
-
-    async def _update_lost_once_again(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
-        """:meth:`_update_lost`, run once more after a connection lost under it (PostgreSQL restarted,
-        a failover: the pool's idle connections broken too, and checked first): the database that
-        ended it likely answers on another, and refused, the batch would wait for the socket check
-        (``pingIntervalSecs``) to be recorded. Guarded by each row's epoch and state, as the first run;
-        its connection waited for :data:`LOST_AGAIN_WAIT_SECS` at most (in an outage it is refused)."""
-        try:
-            return await self._update_lost(rows)
-        except ConnectionLost:
-            await self.db.idle_checked()
-            return await patiently(self._update_lost(rows), LOST_AGAIN_WAIT_SECS)
 
     async def _update_lost(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
         async with self.db.fenced() as conn:
@@ -517,7 +506,10 @@ class ExecutorStore:
         Handshakes that arrive while a write is in flight are written together:
         a thousand executors reconnecting at once cost a few round trips, not a
         thousand. A batch that fails is written again row by row, so that one
-        bad row never refuses another.
+        bad row never refuses another; one that does not reach the database is
+        refused together (its executors try again), unless the server ended the
+        connection under it (PostgreSQL restarted and back): it is written once
+        more on another first (:meth:`Database.again_if_lost`).
         """
         future: asyncio.Future[Connected] = asyncio.get_running_loop().create_future()
         self._connect_queue.append((handshake, future))
@@ -536,7 +528,10 @@ class ExecutorStore:
                 seen.add(item[0].key)
             self._connect_queue = later + self._connect_queue[CONNECT_BATCH:]
             try:
-                results, gone = await self._upsert_connected([h for h, _ in batch])
+                # Once more on another connection if the server ended this one (PostgreSQL restarted and
+                # back): refused, every executor of the batch would connect again a second later.
+                handshakes = [h for h, _ in batch]
+                results, gone = await self.db.again_if_lost(functools.partial(self._upsert_connected, handshakes))
             except Fenced as exc:
                 _fail(batch, exc)
                 continue
