@@ -31,7 +31,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from relay.errors import DatabaseError
-from relay.store.db import RECONNECT_GIVE_UP_SECS, Database, hastily, patiently
+from relay.store.db import RECONNECT_EVERY_SECS, Database, hastily, patiently
 from relay.store.lease import Lease
 
 StartExecutor = Callable[..., ExecutorProcess]
@@ -196,9 +196,9 @@ def test_executor_killed_while_the_database_is_down_is_not_healthy_long_after_it
 def test_the_pool_reconnects_soon_after_a_long_outage(relay_pg: PostgresServer) -> None:
     # psycopg_pool waits 1, 2, 4, 8, ... s between its attempts to reconnect, so after an outage of
     # some seconds the next attempt could come seconds after the database is back (the test above
-    # then failed at times). Relay's pool gives an attempt up after 2 s and starts another at once,
-    # about one a second however long the outage: a query that waits for a connection through the
-    # outage, and one asked afterwards, are answered within moments of the database's return.
+    # then failed at times). Relay's pool gives an attempt up as it fails and starts another a second
+    # later, however long the outage: a query that waits for a connection through the outage, and
+    # one asked afterwards, are answered within moments of the database's return.
     if not relay_pg.running():
         relay_pg.start()
     url = relay_pg.url(relay_pg.create_database("pool"))
@@ -230,6 +230,61 @@ def test_the_pool_reconnects_soon_after_a_long_outage(relay_pg: PostgresServer) 
     print(f"answered {waited:.2f} s (waiting through the outage) and {asked:.2f} s after the database returned")
     # About one attempt a second, and the 2 s the chaos checker allows a loaded machine.
     assert waited < 1.0 + 2.0 and asked < 1.0 + 2.0
+
+
+def test_the_pool_connects_as_soon_as_the_database_is_seen_answering_and_not_more_often_while_it_is_down(
+    postgres: Postgres,
+) -> None:
+    """The database back (a restart, a failover): a request of the API finds it answering on a
+    connection of its own, then waited for the pool's next attempt to reconnect, up to a second
+    later (0.1 to 0.9 s measured on a Relay). The pool's next attempt begins as the database is seen
+    answering now, and while it is down the pool still tries about once a second (twice at a time)."""
+    url = postgres.create_database("pool_nudged")
+    database = urlsplit(url).path.lstrip("/")
+    name = sql.Identifier(database)
+
+    async def scenario() -> tuple[float, float]:
+        db = Database(url, min_size=1, max_size=1)  # one connection: one stream of attempts to replace it
+        await db.open()
+        try:
+            async with await psycopg.AsyncConnection.connect(postgres.admin_url, autocommit=True) as admin:
+                # Down, as the pool sees it: its connection ended, and every new one refused.
+                await admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s", (database,)
+                )
+                with pytest.raises(DatabaseError):  # the idle connection, broken
+                    async with db.connection() as conn:
+                        await conn.execute("SELECT 1")
+
+                def errors() -> int:
+                    return int(db.pool.get_stats().get("connections_errors", 0))
+
+                deadline = time.monotonic() + 5
+                while errors() == 0:  # the pool's first attempt to connect again, refused
+                    assert time.monotonic() < deadline, "the pool never tried to connect again"
+                    await asyncio.sleep(0.01)
+                first = time.monotonic()
+                await asyncio.sleep(0.1)  # its tries at once
+                burst = errors()
+                while errors() == burst:  # the next attempt: about a second later
+                    assert time.monotonic() < deadline, "the pool stopped trying"
+                    await asyncio.sleep(0.01)
+                gap = time.monotonic() - first
+                await asyncio.sleep(0.05)  # just after an attempt: the pool's next is a second away
+                await admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+            back = time.monotonic()
+            with hastily():  # a request of the API
+                async with db.connection() as conn:
+                    await conn.execute("SELECT 1")
+            return gap, time.monotonic() - back
+        finally:
+            await db.close()
+
+    gap, served = asyncio.run(scenario())
+    assert gap > 0.8, gap  # while the database is down: not more often than about once a second
+    print(f"gap {gap:.2f} s, served {served:.3f} s")
+    assert served < 0.5, served  # not the pool's next attempt's second away
 
 
 def _tcp_timers(pid: int, port: int) -> list[tuple[int, float]]:
@@ -362,7 +417,7 @@ def test_a_database_at_its_connection_limit_still_serves_the_apis_requests_throu
             holders = [asyncio.create_task(hold()) for _ in range(2)]
             with contextlib.suppress(DatabaseError):
                 await patiently(request(), 0.5)  # the pool tries to grow: refused
-            await asyncio.sleep(RECONNECT_GIVE_UP_SECS + 0.5)  # the pool gives its attempt up
+            await asyncio.sleep(RECONNECT_EVERY_SECS + 0.5)  # the pool gives its attempt up, and another
             asked = asyncio.create_task(request())  # while the pool's two connections are in use
             await asyncio.sleep(0.5)
             release.set()

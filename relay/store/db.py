@@ -33,8 +33,10 @@ log = logging.getLogger("relay.db")
 
 T = TypeVar("T")
 
-# Replacing a lost connection: an attempt is given up after this long, and another begins.
-RECONNECT_GIVE_UP_SECS = 2.0
+# Replacing a lost connection: psycopg_pool's attempt (two tries at once) is given up as it fails,
+# and the next begins this long after, or as soon as the database is seen answering (a request's own
+# connection, the readiness probe, the lease's renewal), whichever comes first.
+RECONNECT_EVERY_SECS = 1.0
 # How long a batch whose connection was lost under it waits for another on its second run
 # (Database.again_if_lost): the database is back after a restart, and in an outage it is refused
 # soon, not after the pool's 10 s.
@@ -187,10 +189,12 @@ class Database:
             timeout=10.0,
             # psycopg_pool waits 1, 2, 4, 8, ... s between attempts to replace a lost connection:
             # after an outage of some seconds its next attempt could come seconds after the
-            # database is back. An attempt is given up after 2 s and another begins at once
-            # (check() grows the pool again), so one is made about every second, however long
-            # the outage, and requests waiting for a connection get one as the database returns.
-            reconnect_timeout=RECONNECT_GIVE_UP_SECS,
+            # database is back. Its attempt is given up as it fails, and Relay begins the next
+            # (_reconnect_soon: check() grows the pool again) a second later, however long the
+            # outage, or at once when something else of Relay's finds the database answering: the
+            # requests waiting for a connection get one as the database returns, not up to a
+            # second after, and a database that is down is not asked more often than before.
+            reconnect_timeout=0.0,
             reconnect_failed=self._attempt_again,
             # Each new connection: the database answers (a request need not wait for a statement).
             configure=self._connected,
@@ -214,6 +218,8 @@ class Database:
         self._in_use = 0  # the pool's connections given out by connection() now
         self._rechecking: asyncio.Task[bool] | None = None
         self._rechecked = (0.0, False)  # when the latest look at a known unreachable database ended, and what it found
+        self._reconnecting: asyncio.Task[None] | None = None  # the pool's next attempt to connect, waiting
+        self._answering = asyncio.Event()  # set when the database, known unreachable, answers: it begins now
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -235,7 +241,7 @@ class Database:
         return None
 
     async def close(self) -> None:
-        for task in (self._checking, self._rechecking):
+        for task in (self._checking, self._rechecking, self._reconnecting):
             if task is not None and not task.done():
                 task.cancel()  # the pool closes anyway
                 await asyncio.gather(task, return_exceptions=True)
@@ -298,6 +304,10 @@ class Database:
         """The database answered (the pool, or the lease's renewal every few seconds, which notices
         its return when no request comes): :attr:`recovered_at` if it could not be reached before."""
         if self.down_since is not None:
+            # Known unreachable until now: the pool's next attempt to connect, if it waits, begins now.
+            # (Not on every answer: a pool at PostgreSQL's connection limit, whose connections answer,
+            # would try to grow at each one given back.)
+            self._answering.set()
             self.down_since, self.down_reason = None, ""
         if self._unreachable:
             self._unreachable, self.recovered_at = False, time.monotonic()
@@ -335,12 +345,22 @@ class Database:
     async def _attempt_again(self, pool: AsyncConnectionPool[Any]) -> None:
         """An attempt to connect gave up: the database is unreachable, unless the pool still has
         connections (in use or idle), which only says that no more could be opened (PostgreSQL at
-        its max_connections or the role's limit while a burst grows the pool); begin another."""
+        its max_connections or the role's limit while a burst grows the pool); another begins soon
+        (:meth:`_reconnect_soon`)."""
         if self._in_use or pool.get_stats().get("pool_available", 0):
             self.note_unreachable(surely=False)
         else:
             self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
-        await pool.check()
+        if self._reconnecting is None or self._reconnecting.done():
+            self._answering.clear()  # a new answer is waited for: this attempt's failure is newer news
+            self._reconnecting = asyncio.create_task(self._reconnect_soon())
+
+    async def _reconnect_soon(self) -> None:
+        """The pool's next attempt to connect: :data:`RECONNECT_EVERY_SECS` after the last gave up, or
+        as soon as the database is seen answering (:meth:`note_answered`), whichever comes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._answering.wait(), RECONNECT_EVERY_SECS)
+        await self._check()
 
     def _check_idle(self) -> None:
         """The pool's idle connections checked and the broken ones replaced, in a task of its own
