@@ -13,24 +13,26 @@ import psycopg
 from harness.keys import sha
 from harness.ports import free_port
 from harness.postgres import Postgres
+from relay.auth import Permission
 from relay.config import RelayConfig
-from relay.store.alerts import AlertStore
+from relay.store.alerts import CONFIG_RULES_LOCK_KEY, AlertStore
 from relay.store.apps import APPS_LOCK_KEY, AppStore
 from relay.store.configsync import sync_config
 from relay.store.db import Database
-from relay.store.keys import KeyStore
+from relay.store.keys import KeyStore, NewKey
 from tests.test_alert_resolutions import sessions_waiting
 from tests.test_alerts import alert_config
 
 
-def relay_file(name: str) -> RelayConfig:
-    """A relay.yaml whose apps, rule and key all say which file they are from (``name``)."""
+def relay_file(name: str, org: str = "acme") -> RelayConfig:
+    """A relay.yaml whose apps, rule and key all say which file they are from (``name``), of ``org``."""
     rule = {"kind": "ExecutorDead", "webhook": f"http://127.0.0.1:9/{name}", "minIntervalSecs": len(name)}
     config = alert_config(free_port(), [rule])
     acme = config["orgs"][0]
     acme["apps"].append({"name": f"app-{name}"})
     acme["conductorKeys"] = [{"name": f"key-{name}", "sha256": sha(f"secret-{name}")}]
     acme["apiKeys"] = []
+    acme["name"] = org
     config["orgs"] = [acme]
     return RelayConfig.model_validate(config)
 
@@ -153,3 +155,43 @@ def test_two_starts_with_different_files_leave_one_files_apps_rules_and_keys_who
     assert asyncio.run(interleaved(url, files[0], files[1])) == ("b", "b", "b")
     assert asyncio.run(with_previous_release(url, files, rounds=10)) == []
     assert time.monotonic() - started < 10
+
+
+async def first_keys_beside_a_sync(url: str, config: RelayConfig) -> list[BaseException]:
+    """An instance without orgs in relay.yaml making the first keys (under the keys' lock, adding
+    org ``default``) while another's start syncs a file with org ``default``, paused between its
+    apps and its rules (a lock held here); the errors they met."""
+    syncing, first = Database(url), Database(url)
+    for db in (syncing, first):
+        await db.open()
+    try:
+        await syncing.migrate()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT pg_advisory_xact_lock(%s)", (CONFIG_RULES_LOCK_KEY,))
+                sync = asyncio.create_task(sync_config(syncing, config))
+                await until(lambda: _waiting(holder, 1), "the start never waited for the rules' lock")
+                made = asyncio.create_task(KeyStore(first).create_first_keys("default", [FIRST_KEY]))
+                await until(lambda: _done_or_waiting(made, holder), "the first keys neither made nor waiting")
+            results = await asyncio.wait_for(asyncio.gather(sync, made, return_exceptions=True), 10)
+        return [r for r in results if isinstance(r, BaseException)]
+    finally:
+        for db in (syncing, first):
+            await db.close()
+
+
+FIRST_KEY = NewKey("admin", sha("first-secret"), [Permission.ORGANIZATION_READ])
+
+
+async def _done_or_waiting(task: asyncio.Task[Any], holder: psycopg.AsyncConnection[Any]) -> bool:
+    return task.done() or await _waiting(holder, 2)
+
+
+def test_a_start_syncing_beside_the_first_keys_being_made_does_not_deadlock(postgres: Postgres) -> None:
+    """One start synced relay.yaml in one transaction taking the apps', rules' and keys' locks one
+    by one: holding the org ``default`` it had just added, it waited for the keys' lock held by
+    another instance's first keys (no orgs in its file), which waited to add that org: PostgreSQL
+    failed one of them (a deadlock), and that instance did not start. The start takes the three
+    locks before it writes anything: the first keys are made, then the file is synced."""
+    config = relay_file("a", org="default")
+    assert asyncio.run(first_keys_beside_a_sync(postgres.create_database("first_keys_sync"), config)) == []
