@@ -508,6 +508,8 @@ def test_the_conductor_api_documents_prefix_is_checked(relay: RelayProcess) -> N
     ):
         resp = httpx.get(url, headers={"X-Forwarded-Prefix": given}, verify=TLS)
         assert resp.status_code == 200 and resp.json()["servers"] == [{"url": server}], (given, resp.text)
+        # A cache keys the document by the header too: one request's prefix is not served to another.
+        assert "x-forwarded-prefix" in resp.headers.get("vary", "").lower(), resp.headers
     for bad in ("relay", "/a/../b", "/..", "//evil.example", "https://evil.example/x", "/a,/b", "/a b"):
         resp = httpx.get(url, headers={"X-Forwarded-Prefix": bad}, verify=TLS)
         assert resp.status_code == 400 and "X-Forwarded-Prefix" in resp.json()["detail"], (bad, resp.text)

@@ -135,7 +135,9 @@ async def openapi_under_conductor(request: Request) -> JSONResponse:
     # Only the paths also served under /conductor, where this document's servers entry points.
     paths = {path: item for path, item in document.get("paths", {}).items() if served_under_conductor(path)}
     servers = [{"url": f"{served_prefix(request)}/conductor"}]
-    return JSONResponse({**document, "paths": paths, "servers": servers})
+    # The document differs by the header: a cache (a CDN, a proxy's) must not give one request's
+    # prefix, which a client may have sent itself, to requests with another, or none.
+    return JSONResponse({**document, "paths": paths, "servers": servers}, headers={"Vary": "X-Forwarded-Prefix"})
 
 
 # The probes answer HEAD as GET (RFC 9110 9.1; load balancers' checks: HAProxy's ``option httpchk
