@@ -567,4 +567,19 @@ MIGRATIONS: list[Migration] = [
         WHERE r.at IS NOT NULL AND a.idempotency_key = r.idempotency_key;
         """,
     ),
+    Migration(
+        21,
+        "",
+        indexes=(
+            # The recoveries listing's executorDeleted (relay.store.recoveries): whether a run deleted
+            # its executor's record is its executor.deleted entry, found by the run's id. Along
+            # audit_by_executor, each run read every entry of its executor id: an id that comes back
+            # (a pod's name) and dies again leaves hundreds, and the console's count of the last
+            # hour's recoveries read them for each run. One entry per run here.
+            Index(
+                "audit_deleted_by_recovery",
+                "audit_log ((detail->>'recoveryId'), org, app, executor_id) WHERE action = 'executor.deleted'",
+            ),
+        ),
+    ),
 ]
