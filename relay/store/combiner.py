@@ -31,9 +31,10 @@ What stays per write:
   batch of several keys first calls the writes' locker (``lock_keys``) once, with their keys
   in order: what the store that owns the keys must lock before any write of them
   (:func:`relay.store.executors.lock_ids`). Keys of several types (which do not compare) run
-  type by type, each type's in its order, the types by name: one order for every batch. Writes
-  whose keys do not compare with the others of their type fail alone (:class:`TypeError`),
-  before the transaction: the lane goes on with the rest of the batch, and the next writes.
+  type by type, each type's in its order, the types by name: one order for every batch. If a
+  type's keys do not compare among themselves, that type's writes of the batch fail (all of
+  them: :class:`TypeError`), before the transaction; the other types' writes run, and the lane
+  goes on with the next writes.
 - Its failure. A write whose statement fails (a NUL in a text, a deadlock) aborts
   the transaction; the others are rolled back with it and run again in the next
   transaction without it, and that write alone gets the error. A bad row never
