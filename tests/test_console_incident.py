@@ -653,6 +653,39 @@ def test_the_alerts_of_an_app_and_its_rules_are_a_tab_of_the_app(world: World, p
     assert page.locator("main p.alert").all_inner_texts() == []
 
 
+def test_an_alerts_resolution_is_not_shown_as_the_same_alert_sent_again(world: World, page: Page) -> None:
+    """An alert whose condition ends is followed by its resolution, to the same place (README
+    "Alerts", Resolutions), audited as ``alert.sent`` too. The Alerts tab showed both rows alike
+    (kind, "sent", the same subject): the on-call engineer read the end of an incident as the same
+    page sent twice. A failure of ``failing`` (a fork of failed-1) fires a rule of a one-second
+    window, whose next round resolves it."""
+    with world.relay.api() as api:
+        made = api.post(
+            "/apps/ledger/alerting-rules",
+            json={
+                "ruleType": "WorkflowFailure",
+                "ruleMetadata": {"workflowName": "failing", "windowSecs": 1},
+                "receivingAppName": "ledger",
+                "minIntervalSecs": 1,
+            },
+        )
+        assert made.status_code == 201, made.text
+        rule = made.json()["id"]
+        forked = api.post("/apps/ledger/workflows/failed-1/fork", json={"startStep": 1, "newWorkflowId": "resolved-1"})
+        assert forked.status_code < 300, forked.text
+    try:
+        admin(page, world)
+        go(page, "#/apps/ledger/alerts")
+        rows = page.get_by_role("table", name="Alerts of ledger, newest first").get_by_role("row", name="failing")
+        expect(rows).to_have_count(2)  # live: the page reads again as each is audited
+        expect(rows.nth(0)).to_contain_text("resolution sent")  # newest first: the resolution
+        expect(rows.nth(1)).not_to_contain_text("resolution")
+        expect(rows.nth(1)).to_contain_text("sent")
+    finally:
+        with world.relay.api() as api:
+            assert api.delete(f"/apps/ledger/alerting-rules/{rule}").status_code == 204
+
+
 def test_enter_twice_on_cancel_keeps_the_workflow(world: World, page: Page) -> None:
     """From the keyboard, **Cancel…** opens its confirmation with focus on **Cancel workflow**, the
     destructive button: a second Enter (a repeated key, a habit) cancels the workflow that the

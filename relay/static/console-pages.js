@@ -691,7 +691,11 @@ function alertsPage(ctx, app) {
           "(it needs organization.read): each rule's last fired time is above.") : table(`Alerts of ${app}, newest first`, [
           ["Time", (e) => when(e.at)],
           ["Kind", (e) => e.detail.kind || ""],
-          ["Outcome", (e) => e.action === "alert.sent" ? badge("SUCCESS", "sent") : badge("ERROR", "failed")],
+          // A resolution (its detail names the alert it resolves) is sent as the alert was, to the
+          // same place: said so, or the end of an incident reads as the same alert sent twice.
+          ["Outcome", (e) => e.detail.resolves
+            ? (e.action === "alert.sent" ? badge("SUCCESS", "resolution sent") : badge("ERROR", "resolution failed"))
+            : (e.action === "alert.sent" ? badge("SUCCESS", "sent") : badge("ERROR", "failed"))],
           ["About", (e) => alertSubject(app, e.detail)],
           ["Attempts", (e) => e.detail.attempts ?? "", {num: true}],
           ["Sent to", (e) => e.detail.destination ? h("code", {}, e.detail.destination) : ""],
