@@ -3,6 +3,7 @@ PostgreSQL, real DBOS 3.2 executors sharing one system database."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -147,6 +148,20 @@ def test_a_failing_peer_causes_failover_to_the_next_after_backoff(
         recovery = api.get("/apps/ledger/recoveries", params={"executorId": a1.executor_id}).json()[0]
     assert [a["outcome"] for a in recovery["attempts"]] == ["failed", "succeeded"]
     assert recovery["attempts"][0]["error"]
+    # Relay's log tells the death and its recovery too, not only the audit log: it said connected
+    # and DISCONNECTED, and then nothing of DEAD, the peer asked, the failure or the success.
+    rid, dead = recovery["recoveryId"], f"acme/ledger/{a1.executor_id}"
+    assert_logged(relay, f"executor {dead} is DEAD (epoch ", "no connection for its grace period")
+    assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 1 sent to peer {bad.executor_id}")
+    assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 1 on peer {bad.executor_id} failed: ")
+    assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 2 sent to peer {a2.executor_id}")
+    assert_logged(relay, f"recovery {rid} of executor {dead} succeeded: recovered by peer {a2.executor_id}")
+
+
+def assert_logged(relay: RelayProcess, *parts: str) -> None:
+    """A line of Relay's log holds each of ``parts``, in order."""
+    pattern = ".*".join(re.escape(p) for p in parts)
+    assert re.search(pattern, relay.log()), f"no line like {parts} in the log: {relay.log()[-3000:]}"
 
 
 def test_no_healthy_peer_waits_then_a_new_peer_gets_it_as_it_connects(
@@ -179,6 +194,8 @@ def test_no_healthy_peer_waits_then_a_new_peer_gets_it_as_it_connects(
     outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 3), 30)
     assert set(outcomes.values()) == {a2.executor_id}
     assert "recovery.waiting_for_peer" in audit_actions(relay, a1.executor_id)
+    assert_logged(relay, f"recovery {recovery['recoveryId']} of executor acme/ledger/{a1.executor_id}: "
+                  "waiting_for_peer (no_healthy_peer)")  # fmt: skip
 
 
 def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
@@ -348,6 +365,8 @@ def test_operator_recovery_skips_the_grace_period(
         audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
     dead = next(e for e in audit if e["action"] == "executor.dead")
     assert dead["actor"] == "api:ops"
+    assert_logged(relay, f"executor acme/ledger/{a1.executor_id} is DEAD (epoch ", "declared by api:ops")
+    assert_logged(relay, f"recovery {recovery_id} of executor acme/ledger/{a1.executor_id} requested by api:ops")
     assert in_order([e["action"] for e in audit], ["executor.dead", "recovery.manual_requested",
                                                    "recovery.succeeded", "executor.deleted"])  # fmt: skip
 

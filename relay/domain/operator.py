@@ -7,10 +7,11 @@ tells the durable layer (grace periods, recoveries) what changed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
 from relay.core.failover import OPERATOR_NUDGE
-from relay.core.ids import ExecutorKey
+from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
 from relay.errors import Conflict, NotFound
@@ -20,6 +21,8 @@ from relay.store.audit import AuditEntry, audit_executor, write_audit
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.recoveries import RecoveryStore
+
+log = logging.getLogger("relay.recovery")
 
 # What the workflow API's entries say of a change that was made (relay.api.common.audited);
 # the apps' entries say it too, for a reader that filters on it.
@@ -118,6 +121,9 @@ class Operator:
                 await audit_executor(conn, key, "executor.dead", dead, detail={"epoch": rec.epoch}, actor=actor)
             detail = {"recoveryId": rid, "toLatestVersion": to_latest_version, "newRun": not live}
             await audit_executor(conn, key, "recovery.manual_requested", None, detail=detail, actor=actor)
+        if rec.state is ExecutorState.DISCONNECTED:
+            log.info("executor %s is DEAD (epoch %d): declared by %s", key, rec.epoch, printable(actor))
+        log.info("recovery %s of executor %s requested by %s", rid, key, printable(actor))
         if not live:
             # The id named above, unless another start (the repair sweep, the grace period's
             # deadline) took it first: then it is that one's run, and it is live.

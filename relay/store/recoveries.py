@@ -14,6 +14,7 @@ here, where each stage is first recorded, after the commit.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import psycopg
 
 from relay.core.failover import Dispatch
-from relay.core.ids import ExecutorKey, RecoveryRef
+from relay.core.ids import ExecutorKey, RecoveryRef, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.store.audit import audit_executor
 from relay.store.db import Database
@@ -31,6 +32,9 @@ from relay.store.pipeline import RecoveryPipeline, observe
 E = ExecutorEvent
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 # One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
+# What an operator follows in the log besides the audit log: a death and how its recovery goes, one
+# line each (the connection's own lines say connected, DISCONNECTED; relay.net.connection).
+log = logging.getLogger("relay.recovery")
 _ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch = %(epoch)s"
 _TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
 # The NOTIFY channel every instance listens on for recoveries that begin to wait (payload: org, app).
@@ -135,6 +139,8 @@ class RecoveryStore:
         dead, declared, secs = await self.executors.combined(write, key)
         if secs is not None:
             observe(self.pipeline.disconnect_to_dead, secs)
+        if declared:
+            log.info("executor %s is DEAD (epoch %d): no connection for its grace period", key, epoch)
         return dead, declared
 
     async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
@@ -235,6 +241,7 @@ class RecoveryStore:
 
         if await self.executors.combined(write, ref.key):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
+            log.info("recovery %s of executor %s: %s (%s)", ref.rid, ref.key, status, error or reason)
 
     async def renote_blocked(self, ref: RecoveryRef, error: str | None) -> None:
         """A blocked recovery's ``error`` (why it waits, in words) brought up to date when the peers
@@ -283,6 +290,10 @@ class RecoveryStore:
         if not dispatched:
             return False
         if first:
+            log.info(
+                "recovery %s of executor %s: attempt %d sent to peer %s (%s)",
+                ref.rid, ref.key, plan.attempt, printable(plan.peer.executor_id), plan.mode.value,
+            )  # fmt: skip
             observe(self.pipeline.dead_to_dispatched, since_dead)
             if plan.failover_from is not None:
                 self.pipeline.failovers.labels(ref.key.org, ref.key.app).inc()
@@ -345,6 +356,14 @@ class RecoveryStore:
         timings = await self.executors.combined(write, ref.key)
         if timings is not None:
             observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
+        log.info(
+            "recovery %s of executor %s: attempt %d on peer %s failed: %s",
+            ref.rid,
+            ref.key,
+            attempt,
+            printable(peer),
+            error,
+        )
 
     async def succeed(
         self,
@@ -397,6 +416,14 @@ class RecoveryStore:
             observe(self.pipeline.reply_to_verified, timings["to_verified"])
         if deleted and dead is not None:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
+        kept = "deleted" if deleted else "kept (it connected again)"
+        log.info(
+            "recovery %s of executor %s succeeded: recovered by peer %s, its record %s",
+            ref.rid,
+            ref.key,
+            printable(peer),
+            kept,
+        )
         return deleted
 
     async def succeed_idle(self, ref: RecoveryRef, verified_by: str, dedupe: str) -> bool:
@@ -428,6 +455,8 @@ class RecoveryStore:
         dead, deleted = await self.executors.combined(write, ref.key)
         if deleted and dead is not None:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
+        if deleted:
+            log.info("recovery %s of executor %s succeeded: nothing was PENDING, its record deleted", ref.rid, ref.key)
         return deleted
 
     async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
