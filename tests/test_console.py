@@ -41,6 +41,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, info_reply
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay.cli import main as cli_main
 
 expect.set_options(timeout=10_000)
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -445,6 +446,40 @@ def test_a_workflow_shows_its_steps_as_a_timeline_its_child_and_its_data_on_dema
     page.get_by_role("link", name="done-1-child").first.click()  # to the child, and its parent link back
     expect(page.get_by_role("heading", name="Workflow done-1-child")).to_be_visible()
     expect(page.get_by_role("link", name="done-1", exact=True)).to_be_visible()
+
+
+def test_a_durable_sleep_not_over_yet_is_shown_sleeping_not_done(
+    world: World, page: Page, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DBOS records a ``DBOS.sleep`` as it begins, its wake time as its completion (so that its
+    duration is the sleep). The workflow's page showed an hour's sleep begun a second ago as
+    "done · 3600.0 s", and ``relay workflows steps`` as SUCCESS: an on-call engineer reads a
+    workflow stuck in its sleep as one whose steps are all done. The payments executor's sleepers
+    sleep for an hour."""
+    sleepers = query(
+        world.paysys,
+        "SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'sleeper' AND status = 'PENDING' LIMIT 1",
+    )
+    assert sleepers, "no sleeper PENDING"
+    wid = sleepers[0][0]
+    admin(page, world)
+    go(page, f"#/apps/payments/workflows/{quote(wid, safe='')}")
+    steps = page.get_by_role("list", name="Steps (", exact=False)
+    slept = steps.locator(":scope > li").filter(has_text="DBOS.sleep")
+    expect(slept).to_contain_text("sleeping")
+    expect(slept).to_contain_text("until ")
+    expect(slept).not_to_contain_text("done")
+    expect(steps.locator(":scope > li").filter(has_text="note_step")).to_contain_text("done")
+
+    for name in [k for k in os.environ if k.startswith("RELAY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RELAY_URL", world.relay.http)
+    monkeypatch.setenv("RELAY_API_KEY", API_KEYS["acme"])
+    capsys.readouterr()
+    assert cli_main(["workflows", "steps", "payments", wid]) == 0
+    table = capsys.readouterr().out.splitlines()
+    outcomes = {line.split()[1]: line.split()[2] for line in table[1:]}
+    assert outcomes == {"note_step": "SUCCESS", "DBOS.sleep": "SLEEPING"}, table
 
 
 def test_cancel_asks_for_confirmation_and_the_workflow_is_cancelled_in_the_system_database(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -145,14 +145,30 @@ def get_workflow(api: Api, app: str, workflow_id: str, no_data: bool) -> None:
 def steps(api: Api, app: str, workflow_id: str) -> None:
     """A workflow's steps, in order: name, outcome, child workflow, when and how long.
 
+    A durable sleep not over yet, in a PENDING workflow, is SLEEPING (TOOK: the whole sleep).
+
     The OUTPUT OR ERROR column is cut at 60 characters (ending in …); --json prints them whole."""
     found = api.call("GET", api.org_path("apps", app, "workflows", workflow_id, "steps"))
     if api.as_json:
         print_json(found)
         return
     rows = []
+    # A durable sleep (DBOS.sleep) is recorded as it begins, its wake time as its completion (so
+    # that TOOK is the sleep): in a workflow still PENDING, one whose completion is ahead is asleep.
+    now = datetime.now(UTC)
+    ahead = {
+        s["stepId"]
+        for s in found
+        if not s["error"] and s["completedAt"] and datetime.fromisoformat(s["completedAt"]) > now
+    }
+    if ahead:
+        params = {"loadInput": "false", "loadOutput": "false"}
+        if api.call("GET", api.org_path("apps", app, "workflows", workflow_id), params=params)["status"] != "PENDING":
+            ahead = set()
     for s in found:
         outcome = "ERROR" if s["error"] else ("SUCCESS" if s["completedAt"] or s["output"] is not None else "-")
+        if s["stepId"] in ahead:
+            outcome = "SLEEPING"
         rows.append(
             [
                 s["stepId"],

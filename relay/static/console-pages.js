@@ -551,10 +551,10 @@ function workflowPage(ctx, app, workflowId) {
         toggle,
         showData ? h("div", {}, h("h2", {}, "Input"), h("pre", {}, w.input ?? "(none)"), h("h2", {}, "Output"), h("pre", {}, w.output ?? "(none)")) : null,
         h("h2", {id: "steps-title"}, `Steps (${steps.length}${steps.length === stepsLimit ? "+" : ""})`),
-        steps.length ? h("ol", {class: "timeline", "aria-labelledby": "steps-title"}, steps.map((s) => h("li", {class: s.error ? "bad" : s.completedAt ? "ok" : "warn", "data-step": s.stepId},
+        steps.length ? h("ol", {class: "timeline", "aria-labelledby": "steps-title"}, steps.map((s) => h("li", {class: s.error ? "bad" : s.completedAt && !sleeping(w, s) ? "ok" : "warn", "data-step": s.stepId},
           h("span", {class: "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
-          badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
-          h("span", {class: "when"}, when(s.startedAt), s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
+          sleeping(w, s) ? badge("PENDING", "sleeping") : badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
+          h("span", {class: "when"}, when(s.startedAt), sleeping(w, s) ? ` · until ${when(s.completedAt)}` : s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
           s.childWorkflowId ? [" · child ", id(link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
           ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
             "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
@@ -657,6 +657,12 @@ function alertSubject(app, d) {
   if (d.queueName) return d.queueName === "*" ? "any queue" : link(["apps", app, "workflows"], d.queueName, {queue: d.queueName});
   if (d.instance) return id(d.instance);
   return d.appName || "";
+}
+
+// A durable sleep (DBOS.sleep) is recorded when it begins, with its wake time as its completion (so
+// that its duration is the sleep's): in a workflow still PENDING, one whose completion is ahead is asleep.
+function sleeping(w, s) {
+  return w.status === "PENDING" && !s.error && Boolean(s.completedAt) && Date.parse(s.completedAt) > Date.now();
 }
 
 // The app's alerting rules (relay.yaml's and the API's) and the alerts delivered or given up on
