@@ -6,11 +6,13 @@ a real webhook receiver."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from harness.executors import ExecutorProcess
 from harness.ports import free_port
@@ -858,3 +860,47 @@ def test_a_recovery_verified_after_its_executor_connected_again_resolves_the_dea
     assert not deleted and detail.get("recordKept") is True, detail
     assert [r.resolves for r in resolved] == [a.idempotency_key for a in fired] and len(fired) == 1, resolved
     assert resolved[0].metadata["ended"] == "recovered" and "connected again meanwhile" in resolved[0].message
+
+
+def test_a_recoverys_log_lines_are_written_once_and_bounded_when_its_steps_run_again(
+    relay_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """relay.recovery's lines for an attempt failed and a success: a DBOS step run again after a crash
+    (its write committed, its output not recorded) wrote its line again, the success's saying the
+    record was "kept (it connected again)" though the first run had deleted it; and the failure's
+    line held the peer's error whole (an executor's words, a frame up to 64 MiB). Now each is logged
+    by the run that recorded it, the error cut as every untrusted text in the log is (printable)."""
+
+    async def body(db: Database, _store: AlertStore) -> None:
+        executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", "x")
+        epoch = await declared_dead(db, "x")
+        recoveries, ref = RecoveryStore(db, executors), RecoveryRef(key, epoch, "rec-x")
+        async with db.transaction() as conn:
+            await conn.execute(
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                   VALUES ('rec-x', 'acme', 'ledger', 'x', 'v1', %s, 'grace_period', 'dispatching')""",
+                (epoch,),
+            )
+        for attempt in (1, 2):
+            assert await executors.apply(key, ExecutorEvent.RECOVERY_SENT, epoch=epoch)
+            async with db.transaction() as conn:
+                await conn.execute(
+                    """INSERT INTO recovery_attempts (recovery_id, attempt, peer_executor_id, mode, outcome)
+                       VALUES ('rec-x', %s, 'peer-1', 'same_version', 'dispatched')""",
+                    (attempt,),
+                )
+            for _ in range(2):  # the step, and its run again after a crash
+                if attempt == 1:
+                    await recoveries.fail_attempt(ref, 1, "peer-1", "boom\n" + "e" * 100_000, "t-fail")
+                else:
+                    await recoveries.succeed(ref, 2, "peer-1", "t-ok", "peer-1")
+
+    with caplog.at_level(logging.INFO, logger="relay.recovery"):
+        with_store(relay_db, [], body)
+    lines = [r.getMessage() for r in caplog.records if r.name == "relay.recovery" and "rec-x" in r.message]
+    failed = [line for line in lines if "attempt 1 on peer peer-1 failed" in line]
+    succeeded = [line for line in lines if "succeeded" in line]
+    assert len(failed) == 1 and len(failed[0]) < 500 and "\n" not in failed[0], [x[:200] for x in failed]
+    assert succeeded == [
+        "recovery rec-x of executor acme/ledger/x succeeded: recovered by peer peer-1, its record deleted"
+    ]

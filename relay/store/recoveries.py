@@ -354,15 +354,16 @@ class RecoveryStore:
             return timings
 
         timings = await self.executors.combined(write, ref.key)
-        if timings is not None:
-            observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
+        if timings is None:
+            return  # the attempt was marked failed already (this step run again after a crash): logged then
+        observe(self.pipeline.dispatched_to_reply, timings["to_reply"])
         log.info(
             "recovery %s of executor %s: attempt %d on peer %s failed: %s",
             ref.rid,
             ref.key,
             attempt,
             printable(peer),
-            error,
+            printable(error),  # the peer's own words, of any length (a frame may be 64 MiB)
         )
 
     async def succeed(
@@ -416,6 +417,10 @@ class RecoveryStore:
             observe(self.pipeline.reply_to_verified, timings["to_verified"])
         if deleted and dead is not None:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
+        if timings is None and not deleted:
+            # The attempt was marked succeeded already (this step run again after a crash, the record
+            # deleted by the first run): logged then, and "kept" would be false.
+            return deleted
         kept = "deleted" if deleted else "kept (it connected again)"
         log.info(
             "recovery %s of executor %s succeeded: recovered by peer %s, its record %s",
