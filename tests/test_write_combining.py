@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import pytest
@@ -946,3 +947,99 @@ def test_a_batch_of_handshakes_meeting_a_connection_the_server_ended_is_written_
     previous = [r.previous_state for r in second if isinstance(r, Connected)]
     assert previous == [ExecutorState.HEALTHY] * (GROUP // 2) + [None] * (GROUP // 2), previous
     assert states == {f"h-{i}": "HEALTHY" for i in range(GROUP)}, states
+
+
+class _CommitReplyLost:
+    """A TCP proxy to PostgreSQL that, once armed, passes the next COMMIT on to the server and ends
+    the connection as the server's reply comes, without passing it back: the commit made, its reply
+    lost (a connection cut in that instant, a failover). The messages are the wire protocol's."""
+
+    COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple query psycopg sends to end a transaction
+    DONE = b"C\x00\x00\x00\x0bCOMMIT\x00"  # the server's CommandComplete for it
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        socket_dir = parse_qs(parts.query).get("host", [""])[0]  # the harness's server: a Unix socket
+        self.target = (socket_dir, parts.hostname or "localhost", parts.port or 5432)
+        self.armed = False
+        self.cut = 0
+
+    async def serve(self) -> asyncio.Server:
+        return await asyncio.start_server(self._pair, "127.0.0.1", 0)
+
+    async def _pair(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        socket_dir, host, port = self.target
+        if socket_dir.startswith("/"):
+            server_r, server_w = await asyncio.open_unix_connection(f"{socket_dir}/.s.PGSQL.{port}")
+        else:
+            server_r, server_w = await asyncio.open_connection(host, port)
+        committing = asyncio.Event()
+
+        async def up() -> None:
+            while data := await client_r.read(65536):
+                if self.armed and self.COMMIT in data:
+                    self.armed = False
+                    committing.set()
+                server_w.write(data)
+                await server_w.drain()
+
+        async def down() -> None:
+            held = b""
+            while data := await server_r.read(65536):
+                if committing.is_set():
+                    held += data
+                    if self.DONE in held:  # committed: the reply dropped, the connection ended
+                        self.cut += 1
+                        return
+                    continue
+                client_w.write(data)
+                await client_w.drain()
+
+        pipes = [asyncio.create_task(up()), asyncio.create_task(down())]
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)  # either side ended: both
+        finally:
+            client_w.transport.abort()
+            server_w.transport.abort()
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+
+
+async def _commit_reply_lost(url: str) -> tuple[int, int, object, bool, dict[str, str]]:
+    proxy = _CommitReplyLost(url)
+    server = await proxy.serve()
+    port = server.sockets[0].getsockname()[1]
+    parts = urlsplit(url)
+    proxied = f"postgresql://{parts.username}:{parts.password or ''}@127.0.0.1:{port}{parts.path}?sslmode=disable"
+    try:
+        async with _instances(proxied, "relay-1") as [(db, _, executors)]:
+            key, epoch = await _connect(executors, "relay-1", "x")  # HEALTHY, then DISCONNECTED
+            info = ExecutorInfoReply(request_id="r", executor_id="x", application_version="v1")
+            proxy.armed = True
+            back = await executors.connected(Handshake(key, info, "relay-1", "key"))  # the reply lost
+            assert isinstance(back, Connected)
+            proxy.armed = True
+            lost = await executors.lost(key, back.epoch, "relay-1")  # and a disconnection's
+            states, _ = await _rows(db)
+            return proxy.cut, epoch, back, lost, states
+    finally:
+        server.close()
+
+
+def test_a_batch_whose_commit_was_made_but_its_reply_lost_is_not_reported_as_its_own_doing(
+    postgres: Postgres,
+) -> None:
+    """A batch of handshakes (or of disconnections) whose connection is lost under its COMMIT, the
+    commit made (its reply lost: a cut, a failover in that instant), was run once more: the second
+    run found its rows HEALTHY already, its own first run's doing, and told the hub so. A DISCONNECTED
+    executor back had its grace period left to run out, one DEAD its recovery records left unended
+    (previous state HEALTHY, not DISCONNECTED or DEAD); a disconnection was reported not recorded
+    (its grace period left to the repair sweep). The first run's outcome, asked of PostgreSQL by its
+    transaction id (pg_xact_status), is the batch's now."""
+    cut, epoch, back, lost, states = asyncio.run(_commit_reply_lost(postgres.create_database("reply_lost")))
+    assert cut == 2  # both COMMITs made on the server, their replies lost
+    assert isinstance(back, Connected)
+    assert back.previous_state is ExecutorState.DISCONNECTED and back.previous_epoch == epoch, back
+    assert lost is True  # the disconnection recorded, by the first run
+    assert states == {"x": "DISCONNECTED"}, states

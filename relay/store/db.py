@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import psycopg
@@ -42,6 +42,24 @@ RECONNECT_EVERY_SECS = 1.0
 # soon, not after the pool's 10 s.
 LOST_AGAIN_WAIT_SECS = 2.0
 CONNECT_TIMEOUT_SECS = 5
+# A transaction whose COMMIT met a lost connection, its server process not gone yet (PostgreSQL still
+# ending it): its outcome is asked again this often, this many times, before the batch runs again.
+IN_DOUBT_POLL_SECS = 0.05
+IN_DOUBT_POLLS = 20
+
+
+class Landed(Generic[T]):
+    """What a transaction run by :meth:`Database.again_if_lost` gives back, kept with the transaction's
+    id (``pg_current_xact_id()``) before its COMMIT: if the connection is lost under the COMMIT, the
+    commit may have been made, and a second run would find the first's changes and report them as
+    the rows' state before (a handshake's previous state HEALTHY, not DISCONNECTED or DEAD)."""
+
+    def __init__(self) -> None:
+        self.xact: str | None = None
+        self.value: T | None = None
+
+    def keep(self, xact: str, value: T) -> None:
+        self.xact, self.value = xact, value
 
 
 # A database host lost without a reset (a failover, a crashed machine, a dropped route) leaves each
@@ -378,20 +396,38 @@ class Database:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), limit)
 
-    async def again_if_lost(self, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    async def again_if_lost(self, run: Callable[[Landed[T]], Coroutine[Any, Any, T]]) -> T:
         """``run()``, and once more if the connection under it was lost (:class:`ConnectionLost`:
         PostgreSQL restarted, a failover; the pool's idle connections broken too, and checked first):
         the database that ended it likely answers on another. For the batches refused together when
         the database is not reached (the handshakes', the disconnections'): refused, each of their
         callers would wait for its own retry. The second run waits :data:`LOST_AGAIN_WAIT_SECS` at
         most for its connection (in an outage the batch is refused soon); its failure is the caller's.
-        ``run`` must be safe to run twice: guarded statements (the first run may have committed if
-        the connection was lost under its commit)."""
+        ``run`` must be safe to run twice (guarded statements), and keeps what it returns in its
+        :class:`Landed` before its COMMIT: a first run whose COMMIT was made though its connection was
+        lost under it (the reply lost) is not run again, its result is the batch's."""
+        first: Landed[T] = Landed()
         try:
-            return await run()
+            return await run(first)
         except ConnectionLost:
             await self.idle_checked()
-            return await patiently(run(), LOST_AGAIN_WAIT_SECS)
+            if first.xact is not None and await patiently(self._committed(first.xact), LOST_AGAIN_WAIT_SECS):
+                return first.value  # type: ignore[return-value]  # kept with its xact: a T
+            return await patiently(run(Landed()), LOST_AGAIN_WAIT_SECS)
+
+    async def _committed(self, xact: str) -> bool:
+        """Whether transaction ``xact`` committed; one still in progress (its server process ending)
+        is asked again for a second at most, then taken as not committed (run again, the batch's
+        guarded statements wait for its locks)."""
+        for _ in range(IN_DOUBT_POLLS):
+            async with self.connection() as conn:
+                cur = await conn.execute("SELECT pg_xact_status(%s::xid8) AS status", (xact,))
+                row = await cur.fetchone()
+            status = None if row is None else row["status"]
+            if status != "in progress":
+                return status == "committed"
+            await asyncio.sleep(IN_DOUBT_POLL_SECS)
+        return False
 
     async def _check(self) -> None:
         try:

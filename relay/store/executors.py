@@ -33,7 +33,7 @@ from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fen
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
 from relay.store.combiner import Write
-from relay.store.db import Database, deadlocked
+from relay.store.db import Database, Landed, deadlocked
 from relay_protocol import ExecutorInfoReply
 from relay_protocol.limits import has_unstorable
 
@@ -403,7 +403,9 @@ class ExecutorStore:
             for (key, epoch, _), future in batch:
                 _settle_one(future, (key, epoch) in changed)
 
-    async def _update_lost(self, rows: list[_Lost]) -> set[tuple[ExecutorKey, int]]:
+    async def _update_lost(
+        self, rows: list[_Lost], landed: Landed[set[tuple[ExecutorKey, int]]] | None = None
+    ) -> set[tuple[ExecutorKey, int]]:
         async with self.db.fenced() as conn:
             # Rows locked in key order (_LOCK_ORDER), as a batch of handshakes and an adoption lock
             # them: in the join's order, executors disconnecting and connecting again at once (a network
@@ -417,7 +419,7 @@ class ExecutorStore:
                         ORDER BY {_LOCK_ORDER} FOR UPDATE)
                     UPDATE executors e SET state = {_state_case(E.LOST, "e.state")}{_EFFECTS[E.LOST]}
                     FROM mine m WHERE e.org = m.org AND e.app = m.app AND e.executor_id = m.executor_id
-                    RETURNING e.org, e.app, e.executor_id, e.epoch""",
+                    RETURNING e.org, e.app, e.executor_id, e.epoch, pg_current_xact_id()::text AS xact""",
                 (
                     [key.org for key, _, _ in rows],
                     [key.app for key, _, _ in rows],
@@ -428,7 +430,10 @@ class ExecutorStore:
                 ),
             )
             found = await cur.fetchall()
-        return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in found}
+            changed = {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])) for r in found}
+            if landed is not None and found:  # (again_if_lost: this, if the COMMIT is made but its reply lost)
+                landed.keep(str(found[0]["xact"]), changed)
+        return changed
 
     async def instance_lost(self, instance: str) -> int:
         """INSTANCE_LOST for every executor this instance held (start-up, shutdown).
@@ -570,7 +575,9 @@ class ExecutorStore:
                 future.set_result(result)
 
     async def _upsert_connected(
-        self, rows: list[Handshake]
+        self,
+        rows: list[Handshake],
+        landed: Landed[tuple[dict[ExecutorKey, Connected], set[tuple[str, str]]]] | None = None,
     ) -> tuple[dict[ExecutorKey, Connected], set[tuple[str, str]]]:
         """The batch's records, and the apps (org, name) that are gone: their executors' rows are not
         written."""
@@ -645,10 +652,12 @@ class ExecutorStore:
                             relay_instance = EXCLUDED.relay_instance
                        WHERE e.state = ANY(%s)
                        RETURNING org, app, executor_id, epoch, previous_epoch)
-                   SELECT up.*, old.state AS previous_state, old.relay_instance AS previous_instance
+                   SELECT up.*, old.state AS previous_state, old.relay_instance AS previous_instance,
+                          pg_current_xact_id()::text AS xact
                    FROM up LEFT JOIN old USING (org, app, executor_id)""",
                 (*mine, allowed),
             )
+            found = await cur.fetchall()
             results = {
                 ExecutorKey(r["org"], r["app"], r["executor_id"]): Connected(
                     int(r["epoch"]),
@@ -656,8 +665,13 @@ class ExecutorStore:
                     ExecutorState(r["previous_state"]) if r["previous_state"] else None,
                     r["previous_instance"],
                 )
-                for r in await cur.fetchall()
+                for r in found
             }
+            if landed is not None and found:
+                # Kept before the COMMIT (again_if_lost): if it is made but its reply is lost, a second run
+                # would find these rows HEALTHY already and tell each caller so, not what they were before
+                # (its grace period not ended, its death's recovery records not ended).
+                landed.keep(str(found[0]["xact"]), (results, gone))
             return results, gone
 
     async def stranded(
