@@ -50,9 +50,10 @@ IN_DOUBT_POLLS = 20
 
 class Landed(Generic[T]):
     """What a transaction run by :meth:`Database.again_if_lost` gives back, kept with the transaction's
-    id (``pg_current_xact_id()``) before its COMMIT: if the connection is lost under the COMMIT, the
-    commit may have been made, and a second run would find the first's changes and report them as
-    the rows' state before (a handshake's previous state HEALTHY, not DISCONNECTED or DEAD)."""
+    id (``txid_current()``: PostgreSQL 13's pg_current_xact_id is not in older servers) before its
+    COMMIT: if the connection is lost under the COMMIT, the commit may have been made, and a second
+    run would find the first's changes and report them as the rows' state before (a handshake's
+    previous state HEALTHY, not DISCONNECTED or DEAD)."""
 
     def __init__(self) -> None:
         self.xact: str | None = None
@@ -421,7 +422,7 @@ class Database:
         guarded statements wait for its locks)."""
         for _ in range(IN_DOUBT_POLLS):
             async with self.connection() as conn:
-                cur = await conn.execute("SELECT pg_xact_status(%s::xid8) AS status", (xact,))
+                cur = await conn.execute("SELECT txid_status(%s::bigint) AS status", (xact,))
                 row = await cur.fetchone()
             status = None if row is None else row["status"]
             if status != "in progress":

@@ -419,7 +419,7 @@ class ExecutorStore:
                         ORDER BY {_LOCK_ORDER} FOR UPDATE)
                     UPDATE executors e SET state = {_state_case(E.LOST, "e.state")}{_EFFECTS[E.LOST]}
                     FROM mine m WHERE e.org = m.org AND e.app = m.app AND e.executor_id = m.executor_id
-                    RETURNING e.org, e.app, e.executor_id, e.epoch, pg_current_xact_id()::text AS xact""",
+                    RETURNING e.org, e.app, e.executor_id, e.epoch, txid_current()::text AS xact""",
                 (
                     [key.org for key, _, _ in rows],
                     [key.app for key, _, _ in rows],
@@ -653,7 +653,7 @@ class ExecutorStore:
                        WHERE e.state = ANY(%s)
                        RETURNING org, app, executor_id, epoch, previous_epoch)
                    SELECT up.*, old.state AS previous_state, old.relay_instance AS previous_instance,
-                          pg_current_xact_id()::text AS xact
+                          txid_current()::text AS xact
                    FROM up LEFT JOIN old USING (org, app, executor_id)""",
                 (*mine, allowed),
             )
