@@ -419,11 +419,17 @@ class Database:
     async def _committed(self, xact: str) -> bool:
         """Whether transaction ``xact`` committed; one still in progress (its server process ending)
         is asked again for a second at most, then taken as not committed (run again, the batch's
-        guarded statements wait for its locks)."""
+        guarded statements wait for its locks). One this server never saw (a failover to a replica
+        the commit had not reached: "in the future") is not committed either."""
         for _ in range(IN_DOUBT_POLLS):
-            async with self.connection() as conn:
-                cur = await conn.execute("SELECT txid_status(%s::bigint) AS status", (xact,))
-                row = await cur.fetchone()
+            try:
+                async with self.connection() as conn:
+                    cur = await conn.execute("SELECT txid_status(%s::bigint) AS status", (xact,))
+                    row = await cur.fetchone()
+            except DatabaseUnreachable:
+                raise
+            except DatabaseError:
+                return False
             status = None if row is None else row["status"]
             if status != "in progress":
                 return status == "committed"
