@@ -189,6 +189,18 @@ async def deliver(store: AlertStore, sender: AlertSender, alert: Alert) -> None:
     await store.finish(alert, True, 1, None, where, f"test:{alert.idempotency_key}")
 
 
+async def polled_and_delivered(store: AlertStore, sender: AlertSender, overlap_secs: float | None = None) -> None:
+    """Two audit polls that remember starting nothing (DBOS forgot the workflows they started, as
+    retention makes it), each alert they would start delivered (:func:`deliver`)."""
+    loops, recorded = recording(store)
+    if overlap_secs is not None:
+        loops.overlap_secs = overlap_secs
+    for _ in range(2):
+        await loops.poll_events()
+    for alert in recorded:
+        await deliver(store, sender, alert)
+
+
 async def declared_dead(db: Database, name: str) -> int:
     """Executor ``name`` of acme/ledger connected, lost and declared dead (audited); its epoch."""
     executors, key = ExecutorStore(db), ExecutorKey("acme", "ledger", name)
@@ -634,11 +646,7 @@ def test_a_rule_put_back_and_taken_out_again_resolves_a_long_death_once(relay_db
         sender = sender_to(None)
 
         async def poll_and_deliver(store: AlertStore) -> None:
-            loops, recorded = recording(store)  # a poll that remembers starting nothing: DBOS forgot
-            for _ in range(2):
-                await loops.poll_events()
-            for alert in recorded:
-                await deliver(store, sender, alert)
+            await polled_and_delivered(store, sender)
 
         async def body(db: Database, store: AlertStore) -> tuple[str, list[str]]:
             sender.store = store
@@ -686,12 +694,8 @@ def test_alerts_the_previous_release_resolved_by_a_rules_removal_are_resolved_on
         sender = sender_to(None)
 
         async def poll_and_deliver(store: AlertStore) -> None:
-            loops, recorded = recording(store)  # a poll that remembers starting nothing: DBOS forgot,
-            loops.overlap_secs = 0.0  # and reads each entry once, as DBOS starts a workflow id once meanwhile
-            for _ in range(2):
-                await loops.poll_events()
-            for alert in recorded:
-                await deliver(store, sender, alert)
+            # Each entry read once, as DBOS starts a workflow id once meanwhile.
+            await polled_and_delivered(store, sender, overlap_secs=0.0)
 
         async def body(db: Database, store: AlertStore) -> list[str]:
             sender.store = store

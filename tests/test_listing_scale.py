@@ -4,6 +4,8 @@ analyzed its tables (a new database whose fleet has just connected)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,11 +36,22 @@ def _rows_visited(node: dict[str, Any]) -> int:
     return own + removed + sum(_rows_visited(child) for child in node.get("Plans", []))
 
 
-async def _a_fresh_fleets_listing(url: str) -> None:
+@asynccontextmanager
+async def _migrated(url: str, *, app: bool = True) -> AsyncIterator[Database]:
+    """The database at ``url`` migrated, with a relay.yaml's apps (acme/ledger) if ``app``; closed after."""
     db = Database(url)
     await db.open()
     try:
         await db.migrate()
+        if app:
+            await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+        yield db
+    finally:
+        await db.close()
+
+
+async def _a_fresh_fleets_listing(url: str) -> None:
+    async with _migrated(url, app=False) as db:
         # Statistics are what this test holds back: no ANALYZE may run while it does.
         async with db.connection() as conn:
             for table in ("executors", "executor_ids"):
@@ -77,8 +90,6 @@ async def _a_fresh_fleets_listing(url: str) -> None:
         assert [r.key.executor_id for r in listed] == [f"ex-{i:05}" for i in range(FLEET)]
         assert all(r.first_seen_at is not None for r in listed)
         await lease.stop()
-    finally:
-        await db.close()
 
 
 def test_the_listing_of_a_fleet_just_connected_visits_each_executor_a_few_times(postgres: Postgres) -> None:
@@ -90,11 +101,7 @@ RECOVERY_PAGE = 20
 
 
 async def _a_long_history_of_recoveries(url: str) -> None:
-    db = Database(url)
-    await db.open()
-    try:
-        await db.migrate()
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+    async with _migrated(url) as db:
         async with db.transaction() as conn:
             # Runs of earlier deaths, one a second, each with its attempt and its audit entries (the
             # executor.dead of its death, then the run's own), as a few mass failures leave them.
@@ -154,8 +161,6 @@ async def _a_long_history_of_recoveries(url: str) -> None:
             assert [e["action"] for e in row.history] == ["executor.dead", "recovery.dispatched", "recovery.succeeded"]
             assert row.history[0]["detail"] == {"epoch": row.epoch}
             assert all(e["detail"].get("recoveryId") == row.id for e in row.history[1:])
-    finally:
-        await db.close()
 
 
 def test_a_page_of_recoveries_reads_the_runs_up_to_it_not_every_run_of_the_app(postgres: Postgres) -> None:
@@ -171,10 +176,7 @@ AUDIT_PAGE = 100
 
 
 async def _an_audit_log_of_many_days(url: str) -> None:
-    db = Database(url)
-    await db.open()
-    try:
-        await db.migrate()
+    async with _migrated(url, app=False) as db:
         async with db.transaction() as conn:
             # Mostly recovery entries of three apps and 15,000 executors; a settings change now and then.
             await conn.execute(
@@ -212,8 +214,6 @@ async def _an_audit_log_of_many_days(url: str) -> None:
         rows = await audit.list_entries("acme", None, None, None, 5, action="settings.updated", newest_first=True)
         assert [r["action"] for r in rows] == ["settings.updated"] * 5
         assert [r["id"] for r in rows] == sorted((r["id"] for r in rows), reverse=True)
-    finally:
-        await db.close()
 
 
 def test_the_audit_log_filtered_by_an_action_reads_that_actions_entries_not_the_whole_log(
@@ -234,11 +234,7 @@ RECENT = 20
 
 
 async def _runs_that_deleted_their_executor(url: str) -> None:
-    db = Database(url)
-    await db.open()
-    try:
-        await db.migrate()
-        await AppStore(db).sync_config(RelayConfig.model_validate(relay_yaml(free_port())))
+    async with _migrated(url) as db:
         async with db.transaction() as conn:
             # Each run's entries (its death, its dispatch and success, its executor's record deleted),
             # every odd run's success made while its executor had connected again (the record kept).
@@ -283,8 +279,6 @@ async def _runs_that_deleted_their_executor(url: str) -> None:
         assert counts == [DELETED_RUNS // 2, DELETED_RUNS // 2, DELETED_RUNS]
         ex_0 = await store.get("acme", "ledger", None, "ex-0", limit=1000, executor_deleted=True)
         assert sorted(r.id for r in ex_0) == sorted(f"rec-{g}" for g in range(RETURNING, DELETED_RUNS + 1, RETURNING))
-    finally:
-        await db.close()
 
 
 def test_the_recoveries_that_deleted_their_executor_are_found_by_their_own_entry(postgres: Postgres) -> None:
