@@ -31,10 +31,10 @@ from relay.store.pipeline import RecoveryPipeline, observe
 
 E = ExecutorEvent
 Conn = psycopg.AsyncConnection[dict[str, Any]]
-# One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
 # What an operator follows in the log besides the audit log: a death and how its recovery goes, one
 # line each (the connection's own lines say connected, DISCONNECTED; relay.net.connection).
 log = logging.getLogger("relay.recovery")
+# One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
 _ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch = %(epoch)s"
 _TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
 # The NOTIFY channel every instance listens on for recoveries that begin to wait (payload: org, app).
