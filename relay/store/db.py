@@ -33,7 +33,7 @@ log = logging.getLogger("relay.db")
 
 T = TypeVar("T")
 
-# Replacing a lost connection: psycopg_pool's attempt (two tries at once) is given up as it fails,
+# Replacing a lost connection: psycopg_pool's attempt (two tries in a row) is given up as it fails,
 # and the next begins this long after, or as soon as the database is seen answering (a request's own
 # connection, the readiness probe, the lease's renewal), whichever comes first.
 RECONNECT_EVERY_SECS = 1.0
