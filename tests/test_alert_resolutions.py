@@ -189,6 +189,16 @@ async def deliver(store: AlertStore, sender: AlertSender, alert: Alert) -> None:
     await store.finish(alert, True, 1, None, where, f"test:{alert.idempotency_key}")
 
 
+def dead_rule_in_and_out(receiver: WebhookReceiver) -> tuple[list[dict[str, Any]], RelayConfig, RelayConfig]:
+    """An ExecutorDead rule to ``receiver``'s /dead; relay.yaml with it, and the same file without it."""
+    rules: list[dict[str, Any]] = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
+    return (
+        rules,
+        RelayConfig.model_validate(alert_config(free_port(), rules)),
+        RelayConfig.model_validate(alert_config(free_port(), [])),
+    )
+
+
 async def polled_and_delivered(store: AlertStore, sender: AlertSender, overlap_secs: float | None = None) -> None:
     """Two audit polls that remember starting nothing (DBOS forgot the workflows they started, as
     retention makes it), each alert they would start delivered (:func:`deliver`)."""
@@ -640,9 +650,7 @@ def test_a_rule_put_back_and_taken_out_again_resolves_a_long_death_once(relay_db
     alert's row says it was resolved: one resolution."""
     settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS, relay_workflows_days=SHORT_AUDIT_DAYS)
     with WebhookReceiver() as receiver:
-        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
-        with_rule = RelayConfig.model_validate(alert_config(free_port(), rules))
-        without = RelayConfig.model_validate(alert_config(free_port(), []))
+        rules, with_rule, without = dead_rule_in_and_out(receiver)
         sender = sender_to(None)
 
         async def poll_and_deliver(store: AlertStore) -> None:
@@ -688,9 +696,7 @@ def test_alerts_the_previous_release_resolved_by_a_rules_removal_are_resolved_on
     the row as it prunes the entry: one resolution each."""
     settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS, relay_workflows_days=SHORT_AUDIT_DAYS)
     with WebhookReceiver() as receiver:
-        rules = [{"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0}]
-        with_rule = RelayConfig.model_validate(alert_config(free_port(), rules))
-        without = RelayConfig.model_validate(alert_config(free_port(), []))
+        rules, with_rule, without = dead_rule_in_and_out(receiver)
         sender = sender_to(None)
 
         async def poll_and_deliver(store: AlertStore) -> None:
