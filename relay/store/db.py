@@ -46,6 +46,10 @@ CONNECT_TIMEOUT_SECS = 5
 # ending it): its outcome is asked again this often, this many times, before the batch runs again.
 IN_DOUBT_POLL_SECS = 0.05
 IN_DOUBT_POLLS = 20
+# How long a connection asked for as the database returns waits for the check of the pool's idle
+# connections (one round trip each, a database that has just answered): the check takes them out of
+# the pool as it begins, so beyond it the caller is given a new or a checked one anyway.
+RETURN_CHECK_SECS = 2.0
 
 
 class Landed(Generic[T]):
@@ -239,6 +243,9 @@ class Database:
         self._rechecked = (0.0, False)  # when the latest look at a known unreachable database ended, and what it found
         self._reconnecting: asyncio.Task[None] | None = None  # the pool's next attempt to connect, waiting
         self._answering = asyncio.Event()  # set when the database, known unreachable, answers: it begins now
+        # The check of the idle connections begun as the database, known unreachable, answered again:
+        # waited for before a connection is given out (:meth:`note_answered`).
+        self._returned: asyncio.Task[None] | None = None
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -283,6 +290,10 @@ class Database:
         ):
             secs = time.monotonic() - down_since
             raise DatabaseUnreachable(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
+        returned = self._returned
+        if returned is not None and not returned.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(returned), RETURN_CHECK_SECS)
         try:
             async with self.pool.connection(timeout=wait) as conn:
                 used = conn
@@ -328,6 +339,12 @@ class Database:
             # would try to grow at each one given back.)
             self._answering.set()
             self.down_since, self.down_reason = None, ""
+            # The pool's idle connections date from before it: a restart or a failover closed them,
+            # and through the outage no request took one to find out (refused at once). Each given to
+            # a request would fail its statement though the database answers: checked (and the closed
+            # ones replaced) before the next connection is given out.
+            self._check_idle()
+            self._returned = self._checking
         if self._unreachable:
             self._unreachable, self.recovered_at = False, time.monotonic()
 
