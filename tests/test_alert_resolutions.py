@@ -795,6 +795,136 @@ def test_rules_taken_out_again_as_retention_prunes_their_old_rows_are_removed_an
     assert len(removed) == 2 and all(removed.values()), removed
 
 
+# The advisory lock that holds retention's round where a test's trigger (:func:`pause_retention`) stops it.
+PAUSE_KEY = 7_215_420_113_952
+
+
+async def pause_retention(relay_db: str, table: str, when: str = "") -> None:
+    """A trigger, in this test's database only, that makes retention's deletion from ``table`` wait
+    while a session holds :data:`PAUSE_KEY`: at its statement, or (``when``, a row's condition) at
+    that row, the rows before it deleted already. Its transaction stays open, its deletions uncommitted."""
+    level = f"ROW WHEN ({when})" if when else "STATEMENT"
+    async with await psycopg.AsyncConnection.connect(relay_db, autocommit=True) as conn:
+        await conn.execute(
+            f"""CREATE FUNCTION paused() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_advisory_xact_lock_shared({PAUSE_KEY}); RETURN OLD; END $$"""
+        )
+        await conn.execute(f"CREATE TRIGGER paused BEFORE DELETE ON {table} FOR EACH {level} EXECUTE FUNCTION paused()")
+
+
+async def prune_while_removed(relay_db: str, db: Database, store: AlertStore, without: RelayConfig) -> list[Any]:
+    """Retention's round, held by :func:`pause_retention`, and relay.yaml's rules taken out meanwhile
+    (the round waiting, the removal under way until it waits too), then the round let go; their
+    outcomes (an exception for one that failed)."""
+    settings = RetentionConfig(audit_days=SHORT_AUDIT_DAYS)
+    async with await psycopg.AsyncConnection.connect(relay_db, autocommit=True) as holder:
+        await holder.execute("SELECT pg_advisory_lock(%s)", (PAUSE_KEY,))
+        pruning = asyncio.create_task(RetentionStore(db).prune(settings), name="prune")
+        deadline = time.monotonic() + 10
+        while await sessions_waiting(holder) < 1:
+            assert time.monotonic() < deadline and not pruning.done(), "the round never reached the pause"
+            await asyncio.sleep(0.01)
+        removing = asyncio.create_task(store.sync_config(without), name="sync")
+        while await sessions_waiting(holder) < 2:
+            assert time.monotonic() < deadline and not removing.done(), "the removal never waited"
+            await asyncio.sleep(0.01)
+        await holder.execute("SELECT pg_advisory_unlock(%s)", (PAUSE_KEY,))
+        return await asyncio.gather(pruning, removing, return_exceptions=True)
+
+
+async def resolved_by_the_previous_release(
+    db: Database, store: AlertStore, sender: AlertSender, with_rule: RelayConfig, without: RelayConfig
+) -> list[str]:
+    """Two deaths an ExecutorDead rule alerted (executors ``a`` and ``b``), the rule taken out of
+    relay.yaml by an instance of the previous release (their ``alert.resolved`` written, delivered,
+    the rows not marked), put back, and the entries older than auditDays; the alerts' keys, in order."""
+    for name in ("a", "b"):
+        await declared_dead(db, name)
+    await polled_and_delivered(store, sender, overlap_secs=0.0)  # the two alerts
+    await store.sync_config(without)
+    await polled_and_delivered(store, sender, overlap_secs=0.0)  # their resolutions
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE alerts SET resolved_at = NULL")  # as the previous release left them
+    await store.sync_config(with_rule)  # put back
+    await wait_entries_aged(db, "alert.resolved")
+    return sorted(await alert_keys(db))
+
+
+async def resolved_entries(db: Database) -> tuple[list[str], list[str]]:
+    """The ``alert.resolved`` entries' dedupe keys, and the keys of the alerts not marked resolved."""
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM audit_log WHERE action = 'alert.resolved' ORDER BY 1")
+        entries = [str(r["dedupe_key"]) for r in await cur.fetchall()]
+        cur = await conn.execute("SELECT idempotency_key FROM alerts WHERE resolved_at IS NULL ORDER BY 1")
+        return entries, [str(r["idempotency_key"]) for r in await cur.fetchall()]
+
+
+def test_a_rule_taken_out_again_as_retention_prunes_its_alerts_old_resolutions_resolves_them_no_second_time(
+    relay_db: str,
+) -> None:
+    """A rolling upgrade: the previous release resolved two deaths' alerts by their rule's removal
+    (the entries alone), the rule was put back, and is taken out again as retention's round, past
+    auditDays, has deleted the entries and marked the rows but not committed yet. The removal, which
+    found the rows not marked, wrote each entry again once the round committed (the deletion it
+    waited for, by the entry's dedupe key, done): a second ``alert.resolved``, and a second
+    resolution delivered. The removal waits for the rows the round holds, and finds them marked."""
+    with WebhookReceiver() as receiver:
+        rules, with_rule, without = dead_rule_in_and_out(receiver)
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> tuple[list[Any], tuple[list[str], list[str]]]:
+            sender.store = store
+            await resolved_by_the_previous_release(db, store, sender, with_rule, without)
+            await pause_retention(relay_db, "recovery_attempts")  # the round's next statement
+            outcomes = await prune_while_removed(relay_db, db, store, without)
+            await polled_and_delivered(store, sender, overlap_secs=0.0)
+            return outcomes, await resolved_entries(db)
+
+        try:
+            (pruned, synced), (entries, unmarked) = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    payloads = receiver.payloads("ExecutorDead")
+    alerts = sorted(p["idempotencyKey"] for p in payloads if "resolves" not in p)
+    assert len(alerts) == 2 and sorted(p["resolves"] for p in payloads if "resolves" in p) == alerts, payloads
+    assert not isinstance(pruned, BaseException) and synced is None, (pruned, synced)
+    assert entries == [] and unmarked == [], (entries, unmarked)
+
+
+def test_a_rule_taken_out_again_as_retention_prunes_its_alerts_old_resolutions_does_not_deadlock(
+    relay_db: str,
+) -> None:
+    """As above, the round caught between its deletions: it has deleted the entry of ``b``'s alert
+    (the newer in the log) and not yet ``a``'s. The removal found ``a``'s entry there, wrote nothing
+    and marked its row, then waited for the round's deletion of ``b``'s entry; the round, going on
+    to mark ``a``'s row, waited for the removal: PostgreSQL failed one of them (here the removal: an
+    instance's start). Both lock the rows first, in one order: both
+    go through, no entry written again, every row marked."""
+    with WebhookReceiver() as receiver:
+        rules, with_rule, without = dead_rule_in_and_out(receiver)
+        sender = sender_to(None)
+
+        async def body(db: Database, store: AlertStore) -> tuple[list[Any], tuple[list[str], list[str]]]:
+            sender.store = store
+            a, _ = await resolved_by_the_previous_release(db, store, sender, with_rule, without)
+            async with db.transaction() as conn:  # a's entry after b's in the log, for the round to reach last
+                await conn.execute(
+                    """WITH moved AS (DELETE FROM audit_log WHERE dedupe_key = %s RETURNING *)
+                       INSERT INTO audit_log SELECT * FROM moved""",
+                    (f"alert.resolved:{a}",),
+                )
+            await pause_retention(relay_db, "audit_log", f"OLD.dedupe_key = 'alert.resolved:{a}'")
+            outcomes = await prune_while_removed(relay_db, db, store, without)
+            return outcomes, await resolved_entries(db)
+
+        try:
+            (pruned, synced), (entries, unmarked) = with_store(relay_db, rules, body)
+        finally:
+            sender.webhooks.close()
+    assert not isinstance(pruned, BaseException) and synced is None, (pruned, synced)
+    assert entries == [] and unmarked == [], (entries, unmarked)
+
+
 def test_the_upgrade_marks_the_alerts_an_earlier_release_resolved(relay_db: str) -> None:
     """Migration 20: an alert whose ``alert.resolved`` an earlier release wrote (its rule removed
     while its death went on) is marked resolved, so that its death's end, read by this release, does

@@ -114,6 +114,13 @@ def config_rule_id(org: str, app: str, rule: AlertRuleConfig, nth: int = 0) -> s
 _COLUMNS = """id, org, app, kind, params, min_interval_secs, webhook_url, secret, format, receiver_app, source,
               created_at, created_by, last_fired_at"""
 
+# The alerts of these death rules (a list of ids) that a rule's removal resolves: sent (or being
+# sent), not resolved already, and their death not over (the executor DEAD or RECOVERING at its epoch).
+_OPEN_DEATH_ALERTS = """FROM alerts a
+    JOIN executors e ON e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
+     AND e.state IN ('DEAD', 'RECOVERING') AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch
+    WHERE a.rule_id = ANY(%s) AND a.status IN ('sending', 'sent') AND a.resolved_at IS NULL"""
+
 
 class AlertStore:
     def __init__(self, db: Database) -> None:
@@ -276,19 +283,25 @@ class AlertStore:
                     removed_why = EXCLUDED.removed_why""",
             (why, [r.id for r in records]),
         )
+        # The death alerts it may resolve, locked before any entry is written, in the order of their
+        # keys, as retention locks those whose old ``alert.resolved`` it prunes (relay.store.retention),
+        # and read again below once locked. Else, as retention deleted the old entry of an alert an
+        # instance of the previous release had resolved (a rolling upgrade: the entry alone, no
+        # resolved_at), this found the alert not marked yet and wrote its entry anew once retention
+        # committed, a second resolution; or it held one such alert's row, which retention waited
+        # for, while it waited for retention's deletion of another's entry (its dedupe key), and
+        # PostgreSQL failed one of them (an instance failed to start: only relay.yaml puts a rule back
+        # under its id).
+        deaths = [r.id for r in records if r.kind in DEATH_KINDS]
+        if deaths:
+            await conn.execute(f"SELECT 1 {_OPEN_DEATH_ALERTS} ORDER BY a.idempotency_key FOR UPDATE OF a", (deaths,))
         for record in records:
             rule = record.rule()
             if rule.kind in CONDITION_KINDS:
                 await AlertStore._end_episodes(conn, rule, [], why, RULE_REMOVED)
             elif rule.kind in DEATH_KINDS:
                 cur = await conn.execute(
-                    """SELECT a.subject, a.idempotency_key FROM alerts a
-                       JOIN executors e ON e.org = a.org AND e.app = a.app AND e.executor_id = a.subject
-                        AND e.state IN ('DEAD', 'RECOVERING')
-                        AND a.idempotency_key = a.rule_id || ':' || a.subject || ':' || e.epoch
-                       WHERE a.rule_id = %s AND a.status IN ('sending', 'sent') AND a.resolved_at IS NULL
-                       ORDER BY a.subject""",
-                    (rule.id,),
+                    f"SELECT a.subject, a.idempotency_key {_OPEN_DEATH_ALERTS} ORDER BY a.subject", ([rule.id],)
                 )
                 for row in await cur.fetchall():
                     await _resolved(conn, rule, str(row["subject"]), str(row["idempotency_key"]), why, RULE_REMOVED)

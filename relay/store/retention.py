@@ -33,6 +33,20 @@ class RetentionStore:
         comment) are kept whatever their age.
         """
         async with self.db.transaction() as conn:
+            # The rows the statement below marks, locked first, in the order of their keys, as a rule's
+            # removal locks the alerts it resolves (AlertStore.removing) before it writes their entries.
+            # Locked as the statement came to them, the round could hold one while the removal, holding
+            # another the round went on to, waited for the round's deletion of that one's entry (its
+            # dedupe key): PostgreSQL failed one of them. Locked first, the removal waits for the round
+            # and finds the rows marked.
+            await conn.execute(
+                """SELECT 1 FROM audit_log l JOIN alerts a
+                     ON a.idempotency_key = substr(l.dedupe_key, length('alert.resolved:') + 1)
+                   WHERE l.at < now() - make_interval(secs => %s * 86400) AND l.action = 'alert.resolved'
+                     AND starts_with(l.dedupe_key, 'alert.resolved:') AND a.resolved_at IS NULL
+                   ORDER BY a.idempotency_key FOR UPDATE OF a""",
+                (settings.audit_days,),
+            )
             # An alert whose ``alert.resolved`` goes now, and whose row does not say it was resolved:
             # an instance of the release before migration 20 resolved it (its rule removed, in a
             # rolling upgrade) and wrote the entry alone. The row keeps the fact, as this release
