@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import psycopg
 import pytest
 from psycopg import sql
@@ -31,6 +33,7 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from relay.errors import DatabaseError, DatabaseUnreachable
+from relay.store import db as db_module
 from relay.store.db import RECHECK_REUSE_SECS, RECONNECT_EVERY_SECS, Database, hastily, patiently
 from relay.store.lease import Lease
 
@@ -287,6 +290,74 @@ def test_the_pool_connects_as_soon_as_the_database_is_seen_answering_and_not_mor
     assert served < 0.5, served  # not the pool's next attempt's second away
 
 
+async def _until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Polls ``condition`` in the test's own loop (the pool's tasks run meanwhile) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def test_the_pool_tries_again_while_a_check_waits_on_a_silent_connection(relay_pg: PostgresServer) -> None:
+    """The pool's next attempt to connect was a check of its idle connections, awaited: on a host
+    gone silent a check waits as long as the connections' keepalive (about 30 s), and an attempt
+    that failed meanwhile found the next one still under way and began none; nothing grew the pool
+    again until a request came. Here one idle connection's server process is stopped (SIGSTOP: the
+    socket open, nothing answers) while the database refuses new connections: the check that takes
+    it waits, and the database, open again, still gets the pool's next attempt within a second."""
+    if not relay_pg.running():
+        relay_pg.start()
+    database = relay_pg.create_database("pool_silent")
+    url = relay_pg.url(database)
+    name = sql.Identifier(database)
+
+    async def select(db: Database) -> None:
+        async with db.connection() as conn:
+            await conn.execute("SELECT 1")
+
+    async def scenario() -> float:
+        db = Database(url, min_size=1, max_size=2)
+        await db.open()
+        silent: psutil.Process | None = None
+        try:
+            async with await psycopg.AsyncConnection.connect(relay_pg.url(), autocommit=True) as admin:
+                await admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+                try:
+                    async with db.connection() as conn:  # its one connection, in use
+                        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+                        row = await cur.fetchone()
+                        assert row is not None
+                        # Another request: the pool tries to grow, is refused, and gives its attempt up.
+                        with pytest.raises(DatabaseUnreachable):
+                            await patiently(select(db), 0.3)
+                        silent = psutil.Process(row["pid"])
+                        silent.suspend()
+                    # Given back, silent: the next attempt's check takes it and waits, and the attempt's
+                    # own try to connect is refused meanwhile.
+                    refused = int(db.pool.get_stats().get("connections_errors", 0))
+                    await _until(
+                        lambda: db.pool.get_stats().get("connections_errors", 0) >= refused + 2,
+                        RECONNECT_EVERY_SECS + 2,
+                        "the pool's next attempt never came",
+                    )
+                finally:
+                    await admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+            opened = time.monotonic()
+            await _until(
+                lambda: db.pool.get_stats().get("pool_available", 0) >= 1,
+                RECONNECT_EVERY_SECS + 2,
+                "the pool did not connect while a check waited on a silent connection",
+            )
+            return time.monotonic() - opened
+        finally:
+            if silent is not None:
+                silent.resume()
+            await db.close()
+
+    connected = asyncio.run(scenario())
+    print(f"connected {connected:.2f} s after the database allowed connections again")
+
+
 @pytest.mark.parametrize("seen_by", ["the request itself", "another of Relay's connections"])
 def test_after_a_restart_no_request_is_given_an_idle_connection_the_restart_closed(
     relay_pg: PostgresServer, seen_by: str
@@ -474,3 +545,75 @@ def test_a_database_at_its_connection_limit_still_serves_the_apis_requests_throu
                 admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
     assert asyncio.run(scenario()) == "served"
+
+
+def test_a_pool_at_the_connection_limit_tries_to_grow_less_and_less_often_and_says_so_once(
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool that cannot grow (the role's CONNECTION LIMIT reached) while its connections serve took
+    it as an outage's attempt: it tried again every second for as long as the limit held, burst or
+    not, two refused connections a second (each a FATAL line of PostgreSQL's log, and a "growing
+    pool" line of Relay's), measured idle for 10 s after one burst: 20 refused. Now the wait doubles,
+    from RECONNECT_EVERY_SECS (0.1 s here, for a short test) up to 30 s, the log says once that the
+    pool cannot grow, in the database's words, and once that it grows again."""
+    monkeypatch.setattr(db_module, "RECONNECT_EVERY_SECS", 0.1)
+    role = f"capped_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(role)
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(ident, ident))
+    parts = urlsplit(postgres.url_of(role))
+    url = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
+
+    async def scenario() -> int:
+        db = Database(url, min_size=2, max_size=4)
+        await db.open()
+        try:
+            await db.pool.wait(5)
+
+            def refused() -> int:
+                return int(db.pool.get_stats().get("connections_errors", 0))
+
+            async def burst() -> None:
+                """Two requests hold the pool's two connections, and a third waits for one of them."""
+                release = asyncio.Event()
+
+                async def hold() -> None:
+                    async with db.connection():
+                        await release.wait()
+
+                holders = [asyncio.create_task(hold()) for _ in range(2)]
+                await _until(lambda: db._in_use == 2, 2, "the two connections never held")
+                before = db.pool.get_stats().get("connections_num", 0)
+                third = asyncio.create_task(patiently(hold(), 5))
+                await _until(lambda: db.pool.get_stats().get("connections_num", 0) > before, 2, "no growth")
+                release.set()
+                await asyncio.gather(*holders, third)
+
+            with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT 2").format(ident))
+            await burst()  # served through the pool's connections; its attempt to grow refused
+            await _until(lambda: refused() >= 2, 2, "the pool never tried to grow")
+            first = refused()
+            # Idle, at the limit: before, an attempt every 0.1 s (about 14 in this time); now after
+            # 0.1, 0.2, 0.4, 0.8 s.
+            await asyncio.sleep(1.4)
+            attempts = (refused() - first) // 2
+            with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(ident))
+            await burst()  # the pool grows again
+            return attempts
+        finally:
+            await db.close()
+            with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(ident))
+                admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+    with caplog.at_level(logging.INFO, logger="relay.db"):
+        attempts = asyncio.run(scenario())
+    print(f"{attempts} attempts to grow in 1.4 s at the limit")
+    assert 2 <= attempts <= 4, attempts
+    said = [r.getMessage() for r in caplog.records if r.name == "relay.db" and "grow" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "the pool cannot grow" in said[0] and "too many connections for role" in said[0], said
+    assert said[1].startswith("the pool grows again"), said

@@ -37,6 +37,12 @@ T = TypeVar("T")
 # and the next begins this long after, or as soon as the database is seen answering (a request's own
 # connection, the readiness probe, the lease's renewal), whichever comes first.
 RECONNECT_EVERY_SECS = 1.0
+# A pool that cannot grow while it holds connections (PostgreSQL at max_connections or the role's
+# CONNECTION LIMIT): its requests are served through the connections it has, and an attempt a second
+# would be two refused connections a second for as long as the limit holds (each a line of the
+# server's log, a line of ours). The wait between attempts doubles from RECONNECT_EVERY_SECS up to
+# this, and begins again at RECONNECT_EVERY_SECS once a connection is made.
+GROW_AGAIN_MAX_SECS = 30.0
 # How long a batch whose connection was lost under it waits for another on its second run
 # (Database.again_if_lost): the database is back after a restart, and in an outage it is refused
 # soon, not after the pool's 10 s.
@@ -242,6 +248,12 @@ class Database:
         self._rechecking: asyncio.Task[bool] | None = None
         self._rechecked = (0.0, False)  # when the latest look at a known unreachable database ended, and what it found
         self._reconnecting: asyncio.Task[None] | None = None  # the pool's next attempt to connect, waiting
+        self._reconnect_due = 0.0  # when it begins (time.monotonic()), at the latest
+        # The checks that the attempts began (each grows the pool), until they end: not one at a time
+        # (one on a host gone silent waits as long as the keepalive, and the next attempt does not).
+        self._attempts: set[asyncio.Task[None]] = set()
+        self._grow_wait = RECONNECT_EVERY_SECS  # the wait before the next attempt of a pool that cannot grow
+        self._capped_since: float | None = None  # since when the pool cannot grow, said in the log once
         self._answering = asyncio.Event()  # set when the database, known unreachable, answers: it begins now
         # The check of the idle connections begun as the database, known unreachable, answered again:
         # waited for before a connection is given out (:meth:`note_answered`).
@@ -267,7 +279,7 @@ class Database:
         return None
 
     async def close(self) -> None:
-        for task in (self._checking, self._rechecking, self._reconnecting):
+        for task in (self._checking, self._rechecking, self._reconnecting, *self._attempts):
             if task is not None and not task.done():
                 task.cancel()  # the pool closes anyway
                 await asyncio.gather(task, return_exceptions=True)
@@ -375,28 +387,60 @@ class Database:
         return answered
 
     async def _connected(self, _conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
-        """The pool made a new connection: the database answers again, if it did not."""
+        """The pool made a new connection: the database answers again, if it did not, and a pool that
+        could not grow grows again."""
         self.note_answered()
+        self._grow_wait = RECONNECT_EVERY_SECS
+        if self._capped_since is not None:
+            log.info("the pool grows again, after %.0f s at the database's connection limit",
+                     time.monotonic() - self._capped_since)  # fmt: skip
+            self._capped_since = None
 
     async def _attempt_again(self, pool: AsyncConnectionPool[Any]) -> None:
         """An attempt to connect gave up: the database is unreachable, unless the pool still has
         connections (in use or idle), which only says that no more could be opened (PostgreSQL at
         its max_connections or the role's limit while a burst grows the pool); another begins soon
-        (:meth:`_reconnect_soon`)."""
-        if self._in_use or pool.get_stats().get("pool_available", 0):
+        (:meth:`_reconnect_soon`): :data:`RECONNECT_EVERY_SECS` after the failure, or, while the pool
+        cannot grow, after twice the last wait, up to :data:`GROW_AGAIN_MAX_SECS`."""
+        capped = bool(self._in_use or pool.get_stats().get("pool_available", 0))
+        if capped:
             self.note_unreachable(surely=False)
+            if self._capped_since is None:
+                self._capped_since = time.monotonic()
+                # The pool's own warnings do not say that it still serves (and are written once a
+                # minute, relay.logs.QuietRepeats): this says it once, in the database's words, which
+                # a connection of its own asks for.
+                reason = await self._why_not() or "no connection refused as it asked again"
+                log.warning("the pool cannot grow: %s; its %d connections serve the requests, and it tries "
+                            "again at longer intervals, up to every %.0f s", reason,
+                            pool.get_stats().get("pool_size", 0), GROW_AGAIN_MAX_SECS)  # fmt: skip
+            wait = self._grow_wait
         else:
             self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
-        if self._reconnecting is None or self._reconnecting.done():
-            self._answering.clear()  # a new answer is waited for: this attempt's failure is newer news
-            self._reconnecting = asyncio.create_task(self._reconnect_soon())
+            wait = RECONNECT_EVERY_SECS
+        due = time.monotonic() + wait
+        pending = self._reconnecting is not None and not self._reconnecting.done()
+        if pending and self._reconnect_due <= due:
+            return  # an attempt begins sooner anyway
+        if self._reconnecting is not None and pending:
+            self._reconnecting.cancel()  # a pool that could not grow, now unreachable: sooner than that
+        if capped:
+            self._grow_wait = min(wait * 2, GROW_AGAIN_MAX_SECS)
+        self._answering.clear()  # a new answer is waited for: this attempt's failure is newer news
+        self._reconnect_due = due
+        self._reconnecting = asyncio.create_task(self._reconnect_soon(wait))
 
-    async def _reconnect_soon(self) -> None:
-        """The pool's next attempt to connect: :data:`RECONNECT_EVERY_SECS` after the last gave up, or
-        as soon as the database is seen answering (:meth:`note_answered`), whichever comes first."""
+    async def _reconnect_soon(self, wait: float) -> None:
+        """The pool's next attempt to connect: ``wait`` seconds after the last gave up, or as soon as
+        the database is seen answering (:meth:`note_answered`), whichever comes first. The attempt
+        (check() grows the pool) runs in a task of its own: on a host gone silent a check waits for
+        the idle connections it took as long as their keepalive, and an attempt that fails meanwhile
+        schedules the next one here."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._answering.wait(), RECONNECT_EVERY_SECS)
-        await self._check()
+            await asyncio.wait_for(self._answering.wait(), wait)
+        attempt = asyncio.create_task(self._check())
+        self._attempts.add(attempt)
+        attempt.add_done_callback(self._attempts.discard)
 
     def _check_idle(self) -> None:
         """The pool's idle connections checked and the broken ones replaced, in a task of its own
