@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pty
 import re
 import subprocess
 import sys
@@ -65,6 +66,10 @@ def world(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
     sysdb = postgres.create_database("sys")
     # Pings spaced so that a loaded machine's executor is not dropped for a late pong (not tested here).
     config = relay_yaml(free_port(), pingIntervalSecs=1.0, pingWaitSecs=10.0)
+    # For `relay alerts`: webhooks to this host may be made, and one rule of relay.yaml (read-only),
+    # of a kind that never fires with one instance.
+    config["alerts"] = {"allowedDestinations": ["127.0.0.1"]}
+    config["orgs"][0]["apps"][0]["alerts"] = [{"kind": "InstanceAdopted"}]
     relay = RelayProcess(workdir, postgres.create_database("relay"), config)
     seeder: ExecutorProcess | None = None
     try:
@@ -266,7 +271,7 @@ def test_a_key_with_spaces_or_a_line_end_is_used_and_a_bad_key_is_never_printed(
 def test_help_lists_every_command() -> None:
     done = subprocess.run([sys.executable, "-m", "relay", "--help"], capture_output=True, text=True, timeout=30)
     for command in ("serve", "init", "keys", "whoami", "apps", "executors", "recover", "recoveries", "audit",
-                    "workflows", "tokens"):  # fmt: skip
+                    "instances", "workflows", "tokens", "alerts"):  # fmt: skip
         assert re.search(rf"^\s+{command}\s", done.stdout, re.M), command
     done = subprocess.run([sys.executable, "-m", "relay", "workflows", "--help"], capture_output=True, text=True)
     for command in ("list", "get", "steps", "cancel", "resume", "fork"):
@@ -642,3 +647,159 @@ def test_tokens_list_create_use_and_delete(world: World, cli: Cli) -> None:
         "tokenName": "cli-scoped",
         "deleted": True,
     }
+
+
+# -- apps, alerting rules, instances -----------------------------------------------------------
+
+
+def at_a_terminal(world: World, answer: str, *args: str) -> Run:
+    """``python -m relay ARGS`` with a terminal (a pseudo-terminal) for stdin, ``answer`` typed in it."""
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, answer.encode())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        env.update(RELAY_URL=world.relay.http, RELAY_API_KEY=API_KEYS["acme"])
+        done = subprocess.run(
+            [sys.executable, "-m", "relay", *args], stdin=follower, capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    return Run(done.returncode, done.stdout, done.stderr)  # stderr has the question before any error
+
+
+def test_apps_show_set_create_and_delete(world: World, cli: Cli) -> None:
+    """An app's settings and its registration through the CLI, checked against the API's own answer."""
+    made = ok(cli("apps", "create", "cli-app", "--gc-rows", "1000", "--gc-time", "7d"))
+    assert made.out == "app 'cli-app' registered in org 'acme'\n"
+    app = api_json(world, "GET", "/apps/cli-app")
+    assert (app["gcRowsThreshold"], app["gcTimeThresholdMs"], app["globalTimeoutMs"]) == (1000, 604_800_000, None)
+    assert ok(cli("apps", "create", "cli-app", "--json")).json() == {"name": "cli-app", "registered": True}
+
+    shown = ok(cli("apps", "show", "cli-app")).out
+    grace = output.seconds(app["executorTimeoutSecs"])  # the server's default for an app registered so
+    for line in ("app:       cli-app", "status:    UNAVAILABLE", f"grace:     {grace}", "gc time:   604800s",
+                 "gc rows:   1000", "timeout:   -"):  # fmt: skip
+        assert f"\n{line}\n" in f"\n{shown}", (line, shown)
+    assert ok(cli("apps", "show", "cli-app", "--json")).json() == api_json(world, "GET", "/apps/cli-app")
+
+    changed = ok(cli("apps", "set", "cli-app", "--grace", "2m", "--recover-to-latest", "--gc-time", "off",
+                     "--global-timeout", "1h", "--json")).json()  # fmt: skip
+    assert changed == api_json(world, "GET", "/apps/cli-app")
+    assert (changed["executorTimeoutSecs"], changed["recoverToLatestVersion"]) == (120, True)
+    assert (changed["gcTimeThresholdMs"], changed["gcRowsThreshold"], changed["globalTimeoutMs"]) == (
+        None, 1000, 3_600_000)  # fmt: skip
+    table = ok(cli("apps", "set", "cli-app", "--no-recover-to-latest", "--gc-rows", "off")).out
+    assert re.search(r"^to latest: no$", table, re.M) and re.search(r"^gc rows:   -$", table, re.M), table
+    assert api_json(world, "GET", "/apps/cli-app")["gcRowsThreshold"] is None
+    # `relay apps` alone lists as it did, the new app among them.
+    assert {r["APP"] for r in ok(cli("apps")).table()} >= {"ledger", "cli-app"}
+
+    # Refusals: nothing to change, a value the API refuses (one line, exit 2), no such app, a viewer key.
+    assert cli("apps", "set", "cli-app").code == EXIT_USAGE
+    bad = cli("apps", "set", "cli-app", "--grace", "0")
+    assert bad.code == EXIT_USAGE and bad.err.startswith("relay: 422 ") and bad.err.count("\n") == 1, bad.err
+    assert "executorTimeoutSecs" in bad.err, bad.err
+    assert cli("apps", "create", "cli-app-2", "--gc-rows", "0").code == EXIT_USAGE
+    assert cli("apps", "set", "cli-app", "--grace", "soon").code == EXIT_USAGE
+    assert cli("apps", "show", "no-such-app").code == EXIT_NOT_FOUND
+    assert cli("apps", "set", "no-such-app", "--grace", "1m").code == EXIT_NOT_FOUND
+    viewer = cli("apps", "set", "cli-app", "--grace", "1m", key=VIEWER_KEYS["acme"])
+    assert viewer.code == EXIT_DENIED and "403 Forbidden" in viewer.err, viewer.err
+    assert api_json(world, "GET", "/apps/cli-app")["executorTimeoutSecs"] == 120
+
+    # Delete asks first: with no terminal to ask, it is refused without --yes, and nothing is deleted.
+    unasked = cli("apps", "delete", "cli-app")
+    assert unasked.code == EXIT_USAGE and "give --yes" in unasked.err, unasked.err
+    assert api_json(world, "GET", "/apps/cli-app")["name"] == "cli-app"
+    # At a terminal it asks, and "n" deletes nothing.
+    declined = at_a_terminal(world, "n\n", "apps", "delete", "cli-app")
+    assert declined.code == EXIT_ERROR and "Delete app 'cli-app' of org 'acme'" in declined.err, declined.err
+    assert declined.err.endswith("relay: aborted\n"), declined.err
+    assert api_json(world, "GET", "/apps/cli-app")["name"] == "cli-app"
+    assert cli("apps", "delete", "ledger", "--yes").code == EXIT_ERROR  # relay.yaml's: 409
+    assert ok(cli("apps", "delete", "cli-app", "--yes", "--json")).json() == {"name": "cli-app", "deleted": True}
+    with world.api() as api:
+        assert api.get("/apps/cli-app").status_code == 404
+    assert cli("apps", "delete", "cli-app", "--yes").code == EXIT_NOT_FOUND
+
+
+def test_alerts_list_create_and_delete(world: World, cli: Cli) -> None:
+    """An app's alerting rules through the CLI: the table shows a webhook's host only, never its path,
+    query or secret; a secret Relay draws is printed once, by create."""
+    hook = f"http://127.0.0.1:{free_port()}/hooks/path-secret?token=query-secret"
+    made = ok(cli("alerts", "create", "ledger", "--kind", "RecoveryBlocked", "--param", "reason=no_healthy_peer",
+                  "--param", "forSecs=10m", "--webhook", hook, "--format", "slack",
+                  "--min-interval", "1m"))  # fmt: skip
+    first = re.fullmatch(
+        r"rule (\S+) created in acme/ledger: RecoveryBlocked to http://127\.0\.0\.1:\d+ \(slack\)\n"
+        r"its webhook's signing secret \(X-Relay-Signature\), shown this once:\n  (\S+)\n",
+        made.out,
+    )
+    assert first, made.out
+    rule_id, drawn = first.groups()
+    # A secret given is not printed back.
+    given = ok(cli("alerts", "create", "ledger", "--kind", "InstanceAdopted", "--webhook", hook,
+                   "--secret", "given-secret-0123456789", "--json")).json()  # fmt: skip
+    assert "secret" not in given and given["secretSet"] is True
+    to_app = ok(cli("alerts", "create", "ledger", "--kind", "WorkflowFailure", "--param", "workflowName=nightly",
+                    "--param", "threshold=3", "--param", "period_secs=90s", "--receiver-app", "ledger",
+                    "--json")).json()  # fmt: skip
+    assert to_app["ruleMetadata"] == {"workflowName": "nightly", "count": 3, "windowSecs": 90}
+    assert to_app["receiverApp"] == "ledger" and to_app["minIntervalSecs"] == 300
+
+    listed = ok(cli("alerts", "list", "ledger"))
+    rows = {r["ID"]: r for r in listed.table()}
+    assert (rows[rule_id]["KIND"], rows[rule_id]["PARAMETERS"], rows[rule_id]["MIN INTERVAL"]) == (
+        "RecoveryBlocked", "reason=no_healthy_peer forSecs=600s", "60s")  # fmt: skip
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+ \(slack\)", rows[rule_id]["DESTINATION"])
+    assert (rows[rule_id]["SOURCE"], rows[rule_id]["LAST FIRED"]) == ("api", "-")
+    assert (rows[to_app["id"]]["DESTINATION"], rows[to_app["id"]]["PARAMETERS"]) == (
+        "app ledger", "workflowName=nightly count=3 windowSecs=90s")  # fmt: skip
+    (from_yaml,) = [r for r in rows.values() if r["SOURCE"] == "config"]
+    assert (from_yaml["KIND"], from_yaml["PARAMETERS"], from_yaml["DESTINATION"]) == (
+        "InstanceAdopted", "-", "app ledger")  # fmt: skip
+    as_json = ok(cli("alerts", "list", "ledger", "--json"))
+    assert as_json.json() == api_json(world, "GET", "/apps/ledger/alerting-rules")
+    for secret in ("path-secret", "query-secret", drawn, "given-secret-0123456789"):
+        assert secret not in listed.out + listed.err + as_json.out, secret
+
+    # Refusals: a parameter of another kind (the API's 422, one line, exit 2), no such app, a viewer key.
+    bad = cli("alerts", "create", "ledger", "--kind", "ExecutorDead", "--param", "count=3", "--webhook", hook)
+    assert bad.code == EXIT_USAGE and bad.err.startswith("relay: 422 ") and bad.err.count("\n") == 1, bad.err
+    assert "ruleMetadata.count" in bad.err and "not a parameter of ExecutorDead" in bad.err, bad.err
+    assert cli("alerts", "create", "ledger", "--kind", "ExecutorDead", "--param", "count").code == EXIT_USAGE
+    assert cli("alerts", "list", "ledgr").code == EXIT_NOT_FOUND
+    assert cli("alerts", "create", "ledgr", "--kind", "ExecutorDead", "--webhook", hook).code == EXIT_NOT_FOUND
+    viewer = cli("alerts", "create", "ledger", "--kind", "ExecutorDead", "--webhook", hook, key=VIEWER_KEYS["acme"])
+    assert viewer.code == EXIT_DENIED and "403 Forbidden" in viewer.err, viewer.err
+    assert ok(cli("alerts", "list", "ledger", key=VIEWER_KEYS["acme"])).table()  # a viewer reads them
+
+    # Delete asks first: refused without --yes when stdin is not a terminal, and nothing is deleted.
+    unasked = cli("alerts", "delete", "ledger", rule_id)
+    assert unasked.code == EXIT_USAGE and "give --yes" in unasked.err, unasked.err
+    deleted = ok(cli("alerts", "delete", "ledger", rule_id, "--yes"))
+    assert deleted.out == f"alerting rule '{rule_id}' deleted from acme/ledger\n"
+    for other in (given["id"], to_app["id"]):
+        assert ok(cli("alerts", "delete", "ledger", other, "--yes", "--json")).json() == {"id": other, "deleted": True}
+    remaining = api_json(world, "GET", "/apps/ledger/alerting-rules")
+    assert [r["source"] for r in remaining] == ["config"]
+    assert cli("alerts", "delete", "ledger", rule_id, "--yes").code == EXIT_NOT_FOUND
+    assert cli("alerts", "delete", "ledger", remaining[0]["id"], "--yes").code == EXIT_ERROR  # relay.yaml's: 409
+
+
+def test_instances_with_their_leases(world: World, cli: Cli) -> None:
+    (row,) = ok(cli("instances")).table()
+    (instance,) = api_json(world, "GET", "/instances")
+    assert (row["INSTANCE"], row["LEASE"], row["EPOCH"], row["EXECUTORS"]) == (
+        "relay-1", "held", str(instance["leaseEpoch"]), str(instance["executors"]))  # fmt: skip
+    assert instance["executors"] >= 1 and (row["ADOPTED BY"], row["ADOPTED"]) == ("-", "-")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["STARTED"]) and re.fullmatch(r"\d+s", row["RENEWED"])
+    # The lease is renewed as the test runs: the JSON is the API's, its renewal times aside.
+    renewal = {"renewedAt", "leaseExpiresAt"}
+    (as_json,) = ok(cli("instances", "--json")).json()
+    assert {k: v for k, v in as_json.items() if k not in renewal} == {
+        k: v for k, v in instance.items() if k not in renewal
+    }
+    assert set(as_json) == set(instance)
+    assert cli("instances", "--org", "globex").code == EXIT_DENIED

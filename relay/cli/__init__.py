@@ -3,9 +3,10 @@
 - ``relay serve``, ``relay init``, ``relay keys new``: run Relay and make its
   keys (:mod:`relay.cli.serve`);
 - the operator's commands over the REST API, in the manner of ``kubectl`` and
-  ``dbosctl``: ``relay whoami``, ``apps``, ``executors``, ``recover``,
-  ``recoveries``, ``audit`` (:mod:`relay.cli.operate`), ``relay workflows ...``
-  (:mod:`relay.cli.workflows`) and ``relay tokens ...`` (:mod:`relay.cli.tokens`).
+  ``dbosctl``: ``relay whoami``, ``apps [...]``, ``executors``, ``recover``,
+  ``recoveries``, ``audit``, ``instances`` (:mod:`relay.cli.operate`), ``relay workflows ...``
+  (:mod:`relay.cli.workflows`), ``relay tokens ...`` (:mod:`relay.cli.tokens`) and
+  ``relay alerts ...`` (:mod:`relay.cli.alerts`).
   Tables for people, ``--json`` for scripts.
 
 The exit codes are in :mod:`relay.cli.errors`; errors are one line on stderr,
@@ -22,6 +23,7 @@ import click
 
 from relay import __version__
 from relay.cli import operate
+from relay.cli.alerts import alerts
 from relay.cli.client import without_password
 from relay.cli.errors import EXIT_ERROR, EXIT_OK, CliError
 from relay.cli.output import visible
@@ -42,7 +44,7 @@ def cli() -> None:
 
 
 for command in (serve, init, keys, operate.whoami, operate.apps, operate.executors, operate.recover,
-                operate.recoveries, operate.audit, workflows, tokens):  # fmt: skip
+                operate.recoveries, operate.audit, operate.instances, workflows, tokens, alerts):  # fmt: skip
     cli.add_command(command)
 
 

@@ -201,6 +201,8 @@ def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
     )
     @functools.wraps(func)
     def run(url: str, key: str | None, org: str | None, as_json: bool, timeout: float, **kwargs: Any) -> int:
+        if click.get_current_context().invoked_subcommand is not None:
+            return 0  # a group that does its own work only when run alone (``relay apps``): its command does it
         api = Api(url, key, org, as_json, timeout)
         try:
             return func(api, **kwargs) or 0

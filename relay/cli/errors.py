@@ -8,9 +8,11 @@ Scripts can rely on these codes:
       it (501), an unexpected answer, a TLS certificate the client does not
       trust (certificate verify failed)
 2     usage or configuration: a bad option or argument, no API key, a bad
-      relay.yaml, a file ``relay init`` would overwrite, a request the API
-      found invalid (400, 422)
-3     not found (404): no such app, executor, recovery, workflow or key
+      relay.yaml, a file ``relay init`` would overwrite, a ``delete`` or a
+      selection by filters without ``--yes`` when stdin is not a terminal, a
+      request the API found invalid (400, 422)
+3     not found (404): no such app, executor, recovery, workflow, key or
+      alerting rule
 4     not allowed: the key is missing or unknown (401) or lacks the
       permission, the org or the app (403)
 5     unavailable, try again later: Relay cannot be reached or timed out, the

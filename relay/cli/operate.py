@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from relay.cli.client import Api, api_command, print_json
-from relay.cli.output import age, cell, clip, page_hint, seconds, shell_command, show_table, table, time_option, when
+from relay.cli.errors import EXIT_USAGE, CliError
+from relay.cli.output import (
+    CountOrOff,
+    DurationType,
+    Off,
+    age,
+    ask,
+    cell,
+    clip,
+    page_hint,
+    seconds,
+    shell_command,
+    show_table,
+    table,
+    time_option,
+    when,
+)
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
 limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
@@ -27,12 +44,12 @@ def whoami(api: Api) -> None:
     click.echo(f"permissions: {cell(', '.join(me['permissions']))}\napps:        {cell(apps)}")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @limit_option
 @offset_option
 @api_command
 def apps(api: Api, limit: int, offset: int) -> None:
-    """The org's apps, with their executors counted by state."""
+    """The org's apps, with their executors counted by state; show, set, create, delete one."""
     found = api.call("GET", api.org_path("apps"), params={"limit": limit, "offset": offset})
     if api.as_json:
         print_json(found)
@@ -51,6 +68,157 @@ def apps(api: Api, limit: int, offset: int) -> None:
     ]
     show_table(["app", "status", *STATES, "grace", "to latest", "created"], rows, f"no apps in org {api.org!r}")
     page_hint(len(found), limit, offset)
+
+
+def _milliseconds(value: int | None) -> str | None:
+    """A retention setting in milliseconds as the seconds it is (``86400s``); None when off."""
+    return None if value is None else seconds(value / 1000)
+
+
+def _show_app(a: dict[str, Any]) -> None:
+    """An app as ``relay apps show`` and ``set`` print it: one setting a line."""
+    by_state = ", ".join(f"{s} {a['executors'].get(s, 0)}" for s in STATES)
+    by_version = ", ".join(
+        f"{version}: " + " ".join(f"{s} {n}" for s, n in sorted(states.items()))
+        for version, states in sorted(a["executorsByVersion"].items())
+    )
+    blocked = ", ".join(f"{reason} {n}" for reason, n in sorted(a["blocked"].items()))
+    fields = [
+        ("app", a["name"]),
+        ("status", a["status"]),
+        ("executors", by_state),
+        ("versions", by_version),
+        ("blocked", blocked),
+        ("language", a["language"]),
+        ("grace", seconds(a["executorTimeoutSecs"])),
+        ("to latest", a["recoverToLatestVersion"]),
+        # Off (null) shows as "-"; the retention options take "off" for it.
+        ("gc time", _milliseconds(a["gcTimeThresholdMs"])),
+        ("gc rows", a["gcRowsThreshold"]),
+        ("timeout", _milliseconds(a["globalTimeoutMs"])),
+        ("created", when(a["createdAt"])),
+    ]
+    for name, value in fields:
+        click.echo(f"{name + ':':10} {cell(value)}")
+
+
+@apps.command("show")
+@click.argument("app")
+@api_command
+def show_app(api: Api, app: str) -> None:
+    """An app's settings, and its executors by state and by version."""
+    found = api.call("GET", api.org_path("apps", app))
+    if api.as_json:
+        print_json(found)
+    else:
+        _show_app(found)
+
+
+def _ms(secs: float | Off | None) -> int | Off | None:
+    """A duration option in seconds as the API's milliseconds (off, or not given, as it is)."""
+    return secs if secs is None or isinstance(secs, Off) else round(secs * 1000)
+
+
+def _retention_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The retention settings (README "Retention"), as PATCH and PUT take them: ``off`` turns one off."""
+    options = [
+        click.option(
+            "--gc-time",
+            type=DurationType(off=True),
+            help="Delete finished workflows that completed longer ago than this (gcTimeThresholdMs); off: never.",
+        ),
+        click.option(
+            "--gc-rows",
+            type=CountOrOff(),
+            help="Keep only the newest this many finished workflows (gcRowsThreshold); off: all.",
+        ),
+        click.option(
+            "--global-timeout",
+            type=DurationType(off=True),
+            help="Cancel unfinished workflows created longer ago than this (globalTimeoutMs); off: never.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _retention(gc_time: Any, gc_rows: Any, global_timeout: Any) -> dict[str, Any]:
+    """The retention settings given (None: not given), by the API's names; ``off`` is null, which turns one off."""
+    given = {"gcTimeThresholdMs": _ms(gc_time), "gcRowsThreshold": gc_rows, "globalTimeoutMs": _ms(global_timeout)}
+    return {name: None if isinstance(value, Off) else value for name, value in given.items() if value is not None}
+
+
+@apps.command("set")
+@click.argument("app")
+@click.option("--grace", type=DurationType(), help="The grace period (executorTimeoutSecs): 30s, 5m, 2h...")
+@click.option(
+    "--recover-to-latest/--no-recover-to-latest",
+    default=None,
+    help="Whether recovery may move workflows onto the app's latest version (recoverToLatestVersion).",
+)
+@_retention_options
+@api_command
+def set_app(
+    api: Api,
+    app: str,
+    grace: float | None,
+    recover_to_latest: bool | None,
+    gc_time: Any,
+    gc_rows: Any,
+    global_timeout: Any,
+) -> None:
+    """Change an app's settings (PATCH); what is not given stays as it is. Prints the app as it is now."""
+    body = {
+        **({"executorTimeoutSecs": grace} if grace is not None else {}),
+        **({"recoverToLatestVersion": recover_to_latest} if recover_to_latest is not None else {}),
+        **_retention(gc_time, gc_rows, global_timeout),
+    }
+    if not body:
+        raise CliError(
+            "nothing to change: give --grace, --recover-to-latest or --no-recover-to-latest, --gc-time, --gc-rows"
+            " or --global-timeout",
+            EXIT_USAGE,
+        )
+    changed = api.call("PATCH", api.org_path("apps", app), body=body)
+    if api.as_json:
+        print_json(changed)
+    else:
+        _show_app(changed)
+
+
+@apps.command("create")
+@click.argument("app")
+@_retention_options
+@api_command
+def create_app(api: Api, app: str, gc_time: Any, gc_rows: Any, global_timeout: Any) -> None:
+    """Register an app before its executors connect (PUT; how to admit one with autoRegisterApps: false).
+    Done also when it exists, its retention settings then set as given."""
+    api.call("PUT", api.org_path("apps", app), body=_retention(gc_time, gc_rows, global_timeout) or None)
+    if api.as_json:
+        print_json({"name": app, "registered": True})  # the API answers with no body
+        return
+    click.echo(f"app {app!r} registered in org {api.org!r}")
+
+
+@apps.command("delete")
+@click.argument("app")
+@click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
+@api_command
+def delete_app(api: Api, app: str, yes: bool) -> None:
+    """Forget an app, its settings and its alert rules; refused (409) while Relay holds any executor
+    of it, or when relay.yaml lists it."""
+    # Asked first: its settings and its rules (their webhooks' secrets) are not to be had back.
+    ask(
+        f"Delete app {app!r} of org {api.org!r}, its settings and its alert rules?",
+        yes,
+        f"give --yes to delete app {app!r}",
+    )
+    api.call("DELETE", api.org_path("apps", app))
+    if api.as_json:
+        print_json({"name": app, "deleted": True})  # the API answers with no body
+        return
+    click.echo(f"app {app!r} deleted from org {api.org!r}")
 
 
 def _since(executor: dict[str, Any]) -> str | None:
@@ -258,3 +426,33 @@ def audit(
     ]
     show_table(["at", "action", "app", "executor", "peer", "actor", "detail"], rows, "no audit entries")
     page_hint(len(found), limit, offset, also)
+
+
+@click.command()
+@api_command
+def instances(api: Api) -> None:
+    """Relay's instances on this database and their leases, with how many of the org's executors each holds."""
+    found = api.call("GET", api.org_path("instances"))
+    if api.as_json:
+        print_json(found)
+        return
+    rows = [
+        [
+            i["instanceId"],
+            # A lease given up by a clean stop is expired too: its stop set its expiry to the moment.
+            "held" if i["live"] else "expired",
+            i["leaseEpoch"],
+            when(i["leaseExpiresAt"]),
+            when(i["startedAt"]),
+            age(i["renewedAt"]),
+            i["adoptedBy"],
+            when(i["adoptedAt"]),
+            i["executors"],
+        ]
+        for i in found
+    ]
+    show_table(
+        ["instance", "lease", "epoch", "expires", "started", "renewed", "adopted by", "adopted", "executors"],
+        rows,
+        "no Relay instances",
+    )

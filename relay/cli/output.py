@@ -8,11 +8,13 @@ time zone, to the second; ``--json`` keeps the API's UTC ISO 8601 strings.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
+import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -109,6 +111,16 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str
         click.echo(empty, err=True)
 
 
+def ask(question: str, yes: bool, refusal: str) -> None:
+    """Go on when ``yes`` (``--yes``) or when the person at the terminal says so. With no terminal to
+    ask (a script, a pipe), refuse (exit 2) with ``refusal`` rather than act unasked."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError(refusal, EXIT_USAGE)
+    click.confirm(question, abort=True, err=True)
+
+
 def page_hint(count: int, limit: int, offset: int, also: str = "") -> None:
     """Say so on stderr when a page came back full: there may be more (``also``: other options the
     next page needs, with their leading space)."""
@@ -162,6 +174,66 @@ def seconds(value: float) -> str:
     ``1.2096e+06s``, and 1234567 s as ``1.23457e+06s``, which is not the setting)."""
     number = float(value)
     return f"{int(number)}s" if number.is_integer() else f"{number!r}s"
+
+
+if TYPE_CHECKING:
+    ParamType = click.ParamType[Any, Any]  # generic from click 8.3 on (pyproject allows 8.1)
+else:
+    ParamType = click.ParamType
+
+
+class Off:
+    """An option given as ``off`` (a retention setting turned off: null in the API's body), told
+    apart from one not given (None)."""
+
+    def __repr__(self) -> str:
+        return "off"
+
+
+OFF = Off()
+
+
+class DurationType(ParamType):
+    """A duration option in seconds: ``90s``, ``15m``, ``2h``, ``7d``, or a number of seconds (``30``,
+    ``0.5``); with ``off``, also ``off`` (:data:`OFF`). Whether it is in range is the API's to say
+    (a 422), as it says for the same value in relay.yaml or a PATCH."""
+
+    name = "duration"
+
+    def __init__(self, off: bool = False) -> None:
+        self.off = off
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if self.off and text == "off":
+            return OFF
+        match = _RELATIVE.match(text)
+        try:
+            secs = float(match.group(1)) * _UNITS[match.group(2)] if match else float(text)
+        except ValueError:
+            secs = math.nan
+        if not math.isfinite(secs):  # nan and inf are numbers to float(), and no duration
+            also = ", or off" if self.off else ""
+            self.fail(f"{value!r} is not a duration (30s, 5m, 2h, 7d or seconds{also})", param, ctx)
+        return secs
+
+
+class CountOrOff(ParamType):
+    """A whole number, or ``off`` (:data:`OFF`). Its range is the API's to check (a 422)."""
+
+    name = "count"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value.strip() == "off":
+            return OFF
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number, or off", param, ctx)
 
 
 def time_option(value: str | None, now: datetime | None = None) -> str | None:
