@@ -365,8 +365,8 @@ def test_after_a_restart_no_request_is_given_an_idle_connection_the_restart_clos
     """A restart of the database closes the pool's idle connections. Through the outage a request is
     refused at once without taking one (Relay knows the database away), so they stay in the pool,
     closed; after the return a request was given one and answered 503 again, though the database
-    answered (stop 45's CI: a second "answered 503" warning for one outage). The idle connections
-    are checked as the return is seen, before any is given out, whichever of Relay's connections
+    answered (stop 45's CI: a second "answered 503" warning for one outage). The pool's connections
+    are renewed as the return is seen, before any is given out, whichever of Relay's connections
     sees it: a request's own look, or the request channel's, the lease's, the probe's."""
     if not relay_pg.running():
         relay_pg.start()
@@ -400,6 +400,60 @@ def test_after_a_restart_no_request_is_given_an_idle_connection_the_restart_clos
             await db.close()
 
     asyncio.run(scenario())
+
+
+def test_as_the_database_returns_a_request_does_not_wait_for_the_old_hosts_silent_connections(
+    relay_pg: PostgresServer,
+) -> None:
+    """A failover whose old host went silent: the pool's idle connections are open sockets that
+    nothing answers. The database, answering on new connections, was seen back, and each request
+    then waited 2 s for the check of those idle connections (each as long as the keepalive, some
+    30 s) though it was given a new connection anyway (a helper's reading of the first version).
+    The pool's connections are renewed instead: closed, not checked, and none given out."""
+    if not relay_pg.running():
+        relay_pg.start()
+    url = relay_pg.url(relay_pg.create_database("pool_silent_return"))
+
+    async def scenario() -> list[float]:
+        db = Database(url, min_size=2, max_size=4)
+        await db.open()
+        silent: list[psutil.Process] = []
+        release = asyncio.Event()
+        pids: list[int] = []
+
+        async def hold() -> None:
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+                row = await cur.fetchone()
+                assert row is not None
+                pids.append(row["pid"])
+                await release.wait()
+
+        try:
+            holders = [asyncio.create_task(hold()) for _ in range(2)]
+            await _until(lambda: len(pids) == 2, 5, "two connections in use")
+            silent = [psutil.Process(pid) for pid in pids]
+            for process in silent:
+                process.suspend()  # the socket open, nothing answers
+            release.set()
+            await asyncio.gather(*holders)  # both given back: idle, silent
+            db.note_unreachable("request channel lost")
+            db.note_answered()  # the database answers on a connection of its own
+            served = []
+            for _ in range(3):
+                began = time.monotonic()
+                async with db.connection() as conn:
+                    await conn.execute("SELECT 1")
+                served.append(time.monotonic() - began)
+            return served
+        finally:
+            for process in silent:
+                process.resume()
+            await db.close()
+
+    served = asyncio.run(scenario())
+    print(f"served in {', '.join(f'{s:.3f}' for s in served)} s")
+    assert max(served) < 1.0, served
 
 
 def _tcp_timers(pid: int, port: int) -> list[tuple[int, float]]:

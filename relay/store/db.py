@@ -52,10 +52,9 @@ CONNECT_TIMEOUT_SECS = 5
 # ending it): its outcome is asked again this often, this many times, before the batch runs again.
 IN_DOUBT_POLL_SECS = 0.05
 IN_DOUBT_POLLS = 20
-# How long a connection asked for as the database returns waits for the check of the pool's idle
-# connections (one round trip each, a database that has just answered): the check takes them out of
-# the pool as it begins, so beyond it the caller is given a new or a checked one anyway.
-RETURN_CHECK_SECS = 2.0
+# How long a connection asked for as the database returns waits for the pool's renewal to begin
+# (Database._renew: one turn of the event loop; a bound, should the renewal never start).
+RENEWAL_BEGINS_SECS = 1.0
 
 
 class Landed(Generic[T]):
@@ -255,9 +254,10 @@ class Database:
         self._grow_wait = RECONNECT_EVERY_SECS  # the wait before the next attempt of a pool that cannot grow
         self._capped_since: float | None = None  # since when the pool cannot grow, said in the log once
         self._answering = asyncio.Event()  # set when the database, known unreachable, answers: it begins now
-        # The check of the idle connections begun as the database, known unreachable, answered again:
-        # waited for before a connection is given out (:meth:`note_answered`).
-        self._returned: asyncio.Task[None] | None = None
+        # The renewal of the pool's connections as the database, known unreachable, answers again
+        # (:meth:`_renew`): set once it has begun, waited for before a connection is given out.
+        self._renewal_begun: asyncio.Event | None = None
+        self._renewals: set[asyncio.Task[None]] = set()
         # Fenced writes that arrive together share a transaction (relay.store.combiner).
         self.writes = WriteCombiner(self)
 
@@ -279,7 +279,7 @@ class Database:
         return None
 
     async def close(self) -> None:
-        for task in (self._checking, self._rechecking, self._reconnecting, *self._attempts):
+        for task in (self._checking, self._rechecking, self._reconnecting, *self._attempts, *self._renewals):
             if task is not None and not task.done():
                 task.cancel()  # the pool closes anyway
                 await asyncio.gather(task, return_exceptions=True)
@@ -302,10 +302,10 @@ class Database:
         ):
             secs = time.monotonic() - down_since
             raise DatabaseUnreachable(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
-        returned = self._returned
-        if returned is not None and not returned.done():
+        begun = self._renewal_begun
+        if begun is not None and not begun.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(returned), RETURN_CHECK_SECS)
+                await asyncio.wait_for(begun.wait(), RENEWAL_BEGINS_SECS)
         try:
             async with self.pool.connection(timeout=wait) as conn:
                 used = conn
@@ -351,12 +351,14 @@ class Database:
             # would try to grow at each one given back.)
             self._answering.set()
             self.down_since, self.down_reason = None, ""
-            # The pool's idle connections date from before it: a restart or a failover closed them,
-            # and through the outage no request took one to find out (refused at once). Each given to
-            # a request would fail its statement though the database answers: checked (and the closed
-            # ones replaced) before the next connection is given out.
-            self._check_idle()
-            self._returned = self._checking
+            # The pool's connections date from before it: a restart or a failover closed them, and
+            # through the outage no request took one to find out (refused at once). Each given to a
+            # request would fail its statement though the database answers: renewed before the next
+            # connection is given out.
+            self._renewal_begun = begun = asyncio.Event()
+            renewal = asyncio.create_task(self._renew(begun))
+            self._renewals.add(renewal)
+            renewal.add_done_callback(self._renewals.discard)
         if self._unreachable:
             self._unreachable, self.recovered_at = False, time.monotonic()
 
@@ -441,6 +443,20 @@ class Database:
         attempt = asyncio.create_task(self._check())
         self._attempts.add(attempt)
         attempt.add_done_callback(self._attempts.discard)
+
+    async def _renew(self, begun: asyncio.Event) -> None:
+        """The pool's connections replaced by new ones (psycopg_pool's ``drain()``): the idle ones
+        closed, those in use closed as they are given back. Not checked one by one: after a
+        failover the old host may be silent, and a check of one of its connections waits as long
+        as the keepalive (some 30 s) while holding it, the pool unable to grow in its place. The
+        drain takes the idle connections out under the pool's lock as it begins, before this task
+        first yields, and a request that asks for one after ``begun`` queues behind it on that lock
+        (asyncio's locks are fair): none is given one of them."""
+        begun.set()
+        try:
+            await self.pool.drain()
+        except Exception as exc:  # a pool closing meanwhile: nothing to renew
+            log.debug("renewing the pool's connections failed: %s", exc)
 
     def _check_idle(self) -> None:
         """The pool's idle connections checked and the broken ones replaced, in a task of its own
