@@ -724,6 +724,29 @@ def test_apps_show_set_create_and_delete(world: World, cli: Cli) -> None:
     assert cli("apps", "delete", "cli-app", "--yes").code == EXIT_NOT_FOUND
 
 
+def test_options_given_to_relay_apps_before_its_command_are_refused_not_ignored(world: World, cli: Cli) -> None:
+    """``relay apps`` takes the shared options to list; before ``show``, ``set`` or ``delete`` they
+    were taken and dropped: ``relay apps --url X delete APP --yes`` deleted the app on RELAY_URL's
+    Relay, not X's, and ``relay apps --json show APP`` printed a table. Refused now (exit 2), naming
+    where they go, and nothing is done."""
+    ok(cli("apps", "create", "cli-kept"))
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for options in (["--url", nowhere], ["--org", "globex"], ["--key", VIEWER_KEYS["acme"]], ["--json"]):
+        run = cli("apps", *options, "delete", "cli-kept", "--yes")
+        assert run.code == EXIT_USAGE and run.out == "", (options, run)
+        where = f"(relay apps delete {options[0]} ...)"
+        assert run.err.startswith(f"relay: {options[0]} goes after the command {where}"), run.err
+        assert run.err.count("\n") == 1, run.err
+        assert api_json(world, "GET", "/apps/cli-kept")["name"] == "cli-kept"
+    both = cli("apps", "--json", "--limit", "5", "show", "cli-kept")
+    where = "(relay apps show --limit ...)"
+    assert both.code == EXIT_USAGE and f"relay: --limit, --json go after the command {where}" in both.err, both.err
+    # After the command, or with no command (the list), they are taken.
+    assert ok(cli("apps", "show", "cli-kept", "--json")).json()["name"] == "cli-kept"
+    assert len(ok(cli("apps", "--json", "--limit", "1")).json()) == 1
+    assert ok(cli("apps", "delete", "cli-kept", "--yes", "--json")).json() == {"name": "cli-kept", "deleted": True}
+
+
 def test_alerts_list_create_and_delete(world: World, cli: Cli) -> None:
     """An app's alerting rules through the CLI: the table shows a webhook's host only, never its path,
     query or secret; a secret Relay draws is printed once, by create."""

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import click
 import httpx
+from click.core import ParameterSource
 
 from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for
 from relay.cli.output import json_text, visible
@@ -179,6 +180,21 @@ def print_json(data: Any) -> None:
     click.echo(json_text(data))
 
 
+def refuse_group_options(ctx: click.Context) -> None:
+    """Refuse (exit 2) the options given to a group that lists when run alone (``relay apps``) and
+    is run with a command: its command has options of its own, and takes none of the group's.
+    Dropped, ``relay apps --url X delete APP --yes`` deleted the app on RELAY_URL's Relay, not on X's."""
+    given = [
+        p.opts[0]
+        for p in ctx.command.params
+        if p.name is not None and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        verb = "goes" if len(given) == 1 else "go"
+        where = f"{ctx.command_path} {ctx.invoked_subcommand} {given[0]} ..."
+        raise click.UsageError(f"{', '.join(given)} {verb} after the command ({where})", ctx)
+
+
 def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
     """Give a command the options every operator command shares, and an :class:`Api` as first argument."""
 
@@ -201,7 +217,9 @@ def api_command(func: Callable[..., int | None]) -> Callable[..., int]:
     )
     @functools.wraps(func)
     def run(url: str, key: str | None, org: str | None, as_json: bool, timeout: float, **kwargs: Any) -> int:
-        if click.get_current_context().invoked_subcommand is not None:
+        ctx = click.get_current_context()
+        if ctx.invoked_subcommand is not None:
+            refuse_group_options(ctx)
             return 0  # a group that does its own work only when run alone (``relay apps``): its command does it
         api = Api(url, key, org, as_json, timeout)
         try:
