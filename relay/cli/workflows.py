@@ -17,7 +17,7 @@ import click
 
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import cell, clip, duration_ms, page_hint, show_table, time_option, when
+from relay.cli.output import ask, cell, clip, duration_ms, page_hint, show_table, time_option, when
 from relay.core.times import us_iso
 
 STATUSES = ("PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
@@ -239,10 +239,12 @@ def _select(api: Api, app: str, ids: Sequence[str], filters: dict[str, Any], ver
             )
         return list(dict.fromkeys(ids))
     selected = _matching(api, app, _search(filters, ids), verb)
-    if selected and not yes:
-        if not sys.stdin.isatty():
-            raise CliError(f"the filters select {len(selected)} workflows; give --yes to {verb} them", EXIT_USAGE)
-        click.confirm(f"{verb.capitalize()} {len(selected)} workflows of {api.org}/{app}?", abort=True, err=True)
+    if selected:
+        ask(
+            f"{verb.capitalize()} {len(selected)} workflows of {api.org}/{app}?",
+            yes,
+            f"the filters select {len(selected)} workflows; give --yes to {verb} them",
+        )
     return selected
 
 
