@@ -133,12 +133,16 @@ def check(run: Run) -> Run:
 def cli(world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
     """``relay ARGS`` through its entry point, in this process."""
 
-    def run(*args: str, key: str | None = API_KEYS["acme"], url: str | None = None) -> Run:
+    def run(
+        *args: str, key: str | None = API_KEYS["acme"], url: str | None = None, env: dict[str, str] | None = None
+    ) -> Run:
         for name in [k for k in os.environ if k.startswith("RELAY_")]:
             monkeypatch.delenv(name)
         monkeypatch.setenv("RELAY_URL", url or world.relay.http)
         if key is not None:
             monkeypatch.setenv("RELAY_API_KEY", key)
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
         capsys.readouterr()
         code = main(list(args))
         out, err = capsys.readouterr()
@@ -809,6 +813,23 @@ def test_alerts_list_create_and_delete(world: World, cli: Cli) -> None:
     assert [r["source"] for r in remaining] == ["config"]
     assert cli("alerts", "delete", "ledger", rule_id, "--yes").code == EXIT_NOT_FOUND
     assert cli("alerts", "delete", "ledger", remaining[0]["id"], "--yes").code == EXIT_ERROR  # relay.yaml's: 409
+
+
+def test_alerts_create_takes_relay_webhook_secret_for_a_webhook_rule_only(world: World, cli: Cli) -> None:
+    """RELAY_WEBHOOK_SECRET keeps a webhook's secret off the command line. It was sent with every
+    rule: with it set, one to an app's executors (the default destination) was refused (422, a secret
+    applies to a webhook only) until it was unset. It goes with a webhook rule only now; ``--secret``
+    given for an app's rule is still the API's to refuse."""
+    env = {"RELAY_WEBHOOK_SECRET": "from-the-environment-0123"}
+    hook = f"http://127.0.0.1:{free_port()}/hook"
+    to_hook = ok(cli("alerts", "create", "ledger", "--kind", "InstanceAdopted", "--webhook", hook, "--json", env=env))
+    assert "secret" not in to_hook.json() and to_hook.json()["secretSet"] is True  # given, so not drawn
+    to_app = ok(cli("alerts", "create", "ledger", "--kind", "InstanceAdopted", "--json", env=env)).json()
+    assert to_app["receiverApp"] == "ledger" and "secret" not in to_app, to_app
+    given = cli("alerts", "create", "ledger", "--kind", "InstanceAdopted", "--secret", "given-secret-0123456789")
+    assert given.code == EXIT_USAGE and "apply to a webhook only" in given.err, given.err
+    for rule in (to_hook.json()["id"], to_app["id"]):
+        ok(cli("alerts", "delete", "ledger", rule, "--yes"))
 
 
 def test_instances_with_their_leases(world: World, cli: Cli) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
@@ -142,6 +143,10 @@ def create_rule(
     min_interval: float | None,
 ) -> None:
     """Create a rule of APP. Its webhook's signing secret, when Relay draws it, is printed this once."""
+    if webhook is None and click.get_current_context().get_parameter_source("secret") is ParameterSource.ENVIRONMENT:
+        # RELAY_WEBHOOK_SECRET is for webhook rules: sent with one to an app's executors, the API
+        # refused the rule (a secret applies to a webhook only). One given as --secret still goes.
+        secret = None
     metadata: dict[str, Any] = {}
     for param in params:
         name, sep, value = param.partition("=")
