@@ -32,7 +32,7 @@ from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
-from relay.errors import DatabaseError, DatabaseUnreachable
+from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable
 from relay.store import db as db_module
 from relay.store.db import RECHECK_REUSE_SECS, RECONNECT_EVERY_SECS, Database, hastily, patiently
 from relay.store.lease import Lease
@@ -671,3 +671,53 @@ def test_a_pool_at_the_connection_limit_tries_to_grow_less_and_less_often_and_sa
     assert len(said) == 2, said
     assert "the pool cannot grow" in said[0] and "too many connections for role" in said[0], said
     assert said[1].startswith("the pool grows again"), said
+
+
+def test_an_outage_while_a_request_holds_a_connection_is_not_taken_for_the_connection_limit(
+    relay_pg: PostgresServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart while a request holds a connection between two statements: the pool's attempts to
+    connect failed while it still held that connection, and were taken for a pool at PostgreSQL's
+    connection limit though another request had just found its connection closed. The log said "the
+    pool cannot grow: ... Connection refused ...; its 1 connections serve the requests" and, at the
+    return, that it grew again "after N s at the database's connection limit", and the attempts
+    backed off towards 30 s through the outage. The database known away, they are an outage's
+    attempts: every RECONNECT_EVERY_SECS (0.1 s here), and nothing said of a limit."""
+    monkeypatch.setattr(db_module, "RECONNECT_EVERY_SECS", 0.1)
+    if not relay_pg.running():
+        relay_pg.start()
+    url = relay_pg.url(relay_pg.create_database("pool_held_outage"))
+
+    async def scenario() -> tuple[int, float]:
+        db = Database(url, min_size=2, max_size=3)
+        await db.open()
+
+        def refused() -> int:
+            return int(db.pool.get_stats().get("connections_errors", 0))
+
+        try:
+            await db.pool.wait(5)
+            async with db.connection() as held:
+                await held.execute("SELECT 1")
+                await asyncio.to_thread(relay_pg.stop)
+                with pytest.raises(ConnectionLost):  # the pool's other connection, closed by the stop
+                    async with db.connection() as conn:
+                        await conn.execute("SELECT 1")
+                await _until(lambda: refused() >= 2, 2, "the pool never tried to connect")
+                first = refused()
+                # Before, after 0.1, 0.2, 0.4, 0.8 s (4); now every 0.1 s.
+                await asyncio.sleep(1.5)
+                attempts = (refused() - first) // 2
+                await asyncio.to_thread(relay_pg.start)
+                started = time.monotonic()
+                await _until(lambda: db.down_since is None, 5, "the pool never connected again")
+                return attempts, time.monotonic() - started
+        finally:
+            await db.close()
+
+    with caplog.at_level(logging.INFO, logger="relay.db"):
+        attempts, back = asyncio.run(scenario())
+    print(f"{attempts} attempts in 1.5 s of the outage; connected {back:.2f} s after the database's start")
+    said = [r.getMessage() for r in caplog.records if r.name == "relay.db" and "grow" in r.getMessage()]
+    assert said == [], said
+    assert attempts >= 7, attempts

@@ -400,11 +400,17 @@ class Database:
 
     async def _attempt_again(self, pool: AsyncConnectionPool[Any]) -> None:
         """An attempt to connect gave up: the database is unreachable, unless the pool still has
-        connections (in use or idle), which only says that no more could be opened (PostgreSQL at
-        its max_connections or the role's limit while a burst grows the pool); another begins soon
-        (:meth:`_reconnect_soon`): :data:`RECONNECT_EVERY_SECS` after the failure, or, while the pool
-        cannot grow, after twice the last wait, up to :data:`GROW_AGAIN_MAX_SECS`."""
-        capped = bool(self._in_use or pool.get_stats().get("pool_available", 0))
+        connections (in use or idle) and the database is not known away (:attr:`down_since`), which
+        only says that no more could be opened (PostgreSQL at its max_connections or the role's limit
+        while a burst grows the pool); another begins soon (:meth:`_reconnect_soon`):
+        :data:`RECONNECT_EVERY_SECS` after the failure, or, while the pool cannot grow, after twice
+        the last wait, up to :data:`GROW_AGAIN_MAX_SECS`."""
+        # Known away (a connection of the pool found closed, the request channel's, the lease's, the
+        # probe's): the connections still held are closed too, their requests yet to find out (a
+        # restart, with a request between two statements), and this is an outage's attempt, not a
+        # pool that cannot grow: no backoff, and no "cannot grow" line in the log.
+        held = bool(self._in_use or pool.get_stats().get("pool_available", 0))
+        capped = held and self.down_since is None
         if capped:
             self.note_unreachable(surely=False)
             if self._capped_since is None:
