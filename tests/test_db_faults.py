@@ -290,6 +290,12 @@ def test_the_pool_connects_as_soon_as_the_database_is_seen_answering_and_not_mor
     assert served < 0.5, served  # not the pool's next attempt's second away
 
 
+async def _select(db: Database) -> None:
+    """One statement on a connection of ``db``'s pool."""
+    async with db.connection() as conn:
+        await conn.execute("SELECT 1")
+
+
 async def _until(condition: Callable[[], object], timeout: float, what: str) -> None:
     """Polls ``condition`` in the test's own loop (the pool's tasks run meanwhile) until it holds."""
     deadline = time.monotonic() + timeout
@@ -311,10 +317,6 @@ def test_the_pool_tries_again_while_a_check_waits_on_a_silent_connection(relay_p
     url = relay_pg.url(database)
     name = sql.Identifier(database)
 
-    async def select(db: Database) -> None:
-        async with db.connection() as conn:
-            await conn.execute("SELECT 1")
-
     async def scenario() -> float:
         db = Database(url, min_size=1, max_size=2)
         await db.open()
@@ -329,7 +331,7 @@ def test_the_pool_tries_again_while_a_check_waits_on_a_silent_connection(relay_p
                         assert row is not None
                         # Another request: the pool tries to grow, is refused, and gives its attempt up.
                         with pytest.raises(DatabaseUnreachable):
-                            await patiently(select(db), 0.3)
+                            await patiently(_select(db), 0.3)
                         silent = psutil.Process(row["pid"])
                         silent.suspend()
                     # Given back, silent: the next attempt's check takes it and waits, and the attempt's
@@ -372,30 +374,26 @@ def test_after_a_restart_no_request_is_given_an_idle_connection_the_restart_clos
         relay_pg.start()
     url = relay_pg.url(relay_pg.create_database("pool_restarted"))
 
-    async def select(db: Database) -> None:
-        async with db.connection() as conn:
-            await conn.execute("SELECT 1")
-
     async def scenario() -> None:
         db = Database(url, min_size=3, max_size=3)
         await db.open()
         try:
-            await asyncio.gather(*(select(db) for _ in range(3)))
+            await asyncio.gather(*(_select(db) for _ in range(3)))
             assert db.pool.get_stats().get("pool_available") == 3
             await asyncio.to_thread(relay_pg.stop)  # a clean fast shutdown: every connection closed
             db.note_unreachable("request channel lost")  # as the request channel's connection tells it
             with hastily(), pytest.raises(DatabaseUnreachable):
-                await select(db)  # refused at once: its own look finds the database away
+                await _select(db)  # refused at once: its own look finds the database away
             assert db.pool.get_stats().get("pool_available") == 3  # none taken, each closed
             await asyncio.to_thread(relay_pg.start)
             await asyncio.sleep(RECHECK_REUSE_SECS)  # the request's look above is not reused
             if seen_by == "the request itself":
                 with hastily():
-                    await select(db)
+                    await _select(db)
             else:
                 db.note_answered()  # as the request channel does on listening again
-                await select(db)  # at once, in the same turn of the loop
-            await asyncio.gather(*(select(db) for _ in range(3)))  # every connection of the pool works
+                await _select(db)  # at once, in the same turn of the loop
+            await asyncio.gather(*(_select(db) for _ in range(3)))  # every connection of the pool works
         finally:
             await db.close()
 
