@@ -642,12 +642,16 @@ def test_tokens_list_create_use_and_delete(world: World, cli: Cli) -> None:
     assert cli("tokens", "create", "cli-scoped").code == EXIT_ERROR  # 409: the name is taken
     assert cli("tokens", "create", "y", "--role", "admin", "--permission", "token.read").code == EXIT_USAGE
 
-    deleted = ok(cli("tokens", "delete", "cli-viewer"))
+    # Asked first, as the other deletes: with no terminal to ask, refused without --yes, the key kept.
+    unasked = cli("tokens", "delete", "cli-viewer")
+    assert unasked.code == EXIT_USAGE and "give --yes" in unasked.err, unasked.err
+    assert "cli-viewer" in {t["tokenName"] for t in api_json(world, "GET", "/tokens")}
+    deleted = ok(cli("tokens", "delete", "cli-viewer", "--yes"))
     assert deleted.out == "key 'cli-viewer' deleted from org 'acme'\n"
     assert_eventually(lambda: cli("apps", key=secret.group(1)).code == EXIT_DENIED, 10, what="key refused")
-    assert cli("tokens", "delete", "cli-viewer").code == EXIT_NOT_FOUND
-    assert cli("tokens", "delete", "ops").code == EXIT_ERROR  # relay.yaml's: 409
-    assert ok(cli("tokens", "delete", "cli-scoped", "--json")).json() == {
+    assert cli("tokens", "delete", "cli-viewer", "--yes").code == EXIT_NOT_FOUND
+    assert cli("tokens", "delete", "ops", "--yes").code == EXIT_ERROR  # relay.yaml's: 409
+    assert ok(cli("tokens", "delete", "cli-scoped", "--yes", "--json")).json() == {
         "tokenName": "cli-scoped",
         "deleted": True,
     }

@@ -145,7 +145,7 @@ def test_an_empty_name_is_refused_not_taken_for_a_redirect_answer(world: World, 
     create ""`` or ``relay workflows get ledger ""`` ended in "relay: internal error: TypeError"
     (exit 1). An empty name is now refused (exit 2), and a redirect is an error."""
     keys_before = api_json(world, "GET", "/tokens")
-    deleted = cli("tokens", "delete", "")
+    deleted = cli("tokens", "delete", "", "--yes")
     assert api_json(world, "GET", "/tokens") == keys_before  # indeed nothing was deleted
     assert deleted.code in (EXIT_USAGE, EXIT_NOT_FOUND), (deleted.code, deleted.out, deleted.err)
     assert "deleted" not in deleted.out
