@@ -12,6 +12,7 @@ single executor.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
@@ -42,6 +44,8 @@ from harness.simulated import SimulatedPeer, info_reply
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.cli import main as cli_main
+from relay.store.db import Database
+from relay.store.lease import Lease
 
 expect.set_options(timeout=10_000)
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -670,6 +674,35 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
     instance = page.get_by_role("row", name="relay-1")
     expect(instance).to_contain_text("live")
     screenshot(page, "instances")
+
+    # A lease given up by a clean stop read "expired", as one that ran out did: two instances more
+    # on the database, by Relay's own lease, one stopped cleanly and one lost as a crash loses it.
+    with ThreadPoolExecutor(1) as pool:  # Playwright's loop runs on this thread
+        pool.submit(asyncio.run, stopped_and_lost(world.relay.database_url)).result()
+
+    def both_out() -> bool:
+        with world.relay.api() as api:
+            others = [i for i in api.get("/instances").json() if i["instanceId"] != "relay-1"]
+        return len(others) == 2 and not any(i["live"] for i in others)
+
+    assert_eventually(both_out, 10, what="the two leases out")
+    page.reload()  # not waiting for the page to read them again when relay-1 adopts them
+    expect(instance.locator(".badge")).to_have_text("live")
+    expect(page.get_by_role("row", name="relay-stopped").locator(".badge")).to_have_text("released")
+    expect(page.get_by_role("row", name="relay-crashed").locator(".badge")).to_have_text("expired")
+
+
+async def stopped_and_lost(database_url: str) -> None:
+    db = Database(database_url)
+    await db.open()
+    try:
+        stopped, crashed = Lease(db, "relay-stopped", 30), Lease(db, "relay-crashed", 0.5)
+        await stopped.acquire()
+        await stopped.stop()  # gives the lease up
+        await crashed.acquire()
+        await crashed._drop()  # its connection goes as a crash's would: no lease.stop(), the lease runs out
+    finally:
+        await db.close()
 
 
 def readme_audit_actions() -> set[str]:

@@ -15,19 +15,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
 import yaml
 
 from harness.executors import ExecutorProcess
+from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay.cli import main as cli_main
 from tests.test_alerts import alert_config, audit
 
 StartRelay = Callable[..., RelayProcess]
@@ -332,12 +336,19 @@ def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
     assert paged[0]["workflowName"] == "failing"
 
 
-def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(start_relay: StartRelay) -> None:
+def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
+    start_relay: StartRelay, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A rolling restart stops each instance cleanly, which gives its lease up at once so that
     another adopts its executors without waiting for it to run out: the adoption was audited and
     alerted as an ``InstanceAdopted`` ("another Relay instance adopted one whose lease ran out"), so
     every deploy paged the on-call (the deployment reviewer's suspicion). The entry now says
-    ``released: true`` and fires nothing; a lease that runs out (an instance killed) still does."""
+    ``released: true`` and fires nothing; a lease that runs out (an instance killed) still does.
+
+    ``GET .../instances`` and ``relay instances`` showed both leases alike (not live, "expired"):
+    the on-call engineer could not tell a planned stop from a lost instance. The list says
+    ``releasedAt`` and the command ``released``; an instance started again under the same id holds
+    its lease, its earlier release not shown."""
     with WebhookReceiver() as receiver:
         rules = [{"kind": "InstanceAdopted", "webhook": receiver.url()}]
         configs = [alert_config(free_port(), rules) for _ in range(3)]
@@ -349,12 +360,41 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(start
         def adoptions(of: str) -> list[dict[str, Any]]:
             return [e["detail"] for e in audit(r2, "relay.instance_adopted") if e["detail"]["instance"] == of]
 
+        def listed() -> dict[str, dict[str, Any]]:
+            with r2.api() as api:
+                return {i["instanceId"]: i for i in api.get("/instances").json()}
+
+        def leases() -> dict[str, str]:
+            """``relay instances``' lease column by instance, through the command's entry point."""
+            for name in [k for k in os.environ if k.startswith("RELAY_")]:
+                monkeypatch.delenv(name)
+            monkeypatch.setenv("RELAY_URL", r2.http)
+            monkeypatch.setenv("RELAY_API_KEY", API_KEYS["acme"])
+            capsys.readouterr()
+            assert cli_main(["instances"]) == 0
+            header, *rows = capsys.readouterr().out.splitlines()
+            assert header.split()[:2] == ["INSTANCE", "LEASE"], header
+            return {row.split()[0]: row.split()[1] for row in rows}
+
+        stopped = listed()["relay-1"]
+        # Given up at the moment of the stop, which ended the lease then: seen by the other instances.
+        assert (stopped["live"], stopped["releasedAt"]) == (False, stopped["leaseExpiresAt"])
+        assert stopped["releasedAt"] is not None
+        assert abs(datetime.fromisoformat(stopped["releasedAt"]).timestamp() - time.time()) < 5
         (released,) = assert_eventually(lambda: adoptions("relay-1"), 15, what="relay-1 adopted")
         assert released["released"] is True
         r3.signal(signal.SIGKILL)  # its lease runs out
         (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
         assert lost["released"] is False
+        killed = listed()["relay-3"]
+        assert (killed["live"], killed["releasedAt"], killed["adoptedBy"]) == (False, None, "relay-2")
+        assert leases() == {"relay-1": "released", "relay-2": "held", "relay-3": "expired"}
         paged = assert_eventually(lambda: receiver.payloads("InstanceAdopted"), 15, what="the lost one alerted")
+        r1.start()  # the same id again, a new epoch
+        again = listed()["relay-1"]
+        assert (again["live"], again["releasedAt"], again["adoptedBy"]) == (True, None, None)
+        assert again["leaseEpoch"] > stopped["leaseEpoch"]
+        assert leases()["relay-1"] == "held"
     assert [p["instance"] for p in paged] == ["relay-3"], paged
 
 

@@ -54,6 +54,7 @@ class Instance(BaseModel):
     renewedAt: str | None
     adoptedBy: str | None
     adoptedAt: str | None
+    releasedAt: str | None  # given up by a clean stop (None once the instance starts again)
     executors: int  # this org's executors whose records name the instance
 
 
@@ -98,6 +99,7 @@ async def instances(org: str, ctx: Ctx, who: OrgReader) -> list[Instance]:
             renewedAt=us_iso(r["renewed_at"]),
             adoptedBy=r["adopted_by"],
             adoptedAt=us_iso(r["adopted_at"]),
+            releasedAt=us_iso(r["released_at"]),
             executors=int(r["executors"]),
         )
         for r in rows

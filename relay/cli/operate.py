@@ -439,8 +439,9 @@ def instances(api: Api) -> None:
     rows = [
         [
             i["instanceId"],
-            # A lease given up by a clean stop is expired too: its stop set its expiry to the moment.
-            "held" if i["live"] else "expired",
+            # A lease given up by a clean stop (a rolling restart, a scale-in) is not one that ran
+            # out (a crash, a cut): a planned stop is not a lost instance.
+            "held" if i["live"] else "released" if i["releasedAt"] else "expired",
             i["leaseEpoch"],
             when(i["leaseExpiresAt"]),
             when(i["startedAt"]),

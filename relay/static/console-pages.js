@@ -795,6 +795,11 @@ function auditPage(ctx) {
   });
 }
 
+// A lease given up by a clean stop (a rolling restart, a scale-in) is not one that ran out (a crash).
+function leaseState(i) {
+  return i.live ? "live" : i.releasedAt ? "released" : "expired";
+}
+
 function instancesPage() {
   return basePage({
     section: "instances", title: "Relay instances",
@@ -804,7 +809,7 @@ function instancesPage() {
       const rows = await api("/instances");
       return table("Relay instances", [
         ["Instance", (i) => id(i.instanceId)],
-        ["Lease", (i) => badge(i.live ? "live" : "expired", i.live ? "live" : "expired")],
+        ["Lease", (i) => badge(leaseState(i))],
         ["Epoch", (i) => i.leaseEpoch, {num: true}],
         ["Expires", (i) => when(i.leaseExpiresAt)],
         ["Renewed", (i) => when(i.renewedAt)],

@@ -63,7 +63,7 @@ function append(el, children) {
 const BADGE_CLASSES = new Set([
   "PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
   "HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING", "AVAILABLE", "UNAVAILABLE",
-  "dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed", "blocked", "live", "expired",
+  "dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed", "blocked", "live", "released", "expired",
 ]);
 
 export function badge(value, label) {
