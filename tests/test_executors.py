@@ -68,12 +68,13 @@ def test_kill_9_is_disconnected_within_ping_wait(start_relay: StartRelay, start_
     ex = start_executor(relay.conductor_url)
     assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "HEALTHY", 10)
     ex.kill()
-    killed = time.monotonic()  # (the process is reaped: Relay may have seen the socket close already)
+    killed = time.time()  # (the process is reaped: Relay may have seen the socket close already)
     assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 6.0 + 0.5)
-    # The kernel closes a killed process's socket, so Relay knows at once.
-    assert time.monotonic() - killed < 4.0
     record = relay.executor("acme", "ledger", ex.executor_id)
     assert record is not None and record["disconnectedAt"] is not None
+    # The kernel closes a killed process's socket, so Relay knows at once: timed by Relay's own
+    # record, not by when this test's reads saw it (a stall of the test process is not Relay's).
+    assert ts(record["disconnectedAt"]).timestamp() - killed < 4.0
 
 
 def test_sigstop_is_disconnected_after_ping_wait_and_not_before(
@@ -88,8 +89,8 @@ def test_sigstop_is_disconnected_after_ping_wait_and_not_before(
     heard = time.monotonic()
     with relay.api() as api:
         assert api.get(f"/apps/ledger/executors/{ex.executor_id}/workflows").status_code == 200
-    stopped = time.monotonic()
     ex.pause()
+    paused = time.time()  # the executor's last frame came before this
     try:
         # The socket stays open; only the missing pongs tell, and not before ``heard`` + wait:
         # every state read that has ended by then must be HEALTHY.
@@ -100,9 +101,12 @@ def test_sigstop_is_disconnected_after_ping_wait_and_not_before(
             assert state == "HEALTHY"
             time.sleep(0.05)
         # And soon after: within the 2 s the chaos checker allows a loaded machine past pingWaitSecs
-        # (chaos/dbrules.py, HEALTHY_TOLERANCE_SECS).
-        assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 2.0)
-        assert time.monotonic() - stopped < wait + 2.0
+        # (chaos/dbrules.py, HEALTHY_TOLERANCE_SECS), timed by Relay's own record: when this test's
+        # reads see it is no measure of Relay (the test process stalls on a loaded machine too).
+        record = assert_eventually(
+            lambda: (r := relay.executor("acme", "ledger", ex.executor_id)) and r["state"] == "DISCONNECTED" and r, 10
+        )
+        assert ts(record["disconnectedAt"]).timestamp() - paused < wait + 2.0
         assert f"executor acme/ledger/{ex.executor_id}: nothing heard for 2s" in relay.log()
     finally:
         ex.resume()
@@ -119,8 +123,18 @@ def test_cut_connection_comes_back_healthy_in_the_same_record(
         first = assert_eventually(lambda: relay.executor("acme", "ledger", ex.executor_id), 10)
         assert first["state"] == "HEALTHY"
         assert_eventually(lambda: proxy.open_pairs == 1, 5)
+
+        def disconnected() -> dict[str, str] | None:
+            rec = relay.executor("acme", "ledger", ex.executor_id)
+            return rec if rec and rec["disconnectedAt"] else None
+
         proxy.cut()
-        assert_eventually(lambda: relay.state_of("acme", "ledger", ex.executor_id) == "DISCONNECTED", 1.0)
+        cut = time.time()
+        # Relay sees the closed socket at once: timed by its own record, not by when this test's reads
+        # see it (a stall of the test process is not Relay's), and whatever state the record is in by
+        # then (the SDK may be back already).
+        gone = assert_eventually(disconnected, 10)
+        assert ts(gone["disconnectedAt"]).timestamp() - cut < 1.0
 
         def back() -> dict[str, str] | None:
             rec = relay.executor("acme", "ledger", ex.executor_id)
