@@ -14,7 +14,7 @@ from click.core import ParameterSource
 
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import DurationType, ask, cell, page_hint, seconds, show_table, when
+from relay.cli.output import DurationType, ask, cell, page_hint, seconds, show_table, when, yes_option
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 
 # Each parameter's type, by its default (relay.core.alerts.PARAMS): a float is a duration in seconds,
@@ -179,7 +179,7 @@ def create_rule(
 @alerts.command("delete")
 @click.argument("app")
 @click.argument("rule_id")
-@click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
+@yes_option
 @api_command
 def delete_rule(api: Api, app: str, rule_id: str, yes: bool) -> None:
     """Delete one of the API's rules (relay.yaml's are changed there: 409); the alerts it left open are resolved."""

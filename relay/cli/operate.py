@@ -24,6 +24,7 @@ from relay.cli.output import (
     table,
     time_option,
     when,
+    yes_option,
 )
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
@@ -203,7 +204,7 @@ def create_app(api: Api, app: str, gc_time: Any, gc_rows: Any, global_timeout: A
 
 @apps.command("delete")
 @click.argument("app")
-@click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
+@yes_option
 @api_command
 def delete_app(api: Api, app: str, yes: bool) -> None:
     """Forget an app, its settings and its alert rules; refused (409) while Relay holds any executor

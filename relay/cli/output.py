@@ -111,6 +111,10 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str
         click.echo(empty, err=True)
 
 
+# A delete's ``--yes`` (it asks first, ask() below).
+yes_option = click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
+
+
 def ask(question: str, yes: bool, refusal: str) -> None:
     """Go on when ``yes`` (``--yes``) or when the person at the terminal says so. With no terminal to
     ask (a script, a pipe), refuse (exit 2) with ``refusal`` rather than act unasked."""

@@ -9,7 +9,7 @@ import click
 from relay.auth import ADMIN, CONDUCTOR, VIEWER, Permission
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import ask, cell, page_hint, show_table, when
+from relay.cli.output import ask, cell, page_hint, show_table, when, yes_option
 
 ROLES = {"admin": ADMIN, "viewer": VIEWER, "conductor": CONDUCTOR}
 
@@ -86,7 +86,7 @@ def create(api: Api, name: str, role: str | None, permissions: tuple[str, ...], 
 
 @tokens.command("delete")
 @click.argument("name")
-@click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
+@yes_option
 @api_command
 def delete(api: Api, name: str, yes: bool) -> None:
     """Delete a key: every instance refuses it within about a second, and the sockets it opened are closed."""
