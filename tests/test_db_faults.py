@@ -543,6 +543,18 @@ def test_the_pools_and_the_leases_sockets_carry_the_tcp_settings_unless_the_url_
     assert given == ((1, 30, 5, 3, 5000),) * 2
 
 
+def _role_of_its_own(postgres: Postgres) -> tuple[str, str]:
+    """A new role owning a new database of its name, and the URL that connects as it: a connection
+    limit set on the role applies to that URL's connections alone."""
+    role = f"capped_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(role)
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(ident, ident))
+    parts = urlsplit(postgres.url_of(role))
+    return role, parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
+
+
 def test_a_database_at_its_connection_limit_still_serves_the_apis_requests_through_the_pools_connections(
     postgres: Postgres,
 ) -> None:
@@ -552,12 +564,7 @@ def test_a_database_at_its_connection_limit_still_serves_the_apis_requests_throu
     answered 503 at once (its own attempt to connect refused as well) instead of waiting for one of
     the pool's connections, which all answer. A busy pool that cannot grow is not an outage: the
     request waits for a connection and is served."""
-    role = f"capped_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
-    parts = urlsplit(postgres.url_of(role))
-    url = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
+    role, url = _role_of_its_own(postgres)
 
     async def scenario() -> str:
         db = Database(url, min_size=2, max_size=4)
@@ -609,13 +616,8 @@ def test_a_pool_at_the_connection_limit_tries_to_grow_less_and_less_often_and_sa
     from RECONNECT_EVERY_SECS (0.1 s here, for a short test) up to 30 s, the log says once that the
     pool cannot grow, in the database's words, and once that it grows again."""
     monkeypatch.setattr(db_module, "RECONNECT_EVERY_SECS", 0.1)
-    role = f"capped_{uuid.uuid4().hex[:8]}"
+    role, url = _role_of_its_own(postgres)
     ident = sql.Identifier(role)
-    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(ident, ident))
-    parts = urlsplit(postgres.url_of(role))
-    url = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
 
     async def scenario() -> int:
         db = Database(url, min_size=2, max_size=4)
