@@ -30,7 +30,7 @@ import httpx
 import psycopg
 import pytest
 from dbos import DBOSClient
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 from websockets.sync.client import connect
 
 from harness.browser import axe_violations, chromium, chromium_path, console_page, screenshot, sign_in, watch
@@ -671,7 +671,13 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
     go(page, "#/apps/ledger/schedules")
     expect(page.get_by_role("row", name="every-hour")).to_contain_text("0 * * * *")
     go(page, "#/instances")
-    instance = page.get_by_role("row", name="relay-1")
+
+    def instance_row(name: str) -> Locator:
+        # By its own cell (the row's header): a row's name holds every cell, and another instance's
+        # row names relay-1 once relay-1 adopts it ("adopted by").
+        return page.get_by_role("row").filter(has=page.get_by_role("rowheader", name=name, exact=True))
+
+    instance = instance_row("relay-1")
     expect(instance).to_contain_text("live")
     screenshot(page, "instances")
 
@@ -688,8 +694,8 @@ def test_audit_queues_schedules_and_instances(world: World, page: Page) -> None:
     assert_eventually(both_out, 10, what="the two leases out")
     page.reload()  # not waiting for the page to read them again when relay-1 adopts them
     expect(instance.locator(".badge")).to_have_text("live")
-    expect(page.get_by_role("row", name="relay-stopped").locator(".badge")).to_have_text("released")
-    expect(page.get_by_role("row", name="relay-crashed").locator(".badge")).to_have_text("expired")
+    expect(instance_row("relay-stopped").locator(".badge")).to_have_text("released")
+    expect(instance_row("relay-crashed").locator(".badge")).to_have_text("expired")
 
 
 async def stopped_and_lost(database_url: str) -> None:

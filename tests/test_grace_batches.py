@@ -364,7 +364,10 @@ def test_grace_periods_left_delayed_or_enqueued_on_another_instances_queue_are_t
         assert_eventually(
             lambda: {relay.state_of("acme", "ledger", e) for e in ids} == {"DEAD"}, grace + 10, what="both DEAD"
         )
-        assert _grace_periods(relay, "left") == [("SUCCESS", relay.instance_id, grace_queue(relay.instance_id))] * 2
+        # The state is DEAD as the grace period's step commits; the workflow ends a moment after (DBOS
+        # records its outcome once the function returns): waited for, not read at once.
+        taken_over = [("SUCCESS", relay.instance_id, grace_queue(relay.instance_id))] * 2
+        assert_eventually(lambda: _grace_periods(relay, "left") == taken_over, 10, what="both grace periods ended")
         assert "took over 2 grace period(s) waiting on another instance's queue" in relay.log()
         with relay.api() as api:
             entries = api.get("/audit", params={"action": "executor.dead", "limit": 100}).json()
