@@ -315,8 +315,22 @@ def test_a_burst_waits_delayed_and_still_declares_its_executors_dead_at_their_de
     dead = {e["executorId"]: e["at"] for e in entries if e["action"] == "executor.dead"}
     assert set(dead) >= set(ids)
     late = sorted(datetime.fromisoformat(dead[e].replace("Z", "+00:00")).timestamp() - closed for e in ids)
-    # The sockets closed within a moment of ``closed``; each is declared DEAD one grace period on.
-    assert grace - 0.5 <= late[0] and late[-1] < grace + 2.0, (late[0], late[-1])
+    # The sockets closed within a moment of ``closed``; none is declared DEAD before its grace period.
+    assert grace - 0.5 <= late[0], late[0]
+    # Each grace period's deadline, as its durable wait recorded it (DBOS.recv's timer: a DBOS.sleep
+    # whose output is its wake time), is one grace period after the disconnection, not after its
+    # first step (2 s and more later for the delayed ones). Read from the record rather than from
+    # when each was declared DEAD: a burst's declarations under the suite's load end seconds after
+    # the deadlines (2.09 s for the last of 128 once on CI), which bench.failover measures.
+    with psycopg.connect(relay.database_url) as conn:
+        rows = conn.execute(
+            """SELECT workflow_uuid, max(output::float8) FROM dbos.operation_outputs
+                WHERE workflow_uuid LIKE 'grace:acme:ledger:delayed-%' AND function_name = 'DBOS.sleep'
+                GROUP BY workflow_uuid"""
+        ).fetchall()
+    deadlines = sorted(float(wake) - closed for _, wake in rows)
+    assert len(deadlines) == dropped, len(deadlines)
+    assert grace - 0.5 <= deadlines[0] and deadlines[-1] < grace + 1.0, (deadlines[0], deadlines[-1])
 
 
 def test_grace_periods_left_delayed_or_enqueued_on_another_instances_queue_are_taken_over_by_the_owner(
