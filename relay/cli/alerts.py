@@ -14,7 +14,18 @@ from click.core import ParameterSource
 
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import DurationType, ask, cell, page_hint, seconds, show_table, when, yes_option
+from relay.cli.output import (
+    DurationType,
+    ask,
+    cell,
+    limit_option,
+    offset_option,
+    page_hint,
+    seconds,
+    show_table,
+    when,
+    yes_option,
+)
 from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
 
 # Each parameter's type, by its default (relay.core.alerts.PARAMS): a float is a duration in seconds,
@@ -51,8 +62,8 @@ def _destination(rule: dict[str, Any]) -> str:
 
 @alerts.command("list")
 @click.argument("app")
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+@limit_option
+@offset_option
 @api_command
 def list_rules(api: Api, app: str, limit: int, offset: int) -> None:
     """An app's rules: kind, parameters, destination (never a webhook's path or secret), minimum

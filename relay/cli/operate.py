@@ -17,6 +17,8 @@ from relay.cli.output import (
     ask,
     cell,
     clip,
+    limit_option,
+    offset_option,
     page_hint,
     seconds,
     shell_command,
@@ -28,8 +30,6 @@ from relay.cli.output import (
 )
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
-limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
-offset_option = click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
 
 
 @click.command()

@@ -9,7 +9,7 @@ import click
 from relay.auth import ADMIN, CONDUCTOR, VIEWER, Permission
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import ask, cell, page_hint, show_table, when, yes_option
+from relay.cli.output import ask, cell, limit_option, offset_option, page_hint, show_table, when, yes_option
 
 ROLES = {"admin": ADMIN, "viewer": VIEWER, "conductor": CONDUCTOR}
 
@@ -29,8 +29,8 @@ def tokens() -> None:
 
 
 @tokens.command("list")
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+@limit_option
+@offset_option
 @api_command
 def list_tokens(api: Api, limit: int, offset: int) -> None:
     """The org's keys (never their secrets): permissions, apps, where each came from."""

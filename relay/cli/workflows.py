@@ -17,7 +17,18 @@ import click
 
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
-from relay.cli.output import ask, cell, clip, duration_ms, page_hint, show_table, time_option, when
+from relay.cli.output import (
+    ask,
+    cell,
+    clip,
+    duration_ms,
+    limit_option,
+    offset_option,
+    page_hint,
+    show_table,
+    time_option,
+    when,
+)
 from relay.core.times import us_iso
 
 STATUSES = ("PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
@@ -75,8 +86,8 @@ def _filtered(filters: dict[str, Any]) -> bool:
 @workflows.command("list")
 @click.argument("app")
 @_filters
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+@limit_option
+@offset_option
 @click.option("--desc", is_flag=True, help="Newest first.")
 @api_command
 def list_workflows(api: Api, app: str, limit: int, offset: int, desc: bool, **filters: Any) -> None:
