@@ -348,7 +348,7 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
     ``GET .../instances`` and ``relay instances`` showed both leases alike (not live, "expired"):
     the on-call engineer could not tell a planned stop from a lost instance. The list says
     ``releasedAt`` and the command ``released``; an instance started again under the same id holds
-    its lease, its earlier release not shown."""
+    its lease, its earlier release not shown. The adopter's log said "its lease expired" for both."""
     with WebhookReceiver() as receiver:
         rules = [{"kind": "InstanceAdopted", "webhook": receiver.url()}]
         configs = [alert_config(free_port(), rules) for _ in range(3)]
@@ -383,9 +383,12 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
         assert abs(datetime.fromisoformat(stopped["releasedAt"]).timestamp() - time.time()) < 5
         (released,) = assert_eventually(lambda: adoptions("relay-1"), 15, what="relay-1 adopted")
         assert released["released"] is True
+        adopter = {"relay-2": r2, "relay-3": r3}[released["adoptedBy"]]
+        assert "adopted instance relay-1 (it released its lease): " in adopter.log()
         r3.signal(signal.SIGKILL)  # its lease runs out
         (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
         assert lost["released"] is False
+        assert "adopted instance relay-3 (its lease expired): " in r2.log()
         killed = listed()["relay-3"]
         assert (killed["live"], killed["releasedAt"], killed["adoptedBy"]) == (False, None, "relay-2")
         assert leases() == {"relay-1": "released", "relay-2": "held", "relay-3": "expired"}

@@ -89,8 +89,9 @@ class Adopter:
             return False
         self.adopted += 1
         log.warning(
-            "instance %s adopted instance %s (its lease expired): %d executors, %d newly DISCONNECTED",
-            self.instance_id, instance, sum(adoption.per_org.values()), adoption.dropped,
+            "instance %s adopted instance %s (%s): %d executors, %d newly DISCONNECTED",
+            self.instance_id, instance, "it released its lease" if adoption.released else "its lease expired",
+            sum(adoption.per_org.values()), adoption.dropped,
         )  # fmt: skip
         await self.durable.take_over([instance, *adoption.inherited])
         return True

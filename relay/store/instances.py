@@ -63,6 +63,7 @@ class Adoption:
     inherited: list[str] = field(default_factory=list)
     dropped: int = 0  # executors that were HEALTHY and became DISCONNECTED
     per_org: dict[str, int] = field(default_factory=dict)  # executors moved, by org
+    released: bool = False  # the lease was given up by a clean stop, not run out
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class InstanceStore:
                     "relay.instance_adopted", "relay", detail=detail, dedupe_key=f"adopt:{instance}:{new_epoch}:{org}"
                 )
                 await write_audit(conn, org, None, entry)
-        return Adoption(instance, new_epoch, inherited, dropped, per_org)
+        return Adoption(instance, new_epoch, inherited, dropped, per_org, released)
 
     async def list_with_executors(self, org: str, among: frozenset[str] | None = None) -> list[dict[str, Any]]:
         """Every instance's lease, and how many of ``org``'s executors name it (of the apps ``among``,
