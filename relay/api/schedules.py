@@ -104,20 +104,16 @@ async def _must_exist(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
         raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
 
 
-async def _not_another_apps(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
-    """404 for another app's schedule (apps may share a system database, which the SDK reads whole),
-    asked before a trigger or a backfill. A schedule no app has, or an SDK that cannot say, is left
-    to the SDK's own answer, as before."""
-
-    def ask() -> GetScheduleRequest:
-        return GetScheduleRequest(schedule_name=schedule_name, load_context=False)
-
+async def _must_be_the_apps(ctx: Ctx, org: str, app: str, schedule_name: str) -> None:
+    """404 for a schedule the app does not have, asked before a trigger or a backfill: another app's
+    (apps may share a system database, which the SDK reads whole) and one no app has get the same
+    answer, so that a key limited to this app cannot tell the other apps' schedule names from names
+    nothing has (the SDK's own 404 for the latter was worded otherwise). An SDK that cannot say is
+    left to its own answer, as before."""
     try:
-        found = answered(await ctx.gateway.ask(org, app, ask, GetScheduleReply)).output
+        await _must_exist(ctx, org, app, schedule_name)
     except UnsupportedMessage:
         return
-    if found is not None and not_the_apps(app, found.application_name):
-        raise ApiError(404, "not_found", f"no schedule {schedule_name!r} in app {app!r}")
 
 
 @router.post("/{schedule_name}/pause", status_code=204, response_class=Response)
@@ -148,7 +144,7 @@ async def trigger_schedule(org: str, app: str, schedule_name: PathId, ctx: Ctx, 
     request = TriggerScheduleRequest(schedule_name=schedule_name)
     detail = {"scheduleName": schedule_name}
     async with audited(ctx, org, app, "schedule.trigger", actor(who), detail):
-        await _not_another_apps(ctx, org, app, schedule_name)
+        await _must_be_the_apps(ctx, org, app, schedule_name)
         reply = answered(await ctx.gateway.ask(org, app, lambda: request, TriggerScheduleReply, repeatable=False))
         if reply.workflow_id is None:
             raise ApiError(502, "executor_error", "the executor started no workflow")
@@ -167,6 +163,6 @@ async def backfill_schedule(
 
     detail = {"scheduleName": schedule_name, "startTime": start, "endTime": end}
     async with audited(ctx, org, app, "schedule.backfill", actor(who), detail):
-        await _not_another_apps(ctx, org, app, schedule_name)
+        await _must_be_the_apps(ctx, org, app, schedule_name)
         reply = answered(await ctx.gateway.ask(org, app, ask, BackfillScheduleReply))
     return shapes.WorkflowIdsOut(workflowIds=reply.workflow_ids)
