@@ -17,6 +17,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, Mount
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from harness.keys import API_KEYS
 from harness.ports import free_port
@@ -187,6 +189,14 @@ def call(relay: RelayProcess, method: str, path: str, key: str | None) -> int:
             return resp.status_code
 
 
+def answer(relay: RelayProcess, method: str, path: str, key: str, app: str) -> tuple[int, str]:
+    """The status and body of a call that names ``app``, with the app's name taken out of the body."""
+    body = {} if method in ("POST", "PATCH") else None
+    headers = {"Authorization": f"Bearer {key}"}
+    resp = httpx.request(method, relay.http + path, json=body, headers=headers, timeout=10, verify=TLS)
+    return resp.status_code, resp.text.replace(app, "<app>")
+
+
 @pytest.fixture(scope="module")
 def keys(relay_for_matrix: RelayProcess) -> dict[str, str]:
     """An admin-made key lacking each permission, and one scoped to another app."""
@@ -202,6 +212,9 @@ def keys(relay_for_matrix: RelayProcess) -> dict[str, str]:
         body = {"permissions": [p.value for p in API_PERMISSIONS], "appNames": ["other-app"]}
         made["other-app"] = admin.post("/tokens/other-app", json=body).json()["token"]
         made["websocket-only"] = admin.post("/tokens/websocket-only", json=None).json()["token"]
+        made["websocket-other-app"] = admin.post("/tokens/ws-other-app", json={"appNames": ["other-app"]}).json()[
+            "token"
+        ]
     return made
 
 
@@ -245,6 +258,27 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
         assert call(relay, method, url, API_KEYS["globex"]) == 403, "another org's key"
     if rule.app:
         assert call(relay, method, url, keys["other-app"]) == 403, "a key scoped to another app"
+        # Before anything is looked up: an app outside the key's scope that exists (ledger) and one
+        # that does not get the same answer, so a key limited to apps cannot tell which apps exist.
+        exists, missing = (answer(relay, method, fill(path, app=a), keys["other-app"], a) for a in ("ledger", "no-app"))
+        assert exists == missing, "a key scoped to another app tells an app that exists from one that does not"
+
+
+def test_a_conductor_key_limited_to_an_app_cannot_tell_which_other_apps_exist(
+    relay_for_matrix: RelayProcess, keys: dict[str, str]
+) -> None:
+    """An executor's socket to an app outside its key's apps is refused before the app is looked for:
+    to ledger (which exists) and to an app that does not, the same status and reason."""
+    answers = []
+    for app in ("ledger", "no-app"):
+        url = f"ws://127.0.0.1:{relay_for_matrix.port}/websocket/{app}/{keys['websocket-other-app']}"
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, open_timeout=10).close()
+        answers.append(
+            (refused.value.response.status_code, (refused.value.response.body or b"").replace(app.encode(), b"<app>"))
+        )
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 403
 
 
 def test_the_grantable_permissions_are_what_a_key_may_be_given(
@@ -270,3 +304,35 @@ def test_the_grantable_permissions_are_what_a_key_may_be_given(
         made = admin.post("/v2/orgs/acme/tokens/all-grantable", json={"permissions": catalogue})
         assert made.status_code == 201, made.text
         assert admin.delete("/v2/orgs/acme/tokens/all-grantable").status_code == 204
+
+
+def test_a_key_limited_to_an_app_sees_nothing_of_an_app_added_outside_it(
+    relay_for_matrix: RelayProcess, keys: dict[str, str]
+) -> None:
+    """The org's listings (apps, keys, audit log, instances' executor counts) read by a key limited to
+    other-app are the same before and after an app outside its scope is registered, given a rule and
+    a key of its own: nothing in them counts or names it."""
+
+    def seen() -> list[object]:
+        with httpx.Client(
+            base_url=f"{relay_for_matrix.http}/v2/orgs/acme",
+            headers={"Authorization": f"Bearer {keys['other-app']}"},
+            verify=TLS,
+        ) as scoped:
+            reads = [scoped.get(path) for path in ("/apps", "/tokens", "/audit-logs", "/instances")]
+            assert [r.status_code for r in reads] == [200] * 4, [r.text for r in reads]
+            apps, tokens, audit, instances = (r.json() for r in reads)
+            return [apps, tokens, audit, [(i["instanceId"], i["executors"]) for i in instances]]
+
+    before = seen()
+    with httpx.Client(
+        base_url=f"{relay_for_matrix.http}/v2/orgs/acme",
+        headers={"Authorization": f"Bearer {API_KEYS['acme']}"},
+        verify=TLS,
+    ) as admin:
+        assert admin.put("/apps/hidden-app").status_code == 204
+        rule = {"ruleType": "UnresponsiveApplication", "receivingAppName": "ledger"}
+        assert admin.post("/apps/hidden-app/alerting-rules", json=rule).status_code == 201
+        made = admin.post("/tokens/hidden-app-fleet", json={"appNames": ["hidden-app"]})
+        assert made.status_code == 201, made.text
+    assert seen() == before
