@@ -14,14 +14,21 @@ tests that change things make workflows of their own (forks) or executors of the
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import hmac
 import importlib
+import io
 import json
 import os
 import pty
 import re
+import select
 import subprocess
 import sys
+import termios
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +43,9 @@ from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess, relay_yaml
-from harness.simulated import info_reply
+from harness.simulated import SimulatedPeer, info_reply
 from harness.waiting import assert_eventually
 from relay.cli import main, operate, output
 from relay.cli.client import Api
@@ -151,13 +159,16 @@ def cli(world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     return run
 
 
-def relay_process(world: World, *args: str, key: str | None = API_KEYS["acme"], url: str | None = None) -> Run:
-    """``python -m relay ARGS``, a process of its own."""
+def relay_process(
+    world: World, *args: str, key: str | None = API_KEYS["acme"], url: str | None = None, stdin: str = ""
+) -> Run:
+    """``python -m relay ARGS``, a process of its own, ``stdin`` piped in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["RELAY_URL"] = url or world.relay.http
     if key is not None:
         env["RELAY_API_KEY"] = key
-    done = subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, env=env, timeout=60,
+                          input=stdin)  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     return check(Run(done.returncode, done.stdout, done.stderr))
 
@@ -732,6 +743,60 @@ def test_apps_show_set_create_and_delete(world: World, cli: Cli) -> None:
     assert cli("apps", "delete", "cli-app", "--yes").code == EXIT_NOT_FOUND
 
 
+def test_a_retention_duration_under_a_millisecond_is_refused_before_any_request(world: World, cli: Cli) -> None:
+    """``--gc-time`` and ``--global-timeout`` go to the API in milliseconds: ``0.0001s`` was sent rounded
+    to 0, and the API's 422 said it must be greater than 0, of a duration given positive. Refused by
+    the CLI now, naming the option and the smallest it takes (exit 2), with no request made (here to a
+    Relay that cannot be reached: exit 5 had it tried). A millisecond is taken, as 1."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for command in (["apps", "set", "cli-ms"], ["apps", "create", "cli-ms"]):
+        for option in ("--gc-time", "--global-timeout"):
+            for value in ("0.0001s", "0.0009", "0.00001m"):
+                refused = cli(*command, option, value, url=nowhere)
+                assert refused.code == EXIT_USAGE and refused.out == "", refused
+                said = f"relay: Invalid value for '{option}': '{value}' is less than 0.001s, the smallest it takes"
+                assert refused.err.startswith(said) and refused.err.count("\n") == 1, refused.err
+    made = ok(cli("apps", "create", "cli-ms", "--gc-time", "0.001s", "--global-timeout", "0.0015"))
+    assert made.code == EXIT_OK
+    app = api_json(world, "GET", "/apps/cli-ms")
+    assert (app["gcTimeThresholdMs"], app["globalTimeoutMs"]) == (1, 2)
+    # 0 and below are the user's own, and the API's to refuse in its words.
+    zero = cli("apps", "set", "cli-ms", "--gc-time", "0")
+    assert zero.code == EXIT_USAGE and zero.err.startswith("relay: 422 ") and "gcTimeThresholdMs" in zero.err, zero
+    ok(cli("apps", "delete", "cli-ms", "--yes"))
+
+
+def test_api_names_are_shown_as_the_api_spells_them_and_taken_in_any_case(world: World, cli: Cli) -> None:
+    """A choice of the API's names (``--kind``, ``--state``, ``--status``) is taken in any case; click
+    showed the choices casefolded (``executordead``) in the error for a wrong one, in the one for a
+    missing one (over eight lines) and in shell completion, names neither the API nor README uses."""
+    kinds = "WorkflowFailure, SlowQueue, UnresponsiveApplication, ExecutorDead, RecoveryBlocked, RecoveryFailed, " \
+        "InstanceAdopted"  # fmt: skip
+    helped = ok(relay_process(world, "alerts", "create", "--help"))
+    assert kinds in " ".join(helped.out.split()), helped.out
+    wrong = cli("alerts", "create", "ledger", "--kind", "ExecutorDied", "--webhook", "http://127.0.0.1:9/h")
+    assert wrong.code == EXIT_USAGE and wrong.err == (
+        f"relay: Invalid value for '--kind': 'ExecutorDied' is not one of {kinds} (see 'relay alerts create -h')\n"
+    ), wrong.err
+    missing = cli("alerts", "create", "ledger")
+    assert missing.code == EXIT_USAGE and missing.err == (
+        f"relay: Missing option '--kind'. Choose from {kinds} (see 'relay alerts create -h')\n"
+    ), missing.err
+    state = cli("executors", "ledger", "--state", "asleep")
+    assert state.code == EXIT_USAGE and "is not one of HEALTHY, DISCONNECTED, DEAD, RECOVERING" in state.err, state
+    status = cli("workflows", "list", "ledger", "--status", "done")
+    assert status.code == EXIT_USAGE and "not one of PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR," in status.err, status
+    # Any case is taken, and the API is sent its own spelling.
+    made = ok(cli("alerts", "create", "ledger", "--kind", "instanceADOPTED", "--json")).json()
+    assert made["kind"] == "InstanceAdopted"
+    ok(cli("alerts", "delete", "ledger", made["id"], "--yes"))
+    assert ok(cli("executors", "ledger", "--state", "healthy", "--json")).json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(_RELAY_COMPLETE="bash_complete", COMP_WORDS="relay alerts create ledger --kind exec", COMP_CWORD="5")
+    completed = subprocess.run([sys.executable, "-m", "relay"], capture_output=True, text=True, env=env, timeout=60)
+    assert completed.stdout.split() == ["plain,ExecutorDead"], completed
+
+
 def test_options_given_to_relay_apps_before_its_command_are_refused_not_ignored(world: World, cli: Cli) -> None:
     """``relay apps`` takes the shared options to list; before ``show``, ``set`` or ``delete`` they
     were taken and dropped: ``relay apps --url X delete APP --yes`` deleted the app on RELAY_URL's
@@ -834,6 +899,93 @@ def test_alerts_create_takes_relay_webhook_secret_for_a_webhook_rule_only(world:
     assert given.code == EXIT_USAGE and "apply to a webhook only" in given.err, given.err
     for rule in (to_hook.json()["id"], to_app["id"]):
         ok(cli("alerts", "delete", "ledger", rule, "--yes"))
+
+
+def test_alerts_create_reads_the_webhook_secret_from_stdin_and_the_rule_signs_with_it(
+    world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--secret S`` puts the secret in the shell's history, RELAY_WEBHOOK_SECRET in the environment;
+    ``--secret-stdin`` reads it from stdin (as ``docker login --password-stdin``), and the rule made
+    signs its deliveries with it. What cannot be used is refused (exit 2) before any rule is made,
+    the secret in no line."""
+    secret = "from-stdin-5e3b9f0a7c2d4e61"
+    with world.relay.api() as api:
+        assert api.put("/apps/signed").status_code in (201, 204)
+        assert api.patch("/apps/signed", json={"executorTimeoutSecs": 0.2}).status_code == 200
+    with WebhookReceiver() as receiver:
+        hook = receiver.url("/hooks/signed")
+        create = ("alerts", "create", "signed", "--kind", "ExecutorDead", "--webhook", hook, "--min-interval", "0")
+        # In this process, stdin a pipe's text (a process each would cost a second).
+        refusals = [
+            ([*create, "--secret-stdin", "--secret", "given-secret-0123456789"], secret, "not both"),
+            ([*create, "--secret-stdin"], "", "stdin is empty"),
+            ([*create, "--secret-stdin"], "\n", "stdin is empty"),
+            ([*create, "--secret", ""], "", "secret is blank"),
+            # A secret signs a webhook's deliveries only.
+            (["alerts", "create", "signed", "--kind", "ExecutorDead", "--secret-stdin"], secret, "goes with --webhook"),
+        ]
+        for args, stdin, said in refusals:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+            refused = cli(*args)
+            assert refused.code == EXIT_USAGE and said in refused.err and refused.err.count("\n") == 1, refused
+            assert secret not in refused.out + refused.err, refused
+        # The real command, stdin piped.
+        two_lines = relay_process(world, *create, "--secret-stdin", stdin=f"{secret}\nsecond-line-0123456789\n")
+        assert two_lines.code == EXIT_USAGE and "more than one line" in two_lines.err, two_lines
+        assert secret not in two_lines.err and "second-line" not in two_lines.err, two_lines
+        assert api_json(world, "GET", "/apps/signed/alerting-rules") == []
+
+        made = relay_process(world, *create, "--secret-stdin", "--json", stdin=secret + "\r\n")
+        assert made.code == EXIT_OK, made
+        assert made.json()["secretSet"] is True and "secret" not in made.json() and secret not in made.out
+        victim = f"signed-{uuid.uuid4()}"
+        url = f"ws://127.0.0.1:{world.relay.port}/websocket/signed/{CONDUCTOR_KEYS['acme']}"
+        with SimulatedPeer(url, victim, "silent"):
+            assert_eventually(lambda: world.relay.state_of("acme", "signed", victim) == "HEALTHY", 10)
+        (delivery,) = assert_eventually(lambda: receiver.deliveries("ExecutorDead"), 15)
+        assert delivery.payload["executorId"] == victim
+        expected = "sha256=" + hmac.new(secret.encode(), delivery.body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(delivery.headers["x-relay-signature"], expected)
+    with world.api() as api:
+        for rule in api.get("/apps/signed/alerting-rules").json():
+            assert api.delete(f"/apps/signed/alerting-rules/{rule['id']}").status_code == 204
+
+
+def test_alerts_create_asks_for_the_webhook_secret_without_echo_at_a_terminal(world: World) -> None:
+    """``--secret-stdin`` at a terminal asks for the secret twice, without echoing it, as ``docker
+    login`` asks for a password; the rule keeps the secret typed."""
+    secret = "typed-secret-9c1e2f7a40b3"
+    leader, follower = pty.openpty()
+
+    def terminal() -> None:  # stdin, the pseudo-terminal, as the process's terminal (getpass opens /dev/tty)
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_URL=world.relay.http, RELAY_API_KEY=API_KEYS["acme"])
+    hook = f"http://127.0.0.1:{free_port()}/hook"
+    args = ["alerts", "create", "ledger", "--kind", "InstanceAdopted", "--webhook", hook, "--secret-stdin", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "relay", *args], stdin=follower, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=terminal)  # fmt: skip
+    os.close(follower)
+    shown = b""
+    try:
+        for question in (b"Webhook secret: ", b"Repeat for confirmation: "):
+            while not shown.endswith(question):  # the answer waits for its question: echo is off by then
+                assert select.select([leader], [], [], 30)[0], shown
+                shown += os.read(leader, 1024)
+            os.write(leader, secret.encode() + b"\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_OK, (out, err)
+    rule = json.loads(out)
+    assert rule["secretSet"] is True and secret.encode() not in shown + out + err, (shown, out, err)
+    kept = query(world.relay.database_url, "SELECT secret FROM alert_rules WHERE id = %s", rule["id"])
+    assert kept == [(secret,)]
+    with world.api() as api:
+        assert api.delete(f"/apps/ledger/alerting-rules/{rule['id']}").status_code == 204
 
 
 def test_instances_with_their_leases(world: World, cli: Cli) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import json
 import os
 import re
 import subprocess
@@ -11,6 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -24,10 +28,12 @@ from relay.store.db import Database, patiently
 from relay.store.migrations import MIGRATIONS
 
 
-def run_relay(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_relay(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "relay", *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, input=input,
     )  # fmt: skip
 
 
@@ -306,3 +312,88 @@ def test_an_internal_error_line_leaves_out_the_keys_and_passwords(monkeypatch: p
     text = "boom relay_k1, relay_k2, relay_k3\nat postgresql://me:pw@db/x"
     assert without_secrets(text, ["apps", "--key=relay_k1"]) == "boom ***, ***, relay_k3 at postgresql://me:***@db/x"
     assert without_secrets("relay_k3 \x1b]0;x\x07", ["--key", "relay_k3"]) == r"*** \x1b]0;x\x07"
+
+
+class Echo(BaseHTTPRequestHandler):
+    """A server in front of Relay's address that quotes each request back in its error: a proxy's
+    or a framework's error page that echoes the body and the headers. The app in the path says how:
+    ``problem`` a 422 problem+json, ``text`` a 502 in plain text, ``moved`` a redirect whose address
+    has them in its query."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
+        echoed = f"refused {body} sent with {self.headers.get('Authorization')}"
+        how = self.path.split("/")[5]
+        if how == "problem":
+            self.answer(422, "application/problem+json", json.dumps({"title": "Unprocessable", "detail": echoed}))
+        elif how == "text":
+            self.answer(502, "text/plain", echoed)
+        else:
+            self.send_response(302)
+            self.send_header(
+                "Location", f"http://elsewhere/?body={quote(body)}&auth={quote(self.headers['Authorization'])}"
+            )
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def answer(self, status: int, content_type: str, text: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(text.encode())))
+        self.end_headers()
+        self.wfile.write(text.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_no_error_line_prints_a_secret_the_command_was_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error line masked the API key of an internal error only: a webhook's secret, the key or a
+    URL's password quoted back by an answer (its problem's detail, its text, a redirect's address)
+    was printed, and a URL's password was shown whole when it had a / (``//u:s3cr/et@host``) and in
+    part when it had an @ (``//u:p@ss@host`` as ``//u:***@ss@host``). None is printed now, whether
+    given as an option, in the environment or on stdin."""
+    secret, key, password = "stdin-secret-1f4e8a2b9c", "relay_key-7d3c5b1a0e9f", "pa%40ss-W0rd-62b1"
+    basic = base64.b64encode(b"ops:pa@ss-W0rd-62b1").decode()  # as httpx sends a URL's user and password
+    hidden = (secret, key, "pa@ss-W0rd-62b1", password, "ss-W0rd", basic, "cli-secret-88e0d2f4a6")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def run(url: str, app: str, *options: str, stdin: str = secret) -> tuple[int, str]:
+        for name in [k for k in os.environ if k.startswith("RELAY_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        code = main(["alerts", "create", app, "--kind", "ExecutorDead", "--webhook", "http://127.0.0.1:9/hook",
+                     "--org", "acme", "--url", url, *options])  # fmt: skip
+        out, err = capsys.readouterr()
+        return code, out + err
+
+    try:
+        with_password = f"http://ops:{password}@127.0.0.1:{port}"
+        for app, exit_code in (("problem", 2), ("text", 5), ("moved", 1)):
+            for url, options in ((f"http://127.0.0.1:{port}", ["--key", key, "--secret", "cli-secret-88e0d2f4a6"]),
+                                 (with_password, ["--key", key, "--secret-stdin"])):  # fmt: skip
+                code, printed = run(url, app, *options)
+                assert code == exit_code and printed.count("\n") == 1, (app, printed)
+                assert "refused" in printed or "redirected" in printed, printed  # the answer was read
+                assert not [s for s in hidden if s in printed], (app, url, printed)
+        # The environment's key and secret too, and the real command with its stdin piped.
+        done = run_relay("alerts", "create", "problem", "--kind", "ExecutorDead", "--webhook", "http://127.0.0.1:9/h",
+                         "--org", "acme", "--url", with_password, "--secret-stdin", input=secret,
+                         env={"RELAY_API_KEY": key, "RELAY_WEBHOOK_SECRET": "cli-secret-88e0d2f4a6"})  # fmt: skip
+        assert done.returncode == 2 and "refused" in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert not [s for s in hidden if s in done.stdout + done.stderr], done.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    # No Relay to reach: the URL's password, however typed, is not in the line.
+    nowhere = free_port()
+    for url in (f"http://ops:pa@ss-W0rd-62b1@127.0.0.1:{nowhere}", f"http://ops:s3cr/et-W0rd@127.0.0.1:{nowhere}",
+                f"http://ops:{password}@127.0.0.1:{nowhere}"):  # fmt: skip
+        code, printed = run(url, "any", "--key", key)
+        assert code in (2, 5) and printed.startswith("relay: ") and printed.count("\n") == 1, printed
+        assert not [s for s in (*hidden, "s3cr", "et-W0rd") if s in printed], printed

@@ -10,22 +10,25 @@
   Tables for people, ``--json`` for scripts.
 
 The exit codes are in :mod:`relay.cli.errors`; errors are one line on stderr,
-never a traceback.
+never a traceback, and never a secret the command was given (:func:`without_secrets`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sys
+from urllib.parse import quote
 
 import click
 
 from relay import __version__
 from relay.cli import operate
 from relay.cli.alerts import alerts
-from relay.cli.client import without_password
-from relay.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from relay.cli.client import url_secrets, without_password
+from relay.cli.errors import EXIT_ERROR, EXIT_OK, CliError, forget_secrets, kept_secrets
 from relay.cli.output import visible
 from relay.cli.serve import init, keys, serve
 from relay.cli.tokens import tokens
@@ -54,10 +57,18 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    forget_secrets()
+
+    def error(message: str) -> None:
+        # Every error line, whatever its source: an answer's body or a transport error may quote
+        # what the command sent (its key, its URL, a webhook's secret).
+        click.echo(f"relay: {without_secrets(message, args)}", err=True)
+
     try:
         result = cli.main(args=argv, prog_name="relay", standalone_mode=False)
     except CliError as exc:
-        exc.show()
+        error(exc.message)
         return exc.exit_code
     except _NO_ARGS_IS_HELP as exc:
         exc.show()
@@ -65,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.UsageError as exc:
         # One line, as every other error: click's own shows the usage and a hint over three.
         hint = f" (see '{exc.ctx.command_path} -h')" if exc.ctx is not None else ""
-        click.echo(f"relay: {exc.format_message().rstrip('.')}{hint}", err=True)
+        error(f"{exc.format_message().rstrip('.')}{hint}")
         return exc.exit_code
     except click.ClickException as exc:
-        click.echo(f"relay: {exc.format_message()}", err=True)
+        error(exc.format_message())
         return exc.exit_code
     except click.Abort:
         click.echo("relay: aborted", err=True)
@@ -79,20 +90,41 @@ def main(argv: list[str] | None = None) -> int:
         # to the log at ERROR, where an operator looks for why a server stopped; elsewhere at DEBUG.
         level = logging.ERROR if logging.getLogger().handlers else logging.DEBUG
         log.log(level, "internal error", exc_info=True)
-        message = without_secrets(f"{type(exc).__name__}: {exc}", argv if argv is not None else sys.argv[1:])
-        click.echo(f"relay: internal error: {message}", err=True)
+        error(f"internal error: {type(exc).__name__}: {exc}")
         return EXIT_ERROR
     return result if isinstance(result, int) else EXIT_OK
 
 
+# The options and environment variables that carry a secret, and those that carry a URL (its password).
+_SECRET_OPTIONS = {"--key": "RELAY_API_KEY", "--secret": "RELAY_WEBHOOK_SECRET"}
+_URL_OPTIONS = {"--url": "RELAY_URL"}
+_SHORT = 6  # a secret shorter than this is masked where it stands alone only (below)
+
+
 def without_secrets(text: str, argv: list[str]) -> str:
-    """``text`` on one line, without the API key in use (``--key``, ``RELAY_API_KEY``) or a URL's password."""
-    keys = {os.environ.get("RELAY_API_KEY", "")}
+    """``text`` on one line, without a secret the command was given: the API key (``--key``,
+    ``RELAY_API_KEY``), a webhook's secret (``--secret``, ``RELAY_WEBHOOK_SECRET``, stdin), a URL's
+    password (``--url``, ``RELAY_URL``, any URL in ``text``); each also as an answer could quote it:
+    JSON-escaped, percent-encoded, with its control characters escaped."""
+    given = {os.environ.get(env, "") for env in _SECRET_OPTIONS.values()}
+    urls = [os.environ.get(env, "") for env in _URL_OPTIONS.values()]
     for i, arg in enumerate(argv):
-        if arg == "--key" and i + 1 < len(argv):
-            keys.add(argv[i + 1])
-        elif arg.startswith("--key="):
-            keys.add(arg.removeprefix("--key="))
-    for key in sorted({k.strip() for k in keys} - {""}, key=len, reverse=True):
-        text = text.replace(key, "***")
-    return visible(" ".join(without_password(text).split()))
+        name, sep, value = arg.partition("=")
+        if not sep:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if name in _SECRET_OPTIONS:
+            given.add(value)
+        elif name in _URL_OPTIONS:
+            urls.append(value)
+    given |= {s for url in urls for s in url_secrets(url)} | kept_secrets()
+    forms = set()
+    for secret in {s.strip() for s in given} | given:
+        forms |= {secret, visible(secret), json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
+                  quote(secret, safe="")}  # fmt: skip
+    text = without_password(text)
+    for form in sorted(forms - {""}, key=len, reverse=True):
+        # One of a few characters (a test's key "k", a URL's password "pw") is masked where it stands
+        # alone only: masked inside words, it left no line readable ("webhoo***").
+        alone = len(form) < _SHORT
+        text = re.sub(rf"(?<!\w){re.escape(form)}(?!\w)", "***", text) if alone else text.replace(form, "***")
+    return visible(" ".join(text.split()))

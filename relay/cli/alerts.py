@@ -7,14 +7,16 @@ secret never are. The secret Relay draws for a rule made without one is in the a
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from relay.cli.client import Api, api_command, print_json
-from relay.cli.errors import EXIT_USAGE, CliError
+from relay.cli.errors import EXIT_USAGE, CliError, keep_secret
 from relay.cli.output import (
+    ApiChoice,
     DurationType,
     ask,
     cell,
@@ -113,7 +115,7 @@ def _param_value(name: str, value: str) -> Any:
 @click.option(
     "--kind",
     required=True,
-    type=click.Choice([k.value for k in Kind], case_sensitive=False),
+    type=ApiChoice([k.value for k in Kind]),
     metavar="KIND",
     help=f"The rule's kind: {', '.join(Kind)} (README: Alerts).",
 )
@@ -133,7 +135,13 @@ def _param_value(name: str, value: str) -> Any:
     "--secret",
     envvar="RELAY_WEBHOOK_SECRET",
     show_envvar=True,
-    help="The webhook's signing key, 16 to 256 characters (default: one drawn by Relay, printed once).",
+    help="The webhook's signing key, 16 to 256 characters (default: one drawn by Relay, printed once). "
+    "Given here it is in the shell's history and the process list: prefer --secret-stdin.",
+)
+@click.option(
+    "--secret-stdin",
+    is_flag=True,
+    help="Read the webhook's signing key from stdin (its one line; at a terminal, asked for without echo).",
 )
 @click.option("--format", "fmt", type=click.Choice(["json", "slack"]), help="The webhook's body (default json).")
 @click.option(
@@ -150,14 +158,22 @@ def create_rule(
     webhook: str | None,
     receiver_app: str | None,
     secret: str | None,
+    secret_stdin: bool,
     fmt: str | None,
     min_interval: float | None,
 ) -> None:
     """Create a rule of APP. Its webhook's signing secret, when Relay draws it, is printed this once."""
-    if webhook is None and click.get_current_context().get_parameter_source("secret") is ParameterSource.ENVIRONMENT:
+    source = click.get_current_context().get_parameter_source("secret")
+    if secret_stdin:
+        secret = _secret_from_stdin(webhook, given_too=source is ParameterSource.COMMANDLINE)
+    elif webhook is None and source is ParameterSource.ENVIRONMENT:
         # RELAY_WEBHOOK_SECRET is for webhook rules: sent with one to an app's executors, the API
         # refused the rule (a secret applies to a webhook only). One given as --secret still goes.
         secret = None
+    if secret is not None and not secret.strip():
+        raise CliError("the webhook's secret is blank: give 16 to 256 characters, or none for Relay to draw one",
+                       EXIT_USAGE)  # fmt: skip
+    keep_secret(secret)
     metadata: dict[str, Any] = {}
     for param in params:
         name, sep, value = param.partition("=")
@@ -185,6 +201,28 @@ def create_rule(
     if made.get("secret"):
         click.echo("its webhook's signing secret (X-Relay-Signature), shown this once:")
         click.echo(f"  {cell(made['secret'])}")
+
+
+def _secret_from_stdin(webhook: str | None, given_too: bool) -> str:
+    """The secret ``--secret-stdin`` reads: stdin's one line (its line end left off, as ``docker login
+    --password-stdin`` leaves it), or at a terminal one typed twice without echo. Refused (exit 2)
+    before anything is read when it cannot be used."""
+    if given_too:
+        raise CliError("give --secret or --secret-stdin, not both", EXIT_USAGE)
+    if webhook is None:
+        raise CliError("--secret-stdin goes with --webhook: a secret signs a webhook's deliveries only", EXIT_USAGE)
+    if sys.stdin.isatty():
+        text = str(click.prompt("Webhook secret", hide_input=True, confirmation_prompt=True, err=True))
+    else:
+        text = sys.stdin.read()
+    text = text.removesuffix("\n").removesuffix("\r")
+    keep_secret(text)  # before any refusal: none of its lines may quote it
+    if not text:
+        raise CliError("--secret-stdin: stdin is empty (pipe the secret in: ... --secret-stdin < secret.txt)",
+                       EXIT_USAGE)  # fmt: skip
+    if "\n" in text or "\r" in text:
+        raise CliError("--secret-stdin: stdin has more than one line; a secret is one line", EXIT_USAGE)
+    return text
 
 
 @alerts.command("delete")

@@ -10,24 +10,28 @@ except a TLS certificate the client does not trust (exit 1: a retry meets the sa
 
 from __future__ import annotations
 
+import base64
 import functools
 import re
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import click
 import httpx
 from click.core import ParameterSource
 
-from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for
+from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for, keep_secret
 from relay.cli.output import json_text, visible
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # The workflow API's own deadline is 25 s (server.executorRequestDeadlineSecs); leave it room.
 TIMEOUT_SECS = 60.0
-_PASSWORD = re.compile(r"(//[^/@:\s]*:)[^/@\s]*@")
+# A URL's user information: from // to its last @ before any ? or #. Taken to the last @ (as httpx
+# takes it) and past a /, which belong in a password only percent-encoded but are typed there anyway:
+# "//u:p@ss@host" showed as "//u:***@ss@host", and "//u:s3cr/et@host" whole.
+_USERINFO = re.compile(r"//([^?#\s]*)@")
 
 
 def segment(value: str) -> str:
@@ -48,14 +52,20 @@ class Api:
         self, url: str, key: str | None, org: str | None, as_json: bool, timeout: float = TIMEOUT_SECS
     ) -> None:
         self._key = checked_key(key)
+        keep_secret(self._key)
         # Every path starts with /v2: a base given with it (.../conductor/v2, the form Conductor's
         # clients take) means the same server.
         self.url = url.rstrip("/").removesuffix("/v2")
         self.shown_url = without_password(self.url)
+        for secret in url_secrets(self.url):
+            keep_secret(secret)
         try:
             parsed = httpx.URL(self.url)
         except httpx.InvalidURL as exc:
-            raise CliError(f"not a URL: {self.shown_url!r} ({exc})", EXIT_USAGE) from exc
+            # httpx's words quote the part it could not read, which is the password's when a / in
+            # it ends the host early ("Invalid port: 's3cr'").
+            why = "a password's / ? # @ and : are percent-encoded" if _USERINFO.search(self.url) else str(exc)
+            raise CliError(f"not a URL: {self.shown_url!r} ({why})", EXIT_USAGE) from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise CliError(f"not an http(s) URL: {self.shown_url!r} (like {DEFAULT_URL})", EXIT_USAGE)
         self.as_json = as_json
@@ -155,8 +165,25 @@ def checked_key(key: str | None) -> str:
 
 
 def without_password(url: str) -> str:
-    """``url`` (or a message) as the error lines show it: a URL's password (``//user:pass@host``) as ``***``."""
-    return _PASSWORD.sub(r"\1***@", url)
+    """``url`` (or a message) as the error lines show it: a URL's password (``//user:pass@host``) as
+    ``***``, and user information with no password (``//token@host``, often a token) too."""
+
+    def masked(match: re.Match[str]) -> str:
+        user, sep, _ = match.group(1).partition(":")
+        return f"//{user}:***@" if sep else "//***@"
+
+    return _USERINFO.sub(masked, url)
+
+
+def url_secrets(url: str) -> list[str]:
+    """A URL's password, as typed and percent-decoded (its form in httpx's and a server's words), and
+    ``user:password`` in base64, as HTTP Basic authentication sends it: the forms an error could quote."""
+    found = _USERINFO.search(url)
+    if found is None or ":" not in found.group(1):
+        return []
+    user, _, password = found.group(1).partition(":")
+    basic = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    return [password, unquote(password), basic] if password else []
 
 
 def describe_error(resp: httpx.Response) -> str:

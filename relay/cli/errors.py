@@ -23,8 +23,6 @@ Scripts can rely on these codes:
 
 from __future__ import annotations
 
-import click
-
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -50,6 +48,27 @@ def exit_code_for(status: int) -> int:
     return _BY_STATUS.get(status, EXIT_ERROR)
 
 
+# The secrets the command was given that its options do not show (a webhook's secret read from stdin,
+# the API key and a URL's password as the client took them): no error line may print one
+# (relay.cli.without_secrets, which finds those given as options or in the environment itself).
+_SECRETS: set[str] = set()
+
+
+def keep_secret(value: str | None) -> None:
+    """Note ``value`` as a secret no error line of this command may print."""
+    if value:
+        _SECRETS.add(value)
+
+
+def kept_secrets() -> frozenset[str]:
+    return frozenset(_SECRETS)
+
+
+def forget_secrets() -> None:
+    """A new command (``main`` run again in one process, as the tests run it) starts with none."""
+    _SECRETS.clear()
+
+
 class CliError(Exception):
     """An error the command reports in one line on stderr (``relay: ...``), with its exit code."""
 
@@ -57,6 +76,3 @@ class CliError(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
-
-    def show(self) -> None:
-        click.echo(f"relay: {self.message}", err=True)

@@ -10,6 +10,7 @@ import click
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
 from relay.cli.output import (
+    ApiChoice,
     CountOrOff,
     DurationType,
     Off,
@@ -30,6 +31,7 @@ from relay.cli.output import (
 )
 
 STATES = ("HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING")
+MILLISECOND = 0.001  # the unit of the retention settings the API takes (gcTimeThresholdMs, globalTimeoutMs)
 
 
 @click.command()
@@ -125,7 +127,7 @@ def _retention_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option(
             "--gc-time",
-            type=DurationType(off=True),
+            type=DurationType(off=True, smallest=MILLISECOND),
             help="Delete finished workflows that completed longer ago than this (gcTimeThresholdMs); off: never.",
         ),
         click.option(
@@ -135,7 +137,7 @@ def _retention_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--global-timeout",
-            type=DurationType(off=True),
+            type=DurationType(off=True, smallest=MILLISECOND),
             help="Cancel unfinished workflows created longer ago than this (globalTimeoutMs); off: never.",
         ),
     ]
@@ -236,7 +238,7 @@ def _since(executor: dict[str, Any]) -> str | None:
 @click.argument("app")
 @click.option(
     "--state",
-    type=click.Choice(STATES, case_sensitive=False),
+    type=ApiChoice(STATES),
     metavar="STATE",
     help=f"Only executors in this state: {', '.join(STATES)}.",
 )

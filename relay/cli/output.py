@@ -185,8 +185,10 @@ def seconds(value: float) -> str:
 
 if TYPE_CHECKING:
     ParamType = click.ParamType[Any, Any]  # generic from click 8.3 on (pyproject allows 8.1)
+    Choice = click.Choice[str]  # generic from click 8.2 on
 else:
     ParamType = click.ParamType
+    Choice = click.Choice
 
 
 class Off:
@@ -203,12 +205,19 @@ OFF = Off()
 class DurationType(ParamType):
     """A duration option in seconds: ``90s``, ``15m``, ``2h``, ``7d``, or a number of seconds (``30``,
     ``0.5``); with ``off``, also ``off`` (:data:`OFF`). Whether it is in range is the API's to say
-    (a 422), as it says for the same value in relay.yaml or a PATCH."""
+    (a 422), as it says for the same value in relay.yaml or a PATCH.
+
+    ``smallest``: the API's unit, for an option sent in milliseconds. A positive duration below it
+    would be sent rounded to 0, which the API refuses as not greater than 0, in words about a value
+    the user did not give; refused here instead, naming the option and the smallest value. Not
+    rounded up: these are retention settings, and a tenth of a millisecond taken for a millisecond
+    would delete or cancel at once, where the value given was surely a slip (a unit left out)."""
 
     name = "duration"
 
-    def __init__(self, off: bool = False) -> None:
+    def __init__(self, off: bool = False, smallest: float = 0.0) -> None:
         self.off = off
+        self.smallest = smallest
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str):
@@ -224,7 +233,33 @@ class DurationType(ParamType):
         if not math.isfinite(secs):  # nan and inf are numbers to float(), and no duration
             also = ", or off" if self.off else ""
             self.fail(f"{value!r} is not a duration (30s, 5m, 2h, 7d or seconds{also})", param, ctx)
+        if 0 < secs < self.smallest:
+            least = seconds(self.smallest)
+            self.fail(f"{value!r} is less than {least}, the smallest it takes (it is sent in milliseconds)",
+                      param, ctx)  # fmt: skip
         return secs
+
+
+class ApiChoice(Choice):
+    """One of the API's names (a kind, a state, a status), taken in any case and shown as the API
+    spells it: in the error for a wrong one, the one for a missing one and shell completion. Since
+    click 8.2, ``Choice(case_sensitive=False)`` shows the casefolded names there (``executordead``),
+    names the API and README never use, and its missing-value error spans lines."""
+
+    def __init__(self, choices: Sequence[str]) -> None:
+        super().__init__(choices, case_sensitive=False)
+
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        return f"{value!r} is not one of {', '.join(self.choices)}"
+
+    def get_missing_message(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return f"Choose from {', '.join(self.choices)}"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        start = incomplete.casefold()
+        return [CompletionItem(c) for c in self.choices if c.casefold().startswith(start)]
 
 
 class CountOrOff(ParamType):

@@ -18,6 +18,7 @@ import click
 from relay.cli.client import Api, api_command, print_json
 from relay.cli.errors import EXIT_USAGE, CliError
 from relay.cli.output import (
+    ApiChoice,
     ask,
     cell,
     clip,
@@ -46,7 +47,7 @@ def _filters(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--status",
             multiple=True,
-            type=click.Choice(STATUSES, case_sensitive=False),
+            type=ApiChoice(STATUSES),
             metavar="STATUS",
             help=f"Only this status (repeat for several): {', '.join(STATUSES)}.",
         ),
