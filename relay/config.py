@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from relay.auth import Permission
-from relay.core.alerts import PARAMS, Kind
+from relay.core.alerts import MAX_SECRET, MIN_SECRET, PARAMS, SECRET_RULE, Kind, valid_secret
 from relay.core.destinations import DestinationPolicy, parse_entry
 from relay.errors import ConfigError
 
@@ -198,7 +198,7 @@ class AlertRuleConfig(_Model):
     kind: Kind
     webhook: str | None = Field(default=None, min_length=1, max_length=2048)
     # The HMAC key of X-Relay-Signature, or the environment variable holding it; without either, unsigned.
-    secret: str | None = Field(default=None, min_length=16, max_length=256)
+    secret: str | None = Field(default=None, min_length=MIN_SECRET, max_length=MAX_SECRET)
     secret_env: str | None = Field(default=None, min_length=1)
     format: Literal["json", "slack"] = "json"
     receiver_app: str | None = Field(default=None, min_length=1, max_length=256)
@@ -221,6 +221,13 @@ class AlertRuleConfig(_Model):
             raise ValueError(problem)
         return value
 
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and not valid_secret(value):
+            raise ValueError(SECRET_RULE)  # never the secret itself: the error is logged
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> AlertRuleConfig:
         allowed = PARAMS[self.kind]
@@ -236,6 +243,8 @@ class AlertRuleConfig(_Model):
             raise ValueError("give a secret or a secretEnv, not both")
         if self.secret_env is not None and not os.environ.get(self.secret_env):
             raise ValueError(f"secretEnv: the environment variable {self.secret_env} is not set")
+        if self.secret_env is not None and not valid_secret(os.environ[self.secret_env]):
+            raise ValueError(f"secretEnv: the environment variable {self.secret_env} holds no secret: {SECRET_RULE}")
         return self
 
     def params(self) -> dict[str, Any]:

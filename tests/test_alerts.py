@@ -691,6 +691,15 @@ def test_rules_through_the_api(start_relay: StartRelay) -> None:
             refused = create(body)
             assert refused.status_code == 422 and refused.json()["errors"][0]["location"] == where, refused.text
 
+        # A secret with a control character was taken: the signature is still a valid header, but the
+        # receiver, given the secret from a file or a form that keeps no such character, refused every
+        # delivery as forged.
+        for secret in ["0123456789abcdef\n", "0123456789\r\nabcdef", "\t0123456789abcdef", "0123456789abcdef\x7f"]:
+            refused = create({"ruleType": "ExecutorDead", "webhook": "http://127.0.0.1:9/x", "secret": secret})
+            assert refused.status_code == 422, (secret, refused.text)
+            (error,) = refused.json()["errors"]
+            assert error["location"] == "body.secret" and "none of them a control character" in error["message"], error
+
         # JSON's 1e999 is an infinity; past ten years, PostgreSQL cannot take now() minus it: either
         # made every delivery of the rule fail (or gave a 503 quoting SQL), and not a 422.
         hook = '"webhook": "http://127.0.0.1:9/x"'

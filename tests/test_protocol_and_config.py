@@ -200,6 +200,16 @@ def test_an_empty_file_is_all_defaults() -> None:
         # A key given twice: YAML keeps one silently (a second `orgs:` appended would drop the first).
         ("server: {port: 1}\nliveness: {}\nserver: {host: x}", "line 3", "the key 'server' is given twice"),
         ("orgs: [{name: a, apps: [{name: x,\n  name: y}]}]", "line 2", "'name' is given twice"),
+        # A webhook's secret with a control character: its receiver would refuse every delivery as forged.
+        *[
+            (
+                f"orgs: [{{name: a, apps: [{{name: x, alerts: [{{kind: ExecutorDead, webhook: 'https://h.example/r', "
+                f'secret: "{secret}"}}]}}]}}]',
+                "orgs.0.apps.0.alerts.0.secret",
+                "none of them a control character",
+            )
+            for secret in ("0123456789abcdef\\n", "0123456789\\r\\nabcdef", "0123456789abcdef\\x00")
+        ],
     ],
 )
 def test_bad_files_name_the_field_and_the_reason(text: str, where: str, why: str) -> None:
@@ -208,6 +218,20 @@ def test_bad_files_name_the_field_and_the_reason(text: str, where: str, why: str
     message = str(info.value)
     assert message.startswith("conf/relay.yaml: ")
     assert where in message and why in message
+
+
+def test_a_secret_from_the_environment_is_checked_as_one_in_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """secretEnv's value was taken as it was: a newline (``$(cat secret-file)`` keeps none, an editor's
+    export may), or a secret shorter than a secret given in the file may be."""
+    text = """orgs: [{name: a, apps: [{name: x, alerts: [{kind: ExecutorDead, webhook: 'https://hooks.example/r',
+                                                         secretEnv: RELAY_TEST_HOOK_SECRET}]}]}]"""
+    for bad in ("0123456789abcdef\n", "0123456789abcdef\r", "short"):
+        monkeypatch.setenv("RELAY_TEST_HOOK_SECRET", bad)
+        with pytest.raises(ConfigError) as info:
+            parse_config(text)
+        assert "RELAY_TEST_HOOK_SECRET holds no secret" in str(info.value) and bad not in str(info.value)
+    monkeypatch.setenv("RELAY_TEST_HOOK_SECRET", "0123456789 abcdef")
+    assert parse_config(text).orgs[0].apps[0].alerts[0].signing_secret() == "0123456789 abcdef"
 
 
 def test_command_line_overrides_are_validated_as_the_file_is() -> None:

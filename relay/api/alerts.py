@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Response
-from pydantic import ConfigDict, Field, Strict, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, Strict, ValidationError
 
 from relay.api.common import (
     NO_NUL,
@@ -30,7 +30,16 @@ from relay.api.common import (
 from relay.api.shapes import Shape
 from relay.config import AlertRuleConfig, Duration, DurationOrZero
 from relay.config import Count as ConfigCount
-from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
+from relay.core.alerts import (
+    CONDUCTOR_PARAMS,
+    MAX_SECRET,
+    MIN_SECRET,
+    PARAMS,
+    SECRET_PATTERN,
+    SECRET_RULE,
+    Kind,
+    valid_secret,
+)
 from relay.core.times import us_iso
 from relay.domain.alerts import destination_of
 from relay.store.alerts import RuleRecord, interval_secs
@@ -122,6 +131,20 @@ def _by_type_and_destination(schema: dict[str, Any]) -> None:
     schema["oneOf"] = variants
 
 
+def _secret(value: str) -> str:
+    if not valid_secret(value):
+        raise ValueError(SECRET_RULE)  # in words: the pattern says it to a program
+    return value
+
+
+# The pattern in the document only, so that its refusal names the rule rather than quoting the pattern.
+Secret = Annotated[
+    str,
+    Field(min_length=MIN_SECRET, max_length=MAX_SECRET, json_schema_extra={"pattern": SECRET_PATTERN}),
+    AfterValidator(_secret),
+]
+
+
 class CreateAlertingRule(Body):
     """Conductor's ``CreateAlertInputBody`` (``ruleType``, ``ruleMetadata``, ``minIntervalSecs``,
     ``receivingAppName``) and Relay's ``webhook``, ``secret`` (else one is made) and ``format``."""
@@ -133,7 +156,7 @@ class CreateAlertingRule(Body):
     minIntervalSecs: DurationOrZero | None = None
     receivingAppName: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)] | None = None
     webhook: Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)] | None = None
-    secret: Annotated[str, Field(min_length=16, max_length=256, pattern=NO_NUL)] | None = None
+    secret: Secret | None = None
     format: Literal["json", "slack"] = "json"
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -216,6 +217,23 @@ def idempotency_header(key: str) -> str:
     percent-encoded as UTF-8 (RFC 3986), so that any key can be sent in a header and
     ``urllib.parse.unquote`` of the header is the body's ``idempotencyKey``."""
     return quote(key, safe=_HEADER_SAFE)
+
+
+MIN_SECRET, MAX_SECRET = 16, 256
+# A webhook's secret is an HMAC key that its receiver is given too, from a file, an environment
+# variable or a form: places that drop a trailing newline or cannot hold a NUL or a tab. The signature
+# stays a valid header whatever the key, but computed with a control character the receiver does not
+# have, every delivery is refused by it as forged, and nothing in Relay says why.
+SECRET_RULE = (
+    f"a webhook secret is {MIN_SECRET} to {MAX_SECRET} characters, none of them a control character "
+    "(a newline, a carriage return, a tab, NUL)"
+)
+# The control characters (Unicode's Cc: C0, DEL and C1), as the OpenAPI document's pattern says them.
+SECRET_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def valid_secret(secret: str) -> bool:
+    return MIN_SECRET <= len(secret) <= MAX_SECRET and re.fullmatch(SECRET_PATTERN, secret) is not None
 
 
 def signature(secret: str, body: bytes) -> str:
