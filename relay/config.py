@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 from relay.auth import Permission
 from relay.core.alerts import MAX_SECRET, MIN_SECRET, PARAMS, SECRET_RULE, Kind, valid_secret
 from relay.core.destinations import DestinationPolicy, parse_entry
+from relay.core.ids import APP_NAME_RULE, valid_app_name
 from relay.errors import ConfigError
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -296,7 +297,7 @@ def webhook_problem(url: str) -> str | None:
 
 
 class AppConfig(_Model):
-    name: str = Field(min_length=1, max_length=256)
+    name: str
     executor_timeout_secs: Duration = DEFAULT_EXECUTOR_TIMEOUT_SECS
     recover_to_latest_version: bool = False
     # Retention of the app's workflows in its system database, as DBOS Conductor's app settings
@@ -306,6 +307,13 @@ class AppConfig(_Model):
     gc_rows_threshold: RetentionThreshold | None = None
     global_timeout_ms: RetentionThreshold | None = None
     alerts: list[AlertRuleConfig] = []
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not valid_app_name(value):
+            raise ValueError(APP_NAME_RULE)
+        return value
 
     @model_validator(mode="after")
     def _alerts(self) -> AppConfig:

@@ -3,18 +3,30 @@
 A key created as ``team/ops`` was stored as ``team%2Fops`` (its create route took the name as
 routing saw it) and could then not be renamed or deleted by its name; an app named ``100%`` was
 unreachable, and a key limited to it was refused on it.
+
+And the rule for a new app's name (relay.core.ids.APP_NAME_RULE), where apps are made: ``PUT
+/apps/{app}``, relay.yaml (tests/test_protocol_and_config.py) and an executor's connection. ``..``,
+``a/b``, a name with a control character or a space at either end were taken, and the console, the
+CLI and dbos-mcp, which put the name in URL paths, reached another resource or none. An app an older
+Relay made under such a name stays listable, readable and deletable.
 """
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
+from websockets.exceptions import InvalidStatus
 
-from harness.keys import API_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.relay import RelayProcess
+from harness.simulated import SimulatedPeer, open_socket
+from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay.core.ids import APP_NAME_RULE
 
 
 def client(relay: RelayProcess, key: str = API_KEYS["acme"]) -> httpx.Client:
@@ -59,3 +71,85 @@ def test_an_app_named_with_a_percent_sign_is_reached_by_its_name_and_by_a_key_li
         listed = limited.get(f"/apps/{segment(app)}/executors")
         assert listed.status_code == 200, listed.text
         assert limited.get("/apps/ledger/executors").status_code == 403
+
+
+# -- the rule for a new app's name ------------------------------------------------------------------
+
+
+def escaped(name: str) -> str:
+    """``name`` as one path segment, every character but letters and digits escaped (dots too, so
+    that ``..`` reaches Relay rather than being resolved by the client)."""
+    return "".join(c if c.isascii() and c.isalnum() else quote(c, safe="").replace(".", "%2E") for c in name)
+
+
+def names(api: httpx.Client) -> list[str]:
+    return [a["name"] for a in api.get("/apps", params={"limit": 1000}).json()]
+
+
+def made_by_an_older_relay(relay: RelayProcess, name: str) -> None:
+    """An app of a name the rule refuses, as an older Relay registered it (an upgrade in place)."""
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO apps (org, name, executor_timeout_secs) VALUES ('acme', %s, 30)", (name,))
+
+
+@pytest.mark.parametrize(
+    "name", [".", "..", "a/b", "/", "a\nb", "a\tb", "a\x7fb", "a\x85b", "\u2028", " lead", "trail ", "x" * 257]
+)
+def test_put_refuses_a_name_breaking_the_rule_with_the_rule(relay: RelayProcess, name: str) -> None:
+    with relay.api() as api:
+        refused = api.put(f"/apps/{escaped(name)}", json={"gcRowsThreshold": 5})
+        assert refused.status_code == 422, (name, refused.status_code, refused.text)
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["detail"] == APP_NAME_RULE
+        assert name not in names(api)
+
+
+@pytest.mark.parametrize("name", ["my.app", "My_App-2", "...", ".hidden", "a b", "100%app", "caf\u00e9", "x" * 256])
+def test_put_takes_the_names_dbos_apps_use(relay: RelayProcess, name: str) -> None:
+    with relay.api() as api:
+        made = api.put(f"/apps/{escaped(name)}")
+        assert made.status_code == 204, (name, made.text)
+        assert api.get(f"/apps/{escaped(name)}").json()["name"] == name
+        assert api.delete(f"/apps/{escaped(name)}").status_code == 204
+
+
+def test_the_document_gives_the_rule_as_a_pattern(relay: RelayProcess) -> None:
+    document = httpx.get(f"{relay.http}/openapi.json", verify=TLS, timeout=10).json()
+    (app,) = [p for p in document["paths"]["/v2/orgs/{org}/apps/{app}"]["put"]["parameters"] if p["name"] == "app"]
+    assert app["schema"]["pattern"].startswith("^(?!") and app["description"] == APP_NAME_RULE
+
+
+@pytest.mark.parametrize("name", ["..", " spaced "])
+def test_an_app_an_older_relay_made_under_such_a_name_is_listed_read_changed_and_deleted(
+    relay: RelayProcess, name: str
+) -> None:
+    made_by_an_older_relay(relay, name)
+    with relay.api() as api:
+        assert name in names(api)
+        assert api.get(f"/apps/{escaped(name)}").json()["name"] == name
+        changed = api.patch(f"/apps/{escaped(name)}", json={"executorTimeoutSecs": 5})
+        assert changed.status_code == 200 and changed.json()["executorTimeoutSecs"] == 5, changed.text
+        assert api.put(f"/apps/{escaped(name)}").status_code == 422  # the rule, even for one that exists
+        assert api.delete(f"/apps/{escaped(name)}").status_code == 204
+        assert name not in names(api)
+
+
+def test_an_executor_makes_no_app_of_such_a_name_and_keeps_one_an_older_relay_made(relay: RelayProcess) -> None:
+    """The SDK puts its app's name in its WebSocket URL as it is: ``..`` reaches Relay as such, and
+    registered the app ``..``. Now it is refused (400, the rule); the executors of an app ``..``
+    that an older Relay made still connect."""
+    url = f"ws://127.0.0.1:{relay.port}/websocket/../{CONDUCTOR_KEYS['acme']}"
+
+    async def refused() -> int:
+        with pytest.raises(InvalidStatus) as info:
+            await open_socket(url)
+        assert APP_NAME_RULE in info.value.response.body.decode()
+        return info.value.response.status_code
+
+    assert asyncio.run(refused()) == 400
+    with relay.api() as api:
+        assert ".." not in names(api)
+    made_by_an_older_relay(relay, "..")
+    with SimulatedPeer(url, "dots-1", "answer"), relay.api() as api:
+        executor = f"/apps/{escaped('..')}/executors/dots-1"
+        assert_eventually(lambda: api.get(executor).json().get("state") == "HEALTHY", 10)

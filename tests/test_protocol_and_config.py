@@ -200,6 +200,11 @@ def test_an_empty_file_is_all_defaults() -> None:
         # A key given twice: YAML keeps one silently (a second `orgs:` appended would drop the first).
         ("server: {port: 1}\nliveness: {}\nserver: {host: x}", "line 3", "the key 'server' is given twice"),
         ("orgs: [{name: a, apps: [{name: x,\n  name: y}]}]", "line 2", "'name' is given twice"),
+        # An app's name as the API takes it (relay.core.ids.APP_NAME_RULE): a path segment, readable.
+        *[
+            (f"orgs: [{{name: a, apps: [{{name: {name}}}]}}]", "orgs.0.apps.0.name", "not '.' or '..'")
+            for name in ('""', '".."', "'.'", '"a/b"', '"a\\nb"', '" x"', '"x "', '"' + "x" * 257 + '"')
+        ],
         # A webhook's secret with a control character: its receiver would refuse every delivery as forged.
         *[
             (

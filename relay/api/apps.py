@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import AfterValidator, ConfigDict, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
@@ -24,9 +24,9 @@ from relay.api.common import (
 )
 from relay.api.shapes import Shape
 from relay.config import Duration, RetentionThreshold
+from relay.core.ids import APP_NAME_PATTERN, APP_NAME_RULE, valid_app_name
 from relay.core.lifecycle import ExecutorState
 from relay.core.times import us_iso
-from relay.net.hub import valid_app_name
 from relay.store.apps import AppRecord
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
@@ -149,11 +149,16 @@ class RegisterApp(Body):
     globalTimeoutMs: Threshold = optional()
 
 
+# The rule in the document only: the handler checks it (valid_app_name also refuses characters no
+# pattern can list), and answers with the rule in words rather than the pattern.
+NewAppName = Annotated[str, Path(description=APP_NAME_RULE, json_schema_extra={"pattern": APP_NAME_PATTERN})]
+
+
 @router.put("/apps/{app}", status_code=204, response_class=Response)
-async def register_app(org: str, app: str, ctx: Ctx, who: Admin, body: RegisterApp | None = None) -> Response:
+async def register_app(org: str, app: NewAppName, ctx: Ctx, who: Admin, body: RegisterApp | None = None) -> Response:
     """Register an app before its executors connect (with ``autoRegisterApps: false``, the way to admit one)."""
     if not valid_app_name(app):
-        raise ApiError(422, "invalid_request", "an app name is 1 to 256 printable characters")
+        raise ApiError(422, "invalid_request", APP_NAME_RULE)
     await ctx.operator.register_app(org, app, actor(who))
     if body is not None:
         given = body.model_dump(exclude_unset=True, exclude={"privateMode"})

@@ -11,10 +11,10 @@ a new one. The first run keeps the id Relay 0.2.0 gave it,
 that release start the same workflow and its rows stay readable; run ``n``
 (2, 3, ...) is ``recovery:{org}:{app}:{executor}:{epoch}:{n}``.
 
-An org or app name may contain ``:`` (relay.yaml and the API take any printable
-name), so each goes into an id through :func:`id_part`, which escapes ``%`` and
-``:``: org ``a:b`` with app ``c`` and org ``a`` with app ``b:c`` would otherwise
-share their ids, and DBOS would run one app's workflow and skip the other's.
+An org or app name may contain ``:`` (relay.yaml and the API take it: see
+:data:`APP_NAME_RULE`), so each goes into an id through :func:`id_part`, which
+escapes ``%`` and ``:``: org ``a:b`` with app ``c`` and org ``a`` with app ``b:c``
+would otherwise share their ids, and DBOS would run one app's workflow and skip the other's.
 A name with neither character is left as it is, so the ids of such names are
 those earlier releases gave.
 """
@@ -42,6 +42,36 @@ def printable(text: str, limit: int = 300) -> str:
     """``text`` safe for a log line: control characters escaped (no forged lines), length bounded."""
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
+
+
+MAX_APP_NAME = 256
+# The one rule for a new app's name (the API, relay.yaml, an executor's connection). The console, the
+# CLI and dbos-mcp put the name in URL paths: "/" would split it, and "." or ".." is a dot segment
+# that browsers and URL libraries resolve away even when it is percent-encoded. A space at either end
+# or a control character cannot be told apart on a screen, and the DBOS SDK puts the name in its
+# WebSocket URL as it is, so such an executor could never connect. Dots, dashes, underscores, digits,
+# other punctuation and any case are allowed: DBOS apps use them, and Conductor publishes no stricter rule.
+APP_NAME_RULE = (
+    f"an app name is 1 to {MAX_APP_NAME} printable characters, without '/', not '.' or '..', "
+    "and with no space at either end"
+)
+# The same rule for the OpenAPI document (so that a fuzzer makes valid names). JSON Schema's regular
+# expressions have no Unicode categories: the pattern refuses the control characters (C0, DEL, C1),
+# and valid_app_name also refuses the other characters str.isprintable() does (separators other
+# than the space, format characters), which no pattern can list.
+APP_NAME_PATTERN = r"^(?!\.\.?$)(?! )(?!.* $)[^/\x00-\x1f\x7f-\x9f]{1,256}$"
+
+
+def valid_app_name(name: str) -> bool:
+    """Whether a new app may have ``name`` (:data:`APP_NAME_RULE`). An app an older Relay made under
+    another name stays readable and deletable: the rule applies where an app is created."""
+    return (
+        0 < len(name) <= MAX_APP_NAME
+        and name.isprintable()
+        and "/" not in name
+        and name not in (".", "..")
+        and name == name.strip(" ")
+    )
 
 
 def id_part(name: str) -> str:

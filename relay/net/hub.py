@@ -25,7 +25,7 @@ from typing import Protocol
 
 from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
-from relay.core.ids import ExecutorKey, printable
+from relay.core.ids import APP_NAME_RULE, MAX_APP_NAME, ExecutorKey, printable, valid_app_name
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
@@ -93,11 +93,13 @@ def parse_websocket_path(path: str) -> tuple[str, str] | None:
     return None
 
 
-def valid_app_name(app: str) -> bool:
+def carried_app_name(app: str) -> bool:
+    """Whether ``app`` is a name worth a look at the key: one of 1 to 256 printable characters.
+    The stricter rule for a new app (:func:`valid_app_name`) waits for the key's org, because an
+    app that an older Relay made under a name it breaks keeps its executors."""
     return 0 < len(app) <= MAX_APP_NAME and app.isprintable()
 
 
-MAX_APP_NAME = 256
 # The kinds of relay_hub_events_total, each exported from the start (0 until it happens), so that an
 # alert on its increase sees the first one: sockets refused before the handshake (rejected_*, by
 # reason), handshakes recorded and refused after executor_info, silent sockets closed, frames ignored,
@@ -186,7 +188,7 @@ class Hub:
             await _deny(scope, send, 404, "not_found", "no executor endpoint at this path")
             return
         app, key = route
-        if not valid_app_name(app):
+        if not carried_app_name(app):
             self.counters["rejected_bad_app"] += 1
             await _deny(scope, send, 400, "bad_app", f"an app name is 1 to {MAX_APP_NAME} printable characters")
             return
@@ -224,6 +226,10 @@ class Hub:
             await _deny(scope, send, 429, "too_many_sockets", "this key holds too many sockets, retry later")
             return
         if not await self._app_allowed(grant.org, app):
+            if not valid_app_name(app):
+                self.counters["rejected_bad_app"] += 1
+                await _deny(scope, send, 400, "bad_app", f"no such app, and {APP_NAME_RULE}")
+                return
             self.counters["rejected_unknown_app"] += 1
             await _deny(scope, send, 404, "unknown_app", "no such app, and apps are not registered automatically")
             return
@@ -250,10 +256,12 @@ class Hub:
                 del self.sockets_by_key[grant.key_id]
 
     async def _app_allowed(self, org: str, app: str) -> bool:
-        """Whether executors may connect to ``app``: any app when apps register themselves; else only
-        one registered now, asked of the database at every handshake (one lookup by primary key), so
-        that an app deleted through the API, on any instance, is refused at once on all of them."""
-        return self.config.auto_register_apps or await self.apps.exists(org, app)
+        """Whether executors may connect to ``app``: any app of a valid name when apps register
+        themselves; else only one registered now, asked of the database at every handshake (one
+        lookup by primary key), so that an app deleted through the API, on any instance, is refused
+        at once on all of them. An app an older Relay made under a name the rule refuses keeps its
+        executors, and such a name makes no new app."""
+        return (self.config.auto_register_apps and valid_app_name(app)) or await self.apps.exists(org, app)
 
     # -- used by the connections ------------------------------------------
 
@@ -272,10 +280,10 @@ class Hub:
         """
         key = ExecutorKey(conn.org, conn.app, info.executor_id)
         # An app missing (never seen, or deleted since) is registered in the transaction that records
-        # the executor, if apps register themselves; else AppGone refuses the handshake.
-        handshake = Handshake(
-            key, info, self.instance_id, conn.grant.key_id, self.config.auto_register_apps, conn.client
-        )
+        # the executor, if apps register themselves and its name is one a new app may have; else
+        # AppGone refuses the handshake.
+        register = self.config.auto_register_apps and valid_app_name(conn.app)
+        handshake = Handshake(key, info, self.instance_id, conn.grant.key_id, register, conn.client)
         result = await self.executors.connected(handshake)
         previous = self.connections.get(key)
         self.connections[key] = conn
