@@ -8,7 +8,8 @@ And the rule for a new app's name (relay.core.ids.APP_NAME_RULE), where apps are
 /apps/{app}``, relay.yaml (tests/test_protocol_and_config.py) and an executor's connection. ``..``,
 ``a/b``, a name with a control character or a space at either end were taken, and the console, the
 CLI and dbos-mcp, which put the name in URL paths, reached another resource or none. An app an older
-Relay made under such a name stays listable, readable and deletable.
+Relay made under such a name stays listable, readable and deletable. And ``PUT`` with settings is one
+transaction.
 """
 
 from __future__ import annotations
@@ -153,3 +154,35 @@ def test_an_executor_makes_no_app_of_such_a_name_and_keeps_one_an_older_relay_ma
     with SimulatedPeer(url, "dots-1", "answer"), relay.api() as api:
         executor = f"/apps/{escaped('..')}/executors/dots-1"
         assert_eventually(lambda: api.get(executor).json().get("state") == "HEALTHY", 10)
+
+
+# Fails the second step of PUT's old two (the settings' update), as a full disk or a lost connection
+# would, for the app "torn" only.
+FAIL_TORN_UPDATE = """
+    CREATE FUNCTION test_fail_torn() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION 'test: no update of torn'; END $$;
+    CREATE TRIGGER test_fail_torn BEFORE UPDATE ON apps FOR EACH ROW
+      WHEN (NEW.name = 'torn') EXECUTE FUNCTION test_fail_torn();
+"""
+
+
+def test_put_with_settings_that_cannot_be_written_registers_no_app(relay: RelayProcess) -> None:
+    """PUT registered the app, committed, then set its settings: when that failed, the answer was
+    an error and the app was left registered without them (and audited as created)."""
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        conn.execute(FAIL_TORN_UPDATE)
+    try:
+        with relay.api() as api:
+            failed = api.put("/apps/torn", json={"gcRowsThreshold": 5})
+            assert failed.status_code >= 500, failed.text
+            assert api.get("/apps/torn").status_code == 404
+            created = api.get("/audit", params={"app": "torn", "action": "application.create"}).json()
+            assert created == []
+    finally:
+        with psycopg.connect(relay.database_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER test_fail_torn ON apps; DROP FUNCTION test_fail_torn()")
+    with relay.api() as api:
+        assert api.put("/apps/torn", json={"gcRowsThreshold": 5}).status_code == 204
+        assert api.get("/apps/torn").json()["gcRowsThreshold"] == 5
+        actions = [e["action"] for e in api.get("/audit", params={"app": "torn"}).json()]
+        assert actions == ["application.create", "settings.updated"], actions

@@ -156,15 +156,16 @@ NewAppName = Annotated[str, Path(description=APP_NAME_RULE, json_schema_extra={"
 
 @router.put("/apps/{app}", status_code=204, response_class=Response)
 async def register_app(org: str, app: NewAppName, ctx: Ctx, who: Admin, body: RegisterApp | None = None) -> Response:
-    """Register an app before its executors connect (with ``autoRegisterApps: false``, the way to admit one)."""
+    """Register an app before its executors connect (with ``autoRegisterApps: false``, the way to admit one).
+    The app and the settings given are written in one transaction: all of them, or nothing."""
     if not valid_app_name(app):
         raise ApiError(422, "invalid_request", APP_NAME_RULE)
-    await ctx.operator.register_app(org, app, actor(who))
+    changes: dict[str, Any] = {}
     if body is not None:
         given = body.model_dump(exclude_unset=True, exclude={"privateMode"})
         if given:
             changes = AppSettings.model_validate(given).changes()
-            await ctx.operator.update_settings(org, app, changes, actor(who))
+    await ctx.operator.register_app(org, app, actor(who), changes)
     return Response(status_code=204)
 
 

@@ -16,7 +16,7 @@ from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
 from relay.errors import Conflict, NotFound
 from relay.store.alerts import AlertStore
-from relay.store.apps import AppRecord, AppStore
+from relay.store.apps import AppRecord, AppStore, Conn
 from relay.store.audit import AuditEntry, audit_executor, write_audit
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
@@ -51,12 +51,19 @@ class Operator:
         self.recoveries = recoveries
         self.durable = durable
 
-    async def register_app(self, org: str, app: str, actor: str) -> bool:
-        """Register an app ahead of its executors; False if it was registered already."""
+    async def register_app(self, org: str, app: str, actor: str, changes: dict[str, Any] | None = None) -> bool:
+        """Register an app ahead of its executors, with ``changes`` to its settings (as
+        :meth:`update_settings`), in one transaction; False if it was registered already. Two
+        transactions left an app with none of the settings asked for when the second failed, and
+        answered 404 to the PUT that had just made it when a DELETE came between them."""
         async with self.db.transaction() as conn:
             created = await self.apps.register(conn, org, app)
             if created:
                 await write_audit(conn, org, app, AuditEntry("application.create", actor, detail=SUCCEEDED))
+            if changes:
+                await self._change_settings(conn, org, app, changes, actor)
+        if changes:
+            await self.durable.wake_app(org, app, {"reason": "settings_updated"})
         return created
 
     async def delete_app(self, org: str, app: str, actor: str) -> None:
@@ -83,18 +90,22 @@ class Operator:
     async def update_settings(self, org: str, app: str, changes: dict[str, Any], actor: str) -> AppRecord:
         """Change an app's settings (snake_case column names); a running grace period keeps its value."""
         async with self.db.transaction() as conn:
-            before = await self.apps.get(org, app, conn)
-            if before is None:
-                raise NotFound(f"no app {app!r} in org {org!r}")
-            if not await self.apps.update(conn, org, app, changes):
-                # Deleted since it was read: the update waited for the deletion, then found no row.
-                raise NotFound(f"no app {app!r} in org {org!r}")
-            after = await self.apps.get(org, app, conn)
-            assert after is not None
-            detail = {"before": before.settings(), "after": after.settings()}
-            await write_audit(conn, org, app, AuditEntry("settings.updated", actor, detail=detail))
+            after = await self._change_settings(conn, org, app, changes, actor)
         # A recovery waiting for an operator may now be allowed to go on.
         await self.durable.wake_app(org, app, {"reason": "settings_updated"})
+        return after
+
+    async def _change_settings(self, conn: Conn, org: str, app: str, changes: dict[str, Any], actor: str) -> AppRecord:
+        before = await self.apps.get(org, app, conn)
+        if before is None:
+            raise NotFound(f"no app {app!r} in org {org!r}")
+        if not await self.apps.update(conn, org, app, changes):
+            # Deleted since it was read: the update waited for the deletion, then found no row.
+            raise NotFound(f"no app {app!r} in org {org!r}")
+        after = await self.apps.get(org, app, conn)
+        assert after is not None
+        detail = {"before": before.settings(), "after": after.settings()}
+        await write_audit(conn, org, app, AuditEntry("settings.updated", actor, detail=detail))
         return after
 
     async def recover(self, key: ExecutorKey, actor: str, to_latest_version: bool) -> tuple[str, bool]:
