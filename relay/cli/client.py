@@ -68,6 +68,14 @@ class Api:
             raise CliError(f"not a URL: {self.shown_url!r} ({why})", EXIT_USAGE) from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise CliError(f"not an http(s) URL: {self.shown_url!r} (like {DEFAULT_URL})", EXIT_USAGE)
+        if parsed.userinfo:
+            # HTTP sends a URL's user and password as Basic authentication in the Authorization
+            # header, where the API key goes: the key was never sent, and Relay answered 401.
+            raise CliError(
+                f"the URL {self.shown_url!r} carries a user or password, which would be sent in place of"
+                " the API key: give Relay's address without them (the key goes in --key or RELAY_API_KEY)",
+                EXIT_USAGE,
+            )
         self.as_json = as_json
         self._org = org
         self._http = httpx.Client(
