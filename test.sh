@@ -70,10 +70,12 @@ fi
 # With no arguments (CI), the suite runs on three workers (pytest-xdist), a file per worker at a
 # time, each worker with its own embedded PostgreSQL; with arguments, as they are given. Three on
 # two cores: most of a test's time is spent waiting for what Relay times (grace periods, leases),
-# and two workers kept the cores busy less than half of the run.
+# and two workers kept the cores busy less than half of the run. The workers take the slowest files
+# first, not xdist's order (its count of tests per file), so no long file is left for the end
+# (harness/schedule.py).
 if [ $# -eq 0 ]; then
   wait "$warm" || true  # (a collection error is the run's to report, below)
-  .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-3}" --dist loadfile
+  .venv/bin/python -m pytest -n "${RELAY_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder
 else
   .venv/bin/python -m pytest "$@"
 fi

@@ -11,6 +11,7 @@ from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
+from harness.schedule import ordered
 
 
 @pytest.fixture(scope="session")
@@ -108,3 +109,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ./test.sh's xdist workers, the slowest files first (harness/schedule.py says why); a run
+    without workers keeps pytest's order."""
+    if hasattr(config, "workerinput"):
+        items[:] = [items[i] for i in ordered([item.nodeid for item in items])]

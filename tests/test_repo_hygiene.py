@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from harness.schedule import SLOWEST_FIRST, ordered
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,3 +37,30 @@ def test_times_are_written_by_relay_core_times_only() -> None:
         if re.search(r"(?<!from)isoformat\(|strftime\(", line)
     ]
     assert found == [], f"isoformat() or strftime() outside relay/core/times.py: {found}"
+
+
+def test_the_slowest_files_xdist_takes_first_exist_and_go_first() -> None:
+    """harness/schedule.py: ./test.sh's workers take the slowest files first. A file of its list that
+    was renamed or removed would silently go back to xdist's place for it, so each must exist; the
+    others follow by their number of tests (xdist's own sort), and no file's tests are reordered."""
+    missing = [path for path in SLOWEST_FIRST if not (ROOT / path).is_file()]
+    assert missing == [], f"SLOWEST_FIRST names files that do not exist: {missing}"
+    slow, slower = SLOWEST_FIRST[1], SLOWEST_FIRST[0]
+    nodeids = [
+        "tests/test_a.py::one",
+        f"{slow}::first",
+        f"{slow}::second",
+        "tests/test_b.py::one",
+        "tests/test_b.py::two",
+        f"{slower}::only",
+        "tests/test_c.py::one",
+    ]
+    assert [nodeids[i] for i in ordered(nodeids)] == [
+        f"{slower}::only",
+        f"{slow}::first",
+        f"{slow}::second",
+        "tests/test_b.py::one",
+        "tests/test_b.py::two",
+        "tests/test_a.py::one",
+        "tests/test_c.py::one",
+    ]
