@@ -21,8 +21,14 @@ from tests.prom import AUTH, sample
 StartRelay = Callable[..., RelayProcess]
 
 
+# The tests that only read (and are refused) share conftest's module Relay: each start costs seconds, and
+# nothing they do changes what another reads (no write, no socket; a refused read is not audited and
+# counts toward no limit). Those that connect executors or read counts of connections get a Relay
+# of their own (own_relay), as a socket or app one left behind would change another's answer.
+
+
 @pytest.fixture
-def relay(start_relay: StartRelay) -> RelayProcess:
+def own_relay(start_relay: StartRelay) -> RelayProcess:
     return start_relay()
 
 
@@ -102,7 +108,9 @@ def test_not_found_and_invalid_requests_use_the_error_shape(relay: RelayProcess)
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "http_error"
 
 
-def test_unlisted_app_is_registered_on_first_connection_with_defaults(relay: RelayProcess) -> None:
+def test_unlisted_app_is_registered_on_first_connection_with_defaults(own_relay: RelayProcess) -> None:
+    relay = own_relay
+
     async def connect() -> str:
         ws = await open_socket(f"ws://127.0.0.1:{relay.port}/websocket/payroll/{CONDUCTOR_KEYS['acme']}")
         executor_id = await handshake(ws)
@@ -119,7 +127,8 @@ def test_unlisted_app_is_registered_on_first_connection_with_defaults(relay: Rel
         assert api.get("/apps/payroll").status_code == 404
 
 
-def test_health_ready_and_metrics(relay: RelayProcess) -> None:
+def test_health_ready_and_metrics(own_relay: RelayProcess) -> None:
+    relay = own_relay
     assert httpx.get(f"{relay.http}/healthz", verify=TLS).json() == {"status": "ok"}
     assert httpx.get(f"{relay.http}/readyz", verify=TLS).json() == {"status": "ready"}
     with psycopg.connect(relay.database_url) as conn:
@@ -148,8 +157,9 @@ def test_console_page_is_served(relay: RelayProcess) -> None:
 
 
 def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_socket(
-    relay: RelayProcess,
+    own_relay: RelayProcess,
 ) -> None:
+    relay = own_relay
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
 
     async def crowd() -> tuple[list[str], int | None, int | None]:
@@ -178,9 +188,10 @@ def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_
     assert len(set(ids)) == 151
 
 
-def test_paging_through_executors_sees_each_once_while_they_reconnect(relay: RelayProcess) -> None:
+def test_paging_through_executors_sees_each_once_while_they_reconnect(own_relay: RelayProcess) -> None:
     """Executors are listed in id order: a reconnect between two pages moves nothing (in order of
     connection, the executor that reconnected went to the end and was listed twice, another never)."""
+    relay = own_relay
     url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
 
     def page(offset: int) -> list[str]:
