@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -173,6 +174,41 @@ def test_every_change_names_the_action_its_refusals_are_audited_under() -> None:
     changes = {(m, p) for m, p in route_table() if m != "GET"} - READS_WITH_A_BODY
     assert changes - set(AUDITED_ROUTES) == set(), "changes whose refusals are not audited"
     assert set(AUDITED_ROUTES) - changes == set(), "audited routes that are no changes of the API"
+
+
+def _route_shape(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path)
+
+
+def test_readmes_route_table_names_the_permission_each_route_needs() -> None:
+    """README's REST API table is what an operator reads to give a key its permissions: a row names
+    the permission its route needs, or none when it is the table's rule (reads `application.read`,
+    changes `application.write`). It once said "admin only" of routes any `application.write` key may
+    call, and nothing of routes that need `token.write`."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    matrix = {(method, _route_shape(path)): rule for (method, path), rule in MATRIX.items()}
+    checked, wrong = 0, []
+    for line in readme.splitlines():
+        row = re.match(r"\| `(GET|POST|PUT|PATCH|DELETE) (/[^`\[?]*)[^`]*` \|(.*)\|$", line)
+        if row is None:
+            continue
+        method, path, what = row.group(1), row.group(2).removeprefix("/conductor"), row.group(3)
+        rule = matrix.get((method, _route_shape(path)))
+        if rule is None:
+            continue  # another table's row (the workflow API's paths are under an app's)
+        checked += 1
+        named = {p for p in Permission if f"`{p.value}`" in what}
+        if re.search(r"\badmin only\b", what):
+            wrong.append(f"{method} {path}: says 'admin only', which is no permission (it needs {rule.permission})")
+        elif rule.permission is None:
+            if named:
+                wrong.append(f"{method} {path}: names {sorted(p.value for p in named)}, but it needs none")
+        elif named and rule.permission not in named:  # (a row may name others in passing)
+            wrong.append(f"{method} {path}: names {sorted(p.value for p in named)}, not {rule.permission.value}")
+        elif not named and rule.permission is not (P.APPLICATION_READ if method == "GET" else P.APPLICATION_WRITE):
+            wrong.append(f"{method} {path}: names no permission, and it needs {rule.permission.value}")
+    assert checked >= 25, f"only {checked} of README's route rows were found: has the table changed shape?"
+    assert wrong == [], "\n".join(wrong)
 
 
 def fill(path: str, **override: str) -> str:
