@@ -15,6 +15,8 @@ transaction.
 from __future__ import annotations
 
 import asyncio
+import re
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import httpx
@@ -186,3 +188,37 @@ def test_put_with_settings_that_cannot_be_written_registers_no_app(relay: RelayP
         assert api.get("/apps/torn").json()["gcRowsThreshold"] == 5
         actions = [e["action"] for e in api.get("/audit", params={"app": "torn"}).json()]
         assert actions == ["application.create", "settings.updated"], actions
+
+
+def waiting_for_apps(relay: RelayProcess) -> int:
+    """How many statements of Relay's database on the apps table wait for a lock."""
+    with psycopg.connect(relay.database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchall()
+    return sum(re.search(r"\bapps\b", str(row[0])) is not None for row in rows)
+
+
+def test_put_with_settings_beside_a_delete_of_the_app_is_one_or_the_other(relay: RelayProcess) -> None:
+    """A PUT with settings of an app that exists, with a DELETE of it ordered first (it held the
+    app's row): PUT found the app there, the DELETE removed it, and PUT's update of the settings
+    found no row: 404 "no app", an answer of neither order, and nothing registered. Either order
+    gives a 204: PUT after the DELETE makes the app again, with its settings."""
+    with relay.api() as api:
+        assert api.put("/apps/contested").status_code == 204
+    # A transaction holding the app's row (as a PATCH of it does for a moment) lines up the DELETE,
+    # then the PUT, behind it: the DELETE takes the row first.
+    with psycopg.connect(relay.database_url) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute("SELECT 1 FROM apps WHERE org = 'acme' AND name = 'contested' FOR UPDATE")
+        with relay.api() as deleter, relay.api() as putter:
+            deleted = pool.submit(deleter.delete, "/apps/contested")
+            assert_eventually(lambda: waiting_for_apps(relay) == 1, 10, what="the DELETE waiting")
+            put = pool.submit(putter.put, "/apps/contested", json={"gcRowsThreshold": 7})
+            assert_eventually(lambda: waiting_for_apps(relay) == 2, 10, what="the PUT waiting")
+            holder.rollback()
+            assert deleted.result(timeout=10).status_code == 204
+            answer = put.result(timeout=10)
+    assert answer.status_code == 204, answer.text
+    with relay.api() as api:
+        assert api.get("/apps/contested").json()["gcRowsThreshold"] == 7
+        assert api.delete("/apps/contested").status_code == 204

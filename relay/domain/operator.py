@@ -58,6 +58,11 @@ class Operator:
         answered 404 to the PUT that had just made it when a DELETE came between them."""
         async with self.db.transaction() as conn:
             created = await self.apps.register(conn, org, app)
+            if not created and changes and await self.apps.lock_listed(conn, org, app) is None:
+                # The insert found the app, and a DELETE ordered first removed it since: made again,
+                # as a PUT after the DELETE makes it. Unlocked, the settings' update found no row,
+                # and the PUT answered 404, as neither order would.
+                created = await self.apps.register(conn, org, app)
             if created:
                 await write_audit(conn, org, app, AuditEntry("application.create", actor, detail=SUCCEEDED))
             if changes:

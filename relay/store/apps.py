@@ -312,9 +312,10 @@ class AppStore:
 
     @staticmethod
     async def lock_listed(conn: Conn, org: str, app: str) -> bool | None:
-        """Lock the app's row for the caller's transaction (which deletes it); whether relay.yaml lists
-        it, None if there is no such app. Locked, a sync of relay.yaml cannot list it meanwhile: the
-        sync waits, and registers it again once it is deleted."""
+        """Lock the app's row for the caller's transaction (which deletes it, or changes the settings
+        of one it found there); whether relay.yaml lists it, None if there is no such app. Locked, a
+        sync of relay.yaml cannot list it meanwhile: the sync waits, and registers it again once it is
+        deleted."""
         cur = await conn.execute("SELECT from_config FROM apps WHERE org = %s AND name = %s FOR UPDATE", (org, app))
         row = await cur.fetchone()
         return None if row is None else bool(row["from_config"])
