@@ -951,6 +951,24 @@ def test_alerts_create_reads_the_webhook_secret_from_stdin_and_the_rule_signs_wi
             assert api.delete(f"/apps/signed/alerting-rules/{rule['id']}").status_code == 204
 
 
+def test_alerts_create_refuses_a_bad_param_before_it_reads_the_secret(
+    world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``--param`` that is not NAME=VALUE, or one given twice, was refused after ``--secret-stdin``
+    had read stdin: at a terminal, once the secret had been typed twice. Now before."""
+    create = ("alerts", "create", "ledger", "--kind", "WorkflowFailure", "--webhook", "http://127.0.0.1:9/hook")
+    for params, said in [
+        (("--param", "count"), "give it as NAME=VALUE"),
+        (("--param", "=3"), "give it as NAME=VALUE"),
+        (("--param", "count=3", "--param", "count=4"), "--param count is given twice"),
+    ]:
+        stdin = io.StringIO("stdin-secret-0123456789\n")
+        monkeypatch.setattr(sys, "stdin", stdin)
+        refused = cli(*create, *params, "--secret-stdin")
+        assert refused.code == EXIT_USAGE and said in refused.err, refused
+        assert stdin.tell() == 0, f"stdin read before the refusal of {params}"
+
+
 def test_alerts_create_asks_for_the_webhook_secret_without_echo_at_a_terminal(world: World) -> None:
     """``--secret-stdin`` at a terminal asks for the secret twice, without echoing it, as ``docker
     login`` asks for a password; the rule keeps the secret typed."""

@@ -163,6 +163,16 @@ def create_rule(
     min_interval: float | None,
 ) -> None:
     """Create a rule of APP. Its webhook's signing secret, when Relay draws it, is printed this once."""
+    # The parameters before the secret: refused after --secret-stdin, a secret typed twice at a
+    # terminal was asked for in vain.
+    metadata: dict[str, Any] = {}
+    for param in params:
+        name, sep, value = param.partition("=")
+        if not sep or not name:
+            raise CliError(f"--param {param!r}: give it as NAME=VALUE (count=3, windowSecs=5m)", EXIT_USAGE)
+        if name in metadata:
+            raise CliError(f"--param {name} is given twice", EXIT_USAGE)
+        metadata[name] = _param_value(name, value)
     source = click.get_current_context().get_parameter_source("secret")
     if secret_stdin:
         secret = _secret_from_stdin(webhook, given_too=source is ParameterSource.COMMANDLINE)
@@ -174,14 +184,6 @@ def create_rule(
         raise CliError("the webhook's secret is blank: give 16 to 256 characters, or none for Relay to draw one",
                        EXIT_USAGE)  # fmt: skip
     keep_secret(secret)
-    metadata: dict[str, Any] = {}
-    for param in params:
-        name, sep, value = param.partition("=")
-        if not sep or not name:
-            raise CliError(f"--param {param!r}: give it as NAME=VALUE (count=3, windowSecs=5m)", EXIT_USAGE)
-        if name in metadata:
-            raise CliError(f"--param {name} is given twice", EXIT_USAGE)
-        metadata[name] = _param_value(name, value)
     body = {
         "ruleType": kind,  # as Kind spells it: click's choice gives its own spelling back
         "ruleMetadata": metadata or None,
