@@ -111,10 +111,10 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str
         click.echo(empty, err=True)
 
 
-# A delete's ``--yes`` (it asks first, ask() below).
 # One page of a listing the API pages (it takes at most 1,000 at a time).
 limit_option = click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 offset_option = click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+# A delete's ``--yes`` (it asks first, ask() below).
 yes_option = click.option("--yes", is_flag=True, help="Do not ask first (needed when stdin is not a terminal).")
 
 
