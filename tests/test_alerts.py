@@ -385,8 +385,12 @@ def test_a_deaths_alerts_are_resolved_once_it_is_over_by_its_coming_back_or_a_pe
         assert f"recovered by peer {peer.executor_id}" in resolution["message"], resolution["message"]
         assert resolution["metadata"]["recovered_by"] == peer.executor_id
         resolved = sorted(p["resolves"] for p in at("/dead") + at("/failed") if p.get("status"))
-        sent = audit(relay, "alert.sent")
-        assert set(resolved) <= {e["detail"].get("resolves") for e in sent}, "each resolution's alert.sent names it"
+        # A delivery's alert.sent is recorded once the receiver has answered it: awaited, not read at once.
+        assert_eventually(
+            lambda: set(resolved) <= {e["detail"].get("resolves") for e in audit(relay, "alert.sent")},
+            10,
+            what="each resolution's alert.sent names it",
+        )
         time.sleep(1.0)  # a few more polls: nothing repeats, and the second death's RecoveryFailed stays quiet
         assert (len(at("/dead")), len(at("/failed"))) == (4, 2)
 
