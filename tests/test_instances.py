@@ -211,11 +211,22 @@ def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
     # Any live executor of the version may take the recovered workflows off DBOS's queue.
     assert set(outcomes.values()) <= {peer.executor_id, stranded.executor_id}
     assert len(outcomes) == evidence.outcome_count() == 4
-    assert audit_actions(r2, doomed.executor_id).count("executor.deleted") == 1
+    # The recovered workflows may end on the peer before Relay has verified the recovery and deleted
+    # the record: awaited, not read at once.
+    assert_eventually(
+        lambda: audit_actions(r2, doomed.executor_id).count("executor.deleted") == 1, 10, what="doomed deleted once"
+    )
     # Each grace period ran on the adopter: the dead instance's queue has no listener, and the
-    # adopter's repair sweep moved them onto its own.
+    # adopter's repair sweep moved them onto its own. DBOS records a grace period's end after its
+    # executor.dead (stranded's may be moments old): awaited.
     for ex in (doomed, stranded):
-        assert [w[1:] for w in relay_workflow(r2, f"grace:acme:ledger:{ex.executor_id}:%")] == [("SUCCESS", adopter)]
+        assert_eventually(
+            lambda ex=ex: (
+                [w[1:] for w in relay_workflow(r2, f"grace:acme:ledger:{ex.executor_id}:%")] == [("SUCCESS", adopter)]
+            ),
+            10,
+            what=f"{ex.executor_id}'s grace period ended on the adopter",
+        )
     assert metric(r2 if adopter == "relay-2" else r3, "relay_instances_adopted_total") == 1
 
 

@@ -95,13 +95,19 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
         sample(text, f"relay_recovery_{s}_seconds_sum") or 0 for s in ("dispatched_to_reply", "reply_to_verified")
     )
     assert replied <= at["recovery.succeeded"] - at["recovery.dispatched"] + 0.002
-    # A run this release starts takes the merged steps: three checkpoints for a clean recovery.
-    with psycopg.connect(relay.database_url) as conn:
-        steps = [r[0] for r in conn.execute(
-            "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
-            (recoveries[0]["recoveryId"],),
-        )]  # fmt: skip
-    assert steps == ["relay.open_and_gather", "relay.dispatch_and_recover", "relay.verify_and_succeed"]
+
+    # A run this release starts takes the merged steps: three checkpoints for a clean recovery. DBOS
+    # writes the last one once its step has returned, after the step's write deleted the record:
+    # awaited, not read at once.
+    def steps() -> list[str]:
+        with psycopg.connect(relay.database_url) as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+                (recoveries[0]["recoveryId"],),
+            )]  # fmt: skip
+
+    merged = ["relay.open_and_gather", "relay.dispatch_and_recover", "relay.verify_and_succeed"]
+    assert_eventually(lambda: steps() == merged, 10, what=f"the run's steps {merged}")
 
 
 def ranked_before(dead: str, other: str) -> str:

@@ -94,7 +94,8 @@ def recovered_by_run_2(
     with relay.api() as api:  # each run can be read by its id, old form and new
         for run in runs:
             assert api.get(f"/apps/ledger/recoveries/{run['recoveryId']}").json() == run
-    assert dbos_status(relay_db, f"{first}:2") == "SUCCESS"
+    # DBOS records the run's end after its last step's write deleted the record: awaited.
+    assert_eventually(lambda: dbos_status(relay_db, f"{first}:2") == "SUCCESS", 10, what="run 2 ended in SUCCESS")
     actions = audit_actions(relay, victim)
     for action in ("executor.dead", "recovery.restarted", "recovery.succeeded", "executor.deleted"):
         assert actions.count(action) == 1, (action, actions)

@@ -141,8 +141,10 @@ def test_a_grace_period_0_2_0_takes_off_this_releases_queue_is_made_up_for_by_th
             with new.api() as api:
                 (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": victim.executor_id}).json()
             assert recovery["status"] == "succeeded", recovery
-            # The recovery ran on this code's instance: 0.2.0 takes no workflow that is not queued.
-            assert run_by(relay_db, recovery["recoveryId"]) == ("SUCCESS", "relay-1")
+            # The recovery ran on this code's instance: 0.2.0 takes no workflow that is not queued. DBOS
+            # records its end after its last step's write deleted the record: awaited, not read at once.
+            rid = recovery["recoveryId"]
+            assert_eventually(lambda rid=rid: run_by(relay_db, rid) == ("SUCCESS", "relay-1"), 10, what=f"{rid} run")
     finally:
         new.stop()
         old.stop()

@@ -73,7 +73,10 @@ def recovered_by(relay: RelayProcess, relay_db: str, evidence_db: str, victim: s
     with relay.api() as api:
         (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": victim}).json()
     assert recovery["status"] == "succeeded"
-    assert workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS"
+    # DBOS records the run's end after its last step's write deleted the record: awaited.
+    assert_eventually(
+        lambda: workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS", 10, what="the recovery's SUCCESS"
+    )
     return dict(recovery)
 
 

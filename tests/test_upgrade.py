@@ -138,7 +138,9 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
             with new.api() as api:
                 (recovery,) = api.get(f"/apps/{app}/recoveries", params={"executorId": executor.executor_id}).json()
             assert recovery["status"] == "succeeded"
-            assert workflow_status(relay_db, recovery["recoveryId"]) == "SUCCESS"
+            # DBOS records the run's end after its last step's write deleted the record: awaited.
+            rid = recovery["recoveryId"]
+            assert_eventually(lambda rid=rid: workflow_status(relay_db, rid) == "SUCCESS", 10, what=f"{rid} SUCCESS")
         assert "recovery.waiting_for_peer" in audit_actions(new, lonely.executor_id)
     finally:
         new.stop()
@@ -206,7 +208,9 @@ def test_a_recovery_of_0_2_0_in_its_backoff_sleep_finishes_after_the_upgrade(
             (recovery,) = api.get("/apps/ledger/recoveries", params={"executorId": victim.executor_id}).json()
         assert recovery["recoveryId"] == rid and recovery["status"] == "succeeded", recovery
         assert [a["outcome"] for a in recovery["attempts"]] == ["failed", "succeeded"]
-        assert workflow_status(relay_db, rid) == "SUCCESS"  # the same run, not one the repair sweep began
+        # The same run, not one the repair sweep began; DBOS records its end after its last step's write
+        # deleted the record (awaited), and then every operation it recorded is there to read.
+        assert_eventually(lambda: workflow_status(relay_db, rid) == "SUCCESS", 10, what="the same run's SUCCESS")
         operations = recorded_operations(relay_db, rid)
         shown = ", ".join(operations)  # the whole list in the message (pytest shortens a list it shows)
         # The failed attempt's backoff is the sleep 0.2.0 recorded, replayed as a sleep (a wait in
