@@ -9,24 +9,19 @@ receiver), so two things can take it in between:
 - another caller of :func:`free_port` (pytest's other workers, a second chaos run), which could
   be handed the same port before either bound it.
 
-So ports come from below the ephemeral range, and each process has a slice of its own, walked in
-turn: a pytest worker (``PYTEST_XDIST_WORKER``) tries its worker's slice first, a process outside
-pytest-xdist one by its pid, and each takes the first slice no other process holds (a lock on a
-file of the slice's, held while the process lives), so two runs at once (a CI run and another
-beside it) do not share one. Each port is still checked by binding it. Where the ephemeral range
-leaves too little room below it, the kernel's choice (``bind(0)``) is the fallback.
+So ports come from below the ephemeral range, and each pytest worker (``PYTEST_XDIST_WORKER``)
+has a slice of its own, walked in turn; a process outside pytest-xdist takes a slice by its pid.
+Each port is still checked by binding it. Where the ephemeral range leaves too little room below
+it, the kernel's choice (``bind(0)``) is the fallback.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import socket
-import tempfile
 import threading
 from pathlib import Path
-from typing import IO
 
 # The lowest port handed out: below it are the well-known and registered ports services use
 # (PostgreSQL's 5432, 8080...), which a developer's machine may have in use.
@@ -37,14 +32,8 @@ WORKER_SLICES = 8
 OTHER_SLICES = 8
 MIN_SLICE = 200
 
-# Where the slices' lock files are, shared by every process of the machine's user.
-LOCKS = Path(tempfile.gettempdir()) / "relay-test-ports"
-
 _lock = threading.Lock()
 _next: int | None = None
-# This process's slice (its index, the open lock file that holds it, the pid that took it: a
-# forked child takes one of its own).
-_claim: tuple[int, IO[str], int] | None = None
 
 
 def _ephemeral_low() -> int:
@@ -63,36 +52,11 @@ def _slice() -> range | None:
         return None
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
-        first = int(worker[2:]) % WORKER_SLICES
+        index = int(worker[2:]) % WORKER_SLICES
     else:
-        first = WORKER_SLICES + os.getpid() % OTHER_SLICES
-    start = LOWEST + _claimed(first) * size
+        index = WORKER_SLICES + os.getpid() % OTHER_SLICES
+    start = LOWEST + index * size
     return range(start, start + size)
-
-
-def _claimed(first: int) -> int:
-    """The index of the slice this process holds: ``first`` or the next that no other process
-    holds. Two runs at once (two gw0 workers, two processes whose pids agree modulo OTHER_SLICES)
-    took the same slice, and either could hand out a port the other had handed out and not yet
-    bound (a Relay binds its port seconds after it starts). The lock is the kernel's (flock): it is
-    let go when the process ends, however it ends, so no stale claim is left to clean up."""
-    global _claim
-    with _lock:
-        if _claim is not None and _claim[2] == os.getpid():
-            return _claim[0]
-        slices = WORKER_SLICES + OTHER_SLICES
-        LOCKS.mkdir(exist_ok=True)
-        for n in range(slices):
-            index = (first + n) % slices
-            held = open(LOCKS / f"slice-{index}.lock", "a")  # open while the process lives
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                held.close()
-                continue
-            _claim = (index, held, os.getpid())
-            return index
-        return first  # more processes at once than slices: they share, as before
 
 
 def _bindable(port: int) -> bool:
