@@ -1,3 +1,3 @@
-from relay.cli import main
+from relay.entry import main
 
 raise SystemExit(main())

@@ -51,6 +51,7 @@ from relay.cli import main, operate, output
 from relay.cli.client import Api
 from relay.cli.errors import EXIT_DENIED, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from relay.cli.output import cell as table_cell
+from relay.core.alerts import SECRET_RULE
 
 APP_MODULE = "harness.workflow_app"
 # The module (relay.cli.workflows, as an attribute, is its click group).
@@ -955,18 +956,31 @@ def test_alerts_create_refuses_a_bad_param_before_it_reads_the_secret(
     world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ``--param`` that is not NAME=VALUE, or one given twice, was refused after ``--secret-stdin``
-    had read stdin: at a terminal, once the secret had been typed twice. Now before."""
+    had read stdin: at a terminal, once the secret had been typed twice. Now before. So is a webhook
+    given with a receiving app (the API's refusal came once the secret was read)."""
     create = ("alerts", "create", "ledger", "--kind", "WorkflowFailure", "--webhook", "http://127.0.0.1:9/hook")
     for params, said in [
         (("--param", "count"), "give it as NAME=VALUE"),
         (("--param", "=3"), "give it as NAME=VALUE"),
         (("--param", "count=3", "--param", "count=4"), "--param count is given twice"),
+        (("--receiver-app", "signed"), "give --webhook or --receiver-app, not both"),
     ]:
         stdin = io.StringIO("stdin-secret-0123456789\n")
         monkeypatch.setattr(sys, "stdin", stdin)
         refused = cli(*create, *params, "--secret-stdin")
         assert refused.code == EXIT_USAGE and said in refused.err, refused
         assert stdin.tell() == 0, f"stdin read before the refusal of {params}"
+
+
+def test_alerts_create_states_the_webhook_secrets_rule_in_the_apis_words(cli: Cli) -> None:
+    """``--secret``'s help and the refusal of a blank secret said "16 to 256 characters" in words of
+    their own, and not that a control character is refused: they say relay.core.alerts' rule now, in
+    the words of the API's and relay.yaml's refusals."""
+    helped = ok(cli("alerts", "create", "-h"))
+    assert SECRET_RULE in " ".join(helped.out.split()), helped.out
+    hook = "http://127.0.0.1:9/hook"
+    blank = cli("alerts", "create", "ledger", "--kind", "InstanceAdopted", "--webhook", hook, "--secret", "  ")
+    assert blank.code == EXIT_USAGE and SECRET_RULE in blank.err and blank.err.count("\n") == 1, blank
 
 
 def test_alerts_create_asks_for_the_webhook_secret_without_echo_at_a_terminal(world: World) -> None:

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import io
 import json
 import os
+import pty
 import re
+import select
+import signal
+import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -402,3 +410,171 @@ def test_no_error_line_prints_a_secret_the_command_was_given(
         code, printed = run(url, "any", "--key", key)
         assert code == 2 and printed.startswith("relay: ") and printed.count("\n") == 1, printed
         assert not [s for s in (*hidden, "s3cr", "et-W0rd") if s in printed], printed
+
+
+def test_an_at_sign_in_a_path_is_not_taken_for_a_password_and_a_webhooks_password_is_masked_encoded_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL with an @ in its path (``https://h//docs/x@y``) was masked from its first // to that @,
+    host and path (``https://***@y``), as if they were a user and password; a host's port before its
+    path (``//h:8080/x@y``) too. Only a real user information is masked now. And a webhook's password
+    was masked where an answer quoted it as typed only: quoted percent-encoded (``p%40ss`` for
+    ``p@ss``, a redirect's address here), it was printed."""
+    kept = "boom at https://h//docs/x@y, http://h:8080/a@b and [http://[::1]:8080/c@d]"
+    assert without_secrets(kept, []) == kept
+    assert without_secrets("to https://ops:p@ss/w0rd@h//docs/x@y", []) == "to https://ops:***@y"  # to the last @
+    assert without_secrets("at //tok@h/x@y and 'sftp://me:pw@h'", []) == "at //***@h/x@y and 'sftp://me:***@h'"
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    password = "p@ss-W3bh00k-4e1a"
+    try:
+        for app, hook in (("text", "http://127.0.0.1:9//docs/x@y"), ("moved", f"http://hook:{password}@127.0.0.1:9/h")):
+            for name in [k for k in os.environ if k.startswith("RELAY_")]:
+                monkeypatch.delenv(name)
+            capsys.readouterr()
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            code = main(["alerts", "create", app, "--kind", "ExecutorDead", "--webhook", hook, "--org", "acme",
+                         "--url", url, "--key", "relay_key-0c9d"])  # fmt: skip
+            printed = capsys.readouterr().err
+            assert code in (1, 5) and printed.count("\n") == 1, printed
+            if app == "text":  # the answer quotes the body, the webhook's address in it whole
+                assert "refused" in printed and hook in printed, printed
+            else:  # the redirect's address quotes the body percent-encoded
+                assert "redirected" in printed and "%3A//hook%3A" in printed, printed
+                assert quote(password, safe="") not in printed and "ss-W3bh00k" not in printed, printed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class HeldEcho(Echo):
+    """Echo, holding each answer until ``release`` is set (``arrived`` says a request came)."""
+
+    arrived = threading.Event()
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        HeldEcho.arrived.set()
+        HeldEcho.release.wait(20)
+        super().do_POST()
+
+
+def test_a_command_keeps_its_secrets_while_another_runs_in_the_same_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The secrets to mask that no option shows (here a webhook's secret read from stdin) were kept
+    in module state, which each ``main`` cleared as it started: a command that started while another
+    waited for its answer took them from it, and an answer that quoted the secret had it printed. Each
+    command keeps its own now, on its click context."""
+    secret = "stdin-secret-held-7a2c9e4b"
+    for name in [k for k in os.environ if k.startswith("RELAY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(secret))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HeldEcho)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    HeldEcho.arrived.clear()
+    HeldEcho.release.clear()
+    codes: list[int] = []
+    args = ["alerts", "create", "problem", "--kind", "ExecutorDead", "--webhook", "http://127.0.0.1:9/hook", "--org",
+            "acme", "--url", f"http://127.0.0.1:{server.server_address[1]}", "--key", "relay_key-5b8e",
+            "--secret-stdin"]  # fmt: skip
+    first = threading.Thread(target=lambda: codes.append(main(args)))
+    try:
+        capsys.readouterr()
+        first.start()
+        assert HeldEcho.arrived.wait(20), "the first command's request never came"
+        assert main(["--version"]) == 0  # another command, while the first waits for its answer
+        HeldEcho.release.set()
+        first.join(20)
+    finally:
+        HeldEcho.release.set()
+        server.shutdown()
+        server.server_close()
+    printed = capsys.readouterr().err
+    assert codes == [2] and "refused" in printed and printed.count("\n") == 1, (codes, printed)
+    assert secret not in printed, printed
+
+
+# Runs ``python -m relay ARGS`` as it is run, with an importer that holds the import of httpx (which
+# the CLI makes as it starts) until the process is interrupted; it says so on stdout first.
+_HELD_AT_START = """
+import importlib.abc, runpy, sys, time
+class Held(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "httpx":
+            print("importing httpx", flush=True)
+            time.sleep(60)
+        return None
+sys.meta_path.insert(0, Held())
+runpy.run_module("relay", run_name="__main__", alter_sys=True)
+"""
+
+
+def _interrupted(command: list[str], held: Callable[[subprocess.Popen[str]], None], **kwargs: Any) -> tuple[int, str]:
+    """Run ``command``, wait with ``held`` until it is blocked, Ctrl-C it (SIGINT); its exit code and stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env["RELAY_API_KEY"] = "relay_key-3f7a"
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+    try:
+        held(proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        end(proc)
+    return proc.returncode, err
+
+
+def test_ctrl_c_is_one_line_and_exit_130_never_a_traceback() -> None:
+    """Ctrl-C during a command was click's Abort: a blank line, ``relay: aborted`` and exit 1, which
+    a script could not tell from a failure; during the CLI's start (its imports), Python's traceback.
+    Now ``relay: interrupted`` and exit 130, as a shell reports a command Ctrl-C ended."""
+    # Blocked on a request to a server that does not answer: the connection is accepted, never answered.
+    silent = socket.create_server(("127.0.0.1", 0))
+    relay = [sys.executable, "-m", "relay"]
+
+    def requested(proc: subprocess.Popen[str]) -> None:
+        silent.settimeout(20)
+        conn, _ = silent.accept()
+        conn.settimeout(20)
+        assert conn.recv(4096).startswith(b"GET /v2/whoami"), "no request came"
+        held.append(conn)
+
+    held: list[socket.socket] = []
+    try:
+        code, err = _interrupted([*relay, "apps", "--url", f"http://127.0.0.1:{silent.getsockname()[1]}"], requested)
+    finally:
+        silent.close()
+        for conn in held:
+            conn.close()
+    assert (code, err) == (130, "relay: interrupted\n"), (code, err)
+
+    # Blocked as it starts, importing.
+    def importing(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None and proc.stdout.readline() == "importing httpx\n"
+
+    code, err = _interrupted([sys.executable, "-c", _HELD_AT_START, "apps"], importing)
+    assert (code, err) == (130, "relay: interrupted\n"), (code, err)
+
+    # Blocked at the --secret-stdin question, at a terminal: the terminal is left echoing.
+    leader, follower = pty.openpty()
+
+    def asked(proc: subprocess.Popen[str]) -> None:
+        shown = b""
+        while not shown.endswith(b"Webhook secret: "):
+            assert select.select([leader], [], [], 20)[0], shown
+            shown += os.read(leader, 1024)
+
+    def terminal() -> None:  # getpass asks on the process's terminal (/dev/tty)
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        code, err = _interrupted(
+            [*relay, "alerts", "create", "ledger", "--kind", "ExecutorDead", "--webhook", "http://127.0.0.1:9/h",
+             "--secret-stdin"], asked, stdin=follower, start_new_session=True, preexec_fn=terminal)  # fmt: skip
+        assert termios.tcgetattr(follower)[3] & termios.ECHO, "the terminal was left without echo"
+    finally:
+        os.close(leader)
+        os.close(follower)
+    # click.prompt ends the question's line (getpass leaves it open); no other line.
+    assert code == 130 and err.strip() == "relay: interrupted" and "Traceback" not in err, (code, err)

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterable
 from urllib.parse import quote
 
 import click
@@ -28,21 +29,33 @@ from relay import __version__
 from relay.cli import operate
 from relay.cli.alerts import alerts
 from relay.cli.client import url_secrets, without_password
-from relay.cli.errors import EXIT_ERROR, EXIT_OK, CliError, forget_secrets, kept_secrets
+from relay.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, KeptSecrets
 from relay.cli.output import visible
 from relay.cli.serve import init, keys, serve
 from relay.cli.tokens import tokens
 from relay.cli.workflows import workflows
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Relay(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        # Ctrl-C in a command as an Abort, as click.prompt raises it. Left to click's main, it wrote
+        # a blank line to stderr first (to end the terminal's "^C"), two lines where stderr is a file
+        # or a pipe: main writes that one at a terminal only.
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise click.Abort from exc
+
+
+@click.group(cls=_Relay, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="relay")
 def cli() -> None:
     """Relay: a self-hosted control plane for DBOS executors.
 
     The operator commands talk to a running Relay: --url (or RELAY_URL) and an API key,
     --key (or RELAY_API_KEY). Exit codes: 0 done, 1 other error, 2 usage or configuration,
-    3 not found, 4 not allowed (401, 403), 5 unavailable (cannot connect, 502, 503, 504, 429).
+    3 not found, 4 not allowed (401, 403), 5 unavailable (cannot connect, 502, 503, 504, 429),
+    130 interrupted (Ctrl-C).
     """
 
 
@@ -58,15 +71,15 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    forget_secrets()
+    kept = KeptSecrets()  # the command's context object: keep_secret adds to it
 
     def error(message: str) -> None:
         # Every error line, whatever its source: an answer's body or a transport error may quote
         # what the command sent (its key, its URL, a webhook's secret).
-        click.echo(f"relay: {without_secrets(message, args)}", err=True)
+        click.echo(f"relay: {without_secrets(message, args, kept)}", err=True)
 
     try:
-        result = cli.main(args=argv, prog_name="relay", standalone_mode=False)
+        result = cli.main(args=argv, prog_name="relay", standalone_mode=False, obj=kept)
     except CliError as exc:
         error(exc.message)
         return exc.exit_code
@@ -81,9 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         error(exc.format_message())
         return exc.exit_code
-    except click.Abort:
-        click.echo("relay: aborted", err=True)
-        return EXIT_ERROR
+    except click.Abort as exc:
+        if not _interrupted(exc):
+            click.echo("relay: aborted", err=True)  # end of input (Ctrl-D) at a question
+            return EXIT_ERROR
+        # At a terminal the line starts on a line of its own, not after the "^C" it echoed.
+        start = "\n" if sys.stderr.isatty() else ""
+        click.echo(f"{start}relay: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before or after the command: reading its options, writing an error
+        click.echo("relay: interrupted", err=True)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         # A bug, or an error no command expected: one line, no traceback on the terminal, and no
         # secret from the command line. Where logging is set up (`relay serve`), the traceback goes
@@ -95,19 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else EXIT_OK
 
 
-# The options and environment variables that carry a secret, and those that carry a URL (its password).
+def _interrupted(exc: BaseException) -> bool:
+    """Whether the Abort came of Ctrl-C: click.prompt raises it "from None", which leaves the
+    KeyboardInterrupt as its context, not its cause."""
+    return isinstance(exc.__cause__, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt)
+
+
+# The options and environment variables that carry a secret, and those that carry a URL (its password):
+# a webhook's too, which an answer may quote back percent-encoded, where no "@" shows it as one.
 _SECRET_OPTIONS = {"--key": "RELAY_API_KEY", "--secret": "RELAY_WEBHOOK_SECRET"}
-_URL_OPTIONS = {"--url": "RELAY_URL"}
+_URL_OPTIONS = {"--url": "RELAY_URL", "--webhook": None}
 _SHORT = 6  # a secret shorter than this is masked where it stands alone only (below)
 
 
-def without_secrets(text: str, argv: list[str]) -> str:
+def without_secrets(text: str, argv: list[str], kept: Iterable[str] = ()) -> str:
     """``text`` on one line, without a secret the command was given: the API key (``--key``,
     ``RELAY_API_KEY``), a webhook's secret (``--secret``, ``RELAY_WEBHOOK_SECRET``, stdin), a URL's
-    password (``--url``, ``RELAY_URL``, any URL in ``text``); each also as an answer could quote it:
-    JSON-escaped, percent-encoded, with its control characters escaped."""
+    password (``--url``, ``RELAY_URL``, ``--webhook``, any URL in ``text``); each also as an answer
+    could quote it: JSON-escaped, percent-encoded, with its control characters escaped. ``kept``:
+    those the command noted as it ran (relay.cli.errors.keep_secret)."""
     given = {os.environ.get(env, "") for env in _SECRET_OPTIONS.values()}
-    urls = [os.environ.get(env, "") for env in _URL_OPTIONS.values()]
+    urls = [os.environ.get(env, "") for env in _URL_OPTIONS.values() if env is not None]
     for i, arg in enumerate(argv):
         name, sep, value = arg.partition("=")
         if not sep:
@@ -116,7 +145,7 @@ def without_secrets(text: str, argv: list[str]) -> str:
             given.add(value)
         elif name in _URL_OPTIONS:
             urls.append(value)
-    given |= {s for url in urls for s in url_secrets(url)} | kept_secrets()
+    given |= {s for url in urls for s in url_secrets(url)} | set(kept)
     forms = set()
     for secret in {s.strip() for s in given} | given:
         forms |= {secret, visible(secret), json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],

@@ -28,7 +28,7 @@ from relay.cli.output import (
     when,
     yes_option,
 )
-from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, Kind
+from relay.core.alerts import CONDUCTOR_PARAMS, PARAMS, SECRET_RULE, Kind
 
 # Each parameter's type, by its default (relay.core.alerts.PARAMS): a float is a duration in seconds,
 # an int a count, None a name (workflowName, queueName, reason). Conductor's names take their type.
@@ -135,7 +135,7 @@ def _param_value(name: str, value: str) -> Any:
     "--secret",
     envvar="RELAY_WEBHOOK_SECRET",
     show_envvar=True,
-    help="The webhook's signing key, 16 to 256 characters (default: one drawn by Relay, printed once). "
+    help=f"The webhook's signing key: {SECRET_RULE} (default: one drawn by Relay, printed once). "
     "Given here it is in the shell's history and the process list: prefer --secret-stdin.",
 )
 @click.option(
@@ -163,8 +163,11 @@ def create_rule(
     min_interval: float | None,
 ) -> None:
     """Create a rule of APP. Its webhook's signing secret, when Relay draws it, is printed this once."""
-    # The parameters before the secret: refused after --secret-stdin, a secret typed twice at a
-    # terminal was asked for in vain.
+    # The parameters and the destination before the secret: refused after --secret-stdin, a secret
+    # typed twice at a terminal was asked for in vain.
+    if webhook is not None and receiver_app is not None:
+        # The API's refusal too (a webhook excludes receivingAppName), in the options' names.
+        raise CliError("give --webhook or --receiver-app, not both: a rule sends its alerts to one", EXIT_USAGE)
     metadata: dict[str, Any] = {}
     for param in params:
         name, sep, value = param.partition("=")
@@ -181,7 +184,7 @@ def create_rule(
         # refused the rule (a secret applies to a webhook only). One given as --secret still goes.
         secret = None
     if secret is not None and not secret.strip():
-        raise CliError("the webhook's secret is blank: give 16 to 256 characters, or none for Relay to draw one",
+        raise CliError(f"the webhook's secret is blank: {SECRET_RULE}; or give none for Relay to draw one",
                        EXIT_USAGE)  # fmt: skip
     keep_secret(secret)
     body = {

@@ -28,10 +28,17 @@ from relay.cli.output import json_text, visible
 DEFAULT_URL = "http://127.0.0.1:8080"
 # The workflow API's own deadline is 25 s (server.executorRequestDeadlineSecs); leave it room.
 TIMEOUT_SECS = 60.0
-# A URL's user information: from // to its last @ before any ? or #. Taken to the last @ (as httpx
-# takes it) and past a /, which belong in a password only percent-encoded but are typed there anyway:
-# "//u:p@ss@host" showed as "//u:***@ss@host", and "//u:s3cr/et@host" whole.
-_USERINFO = re.compile(r"//([^?#\s]*)@")
+# A URL's user information: after a scheme's "//" (or a "//" that starts a word), a user (no "/", "["
+# or ":") and a password after a ":", up to the last @ before any ? or #. The password is taken to
+# the last @ (as httpx takes it) and past a /, which belong in it only percent-encoded but are typed
+# there anyway: "//u:p@ss@host" showed as "//u:***@ss@host", and "//u:s3cr/et@host" whole. What
+# follows a host's "/" or its port is no user's: "https://h//docs/x@y" (a path with an @) showed as
+# "https://***@y", and "//h:8080/x@y" as "//h:***@y".
+_USERINFO = re.compile(
+    r"(?:(?<![\w+.-])(?P<scheme>[A-Za-z][\w+.-]*:)|(?<![^\s'\"(<=]))"  # a scheme, or a word's start
+    r"//(?P<userinfo>[^/?#\[\]\s:]*"  # the user
+    r"(?::(?!\d+(?:[/?#\s]|$))[^?#\s]*)?)@"  # the password, when it is not a port
+)
 
 
 def segment(value: str) -> str:
@@ -177,8 +184,9 @@ def without_password(url: str) -> str:
     ``***``, and user information with no password (``//token@host``, often a token) too."""
 
     def masked(match: re.Match[str]) -> str:
-        user, sep, _ = match.group(1).partition(":")
-        return f"//{user}:***@" if sep else "//***@"
+        user, sep, _ = match["userinfo"].partition(":")
+        scheme = match["scheme"] or ""
+        return f"{scheme}//{user}:***@" if sep else f"{scheme}//***@"
 
     return _USERINFO.sub(masked, url)
 
@@ -187,9 +195,9 @@ def url_secrets(url: str) -> list[str]:
     """A URL's password, as typed and percent-decoded (its form in httpx's and a server's words), and
     ``user:password`` in base64, as HTTP Basic authentication sends it: the forms an error could quote."""
     found = _USERINFO.search(url)
-    if found is None or ":" not in found.group(1):
+    if found is None or ":" not in found["userinfo"]:
         return []
-    user, _, password = found.group(1).partition(":")
+    user, _, password = found["userinfo"].partition(":")
     basic = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     return [password, unquote(password), basic] if password else []
 

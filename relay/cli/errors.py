@@ -18,10 +18,13 @@ Scripts can rely on these codes:
 5     unavailable, try again later: Relay cannot be reached or timed out, the
       app has no healthy executor (503), no executor answered (502, 504),
       too many requests (429)
+130   interrupted (Ctrl-C): one line, ``relay: interrupted``
 ====  =======================================================================
 """
 
 from __future__ import annotations
+
+import click
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -29,6 +32,7 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_DENIED = 4
 EXIT_UNAVAILABLE = 5
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 and the signal's number, as a shell reports a process it ended
 
 _BY_STATUS = {
     400: EXIT_USAGE,
@@ -48,25 +52,19 @@ def exit_code_for(status: int) -> int:
     return _BY_STATUS.get(status, EXIT_ERROR)
 
 
-# The secrets the command was given that its options do not show (a webhook's secret read from stdin,
-# the API key and a URL's password as the client took them): no error line may print one
-# (relay.cli.without_secrets, which finds those given as options or in the environment itself).
-_SECRETS: set[str] = set()
+class KeptSecrets(set[str]):
+    """The secrets a command was given that its options do not show (a webhook's secret read from
+    stdin, the API key and a URL's password as the client took them): no error line may print one
+    (relay.cli.without_secrets, which finds those given as options or in the environment itself).
+    ``main`` gives each command its own, as the click context's object: it lives as long as that one
+    command, and two commands run at once in one process (as the tests run them) do not share it."""
 
 
 def keep_secret(value: str | None) -> None:
-    """Note ``value`` as a secret no error line of this command may print."""
-    if value:
-        _SECRETS.add(value)
-
-
-def kept_secrets() -> frozenset[str]:
-    return frozenset(_SECRETS)
-
-
-def forget_secrets() -> None:
-    """A new command (``main`` run again in one process, as the tests run it) starts with none."""
-    _SECRETS.clear()
+    """Note ``value`` as a secret no error line of the command being run may print."""
+    ctx = click.get_current_context(silent=True)
+    if value and ctx is not None:  # outside a command (an Api made by a test) no error line is printed
+        ctx.ensure_object(KeptSecrets).add(value)
 
 
 class CliError(Exception):
