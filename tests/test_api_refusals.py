@@ -51,10 +51,11 @@ def api(relay: RelayProcess) -> Iterator[httpx.Client]:
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("TRACE", "/healthz", "GET, HEAD"),  # the probes answer HEAD too (load balancers check with it)
-        ("POST", "/v2/orgs/acme/apps", "GET"),
+        ("TRACE", "/healthz", "GET, HEAD"),  # every GET route answers HEAD too (relay.api.HeadAsGet)
+        ("POST", "/v2/orgs/acme/apps", "GET, HEAD"),
         ("GET", "/v2/orgs/acme/apps/ledger/workflows/abc/cancel", "POST"),
-        ("POST", "/v2/orgs/acme/apps/ledger", "GET, PUT, PATCH, DELETE"),  # four routes share the path
+        ("HEAD", "/v2/orgs/acme/apps/ledger/workflows/abc/cancel", "POST"),  # no HEAD where there is no GET
+        ("POST", "/v2/orgs/acme/apps/ledger", "GET, HEAD, PUT, PATCH, DELETE"),  # four routes share the path
         ("PUT", "/conductor/v2/orgs/acme/tokens/abc", "POST, PATCH, DELETE"),
     ],
 )

@@ -222,7 +222,13 @@ def call(relay: RelayProcess, method: str, path: str, key: str | None) -> int:
     with httpx.Client(base_url=relay.http, headers=headers, timeout=10, verify=TLS) as client:
         # Streamed: the status is all that is read (the event stream's body never ends).
         with client.stream(method, path, json=body) as resp:
-            return resp.status_code
+            status = resp.status_code
+        if method == "GET":
+            # RFC 9110: HEAD is the GET without its body, so it is allowed and refused as the GET is
+            # (it was 405 but on the probes). The event stream's HEAD ends too (timeout above).
+            head = client.head(path)
+            assert (head.status_code, head.content) == (status, b""), f"HEAD {path} with the key of the GET {status}"
+        return status
 
 
 def answer(relay: RelayProcess, method: str, path: str, key: str, app: str) -> tuple[int, str]:
@@ -298,6 +304,26 @@ def test_the_route_answers_each_kind_of_caller_as_documented(
         # that does not get the same answer, so a key limited to apps cannot tell which apps exist.
         exists, missing = (answer(relay, method, fill(path, app=a), keys["other-app"], a) for a in ("ledger", "no-app"))
         assert exists == missing, "a key scoped to another app tells an app that exists from one that does not"
+
+
+@pytest.mark.parametrize("path", ["/", "/docs", "/static/console.js", "/openapi.json", "/metrics", "/healthz"])
+def test_head_answers_the_headers_of_the_get_without_its_body(relay_for_matrix: RelayProcess, path: str) -> None:
+    """HEAD of the console, its files, the API browser, the document and the scrape (what a load
+    balancer or a monitor probes): the GET's status and headers, no body. It was 405 but on the probes."""
+    headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    with httpx.Client(base_url=relay_for_matrix.http, headers=headers, timeout=10, verify=TLS) as client:
+        get, head = client.get(path), client.head(path)
+    assert (head.status_code, head.content) == (get.status_code, b"") == (200, b"")
+    for name in ("content-type", "content-security-policy", "x-content-type-options"):
+        assert head.headers.get(name) == get.headers.get(name), name
+    if path != "/metrics":  # a scrape's length changes from one scrape to the next
+        assert head.headers["content-length"] == get.headers["content-length"] == str(len(get.content))
+
+
+def test_the_api_document_has_no_head_operations(relay_for_matrix: RelayProcess) -> None:
+    """HEAD is implied by GET (RFC 9110), not a second operation of each GET route in the document."""
+    document = httpx.get(f"{relay_for_matrix.http}/openapi.json", timeout=10, verify=TLS).json()
+    assert [path for path, item in document["paths"].items() if "head" in item] == []
 
 
 def test_a_conductor_key_limited_to_an_app_cannot_tell_which_other_apps_exist(

@@ -121,6 +121,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             )
 
     api.add_middleware(ServedWatch, served=served)
+    api.add_middleware(HeadAsGet, api=api)
 
     @api.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -260,12 +261,59 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 def allowed_methods(api: FastAPI, scope: Scope) -> list[str]:
-    """The methods some route of ``api`` serves at the scope's path (several routes may share one)."""
-    return [
-        method
-        for method in METHODS
-        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in api.router.routes)
-    ]
+    """The methods some route of ``api`` serves at the scope's path (several routes may share one);
+    HEAD wherever GET is (:class:`HeadAsGet`)."""
+    served = {method for method in METHODS if _routed(api, scope, method)}
+    if "GET" in served:
+        served.add("HEAD")
+    return [method for method in METHODS if method in served]
+
+
+def _routed(api: FastAPI, scope: Scope, method: str) -> bool:
+    return any(route.matches({**scope, "method": method})[0] is Match.FULL for route in api.router.routes)
+
+
+class HeadAsGet:
+    """HEAD answered as GET, without the body, wherever GET is served and no route has HEAD of its own.
+
+    RFC 9110 (9.3.2): a server that answers GET answers HEAD the same, headers and status, without
+    the content. Load balancers and uptime monitors check with HEAD (HAProxy's ``option httpchk
+    HEAD /readyz``). Starlette's routes add HEAD to every GET; FastAPI's do not (fastapi#1773), and
+    ``methods=["GET", "HEAD"]`` on a route would put a second operation, under the GET's operationId,
+    in the API's document. Routed as the GET, the request passes the GET's dependencies: its key is
+    checked as the GET's is. The body is dropped here, not only by uvicorn, and the response ends at
+    its first part: a HEAD of the event stream, whose body never ends, is answered at once, and the
+    stream sees its reader gone (``http.disconnect``) and closes.
+    """
+
+    def __init__(self, app: ASGIApp, api: FastAPI) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or _routed(self.api, scope, "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        if not _routed(self.api, scope, "GET"):
+            await self.app(scope, receive, send)  # a 404, or a 405 naming the methods there are
+            return
+        ended = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal ended
+            if ended:
+                return
+            if message["type"] == "http.response.body":
+                ended = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        async def until_ended() -> Message:
+            if ended:
+                return {"type": "http.disconnect"}
+            return await receive()
+
+        await self.app({**scope, "method": "GET"}, until_ended, headers_only)
 
 
 __all__ = ["ApiContext", "AsyncIterator", "build_api"]

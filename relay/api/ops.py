@@ -140,16 +140,12 @@ async def openapi_under_conductor(request: Request) -> JSONResponse:
     return JSONResponse({**document, "paths": paths, "servers": servers}, headers={"Vary": "X-Forwarded-Prefix"})
 
 
-# The probes answer HEAD as GET (RFC 9110 9.1; load balancers' checks: HAProxy's ``option httpchk
-# HEAD /readyz``, uptime monitors), the server sending no body. Not in the API's document: one
-# operation per probe there.
-@router.head("/healthz", include_in_schema=False)
+# The probes answer HEAD as every GET route does (relay.api.HeadAsGet): load balancers check with it.
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz")
 async def readyz(ctx: Ctx) -> Response:
     """Ready: this instance holds its lease and the database answers, within 1.5 s however busy
