@@ -266,7 +266,15 @@ def add_app_figures(metrics: Metrics, figures: AppFiguresCollector) -> None:
 class _Seen:
     """The registry as one scrape may see it (:class:`ScrapeView`): its families filtered by name, and
     every family's series labelled with an org or app filtered to the key's org and apps (a family
-    left with no series is still described: its HELP and TYPE)."""
+    left with no series is still described: its HELP and TYPE).
+
+    No ``*_created`` series. prometheus_client adds one to each series of its Counter and Histogram
+    objects (the alerts' counters, the recovery pipeline's), and the Prometheus text format writes
+    them as gauges of their own, one per series: a second series per series, holding when the
+    process made it. Relay's other counters have none, nor have Conductor's figures (all gauges),
+    and OpenMetrics makes them optional. Left out here, for this registry alone:
+    ``prometheus_client.disable_created_metrics()`` and PROMETHEUS_DISABLE_CREATED_SERIES would
+    change every registry of the process."""
 
     def __init__(self, registry: CollectorRegistry, view: ScrapeView) -> None:
         self.registry = registry
@@ -276,7 +284,8 @@ class _Seen:
         for family in self.registry.collect():
             if not self.view.shows_family(family.name):
                 continue
-            shown = [s for s in family.samples if self.view.shows_labels(s.labels)]
+            created = f"{family.name}_created"
+            shown = [s for s in family.samples if s.name != created and self.view.shows_labels(s.labels)]
             if len(shown) == len(family.samples):
                 yield family
                 continue

@@ -148,6 +148,17 @@ def test_health_ready_and_metrics(own_relay: RelayProcess) -> None:
     asyncio.run(connect())
 
 
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text"])
+def test_the_scrape_has_no_created_series(relay: RelayProcess, accept: str) -> None:
+    """prometheus_client's Counter and Histogram objects (the alerts' counters, the recovery
+    pipeline's) gave every series a ``*_created`` one, a gauge of its own in the text format; Relay's
+    other counters and Conductor's figures have none."""
+    resp = httpx.get(f"{relay.http}/metrics", headers={**AUTH, "Accept": accept}, timeout=5, verify=TLS)
+    assert resp.status_code == 200
+    assert "relay_alerts_sent_total{" in resp.text and "relay_recovery_dead_to_deleted_seconds_count" in resp.text
+    assert [line for line in resp.text.splitlines() if "_created" in line] == []
+
+
 def test_console_page_is_served(relay: RelayProcess) -> None:
     resp = httpx.get(f"{relay.http}/", verify=TLS)
     assert resp.status_code == 200
