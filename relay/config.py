@@ -450,6 +450,13 @@ class RelayConfig(_Model):
     auto_register_apps: bool = True
     orgs: list[OrgConfig] = []
 
+    @property
+    def orgs_given(self) -> bool:
+        """Whether the file has ``orgs`` at all (``orgs: []`` too). A file without it (or no file)
+        says nothing of keys and alert rules: those an earlier file put in the shared database are
+        left as they are, not removed from every instance (:func:`relay.store.configsync.sync_config`)."""
+        return "orgs" in self.model_fields_set
+
     @model_validator(mode="after")
     def _unique(self) -> RelayConfig:
         org_names = [org.name for org in self.orgs]
@@ -480,6 +487,8 @@ class RelayConfig(_Model):
         validated as the file is: an option cannot give what relay.yaml would be refused for.
         Raises ConfigError naming ``source``, where the values came from."""
         data = self.model_dump()
+        if not self.orgs_given:
+            del data["orgs"]  # still not given: an override does not make "no orgs" an empty list
         if host is not None:
             data["server"]["host"] = host
         if port is not None:

@@ -14,7 +14,7 @@ from harness.keys import sha
 from harness.ports import free_port
 from harness.postgres import Postgres
 from relay.auth import Permission
-from relay.config import RelayConfig
+from relay.config import RelayConfig, parse_config
 from relay.store.alerts import CONFIG_RULES_LOCK_KEY, AlertStore
 from relay.store.apps import APPS_LOCK_KEY, AppStore
 from relay.store.configsync import sync_config
@@ -195,3 +195,33 @@ def test_a_start_syncing_beside_the_first_keys_being_made_does_not_deadlock(post
     locks before it writes anything: the first keys are made, then the file is synced."""
     config = relay_file("a", org="default")
     assert asyncio.run(first_keys_beside_a_sync(postgres.create_database("first_keys_sync"), config)) == []
+
+
+async def in_force_after(url: str, *configs: RelayConfig) -> list[tuple[str, str, str]]:
+    """What :func:`files_in_force` says after each of ``configs`` is synced in turn, as starts would."""
+    db = Database(url)
+    await db.open()
+    try:
+        await db.migrate()
+        seen = []
+        for config in configs:
+            await sync_config(db, config)
+            seen.append(await files_in_force(db))
+        return seen
+    finally:
+        await db.close()
+
+
+def test_a_file_without_orgs_leaves_the_keys_and_rules_an_earlier_file_put_in_and_orgs_empty_removes_them(
+    postgres: Postgres,
+) -> None:
+    """A relay.yaml with no ``orgs`` (written for other settings, or none at all) removed every key
+    and alert rule an earlier file (``relay init``'s) had put in the shared database, on every
+    instance: the executors' conductor keys too. Left out, the section leaves them as they are (also
+    through an override of the database's URL, as RELAY_DATABASE_URL gives); ``orgs: []`` removes them."""
+    url = postgres.create_database("config_no_orgs")
+    without = parse_config(f"server: {{port: {free_port()}}}\n").with_overrides(database_url=url)
+    assert not without.orgs_given and parse_config("orgs: []\n").orgs_given
+    after = asyncio.run(in_force_after(url, relay_file("a"), without, RelayConfig(), parse_config("orgs: []\n")))
+    # (An app keeps from_config when its org leaves the file: AppStore.sync_config looks at the file's orgs.)
+    assert after == [("a", "a", "a"), ("a", "a", "a"), ("a", "a", "a"), ("a", "", "")]

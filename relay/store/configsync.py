@@ -21,15 +21,28 @@ each store's sync stays as it was, given the caller's connection.
 
 from __future__ import annotations
 
+import logging
+
 from relay.config import RelayConfig
 from relay.store.alerts import CONFIG_RULES_LOCK_KEY, AlertStore
 from relay.store.apps import APPS_LOCK_KEY, AppStore
 from relay.store.db import Database
 from relay.store.keys import KEYS_LOCK_KEY, KeyStore
 
+log = logging.getLogger("relay.config")
+
 
 async def sync_config(db: Database, config: RelayConfig) -> None:
-    """Make the orgs, apps, relay.yaml's alert rules and its keys in the database match ``config``."""
+    """Make the orgs, apps, relay.yaml's alert rules and its keys in the database match ``config``.
+
+    A file without ``orgs`` (or none at all: the first start's way) leaves them as they are. Synced,
+    it removed every key and rule an earlier file had put there, on every instance, the executors'
+    conductor keys among them: a relay.yaml written for other settings, or an instance started
+    without its file, closed the fleet's sockets. ``orgs: []`` says "none", and removes them.
+    """
+    if not config.orgs_given:
+        log.info("relay.yaml has no orgs: the keys and alert rules an earlier relay.yaml put in are left as they are")
+        return
     async with db.transaction() as conn:
         for lock in (APPS_LOCK_KEY, CONFIG_RULES_LOCK_KEY, KEYS_LOCK_KEY):  # each store's sync takes its own again
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
