@@ -343,6 +343,25 @@ def test_a_conductor_key_limited_to_an_app_cannot_tell_which_other_apps_exist(
     assert answers[0][0] == 403
 
 
+def test_a_socket_without_a_key_for_the_app_learns_nothing_of_its_name(
+    relay_for_matrix: RelayProcess, keys: dict[str, str]
+) -> None:
+    """The hub looked at the name's form (1 to 256 printable characters) before the key: a caller
+    with no key, a wrong one or one limited to another app got 400 ``bad_app`` for a name with a
+    control character or of 257 characters, 403 for another. The key comes first now: one answer
+    for every name, an app's, no app's, one the rule refuses."""
+    apps = ("ledger", "no-app", "a%0Ab", "x" * 257, "..", "100%41")
+    for key in ("", "not-a-key", keys["websocket-other-app"]):
+        answers = set()
+        for app in apps:
+            url = f"ws://127.0.0.1:{relay_for_matrix.port}/websocket/{app}/{key}"
+            with pytest.raises(InvalidStatus) as refused:
+                connect(url, open_timeout=10).close()
+            answers.add((refused.value.response.status_code, bytes(refused.value.response.body or b"")))
+        assert len(answers) == 1, (key[:6], answers)
+        assert answers.pop()[0] == 403
+
+
 def test_the_grantable_permissions_are_what_a_key_may_be_given(
     relay_for_matrix: RelayProcess, keys: dict[str, str]
 ) -> None:

@@ -94,9 +94,10 @@ def parse_websocket_path(path: str) -> tuple[str, str] | None:
 
 
 def carried_app_name(app: str) -> bool:
-    """Whether ``app`` is a name worth a look at the key: one of 1 to 256 printable characters.
-    The stricter rule for a new app (:func:`valid_app_name`) waits for the key's org, because an
-    app that an older Relay made under a name it breaks keeps its executors."""
+    """Whether ``app`` is a name worth looking up: one of 1 to 256 printable characters, as every
+    app an older Relay made over a socket or through the API has. The stricter rule for a new app
+    (:func:`valid_app_name`) does not apply to an app that exists: one an older Relay made under a
+    name it breaks keeps its executors."""
     return 0 < len(app) <= MAX_APP_NAME and app.isprintable()
 
 
@@ -188,19 +189,18 @@ class Hub:
             await _deny(scope, send, 404, "not_found", "no executor endpoint at this path")
             return
         app, key = route
-        if not carried_app_name(app):
-            self.counters["rejected_bad_app"] += 1
-            await _deny(scope, send, 400, "bad_app", f"an app name is 1 to {MAX_APP_NAME} printable characters")
-            return
+        # The key first: a caller without a valid key for this app learns nothing of its name, not
+        # even whether it is one an app may have. The name is checked after the key and the slots.
         # The digest is kept by the connection: the key ring may be reloaded during the handshake,
         # and the socket is admitted only if its key is still valid once the executor is recorded.
         digest = hash_key(key)
         grant = self.keyring.grant_of_digest(digest) if key else None
         if grant is None or not grant.allows(Permission.WEBSOCKET_CONNECT, app):
             self.counters["rejected_bad_key"] += 1
-            if (since := self._refusals.due("bad_key", host, app)) is not None:
+            shown = printable(app)  # bounded: the name is not checked yet, and it keys the log's window
+            if (since := self._refusals.due("bad_key", host, shown)) is not None:
                 log.warning("refused executor connection from %s for app %s: bad or missing conductor key%s",
-                            client, printable(app), _since(since))  # fmt: skip
+                            client, shown, _since(since))  # fmt: skip
             await _deny(scope, send, 403, "bad_key", "unknown or missing conductor key, or not for this app")
             return
         if not self.lease.held:
@@ -261,7 +261,9 @@ class Hub:
         lookup by primary key), so that an app deleted through the API, on any instance, is refused
         at once on all of them. An app an older Relay made under a name the rule refuses keeps its
         executors, and such a name makes no new app."""
-        return (self.config.auto_register_apps and valid_app_name(app)) or await self.apps.exists(org, app)
+        if self.config.auto_register_apps and valid_app_name(app):
+            return True
+        return carried_app_name(app) and await self.apps.exists(org, app)
 
     # -- used by the connections ------------------------------------------
 
