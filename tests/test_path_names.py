@@ -8,15 +8,19 @@ And the rule for a new app's name (relay.core.ids.APP_NAME_RULE), where apps are
 /apps/{app}``, relay.yaml (tests/test_protocol_and_config.py) and an executor's connection. ``..``,
 ``a/b``, a name with a control character or a space at either end were taken, and the console, the
 CLI and dbos-mcp, which put the name in URL paths, reached another resource or none. An app an older
-Relay made under such a name stays listable, readable and deletable. And ``PUT`` with settings is one
-transaction.
+Relay made under such a name stays listable, readable and deletable. ``%``, ``?`` and ``#`` were
+taken too, though the DBOS SDKs put the name in their WebSocket URL as it is: an executor of
+``100%41`` joined the app ``100A``. And ``PUT`` with settings is one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -24,12 +28,15 @@ import psycopg
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.relay import RelayProcess
 from harness.simulated import SimulatedPeer, open_socket
+from harness.ts_executor import start_ts_executor
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.core.ids import APP_NAME_RULE
+from tests.prom import scrape
 
 
 def client(relay: RelayProcess, key: str = API_KEYS["acme"]) -> httpx.Client:
@@ -62,9 +69,11 @@ def test_a_key_named_with_a_slash_or_a_percent_sign_is_created_renamed_and_delet
 def test_an_app_named_with_a_percent_sign_is_reached_by_its_name_and_by_a_key_limited_to_it(
     relay: RelayProcess,
 ) -> None:
+    """Made as an older Relay made it: a new app's name has no ``%`` now (the rule, below), but one
+    made before is still reached by its name, decoded once."""
     app = "100%app"
+    made_by_an_older_relay(relay, app)
     with client(relay) as api:
-        assert api.put(f"/apps/{segment(app)}").status_code == 204
         one = api.get(f"/apps/{segment(app)}")
         assert one.status_code == 200, one.text
         assert one.json()["name"] == app
@@ -96,7 +105,11 @@ def made_by_an_older_relay(relay: RelayProcess, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [".", "..", "a/b", "/", "a\nb", "a\tb", "a\x7fb", "a\x85b", "\u2028", " lead", "trail ", "x" * 257]
+    "name",
+    [
+        *(".", "..", "a/b", "/", "a\nb", "a\tb", "a\x7fb", "a\x85b", "\u2028", " lead", "trail ", "x" * 257),
+        *("100%41", "50%off", "%", "a?b", "?", "a#b", "#"),
+    ],
 )
 def test_put_refuses_a_name_breaking_the_rule_with_the_rule(relay: RelayProcess, name: str) -> None:
     with relay.api() as api:
@@ -107,7 +120,9 @@ def test_put_refuses_a_name_breaking_the_rule_with_the_rule(relay: RelayProcess,
         assert name not in names(api)
 
 
-@pytest.mark.parametrize("name", ["my.app", "My_App-2", "...", ".hidden", "a b", "100%app", "caf\u00e9", "x" * 256])
+@pytest.mark.parametrize(
+    "name", ["my.app", "My_App-2", "...", ".hidden", "a b", "a:b", "100 percent!", "caf\u00e9", "x" * 256]
+)
 def test_put_takes_the_names_dbos_apps_use(relay: RelayProcess, name: str) -> None:
     with relay.api() as api:
         made = api.put(f"/apps/{escaped(name)}")
@@ -122,7 +137,7 @@ def test_the_document_gives_the_rule_as_a_pattern(relay: RelayProcess) -> None:
     assert app["schema"]["pattern"].startswith("^(?!") and app["description"] == APP_NAME_RULE
 
 
-@pytest.mark.parametrize("name", ["..", " spaced "])
+@pytest.mark.parametrize("name", ["..", " spaced ", "100%41", "a?b", "a#b"])
 def test_an_app_an_older_relay_made_under_such_a_name_is_listed_read_changed_and_deleted(
     relay: RelayProcess, name: str
 ) -> None:
@@ -156,6 +171,75 @@ def test_an_executor_makes_no_app_of_such_a_name_and_keeps_one_an_older_relay_ma
     with SimulatedPeer(url, "dots-1", "answer"), relay.api() as api:
         executor = f"/apps/{escaped('..')}/executors/dots-1"
         assert_eventually(lambda: api.get(executor).json().get("state") == "HEALTHY", 10)
+
+
+def refused(relay: RelayProcess, reason: str) -> float:
+    """How many sockets Relay refused for ``reason`` (``bad_app``: the app's name; ``bad_key``)."""
+    return scrape(relay.http, "relay_hub_events_total", kind=f"rejected_{reason}") or 0
+
+
+@pytest.fixture
+def start_ts(tmp_path: Path, sysdb: str) -> Iterator[Callable[..., ExecutorProcess]]:
+    """Executors on the TypeScript SDK (5.2, its own conductor client): it takes any app name, where
+    the Python SDK refuses all but 3 to 256 of ``a-z0-9-_`` before it connects."""
+    started: list[ExecutorProcess] = []
+
+    def start(**kwargs: Any) -> ExecutorProcess:
+        started.append(start_ts_executor(tmp_path, sysdb, kwargs.pop("conductor_url"), **kwargs))
+        return started[-1]
+
+    yield start
+    for executor in started:
+        executor.stop()
+
+
+def test_an_sdk_executor_named_with_a_percent_escape_joins_no_other_app(
+    relay: RelayProcess, start_ts: Callable[..., ExecutorProcess]
+) -> None:
+    """The DBOS SDK puts its app's name in its WebSocket URL as it is, and the server decodes the
+    path: an executor of the app ``100%41`` registered the app ``100A`` and joined it. Its name has
+    ``%`` (the rule), so it is refused now (400) and registers nothing; an app ``100A`` that an
+    older Relay registered from it keeps it."""
+    before = refused(relay, "bad_app")
+    executor = start_ts(conductor_url=relay.conductor_url, app="100%41")
+    assert_eventually(lambda: refused(relay, "bad_app") >= before + 2, 10, what="the executor refused, twice")
+    with relay.api() as api:
+        assert not {"100A", "100%41"} & set(names(api))
+    made_by_an_older_relay(relay, "100A")
+    with relay.api() as api:
+        joined = f"/apps/100A/executors/{executor.executor_id}"
+        assert_eventually(lambda: api.get(joined).json().get("state") == "HEALTHY", 10, what="100A joined")
+
+
+def test_a_name_sent_with_its_characters_escaped_makes_the_app_of_that_name(relay: RelayProcess) -> None:
+    """What the raw path's check leaves alone: an escape of a character a client does escape, as
+    relay_client (every character but letters, digits and ``-._~``) and the SDKs (a name with
+    non-ASCII characters) send one, makes the app of the name the executor gave."""
+    name = "caf\u00e9 au lait:2"
+    url = f"ws://127.0.0.1:{relay.port}/websocket/{segment(name)}/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "escaped-1", "answer"), relay.api() as api:
+        executor = f"/apps/{escaped(name)}/executors/escaped-1"
+        assert_eventually(lambda: api.get(executor).json().get("state") == "HEALTHY", 10, what="the app joined")
+        assert name in names(api)
+
+
+def test_an_sdk_executor_named_with_a_question_mark_cannot_connect(
+    relay: RelayProcess, start_ts: Callable[..., ExecutorProcess]
+) -> None:
+    """Why ``?`` is refused in a new app's name: the SDK's URL for the app ``a?b`` is
+    ``/websocket/a?b/KEY``, whose path names the app ``a`` and no key (``b/KEY`` is its query), so
+    its executor is refused as one without a key, whatever apps there are. (``#`` never leaves the
+    SDK: its WebSocket library refuses a URL with a fragment.)"""
+    made_by_an_older_relay(relay, "a?b")
+    before = refused(relay, "bad_key")
+    start_ts(conductor_url=relay.conductor_url, app="a?b")
+    assert_eventually(
+        lambda: refused(relay, "bad_key") >= before + 2, 10, what="the executor refused for its key, twice"
+    )
+    with relay.api() as api:
+        assert api.get(f"/apps/{escaped('a?b')}/executors").json() == []
+        assert "a" not in names(api)
+        assert api.delete(f"/apps/{escaped('a?b')}").status_code == 204
 
 
 # Fails the second step of PUT's old two (the settings' update), as a full disk or a lost connection

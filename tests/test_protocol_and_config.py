@@ -203,7 +203,10 @@ def test_an_empty_file_is_all_defaults() -> None:
         # An app's name as the API takes it (relay.core.ids.APP_NAME_RULE): a path segment, readable.
         *[
             (f"orgs: [{{name: a, apps: [{{name: {name}}}]}}]", "orgs.0.apps.0.name", "not '.' or '..'")
-            for name in ('""', '".."', "'.'", '"a/b"', '"a\\nb"', '" x"', '"x "', '"' + "x" * 257 + '"')
+            for name in (
+                *('""', '".."', "'.'", '"a/b"', '"a\\nb"', '" x"', '"x "', '"' + "x" * 257 + '"'),
+                *('"100%41"', '"a?b"', '"a#b"'),  # "%", "?" and "#" mean something in the SDKs' WebSocket URLs
+            )
         ],
         # A webhook's secret with a control character: its receiver would refuse every delivery as forged.
         *[

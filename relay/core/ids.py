@@ -48,18 +48,24 @@ MAX_APP_NAME = 256
 # The one rule for a new app's name (the API, relay.yaml, an executor's connection). The console, the
 # CLI and dbos-mcp put the name in URL paths: "/" would split it, and "." or ".." is a dot segment
 # that browsers and URL libraries resolve away even when it is percent-encoded. A space at either end
-# or a control character cannot be told apart on a screen, and the DBOS SDK puts the name in its
-# WebSocket URL as it is, so such an executor could never connect. Dots, dashes, underscores, digits,
-# other punctuation and any case are allowed: DBOS apps use them, and Conductor publishes no stricter rule.
+# or a control character cannot be told apart on a screen. The DBOS SDKs put the name in their
+# WebSocket URL as it is (the TypeScript SDK takes any name, the Python SDK only a-z0-9-_): "?" would
+# start the URL's query and "#" its fragment, so such an executor could never connect, and "%" would
+# start an escape, which the server decodes: an executor of "100%41" would join the app "100A" (the
+# hub also refuses a new app's name sent that way: relay.net.hub.named_as_sent). Dots, dashes,
+# underscores, digits, other punctuation and any case are allowed: DBOS apps use them, and
+# Conductor publishes no stricter rule.
 APP_NAME_RULE = (
-    f"an app name is 1 to {MAX_APP_NAME} printable characters, without '/', not '.' or '..', "
-    "and with no space at either end"
+    f"an app name is 1 to {MAX_APP_NAME} printable characters, without '/', '%', '?' or '#', "
+    "not '.' or '..', and with no space at either end"
 )
 # The same rule for the OpenAPI document (so that a fuzzer makes valid names). JSON Schema's regular
 # expressions have no Unicode categories: the pattern refuses the control characters (C0, DEL, C1),
 # and valid_app_name also refuses the other characters str.isprintable() does (separators other
 # than the space, format characters), which no pattern can list.
-APP_NAME_PATTERN = r"^(?!\.\.?$)(?! )(?!.* $)[^/\x00-\x1f\x7f-\x9f]{1,256}$"
+APP_NAME_PATTERN = r"^(?!\.\.?$)(?! )(?!.* $)[^/%?#\x00-\x1f\x7f-\x9f]{1,256}$"
+# The characters of URLs that APP_NAME_RULE keeps out of a new app's name.
+_URL_DELIMITERS = frozenset("/%?#")
 
 
 def valid_app_name(name: str) -> bool:
@@ -68,7 +74,7 @@ def valid_app_name(name: str) -> bool:
     return (
         0 < len(name) <= MAX_APP_NAME
         and name.isprintable()
-        and "/" not in name
+        and _URL_DELIMITERS.isdisjoint(name)
         and name not in (".", "..")
         and name == name.strip(" ")
     )

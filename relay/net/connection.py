@@ -65,12 +65,16 @@ class ExecutorConnection:
         receive: Receive,
         send: Send,
         scope: Scope,
+        may_register: bool = False,
     ) -> None:
         self.hub = hub
         self.grant = grant
         self.digest = digest  # the SHA-256 of its key: the hub checks that the key stays valid
         self.org = grant.org
         self.app = app
+        # Whether its handshake may register the app, if missing: the hub's makes_new_app, which
+        # reads the raw path as well as the name.
+        self.may_register = may_register
         self.client = client
         self._receive = receive
         self._send = send

@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+import string
 import time
 from collections import Counter
 from typing import Protocol
@@ -99,6 +101,29 @@ def carried_app_name(app: str) -> bool:
     (:func:`valid_app_name`) does not apply to an app that exists: one an older Relay made under a
     name it breaks keeps its executors."""
     return 0 < len(app) <= MAX_APP_NAME and app.isprintable()
+
+
+# RFC 3986's unreserved characters (letters, digits, "-._~"), which no client escapes in a URL.
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def named_as_sent(scope: Scope) -> bool:
+    """Whether the app's name in the socket's path is the one its executor gave. The DBOS SDKs put
+    the name in their URL as it is, and the server decodes the path: an executor of ``100%41``
+    reaches Relay as ``100A``. Its raw path still has ``%41``, an escape of a character no client
+    escapes; an escape of another (``%20``, ``%C3%A9``) is how a client sends that character (the
+    SDK's own for a name with non-ASCII characters, relay_client's for any), and the decoded name
+    is the one it gave. A name sent with such an escape makes no new app (nor does one with ``%``,
+    by the rule); an app of the decoded name that exists is joined, as before."""
+    raw = bytes(scope.get("raw_path") or scope["path"].encode()).split(b"?", 1)[0]
+    route = parse_websocket_path(raw.decode("latin-1"))
+    return route is not None and not any(chr(int(h, 16)) in _UNRESERVED for h in _ESCAPE.findall(route[0]))
+
+
+def makes_new_app(app: str, scope: Scope) -> bool:
+    """Whether a socket to ``app`` may register it, if it is missing (and apps register themselves)."""
+    return valid_app_name(app) and named_as_sent(scope)
 
 
 # The kinds of relay_hub_events_total, each exported from the start (0 until it happens), so that an
@@ -225,15 +250,16 @@ class Hub:
                             client, printable(grant.name), held, _since(since))  # fmt: skip
             await _deny(scope, send, 429, "too_many_sockets", "this key holds too many sockets, retry later")
             return
-        if not await self._app_allowed(grant.org, app):
-            if not valid_app_name(app):
+        new = makes_new_app(app, scope)
+        if not await self._app_allowed(grant.org, app, new):
+            if not new:
                 self.counters["rejected_bad_app"] += 1
                 await _deny(scope, send, 400, "bad_app", f"no such app, and {APP_NAME_RULE}")
                 return
             self.counters["rejected_unknown_app"] += 1
             await _deny(scope, send, 404, "unknown_app", "no such app, and apps are not registered automatically")
             return
-        conn = ExecutorConnection(self, grant, digest, app, client, receive, send, scope)
+        conn = ExecutorConnection(self, grant, digest, app, client, receive, send, scope, may_register=new)
         # The slots are taken here, before any await, so that simultaneous handshakes cannot
         # all pass the checks; the connection gives the handshake's back once past executor_info.
         self.pending_handshakes += 1
@@ -255,13 +281,13 @@ class Hub:
             if self.sockets_by_key[grant.key_id] <= 0:
                 del self.sockets_by_key[grant.key_id]
 
-    async def _app_allowed(self, org: str, app: str) -> bool:
-        """Whether executors may connect to ``app``: any app of a valid name when apps register
-        themselves; else only one registered now, asked of the database at every handshake (one
-        lookup by primary key), so that an app deleted through the API, on any instance, is refused
-        at once on all of them. An app an older Relay made under a name the rule refuses keeps its
-        executors, and such a name makes no new app."""
-        if self.config.auto_register_apps and valid_app_name(app):
+    async def _app_allowed(self, org: str, app: str, new: bool) -> bool:
+        """Whether executors may connect to ``app``: any app of a name a new app may have (``new``,
+        :func:`makes_new_app`) when apps register themselves; else only one registered now, asked of
+        the database at every handshake (one lookup by primary key), so that an app deleted through
+        the API, on any instance, is refused at once on all of them. An app an older Relay made under
+        a name the rule refuses keeps its executors, and such a name makes no new app."""
+        if self.config.auto_register_apps and new:
             return True
         return carried_app_name(app) and await self.apps.exists(org, app)
 
@@ -284,7 +310,7 @@ class Hub:
         # An app missing (never seen, or deleted since) is registered in the transaction that records
         # the executor, if apps register themselves and its name is one a new app may have; else
         # AppGone refuses the handshake.
-        register = self.config.auto_register_apps and valid_app_name(conn.app)
+        register = self.config.auto_register_apps and conn.may_register
         handshake = Handshake(key, info, self.instance_id, conn.grant.key_id, register, conn.client)
         result = await self.executors.connected(handshake)
         previous = self.connections.get(key)
