@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
-
-from harness.procs import end
+from harness.procs import end, listens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,20 +36,13 @@ class Haproxy:
                 [haproxy_binary(), "-db", "-f", str(config_path)], stdout=log, stderr=log, cwd=ROOT
             )
         deadline = time.monotonic() + 10
-        while not self._listening():
+        while not listens(self.proc.pid, self.port):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"haproxy exited {self.proc.returncode} (see {log_path})")
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"haproxy did not listen within 10 s (see {log_path})")
             time.sleep(0.05)
-
-    def _listening(self) -> bool:
-        with contextlib.suppress(psutil.Error):
-            for conn in psutil.Process(self.proc.pid).net_connections("tcp"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port:
-                    return True
-        return False
 
     def stop(self) -> None:
         end(self.proc)

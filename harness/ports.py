@@ -9,14 +9,17 @@ receiver), so two things can take it in between:
 - another caller of :func:`free_port` (pytest's other workers, a second chaos run), which could
   be handed the same port before either bound it.
 
-So ports come from below the ephemeral range, and each pytest worker (``PYTEST_XDIST_WORKER``)
-has a slice of its own, walked in turn; a process outside pytest-xdist takes a slice by its pid.
-Each port is still checked by binding it. Where the ephemeral range leaves too little room below
-it, the kernel's choice (``bind(0)``) is the fallback.
+So ports come from below the ephemeral range, and each process has a slice of its own, walked in
+turn: a pytest worker (``PYTEST_XDIST_WORKER``) tries its worker's slice first, a process outside
+pytest-xdist one by its pid, and each takes the first slice no other process holds (a claim on the
+slice's name, held while the process lives), so two runs at once (a CI run and another beside it)
+do not share one. Each port is still checked by binding it. Where the ephemeral range leaves too
+little room below it, the kernel's choice (``bind(0)``) is the fallback.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import socket
@@ -32,8 +35,18 @@ WORKER_SLICES = 8
 OTHER_SLICES = 8
 MIN_SLICE = 200
 
+# A slice's claim: a Unix socket bound to this name and the slice's index in Linux's abstract
+# namespace (the name starts with a NUL byte). The name is the kernel's alone: no file is made, and
+# it is let go when the process ends, however it ends, so nothing is left in any TMPDIR (a chaos run
+# killed by CI's timeout must leave its TMPDIR empty) and no stale claim is left to clean up. It is
+# shared by every user of the machine, as its ports are.
+CLAIM = "relay-test-ports-slice-"
+
 _lock = threading.Lock()
 _next: int | None = None
+# This process's slice (its index, the socket that holds it, the pid that took it: a forked child
+# takes one of its own).
+_claim: tuple[int, socket.socket, int] | None = None
 
 
 def _ephemeral_low() -> int:
@@ -52,11 +65,37 @@ def _slice() -> range | None:
         return None
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
-        index = int(worker[2:]) % WORKER_SLICES
+        first = int(worker[2:]) % WORKER_SLICES
     else:
-        index = WORKER_SLICES + os.getpid() % OTHER_SLICES
-    start = LOWEST + index * size
+        first = WORKER_SLICES + os.getpid() % OTHER_SLICES
+    start = LOWEST + _claimed(first) * size
     return range(start, start + size)
+
+
+def _claimed(first: int) -> int:
+    """The index of the slice this process holds: ``first`` or the next that no other process
+    holds. Two runs at once (two gw0 workers, two processes whose pids agree modulo OTHER_SLICES)
+    took the same slice, and either could hand out a port the other had handed out and not yet
+    bound (a Relay binds its port seconds after it starts)."""
+    global _claim
+    with _lock:
+        if _claim is not None and _claim[2] == os.getpid():
+            return _claim[0]
+        slices = WORKER_SLICES + OTHER_SLICES
+        for n in range(slices):
+            index = (first + n) % slices
+            # Python's sockets are not inherited across exec: the servers a process starts hold no claim.
+            held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                held.bind(f"\0{CLAIM}{index}")
+            except OSError as exc:
+                held.close()
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                return first  # no abstract namespace (not Linux): unclaimed, as before
+            _claim = (index, held, os.getpid())
+            return index
+        return first  # more processes at once than slices: they share, as before
 
 
 def _bindable(port: int) -> bool:

@@ -6,6 +6,8 @@ import signal
 import subprocess
 from typing import Any
 
+import psutil
+
 
 def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, stopped: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` seconds; waited for either way. ``stopped``: the
@@ -20,3 +22,22 @@ def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, stopped: bool
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether the process ``pid``, or a process it started (a wrapper's child), listens on TCP
+    ``port``: that one's server, not another process's that holds the port (another run's, handed
+    the same port), answers there."""
+    try:
+        parent = psutil.Process(pid)
+        procs = [parent, *parent.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in procs:
+        try:
+            sockets = proc.net_connections(kind="tcp")
+        except psutil.Error:  # ended meanwhile
+            continue
+        if any(s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port for s in sockets):
+            return True
+    return False

@@ -17,7 +17,7 @@ import psycopg
 import yaml
 
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
-from harness.procs import end
+from harness.procs import end, listens
 from harness.waiting import assert_eventually
 from harness.web import TLS
 
@@ -78,6 +78,11 @@ class RelayProcess:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"relay exited with {self.proc.returncode}:\n{self.log()}")
+        # This process answering, not another that holds the port (another run's server, handed the
+        # same port): that one's 200 let a test go on while this one had not started, nor migrated.
+        # This one, failing to listen there, exits, and the check above tells why.
+        if not listens(self.proc.pid, self.port):
+            return False
         try:
             return httpx.get(f"{self.http}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
