@@ -44,6 +44,7 @@ from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.procs import listens
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import open_socket
@@ -249,11 +250,14 @@ def serve_until_ready(args: list[str], env: dict[str, str], port: int, cwd: Path
         proc = subprocess.Popen([sys.executable, "-m", "relay", "serve", *args],
                                 stdout=out, stderr=subprocess.STDOUT, env={**environ, **env}, cwd=cwd)  # fmt: skip
     try:
-        deadline, ready = time.monotonic() + 60, False
+        deadline, ready, url = time.monotonic() + 60, False, f"http://127.0.0.1:{port}/readyz"
         while not ready and proc.poll() is None and time.monotonic() < deadline:
             try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
+                # This one answering, not another run's server on the port.
+                ready = listens(proc.pid, port) and httpx.get(url, timeout=1, verify=TLS).status_code == 200
             except httpx.HTTPError:
+                pass
+            if not ready:
                 time.sleep(0.2)
     finally:
         proc.terminate()

@@ -33,6 +33,7 @@ from websockets.sync.client import connect
 from harness.executors import ExecutorProcess
 from harness.ports import free_port
 from harness.postgres import Postgres
+from harness.procs import listens
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.config import RelayConfig, load_config
@@ -84,6 +85,8 @@ class Serve:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.stderr()[-4000:]}")
+        if not listens(self.proc.pid, self.port):  # this one answering, not another run's server on the port
+            return False
         try:
             return httpx.get(f"{self.http}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:

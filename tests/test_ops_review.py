@@ -27,6 +27,7 @@ import yaml
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS
 from harness.ports import free_port
+from harness.procs import listens
 from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
@@ -106,6 +107,8 @@ def test_relay_yaml_refuses_a_webhook_whose_host_name_the_allow_list_refuses(tmp
         def started_or_exited() -> bool:
             if proc.poll() is not None:
                 return True
+            if not listens(proc.pid, port):  # this one answering, not another run's server on the port
+                return False
             try:
                 return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
             except httpx.HTTPError:
