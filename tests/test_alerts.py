@@ -143,7 +143,11 @@ def test_a_dead_executor_is_one_signed_delivery_per_rule(
         assert len({d.payload["idempotencyKey"] for d in arrived}) == 2  # one per rule
         assert all(e["executorId"] == executor.executor_id for e in sent)
         assert "/hooks/" not in json.dumps(sent) and "token" not in json.dumps(sent)
-        assert scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 2
+        # A delivery is counted once its alert.sent is written (the same step, after the commit):
+        # awaited, not read the moment the entries are there.
+        assert_eventually(
+            lambda: scrape(relay.http, "relay_alerts_sent_total", kind="ExecutorDead") == 2, 10, what="2 sent"
+        )
         assert "/hooks/" not in relay.log() and "token=" not in relay.log()
 
 
@@ -202,7 +206,10 @@ def test_a_flapping_executor_pages_once_per_repeat_interval_and_a_refused_delive
         failed = audit(relay, "alert.failed")
         assert len(failed) == 2 and all(e["detail"]["attempts"] == 1 and "400" in e["detail"]["error"] for e in failed)
         assert all("/refused" not in json.dumps(e) for e in failed)
-        assert scrape(relay.http, "relay_alerts_failed_total", kind="ExecutorDead") == 2
+        # Counted once its alert.failed is written, as a delivery sent is (below): awaited.
+        assert_eventually(
+            lambda: scrape(relay.http, "relay_alerts_failed_total", kind="ExecutorDead") == 2, 10, what="2 failed"
+        )
         # 3 alerts, 3 resolutions. A delivery is counted once the receiver has answered it (its
         # alert.sent's step): the last resolutions' counts awaited, not read the moment they arrived.
         assert_eventually(

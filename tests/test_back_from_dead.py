@@ -87,7 +87,14 @@ def test_executors_back_from_the_dead_together_are_handled_in_batches_and_a_bad_
             await asyncio.to_thread(
                 assert_eventually, lambda: "could not be ended" in relay.log(), 10, what="the failure logged"
             )
-            assert scrape(relay.http, "relay_back_from_dead_executors_total") == BACK - 1
+            # A batch is counted once its writes have committed, and the failure seen logged may be an
+            # earlier batch's: the others' count awaited, not read the moment their records have ended.
+            await asyncio.to_thread(
+                assert_eventually,
+                lambda: scrape(relay.http, "relay_back_from_dead_executors_total") == BACK - 1,
+                10,
+                what="the others counted",
+            )
             # Handled together: a few batches (the reconnections arrive over a moment), not one per executor.
             batches = scrape(relay.http, "relay_back_from_dead_batches_total")
             assert batches is not None and batches <= BACK / 3, batches
@@ -97,7 +104,13 @@ def test_executors_back_from_the_dead_together_are_handled_in_batches_and_a_bad_
             await asyncio.to_thread(
                 assert_eventually, lambda: _records(relay)[BAD][1] == "failed", 15, what="the bad one ended at last"
             )
-            assert scrape(relay.http, "relay_back_from_dead_executors_total") == BACK
+            # Counted once its write has committed: awaited, not read the moment its record has ended.
+            await asyncio.to_thread(
+                assert_eventually,
+                lambda: scrape(relay.http, "relay_back_from_dead_executors_total") == BACK,
+                10,
+                what="the bad one counted",
+            )
         finally:
             await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 

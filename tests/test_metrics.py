@@ -81,12 +81,21 @@ def test_recovery_pipeline_figures_match_the_audit_log(
         assert_eventually(lambda: silent.recovery_requests >= 1, 10)
         peer = start_executor(relay.conductor_url, env=env)
         assert_eventually(lambda: relay.executor("acme", "ledger", dead.executor_id) is None, 30)
+        # The success's stages are observed once the write that deleted the record has committed: awaited,
+        # not read the moment the record is gone. Read before the silent peer goes: it would die after
+        # its 0.5 s grace period, and its death and recovery be counted in the instance's histograms.
+        last = ("dispatched_to_reply", "reply_to_verified", "dead_to_deleted")
+        text = assert_eventually(
+            lambda: (t := scrape(relay)) and all(sample(t, f"relay_recovery_{s}_seconds_count") for s in last) and t,
+            10,
+            what="the success's stages observed",
+        )
+        other = scrape(relay, API_KEYS["globex"])  # another org's key (below)
     with relay.api() as api:
         audit = api.get("/audit", params={"executorId": dead.executor_id}).json()
     at = {e["action"]: ts(e["at"]) for e in audit}  # the last of each action
     dispatches = [e for e in audit if e["action"] == "recovery.dispatched"]
     assert dispatches[-1]["peerExecutorId"] == peer.executor_id
-    text = scrape(relay)
 
     def histogram(stage: str) -> tuple[float, float]:
         name = f"relay_recovery_{stage}_seconds"
@@ -115,7 +124,6 @@ def test_recovery_pipeline_figures_match_the_audit_log(
         waits
     )
     # Another org's key: this instance's figures, but no series of acme's (its families still described).
-    other = scrape(relay, API_KEYS["globex"])
     assert [s for s in samples(other) if "org" in s.labels or "app" in s.labels] == []
     assert sample(other, "relay_recovery_dead_to_deleted_seconds_count") == 1, "instance-wide: every key's"
     assert sample(other, "relay_lease_held") == 1

@@ -39,6 +39,10 @@ def all_outcomes(evidence: Evidence, n: int) -> dict[str, str] | None:
     return outcomes if len(outcomes) >= n else None
 
 
+def metrics_text(relay: RelayProcess) -> str:
+    return httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
+
+
 def in_order(actions: list[str], expected: list[str]) -> bool:
     """``expected`` appears in ``actions`` as a subsequence."""
     it = iter(actions)
@@ -81,7 +85,14 @@ def test_dead_executor_workflows_complete_exactly_once_on_a_peer(
     with relay.api() as api:
         audit = api.get("/audit", params={"executorId": a1.executor_id}).json()
     at = {e["action"]: ts(e["at"]).timestamp() for e in audit}
-    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
+    # The success's stages are observed once the write that deleted the record has committed: awaited,
+    # not read the moment the record is gone.
+    last = ("dispatched_to_reply", "reply_to_verified", "dead_to_deleted")
+    text = assert_eventually(
+        lambda: (t := metrics_text(relay)) and all(sample(t, f"relay_recovery_{s}_seconds_count") for s in last) and t,
+        10,
+        what="the success's stages observed",
+    )
     for stage, seconds in (
         ("dead_to_dispatched", at["recovery.dispatched"] - at["executor.dead"]),
         ("dead_to_deleted", at["executor.deleted"] - at["executor.dead"]),
@@ -163,13 +174,18 @@ def test_a_failing_peer_causes_failover_to_the_next_after_backoff(
     assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 1 sent to peer {bad.executor_id}")
     assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 1 on peer {bad.executor_id} failed: ")
     assert_logged(relay, f"recovery {rid} of executor {dead}: attempt 2 sent to peer {a2.executor_id}")
-    assert_logged(relay, f"recovery {rid} of executor {dead} succeeded: recovered by peer {a2.executor_id}")
+    # Logged once the write that deleted the record has committed: awaited, not read the moment it is gone.
+    success = f"recovery {rid} of executor {dead} succeeded: recovered by peer {a2.executor_id}"
+    assert_eventually(lambda: logged(relay, success), 10, what=f"a line like {success!r} in the log")
+
+
+def logged(relay: RelayProcess, *parts: str) -> bool:
+    """A line of Relay's log holds each of ``parts``, in order."""
+    return re.search(".*".join(re.escape(p) for p in parts), relay.log()) is not None
 
 
 def assert_logged(relay: RelayProcess, *parts: str) -> None:
-    """A line of Relay's log holds each of ``parts``, in order."""
-    pattern = ".*".join(re.escape(p) for p in parts)
-    assert re.search(pattern, relay.log()), f"no line like {parts} in the log: {relay.log()[-3000:]}"
+    assert logged(relay, *parts), f"no line like {parts} in the log: {relay.log()[-3000:]}"
 
 
 def test_no_healthy_peer_waits_then_a_new_peer_gets_it_as_it_connects(
@@ -314,7 +330,12 @@ def test_relay_killed_between_dispatch_and_delete_finishes_once(
         assert actions.count(action) == 1, (action, actions)
     assert "recovery.failed" not in actions
     # The restarted process observed the stages it recorded, not the dispatch its predecessor recorded.
-    text = httpx.get(f"{relay.http}/metrics", headers=AUTH, timeout=5, verify=TLS).text
+    # The deletion is observed once its write has committed: awaited, not read the moment the record is gone.
+    text = assert_eventually(
+        lambda: (t := metrics_text(relay)) and sample(t, "relay_recovery_dead_to_deleted_seconds_count") and t,
+        10,
+        what="the deletion observed",
+    )
     assert not sample(text, "relay_recovery_dead_to_dispatched_seconds_count")
     assert sample(text, "relay_recovery_dead_to_deleted_seconds_count") == 1
 
