@@ -186,7 +186,9 @@ def test_a_disconnection_lost_to_a_database_error_is_recorded_by_the_socket_chec
         await off_loop(assert_eventually, lambda: relay.state_of("acme", "ledger", executor_id) == "DISCONNECTED", 5)
 
     asyncio.run(run())
-    assert "no socket here; its disconnection is recorded now" in relay.log()
+    # Logged once the disconnection is recorded: awaited, not read the moment DISCONNECTED is seen.
+    recorded = "no socket here; its disconnection is recorded now"
+    assert_eventually(lambda: recorded in relay.log(), 10, what="the disconnection recorded by the socket check")
     with relay.api() as api:  # and its grace period runs: the same as any lost connection
         assert api.get(f"/apps/ledger/executors/{executor_id}").json()["disconnectedAt"]
 

@@ -387,11 +387,14 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
         (released,) = assert_eventually(lambda: adoptions("relay-1"), 15, what="relay-1 adopted")
         assert released["released"] is True
         adopter = {"relay-2": r2, "relay-3": r3}[released["adoptedBy"]]
-        assert "adopted instance relay-1 (it released its lease): " in adopter.log()
+        # Logged once the adoption (and its audit entry) has committed: awaited, not read at once.
+        said = "adopted instance relay-1 (it released its lease): "
+        assert_eventually(lambda: said in adopter.log(), 10, what="relay-1's adoption logged")
         r3.signal(signal.SIGKILL)  # its lease runs out
         (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
         assert lost["released"] is False
-        assert "adopted instance relay-3 (its lease expired): " in r2.log()
+        said = "adopted instance relay-3 (its lease expired): "
+        assert_eventually(lambda: said in r2.log(), 10, what="relay-3's adoption logged")
         killed = listed()["relay-3"]
         assert (killed["live"], killed["releasedAt"], killed["adoptedBy"]) == (False, None, "relay-2")
         assert leases() == {"relay-1": "released", "relay-2": "held", "relay-3": "expired"}
