@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.core.ids import ExecutorKey, RecoveryRef, grace_id, id_part, recovery_id, recovery_run
+from relay.core.ids import (
+    APP_NAME_PATTERN,
+    ExecutorKey,
+    RecoveryRef,
+    grace_id,
+    id_part,
+    recovery_id,
+    recovery_run,
+    valid_app_name,
+)
 from relay.core.peers import Mode, Peer, candidates, choose_peer, order_peers, verifiers
 from workflows.appretention import round_id
 from workflows.reconcile import reconcile_id
@@ -80,6 +90,30 @@ def test_an_id_part_is_one_to_one_and_has_no_colon(one: str, other: str) -> None
     assert ":" not in id_part(one)
     assert (id_part(one) == id_part(other)) == (one == other)
     assert id_part(one.replace(":", "").replace("%", "")) == one.replace(":", "").replace("%", "")
+
+
+# The characters with which the TypeScript SDK's executor of an app reaches Relay under another name
+# or none: "/" and "\" (which Node's URL parser reads as "/") split the name, "?" starts the query,
+# "#" a fragment, "%" an escape (tests/test_path_names.py starts executors of such names).
+NOT_SENT_AS_GIVEN = "/\\%?#"
+
+
+def test_a_new_apps_name_has_no_character_an_sdk_executor_cannot_send_as_given() -> None:
+    """Every other printable ASCII character is taken, by the rule and by its pattern alike: the SDK
+    sends it as it is or escaped, and the server decodes it back."""
+    for c in map(chr, range(0x20, 0x7F)):
+        expected = c not in NOT_SENT_AS_GIVEN
+        assert valid_app_name(f"a{c}b") is expected, c
+        assert (re.fullmatch(APP_NAME_PATTERN, f"a{c}b") is not None) is expected, c
+        assert valid_app_name(c) is (expected and c not in " ."), c  # alone: no space at either end, not "."
+
+
+def test_a_new_apps_name_may_have_non_ascii_characters_but_no_invisible_ones() -> None:
+    """The SDK escapes a non-ASCII character as UTF-8 and the server decodes it back."""
+    for name in ("caf\u00e9", "\u65e5\u672c", "\U0001f600", "\u01c5"):
+        assert valid_app_name(name) and re.fullmatch(APP_NAME_PATTERN, name), name
+    for name in ("a\u00a0b", "a\u200bb", "a\u2028b", "a\x85b"):  # not printable: a space no one sees
+        assert not valid_app_name(name), name
 
 
 def test_a_recovery_is_verified_by_another_executor_first_and_its_own_peer_last() -> None:

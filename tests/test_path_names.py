@@ -10,12 +10,14 @@ And the rule for a new app's name (relay.core.ids.APP_NAME_RULE), where apps are
 CLI and dbos-mcp, which put the name in URL paths, reached another resource or none. An app an older
 Relay made under such a name stays listable, readable and deletable. ``%``, ``?`` and ``#`` were
 taken too, though the DBOS SDKs put the name in their WebSocket URL as it is: an executor of
-``100%41`` joined the app ``100A``. And ``PUT`` with settings is one transaction.
+``100%41`` joined the app ``100A``; so was ``\\``, which the TypeScript SDK's URL parser reads as
+``/``. And ``PUT`` with settings is one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,7 +110,7 @@ def made_by_an_older_relay(relay: RelayProcess, name: str) -> None:
     "name",
     [
         *(".", "..", "a/b", "/", "a\nb", "a\tb", "a\x7fb", "a\x85b", "\u2028", " lead", "trail ", "x" * 257),
-        *("100%41", "50%off", "%", "a?b", "?", "a#b", "#"),
+        *("100%41", "50%off", "%", "a?b", "?", "a#b", "#", "a\\b", "\\"),
     ],
 )
 def test_put_refuses_a_name_breaking_the_rule_with_the_rule(relay: RelayProcess, name: str) -> None:
@@ -121,7 +123,8 @@ def test_put_refuses_a_name_breaking_the_rule_with_the_rule(relay: RelayProcess,
 
 
 @pytest.mark.parametrize(
-    "name", ["my.app", "My_App-2", "...", ".hidden", "a b", "a:b", "100 percent!", "caf\u00e9", "x" * 256]
+    "name",
+    ["my.app", "My_App-2", "...", ".hidden", "a b", "a:b", "100 percent!", "caf\u00e9", "x" * 256, 'a|^[]"<>`{}b'],
 )
 def test_put_takes_the_names_dbos_apps_use(relay: RelayProcess, name: str) -> None:
     with relay.api() as api:
@@ -135,9 +138,10 @@ def test_the_document_gives_the_rule_as_a_pattern(relay: RelayProcess) -> None:
     document = httpx.get(f"{relay.http}/openapi.json", verify=TLS, timeout=10).json()
     (app,) = [p for p in document["paths"]["/v2/orgs/{org}/apps/{app}"]["put"]["parameters"] if p["name"] == "app"]
     assert app["schema"]["pattern"].startswith("^(?!") and app["description"] == APP_NAME_RULE
+    assert re.fullmatch(app["schema"]["pattern"], "a\\b") is None and re.fullmatch(app["schema"]["pattern"], "a|b")
 
 
-@pytest.mark.parametrize("name", ["..", " spaced ", "100%41", "a?b", "a#b"])
+@pytest.mark.parametrize("name", ["..", " spaced ", "100%41", "a?b", "a#b", "a\\b"])
 def test_an_app_an_older_relay_made_under_such_a_name_is_listed_read_changed_and_deleted(
     relay: RelayProcess, name: str
 ) -> None:
@@ -161,7 +165,7 @@ def test_an_executor_makes_no_app_of_such_a_name_and_keeps_one_an_older_relay_ma
     async def refused() -> int:
         with pytest.raises(InvalidStatus) as info:
             await open_socket(url)
-        assert APP_NAME_RULE in info.value.response.body.decode()
+        assert json.loads(info.value.response.body)["error"]["message"].endswith(APP_NAME_RULE)
         return info.value.response.status_code
 
     assert asyncio.run(refused()) == 400
@@ -240,6 +244,34 @@ def test_an_sdk_executor_named_with_a_question_mark_cannot_connect(
         assert api.get(f"/apps/{escaped('a?b')}/executors").json() == []
         assert "a" not in names(api)
         assert api.delete(f"/apps/{escaped('a?b')}").status_code == 204
+
+
+def test_an_sdk_executor_reaches_relay_under_its_name_with_any_character_but_a_backslash(
+    relay: RelayProcess, start_ts: Callable[..., ExecutorProcess]
+) -> None:
+    """The TypeScript SDK's URL parser (Node's) sends ``|``, ``^``, ``[``, ``]`` and most punctuation
+    as they are, escapes a space, ``"<>`{}`` and non-ASCII characters (which the server decodes back),
+    and reads ``\\`` as ``/``: the executor of ``a\\b`` asks for ``/websocket/a/b/KEY``, no endpoint,
+    and never joins its app, even one an older Relay made. The rule takes the first names and
+    refuses ``a\\b`` (PUT took it)."""
+    given = ["a|^[]'!$&()*+,;=@:~b", 'a "<>`{}b', "caf\u00e9 \u65e5\U0001f600"]
+    backslashed = "a\\b"
+    before = refused(relay, "not_found")
+    made_by_an_older_relay(relay, backslashed)
+    # One at a time: the first one's start makes the system database, which two at once deadlock on.
+    executors = [start_ts(conductor_url=relay.conductor_url, app=name, version=f"v{i}") for i, name in enumerate(given)]
+    stranded = start_ts(conductor_url=relay.conductor_url, app=backslashed, version="v-backslashed")
+    with relay.api() as api:
+        joined = [f"/apps/{escaped(e.app)}/executors/{e.executor_id}" for e in executors]
+        assert_eventually(
+            lambda: all(api.get(p).json().get("state") == "HEALTHY" for p in joined), 10, what="each under its name"
+        )
+        assert_eventually(lambda: refused(relay, "not_found") > before, 10, what="a\\b's executor found no endpoint")
+        assert api.get(f"/apps/{escaped(backslashed)}/executors").json() == [] and stranded.proc.poll() is None
+        assert "a" not in names(api)
+        made = api.put(f"/apps/{escaped(backslashed)}")
+        assert made.status_code == 422 and made.json()["detail"] == APP_NAME_RULE, made.text
+        assert api.delete(f"/apps/{escaped(backslashed)}").status_code == 204
 
 
 # Fails the second step of PUT's old two (the settings' update), as a full disk or a lost connection

@@ -205,7 +205,7 @@ def test_an_empty_file_is_all_defaults() -> None:
             (f"orgs: [{{name: a, apps: [{{name: {name}}}]}}]", "orgs.0.apps.0.name", "not '.' or '..'")
             for name in (
                 *('""', '".."', "'.'", '"a/b"', '"a\\nb"', '" x"', '"x "', '"' + "x" * 257 + '"'),
-                *('"100%41"', '"a?b"', '"a#b"'),  # "%", "?" and "#" mean something in the SDKs' WebSocket URLs
+                *('"100%41"', '"a?b"', '"a#b"', '"a\\\\b"'),  # "%", "?", "#" and "\" mean something in SDKs' URLs
             )
         ],
         # A webhook's secret with a control character: its receiver would refuse every delivery as forged.

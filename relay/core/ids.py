@@ -52,20 +52,25 @@ MAX_APP_NAME = 256
 # WebSocket URL as it is (the TypeScript SDK takes any name, the Python SDK only a-z0-9-_): "?" would
 # start the URL's query and "#" its fragment, so such an executor could never connect, and "%" would
 # start an escape, which the server decodes: an executor of "100%41" would join the app "100A" (the
-# hub also refuses a new app's name sent that way: relay.net.hub.named_as_sent). Dots, dashes,
-# underscores, digits, other punctuation and any case are allowed: DBOS apps use them, and
+# hub also refuses a new app's name sent that way: relay.net.hub.named_as_sent). The TypeScript SDK's
+# URL parser (Node's, WHATWG's) reads "\" in a ws: URL as "/", so an executor of "a\b" asks for
+# /websocket/a/b/KEY and finds no endpoint. Every other printable character reaches Relay as the
+# executor gave it (tests/test_path_names.py starts executors of them): the parser escapes a space,
+# '"', "<", ">", "`", "{", "}" and non-ASCII characters, which the server decodes back, and sends
+# "|", "[", "]" and the rest as they are ("^" too, in Node 20; newer parsers escape it). Dots,
+# dashes, underscores, digits, other punctuation and any case are allowed: DBOS apps use them, and
 # Conductor publishes no stricter rule.
 APP_NAME_RULE = (
-    f"an app name is 1 to {MAX_APP_NAME} printable characters, without '/', '%', '?' or '#', "
+    f"an app name is 1 to {MAX_APP_NAME} printable characters, without '/', '\\', '%', '?' or '#', "
     "not '.' or '..', and with no space at either end"
 )
 # The same rule for the OpenAPI document (so that a fuzzer makes valid names). JSON Schema's regular
 # expressions have no Unicode categories: the pattern refuses the control characters (C0, DEL, C1),
 # and valid_app_name also refuses the other characters str.isprintable() does (separators other
 # than the space, format characters), which no pattern can list.
-APP_NAME_PATTERN = r"^(?!\.\.?$)(?! )(?!.* $)[^/%?#\x00-\x1f\x7f-\x9f]{1,256}$"
-# The characters of URLs that APP_NAME_RULE keeps out of a new app's name.
-_URL_DELIMITERS = frozenset("/%?#")
+APP_NAME_PATTERN = r"^(?!\.\.?$)(?! )(?!.* $)[^/\\%?#\x00-\x1f\x7f-\x9f]{1,256}$"
+# The characters of URLs that APP_NAME_RULE keeps out of a new app's name ("\" is "/" to WHATWG's).
+_URL_DELIMITERS = frozenset("/\\%?#")
 
 
 def valid_app_name(name: str) -> bool:
