@@ -8,7 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -16,6 +19,7 @@ from playwright.sync_api import expect
 
 from harness.browser import chromium
 from harness.ports import free_port
+from harness.procs import listens
 from harness.relay import RelayProcess
 from harness.waiting import assert_eventually
 from harness.web import TLS
@@ -82,6 +86,8 @@ def _run_sh(repo: Path, home: Path, port: int, database_url: str, env: dict[str,
     def ready() -> bool:
         if proc.poll() is not None:
             return True
+        if not listens(proc.pid, port):  # run.sh's own relay answering, not another run's server on the port
+            return False
         try:
             return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
@@ -97,6 +103,28 @@ def _run_sh(repo: Path, home: Path, port: int, database_url: str, env: dict[str,
         else:
             code = proc.returncode
     return code
+
+
+def test_run_sh_counts_as_serving_only_once_its_own_relay_listens(tmp_path: Path) -> None:
+    """Another process on run.sh's port (another run's server, handed the same port) answered the
+    /readyz that ``_run_sh`` waited for: a run.sh still installing counted as serving and was
+    stopped, and its test failed for no fault of run.sh's. It counts once run.sh's own process (or
+    its child) listens there, as the harness's RelayProcess does."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "run.sh").write_text("#!/bin/sh\nsleep 1\nexit 3\n")  # installs a moment, then fails: never listens
+    (repo / "run.sh").chmod(0o755)
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "readyz").write_text("ready")  # GET /readyz answered 200, as another run's Relay answers it
+    handler = partial(SimpleHTTPRequestHandler, directory=str(answers))
+    with ThreadingHTTPServer(("127.0.0.1", free_port()), handler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        try:
+            code = _run_sh(repo, tmp_path / "home", other.server_port, "postgresql://127.0.0.1:1/none", {}, "held")
+        finally:
+            other.shutdown()
+    assert code == 3, "run.sh was taken for serving on a port another process answers on"
 
 
 def _copy_of_the_repository(repo: Path) -> None:
