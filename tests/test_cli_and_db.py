@@ -448,6 +448,30 @@ def test_an_at_sign_in_a_path_is_not_taken_for_a_password_and_a_webhooks_passwor
         server.server_close()
 
 
+def test_a_webhooks_token_given_as_its_user_is_masked_where_an_answer_quotes_it_encoded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A webhook's URL with a token as its user and no password (``http://TOKEN@host/h``) showed as
+    ``http://***@host/h`` where an answer quoted it as typed, but whole where it quoted the URL
+    percent-encoded (a redirect's address here): only a password was taken from the URL to mask."""
+    token = "w3bh00k-t0ken-81c4"
+    for name in [k for k in os.environ if k.startswith("RELAY_")]:
+        monkeypatch.delenv(name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        capsys.readouterr()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        code = main(["alerts", "create", "moved", "--kind", "ExecutorDead", "--webhook", f"http://{token}@127.0.0.1:9/h",
+                     "--org", "acme", "--url", url, "--key", "relay_key-7d2e"])  # fmt: skip
+        printed = capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code in (1, 5) and "redirected" in printed and "%3A//" in printed and printed.count("\n") == 1, printed
+    assert token not in printed, printed
+
+
 class HeldEcho(Echo):
     """Echo, holding each answer until ``release`` is set (``arrived`` says a request came)."""
 

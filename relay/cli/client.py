@@ -192,14 +192,16 @@ def without_password(url: str) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """A URL's password, as typed and percent-decoded (its form in httpx's and a server's words), and
+    """A URL's password (or its user, where it has none: a token, as :func:`without_password` takes
+    it), as typed and percent-decoded (its form in httpx's and a server's words), and
     ``user:password`` in base64, as HTTP Basic authentication sends it: the forms an error could quote."""
     found = _USERINFO.search(url)
-    if found is None or ":" not in found["userinfo"]:
+    if found is None:
         return []
-    user, _, password = found["userinfo"].partition(":")
+    user, sep, password = found["userinfo"].partition(":")
+    secret = password if sep else user
     basic = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
-    return [password, unquote(password), basic] if password else []
+    return [secret, unquote(secret), basic] if secret else []
 
 
 def describe_error(resp: httpx.Response) -> str:
