@@ -539,13 +539,26 @@ def _interrupted(command: list[str], held: Callable[[subprocess.Popen[str]], Non
     """Run ``command``, wait with ``held`` until it is blocked, Ctrl-C it (SIGINT); its exit code and stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["RELAY_API_KEY"] = "relay_key-3f7a"
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
-    try:
-        held(proc)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        end(proc)
+    then = kwargs.pop("preexec_fn", None)
+
+    def as_at_a_terminal() -> None:
+        # A shell runs a command at its terminal with SIGINT's default action. This test's process may
+        # have it ignored (a background job of a non-interactive shell, as CI's runner may start it),
+        # which a child inherits, and a process that inherits it ignores Ctrl-C, as it should.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if then is not None:
+            then()
+
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=as_at_a_terminal,
+        **kwargs,
+    ) as proc:  # fmt: skip
+        try:
+            held(proc)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=20)
+        finally:
+            end(proc)
     return proc.returncode, err
 
 
