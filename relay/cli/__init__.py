@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         start = "\n" if sys.stderr.isatty() else ""
         click.echo(f"{start}relay: interrupted", err=True)
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt:  # before or after the command: reading its options, writing an error
+    except KeyboardInterrupt:  # outside the command's own invoke (_Relay.invoke): after it, writing its answer
         click.echo("relay: interrupted", err=True)
         return EXIT_INTERRUPTED
     except Exception as exc:

@@ -41,7 +41,10 @@ async def sync_config(db: Database, config: RelayConfig) -> None:
     without its file, closed the fleet's sockets. ``orgs: []`` says "none", and removes them.
     """
     if not config.orgs_given:
-        log.info("relay.yaml has no orgs: the keys and alert rules an earlier relay.yaml put in are left as they are")
+        log.info(
+            "relay.yaml has no orgs: the keys and alert rules in the database (if an earlier relay.yaml "
+            "put any in) are left as they are"
+        )
         return
     async with db.transaction() as conn:
         for lock in (APPS_LOCK_KEY, CONFIG_RULES_LOCK_KEY, KEYS_LOCK_KEY):  # each store's sync takes its own again
