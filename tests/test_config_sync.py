@@ -223,5 +223,10 @@ def test_a_file_without_orgs_leaves_the_keys_and_rules_an_earlier_file_put_in_an
     without = parse_config(f"server: {{port: {free_port()}}}\n").with_overrides(database_url=url)
     assert not without.orgs_given and parse_config("orgs: []\n").orgs_given
     after = asyncio.run(in_force_after(url, relay_file("a"), without, RelayConfig(), parse_config("orgs: []\n")))
-    # (An app keeps from_config when its org leaves the file: AppStore.sync_config looks at the file's orgs.)
-    assert after == [("a", "a", "a"), ("a", "a", "a"), ("a", "a", "a"), ("a", "", "")]
+    # orgs: [] takes the org out of the file: its apps are no longer the file's either (they kept it,
+    # and the API refused to delete them).
+    assert after == [("a", "a", "a"), ("a", "a", "a"), ("a", "a", "a"), ("", "", "")]
+    # So are those of an org a later file no longer lists, beside another it does.
+    other = asyncio.run(in_force_after(postgres.create_database("config_org_gone"), relay_file("a"),
+                                       relay_file("b", org="globex")))  # fmt: skip
+    assert other == [("a", "a", "a"), ("b", "b", "b")]

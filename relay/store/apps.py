@@ -158,6 +158,12 @@ class AppStore:
                     "UPDATE apps SET from_config = false WHERE org = %s AND from_config AND NOT (name = ANY(%s))",
                     (org.name, [app.name for app in org.apps]),
                 )
+            # And the apps of an org taken out of the file (orgs: [] takes out all): they kept it, and
+            # the API refused to delete them for a file that no longer lists them.
+            await conn.execute(
+                "UPDATE apps SET from_config = false WHERE from_config AND NOT (org = ANY(%s))",
+                ([org.name for org in config.orgs],),
+            )
 
     async def exists(self, org: str, app: str) -> bool:
         async with self.db.connection() as conn:
