@@ -19,6 +19,7 @@ little room below it, the kernel's choice (``bind(0)``) is the fallback.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import random
@@ -94,6 +95,9 @@ def _claimed(first: int) -> int:
                     continue
                 return first  # no abstract namespace (not Linux): unclaimed, as before
             _claim = (index, held, os.getpid())
+            # Closed at exit, not left to the interpreter's shutdown, which warns of every socket
+            # it collects open (a ResourceWarning on each pytest worker's stderr).
+            atexit.register(held.close)
             return index
         return first  # more processes at once than slices: they share, as before
 
