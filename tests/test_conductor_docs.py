@@ -161,3 +161,23 @@ def test_any_query_of_the_audit_log_page_is_answered_or_refused_and_harms_no_oth
             assert resp.headers["content-type"].startswith("application/problem+json"), said(resp)
         after = api.get(SELF_HOSTED_AUDIT_LOGS, params={"page_size": 1})
         assert after.status_code == 200, said(after)
+
+
+def test_a_metrics_window_is_two_rfc_3339_times(relay: RelayProcess) -> None:
+    """conductor-api.md, "Listing and Filtering": "Time windows are given as `startTime` and `endTime`
+    in RFC 3339 format". Relay's ``GET .../metrics`` took a number for a time too (seconds or
+    milliseconds since 1970, as pydantic guesses: ``1767225600000`` was 2026-01-01), where every other
+    route refuses one; and refused a time without its offset with no ``errors`` naming it."""
+    path = "/v2/orgs/acme/apps/ledger/metrics"
+    window = {"startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-02T00:00:00+01:00"}
+    with relay.client() as api:
+        resp = api.get(path, params=window)
+        assert resp.status_code == 200, said(resp)
+        assert resp.json() == [], "no executor has connected: no figures"
+        for name, value in (("startTime", "1767225600000"), ("startTime", "1767225600"), ("endTime", "1767312000"),
+                            ("startTime", "2026-01-01T00:00:00"), ("endTime", "2026-01-02")):  # fmt: skip
+            resp = api.get(path, params={**window, name: value})
+            assert resp.status_code == 422, said(resp)
+            assert resp.headers["content-type"] == "application/problem+json"
+            [error] = resp.json()["errors"]
+            assert error["location"] == f"query.{name}", said(resp)

@@ -11,14 +11,13 @@ reports itself. Relay stores the counts of each window of the figures job
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from relay.api.apps import app_or_404
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, permitted
-from relay.api.shapes import Shape
+from relay.api.common import MAX_OFFSET, Ctx, DecodedRoute, permitted
+from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso, utc
 from relay.store.appfigures import granularity
@@ -50,14 +49,15 @@ async def list_metrics(
     app: str,
     ctx: Ctx,
     _: Annotated[KeyGrant, Depends(metric_reader)],
-    startTime: datetime,
-    endTime: datetime,
+    # RFC 3339 with its offset, as conductor-api.md gives time windows and Relay's other routes take
+    # times: a plain datetime also took a number for one (seconds or milliseconds since 1970, as
+    # pydantic guesses), and a time without its offset was refused with no error's location.
+    startTime: Rfc3339,
+    endTime: Rfc3339,
     limit: Annotated[int, Query(ge=1, le=MAX_METRICS)] = DEFAULT_METRICS,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[Metric]:
     """``Metric[]`` of ``[startTime, endTime)`` (none when it is empty), by time bucket, type and name."""
-    if startTime.tzinfo is None or endTime.tzinfo is None:
-        raise ApiError(422, "invalid_request", "startTime and endTime need a time zone (Z or an offset)")
     startTime, endTime = utc(startTime), utc(endTime)
     await app_or_404(ctx, org, app)
     if endTime <= startTime:
