@@ -181,3 +181,31 @@ def test_a_metrics_window_is_two_rfc_3339_times(relay: RelayProcess) -> None:
             assert resp.headers["content-type"] == "application/problem+json"
             [error] = resp.json()["errors"]
             assert error["location"] == f"query.{name}", said(resp)
+
+
+def test_every_422_has_errors_locating_its_problem(relay: RelayProcess) -> None:
+    """conductor-api.md, "Errors": "Validation failures add an `errors` array locating each individual
+    problem" (and the contract: "422 adds `errors` with `location` and `message`"). The 422s of
+    Relay's own checks, after the request's types had passed, had none: a client reading ``errors``
+    found nothing to point at. None of these requests reaches an executor (the module's Relay has
+    none): each is refused first."""
+    ledger = "/v2/orgs/acme/apps/ledger"
+    refusals = [
+        ("GET", f"{ledger}/workflows?status=FAILED", None, ["query.status"]),
+        ("GET", f"{ledger}/workflows?startTime=2026-01-01T00:00:00Z&user=x", None, ["query.startTime", "query.user"]),
+        ("GET", f"{ledger}/workflows?limit=1&limit=2", None, ["query.limit"]),
+        ("GET", f"{ledger}/executors/x/workflows?status=FAILED", None, ["query.status"]),
+        ("POST", f"{ledger}/workflows/aggregates", {"selectCount": True}, ["body"]),
+        ("POST", f"{ledger}/steps/aggregates", {"selectCount": True}, ["body"]),
+        ("POST", f"{ledger}/workflows/bulk-fork-from-failure", {"workflowIds": ["x"]}, ["body"]),
+        ("PATCH", ledger, {}, ["body"]),
+        ("GET", "/metrics?scope=everything", None, ["query.scope"]),
+    ]
+    with relay.client() as api:
+        for method, path, body, locations in refusals:
+            resp = api.request(method, path, json=body)
+            assert resp.status_code == 422, said(resp)
+            assert resp.headers["content-type"] == "application/problem+json", said(resp)
+            problem = resp.json()
+            assert [e["location"] for e in problem.get("errors", [])] == locations, said(resp)
+            assert {e["message"] for e in problem["errors"]} == {problem["detail"]}, said(resp)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -100,11 +100,19 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
     api.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to amend its document
     refusals = api.state.refusals = RefusalAudit()
 
-    def refused(request: Request, exc: Exception, status: int, code: str, message: str) -> Response:
-        """The answer to a refusal (403, 422), audited first if it is one of an audited change."""
+    def refused(
+        request: Request, exc: Exception, status: int, code: str, message: str, locations: Sequence[str] = ()
+    ) -> Response:
+        """The answer to a refusal (403, 422), audited first if it is one of an audited change. A 422
+        has ``errors``, as the validation's own do (conductor-api.md: "Validation failures add an
+        `errors` array locating each individual problem"): one per location given, else one for the
+        whole request."""
         if not was_audited(exc):
             refusals.refused(request, status, code, message)
-        return error_response(status, code, message)
+        if status != 422:
+            return error_response(status, code, message)
+        errors = [{"location": where, "message": message} for where in locations or ("request",)]
+        return error_response(status, code, message, errors=errors)
 
     outage = RefusalRun()  # the run of 503 database_unavailable answers under way, if any
 
@@ -125,7 +133,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
 
     @api.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
-        return refused(request, exc, exc.status, exc.code, exc.message)
+        return refused(request, exc, exc.status, exc.code, exc.message, exc.locations)
 
     @api.exception_handler(NoHealthyExecutor)
     async def _no_executor(_: Request, exc: NoHealthyExecutor) -> Response:

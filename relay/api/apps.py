@@ -159,7 +159,7 @@ async def register_app(org: str, app: NewAppName, ctx: Ctx, who: Admin, body: Re
     """Register an app before its executors connect (with ``autoRegisterApps: false``, the way to admit one).
     The app and the settings given are written in one transaction: all of them, or nothing."""
     if not valid_app_name(app):
-        raise ApiError(422, "invalid_request", APP_NAME_RULE)
+        raise ApiError(422, "invalid_request", APP_NAME_RULE, ["path.app"])
     changes: dict[str, Any] = {}
     if body is not None:
         given = body.model_dump(exclude_unset=True, exclude={"privateMode"})
@@ -188,5 +188,6 @@ async def patch_app(org: str, app: str, settings: AppSettings, ctx: Ctx, who: Ad
             "invalid_request",
             "nothing to change: give executorTimeoutSecs, recoverToLatestVersion, gcTimeThresholdMs, "
             "gcRowsThreshold or globalTimeoutMs",
+            ["body"],
         )
     return application(await ctx.operator.update_settings(org, app, changes, actor(who)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -54,11 +54,14 @@ QueryName = Annotated[str, Query(max_length=MAX_NAME_LEN, pattern=NO_NUL), After
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, locations: Sequence[str] = ()) -> None:
+        """``locations``: of a 422, where the request went wrong (``query.status``, ``body``), each an
+        entry of its ``errors``."""
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.locations = tuple(locations)
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> Response:

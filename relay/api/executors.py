@@ -163,7 +163,7 @@ async def get_executor_workflows(
     """The executor's own workflows, asked of it over its socket (``list_workflows``)."""
     if status is not None and status not in WORKFLOW_STATUSES:
         known = ", ".join(WORKFLOW_STATUSES)
-        raise ApiError(422, "invalid_request", f"no workflow status {status}: one of {known}")
+        raise ApiError(422, "invalid_request", f"no workflow status {status}: one of {known}", ["query.status"])
     key = ExecutorKey(org, app, executor_id)
     # The app's own workflows (owned_by), as every other listing: an executor reads its whole system
     # database, which apps may share, and a key limited to this app reaches no other app's through it.

@@ -198,7 +198,8 @@ async def metrics(request: Request, ctx: Ctx) -> Response:
     query = request.query_params
     scope = query.get("scope", "all")
     if scope not in SCOPES:
-        return problem(422, f"scope must be one of {', '.join(SCOPES)}")
+        message = f"scope must be one of {', '.join(SCOPES)}"
+        return problem(422, message, errors=[{"location": "query.scope", "message": message}])
 
     def given(name: str) -> frozenset[str] | None:
         values = query.getlist(name)

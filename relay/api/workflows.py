@@ -281,7 +281,8 @@ async def list_workflows(
     the other parameters are refused when repeated."""
     repeated = [name for name in SINGLE_VALUED if len(request.query_params.getlist(name)) > 1]
     if repeated:
-        raise ApiError(422, "invalid_request", f"given more than once: {', '.join(repeated)} (one value each)")
+        message = f"given more than once: {', '.join(repeated)} (one value each)"
+        raise ApiError(422, "invalid_request", message, [f"query.{name}" for name in repeated])
     # What this route does not take was ignored: ?startTime=... listed every workflow, as if it
     # had filtered them. The search (POST .../workflows/search) takes every filter.
     unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
@@ -291,11 +292,13 @@ async def list_workflows(
             "invalid_request",
             f"not a parameter of this list: {', '.join(unknown)} (it takes {', '.join(sorted(LIST_PARAMETERS))}; "
             "POST .../workflows/search takes every filter)",
+            [f"query.{name}" for name in unknown],
         )
     wrong = [v for v in status if v and v not in WORKFLOW_STATUSES]
     if wrong:
         known = ", ".join(WORKFLOW_STATUSES)
-        raise ApiError(422, "invalid_request", f"no workflow status {', '.join(wrong)}: one of {known}")
+        message = f"no workflow status {', '.join(wrong)}: one of {known}"
+        raise ApiError(422, "invalid_request", message, ["query.status"])
     search = WorkflowSearch(
         status=[v for v in status if v] or None,  # status= (empty) filters nothing, as before
         workflowName=[v for v in workflowName if v] or None,
@@ -381,7 +384,7 @@ def _when(value: datetime | None) -> str | None:
 
 def _ungrouped(by: str) -> ApiError:
     """The SDK refuses an aggregate with nothing to group by (a ValueError, which would be a 502)."""
-    return ApiError(422, "invalid_request", f"nothing to group by: give timeBucketSizeMs or set one of {by}")
+    return ApiError(422, "invalid_request", f"nothing to group by: give timeBucketSizeMs or set one of {by}", ["body"])
 
 
 @router.post("/workflows/aggregates", response_model=list[shapes.WorkflowAggregate], response_model_exclude_none=True)
@@ -788,7 +791,10 @@ async def bulk_fork_from_failure(
     chosen = [body.fromLastFailure, body.fromLastStep, body.fromStep is not None, body.fromStepName is not None]
     if sum(chosen) != 1:
         raise ApiError(
-            422, "invalid_request", "give exactly one of fromLastFailure, fromLastStep, fromStep, fromStepName"
+            422,
+            "invalid_request",
+            "give exactly one of fromLastFailure, fromLastStep, fromStep, fromStepName",
+            ["body"],
         )
     spec = ForkFromFailureBody(
         workflow_ids=body.workflowIds,
