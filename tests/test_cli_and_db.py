@@ -308,11 +308,74 @@ def test_an_unexpected_error_is_one_line_and_exit_1_never_a_traceback() -> None:
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        result = run_relay("apps", "--url", url, "--key", "relay_secret-key", env={"RELAY_API_KEY": ""})
+        result = run_relay(
+            "apps",
+            "show",
+            "ledger",
+            "--org",
+            "acme",
+            "--url",
+            url,
+            "--key",
+            "relay_secret-key",
+            env={"RELAY_API_KEY": ""},
+        )
     finally:
         server.shutdown()
         server.server_close()
-    assert result.returncode == 1 and result.stderr == "relay: internal error: KeyError: 'org'\n", result.stderr
+    assert result.returncode == 1 and result.stderr == "relay: internal error: KeyError: 'executors'\n", result.stderr
+
+
+class NotRelay(BaseHTTPRequestHandler):
+    """Another server at the address given as Relay's: ``python -m http.server`` (a 404 page for every
+    path), a web page for everything, or another service's JSON API, as the server's ``answer`` says."""
+
+    def do_GET(self) -> None:
+        status, content_type, body = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "said"),
+    [
+        ((404, "text/html", b"<!DOCTYPE HTML><html><title>Error response</title><p>File not found.</html>"), 2,
+         "404 Not Found: GET /v2/whoami answered by a server that is not Relay (a page, not problem details)"),
+        ((200, "text/html", b"<html>Welcome to nginx!</html>"), 1,
+         "GET /v2/whoami: the answer is not JSON: '<html>Welcome to nginx!</html>'"),
+        ((200, "application/json", b'{"status": "ok"}'), 2, "GET /v2/whoami: the answer has no org"),
+    ],
+)  # fmt: skip
+def test_a_server_that_is_not_relay_is_said_to_be_so_and_the_url_named_to_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answer: Any, code: int, said: str
+) -> None:
+    """RELAY_URL at another server, as an on-call engineer's shell may have it: a 404 page was exit 3,
+    "not found", which a script reads as "no such app", and its line was the page's markup; another
+    API's JSON was "internal error: KeyError: 'org'". Each says now that the server is not Relay and
+    to check --url, in one line without the page."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotRelay)
+    server.answer = answer  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in [k for k in os.environ if k.startswith("RELAY_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("RELAY_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("RELAY_API_KEY", "relay_secret-key")
+        capsys.readouterr()
+        assert main(["executors", "ledger"]) == code
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"relay: {said}") and err.count("\n") == 1, err
+    assert err.rstrip().endswith("is --url (or RELAY_URL) Relay's address, with its path prefix behind a proxy?"), err
+    assert "DOCTYPE" not in err and "internal error" not in err, err
 
 
 def test_an_internal_error_line_leaves_out_the_keys_and_passwords(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,6 +52,18 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
+# What an answer that no Relay gives (a page for a 404, JSON of another shape) says to check.
+_NOT_RELAY = "is --url (or RELAY_URL) Relay's address, with its path prefix behind a proxy?"
+
+
+def _is_json(resp: httpx.Response) -> bool:
+    try:
+        resp.json()
+    except ValueError:
+        return False
+    return True
+
+
 class Api:
     """One server and one key; :meth:`org_path` builds paths under ``/v2/orgs/{org}``."""
 
@@ -97,7 +109,14 @@ class Api:
     @property
     def org(self) -> str:
         if self._org is None:
-            self._org = str(self.call("GET", "/v2/whoami")["org"])
+            me = self.call("GET", "/v2/whoami")
+            if not (isinstance(me, dict) and isinstance(me.get("org"), str)):
+                # A server that answers JSON to anything (another service's API) is not Relay: said as
+                # such, not as an internal error ("KeyError: 'org'") that names nothing to check.
+                raise CliError(
+                    f"GET /v2/whoami: the answer has no org, which Relay's always has: {_NOT_RELAY}", EXIT_USAGE
+                )
+            self._org = me["org"]
         return self._org
 
     def org_path(self, *parts: str) -> str:
@@ -132,6 +151,14 @@ class Api:
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach Relay at {self.shown_url}: {self._reason(exc)}", EXIT_UNAVAILABLE) from exc
         if resp.is_error:
+            if resp.status_code == 404 and not _is_json(resp):
+                # Relay answers every 404 under /v2 with problem details. A page instead is another
+                # server's (a web server, a proxy's path with no Relay behind it): exit 3 said "no such
+                # app" to a script, and the line was the page's markup with no word of what to check.
+                what = (
+                    f"{resp.status_code} {resp.reason_phrase}: {method} {path} answered by a server that is not Relay"
+                )
+                raise CliError(f"{what} (a page, not problem details): {_NOT_RELAY}", EXIT_USAGE)
             raise CliError(describe_error(resp), exit_code_for(resp.status_code))
         if resp.is_redirect:  # Relay's API redirects nothing it serves: not an answer to take for success
             where = without_password(resp.headers.get("location", ""))
@@ -142,7 +169,7 @@ class Api:
         try:
             return resp.json()
         except ValueError as exc:
-            raise CliError(f"{method} {path}: the answer is not JSON: {resp.text[:200]!r}") from exc
+            raise CliError(f"{method} {path}: the answer is not JSON: {resp.text[:200]!r}; {_NOT_RELAY}") from exc
 
     def _reason(self, exc: httpx.HTTPError) -> str:
         """An httpx error's message for the error line, without the key: h11 quotes a header it refuses."""

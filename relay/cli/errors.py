@@ -10,8 +10,9 @@ Scripts can rely on these codes:
 2     usage or configuration: a bad option or argument, no API key, a bad
       relay.yaml, a file ``relay init`` would overwrite, a ``delete`` or a
       selection by filters without ``--yes`` when stdin is not a terminal, a
-      request the API found invalid (400, 422)
-3     not found (404): no such app, executor, recovery, workflow, key or
+      request the API found invalid (400, 422), a --url at a server that is
+      not Relay (a 404 page)
+3     not found (404, from Relay): no such app, executor, recovery, workflow, key or
       alerting rule
 4     not allowed: the key is missing or unknown (401) or lacks the
       permission, the org or the app (403)
