@@ -484,6 +484,9 @@ def test_a_durable_sleep_not_over_yet_is_shown_sleeping_not_done(
     table = capsys.readouterr().out.splitlines()
     outcomes = {line.split()[1]: line.split()[2] for line in table[1:]}
     assert outcomes == {"note_step": "SUCCESS", "DBOS.sleep": "SLEEPING"}, table
+    # Its output is its wake time, not DBOS's stored seconds since 1970 (1796614730.408226).
+    (slept_row,) = [line for line in table if "DBOS.sleep" in line]
+    assert re.search(r"SLEEPING +until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", slept_row), slept_row
 
 
 def test_cancel_asks_for_confirmation_and_the_workflow_is_cancelled_in_the_system_database(

@@ -157,7 +157,7 @@ def get_workflow(api: Api, app: str, workflow_id: str, no_data: bool) -> None:
 def steps(api: Api, app: str, workflow_id: str) -> None:
     """A workflow's steps, in order: name, outcome, child workflow, when and how long.
 
-    A durable sleep not over yet, in a PENDING workflow, is SLEEPING (TOOK: the whole sleep).
+    A durable sleep not over yet, in a PENDING workflow, is SLEEPING until its wake time (TOOK: the whole sleep).
 
     The OUTPUT OR ERROR column is cut at 60 characters (ending in …); --json prints them whole."""
     found = api.call("GET", api.org_path("apps", app, "workflows", workflow_id, "steps"))
@@ -179,14 +179,17 @@ def steps(api: Api, app: str, workflow_id: str) -> None:
             ahead = set()
     for s in found:
         outcome = "ERROR" if s["error"] else ("SUCCESS" if s["completedAt"] or s["output"] is not None else "-")
+        shown = clip(cell(s["error"] or s["output"]), 60)
         if s["stepId"] in ahead:
-            outcome = "SLEEPING"
+            # Its output is the wake time as DBOS stores it, seconds since 1970 (1796614730.408226):
+            # said as the time it wakes, as the console says "sleeping until".
+            outcome, shown = "SLEEPING", f"until {when(s['completedAt'])}"
         rows.append(
             [
                 s["stepId"],
                 s["stepName"],
                 outcome,
-                clip(cell(s["error"] or s["output"]), 60),
+                shown,
                 s["childWorkflowId"],
                 when(s["startedAt"]),
                 duration_ms(s["startedAt"], s["completedAt"]),
