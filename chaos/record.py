@@ -24,11 +24,15 @@ from typing import Any
 
 from chaos.schedule import Fault, Profile, unplayable
 
-FORMAT = 2
-# What run() writes, and what a kept recording says of itself (chaos/runs/).
+# 3: ``schedule_shift_secs``, how far faults that ran over pushed the rest of the schedule back
+# (chaos.run.ScheduleClock); older code refuses it as a newer format rather than as an unknown field.
+FORMAT = 3
+# What run() writes, and what a kept recording says of itself (chaos/runs/). A record of an older
+# format lacks the fields added since, and replays all the same: only seed, profile and schedule count.
 RESULT_FIELDS = frozenset({
     "format", "seed", "client", "profile", "schedule", "faults", "figures", "violations", "unfinished",
-    "unplanned_instance_exits", "audit", "ok", "duration_secs", "fleet_start_overrun_secs", "workdir",
+    "unplanned_instance_exits", "audit", "ok", "duration_secs", "fleet_start_overrun_secs",
+    "schedule_shift_secs", "workdir",
 })  # fmt: skip
 NOTES = frozenset({"covers", "found", "exercises"})
 

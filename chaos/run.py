@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -537,7 +538,7 @@ def run(
     try:
         try:
             fleet = Fleet(profile, seed, workdir, client)
-            history, stuck, origin = _play(fleet, schedule, started)
+            history, stuck, clock = _play(fleet, schedule, started)
         finally:
             if fleet is not None:
                 fleet.stop()
@@ -556,7 +557,8 @@ def run(
             "audit": history.audit,  # what the checker judged, to read again after the run
             "ok": not violations,
             "duration_secs": round(time.time() - started, 1),
-            "fleet_start_overrun_secs": round(origin - started, 1),
+            "fleet_start_overrun_secs": round(clock.origin - started, 1),
+            "schedule_shift_secs": round(clock.shift, 1),
             "workdir": str(workdir),
         }
         path = write_record(out, result, replay)
@@ -569,25 +571,25 @@ def run(
     return {**result, "record": str(path)}
 
 
-def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History, list[dict[str, Any]], float]:
+def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History, list[dict[str, Any]], ScheduleClock]:
     """Starts the fleet, plays the schedule, heals and gathers the history; returns it, the workflows
-    left unfinished, and the origin of the schedule's clock."""
+    left unfinished, and the schedule's clock (its origin, and how far overruns pushed it back)."""
     profile = fleet.profile
-    done: list[dict[str, Any]] = []
     unplanned: list[dict[str, Any]] = []
     end = faults_end(profile, schedule)
     fleet.start(until=started + end)
     # The schedule's clock: the run's start, or later if starting the fleet outlasted the warm-up
     # (faults would otherwise come all at once, before any workload).
-    origin = max(started, time.time() - profile.warmup_secs)
-    fleet.stop_workload_at(origin + end)
-    for fault in schedule:
-        time.sleep(max(0.0, origin + fault.at - time.time()))
-        unplanned += fleet.revive()
-        print(f"[{time.time() - origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
-        done.append(inject(fleet, fault))
-    time.sleep(max(0.0, origin + end - time.time()))
-    print(f"[{time.time() - origin:7.1f}s] heal: no more faults", flush=True)
+    clock = ScheduleClock(max(started, time.time() - profile.warmup_secs))
+    fleet.stop_workload_at(clock.origin + end)
+
+    def carry_out(fault: Fault) -> dict[str, Any]:
+        unplanned.extend(fleet.revive())
+        print(f"[{time.time() - clock.origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
+        return inject(fleet, fault)
+
+    done = play_faults(schedule, clock, end, carry_out, fleet.stop_workload_at)
+    print(f"[{time.time() - clock.origin:7.1f}s] heal: no more faults", flush=True)
     deadline = time.time() + profile.heal_timeout_secs
     while time.time() < deadline and not settled(fleet):
         unplanned += fleet.revive()
@@ -598,7 +600,62 @@ def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History,
     while time.time() < deadline and not alerted(fleet):
         time.sleep(0.5)
     unplanned += fleet.revive()  # an instance fenced out at the very end counts too
-    return gather(fleet, done, unplanned), unfinished(fleet), origin
+    return gather(fleet, done, unplanned), unfinished(fleet), clock
+
+
+@dataclass
+class ScheduleClock:
+    """When each fault of a schedule is due: ``origin`` (a Unix time) plus the fault's ``at``, plus
+    ``shift``, the overruns so far. A fault that ends later than planned (when it was due plus its
+    ``duration``: an instance slow to start again, an executor slow to relaunch) pushes every later
+    one back by its overrun, so that each keeps the distance make_schedule put before it (the gap,
+    and the settle time of the fault before). Played at its written time, it came at once after the
+    overrun: seed 682129 under a load of 26 killed a partitioned executor 0.4 ms after the
+    partition healed, before it could reconnect, with its newer workflows stranded."""
+
+    origin: float
+    shift: float = 0.0
+
+    def due(self, fault: Fault) -> float:
+        return self.origin + self.shift + fault.at
+
+    def ended(self, fault: Fault, now: float) -> float:
+        """Notes that ``fault`` ended at ``now``; returns its overrun (0 if it ended in time), by which
+        every later fault is now pushed back."""
+        overrun = max(0.0, now - (self.due(fault) + fault.duration))
+        self.shift += overrun
+        return overrun
+
+
+def play_faults(
+    schedule: list[Fault],
+    clock: ScheduleClock,
+    end: float,
+    carry_out: Callable[[Fault], dict[str, Any]],
+    move_workload_end: Callable[[float], None],
+) -> list[dict[str, Any]]:
+    """Plays ``schedule`` on ``clock``, each fault through ``carry_out`` (which blocks for the fault),
+    then waits for the faults' end, ``end`` seconds after the clock's origin and moved with it;
+    returns what ``carry_out`` returned for each.
+
+    The workload's end moves with the schedule (``move_workload_end``), so that the faults pushed
+    back still find the executors at work (a kill of an executor running nothing tests nothing)
+    and the heal phase starts as long after the last fault as planned. It moves only while the
+    workload runs: an executor that has seen its end pass starts nothing more (chaos/app.py), so a
+    later end would restart only the executors launched after it."""
+    done = []
+    for fault in schedule:
+        time.sleep(max(0.0, clock.due(fault) - time.time()))
+        done.append(carry_out(fault))
+        workload_end = clock.origin + clock.shift + end
+        overrun = clock.ended(fault, time.time())
+        if overrun >= 0.05:  # less is the sleeps' own lateness: pushed back all the same, not worth a line
+            print(f"[{time.time() - clock.origin:7.1f}s] {fault.kind} {fault.target} ran {overrun:.1f} s over: "
+                  "later faults pushed back", flush=True)  # fmt: skip
+        if overrun > 0 and time.time() < workload_end:
+            move_workload_end(clock.origin + clock.shift + end)
+    time.sleep(max(0.0, clock.origin + clock.shift + end - time.time()))
+    return done
 
 
 def relay_errors(workdir: Path) -> list[str]:

@@ -46,3 +46,13 @@ def test_a_record_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({**_result(), "format": FORMAT + 1}))
     with pytest.raises(BadRecording, match=f"format {FORMAT + 1} is newer"):
         read_recording(path)
+
+
+def test_a_record_with_the_schedule_s_shift_reads_back_and_one_from_before_it_still_replays(tmp_path: Path) -> None:
+    """run() records how far faults that ran over pushed the schedule back (``schedule_shift_secs``,
+    chaos.run.ScheduleClock); a record of format 2 has no such field and replays all the same."""
+    new = write_record(tmp_path, {**_result(), "fleet_start_overrun_secs": 19.4, "schedule_shift_secs": 70.0}, False)
+    assert read_recording(new).schedule == make_schedule(4, PROFILES["ci"])
+    old = tmp_path / "format-2.json"
+    old.write_text(json.dumps({**_result(), "format": 2, "fleet_start_overrun_secs": 19.4}))
+    assert read_recording(old).schedule == make_schedule(4, PROFILES["ci"])

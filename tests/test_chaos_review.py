@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,8 +29,8 @@ import pytest
 import chaos.mutants
 from chaos.__main__ import _report
 from chaos.mutants import copy_tree
-from chaos.run import Fleet
-from chaos.schedule import Profile
+from chaos.run import Fleet, ScheduleClock, play_faults
+from chaos.schedule import Fault, Profile
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 
@@ -355,3 +356,39 @@ def test_a_recording_from_before_several_instances_is_not_replayed_on_three_of_t
     except (ValueError, TypeError, KeyError):
         return  # refused: as good as replayed faithfully
     assert profile.relay_instances == 1, f"replayed with {profile.relay_instances} Relay instances, recorded with 1"
+
+
+# -- 9. a fault that runs over: the faults after it come at once ------------------------------------------
+
+
+def test_a_fault_that_runs_over_pushes_the_rest_of_the_schedule_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 682129's ci run under a load of 26: ``relay_sigstop`` (5.62 s) and ``relay_kill`` (4.03 s)
+    ended about 21.5 s after they started, their instance slow to start again. The runner slept until
+    ``origin + fault.at`` for each fault, so every later one came at once after the one before:
+    ``kill9 0`` 0.4 ms after ``partition 0`` of the same executor healed, where the schedule had put
+    a gap and the grace period's settle time, and the run failed on workflows the schedule never
+    meant to strand. Here the first fault's stand-in takes 0.6 s more than its duration."""
+    schedule = [Fault(0.0, "relay_kill", 0, 0.2), Fault(0.5, "partition", 0, 0.1), Fault(0.9, "kill9", 0, 0.0)]
+    spans: list[tuple[float, float]] = []
+
+    def carry_out(fault: Fault) -> dict[str, Any]:
+        began = time.time()
+        time.sleep(fault.duration + (0.6 if fault.kind == "relay_kill" else 0.0))
+        spans.append((began, time.time()))
+        return {"kind": fault.kind}
+
+    workload_ends: list[float] = []
+    clock = ScheduleClock(time.time())
+    done = play_faults(schedule, clock, 1.4, carry_out, workload_ends.append)
+    healed = time.time()
+    assert [d["kind"] for d in done] == ["relay_kill", "partition", "kill9"]
+    for before, after, (_, ended), (began, _) in zip(schedule, schedule[1:], spans, spans[1:], strict=False):
+        planned = after.at - (before.at + before.duration)
+        assert began - ended >= planned - 1e-6, (  # a microsecond: the rounding of Unix times as floats
+            f"{after.kind} came {began - ended:.3f} s after {before.kind} ended; the schedule put {planned:.1f} s there"
+        )
+    # The workload's end and the heal phase move with the schedule, and the record says by how much.
+    assert clock.shift >= 0.6 and workload_ends and workload_ends[-1] >= clock.origin + 0.6 + 1.4
+    assert healed >= clock.origin + clock.shift + 1.4
+    printed = capsys.readouterr().out
+    assert re.search(r"\] relay_kill 0 ran \d+\.\d s over: later faults pushed back", printed), printed
