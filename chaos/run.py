@@ -33,7 +33,15 @@ from chaos.checker import History, Owner, Timing, check, figures, unresolved
 from chaos.dbrules import READY_SLACK_SECS
 from chaos.observe import RegistryWatch, time_to_ready
 from chaos.record import FORMAT, write_record
-from chaos.schedule import DEPLOY_FAULTS, SYSDB_LEAD_SECS, SYSTEM_DATABASE_FAULTS, Fault, Profile, faults_end
+from chaos.schedule import (
+    DEPLOY_FAULTS,
+    SYSDB_LEAD_SECS,
+    SYSTEM_DATABASE_FAULTS,
+    Fault,
+    Profile,
+    faults_end,
+    settle_secs,
+)
 from harness.balancer import TcpBalancer
 from harness.client_venv import client_python
 from harness.executors import await_ready
@@ -588,7 +596,7 @@ def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History,
         print(f"[{time.time() - clock.origin:7.1f}s] {fault.kind} {fault.target}", flush=True)
         return inject(fleet, fault)
 
-    done = play_faults(schedule, clock, end, carry_out, fleet.stop_workload_at)
+    done = play_faults(schedule, clock, end, lambda f: settle_secs(profile, f.kind), carry_out, fleet.stop_workload_at)
     print(f"[{time.time() - clock.origin:7.1f}s] heal: no more faults", flush=True)
     deadline = time.time() + profile.heal_timeout_secs
     while time.time() < deadline and not settled(fleet):
@@ -606,12 +614,13 @@ def _play(fleet: Fleet, schedule: list[Fault], started: float) -> tuple[History,
 @dataclass
 class ScheduleClock:
     """When each fault of a schedule is due: ``origin`` (a Unix time) plus the fault's ``at``, plus
-    ``shift``, the overruns so far. A fault that ends later than planned (when it was due plus its
-    ``duration``: an instance slow to start again, an executor slow to relaunch) pushes every later
-    one back by its overrun, so that each keeps the distance make_schedule put before it (the gap,
-    and the settle time of the fault before). Played at its written time, it came at once after the
-    overrun: seed 682129 under a load of 26 killed a partitioned executor 0.4 ms after the
-    partition healed, before it could reconnect, with its newer workflows stranded."""
+    ``shift``, how far faults that ran over pushed the rest back. make_schedule puts a random gap and
+    a settle time (chaos.schedule.settle_secs) after each fault; a fault that ends later than
+    planned (an instance slow to start again, an executor slow to relaunch) may eat into the gap,
+    but the next fault comes no sooner than the settle time after it ended, and every later one is
+    pushed back as much. Played at its written time, it came at once after the overrun: seed 682129
+    under a load of 26 killed a partitioned executor 0.4 ms after the partition healed, before it
+    could reconnect, with its newer workflows stranded."""
 
     origin: float
     shift: float = 0.0
@@ -619,24 +628,26 @@ class ScheduleClock:
     def due(self, fault: Fault) -> float:
         return self.origin + self.shift + fault.at
 
-    def ended(self, fault: Fault, now: float) -> float:
-        """Notes that ``fault`` ended at ``now``; returns its overrun (0 if it ended in time), by which
-        every later fault is now pushed back."""
-        overrun = max(0.0, now - (self.due(fault) + fault.duration))
-        self.shift += overrun
-        return overrun
+    def not_before(self, fault: Fault, earliest: float) -> float:
+        """Pushes ``fault`` (and every later one) back so that it is not due before ``earliest``;
+        returns by how much (0 when it was not)."""
+        push = max(0.0, earliest - self.due(fault))
+        self.shift += push
+        return push
 
 
 def play_faults(
     schedule: list[Fault],
     clock: ScheduleClock,
     end: float,
+    settle: Callable[[Fault], float],
     carry_out: Callable[[Fault], dict[str, Any]],
     move_workload_end: Callable[[float], None],
 ) -> list[dict[str, Any]]:
-    """Plays ``schedule`` on ``clock``, each fault through ``carry_out`` (which blocks for the fault),
-    then waits for the faults' end, ``end`` seconds after the clock's origin and moved with it;
-    returns what ``carry_out`` returned for each.
+    """Plays ``schedule`` on ``clock``, each fault through ``carry_out`` (which blocks for the fault)
+    and no sooner than ``settle`` of the one before after that one ended, then waits for the faults'
+    end, ``end`` seconds after the clock's origin and moved with it; returns what ``carry_out``
+    returned for each.
 
     The workload's end moves with the schedule (``move_workload_end``), so that the faults pushed
     back still find the executors at work (a kill of an executor running nothing tests nothing)
@@ -644,16 +655,22 @@ def play_faults(
     workload runs: an executor that has seen its end pass starts nothing more (chaos/app.py), so a
     later end would restart only the executors launched after it."""
     done = []
+    before: tuple[Fault, float, float] | None = None  # the fault before, when it was due and when it ended
     for fault in schedule:
-        time.sleep(max(0.0, clock.due(fault) - time.time()))
+        if before is not None:
+            previous, was_due, ended = before
+            workload_end = clock.origin + clock.shift + end
+            push = clock.not_before(fault, ended + settle(previous))
+            if push >= 0.05:  # less is the sleeps' own lateness: pushed back all the same, not worth a line
+                over = ended - (was_due + previous.duration)
+                print(f"[{time.time() - clock.origin:7.1f}s] {previous.kind} {previous.target} ran {over:.1f} s "
+                      f"over: later faults pushed back {push:.1f} s", flush=True)  # fmt: skip
+            if push > 0 and time.time() < workload_end:
+                move_workload_end(clock.origin + clock.shift + end)
+        was_due = clock.due(fault)
+        time.sleep(max(0.0, was_due - time.time()))
         done.append(carry_out(fault))
-        workload_end = clock.origin + clock.shift + end
-        overrun = clock.ended(fault, time.time())
-        if overrun >= 0.05:  # less is the sleeps' own lateness: pushed back all the same, not worth a line
-            print(f"[{time.time() - clock.origin:7.1f}s] {fault.kind} {fault.target} ran {overrun:.1f} s over: "
-                  "later faults pushed back", flush=True)  # fmt: skip
-        if overrun > 0 and time.time() < workload_end:
-            move_workload_end(clock.origin + clock.shift + end)
+        before = (fault, was_due, time.time())
     time.sleep(max(0.0, clock.origin + clock.shift + end - time.time()))
     return done
 

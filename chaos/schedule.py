@@ -173,6 +173,16 @@ def faults_end(profile: Profile, schedule: list[Fault]) -> float:
     return max([profile.fault_secs, *(f.at + f.duration for f in schedule if f.at >= profile.fault_secs)])
 
 
+def settle_secs(profile: Profile, kind: str) -> float:
+    """How long the schedule leaves after a fault of ``kind`` ends (beside a random gap) for Relay to
+    be back to its steady state: an executor's fault, the grace period (it is declared dead and
+    recovered, or it is back); any other, an instance's lease and the grace period (adopted, or ready
+    again, and the deaths it caused over). The runner keeps it even when a fault runs over."""
+    if kind in EXECUTOR_FAULTS:
+        return profile.grace_secs
+    return profile.lease_secs + profile.grace_secs
+
+
 def make_schedule(seed: int, profile: Profile) -> list[Fault]:
     """One fault at a time, so a peer of the main app and a Relay instance are always there."""
     rng = random.Random(seed)
@@ -200,7 +210,6 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
             # Its executor's death, then the server down past the SDK's first reconnect attempts.
             target = rng.randrange(profile.executors)
             duration = round(rng.uniform(2.0, 4.0), 2)
-            settle = profile.grace_secs + profile.lease_secs
         elif kind in DATABASE_FAULTS:
             # A few seconds: past a lease renewal and the SDK's reconnect, within the grace period's
             # reach; then time for every instance to be ready again.
@@ -208,18 +217,15 @@ def make_schedule(seed: int, profile: Profile) -> list[Fault]:
             duration = round(rng.uniform(2.0, 5.0), 2)
             if kind == "db_pause":
                 duration = round(profile.lease_secs + rng.uniform(1.0, 2.0), 2)
-            settle = profile.lease_secs + profile.grace_secs
         elif kind in INSTANCE_FAULTS:
             target = rng.randrange(profile.relay_instances)
             # Down (or paused) past its lease, so that another instance adopts it.
             duration = round(profile.lease_secs + rng.uniform(1.0, 3.0), 2) if kind != "relay_restart" else 0.0
-            settle = profile.lease_secs + profile.grace_secs
         else:
             target = rng.randrange(profile.executors)
             # A pause or a partition outlasts the grace period, so the executor is declared dead.
             duration = round(profile.grace_secs + profile.ping_wait_secs + rng.uniform(1.0, 4.0), 2)
             duration = duration if kind in ("sigstop", "partition") else 0.0
-            settle = profile.grace_secs
         faults.append(Fault(round(t, 2), kind, target, duration))
-        t += duration + rng.uniform(*profile.fault_gap_secs) + settle
+        t += duration + rng.uniform(*profile.fault_gap_secs) + settle_secs(profile, kind)
     return faults
