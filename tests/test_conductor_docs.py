@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from harness.keys import API_KEYS
 from harness.relay import RelayProcess
+from harness.web import TLS
 
 # audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", the base
 # (https://cloud.dbos.dev) changed to Relay's; and without /conductor, as a self-hosted
@@ -27,6 +28,13 @@ SELF_HOSTED_AUDIT_LOGS = "/v1alpha1/api/acme/audit-logs"
 
 def said(resp: httpx.Response) -> str:
     return f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text[:300]}"
+
+
+def as_on_the_page(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry of ``/v2/orgs/{org}/audit-logs`` (Conductor's OpenAPI document: camelCase, ``details``
+    null when there are none) as audit-logs.md shows it (snake_case, ``details`` left out then)."""
+    names = {"emitTime": "emit_time", "sourceIp": "source_ip"}
+    return {names.get(k, k): v for k, v in entry.items() if not (k == "details" and v is None)}
 
 
 def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_logs_md(relay: RelayProcess) -> None:
@@ -51,10 +59,11 @@ def test_the_audit_log_is_served_at_the_path_and_with_the_parameters_of_audit_lo
         made = entries(operation="token.create", page_size=1000)
         mine = [e for e in made if e["target"]["id"].startswith("docs-")]
         assert [e["target"] for e in mine] == [{"type": "token", "id": n} for n in ("docs-c", "docs-b", "docs-a")]
-        # The same entries, in the same shape, as conductor-api.md's route gives them, and without /conductor.
+        # The same entries as conductor-api.md's route gives them (in its document's shape), and without
+        # /conductor.
         v2 = api.get("/v2/orgs/acme/audit-logs", params={"operation": "token.create", "limit": 1000})
         assert v2.status_code == 200, said(v2)
-        assert v2.json()["entries"] == made
+        assert [as_on_the_page(e) for e in v2.json()] == made
         self_hosted = api.get(SELF_HOSTED_AUDIT_LOGS, params={"operation": "token.create", "page_size": 1000})
         assert self_hosted.status_code == 200, said(self_hosted)
         assert self_hosted.json()["entries"] == made
@@ -122,9 +131,10 @@ def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess
             for path in (AUDIT_LOGS, "/v2/orgs/acme/audit-logs"):
                 resp = api.get(path, params={"operation": operation, "target": target})
                 assert resp.status_code == 200, said(resp)
-                found += resp.json()["entries"]
+                body = resp.json()
+                found += body if path.startswith("/v2/") else body["entries"]
             first, second = found
-            assert first == second
+            assert first == as_on_the_page(second)
             return dict(first)
 
         scoped = entry("token.create", "details-scoped")["details"]
@@ -135,6 +145,48 @@ def test_audit_entries_carry_the_details_audit_logs_md_names(relay: RelayProcess
         created = entry("application.create", "details-app")
         assert created["details"]["private_mode"] is False
         assert created["details"]["application_name"] == "details-app"
+
+
+# -- Conductor's OpenAPI document (dbos-ctl's internal/api/openapi-3.1.json, from conductor main) --------
+
+# listAuditLogs: an array of AuditLogEntry, whose members these are (``target`` when there is one).
+AUDIT_LOG_ENTRY_REQUIRED = {"id", "emitTime", "operation", "status", "subject", "sourceIp", "details"}
+
+
+def test_conductors_audit_log_is_an_array_of_its_documents_entries_with_the_callers_address(
+    relay: RelayProcess,
+) -> None:
+    """Conductor's OpenAPI document, ``listAuditLogs``: a JSON array of entries with ``id``,
+    ``emitTime``, ``operation``, ``status``, ``subject``, ``sourceIp`` and ``details`` (an object or
+    null) required, ``target`` when there is one. Relay answered audit-logs.md's ``{"entries": [...]}``
+    with ``emit_time`` and no source address, which a client generated from the document cannot
+    read. ``sourceIp`` is the address the request came from (the client's socket here: from
+    127.0.0.2; "" for the entries Relay made, tests/test_migration_indexes.py). The audit-logs.md
+    page's route keeps its shape, with ``source_ip``."""
+    transport = httpx.HTTPTransport(local_address="127.0.0.2", verify=TLS)
+    headers = {"Authorization": f"Bearer {API_KEYS['acme']}"}
+    with httpx.Client(base_url=relay.http, headers=headers, transport=transport, timeout=10, verify=TLS) as api:
+        made = api.post("/v2/orgs/acme/tokens/from-elsewhere", json={"permissions": ["application.read"]})
+        assert made.status_code == 201, said(made)
+        listed = api.get("/v2/orgs/acme/audit-logs", params={"limit": 1000})
+        page = api.get(SELF_HOSTED_AUDIT_LOGS, params={"target": "from-elsewhere"})
+        document = api.get("/openapi.json").json()
+    assert listed.status_code == 200, said(listed)
+    entries = listed.json()
+    assert isinstance(entries, list), entries
+    for entry in entries:
+        assert AUDIT_LOG_ENTRY_REQUIRED <= set(entry) <= AUDIT_LOG_ENTRY_REQUIRED | {"target"}, entry
+        assert isinstance(entry["sourceIp"], str) and entry["status"] in ("success", "failure"), entry
+        assert entry["details"] is None or isinstance(entry["details"], dict), entry
+    [mine] = [e for e in entries if e.get("target") == {"type": "token", "id": "from-elsewhere"}]
+    assert mine["sourceIp"] == "127.0.0.2" and mine["operation"] == "token.create", mine
+    [on_the_page] = page.json()["entries"]
+    assert on_the_page == as_on_the_page(mine) and on_the_page["source_ip"] == "127.0.0.2"
+    # Relay's own document says so: what a client generated from it reads.
+    answer = document["paths"]["/v2/orgs/{org}/audit-logs"]["get"]["responses"]["200"]["content"]
+    schema = answer["application/json"]["schema"]
+    assert schema["type"] == "array" and schema["items"] == {"$ref": "#/components/schemas/AuditLogEntry"}
+    assert set(document["components"]["schemas"]["AuditLogEntry"]["required"]) == AUDIT_LOG_ENTRY_REQUIRED
 
 
 QUERY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)

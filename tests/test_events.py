@@ -366,7 +366,7 @@ def test_a_reader_that_takes_nothing_is_cut_off_and_frees_its_place(pair: Pair, 
 # Relay's own times (six fraction digits) and the executors' epoch milliseconds (three): one width
 # per field, so that the strings sort as the times do.
 RELAYS_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-TIME_KEY = re.compile(r"^at$|At$|_time$|^timeBucket$")
+TIME_KEY = re.compile(r"^at$|At$|_time$|^emitTime$|^timeBucket$")
 
 
 def times_in(value: Any, path: str = "") -> Iterator[tuple[str, str]]:

@@ -21,9 +21,10 @@ from psycopg.types.json import Jsonb
 
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
+from relay.api.audit import conductor_entry
 from relay.errors import DatabaseError
 from relay.store import db as db_module
-from relay.store.audit import audit_page
+from relay.store.audit import AuditEntry, AuditMatch, AuditStore, audit_page, requested_from
 from relay.store.db import Database
 from relay.store.migrations import MIGRATIONS, Migration
 from tests.test_upgrade import schema_versions
@@ -368,3 +369,35 @@ def test_migration_20_reads_the_audit_log_along_its_index_while_it_holds_the_ale
         ).fetchone()
     assert sorted(s for (s,) in marked) == sorted(f"s{i}" for i in range(1, 501, 10))
     assert wrong == (0,)
+
+
+def test_migration_22_leaves_the_entries_it_finds_and_those_of_earlier_releases_without_an_address(
+    relay_db: str,
+) -> None:
+    """Migration 22 adds ``audit_log.source_ip``, where an API key's entry records the address of
+    its request (Conductor's ``sourceIp``). The entries written before it, and those an instance of
+    the earlier release still running writes after it (its insert leaves the column out), have none:
+    Conductor's listing answers "" for them. Relay's own entries have none either, even when a
+    request started the work that wrote them."""
+    assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 21])[-1] == 21
+    with psycopg.connect(relay_db) as conn:
+        conn.execute(OLD_AUDIT, ("acme", None, "token.created", None, None, "api:before", Jsonb({}), "before:1"))
+    assert migrate(relay_db) == [22]
+    with psycopg.connect(relay_db) as conn:
+        conn.execute(OLD_AUDIT, ("acme", None, "token.created", None, None, "api:still-old", Jsonb({}), "old:1"))
+
+    async def written_and_read() -> list[dict[str, Any]]:
+        db = Database(relay_db, min_size=1, max_size=1)
+        await db.open()
+        try:
+            audit = AuditStore(db)
+            with requested_from("192.0.2.7"):
+                await audit.write("acme", None, AuditEntry("token.created", "api:upgraded"))
+                await audit.write("acme", "ledger", AuditEntry("recovery.manual_requested", "relay"))
+            await audit.write("acme", None, AuditEntry("token.deleted", "api:no-request"))
+            return await audit.find("acme", AuditMatch(), 10, 0)
+        finally:
+            await db.close()
+
+    found = [(e.subject.id, e.sourceIp) for e in map(conductor_entry, asyncio.run(written_and_read()))]
+    assert found == [("no-request", ""), ("relay", ""), ("upgraded", "192.0.2.7"), ("still-old", ""), ("before", "")]

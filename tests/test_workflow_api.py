@@ -876,9 +876,7 @@ def test_register_an_app_list_it_and_delete_it(world: World) -> None:
         by_executor = ok(api.get("/audit", params={"executorId": peer.executor_id, "action": "application.create"}))
     assert [(e["id"], e["executorId"]) for e in by_executor] == [(registered["id"], peer.executor_id)]
     subject = {"type": "executor", "id": registered["actor"], "display": registered["actor"]}
-    assert [(e["subject"], e["target"]) for e in logs["entries"]] == [
-        (subject, {"type": "application", "id": "busy-app"})
-    ]
+    assert [(e["subject"], e["target"]) for e in logs] == [(subject, {"type": "application", "id": "busy-app"})]
 
 
 # -- serving: 503, failover, 502, 501, 429 (asked of instance 2) ---------------------------------

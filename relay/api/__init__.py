@@ -55,6 +55,7 @@ from relay.errors import (
     UnsendableRequest,
     UnsupportedMessage,
 )
+from relay.store.audit import requested_from
 from relay.store.db import hastily
 
 log = logging.getLogger("relay.http")
@@ -129,6 +130,7 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
             )
 
     api.add_middleware(ServedWatch, served=served)
+    api.add_middleware(SourceAddress)
     api.add_middleware(HeadAsGet, api=api)
 
     @api.exception_handler(ApiError)
@@ -263,6 +265,23 @@ class ServedWatch:
 
         with hastily():
             await self.app(scope, receive, watched)
+
+
+class SourceAddress:
+    """The audit entries a request's key makes record the address it came from (Conductor's
+    ``sourceIp``): the client's, as uvicorn gives it. Relay reads no ``X-Forwarded-For``
+    (``proxy_headers`` is off, relay.net.server): behind a proxy, it is the proxy's address."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        with requested_from(client[0] if client else None):
+            await self.app(scope, receive, send)
 
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")

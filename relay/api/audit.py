@@ -6,11 +6,11 @@ of Conductor's audit log page (``/conductor/v1alpha1/api/{org}/audit-logs``, and
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, given, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso
@@ -108,19 +108,37 @@ class AuditTarget(Shape):
 
 
 class AuditLogEntry(Shape):
-    """Conductor's audit entry. Relay records no source IP, so ``source_ip`` is left out."""
+    """Conductor's ``AuditLogEntry`` (its document's ``listAuditLogs``): ``target`` left out when no
+    one thing is the target, ``details`` null when there are none. ``sourceIp`` is the address of the
+    API request that made the entry, "" for an entry Relay or an executor's connection made, or one
+    written before Relay recorded addresses."""
 
     id: str
-    emit_time: str | None
+    emitTime: str
     operation: str
-    status: str
+    status: Literal["success", "failure"]
+    subject: AuditSubject
+    target: AuditTarget | None = given()  # not null in the document: the answer leaves it out
+    sourceIp: str
+    details: dict[str, Any] | None
+
+
+class AuditPageEntry(Shape):
+    """An entry in the shape of Conductor's audit log page (dbos-docs ``audit-logs.md``): snake_case,
+    ``target`` and ``details`` left out when there are none."""
+
+    id: str
+    emit_time: str
+    operation: str
+    status: Literal["success", "failure"]
     subject: AuditSubject
     target: AuditTarget | None = None
+    source_ip: str
     details: dict[str, Any] | None = None
 
 
 class AuditLogPage(Shape):
-    entries: list[AuditLogEntry]
+    entries: list[AuditPageEntry]
 
 
 def _subject(actor: str) -> AuditSubject:
@@ -153,9 +171,9 @@ def _target(row: dict[str, Any]) -> AuditTarget | None:
     return None
 
 
-def _conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
+def conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
     detail = dict(row["detail"] or {})
-    status = "failure" if detail.get("result") == "failure" else "success"
+    status: Literal["success", "failure"] = "failure" if detail.get("result") == "failure" else "success"
     details: dict[str, Any] = {**detail}
     if row["app"]:
         details["application_name"] = row["app"]
@@ -169,18 +187,36 @@ def _conductor_entry(row: dict[str, Any]) -> AuditLogEntry:
         details["applications"] = detail["appNames"]
     if row["action"] == "application.create":
         details["private_mode"] = False
+    target = _target(row)
+    # The column is NOT NULL: its time is always there.
+    emitted = us_iso(row["at"]) or ""
     return AuditLogEntry(
         id=str(row["id"]),
-        emit_time=us_iso(row["at"]),
+        emitTime=emitted,
         operation=CONDUCTOR_OPERATION.get(row["action"], row["action"]),
         status=status,
         subject=_subject(row["actor"]),
-        target=_target(row),
+        # Set only when there is one: the answer leaves out the members left unset.
+        **({"target": target} if target is not None else {}),
+        sourceIp=row["source_ip"] or "",
         details=details or None,
     )
 
 
-@router.get("/audit-logs", response_model=AuditLogPage, response_model_exclude_none=True)
+def _page_entry(entry: AuditLogEntry) -> AuditPageEntry:
+    return AuditPageEntry(
+        id=entry.id,
+        emit_time=entry.emitTime,
+        operation=entry.operation,
+        status=entry.status,
+        subject=entry.subject,
+        target=entry.target,
+        source_ip=entry.sourceIp,
+        details=entry.details,
+    )
+
+
+@router.get("/audit-logs", response_model=list[AuditLogEntry], response_model_exclude_unset=True)
 async def list_audit_logs(
     org: str,
     ctx: Ctx,
@@ -192,12 +228,12 @@ async def list_audit_logs(
     target: QueryName | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> AuditLogPage:
-    """Conductor's ``listAuditLogs``: newest first; ``startTime`` inclusive, ``endTime`` exclusive;
+) -> list[AuditLogEntry]:
+    """Conductor's ``listAuditLogs``: a JSON array, newest first; ``startTime`` inclusive, ``endTime`` exclusive;
     ``operation`` by Conductor's name or Relay's; ``subject`` a key's name; ``target`` a workflow id,
     an app, an executor, a schedule, a rule's id or a key's name. A key scoped to apps reads the
     entries of its apps."""
-    return await _audit_log_page(ctx, org, who, startTime, endTime, operation, subject, target, limit, offset)
+    return await _audit_log(ctx, org, who, startTime, endTime, operation, subject, target, limit, offset)
 
 
 @v1alpha1_router.get("/audit-logs", response_model=AuditLogPage, response_model_exclude_none=True)
@@ -213,12 +249,13 @@ async def list_audit_logs_v1alpha1(
     page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> AuditLogPage:
-    """``/audit-logs`` with the names of Conductor's audit log page: ``start`` and ``end`` for
-    ``startTime`` and ``endTime``, ``page_size`` for ``limit``."""
-    return await _audit_log_page(ctx, org, who, start, end, operation, subject, target, page_size, offset)
+    """``/audit-logs`` with the names and the shape of Conductor's audit log page: ``start`` and
+    ``end`` for ``startTime`` and ``endTime``, ``page_size`` for ``limit``; ``{"entries": [...]}``."""
+    found = await _audit_log(ctx, org, who, start, end, operation, subject, target, page_size, offset)
+    return AuditLogPage(entries=[_page_entry(e) for e in found])
 
 
-async def _audit_log_page(
+async def _audit_log(
     ctx: Ctx,
     org: str,
     who: KeyGrant,
@@ -229,8 +266,8 @@ async def _audit_log_page(
     target: str | None,
     limit: int,
     offset: int,
-) -> AuditLogPage:
+) -> list[AuditLogEntry]:
     actions = None if operation is None else sorted({operation, RELAY_ACTION.get(operation, operation)})
     match = AuditMatch(start, end, actions, subject, target, None if who.apps is None else sorted(who.apps))
     rows = await ctx.audit.find(org, match, limit, offset)
-    return AuditLogPage(entries=[_conductor_entry(r) for r in rows])
+    return [conductor_entry(r) for r in rows]

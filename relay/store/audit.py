@@ -3,10 +3,17 @@
 Entries are written in the transaction of the change they describe. A
 workflow step that runs again after a crash writes its entries again with
 the same dedupe key, and the second insert does nothing.
+
+An entry an API key made (its actor ``api:<name>``) records the address the request came from
+(:func:`requested_from`, set for each request by the API); the entries of Relay itself and of
+executors' connections have none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +25,20 @@ from relay.core.ids import ExecutorKey
 from relay.store.db import Database
 
 Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+# The client address of the HTTP request being served, if any: the writes made while serving it
+# (and the tasks it starts, which copy the context) record it on its key's entries.
+_source_ip: ContextVar[str | None] = ContextVar("relay_audit_source_ip", default=None)
+
+
+@contextmanager
+def requested_from(address: str | None) -> Iterator[None]:
+    """Entries an API key makes in this block record ``address`` as where the request came from."""
+    token = _source_ip.set(address)
+    try:
+        yield
+    finally:
+        _source_ip.reset(token)
 
 
 @dataclass(frozen=True)
@@ -32,9 +53,13 @@ class AuditEntry:
 
 async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) -> bool:
     """Write an entry in the caller's transaction; False if its dedupe key was written before."""
+    # Only a key's entries: a request may also start work of Relay's own (a recovery) whose entries
+    # are Relay's, wherever it was started from.
+    source_ip = _source_ip.get() if entry.actor.startswith("api:") else None
     cur = await conn.execute(
-        """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail, dedupe_key)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING""",
+        """INSERT INTO audit_log (org, app, action, executor_id, peer_executor_id, actor, detail, dedupe_key,
+                                  source_ip)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (dedupe_key) DO NOTHING""",
         (
             org,
             app,
@@ -44,6 +69,7 @@ async def write_audit(conn: Conn, org: str, app: str | None, entry: AuditEntry) 
             entry.actor,
             Jsonb(entry.detail or {}),
             entry.dedupe_key,
+            source_ip,
         ),
     )
     return cur.rowcount == 1
@@ -132,7 +158,7 @@ class AuditStore:
         """Entries newest first, as Conductor's audit-log listing filters them (``GET .../audit-logs``)."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail
+                """SELECT id, at, org, app, action, executor_id, peer_executor_id, actor, detail, source_ip
                    FROM audit_log WHERE org = %(org)s
                    AND (%(start)s::timestamptz IS NULL OR at >= %(start)s)
                    AND (%(end)s::timestamptz IS NULL OR at < %(end)s)

@@ -582,4 +582,14 @@ MIGRATIONS: list[Migration] = [
             ),
         ),
     ),
+    Migration(
+        22,
+        """
+        -- The address an entry's API request came from (Conductor's sourceIp). Null for the entries
+        -- Relay and executors' connections make, and for those written before: earlier releases
+        -- still running leave it out, and the listings answer "" for it. A nullable column without
+        -- a default: PostgreSQL adds it without rewriting the audit log.
+        ALTER TABLE audit_log ADD COLUMN source_ip text;
+        """,
+    ),
 ]
