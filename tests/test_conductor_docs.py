@@ -7,6 +7,8 @@ called over HTTP.
 
 from __future__ import annotations
 
+import base64
+import gzip
 from typing import Any
 from urllib.parse import quote
 
@@ -187,6 +189,67 @@ def test_conductors_audit_log_is_an_array_of_its_documents_entries_with_the_call
     schema = answer["application/json"]["schema"]
     assert schema["type"] == "array" and schema["items"] == {"$ref": "#/components/schemas/AuditLogEntry"}
     assert set(document["components"]["schemas"]["AuditLogEntry"]["required"]) == AUDIT_LOG_ENTRY_REQUIRED
+
+
+# Every body of an operation of Conductor's that Relay serves, each as small as it may be; acme's
+# ledger has no executor in this module, so those asked of an executor answer 503 once taken.
+SCHEMA_URL = "https://conductor.example/schemas/Body.json"
+EXPORT = base64.b64encode(gzip.compress(b"{}")).decode()  # an export's form; never unpacked (no executor)
+ORG_PATH = "/v2/orgs/acme"
+APP_PATH = f"{ORG_PATH}/apps/ledger"
+CONDUCTOR_BODIES: list[tuple[str, str, dict[str, Any], int]] = [
+    ("PUT", f"{ORG_PATH}/apps/schema-{{n}}", {}, 204),
+    ("PATCH", f"{ORG_PATH}/apps/ledger", {"executorTimeoutSecs": 30}, 200),
+    ("POST", f"{APP_PATH}/alerting-rules", {"ruleType": "WorkflowFailure", "receivingAppName": "ledger"}, 201),
+    ("POST", f"{ORG_PATH}/tokens/schema-{{n}}", {"permissions": ["application.read"]}, 201),
+    ("PATCH", f"{APP_PATH}/versions/latest", {"versionName": "v1"}, 503),
+    (
+        "POST",
+        f"{APP_PATH}/schedules/nightly/backfill",
+        {"startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-02T00:00:00Z"},
+        503,
+    ),
+    ("POST", f"{APP_PATH}/workflows/search", {}, 503),
+    ("POST", f"{APP_PATH}/workflows/aggregates", {"groupByStatus": True}, 503),
+    ("POST", f"{APP_PATH}/steps/aggregates", {"groupByStatus": True}, 503),
+    ("POST", f"{APP_PATH}/workflows/wf-1/cancel", {}, 503),
+    ("POST", f"{APP_PATH}/workflows/wf-1/resume", {}, 503),
+    ("POST", f"{APP_PATH}/workflows/wf-1/fork", {}, 503),
+    ("POST", f"{APP_PATH}/workflows/import", {"serializedWorkflow": EXPORT}, 503),
+    ("POST", f"{APP_PATH}/workflows/bulk-cancel", {"workflowIds": ["wf-1"]}, 503),
+    ("POST", f"{APP_PATH}/workflows/bulk-resume", {"workflowIds": ["wf-1"]}, 503),
+    ("POST", f"{APP_PATH}/workflows/bulk-delete", {"workflowIds": ["wf-1"]}, 503),
+    ("POST", f"{APP_PATH}/workflows/bulk-fork-from-failure", {"workflowIds": ["wf-1"], "fromLastFailure": True}, 503),
+]
+
+
+def test_every_body_of_conductors_operations_takes_and_ignores_its_schema_member(relay: RelayProcess) -> None:
+    """Conductor's OpenAPI document lists ``$schema`` (the URL of the body's JSON Schema) in the body
+    of each of its operations, and its answers carry one: a client that sends back what it read
+    sends it too. Relay refused every such body, 422 "Extra inputs are not permitted". Each is now
+    answered as the same body without it, and Relay's document lists it; a ``$schema`` that is not
+    a string is refused, as the document's type says."""
+    with relay.client() as api:
+        for n, (method, path, body, status) in enumerate(CONDUCTOR_BODIES):
+            answers = []
+            for sent in (body, {**body, "$schema": SCHEMA_URL}):
+                resp = api.request(method, path.format(n=f"{n}-{len(answers)}"), json=sent)
+                answers.append(resp.status_code)
+                assert resp.status_code == status, said(resp)
+        bad = api.post(f"{APP_PATH}/workflows/search", json={"$schema": 7})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["location"] == "body.$schema", said(bad)
+        document = api.get("/openapi.json").json()
+    for method, path, _, _ in CONDUCTOR_BODIES:
+        templated = path.replace("ledger", "{app}").replace("acme", "{org}")
+        templated = templated.replace("schema-{n}", "{app}" if "/apps/" in templated else "{token_name}")
+        operation = document["paths"][templated.replace("wf-1", "{workflow_id}").replace("nightly", "{schedule_name}")]
+        schema = operation[method.lower()]["requestBody"]["content"]["application/json"]["schema"]
+        # A body that may be left out is its shape or null.
+        [ref] = [s["$ref"] for s in schema.get("anyOf", [schema]) if "$ref" in s]
+        body_schema = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        # Its members, or (the alerting rules') those of each of its shapes.
+        shapes = [body_schema] if "properties" in body_schema else body_schema["oneOf"]
+        assert all(shape["properties"]["$schema"]["type"] == "string" for shape in shapes), (method, path)
 
 
 QUERY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)

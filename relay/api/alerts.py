@@ -19,6 +19,7 @@ from relay.api.common import (
     ApiError,
     Body,
     Caller,
+    ConductorBody,
     Ctx,
     DecodedRoute,
     JsonInteger,
@@ -145,7 +146,7 @@ Secret = Annotated[
 ]
 
 
-class CreateAlertingRule(Body):
+class CreateAlertingRule(ConductorBody):
     """Conductor's ``CreateAlertInputBody`` (``ruleType``, ``ruleMetadata``, ``minIntervalSecs``,
     ``receivingAppName``) and Relay's ``webhook``, ``secret`` (else one is made) and ``format``."""
 

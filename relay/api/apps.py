@@ -11,8 +11,8 @@ from pydantic.alias_generators import to_camel
 from relay.api.common import (
     Admin,
     ApiError,
-    Body,
     Caller,
+    ConductorBody,
     Ctx,
     DecodedRoute,
     Given,
@@ -49,11 +49,26 @@ PrivateMode = Annotated[
 ]
 
 
-class AppSettings(Body):
+SETTING_MEMBERS = (
+    "executorTimeoutSecs",
+    "recoverToLatestVersion",
+    "gcTimeThresholdMs",
+    "gcRowsThreshold",
+    "globalTimeoutMs",
+    "privateMode",
+)
+
+
+class AppSettings(ConductorBody):
     """Any of the settings; what is left out stays as it is. ``privateMode`` is taken (Conductor's
     PATCH carries it, ``dbosctl app update --private-mode`` sends it), and only as false."""
 
-    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, json_schema_extra={"minProperties": 1})
+    # At least one setting, or privateMode: $schema alone changes nothing.
+    model_config = ConfigDict(
+        populate_by_name=True,
+        alias_generator=to_camel,
+        json_schema_extra={"anyOf": [{"required": [name]} for name in SETTING_MEMBERS]},
+    )
 
     executor_timeout_secs: Annotated[Duration | None, Given] = given()
     recover_to_latest_version: Annotated[bool | None, Given] = given()
@@ -66,7 +81,7 @@ class AppSettings(Body):
     def changes(self) -> dict[str, Any]:
         """The settings given (snake_case): the retention ones also when null (off); not
         ``privateMode``, which changes nothing."""
-        return self.model_dump(exclude_unset=True, exclude={"private_mode"})
+        return self.model_dump(exclude_unset=True, exclude={"private_mode", "json_schema_url"})
 
 
 class Application(Shape):
@@ -141,7 +156,7 @@ async def get_app(org: str, app: str, ctx: Ctx, _: Caller) -> Application:
     return application(await app_or_404(ctx, org, app))
 
 
-class RegisterApp(Body):
+class RegisterApp(ConductorBody):
     privateMode: PrivateMode = False  # accepted as false, and nothing to change
     # Relay's addition to Conductor's body: the retention settings, set as PATCH sets them.
     gcTimeThresholdMs: Threshold = optional()
@@ -162,7 +177,7 @@ async def register_app(org: str, app: NewAppName, ctx: Ctx, who: Admin, body: Re
         raise ApiError(422, "invalid_request", APP_NAME_RULE, ["path.app"])
     changes: dict[str, Any] = {}
     if body is not None:
-        given = body.model_dump(exclude_unset=True, exclude={"privateMode"})
+        given = body.model_dump(exclude_unset=True, exclude={"privateMode", "json_schema_url"})
         if given:
             changes = AppSettings.model_validate(given).changes()
     await ctx.operator.register_app(org, app, actor(who), changes)

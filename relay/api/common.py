@@ -187,6 +187,17 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class ConductorBody(Body):
+    """The body of one of Conductor's operations. Conductor's document lists a ``$schema`` member (the
+    URL of the body's JSON Schema) in each of its bodies, and its answers carry one: a client that
+    sends back what it read sends it. It is taken, if a string (not null, as the document's type
+    says), and ignored."""
+
+    json_schema_url: Annotated[str | None, Given] = Field(
+        default=None, alias="$schema", description="ignored", json_schema_extra=_not_null
+    )
+
+
 @dataclass(frozen=True)
 class Paging:
     limit: int

@@ -8,8 +8,8 @@ from relay.api import shapes
 from relay.api.common import (
     Admin,
     ApiError,
-    Body,
     Caller,
+    ConductorBody,
     Ctx,
     DecodedRoute,
     PathId,
@@ -42,7 +42,7 @@ from relay_protocol import (
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/schedules", tags=["schedules"])
 
 
-class BackfillIn(Body):
+class BackfillIn(ConductorBody):
     startTime: UtcTime
     endTime: UtcTime
 

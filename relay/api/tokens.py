@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import NO_NUL, Body, Ctx, DecodedRoute, Page, PathId, permitted, storable
+from relay.api.common import NO_NUL, Body, ConductorBody, Ctx, DecodedRoute, Page, PathId, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso
@@ -32,7 +32,7 @@ Writer = Annotated[KeyGrant, Depends(_writer)]
 AppName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]
 
 
-class CreateToken(Body):
+class CreateToken(ConductorBody):
     appNames: (
         list[Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL), AfterValidator(storable)]] | None
     ) = None

@@ -5,7 +5,18 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from relay.api import shapes
-from relay.api.common import Admin, ApiError, Body, Caller, Ctx, DecodedRoute, NonEmptyName, actor, answered, audited
+from relay.api.common import (
+    Admin,
+    ApiError,
+    Caller,
+    ConductorBody,
+    Ctx,
+    DecodedRoute,
+    NonEmptyName,
+    actor,
+    answered,
+    audited,
+)
 from relay_protocol import (
     ListApplicationVersionsReply,
     ListApplicationVersionsRequest,
@@ -16,7 +27,7 @@ from relay_protocol import (
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}/versions", tags=["versions"])
 
 
-class LatestIn(Body):
+class LatestIn(ConductorBody):
     versionName: NonEmptyName
 
 

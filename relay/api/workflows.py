@@ -28,8 +28,8 @@ from relay.api.common import (
     MAX_SAFE_INTEGER,
     Admin,
     ApiError,
-    Body,
     Caller,
+    ConductorBody,
     Ctx,
     DecodedRoute,
     JsonInteger,
@@ -104,7 +104,7 @@ WorkflowStatus = Annotated[
 Statuses = list[WorkflowStatus] | None
 
 
-class WorkflowSearch(Body):
+class WorkflowSearch(ConductorBody):
     """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
 
     workflowIds: Names = None
@@ -336,7 +336,7 @@ WORKFLOW_GROUPS = (
 )
 
 
-class WorkflowAggregates(Body):
+class WorkflowAggregates(ConductorBody):
     """Groups by one or more members (``timeBucketSizeMs`` groups by time); selects the count unless
     told what else."""
 
@@ -431,7 +431,7 @@ async def workflow_aggregates(
     return [shapes.workflow_aggregate(a) for a in answered(reply).output]
 
 
-class StepAggregates(Body):
+class StepAggregates(ConductorBody):
     """Groups by one or both members (``timeBucketSizeMs`` groups by time)."""
 
     model_config = ConfigDict(
@@ -477,15 +477,15 @@ async def step_aggregates(org: str, app: str, q: StepAggregates, ctx: Ctx, _: Ca
 # -- one workflow ------------------------------------------------------------------------------
 
 
-class CancelIn(Body):
+class CancelIn(ConductorBody):
     cancelChildren: bool = False
 
 
-class ResumeIn(Body):
+class ResumeIn(ConductorBody):
     queueName: Name | None = None
 
 
-class ForkIn(Body):
+class ForkIn(ConductorBody):
     # By default from the first step, whichever the SDK: the TypeScript SDK numbers steps from 0,
     # the Python SDK from 1 (to which 0 and 1 are the same: the steps before it are copied).
     startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 0
@@ -509,7 +509,7 @@ def exported(text: str) -> str:
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class SerializedIn(Body):
+class SerializedIn(ConductorBody):
     serializedWorkflow: Annotated[str, AfterValidator(exported)]
 
 
@@ -705,22 +705,22 @@ async def delete_workflow(
 Ids = Annotated[list[NonEmptyName], Field(min_length=1, max_length=MAX_PAGE)]
 
 
-class BulkCancel(Body):
+class BulkCancel(ConductorBody):
     workflowIds: Ids
     cancelChildren: bool = False
 
 
-class BulkResume(Body):
+class BulkResume(ConductorBody):
     workflowIds: Ids
     queueName: Name | None = None
 
 
-class BulkDelete(Body):
+class BulkDelete(ConductorBody):
     workflowIds: Ids
     deleteChildren: bool = False
 
 
-class BulkForkFromFailure(Body):
+class BulkForkFromFailure(ConductorBody):
     """Each workflow forked from exactly one of: its last failure, its last step, a step number, a step name."""
 
     model_config = ConfigDict(
