@@ -291,17 +291,7 @@ class Database:
         :func:`patiently` says in the task that asks."""
         used: psycopg.AsyncConnection[dict[str, Any]] | None = None
         wait = _patience.get()
-        down_since = self.down_since
-        hasty = _hasty.get()
-        if (
-            wait is None
-            and down_since is not None
-            and hasty is not None
-            and hasty is asyncio.current_task()
-            and not await self._answers_now()
-        ):
-            secs = time.monotonic() - down_since
-            raise DatabaseUnreachable(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
+        await self.refuse_if_hasty()
         begun = self._renewal_begun
         if begun is not None and not begun.is_set():
             with contextlib.suppress(TimeoutError):
@@ -330,6 +320,23 @@ class Database:
                 self._check_idle()
                 raise ConnectionLost(f"database error: {exc}") from exc
             raise DatabaseError(f"database error: {exc}") from exc
+
+    async def refuse_if_hasty(self) -> None:
+        """:class:`DatabaseUnreachable` at once if the current task is :func:`hastily`'s, not
+        :func:`patiently`'s, and the database is known unreachable and does not answer now. For
+        :meth:`connection`, and for a caller about to await another task's reads (a read shared
+        between callers, in a task of its own): that task is not hasty, and waits the pool's 10 s."""
+        down_since = self.down_since
+        hasty = _hasty.get()
+        if (
+            _patience.get() is None
+            and down_since is not None
+            and hasty is not None
+            and hasty is asyncio.current_task()
+            and not await self._answers_now()
+        ):
+            secs = time.monotonic() - down_since
+            raise DatabaseUnreachable(f"the database has been unreachable for {secs:.1f} s ({self.down_reason})")
 
     def note_unreachable(self, why: BaseException | str | None = None, *, surely: bool = True) -> None:
         """The database could not be reached (by the pool, the lease's own connection, the request

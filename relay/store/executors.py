@@ -852,6 +852,9 @@ class ExecutorStore:
 
     async def _shared_healthy(self, org: str, app: str, max_age: float) -> tuple[HealthyRead, bool]:
         """The read, and whether it is shared with earlier callers (not one begun now)."""
+        # The read is a task of its own, shared: not a request's (relay.store.db.hastily), so it waits
+        # for the pool's 10 s. A request is refused here at once while the database is known away.
+        await self.db.refuse_if_hasty()
         loop = asyncio.get_running_loop()
         now = loop.time()
         held = self._peer_reads.get((org, app))
