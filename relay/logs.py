@@ -138,6 +138,46 @@ def _kind(record: logging.LogRecord) -> str:
     return str(record.msg).split(":", 1)[0][:200]
 
 
+# How Python begins a traceback, in a message that holds one (DBOS logs ``traceback.format_exc()``
+# within the text of a warning: "Exception polling schedules: Traceback (most recent call last): ...").
+TRACEBACK_HEAD = "Traceback (most recent call last):\n"
+
+
+def raised_of(traceback_text: str) -> str:
+    """What a traceback as Python writes it says was raised: the type and message of its last
+    exception (of a chain, the one raised last), without the frames. The frames' lines are indented
+    by two spaces or more; what follows the last of them is the exception's line and the rest of its
+    message (a psycopg error's message has more lines, indented by a tab)."""
+    last = traceback_text.rsplit(TRACEBACK_HEAD, 1)[-1]
+    lines = last.split("\n")
+    first = next((i for i, line in enumerate(lines) if not line.startswith("  ")), len(lines))
+    return "\n".join(lines[first:]).strip()
+
+
+class FoldedTracebacks(logging.Filter):
+    """A library's warning with a traceback (DBOS's, while Relay's database is away: the traceback
+    of the failed connection in SQLAlchemy's and psycopg's frames, some 9,000 characters, in the
+    message or as the record's exception) written as one line: what it says, then the type and
+    message of what was raised. The frames are DBOS's and its libraries' insides, of no use to an
+    operator: what failed and why is in the exception's type and message. At DEBUG (Relay's log
+    level) the traceback is kept as it came, for whoever looks into the library itself. Errors keep
+    theirs: DBOS logs a workflow of Relay's that failed so, and its frames are Relay's code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or logging.getLogger().isEnabledFor(logging.DEBUG):
+            return True
+        if record.exc_info is not None and record.exc_info[1] is not None:
+            raised = "".join(traceback.format_exception_only(record.exc_info[1])).strip()
+            record.msg = f"{record.getMessage().rstrip(': ')}: {raised}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+            return True
+        message = record.getMessage()
+        before, head, after = message.partition(TRACEBACK_HEAD)
+        if head:
+            record.msg, record.args = f"{before}{raised_of(after)}", None
+        return True
+
+
 class FailureLog:
     """The log of a loop that works on the database every few seconds (the keys' reload, the socket
     check, the router's poll, the alerts' reads): while the database is away each round fails, and a
@@ -177,3 +217,4 @@ def configure_logging(level: str) -> None:
     quiet = QuietRepeats()
     for name in QUIETED:
         logging.getLogger(name).addFilter(quiet)
+    dbos.addFilter(FoldedTracebacks())  # after QuietRepeats: a warning held back needs no folding

@@ -377,6 +377,16 @@ def test_through_an_outage_requests_are_refused_at_once_each_loop_logs_twice_and
     for _, working in LOOPS.values():
         assert_eventually(lambda working=working: working in relay.log(), 30, interval=0.2, what=working)
     log = relay.log()
+    # DBOS's warnings (Relay's own workflows run on DBOS) as Relay's are, one line each: DBOS puts a
+    # traceback in the text of some ("Exception polling schedules: Traceback (most recent call
+    # last): ...", some 9,000 characters of SQLAlchemy's frames); the line says what was raised.
+    polls = [line for line in log.splitlines() if " WARNING dbos: Exception polling schedules: " in line]
+    assert polls, "DBOS's scheduler did not warn"
+    for line in polls:
+        assert "Traceback" not in line and "  File " not in line and len(line) < 2000, line
+        assert "dbos: Exception polling schedules: sqlalchemy.exc.OperationalError: " in line, line
+        assert "connection failed" in line or "Connection refused" in line, line
+    assert not [line for line in log.splitlines() if line.startswith(("Traceback", "  File "))], log[-4000:]
     for loop, (failing, working) in LOOPS.items():
         warned = [line for line in log.splitlines() if failing in line]
         assert len(warned) == 1 and " WARNING " in warned[0], (loop, warned)

@@ -206,3 +206,47 @@ def test_relay_serve_quiets_warnings_only_not_the_libraries_info_lines() -> None
     lines = done.stderr.splitlines()
     assert any("INFO dbos: Resuming workflows: ['grace:acme:ledger:a:1']" in line for line in lines), lines
     assert any("INFO dbos: Resuming workflows: ['grace:acme:ledger:b:1']" in line for line in lines), lines
+
+
+def test_relay_serve_writes_a_dbos_warning_with_a_traceback_as_one_line_saying_what_was_raised() -> None:
+    """DBOS logs some warnings with the traceback in their text (``traceback.format_exc()``: polling
+    schedules), others with the record's exception (``exc_info``: a fallback poll): each was the
+    traceback's frames, DBOS's and SQLAlchemy's, some 9,000 characters while the database is away,
+    escaped into one line or written as lines of their own. Now the line says what was raised, and
+    the frames are kept at DEBUG."""
+    script = (
+        "import logging, sys, traceback\n"
+        "from relay.logs import configure_logging\n"
+        "configure_logging(sys.argv[1])\n"
+        "logging.getLogger('dbos').setLevel(logging.WARNING)\n"  # as Relay's engine gives DBOS
+        "def fail():\n"
+        "    try:\n"
+        "        raise OSError('refused\\n\\tIs the server running?')\n"
+        "    except OSError as exc:\n"
+        "        raise ConnectionError('connection failed') from exc\n"
+        "try:\n"
+        "    fail()\n"
+        "except ConnectionError as exc:\n"
+        "    logging.getLogger('dbos').warning(f'Exception polling schedules: {traceback.format_exc()}')\n"
+        "    logging.getLogger('dbos').warning('Fallback notification poll failed', exc_info=True)\n"
+        "    logging.getLogger('dbos').error('Exception encountered in background workflow:', exc_info=True)\n"
+        "logging.getLogger('relay.test').error('not folded', exc_info=ValueError('own'))\n"
+    )
+
+    def logged(level: str) -> list[str]:
+        run = [sys.executable, "-c", script, level]
+        return subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stderr.splitlines()
+
+    lines = logged("INFO")
+    dbos = [line for line in lines if " WARNING dbos: " in line]
+    assert [line.split(" WARNING dbos: ", 1)[1] for line in dbos] == [
+        "Exception polling schedules: ConnectionError: connection failed",
+        "Fallback notification poll failed: ConnectionError: connection failed",
+    ], lines
+    # Errors keep their tracebacks (a failed workflow's frames are Relay's code), and so do Relay's own.
+    assert sum(line.startswith("Traceback (most recent call last):") for line in lines) == 2, lines
+    assert "ConnectionError: connection failed" in lines and "ValueError: own" in lines, lines
+    # At DEBUG, DBOS's come as they are: the frames, and the cause with its message.
+    debug = "\n".join(logged("DEBUG"))
+    assert debug.count("Traceback (most recent call last):") == 6, debug  # two in each of DBOS's
+    assert "OSError: refused" in debug and ", in fail" in debug, debug
