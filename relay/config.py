@@ -18,7 +18,7 @@ import idna
 import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from relay.auth import Permission
@@ -449,6 +449,12 @@ class RelayConfig(_Model):
     # False: an executor may only connect to an app listed in relay.yaml (or registered through the API).
     auto_register_apps: bool = True
     orgs: list[OrgConfig] = []
+    # The file it was read from (load_config); None: no file, the built-in defaults.
+    _file: str | None = PrivateAttr(default=None)
+
+    @property
+    def file(self) -> str | None:
+        return self._file
 
     @property
     def orgs_given(self) -> bool:
@@ -496,9 +502,11 @@ class RelayConfig(_Model):
         if database_url:
             data["database"]["url"] = database_url
         try:
-            return RelayConfig.model_validate(data)
+            copy = RelayConfig.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_describe(exc, source)) from exc
+        copy._file = self._file
+        return copy
 
 
 def literal_refusal(policy: DestinationPolicy, url: str) -> str | None:
@@ -586,6 +594,7 @@ def load_config(path: str | os.PathLike[str] | None) -> RelayConfig:
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
         config = parse_config(text, str(file))
+        config._file = str(file)
     env_url = os.environ.get("RELAY_DATABASE_URL")
     if env_url is not None and not env_url.strip():
         raise ConfigError(EMPTY_DATABASE_URL.format(given="RELAY_DATABASE_URL is set but empty", it="unset it"))

@@ -4,17 +4,20 @@ instances with different files start together (relay.store.configsync)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from harness.keys import sha
 from harness.ports import free_port
 from harness.postgres import Postgres
 from relay.auth import Permission
-from relay.config import RelayConfig, parse_config
+from relay.config import RelayConfig, load_config, parse_config
 from relay.store.alerts import CONFIG_RULES_LOCK_KEY, AlertStore
 from relay.store.apps import APPS_LOCK_KEY, AppStore
 from relay.store.configsync import sync_config
@@ -230,3 +233,23 @@ def test_a_file_without_orgs_leaves_the_keys_and_rules_an_earlier_file_put_in_an
     other = asyncio.run(in_force_after(postgres.create_database("config_org_gone"), relay_file("a"),
                                        relay_file("b", org="globex")))  # fmt: skip
     assert other == [("a", "a", "a"), ("b", "b", "b")]
+
+
+def test_the_start_says_there_is_no_relay_yaml_when_none_was_given_and_names_a_file_without_orgs(
+    postgres: Postgres, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Started with no relay.yaml at all (``./run.sh``), the log said "relay.yaml has no orgs": of a
+    file there is not. It says none was given; a file without orgs is named."""
+    written = tmp_path / "relay.yaml"
+    written.write_text(f"server: {{port: {free_port()}}}\n")
+    url = postgres.create_database("config_no_file")
+    caplog.set_level(logging.INFO, logger="relay.config")
+
+    async def synced(config: RelayConfig) -> None:
+        await sync_config(Database(url), config)  # a file without orgs: nothing to write, the pool unopened
+
+    for config in (load_config(None), load_config(written).with_overrides(database_url=url)):
+        asyncio.run(synced(config))
+    said = [r.getMessage() for r in caplog.records if r.name == "relay.config"]
+    assert said[0].startswith("no relay.yaml was given: the keys and alert rules in the database"), said
+    assert said[1].startswith(f"{written} has no orgs: the keys and alert rules in the database"), said

@@ -25,11 +25,12 @@ import pytest
 import yaml
 
 from harness.executors import ExecutorProcess
-from harness.keys import API_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.procs import listens
 from harness.receiver import WebhookReceiver
 from harness.relay import RelayProcess
+from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.cli import main as cli_main
@@ -390,10 +391,14 @@ def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
         # Logged once the adoption (and its audit entry) has committed: awaited, not read at once.
         said = "adopted instance relay-1 (it released its lease): "
         assert_eventually(lambda: said in adopter.log(), 10, what="relay-1's adoption logged")
-        r3.signal(signal.SIGKILL)  # its lease runs out
-        (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
+        # One executor on relay-3, adopted with it: the line said "1 executors".
+        url = f"ws://127.0.0.1:{r3.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        with SimulatedPeer(url, "on-relay-3", "close"):
+            assert_eventually(lambda: r3.state_of("acme", "ledger", "on-relay-3") == "HEALTHY", 10)
+            r3.signal(signal.SIGKILL)  # its lease runs out
+            (lost,) = assert_eventually(lambda: adoptions("relay-3"), 15, what="relay-3 adopted")
         assert lost["released"] is False
-        said = "adopted instance relay-3 (its lease expired): "
+        said = "adopted instance relay-3 (its lease expired): 1 executor, "
         assert_eventually(lambda: said in r2.log(), 10, what="relay-3's adoption logged")
         killed = listed()["relay-3"]
         assert (killed["live"], killed["releasedAt"], killed["adoptedBy"]) == (False, None, "relay-2")

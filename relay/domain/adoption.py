@@ -88,10 +88,11 @@ class Adopter:
         if adoption is None:
             return False
         self.adopted += 1
+        executors = sum(adoption.per_org.values())
         log.warning(
-            "instance %s adopted instance %s (%s): %d executors, %d newly DISCONNECTED",
+            "instance %s adopted instance %s (%s): %d %s, %d newly DISCONNECTED",
             self.instance_id, instance, "it released its lease" if adoption.released else "its lease expired",
-            sum(adoption.per_org.values()), adoption.dropped,
+            executors, "executor" if executors == 1 else "executors", adoption.dropped,
         )  # fmt: skip
         await self.durable.take_over([instance, *adoption.inherited])
         return True

@@ -42,8 +42,8 @@ async def sync_config(db: Database, config: RelayConfig) -> None:
     """
     if not config.orgs_given:
         log.info(
-            "relay.yaml has no orgs: the keys and alert rules in the database (if an earlier relay.yaml "
-            "put any in) are left as they are"
+            "%s: the keys and alert rules in the database (if an earlier relay.yaml put any in) are left as they are",
+            "no relay.yaml was given" if config.file is None else f"{config.file} has no orgs",
         )
         return
     async with db.transaction() as conn:
