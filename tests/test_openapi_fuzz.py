@@ -27,6 +27,10 @@ import schemathesis
 import schemathesis.engine
 from pydantic import ValidationError
 from schemathesis.config import SchemathesisConfig
+from schemathesis.config._checks import (
+    NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES,
+    POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES,
+)
 from schemathesis.engine import Status, StopReason, events
 
 from harness.executors import ExecutorProcess
@@ -118,7 +122,18 @@ def relay_schema(target: Target) -> Any:
                 # A workflow may be called "search" or "import": GET and DELETE .../workflows/{workflow_id}
                 # answer on these paths too, and the Allow of a 405 there says so.
                 "include-path-regex": "/workflows/(search|import|aggregates|bulk-[a-z-]+)$",
-                "checks": {"allow_header_conformance": {"enabled": False}},
+                "checks": {
+                    "allow_header_conformance": {"enabled": False},
+                    # Lists of workflow ids, each up to 16 KiB: a list the document allows, or one past its
+                    # maxItems, can be past the body's limit (server.maxRequestBodyBytes), which no schema
+                    # can say; such a body is refused with a 413 before it is read.
+                    "negative_data_rejection": {
+                        "expected-statuses": [*NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES, "413"]
+                    },
+                    "positive_data_acceptance": {
+                        "expected-statuses": [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "413"]
+                    },
+                },
             },
             {
                 # Free JSON (attributes) may not hold NUL, which PostgreSQL cannot store; no schema can say

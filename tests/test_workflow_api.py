@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import random
 import re
+import string
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +41,7 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay_protocol import MAX_WORKFLOW_ID_BYTES
 from tests.prom import scrape
 
 APP_MODULE = "harness.workflow_app"
@@ -1204,3 +1207,83 @@ def test_a_key_limited_to_another_app_on_the_same_system_database_reaches_nothin
             assert admin.delete("/tokens/billing-ops").status_code == 204
     finally:
         billing.stop()
+
+
+# -- long workflow ids -----------------------------------------------------------------------------
+
+
+def random_id(alphabet: str, size: int, seed: int) -> str:
+    """An id of ``size`` bytes in UTF-8 drawn from ``alphabet`` (all of one width), which does not
+    compress: PostgreSQL's index holds such an id uncompressed."""
+    width = len(alphabet[0].encode())
+    rng = random.Random(seed)
+    return "".join(rng.choice(alphabet) for _ in range(size // width))
+
+
+LATIN = "".join(chr(c) for c in range(0xC0, 0x250))  # two bytes each in UTF-8
+LONG_IDS = {
+    # Past the 256 characters Relay took before.
+    "ascii-300": random_id(string.ascii_letters + string.digits + "-_.:", 300, 1),
+    # Near the longest id PostgreSQL's indexes take when it does not compress: 2,692 bytes in the
+    # workflow's own row, a few less in its steps' (whose key adds the step's number).
+    "latin-2600-bytes": random_id(LATIN, 2600, 2),
+    # Relay's bound exactly: 16 KiB, which PostgreSQL stores compressed (the id repeats itself).
+    "repetitive-16384-bytes": ("batch-2026/€/order-" * 1000).encode()[: MAX_WORKFLOW_ID_BYTES - 1].decode() + "!",
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_IDS))
+def test_a_workflow_with_a_long_id_is_found_read_forked_cancelled_and_deleted(world: World, name: str) -> None:
+    """DBOS bounds no workflow id (PostgreSQL's index does, in bytes, after compression): one past
+    the 256 characters Relay once took was listed but answered 422 everywhere else. Such ids are
+    found, read, forked (to a long new id), cancelled and deleted through every way in."""
+    workflow_id = LONG_IDS[name]
+    assert len(workflow_id.encode()) <= MAX_WORKFLOW_ID_BYTES
+    # The fork's id: as long, another workflow (its first character changed).
+    fork_id = ("Z" if workflow_id[0] != "Z" else "Y") + workflow_id[1:]
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:
+        client.enqueue({"queue_name": "serial", "workflow_name": "job", "workflow_id": workflow_id}, 4)
+    finally:
+        client.destroy()
+    assert_eventually(lambda: db_status(world, workflow_id) == "SUCCESS", 20, what=f"{name} done")
+    path = f"{LEDGER}/workflows/{quote(workflow_id, safe='')}"
+    with world.api() as api:
+        assert [summary(ok(api.get(path)))] == db_workflows(world, "workflow_uuid = %s", workflow_id)
+        steps = ok(api.get(f"{path}/steps"))
+        assert [(s["stepId"], s["stepName"], s["output"]) for s in steps] == [(1, "add", "8")]
+        found = ok(api.post(f"{LEDGER}/workflows/search", json={"workflowIds": [workflow_id]}))
+        assert [w["workflowId"] for w in found] == [workflow_id]
+        # Forked onto a queue no executor serves, so that it waits there to be cancelled.
+        forked = ok(api.post(f"{path}/fork", json={"newWorkflowId": fork_id, "queueName": "nowhere"}), 201)
+        assert forked == {"workflowId": fork_id}
+        assert db_status(world, fork_id) == "ENQUEUED"
+        found = ok(api.post(f"{LEDGER}/workflows/search", json={"forkedFrom": [workflow_id]}))
+        assert [w["workflowId"] for w in found] == [fork_id]
+        ok(api.post(f"{LEDGER}/workflows/bulk-cancel", json={"workflowIds": [fork_id]}), 204)
+        assert db_status(world, fork_id) == "CANCELLED"
+        ok(api.post(f"{LEDGER}/workflows/{quote(fork_id, safe='')}/resume", json={"queueName": "nowhere"}), 204)
+        assert db_status(world, fork_id) == "ENQUEUED"
+        ok(api.post(f"{LEDGER}/workflows/{quote(fork_id, safe='')}/cancel"), 204)
+        assert db_status(world, fork_id) == "CANCELLED"
+        for gone in (workflow_id, fork_id):
+            ok(api.delete(f"{LEDGER}/workflows/{quote(gone, safe='')}"), 204)
+            assert db_status(world, gone) is None
+    audited_once(world, "ledger", "workflow.fork", workflowIds=[workflow_id], newWorkflowId=fork_id)
+
+
+def test_a_workflow_id_past_the_bound_is_refused_with_a_422_naming_it(world: World) -> None:
+    """One byte past the bound, in characters of two bytes (the bound counts bytes): a clear 422
+    from the path, a body's id and a body's list of ids, and no executor asked."""
+    too_long = "é" * (MAX_WORKFLOW_ID_BYTES // 2) + "x"
+    bound = f"{MAX_WORKFLOW_ID_BYTES} bytes"
+    with world.api() as api:
+        body = problem(api.get(f"{LEDGER}/workflows/{quote(too_long, safe='')}"), 422)
+        assert bound in body["detail"] and "workflow_id" in body["detail"], body
+        body = problem(api.post(f"{LEDGER}/workflows/done-1/fork", json={"newWorkflowId": too_long}), 422)
+        assert [e["location"] for e in body["errors"]] == ["body.newWorkflowId"], body
+        assert bound in body["detail"], body
+        body = problem(api.post(f"{LEDGER}/workflows/bulk-cancel", json={"workflowIds": ["done-1", too_long]}), 422)
+        assert [e["location"] for e in body["errors"]] == ["body.workflowIds.1"], body
+        body = problem(api.post(f"{LEDGER}/workflows/search", json={"workflowIds": [too_long]}), 422)
+        assert [e["location"] for e in body["errors"]] == ["body.workflowIds.0"], body

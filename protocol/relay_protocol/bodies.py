@@ -18,8 +18,13 @@ reads some of their optional ones with ``[]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from relay_protocol.limits import WORKFLOW_ID, meta
+
+# Workflow ids are bounded in bytes, not as names (relay_protocol.limits.WORKFLOW_ID).
+_ID = meta(rule=WORKFLOW_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +32,7 @@ class _WorkflowFilter:
     """What list_workflows and list_queued_workflows share."""
 
     SPARSE: ClassVar[bool] = True
-    workflow_uuids: list[str] | None = None
+    workflow_uuids: list[str] | None = field(default=None, metadata=_ID)
     workflow_name: str | list[str] | None = None
     authenticated_user: str | list[str] | None = None
     start_time: str | None = None
@@ -38,13 +43,13 @@ class _WorkflowFilter:
     dequeued_before: str | None = None
     status: str | list[str] | None = None
     application_version: str | list[str] | None = None
-    forked_from: str | list[str] | None = None
-    parent_workflow_id: str | list[str] | None = None
+    forked_from: str | list[str] | None = field(default=None, metadata=_ID)
+    parent_workflow_id: str | list[str] | None = field(default=None, metadata=_ID)
     queue_name: str | list[str] | None = None
     limit: int | None = None
     offset: int | None = None
     sort_desc: bool = False
-    workflow_id_prefix: str | list[str] | None = None
+    workflow_id_prefix: str | list[str] | None = field(default=None, metadata=_ID)
     load_input: bool = True
     load_output: bool = True
     executor_id: str | list[str] | None = None
@@ -69,10 +74,10 @@ class ListQueuedWorkflowsBody(_WorkflowFilter):
 class ForkWorkflowBody:
     """The SDK reads application_version and new_workflow_id with ``[]``: they are always sent, null or not."""
 
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     start_step: int
     application_version: str | None = None
-    new_workflow_id: str | None = None
+    new_workflow_id: str | None = field(default=None, metadata=_ID)
     queue_name: str | None = None
     queue_partition_key: str | None = None
 
@@ -83,7 +88,7 @@ class ForkFromFailureBody:
 
     SPARSE: ClassVar[bool] = True
 
-    workflow_ids: list[str]
+    workflow_ids: list[str] = field(metadata=_ID)
     application_version: str | None = None
     queue_name: str | None = None
     queue_partition_key: str | None = None
@@ -99,7 +104,7 @@ class RewindWorkflowBody:
 
     SPARSE: ClassVar[bool] = True
 
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     start_step: int | None = None
     application_version: str | None = None
     queue_name: str | None = None
@@ -155,10 +160,10 @@ class GetWorkflowAggregatesBody:
     app_version: list[str] | None = None
     executor_id: list[str] | None = None
     queue_name: list[str] | None = None
-    workflow_id_prefix: list[str] | None = None
-    workflow_ids: list[str] | None = None
-    forked_from: list[str] | None = None
-    parent_workflow_id: list[str] | None = None
+    workflow_id_prefix: list[str] | None = field(default=None, metadata=_ID)
+    workflow_ids: list[str] | None = field(default=None, metadata=_ID)
+    forked_from: list[str] | None = field(default=None, metadata=_ID)
+    parent_workflow_id: list[str] | None = field(default=None, metadata=_ID)
     user: list[str] | None = None
     schedule_name: list[str] | None = None
     application_name: list[str] | None = None
@@ -180,7 +185,7 @@ class GetStepAggregatesBody:
     time_bucket_size_ms: int | None = None
     status: list[str] | None = None
     function_name: list[str] | None = None
-    workflow_id_prefix: list[str] | None = None
+    workflow_id_prefix: list[str] | None = field(default=None, metadata=_ID)
     completed_after: str | None = None
     completed_before: str | None = None
     application_name: list[str] | None = None

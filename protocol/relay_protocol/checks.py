@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, Union, get_args, get_origin
 
-from relay_protocol.limits import MAX_JSON_DEPTH, Rule, has_unstorable
+from relay_protocol.limits import MAX_JSON_DEPTH, Rule, has_unstorable, utf8_length
 
 _NONE = type(None)
 
@@ -84,13 +84,16 @@ def describe(tp: Any) -> str:
 
 def text_check(rule: Rule) -> Callable[[str], None] | None:
     """What ``rule`` asks of a string, as a function; None when it takes every string (free text)."""
-    max_len, min_len, strict = rule.max_len, rule.min_len, rule.strict
-    if max_len is None and min_len <= 0 and not strict:
+    max_len, max_bytes, min_len, strict = rule.max_len, rule.max_bytes, rule.min_len, rule.strict
+    if max_len is None and max_bytes is None and min_len <= 0 and not strict:
         return None
 
     def check(text: str) -> None:
         if max_len is not None and len(text) > max_len:
             raise Invalid(f"longer than {max_len} characters ({len(text)})")
+        # A character is at most 4 bytes: a short text is not encoded to be measured.
+        if max_bytes is not None and len(text) * 4 > max_bytes and (size := utf8_length(text)) > max_bytes:
+            raise Invalid(f"longer than {max_bytes} bytes in UTF-8 ({size})")
         if len(text) < min_len:
             raise Invalid("must not be empty" if min_len == 1 else f"shorter than {min_len} characters")
         if strict and has_unstorable(text):

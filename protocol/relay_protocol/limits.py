@@ -13,7 +13,8 @@ A field picks its rule through dataclass field metadata::
     output: str | None = field(default=None, metadata=meta("Output", rule=TEXT))
 
 A field without metadata is a name: at most :data:`MAX_NAME_LEN` characters,
-no NUL, no lone surrogate.
+no NUL, no lone surrogate. A workflow id (:data:`WORKFLOW_ID`) is bounded in
+UTF-8 bytes instead, as the store that holds it is.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-#: Identifiers and names: executor and workflow ids, versions, queue and schedule names, request ids.
+#: Identifiers and names: executor ids, versions, queue and schedule names, request ids.
 MAX_NAME_LEN = 256
+#: A workflow id, in UTF-8 bytes. DBOS sets no bound of its own: on SQLite an id may be any length,
+#: and on PostgreSQL the primary key's btree takes an entry of at most 2,704 bytes, which is an id
+#: of up to 2,692 bytes that do not compress (a repetitive one compresses, and can be far longer).
+#: This is every id that fits PostgreSQL uncompressed, six times over, and still small enough to
+#: sit in a URL path percent-encoded whole (three bytes of URL for one of id) within the
+#: 64 KiB Relay takes of a request's head.
+MAX_WORKFLOW_ID_BYTES = 16 * 1024
 #: A hostname (RFC 1035 allows 253 characters; this leaves room for odd resolvers).
 MAX_HOSTNAME_LEN = 1024
 #: Free JSON (executor_metadata, attributes) once re-serialised with ``json.dumps``.
@@ -44,6 +52,8 @@ class Rule:
     """How strings and integers inside one field are checked (list items and dict keys included)."""
 
     max_len: int | None = MAX_NAME_LEN
+    #: A bound in UTF-8 bytes, checked besides ``max_len``.
+    max_bytes: int | None = None
     min_len: int = 0
     #: Refuse NUL and lone surrogates; off for free text, which is kept as received.
     strict: bool = True
@@ -56,6 +66,8 @@ class Rule:
 NAME = Rule()
 #: Free text: any length, any character.
 TEXT = Rule(max_len=None, strict=False)
+#: A workflow id: a name, bounded in bytes rather than characters.
+WORKFLOW_ID = Rule(max_len=None, max_bytes=MAX_WORKFLOW_ID_BYTES)
 
 _META_WIRE = "relay_protocol.wire"
 _META_RULE = "relay_protocol.rule"
@@ -85,6 +97,11 @@ def field_rule(metadata: Any, default: Rule = NAME) -> Rule:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # C0 controls but tab and newline, and lone surrogates.
 _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\ud800-\udfff]")
+
+
+def utf8_length(text: str) -> int:
+    """How many bytes ``text`` takes in UTF-8 (a lone surrogate, which is refused anyway, counts 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def has_unstorable(text: str) -> bool:

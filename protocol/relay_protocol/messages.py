@@ -23,7 +23,7 @@ from relay_protocol.bodies import (
     RewindWorkflowBody,
 )
 from relay_protocol.frames import MessageType, Reply, Request
-from relay_protocol.limits import MAX_HOSTNAME_LEN, TEXT, Rule, meta
+from relay_protocol.limits import MAX_HOSTNAME_LEN, TEXT, WORKFLOW_ID, Rule, meta
 from relay_protocol.outputs import (
     ApplicationVersionOutput,
     EventOutput,
@@ -37,6 +37,9 @@ from relay_protocol.outputs import (
     WorkflowsOutput,
     WorkflowSteps,
 )
+
+# Workflow ids are bounded in bytes, not as names (relay_protocol.limits.WORKFLOW_ID).
+_ID = meta(rule=WORKFLOW_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,9 +151,9 @@ class CancelRequest(Request):
     """Cancel ``workflow_ids`` if given, else ``workflow_id``."""
 
     type = MessageType.CANCEL
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     cancel_children: bool = False
-    workflow_ids: list[str] | None = None
+    workflow_ids: list[str] | None = field(default=None, metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,9 +166,9 @@ class DeleteRequest(Request):
     """Delete ``workflow_ids`` if given, else ``workflow_id``."""
 
     type = MessageType.DELETE
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     delete_children: bool
-    workflow_ids: list[str] | None = None
+    workflow_ids: list[str] | None = field(default=None, metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,8 +181,8 @@ class ResumeRequest(Request):
     """Resume ``workflow_ids`` if given, else ``workflow_id``, optionally on another queue."""
 
     type = MessageType.RESUME
-    workflow_id: str
-    workflow_ids: list[str] | None = None
+    workflow_id: str = field(metadata=_ID)
+    workflow_ids: list[str] | None = field(default=None, metadata=_ID)
     queue_name: str | None = None
 
 
@@ -199,7 +202,7 @@ class ForkWorkflowRequest(Request):
 @dataclass(frozen=True, kw_only=True)
 class ForkWorkflowReply(Reply):
     type = MessageType.FORK_WORKFLOW
-    new_workflow_id: str | None = None
+    new_workflow_id: str | None = field(default=None, metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +216,7 @@ class ForkFromFailureRequest(Request):
 @dataclass(frozen=True, kw_only=True)
 class ForkFromFailureReply(Reply):
     type = MessageType.FORK_FROM_FAILURE
-    forked_workflow_ids: list[str] | None = None
+    forked_workflow_ids: list[str] | None = field(default=None, metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +237,7 @@ class ExportWorkflowRequest(Request):
     """A workflow's rows (and its children's) as a portable blob."""
 
     type = MessageType.EXPORT_WORKFLOW
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     export_children: bool
 
 
@@ -289,7 +292,7 @@ class ListQueuedWorkflowsReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetWorkflowRequest(Request):
     type = MessageType.GET_WORKFLOW
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     load_input: bool = True
     load_output: bool = True
 
@@ -305,7 +308,7 @@ class GetWorkflowReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class ListStepsRequest(Request):
     type = MessageType.LIST_STEPS
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
     load_output: bool = True
     limit: int | None = None
     offset: int | None = None
@@ -320,7 +323,7 @@ class ListStepsReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetWorkflowEventsRequest(Request):
     type = MessageType.GET_WORKFLOW_EVENTS
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,7 +335,7 @@ class GetWorkflowEventsReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetWorkflowNotificationsRequest(Request):
     type = MessageType.GET_WORKFLOW_NOTIFICATIONS
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,7 +347,7 @@ class GetWorkflowNotificationsReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetWorkflowStreamsRequest(Request):
     type = MessageType.GET_WORKFLOW_STREAMS
-    workflow_id: str
+    workflow_id: str = field(metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -440,7 +443,7 @@ class BackfillScheduleRequest(Request):
 @dataclass(frozen=True, kw_only=True)
 class BackfillScheduleReply(Reply):
     type = MessageType.BACKFILL_SCHEDULE
-    workflow_ids: list[str]
+    workflow_ids: list[str] = field(metadata=_ID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,7 +457,7 @@ class TriggerScheduleRequest(Request):
 @dataclass(frozen=True, kw_only=True)
 class TriggerScheduleReply(Reply):
     type = MessageType.TRIGGER_SCHEDULE
-    workflow_id: str | None = None
+    workflow_id: str | None = field(default=None, metadata=_ID)
 
 
 # --- Application versions ---

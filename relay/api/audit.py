@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, given, permitted
+from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName, QueryWorkflowId, given, permitted
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso
@@ -225,7 +225,7 @@ async def list_audit_logs(
     endTime: Rfc3339 | None = None,
     operation: QueryName | None = None,
     subject: QueryName | None = None,
-    target: QueryName | None = None,
+    target: QueryWorkflowId | None = None,  # a workflow id is the longest target
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[AuditLogEntry]:
@@ -245,7 +245,7 @@ async def list_audit_logs_v1alpha1(
     end: Rfc3339 | None = None,
     operation: QueryName | None = None,
     subject: QueryName | None = None,
-    target: QueryName | None = None,
+    target: QueryWorkflowId | None = None,  # a workflow id is the longest target
     page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> AuditLogPage:

@@ -22,8 +22,8 @@ from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
-from relay_protocol import MAX_NAME_LEN, Reply, clean_text
-from relay_protocol.limits import has_unstorable
+from relay_protocol import MAX_NAME_LEN, MAX_WORKFLOW_ID_BYTES, Reply, clean_text
+from relay_protocol.limits import has_unstorable, utf8_length
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
 DEFAULT_PAGE = 100
@@ -51,6 +51,37 @@ Name = Annotated[str, Field(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValid
 NonEmptyName = Annotated[Name, Field(min_length=1)]
 # The same in a query string.
 QueryName = Annotated[str, Query(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
+
+
+def workflow_id_sized(text: str) -> str:
+    """``text``, if it is within the protocol's bound on a workflow id, which is in UTF-8 bytes."""
+    size = utf8_length(text)
+    if size > MAX_WORKFLOW_ID_BYTES:
+        raise ValueError(f"a workflow id is at most {MAX_WORKFLOW_ID_BYTES} bytes in UTF-8; this one is {size}")
+    return text
+
+
+# A workflow id: DBOS bounds none, and its store is bounded in bytes (relay_protocol.limits), so the
+# id is too, not at MAX_NAME_LEN. The document's maxLength, in characters, is the bytes' bound:
+# no longer id can fit (a JSON schema cannot count bytes; the description says it).
+WorkflowId = Annotated[
+    str,
+    Field(
+        max_length=MAX_WORKFLOW_ID_BYTES,
+        pattern=NO_NUL,
+        description=f"A workflow id: at most {MAX_WORKFLOW_ID_BYTES} bytes in UTF-8.",
+    ),
+    AfterValidator(storable),
+    AfterValidator(workflow_id_sized),
+]
+NonEmptyWorkflowId = Annotated[WorkflowId, Field(min_length=1)]
+# The same in a query string (an audit entry's target may be a workflow id).
+QueryWorkflowId = Annotated[
+    str,
+    Query(max_length=MAX_WORKFLOW_ID_BYTES, pattern=NO_NUL),
+    AfterValidator(storable),
+    AfterValidator(workflow_id_sized),
+]
 
 
 class ApiError(Exception):

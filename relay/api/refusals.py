@@ -31,8 +31,8 @@ from relay.api.context import ApiContext
 from relay.auth import KeyGrant
 from relay.core.window import CountedWindow
 from relay.store.audit import AuditEntry
-from relay_protocol import MAX_NAME_LEN, clean_text
-from relay_protocol.limits import has_unstorable
+from relay_protocol import MAX_NAME_LEN, MAX_WORKFLOW_ID_BYTES, clean_text
+from relay_protocol.limits import has_unstorable, utf8_length
 
 log = logging.getLogger("relay.audit")
 
@@ -182,7 +182,7 @@ def _entry(
     request: Request, grant: KeyGrant, action: str, status: int, code: str, message: str, suppressed: int
 ) -> tuple[str, str | None, AuditEntry]:
     # What the path names, as far as it is a name Relay could store (a refused path may be anything).
-    params = {k: v for k, v in request.path_params.items() if isinstance(v, str) and _storable(v)}
+    params = {k: v for k, v in request.path_params.items() if isinstance(v, str) and _storable(k, v)}
     # A 422's detail may quote the request (a value, a member's name): only its title is kept.
     reason = clean_text(message, 500) if status == 403 else HTTPStatus(status).phrase
     detail: dict[str, Any] = {"result": "failure", "status": status, "code": code, "error": reason}
@@ -204,5 +204,10 @@ def _entry(
     return org, app, AuditEntry(action, f"api:{grant.name}", detail=detail)
 
 
-def _storable(name: str) -> bool:
-    return len(name) <= MAX_NAME_LEN and not has_unstorable(name)
+def _storable(parameter: str, name: str) -> bool:
+    # A workflow id is bounded in bytes, as the protocol bounds it; every other name at MAX_NAME_LEN.
+    if parameter == "workflow_id":
+        fits = utf8_length(name) <= MAX_WORKFLOW_ID_BYTES
+    else:
+        fits = len(name) <= MAX_NAME_LEN
+    return fits and not has_unstorable(name)

@@ -34,8 +34,9 @@ from relay.api.common import (
     DecodedRoute,
     JsonInteger,
     Name,
-    NonEmptyName,
+    NonEmptyWorkflowId,
     PathId,
+    WorkflowId,
     actor,
     answered,
     audited,
@@ -90,6 +91,7 @@ log = logging.getLogger("relay.http")
 R = TypeVar("R", bound=Reply)
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
+WorkflowIds = list[WorkflowId] | None
 
 
 def _known_status(value: str) -> str:
@@ -107,17 +109,17 @@ Statuses = list[WorkflowStatus] | None
 class WorkflowSearch(ConductorBody):
     """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
 
-    workflowIds: Names = None
+    workflowIds: WorkflowIds = None
     workflowName: Names = None
-    workflowIdPrefix: Names = None
+    workflowIdPrefix: WorkflowIds = None
     status: Statuses = None
     queueName: Names = None
     scheduleName: Names = None
     user: Names = None
     executorId: Names = None
     appVersion: Names = None
-    parentWorkflowId: Names = None
-    forkedFrom: Names = None
+    parentWorkflowId: WorkflowIds = None
+    forkedFrom: WorkflowIds = None
     startTime: UtcTime | None = None
     endTime: UtcTime | None = None
     completedAfter: UtcTime | None = None
@@ -360,10 +362,10 @@ class WorkflowAggregates(ConductorBody):
     appVersion: Names = None
     executorId: Names = None
     queueName: Names = None
-    workflowIdPrefix: Names = None
-    workflowIds: Names = None
-    forkedFrom: Names = None
-    parentWorkflowId: Names = None
+    workflowIdPrefix: WorkflowIds = None
+    workflowIds: WorkflowIds = None
+    forkedFrom: WorkflowIds = None
+    parentWorkflowId: WorkflowIds = None
     user: Names = None
     scheduleName: Names = None
     startTime: UtcTime | None = None
@@ -445,7 +447,7 @@ class StepAggregates(ConductorBody):
     timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
     stepName: Names = None
-    workflowIdPrefix: Names = None
+    workflowIdPrefix: WorkflowIds = None
     completedAfter: UtcTime | None = None
     completedBefore: UtcTime | None = None
 
@@ -490,7 +492,7 @@ class ForkIn(ConductorBody):
     # the Python SDK from 1 (to which 0 and 1 are the same: the steps before it are copied).
     startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 0
     appVersion: Name | None = None
-    newWorkflowId: NonEmptyName | None = None
+    newWorkflowId: NonEmptyWorkflowId | None = None
     queueName: Name | None = None
     queuePartitionKey: Name | None = None
 
@@ -702,7 +704,7 @@ async def delete_workflow(
 
 # -- several workflows ---------------------------------------------------------------------------
 
-Ids = Annotated[list[NonEmptyName], Field(min_length=1, max_length=MAX_PAGE)]
+Ids = Annotated[list[NonEmptyWorkflowId], Field(min_length=1, max_length=MAX_PAGE)]
 
 
 class BulkCancel(ConductorBody):
