@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from relay.api.shapes import Rfc3339
 from relay.api.workflows import WorkflowSearch
 from relay.core.times import sdk_time
 from relay.store.db import Database
+from relay_protocol import MAX_WORKFLOW_ID_BYTES
 
 ADMIN = {"Authorization": f"Bearer {API_KEYS['acme']}"}
 
@@ -78,6 +80,8 @@ def test_an_offset_past_a_bigint_is_refused(api: httpx.Client, path: str) -> Non
 Json = dict[str, object]
 TOO_BIG = 2**63
 TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
+# and workflow ids of up to 16 KiB in UTF-8: 8,193 characters of two bytes are past it.
+TOO_LONG_ID = "é" * (MAX_WORKFLOW_ID_BYTES // 2 + 1)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +91,7 @@ TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
         ("GET", "/workflows/abc/steps", None, {"offset": TOO_BIG}),
         ("POST", "/workflows/search", {"offset": TOO_BIG}, None),
         ("POST", "/workflows/search", {"workflowName": ["a\u0000b"]}, None),
-        ("POST", "/workflows/search", {"workflowIds": [TOO_LONG]}, None),
+        ("POST", "/workflows/search", {"workflowIds": [TOO_LONG_ID]}, None),
         ("POST", "/workflows/search", {"attributes": {"k": "\u0000"}}, None),
         ("POST", "/workflows/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
         ("POST", "/steps/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
@@ -95,7 +99,7 @@ TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
         ("POST", "/workflows/abc/resume", {"queueName": TOO_LONG}, None),
         ("POST", "/workflows/bulk-cancel", {"workflowIds": ["a\u0000"]}, None),
         ("POST", "/workflows/bulk-fork-from-failure", {"workflowIds": ["a"], "fromStep": TOO_BIG}, None),
-        ("GET", f"/workflows/{TOO_LONG}", None, None),
+        ("GET", f"/workflows/{quote(TOO_LONG_ID, safe='')}", None, None),
         ("GET", f"/schedules/{TOO_LONG}", None, None),
         ("PATCH", "/versions/latest", {"versionName": TOO_LONG}, None),
     ],

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from harness.keys import API_KEYS, VIEWER_KEYS
 from harness.pgserver import PostgresServer
@@ -18,6 +19,7 @@ from harness.ports import free_port
 from harness.relay import RelayProcess, relay_yaml
 from harness.waiting import assert_eventually
 from relay.api.refusals import MAX_REFUSALS_PER_MINUTE, RefusalBudget
+from relay_protocol import MAX_WORKFLOW_ID_BYTES
 
 ORG = "/v2/orgs/acme"
 APP = f"{ORG}/apps/ledger"
@@ -205,20 +207,25 @@ def test_a_refusal_is_answered_the_same_while_the_database_is_down(tmp_path: Pat
 
 
 def test_a_refused_path_naming_what_relay_cannot_store_is_audited_without_it(relay: RelayProcess) -> None:
-    """Workflow ids past the names' length (a NUL is answered 404 before any route): the refusals are
-    audited, without a target."""
+    """Workflow ids are bounded at 16 KiB in UTF-8 (a NUL is answered 404 before any route): a refusal
+    naming a long id within it is audited with it as the target, one past it without a target."""
     odd = make_key(relay, "odd-paths", ["application.read"])
+    within = ["x" * 300, "y" * 4000]
+    past = "é" * (MAX_WORKFLOW_ID_BYTES // 2 + 1)
     with relay.client(odd) as api:
-        for workflow_id in ("x" * 300, "y" * 4000):
-            assert api.post(f"{APP}/workflows/{workflow_id}/cancel").status_code == 403
+        for workflow_id in (*within, past):
+            assert api.post(f"{APP}/workflows/{quote(workflow_id, safe='')}/cancel").status_code == 403
 
-    def both() -> list[dict[str, Any]] | None:
+    def all_three() -> list[dict[str, Any]] | None:
         found = entries(relay, operation="workflow.cancel", subject="odd-paths")
-        return found if len(found) == 2 else None
+        return found if len(found) == 3 else None
 
-    for entry in assert_eventually(both, 20, what="both refusals audited"):
-        assert entry["status"] == "failure" and "target" not in entry
+    found = assert_eventually(all_three, 20, what="the three refusals audited")
+    for entry in found:
+        assert entry["status"] == "failure"
         assert entry["details"]["application_name"] == "ledger"
+    named = sorted((e["target"]["type"], e["target"]["id"]) for e in found if "target" in e)
+    assert named == [("workflow", workflow_id) for workflow_id in within], found
 
 
 def test_a_refused_recover_is_no_entry_about_the_executor(relay: RelayProcess) -> None:
