@@ -18,12 +18,14 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from harness import zygote
 from harness.keys import CONDUCTOR_KEYS
+from harness.procs import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def await_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> str | None:
+def await_ready(proc: Child, timeout: float = 60) -> str | None:
     """The executor id from the ``READY <id>`` line an executor prints once launched."""
     found: list[str] = []
 
@@ -67,10 +69,19 @@ class ExecutorProcess:
             **(env or {}),
         }
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            command or [str(python), "-m", module],
-            stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
-        )  # fmt: skip
+        self.proc: Child
+        # The harness's own Python programs, in this interpreter, start from the zygote; a program
+        # of another interpreter (the client's venv) or language is exec'd.
+        in_this_python = command is None and Path(python) == Path(sys.executable) and module.startswith("harness.")
+        if zygote.wanted() and in_this_python:
+            self.proc = zygote.zygote(zygote.EXECUTOR).start(
+                module, [], env, ROOT, stdout=subprocess.PIPE, stderr=self._log
+            )
+        else:
+            self.proc = subprocess.Popen(
+                command or [str(python), "-m", module],
+                stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=ROOT,
+            )  # fmt: skip
         self.executor_id = self._wait_ready()
 
     def _wait_ready(self) -> str:

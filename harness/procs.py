@@ -4,12 +4,32 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from typing import Any
+from typing import IO, Any, Protocol
 
 import psutil
 
 
-def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, stopped: bool = False) -> None:
+class Child(Protocol):
+    """What the harness and the tests use of a child process: ``subprocess.Popen``'s, which
+    harness.zygote's children answer too."""
+
+    pid: int
+    returncode: int | None
+    args: Any
+    stdout: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def end(proc: Child | None, timeout: float = 10.0, stopped: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` seconds; waited for either way. ``stopped``: the
     process may be SIGSTOPped (a fault), so SIGCONT first, or the SIGTERM would wait with it."""
     if proc is None or proc.poll() is not None:

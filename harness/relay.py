@@ -16,8 +16,9 @@ import httpx
 import psycopg
 import yaml
 
+from harness import zygote
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS, sha
-from harness.procs import end, listens
+from harness.procs import Child, end, listens
 from harness.waiting import assert_eventually
 from harness.web import TLS
 
@@ -51,7 +52,7 @@ class RelayProcess:
         self.config_path = workdir / f"{instance_id}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / f"{instance_id}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
 
     @property
     def http(self) -> str:
@@ -64,12 +65,19 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         env = {**os.environ, "RELAY_INSTANCE_ID": self.instance_id, "RELAY_LOG_LEVEL": "INFO"}
         env.pop("RELAY_DATABASE_URL", None)
+        args = ["serve", "--config", str(self.config_path), "--database-url", self.database_url]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path),
-                 "--database-url", self.database_url],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
-            )  # fmt: skip
+            # The zygote has this checkout's Relay imported; a working directory with a tree of its
+            # own (an old release's, which ``python -m relay`` runs from there) needs an exec.
+            if zygote.wanted() and not (self.workdir / "relay").is_dir():
+                self.proc = zygote.zygote(zygote.RELAY).start(
+                    "relay", args, env, self.workdir, stdout=log, stderr=subprocess.STDOUT
+                )
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "relay", *args],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+                )  # fmt: skip
         # A loaded machine (CI on two cores running two workers) may take long over a start.
         assert_eventually(self._ready, 60, what="relay /readyz")
         return self

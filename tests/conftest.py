@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from harness import zygote
 from harness.client_venv import client_python
 from harness.executors import ExecutorProcess
 from harness.ports import free_port
@@ -102,6 +103,16 @@ def start_client_executor(
         return start_executor(conductor_url, python=client_py, module="harness.client_app", **kwargs)
 
     return start
+
+
+# The files about how Relay, its CLI or a chaos run starts keep exec'd starts; the others' Relay
+# instances and executors start from harness/zygote.py's fork server, without their imports.
+EXEC_STARTS = ("test_first_run", "test_getting_started", "test_cli", "test_deploy", "test_chaos")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    zygote.use(not item.path.name.startswith(EXEC_STARTS))
 
 
 @pytest.hookimpl(wrapper=True)
