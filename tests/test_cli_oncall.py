@@ -28,8 +28,10 @@ from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
+from relay.api.refusals import AUDITED_ROUTES
 from relay.cli import main
 from relay.cli.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from relay.store.audit import ACTIONS
 
 APP_MODULE = "harness.workflow_app"
 FORTNIGHT_SECS = 14 * 24 * 3600  # 1209600: a grace period of two weeks
@@ -314,3 +316,46 @@ def test_a_relay_that_does_not_answer_is_given_up_on_after_the_timeout_given(wor
     assert run.code == EXIT_UNAVAILABLE and "did not answer in time" in run.err, run.err
     assert took < 20, took  # the default would have waited 60 s
     assert_eventually(lambda: cli("apps", "--timeout", "5").code == EXIT_OK, 30)
+
+
+def test_an_audit_action_that_does_not_exist_is_refused_naming_the_actions(world: World, cli: Cli) -> None:
+    """``relay audit --action executor.died`` (a typo of ``executor.dead``) exited 0 with "no audit
+    entries", as ``GET /audit?action=`` took any action: on-call read it as "nothing died". The API
+    refuses an action Relay does not audit (422, ``errors`` at ``query.action``, the message listing
+    the actions, relay.store.audit.ACTIONS), the CLI says the API's words and exits 2; the OpenAPI
+    document gives the actions as the parameter's values. A real action still filters."""
+    with world.relay.api("acme") as api:
+        typo = api.get("/audit", params={"action": "executor.died"})
+        known = api.get("/audit", params={"action": "executor.dead"})
+        document = api.get(f"{world.relay.http}/openapi.json")
+    assert typo.status_code == 422, typo.text
+    body = typo.json()
+    assert [e["location"] for e in body["errors"]] == ["query.action"], body
+    assert "executor.died" in body["detail"] and "executor.dead, recovery.dispatched" in body["detail"], body
+    assert known.status_code == 200 and {e["action"] for e in known.json()} <= {"executor.dead"}
+    (parameter,) = (p for p in document.json()["paths"]["/v2/orgs/{org}/audit"]["get"]["parameters"]
+                    if p["name"] == "action")  # fmt: skip
+    assert tuple(_enum_of(parameter["schema"])) == ACTIONS, parameter
+
+    run = cli("audit", "--action", "executor.died")
+    assert run.code == EXIT_USAGE, (run.code, run.out, run.err)
+    assert "no audit action executor.died: one of executor.dead" in run.err and run.out == "", run.err
+
+
+def _enum_of(schema: dict[str, Any]) -> list[str]:
+    """The values a parameter's schema lists, through the ``anyOf`` of an optional one."""
+    if "enum" in schema:
+        return list(schema["enum"])
+    return [v for option in schema.get("anyOf", []) for v in option.get("enum", [])]
+
+
+def test_the_consoles_audit_actions_are_the_servers() -> None:
+    """The console's Action filter (``ACTIONS`` in console-pages.js) lists its own copy of the audit
+    actions: one the server has and the console lacks cannot be picked, and one the console has and
+    the server does not is refused (422). They are the same list, in the same order."""
+    source = (Path(__file__).parent.parent / "relay" / "static" / "console-pages.js").read_text()
+    found = re.search(r"^const ACTIONS = \[(.*?)\];", source, re.S | re.M)
+    assert found is not None, "console-pages.js has no ACTIONS list"
+    assert tuple(re.findall(r'"([^"]+)"', found.group(1))) == ACTIONS
+    # The actions of changes refused and audited (relay.api.refusals) are written through the same list.
+    assert set(AUDITED_ROUTES.values()) - set(ACTIONS) == set()

@@ -14,7 +14,7 @@ from relay.api.common import MAX_OFFSET, ApiError, Ctx, DecodedRoute, QueryName,
 from relay.api.shapes import Rfc3339, Shape
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso
-from relay.store.audit import AuditMatch
+from relay.store.audit import ACTIONS, AuditMatch
 
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}")
 # dbos-docs audit-logs.md: "https://cloud.dbos.dev/conductor/v1alpha1/api/{org}/audit-logs", its base
@@ -50,7 +50,7 @@ async def get_audit(
     app: QueryName | None = None,
     executor_id: Annotated[QueryName | None, Query(alias="executorId")] = None,
     since: Rfc3339 | None = None,
-    action: QueryName | None = None,
+    action: Annotated[QueryName | None, Query(json_schema_extra={"enum": list(ACTIONS)})] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
@@ -62,6 +62,10 @@ async def get_audit(
     if who.apps is not None and (app is None or app not in who.apps):
         # A key scoped to apps reads the entries of one of its apps, never the org's whole log.
         raise ApiError(403, "forbidden", "a key scoped to apps must name one of its apps: ?app=...")
+    if action is not None and action not in ACTIONS:
+        # An exact action, as the log has them: a typo found nothing, which read as "nothing happened".
+        message = f"no audit action {action}: one of {', '.join(ACTIONS)}"
+        raise ApiError(422, "invalid_request", message, ["query.action"])
     rows = await ctx.audit.list_entries(org, app, executor_id, since, limit, offset, action, sortDesc, untilId)
     return [
         AuditEntry(

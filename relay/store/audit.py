@@ -41,6 +41,25 @@ def requested_from(address: str | None) -> Iterator[None]:
         _source_ip.reset(token)
 
 
+# Every action Relay audits, the one list of them: ``GET /audit?action=`` refuses any other (a typo
+# read as "nothing happened") and the OpenAPI document gives it as the parameter's values. The
+# console's Action filter has its own copy (relay/static/console-pages.js), which a test compares
+# with this one. write_audit does not refuse an action missing here: an entry of a change already
+# made (or a recovery's step) is not to fail for a list; the listing would only not find it.
+ACTIONS = (
+    "executor.dead", "recovery.dispatched", "recovery.failed", "recovery.failover", "recovery.waiting_for_peer",
+    "recovery.awaiting_operator", "recovery.workflow_moved", "recovery.succeeded", "recovery.restarted",
+    "recovery.manual_requested", "executor.deleted", "reconcile.found", "reconcile.recovered",
+    "workflow.cancel", "workflow.resume", "workflow.fork", "workflow.delete", "workflow.import",
+    "workflow.bulk_cancel", "workflow.bulk_resume", "workflow.bulk_delete", "workflow.bulk_fork_from_failure",
+    "schedule.pause", "schedule.resume", "schedule.trigger", "schedule.backfill",
+    "application.create", "application.delete", "application.set_latest_version", "settings.updated",
+    "retention.sent", "retention.skipped", "retention.checked",
+    "alert.sent", "alert.failed", "alert.resolved", "alerting_rule.create", "alerting_rule.delete",
+    "token.created", "token.renamed", "token.deleted", "relay.instance_adopted",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     action: str
