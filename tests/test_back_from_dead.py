@@ -13,7 +13,9 @@ from dbos import DBOSClient
 from websockets.asyncio.client import ClientConnection
 
 from harness.keys import CONDUCTOR_KEYS
-from harness.relay import RelayProcess
+from harness.ports import free_port
+from harness.receiver import WebhookReceiver
+from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import handshake, open_socket
 from harness.waiting import assert_eventually
 from tests.prom import scrape
@@ -157,3 +159,68 @@ def test_a_whole_app_back_from_the_dead_wakes_each_blocked_recovery_about_once(s
     asyncio.run(storm())
     woken = scrape(relay.http, "relay_recovery_wakeups_total")
     assert woken is not None and woken - before <= 3 * STORM, (before, woken)
+
+
+def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_went_says_that(
+    start_relay: Any,
+) -> None:
+    """A recovery whose executor is no longer dead ends ``failed`` (the contract's statuses), and its
+    error was "the executor reconnected or its record is gone" whichever it was: on-call could not
+    tell an executor back (nothing to do) from a record deleted under the run. Relay reads which as
+    the run ends: ``back-returns`` reconnects (its entry has ``executorBack: true``, which the console
+    shows); ``back-gone``'s record is deleted, as another run of its death that finished deletes
+    it, and its run, woken by the first one's return (a peer for it), says the record is gone.
+    Neither final entry fires the app's RecoveryFailed rule (one attempt is enough for it): the
+    deaths' ExecutorDead alerts are resolved by those entries, and nothing comes for RecoveryFailed."""
+    with WebhookReceiver() as receiver:
+        config = relay_yaml(free_port(), grace=0.3, repairIntervalSecs=3600, pingWaitSecs=5.0)  # as above
+        config["alerts"] = {"allowedDestinations": ["127.0.0.1"], "pollIntervalSecs": 0.2, "checkIntervalSecs": 0.5}
+        config["orgs"][0]["apps"][0]["alerts"] = [
+            {"kind": "ExecutorDead", "webhook": receiver.url("/dead"), "minIntervalSecs": 0},
+            {"kind": "RecoveryFailed", "attempts": 1, "webhook": receiver.url("/failed"), "minIntervalSecs": 0},
+        ]
+        relay: RelayProcess = start_relay(config)
+        ids = ["back-returns", "back-gone"]
+
+        async def die() -> None:
+            for ws in await _connect(relay, ids):
+                ws.transport.abort()
+
+        asyncio.run(die())
+        assert_eventually(
+            lambda: {s for _, s, _ in _records(relay).values()} == {"waiting_for_peer"} and len(_records(relay)) == 2,
+            20,
+            what="both recoveries waiting for a peer",
+        )
+        with psycopg.connect(relay.database_url, autocommit=True) as conn:
+            conn.execute("DELETE FROM executors WHERE executor_id = 'back-gone'")
+
+        async def back() -> None:
+            (ws,) = await _connect(relay, ["back-returns"])
+            try:
+                ended = lambda: {s for _, s, _ in _records(relay).values()} == {"failed"}  # noqa: E731
+                await asyncio.to_thread(assert_eventually, ended, 20, what="both recoveries ended")
+            finally:
+                await ws.close()
+
+        asyncio.run(back())
+        records = _records(relay)
+        assert records["back-returns"][2] == (
+            "the executor reconnected: it is back, so there is nothing to recover for it"
+        )
+        assert records["back-gone"][2] == (
+            "the executor's record is gone: another recovery run of this death finished and deleted it"
+        )
+        with relay.api() as api:
+            entries = api.get("/audit", params={"action": "recovery.failed"}).json()
+        finals = {e["executorId"]: e["detail"] for e in entries if e["detail"].get("final")}
+        assert finals["back-returns"].get("executorBack") is True, finals
+        assert "executorBack" not in finals["back-gone"], finals
+
+        def resolved() -> set[str]:
+            return {d.payload["executorId"] for d in receiver.deliveries(accepted=True)
+                    if d.path == "/dead" and d.payload.get("status") == "resolved"}  # fmt: skip
+
+        # The final entries, read by the alerts' poll: each death's ExecutorDead alert resolved by them.
+        assert_eventually(lambda: resolved() == set(ids), 20, what="both deaths' ExecutorDead resolved")
+        assert [d.payload for d in receiver.deliveries() if d.path == "/failed"] == []

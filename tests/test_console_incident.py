@@ -453,6 +453,33 @@ def test_recover_now_on_a_blocked_card_recovers_onto_the_latest_version(world: W
         expect(page.get_by_role("button", name="Recover now… (versions-v3)")).to_have_count(0)
 
 
+def test_a_recovery_ended_by_its_executors_return_is_not_shown_as_a_failure(world: World, page: Page) -> None:
+    """An executor that reconnects while DEAD ends its recovery run: ``failed`` in the API (the
+    contract's statuses have no other), and the card said "run 1 failed" with the error "the
+    executor reconnected or its record is gone", as a run whose every peer failed: on-call read a
+    failure where nothing is left to do. The card says the run ended as the executor came back."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/versions/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "versions-returns", "answer", version="v-returns"):
+        pass  # it dies, with no peer to recover it: its recovery waits
+    assert_eventually(lambda: (world.relay.executor("acme", "versions", "versions-returns") or {}).get("blockedReason")
+                      == "no_healthy_peer", 15)  # fmt: skip
+    with SimulatedPeer(url, "versions-returns", "answer", version="v-returns"):
+
+        def ended() -> bool:
+            with world.relay.api() as api:
+                runs = api.get("/apps/versions/recoveries", params={"executorId": "versions-returns"}).json()
+            return [r["status"] for r in runs] == ["failed"]
+
+        assert_eventually(ended, 15, what="its recovery ended by its return")
+        admin(page, world)
+        go(page, "#/apps/versions/recoveries?executor=versions-returns")
+        card = page.locator('section.recovery:has(h2:has-text("versions-returns"))').first
+        expect(card.locator("h2")).to_contain_text("ended: executor back")
+        expect(card.locator("h2 .badge.failed")).to_have_count(0)
+        expect(card.locator("ol.timeline")).to_contain_text("Ended: the executor reconnected")
+        expect(card).to_contain_text("the executor reconnected: it is back")
+
+
 def test_an_executor_id_leads_to_the_executor_or_once_recovered_to_its_recoveries(world: World, page: Page) -> None:
     """An executor id on a workflow's page, or a recovery's peer, was plain text; and an executor
     recovered (its record deleted) vanished from the Executors list, which said nothing of it while

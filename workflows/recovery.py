@@ -571,8 +571,10 @@ async def succeed_nothing_pending(ref: RecoveryRef, verified_by: str) -> bool:
 
 
 @relay_step("relay.abandon")
-async def abandon(ref: RecoveryRef, reason: str) -> None:
-    await services().recoveries.abandon(ref, reason, dedupe_key())
+async def abandon(ref: RecoveryRef) -> None:
+    """The executor is no longer dead: the run ends, its error saying whether the executor is back
+    or its record is gone, as the record is when the run ends."""
+    await services().recoveries.abandon(ref, dedupe_key())
 
 
 class _Moves:
@@ -685,12 +687,12 @@ async def _run(
         facts = facts_of(record)
         decision = policy.decide(facts)
         if isinstance(decision, Abandon):
-            await abandon(ref, decision.reason)
+            await abandon(ref)
             return "abandoned"
         if isinstance(decision, NothingPending):
             if await succeed_nothing_pending(ref, decision.verified_by):
                 return "succeeded"
-            await abandon(ref, "the executor reconnected during recovery")
+            await abandon(ref)
             return "abandoned"
         if isinstance(decision, Block):
             note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"))
@@ -725,7 +727,7 @@ async def _run(
             else:
                 result = {"ok": False, "gone": True}
             if result.get("gone"):
-                await abandon(ref, "the executor reconnected during recovery")
+                await abandon(ref)
                 return "abandoned"
             if result["ok"]:
                 result = await verify_and_succeed(ref, decision, version, facts.ack_timeout, facts.peers)
@@ -733,7 +735,7 @@ async def _run(
                     return "succeeded"
         else:
             if not await dispatch(ref, decision):
-                await abandon(ref, "the executor reconnected during recovery")
+                await abandon(ref)
                 return "abandoned"
             result = await _attempt(ref, decision, version, facts.ack_timeout, moves)
             if result["ok"]:

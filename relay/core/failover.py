@@ -48,9 +48,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Abandon:
-    """The executor is back (or its record is gone): nothing to recover."""
-
-    reason: str
+    """The executor is back (or its record is gone): nothing to recover. Which of the two is read
+    as the run ends (relay.store.recoveries.RecoveryStore.abandon)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ class FailoverPolicy:
 
     def decide(self, facts: Facts) -> Decision:
         if not facts.dead:
-            return Abandon("the executor reconnected or its record is gone")
+            return Abandon()
         choice = choose_peer(
             self.dead_executor_id,
             self.dead_version,

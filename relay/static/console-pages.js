@@ -294,6 +294,10 @@ function recoveryCard(ctx, app, r, recover) {
       items.push(step("warn", "Waiting for the peer's answer", null));
     }
   }
+  // A run ended by its executor's return is "failed" in the API (the contract's statuses), but nothing
+  // failed: the executor runs its own workflows again. Said as such, not as a failure.
+  const back = r.status === "failed" && (r.timeline || []).find((t) => t.action === "recovery.failed" && t.detail && t.detail.executorBack);
+  if (back) items.push(step("ok", "Ended: the executor reconnected", back.at));
   const blocked = r.status === "waiting_for_peer" || r.status === "awaiting_operator";
   if (blocked && r.attempts.length) {
     items.push(step("bad", r.status === "waiting_for_peer" ? "Blocked: no healthy peer" : "Blocked: awaiting an operator", r.updatedAt));
@@ -307,7 +311,7 @@ function recoveryCard(ctx, app, r, recover) {
       "Recover now…", h("span", {class: "visually-hidden"}, ` (${r.executorId})`)), " "] : "",
     h("span", {class: "note"}, "or: ", h("code", {}, command))) : null;
   return h("section", {class: "recovery", "aria-labelledby": `rec-${r.recoveryId}`, "data-recovery": r.recoveryId},
-    h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", executorLink(app, r.executorId), ` · run ${r.run} `, badge(r.status, r.status.replaceAll("_", " "))),
+    h("h2", {id: `rec-${r.recoveryId}`}, "Executor ", executorLink(app, r.executorId), ` · run ${r.run} `, back ? badge("executor_back", "ended: executor back") : badge(r.status, r.status.replaceAll("_", " "))),
     h("p", {class: "note"}, `Version ${r.applicationVersion} · started `, when(r.createdAt), r.error ? ` · ${r.error}` : ""),
     h("ol", {class: "timeline", "aria-label": `Timeline of recovery run ${r.run} of ${r.executorId}`}, items),
     wayOut);

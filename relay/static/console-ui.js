@@ -64,6 +64,7 @@ const BADGE_CLASSES = new Set([
   "PENDING", "ENQUEUED", "DELAYED", "SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
   "HEALTHY", "DISCONNECTED", "DEAD", "RECOVERING", "AVAILABLE", "UNAVAILABLE",
   "dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed", "blocked", "live", "released", "expired",
+  "executor_back",
 ]);
 
 export function badge(value, label) {

@@ -39,6 +39,11 @@ _ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch
 _TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
 # The NOTIFY channel every instance listens on for recoveries that begin to wait (payload: org, app).
 BLOCKED_CHANNEL = "relay_blocked"
+# Why a recovery ends without recovering (abandon): its executor is back, or its record was deleted
+# by another run of the same death that finished. Said apart: one message for both read as a
+# failure, where an executor back needs nothing more.
+EXECUTOR_BACK = "the executor reconnected: it is back, so there is nothing to recover for it"
+EXECUTOR_GONE = "the executor's record is gone: another recovery run of this death finished and deleted it"
 
 
 def _row_params(key: ExecutorKey, epoch: int) -> dict[str, Any]:
@@ -464,15 +469,22 @@ class RecoveryStore:
             log.info("recovery %s of executor %s succeeded: nothing was PENDING, its record deleted", ref.rid, ref.key)
         return deleted
 
-    async def abandon(self, ref: RecoveryRef, reason: str, dedupe: str) -> None:
-        """The executor came back (or vanished): this recovery ends without deleting anything."""
+    async def abandon(self, ref: RecoveryRef, dedupe: str) -> str:
+        """The executor came back (or its record is gone): this recovery ends without deleting
+        anything. Which of the two, read with the record locked, is its error (returned), and an
+        executor back has ``executorBack: true`` in the entry, which the console shows as such."""
 
-        async def write(conn: Conn) -> None:
+        async def write(conn: Conn) -> str:
+            back = await self.executors.version_of(conn, ref.key) is not None
+            reason = EXECUTOR_BACK if back else EXECUTOR_GONE
             await self._status(conn, ref.rid, "failed", reason)
-            detail = {"error": reason, "recoveryId": ref.rid, "final": True}
+            detail: dict[str, Any] = {"error": reason, "recoveryId": ref.rid, "final": True}
+            if back:
+                detail["executorBack"] = True
             await audit_executor(conn, ref.key, "recovery.failed", dedupe, detail=detail)
+            return reason
 
-        await self.executors.combined(write, ref.key)
+        return await self.executors.combined(write, ref.key)
 
     async def end_unfinished(self, key: ExecutorKey, epoch: int, reason: str, up_to_run: int) -> list[str]:
         """The records of this death's runs up to ``up_to_run`` that still say they are at work, when the
@@ -491,7 +503,7 @@ class RecoveryStore:
             )
             ended = sorted(str(r["id"]) for r in await cur.fetchall())
             for rid in ended:
-                detail = {"error": reason, "recoveryId": rid, "final": True}
+                detail = {"error": reason, "recoveryId": rid, "final": True, "executorBack": True}
                 await audit_executor(conn, key, "recovery.failed", f"back:{rid}", detail=detail)
             return ended
 
