@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from harness.waiting import assert_eventually
 from relay.api.refusals import AUDITED_ROUTES
 from relay.cli import main
 from relay.cli.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from relay.core.times import local_seconds
 from relay.store.audit import ACTIONS
 
 APP_MODULE = "harness.workflow_app"
@@ -359,3 +361,56 @@ def test_the_consoles_audit_actions_are_the_servers() -> None:
     assert tuple(re.findall(r'"([^"]+)"', found.group(1))) == ACTIONS
     # The actions of changes refused and audited (relay.api.refusals) are written through the same list.
     assert set(AUDITED_ROUTES.values()) - set(ACTIONS) == set()
+
+
+def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, cli: Cli) -> None:
+    """Nothing told on-call when a DISCONNECTED executor would be declared DEAD: not ``relay
+    executors`` (its state, and since when), not the API (``disconnectedAt``, and the app's
+    ``executorTimeoutSecs``, which may have changed since the grace period began), not the log
+    ("is DISCONNECTED"). The API's executor has ``graceEndsAt``: the deadline its grace period
+    workflow recorded (DBOS's timer of its ``recv``), which a change of the app's setting does not
+    move; the CLI's state cell and the log line say it."""
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/fortnight/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "fortnight-away", "answer"):
+        assert_eventually(lambda: world.relay.state_of("acme", "fortnight", "fortnight-away") == "HEALTHY", 10)
+        assert api_json(world, "GET", "/apps/fortnight/executors/fortnight-away")["graceEndsAt"] is None
+    timer = "grace:acme:fortnight:fortnight-away:%"
+
+    def recorded() -> float | None:
+        with psycopg.connect(world.relay.database_url) as conn:
+            row = conn.execute(
+                """SELECT output FROM dbos.operation_outputs
+                   WHERE workflow_uuid LIKE %s AND function_name = 'DBOS.sleep'""",
+                (timer,),
+            ).fetchone()
+        return None if row is None else float(json.loads(row[0]))
+
+    assert_eventually(lambda: recorded() is not None, 10, what="the grace period's timer recorded")
+    deadline = datetime.fromtimestamp(recorded() or 0, UTC)
+    away = api_json(world, "GET", "/apps/fortnight/executors/fortnight-away")
+    assert away["state"] == "DISCONNECTED" and datetime.fromisoformat(away["graceEndsAt"]) == deadline, away
+    disconnected = datetime.fromisoformat(away["disconnectedAt"])
+    assert abs((deadline - disconnected).total_seconds() - FORTNIGHT_SECS) < 2, (deadline, disconnected)
+    try:
+        # The app's setting changed after the grace period began: its deadline stays the one it waits for.
+        api_json(world, "PATCH", "/apps/fortnight", json={"executorTimeoutSecs": 60})
+        (listed,) = [
+            e for e in api_json(world, "GET", "/apps/fortnight/executors") if e["executorId"] == "fortnight-away"
+        ]
+        assert listed["graceEndsAt"] == away["graceEndsAt"], listed
+    finally:
+        api_json(world, "PATCH", "/apps/fortnight", json={"executorTimeoutSecs": FORTNIGHT_SECS})
+
+    run = cli("executors", "fortnight", "--state", "DISCONNECTED")
+    assert run.code == EXIT_OK, run.err
+    (row,) = [r for r in table_rows(run.out) if r["EXECUTOR"] == "fortnight-away"]
+    assert row["STATE"] == f"DISCONNECTED (dead at {local_seconds(deadline)})", run.out
+
+    said = re.search(
+        r"executor acme/fortnight/fortnight-away is DISCONNECTED: declared DEAD at (\S+ \S+) UTC unless it "
+        r"reconnects \(grace period 1209600 s\)",
+        world.relay.log(),
+    )
+    assert said is not None, world.relay.log()[-3000:]
+    logged = datetime.strptime(said.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    assert abs((logged - deadline).total_seconds()) < 2, (logged, deadline)

@@ -480,6 +480,31 @@ def test_a_recovery_ended_by_its_executors_return_is_not_shown_as_a_failure(worl
         expect(card).to_contain_text("the executor reconnected: it is back")
 
 
+def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, page: Page) -> None:
+    """An executor DISCONNECTED showed its state and since when, and nothing of when it would be
+    declared DEAD: on-call had to find the app's grace period and add it up. The executors list and
+    the executor's own page say it, from the API's ``graceEndsAt`` (its grace period's deadline).
+    An app of its own, so that its death after the test (a minute later) is no other test's."""
+    with world.relay.api() as api:
+        assert api.put("/apps/grace-shown").status_code in (201, 204)
+        assert api.patch("/apps/grace-shown", json={"executorTimeoutSecs": 60}).status_code == 200
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/grace-shown/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "grace-away", "answer"):
+        assert_eventually(lambda: world.relay.state_of("acme", "grace-shown", "grace-away") == "HEALTHY", 10)
+
+    def ends() -> str | None:
+        found = world.relay.executor("acme", "grace-shown", "grace-away") or {}
+        return found.get("graceEndsAt") if found.get("state") == "DISCONNECTED" else None
+
+    assert_eventually(lambda: ends() is not None, 10, what="DISCONNECTED, its grace period's end known")
+    shown = re.sub(r"\.\d+Z$", "Z", str(ends()).replace("T", " "))  # as the console writes a time
+    admin(page, world)
+    for address in ("#/apps/grace-shown/executors", "#/apps/grace-shown/executors?executor=grace-away"):
+        go(page, address)
+        row = page.locator('tbody tr:has([data-executor="grace-away"])')
+        expect(row).to_contain_text(f"dead at {shown} unless it reconnects")
+
+
 def test_an_executor_id_leads_to_the_executor_or_once_recovered_to_its_recoveries(world: World, page: Page) -> None:
     """An executor id on a workflow's page, or a recovery's peer, was plain text; and an executor
     recovered (its record deleted) vanished from the Executors list, which said nothing of it while

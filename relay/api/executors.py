@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -72,9 +73,13 @@ class Executor(Shape):
     deadAt: str | None
     relayInstance: str
     blockedReason: str | None
+    graceEndsAt: str | None = Field(
+        description="While DISCONNECTED: when its grace period ends, and it is declared DEAD unless it"
+        " reconnects (the deadline its grace period workflow waits for); null otherwise."
+    )
 
 
-def executor(rec: ExecutorRecord) -> Executor:
+def executor(rec: ExecutorRecord, grace_ends: dict[ExecutorKey, datetime] | None = None) -> Executor:
     changed = [t for t in (rec.connected_at, rec.disconnected_at, rec.dead_at) if t is not None]
     return Executor(
         executorId=rec.key.executor_id,
@@ -98,6 +103,7 @@ def executor(rec: ExecutorRecord) -> Executor:
         deadAt=us_iso(rec.dead_at),
         relayInstance=rec.relay_instance,
         blockedReason=rec.blocked_reason,
+        graceEndsAt=us_iso((grace_ends or {}).get(rec.key)),
     )
 
 
@@ -128,7 +134,8 @@ async def get_executors(
 ) -> list[Executor]:
     await app_or_404(ctx, org, app)
     executors = await ctx.executors.list_executors(org, app, state, page.limit, page.offset)
-    return [executor(e) for e in executors]
+    grace_ends = await ctx.executors.grace_ends(executors)
+    return [executor(e, grace_ends) for e in executors]
 
 
 @router.get("/{executor_id}")
@@ -136,7 +143,7 @@ async def get_executor(org: str, app: str, executor_id: PathId, ctx: Ctx, _: Cal
     rec = await ctx.executors.get(ExecutorKey(org, app, executor_id))
     if rec is None:
         raise ApiError(404, "not_found", f"no executor {executor_id!r} in {org}/{app}")
-    return executor(rec)
+    return executor(rec, await ctx.executors.grace_ends([rec]))
 
 
 @router.post("/{executor_id}/recover", status_code=202)

@@ -224,6 +224,13 @@ def delete_app(api: Api, app: str, yes: bool) -> None:
     click.echo(f"app {app!r} deleted from org {api.org!r}")
 
 
+def _state(executor: dict[str, Any]) -> str:
+    """The state, and for one DISCONNECTED when it is declared DEAD unless it reconnects (the end
+    of its grace period, ``graceEndsAt``): what on-call needs to know of a disconnection."""
+    ends = executor.get("graceEndsAt")
+    return f"{executor['state']} (dead at {when(ends)})" if ends else str(executor["state"])
+
+
 def _since(executor: dict[str, Any]) -> str | None:
     """When the executor entered its present state."""
     state = executor["state"]
@@ -246,7 +253,8 @@ def _since(executor: dict[str, Any]) -> str | None:
 @offset_option
 @api_command
 def executors(api: Api, app: str, state: str | None, limit: int, offset: int) -> None:
-    """An app's executors: state, version, host, the Relay instance holding them, since when."""
+    """An app's executors: state, version, host, the Relay instance holding them, since when. One
+    DISCONNECTED says when it is declared DEAD unless it reconnects: "DISCONNECTED (dead at ...)"."""
     params = {"state": state.upper() if state else None, "limit": limit, "offset": offset}
     found = api.call("GET", api.org_path("apps", app, "executors"), params=params)
     if api.as_json:
@@ -256,7 +264,7 @@ def executors(api: Api, app: str, state: str | None, limit: int, offset: int) ->
     rows = [
         [
             e["executorId"],
-            e["state"],
+            _state(e),
             e["applicationVersion"],
             e["hostname"],
             e["relayInstance"],

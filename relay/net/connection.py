@@ -351,5 +351,6 @@ class ExecutorConnection:
             self.hub.disconnection_unrecorded()
             return
         if changed:
-            log.info("executor %s is DISCONNECTED", self.name)
+            # Its grace period starts first; the line then says when it ends, which on-call wants.
             await self.hub.report_lost(self.key, self.epoch, lost_at)
+            log.info("executor %s is DISCONNECTED%s", self.name, await self.hub.grace_note(self.key, lost_at))

@@ -43,12 +43,14 @@ from relay.net.connection import (
     Send,
 )
 from relay.net.wire import Frame
-from relay.store.apps import AppStore
+from relay.store.apps import AppSettings, AppStore
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay_protocol import ExecutorInfoReply, Request
 
 log = logging.getLogger("relay.hub")
+# How long an app's executorTimeoutSecs read for the "is DISCONNECTED" line is used again.
+GRACE_NOTE_SECS = 1.0
 
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
 
@@ -202,6 +204,10 @@ class Hub:
         # then runs every pingIntervalSecs until it gets through, not every socketCheckSecs.
         self._unrecorded = asyncio.Event()
         self._refusals = RefusalLog()
+        # The apps' executorTimeoutSecs for the "is DISCONNECTED" line (grace_note): when each was read
+        # (the loop's clock) and its value, and the reads under way.
+        self._grace_secs: dict[tuple[str, str], tuple[float, float]] = {}
+        self._grace_reads: dict[tuple[str, str], asyncio.Task[AppSettings | None]] = {}
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -337,6 +343,34 @@ class Hub:
             await self.elsewhere.close_remote(instance, key, epoch)
         except DatabaseError as exc:  # that instance's socket check closes it anyway
             log.warning("executor %s: could not ask instance %s to close its older socket: %s", key, instance, exc)
+
+    async def grace_note(self, key: ExecutorKey, lost_at: float) -> str:
+        """What the "is DISCONNECTED" line adds: when the executor is declared DEAD unless it
+        reconnects, ``lost_at`` plus the app's ``executorTimeoutSecs``, as its grace period counts it
+        (workflows.grace); "" when the setting cannot be read now (the line is not held up for it).
+        The setting is read once per app per :data:`GRACE_NOTE_SECS`, by whichever disconnection
+        comes first: a thousand sockets of an app closing at once cost one read, not a thousand."""
+        app = (key.org, key.app)
+        cached = self._grace_secs.get(app)
+        loop = asyncio.get_running_loop()
+        if cached is None or loop.time() - cached[0] > GRACE_NOTE_SECS:
+            reading = self._grace_reads.get(app)
+            if reading is None:
+                reading = loop.create_task(self.apps.settings_of(*app))
+                self._grace_reads[app] = reading
+                reading.add_done_callback(lambda _: self._grace_reads.pop(app, None))
+            try:
+                settings = await asyncio.shield(reading)
+            except DatabaseError:
+                return ""
+            if settings is None:
+                return ""
+            cached = (loop.time(), settings.executor_timeout_secs)
+            self._grace_secs[app] = cached
+        secs = cached[1]
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lost_at + secs))
+        shown = f"{secs:.3f}".rstrip("0").rstrip(".")  # 60, 0.5, 1209600: the setting, not 1.2096e+06
+        return f": declared DEAD at {at} unless it reconnects (grace period {shown} s)"
 
     async def report_lost(self, key: ExecutorKey, epoch: int, lost_at: float) -> None:
         """The executor's disconnection is recorded: its grace period starts, counted from

@@ -202,7 +202,9 @@ function recentlyRecovered(app, {rows, total}) {
 function executorsTable(ctx, app, executors, state, recover) {
   return table(`Executors of ${app}${state ? ` in state ${state}` : ""}`, [
     ["Executor", (e) => h("span", {class: "id", "data-executor": e.executorId}, e.executorId)],
-    ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "")],
+    // A DISCONNECTED executor's grace period ends at graceEndsAt: when it is declared DEAD unless it reconnects.
+    ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "",
+      e.graceEndsAt ? [" ", h("span", {class: "note grace-ends"}, "dead at ", when(e.graceEndsAt), " unless it reconnects")] : "")],
     ["Version", (e) => id(e.applicationVersion)],
     ["Host", (e) => e.hostname || ""],
     ["Relay instance", (e) => id(e.relayInstance)],

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from relay.core.ids import ExecutorKey
+from relay.core.ids import ExecutorKey, grace_id
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
 from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, RelayError
@@ -778,6 +779,47 @@ class ExecutorStore:
             row = await cur.fetchone()
         return ExecutorRecord.from_row(row) if row else None
 
+    async def grace_ends(self, records: list[ExecutorRecord]) -> dict[ExecutorKey, datetime]:
+        """When each DISCONNECTED one of ``records`` is declared DEAD unless it reconnects.
+
+        The deadline its grace period recorded as it began to wait (the durable timer of its
+        ``DBOS.recv``, DBOS's ``DBOS.sleep`` row: the wake time, in seconds), so that what is shown is
+        what that workflow waits for, however late it started (adopted from another instance, started
+        by the repair sweep) and whatever the app's setting became since. Before it has recorded one
+        (waiting in its queue, about a second), or once it ended without declaring the executor dead
+        (the repair sweep declares it then), the disconnection plus the app's ``executorTimeoutSecs``,
+        which is what either will count."""
+        waiting = {grace_id(r.key, r.epoch): r for r in records if r.state is ExecutorState.DISCONNECTED}
+        if not waiting:
+            return {}
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT o.workflow_uuid, o.output, o.serialization FROM dbos.operation_outputs o
+                   JOIN dbos.workflow_status w ON w.workflow_uuid = o.workflow_uuid
+                   WHERE o.workflow_uuid = ANY(%s) AND o.function_name = 'DBOS.sleep'
+                     AND w.status IN ('PENDING', 'ENQUEUED', 'DELAYED')""",
+                (list(waiting),),
+            )
+            timers = {
+                str(r["workflow_uuid"]): _wake_time(r["output"], r["serialization"]) for r in await cur.fetchall()
+            }
+            apps = sorted({(r.key.org, r.key.app) for r in waiting.values()})
+            cur = await conn.execute(
+                """SELECT org, name, executor_timeout_secs FROM apps
+                   WHERE (org, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))""",
+                ([org for org, _ in apps], [app for _, app in apps]),
+            )
+            grace = {(str(r["org"]), str(r["name"])): float(r["executor_timeout_secs"]) for r in await cur.fetchall()}
+        ends: dict[ExecutorKey, datetime] = {}
+        for workflow_id, rec in waiting.items():
+            timer = timers.get(workflow_id)
+            secs = grace.get((rec.key.org, rec.key.app))
+            if timer is not None:
+                ends[rec.key] = timer
+            elif rec.disconnected_at is not None and secs is not None:
+                ends[rec.key] = rec.disconnected_at + timedelta(seconds=secs)
+        return ends
+
     async def list_executors(
         self, org: str, app: str, state: ExecutorState | None = None, limit: int = 100, offset: int = 0
     ) -> list[ExecutorRecord]:
@@ -967,3 +1009,14 @@ class ExecutorStore:
             cur = await conn.execute("SELECT org, app, state, count(*) AS n FROM executors GROUP BY org, app, state")
             rows = await cur.fetchall()
         return {(r["org"], r["app"], r["state"]): int(r["n"]) for r in rows}
+
+
+def _wake_time(output: str | None, serialization: str | None) -> datetime | None:
+    """A recorded ``DBOS.sleep``'s wake time: DBOS 3 writes it as portable JSON, seconds since 1970.
+    None for any other form (a timer an older DBOS recorded): the caller counts the deadline itself."""
+    if serialization != "portable_json" or output is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(json.loads(output)), UTC)
+    except (ValueError, TypeError, OverflowError):
+        return None
