@@ -73,7 +73,7 @@ class ExecutorProcess:
         # The harness's own Python programs, in this interpreter, start from the zygote; a program
         # of another interpreter (the client's venv) or language is exec'd.
         in_this_python = command is None and Path(python) == Path(sys.executable) and module.startswith("harness.")
-        if zygote.wanted() and in_this_python:
+        if zygote.wanted(env) and in_this_python:
             self.proc = zygote.zygote(zygote.EXECUTOR).start(
                 module, [], env, ROOT, stdout=subprocess.PIPE, stderr=self._log
             )

@@ -69,7 +69,7 @@ class RelayProcess:
         with open(self.log_path, "ab") as log:
             # The zygote has this checkout's Relay imported; a working directory with a tree of its
             # own (an old release's, which ``python -m relay`` runs from there) needs an exec.
-            if zygote.wanted() and not (self.workdir / "relay").is_dir():
+            if zygote.wanted(env) and not (self.workdir / "relay").is_dir():
                 self.proc = zygote.zygote(zygote.RELAY).start(
                     "relay", args, env, self.workdir, stdout=log, stderr=subprocess.STDOUT
                 )

@@ -65,8 +65,26 @@ def use(wanted: bool) -> None:
     _wanted = wanted
 
 
-def wanted() -> bool:
-    return _wanted and os.environ.get("RELAY_TEST_ZYGOTE", "1") != "0"
+def wanted(env: dict[str, str]) -> bool:
+    """Whether a program with the environment ``env`` starts from the zygote: not when turned off,
+    nor when ``env`` sets the interpreter's own start differently from the zygote's (a
+    ``PYTHONPATH`` with a sitecustomize, as tests/test_single_writer.py gives Relay to log its
+    writes; ``PYTHONWARNINGS``, ``PYTHONDEVMODE``...), which a fork of an interpreter already
+    started would not apply."""
+    if not _wanted or os.environ.get("RELAY_TEST_ZYGOTE", "1") == "0":
+        return False
+    return _interpreter(env) == _interpreter(BASE_ENV)
+
+
+def _interpreter(env: dict[str, str]) -> dict[str, str]:
+    """What of ``env`` the interpreter reads as it starts (its ``PYTHON*`` variables)."""
+    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+
+
+# The environment the zygotes start with: this process's as the harness was imported, before any
+# test set its own (a zygote started from a test's environment would give every later child what
+# that test set, a sitecustomize among it).
+BASE_ENV = dict(os.environ)
 
 
 def _pdeathsig(sig: int) -> None:
@@ -242,7 +260,7 @@ def zygote(preload: tuple[str, ...]) -> Zygote:
         if preload not in _zygotes:
             if not _zygotes:
                 atexit.register(_close_all)
-            _zygotes[preload] = Zygote(preload)
+            _zygotes[preload] = Zygote(preload, BASE_ENV)
         return _zygotes[preload]
 
 

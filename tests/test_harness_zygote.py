@@ -188,7 +188,7 @@ def test_a_zygote_with_a_thread_refuses_to_fork(modules: Path, tmp_path: Path) -
 def test_a_relay_and_an_executor_from_the_zygote_work_and_the_relay_exits_3_when_its_lease_is_taken(
     start_relay: Callable[..., RelayProcess], start_executor: Callable[..., ExecutorProcess]
 ) -> None:
-    assert zygote.wanted() or os.environ.get("RELAY_TEST_ZYGOTE") == "0"
+    assert zygote.wanted(dict(os.environ)) or os.environ.get("RELAY_TEST_ZYGOTE") == "0"
     relay = start_relay(instanceLeaseSecs=0.6)
     executor = start_executor(relay.conductor_url)
     if os.environ.get("RELAY_TEST_ZYGOTE") != "0":
@@ -199,3 +199,29 @@ def test_a_relay_and_an_executor_from_the_zygote_work_and_the_relay_exits_3_when
         conn.execute("UPDATE relay_instances SET lease_epoch = lease_epoch + 1 WHERE instance_id = 'relay-1'")
     assert relay.proc is not None and relay.proc.wait(10) == 3
     assert "lease taken over by another instance; exiting (code 3)" in relay.log()
+
+
+def test_a_program_whose_environment_changes_the_interpreter_s_start_is_exec_d(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_relay: Callable[..., RelayProcess]
+) -> None:
+    """tests/test_single_writer.py gives Relay a PYTHONPATH with a sitecustomize that logs its writes:
+    a fork of the zygote, an interpreter already started, ran none of it, and that test found no log
+    (the first full run with the zygote). A PYTHON* variable that differs from the zygote's is an
+    exec'd start, and the zygote itself starts with the environment the harness was imported with."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['RELAY_TEST_SITE_RAN']).write_text(str(os.getpid()))\n"
+    )
+    ran = tmp_path / "site-ran"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("RELAY_TEST_SITE_RAN", str(ran))
+    assert not zygote.wanted(dict(os.environ))
+    relay = start_relay()
+    assert not isinstance(relay.proc, ZygoteProcess)
+    assert relay.proc is not None and ran.read_text() == str(relay.proc.pid)
+    monkeypatch.delenv("RELAY_TEST_SITE_RAN")
+    monkeypatch.setenv("PYTHONPATH", zygote.BASE_ENV.get("PYTHONPATH", ""))
+    if not zygote.BASE_ENV.get("PYTHONPATH"):
+        monkeypatch.delenv("PYTHONPATH")
+    assert zygote.wanted(dict(os.environ)) or os.environ.get("RELAY_TEST_ZYGOTE") == "0"
