@@ -81,3 +81,8 @@ def local_seconds(value: datetime) -> str:
 def utc_minutes(value: datetime) -> str:
     """A time for people, in UTC to the minute (``2026-01-31 12:00 UTC``)."""
     return utc(value).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def utc_seconds(epoch: float) -> str:
+    """A time for people, in UTC to the second (``2026-01-31 12:00:05 UTC``), of seconds since 1970."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -29,6 +29,7 @@ from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import APP_NAME_RULE, MAX_APP_NAME, ExecutorKey, printable, valid_app_name
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.core.times import utc_seconds
 from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
 from relay.logs import FailureLog
@@ -368,7 +369,7 @@ class Hub:
             cached = (loop.time(), settings.executor_timeout_secs)
             self._grace_secs[app] = cached
         secs = cached[1]
-        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lost_at + secs))
+        at = utc_seconds(lost_at + secs)
         shown = f"{secs:.3f}".rstrip("0").rstrip(".")  # 60, 0.5, 1209600: the setting, not 1.2096e+06
         return f": declared DEAD at {at} unless it reconnects (grace period {shown} s)"
 
