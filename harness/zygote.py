@@ -12,8 +12,9 @@ exception, non-daemon threads joined, atexit handlers run.
 The test side (:func:`start`) gets a :class:`ZygoteProcess`, which answers as ``subprocess.Popen``
 does (pid, poll, wait, returncode, send_signal, terminate, kill, stdout, args). The zygote reaps
 its children and sends each one's exit status back. If the test process dies, even by SIGKILL,
-the zygote sees its socket close (and gets SIGTERM through PR_SET_PDEATHSIG), kills its children
-and exits; a child whose zygote dies is killed too (its own PR_SET_PDEATHSIG).
+the zygote sees its socket close (and, started from the main thread, gets SIGTERM through
+PR_SET_PDEATHSIG), kills its children and exits; a child whose zygote dies is killed too (its own
+PR_SET_PDEATHSIG).
 
 What differs from an exec start (README, "The test suite"): the children of one zygote share its
 hash seed (PYTHONHASHSEED is fixed when an interpreter starts and every string already imported
@@ -50,6 +51,9 @@ RELAY = ("relay.entry", "relay.cli", "relay.runtime")
 EXECUTOR = ("dbos", "sqlalchemy", "psycopg")
 
 PR_SET_PDEATHSIG = 1
+# How a zygote learns that its test process is gone: its socket's close, and with WATCH_PARENT also
+# SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG).
+WATCH_PARENT, WATCH_SOCKET = "parent", "socket"
 MAX_REQUEST = 1 << 20
 STARTED_WITHIN = 120.0  # seconds for a zygote's imports, or a fork's answer, on a loaded machine
 
@@ -178,8 +182,13 @@ class Zygote:
     def __init__(self, preload: tuple[str, ...], env: dict[str, str] | None = None) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control = mine
+        # PR_SET_PDEATHSIG fires when the thread that started the zygote ends, not the process: one
+        # started from a thread that ends (a test's ThreadPoolExecutor starting an executor) got
+        # SIGTERM as it ended, and killed every child it had, the later tests' too. Only the main
+        # thread lasts as long as the process; from another, the socket's close is the only watch.
+        watch = WATCH_PARENT if threading.current_thread() is threading.main_thread() else WATCH_SOCKET
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.zygote", str(theirs.fileno()), *preload],
+            [sys.executable, "-m", "harness.zygote", str(theirs.fileno()), watch, *preload],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, cwd=ROOT, env=env,
         )  # fmt: skip
         theirs.close()
@@ -406,12 +415,13 @@ class _Server:
 
 def _main() -> dict[str, Any]:
     control = socket.socket(fileno=int(sys.argv[1]))
-    parent = os.getppid()
-    _pdeathsig(signal.SIGTERM)
-    if os.getppid() != parent:  # the test process died before the line above
-        os._exit(1)
+    if sys.argv[2] == WATCH_PARENT:
+        parent = os.getppid()
+        _pdeathsig(signal.SIGTERM)
+        if os.getppid() != parent:  # the test process died before the line above
+            os._exit(1)
     try:
-        for module in sys.argv[2:]:
+        for module in sys.argv[3:]:
             importlib.import_module(module)
     except BaseException as exc:
         control.send(f"{type(exc).__name__}: {exc}".encode())

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -162,6 +163,30 @@ def test_a_killed_owner_leaves_no_child_running(modules: Path) -> None:
         assert owner.stdout is not None
         owner.stdout.close()
     assert_eventually(lambda: not any(running(pid) for pid in pids), 10, what="the zygote and its child gone")
+
+
+def test_a_zygote_started_from_a_thread_that_ends_outlives_the_thread(modules: Path) -> None:
+    """PR_SET_PDEATHSIG fires when the thread that started a process ends, not its process: a zygote
+    first used from a thread (tests/test_recovery.py starts an executor from a ThreadPoolExecutor)
+    got SIGTERM as that thread ended, killed the children it had, and every later start of the
+    pytest worker failed. Started so, it serves on; its test process's end still ends it (above)."""
+    made: list[Zygote] = []
+    thread = threading.Thread(target=lambda: made.append(Zygote(("json",))))
+    thread.start()
+    thread.join()
+    # Gone from the kernel too, not only from Python's threads: the signal came as it went.
+    task = Path(f"/proc/self/task/{thread.native_id}")
+    assert_eventually(lambda: not task.exists(), 10, what="the starting thread gone")
+    (server,) = made
+    try:
+        child = server.start("probe", ["sleep"], dict(os.environ), modules, stdout=subprocess.PIPE)
+        assert child.stdout is not None and child.stdout.readline() == b"READY\n"
+        assert server.proc.poll() is None and child.poll() is None
+        child.kill()
+        assert child.wait(10) == -signal.SIGKILL
+        child.stdout.close()
+    finally:
+        server.close()
 
 
 def running(pid: int) -> bool:
