@@ -224,6 +224,12 @@ class Zygote:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             socket.send_fds(self.control, [request], [in_fd, out_fd, err_fd, theirs.fileno()])
+        except BaseException:
+            # Not sent (a zygote gone): this side's ends go too, not left open to the collector.
+            mine.close()
+            if pipe is not None:
+                pipe.close()
+            raise
         finally:
             theirs.close()
             for fd in close:
@@ -264,13 +270,19 @@ _null: int | None = None
 
 
 def zygote(preload: tuple[str, ...]) -> Zygote:
-    """This process's zygote for ``preload``, started on first use."""
+    """This process's zygote for ``preload``, started on first use, and again if it has died."""
     with _zygotes_lock:
-        if preload not in _zygotes:
+        running = _zygotes.get(preload)
+        if running is not None and running.proc.poll() is not None:
+            # It died (killed, out of memory), and its children with it: the test that saw that fails,
+            # and the later ones get a zygote that answers, not its closed socket.
+            running.close()
+            running = None
+        if running is None:
             if not _zygotes:
                 atexit.register(_close_all)
-            _zygotes[preload] = Zygote(preload, BASE_ENV)
-        return _zygotes[preload]
+            running = _zygotes[preload] = Zygote(preload, BASE_ENV)
+        return running
 
 
 def _close_all() -> None:

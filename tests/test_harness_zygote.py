@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -187,6 +189,28 @@ def test_a_zygote_started_from_a_thread_that_ends_outlives_the_thread(modules: P
         child.stdout.close()
     finally:
         server.close()
+
+
+def test_a_zygote_that_died_is_started_again_and_a_start_on_it_leaves_nothing_open(modules: Path) -> None:
+    """A zygote that died (its thread's end above, the OOM killer) stayed this process's zygote: every
+    later start of the pytest worker failed on its closed socket, and each left its pipe and reply
+    socket to the collector. The next start gets a new zygote; the failed one closes what it opened."""
+    dead = zygote.zygote(("json",))
+    try:
+        dead.proc.kill()
+        dead.proc.wait(10)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(OSError):
+                dead.start("probe", ["exit", "0"], dict(os.environ), modules, stdout=subprocess.PIPE)
+            gc.collect()
+        assert [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)] == []
+        again = zygote.zygote(("json",))
+        assert again is not dead and again.proc.poll() is None
+        assert again.start("probe", ["exit", "4"], dict(os.environ), modules).wait(10) == 4
+    finally:
+        with zygote._zygotes_lock:
+            zygote._zygotes.pop(("json",)).close()
 
 
 def running(pid: int) -> bool:
