@@ -163,3 +163,12 @@ def test_a_wrapper_s_child_listening_counts_as_its_own(tmp_path: Path) -> None:
         assert not listens(wrapper.pid, ports.free_port())
     finally:
         wrapper.communicate(b"", timeout=10)
+
+
+def test_a_port_browsers_refuse_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chromium refuses to load a page from port 10080 (net::ERR_UNSAFE_PORT): a console test's Relay
+    handed it failed every test of its module. The next port after it is handed out instead."""
+    [refused] = ports.BROWSERS_REFUSE
+    monkeypatch.setattr(ports, "_slice", lambda: range(refused, refused + 3))
+    monkeypatch.setattr(ports, "_next", refused)
+    assert ports.free_port() != refused
