@@ -325,16 +325,24 @@ def test_a_burst_waits_delayed_and_still_declares_its_executors_dead_at_their_de
     # whose output is its wake time), is one grace period after the disconnection, not after its
     # first step (2 s and more later for the delayed ones). Read from the record rather than from
     # when each was declared DEAD: a burst's declarations under the suite's load end seconds after
-    # the deadlines (2.09 s for the last of 128 once on CI), which bench.failover measures.
+    # the deadlines (2.09 s for the last of 128 once on CI), which bench.failover measures. And
+    # against each executor's disconnection as Relay recorded it (``disconnected_at``, the write's
+    # now(), a moment after the time the grace period counts from), not against the moment the
+    # client dropped the sockets: Relay's taking in of a burst of 128 closes under the suite's load
+    # (1.14 s for the last once, with the full run's other workers busy) is bench.connections'
+    # figure ("closes absorbed"), not this test's.
     with psycopg.connect(relay.database_url) as conn:
         rows = conn.execute(
-            """SELECT workflow_uuid, max(output::float8) FROM dbos.operation_outputs
-                WHERE workflow_uuid LIKE 'grace:acme:ledger:delayed-%' AND function_name = 'DBOS.sleep'
-                GROUP BY workflow_uuid"""
+            """SELECT o.workflow_uuid, max(o.output::float8), extract(epoch FROM e.disconnected_at)
+                 FROM dbos.operation_outputs o
+                 JOIN executors e ON o.workflow_uuid LIKE 'grace:acme:ledger:' || e.executor_id || ':%'
+                WHERE o.workflow_uuid LIKE 'grace:acme:ledger:delayed-%' AND o.function_name = 'DBOS.sleep'
+                  AND e.org = 'acme' AND e.app = 'ledger' AND e.executor_id LIKE 'delayed-%'
+                GROUP BY o.workflow_uuid, e.disconnected_at"""
         ).fetchall()
-    deadlines = sorted(float(wake) - closed for _, wake in rows)
+    deadlines = sorted(float(wake) - float(disconnected) for _, wake, disconnected in rows)
     assert len(deadlines) == dropped, len(deadlines)
-    assert grace - 0.5 <= deadlines[0] and deadlines[-1] < grace + 1.0, (deadlines[0], deadlines[-1])
+    assert grace - 1.0 <= deadlines[0] and deadlines[-1] < grace + 0.5, (deadlines[0], deadlines[-1])
 
 
 def test_grace_periods_left_delayed_or_enqueued_on_another_instances_queue_are_taken_over_by_the_owner(
