@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import signal
+import string
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import httpx
 import psycopg
@@ -902,3 +904,53 @@ def read_back(words: str) -> list[str]:
     """The words bash makes of ``words``."""
     read = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], capture_output=True, text=True, check=True)
     return read.stdout.split("\0")[:-1]
+
+
+# -- long workflow ids -----------------------------------------------------------------------------
+
+
+def test_a_long_workflow_id_leaves_the_page_its_actions_and_its_dialogs_on_the_screen(world: World, page: Page) -> None:
+    """Relay takes workflow ids up to 16 KiB (PostgreSQL holds 2,692 bytes that do not compress). The
+    console showed such an id whole wherever it named one: a 2,600-character id was a heading of 17
+    lines that pushed the workflow's actions and status off the first screen, a row of the list 20
+    lines high, and its cancel dialog and the outcome line ran past their boxes. Listed, linked and
+    in the heading an id shows three lines (the whole id a click away); in a sentence, its ends."""
+    rng = random.Random(7)
+    workflow_id = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(2600))
+    client = DBOSClient(system_database_url=world.sysdb)
+    try:  # waits an hour for its message: PENDING, to be cancelled
+        client.enqueue({"queue_name": "serial", "workflow_name": "parent", "workflow_id": workflow_id}, 5, 3600.0)
+    finally:
+        client.destroy()
+    assert_eventually(lambda: status_in_db(world.sysdb, workflow_id) == "PENDING", 20, what="the long one PENDING")
+    admin(page, world)
+    go(page, f"#/apps/ledger/workflows/{quote(workflow_id, safe='')}")
+    heading = page.get_by_role("heading", name=f"Workflow {workflow_id}")  # its name is the whole id
+    expect(heading).to_be_visible()
+    box = heading.bounding_box()
+    assert box is not None and box["height"] < 120, box  # three lines of the id and the word
+    cancel = page.get_by_role("button", name="Cancel…")
+    expect(cancel).to_be_in_viewport()
+    page.get_by_text("The whole id (2600 characters)").click()
+    expect(page.locator("details.whole-id code")).to_have_text(workflow_id)
+    child = page.get_by_role("link", name=f"{workflow_id}-child").first  # the step's link, to the child
+    expect(child).to_be_visible()
+    assert unquote(child.get_attribute("href") or "") == f"#/apps/ledger/workflows/{workflow_id}-child"
+
+    cancel.click()
+    dialog = page.get_by_role("dialog", name="Cancel this workflow?")
+    expect(dialog).to_be_in_viewport(ratio=1)
+    fits = "e => e.scrollWidth <= e.clientWidth"
+    assert dialog.locator("p").evaluate(fits), "the dialog's text runs past it"
+    expect(dialog).to_contain_text(f"{workflow_id[:56]}…{workflow_id[-20:]}")
+    dialog.get_by_role("button", name="Cancel workflow").click()
+    assert_eventually(lambda: status_in_db(world.sysdb, workflow_id) == "CANCELLED", 10, what="cancelled")
+    expect(page.locator("#action-status")).to_contain_text("Cancelled")
+    assert page.locator("#action-status").evaluate(fits), "the outcome runs past the page"
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+
+    go(page, "#/apps/ledger/workflows")
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name=workflow_id, exact=True))
+    expect(row).to_contain_text("CANCELLED")
+    box = row.bounding_box()
+    assert box is not None and box["height"] < 120, box

@@ -24,6 +24,14 @@ const link = (parts, text, params) => {
   return h("a", {href: `#/${parts.map((p) => encodeURIComponent(p)).join("/")}${q ? `?${q}` : ""}`}, text);
 };
 const id = (text) => h("span", {class: "id"}, text ?? "");
+// A workflow id: DBOS bounds none and Relay takes up to 16 KiB, which is two screens of text. Where
+// ids are listed or linked, each shows its first lines (console.css's .wf); its link, its text for
+// a screen reader and a copy are the whole id.
+const wfId = (workflowId, content) => h("span", {class: "id wf"}, content ?? workflowId);
+// A workflow id inside a sentence (a dialog, the outcome of an action, the window's title): its
+// beginning and its end, so that the sentence stays on the screen. The page's heading says it whole.
+const SHORT_ID = 80;
+const shortId = (workflowId) => (workflowId.length <= SHORT_ID ? workflowId : `${workflowId.slice(0, 56)}…${workflowId.slice(-20)}`);
 // An executor id, linked to the app's Executors page showing it, which says where its recoveries
 // are when its record is gone (a recovered executor's is deleted).
 const executorLink = (app, executorId) => (executorId ? id(link(["apps", app, "executors"], executorId, {executor: executorId})) : id(executorId));
@@ -378,7 +386,7 @@ function workflowsTable(app, rows, caption) {
   return table(caption, [
     ["Workflow", (w) => unlinkable(w.workflowId)
       ? h("span", {class: "id", title: `A browser cannot open this id; use: ${shellCommand("relay workflows get", [app, w.workflowId])}`}, w.workflowId)
-      : h("span", {class: "id"}, link(["apps", app, "workflows", w.workflowId], w.workflowId))],
+      : wfId(w.workflowId, link(["apps", app, "workflows", w.workflowId], w.workflowId))],
     ["Name", (w) => w.workflowName || ""],
     ["Status", (w) => badge(w.status)],
     ["Queue", (w) => w.queueName || ""],
@@ -463,19 +471,19 @@ function workflowPage(ctx, app, workflowId) {
       return;
     }
     if (kind === "fork" && out && out.workflowId) {
-      announce(`${verb} ${workflowId} as ${out.workflowId}`);
+      announce(`${verb} ${shortId(workflowId)} as ${shortId(out.workflowId)}`);
       ctx.go(["apps", app, "workflows", out.workflowId]);
       return;
     }
     // DBOS cancels nothing of a workflow that finished meanwhile, and says it did: look.
-    let text = `${verb} ${workflowId}.`;
+    let text = `${verb} ${shortId(workflowId)}.`;
     let late = false;
     if (kind === "cancel") {
       try {
         const now = await api(base, {params: {loadInput: false, loadOutput: false}});
         if (now.status !== "CANCELLED") {
           late = true;
-          text = `Not cancelled: ${workflowId} is ${now.status}, it finished before the cancel reached it.`;
+          text = `Not cancelled: ${shortId(workflowId)} is ${now.status}, it finished before the cancel reached it.`;
         }
       } catch { /* the page's own read says what it can */ }
     }
@@ -488,7 +496,7 @@ function workflowPage(ctx, app, workflowId) {
 
   async function confirmCancel() {
     const ok = await confirmDialog({title: "Cancel this workflow?", danger: true, confirm: "Cancel workflow",
-      body: `Workflow ${workflowId} stops at its next step and is marked CANCELLED. It can be resumed later.`});
+      body: `Workflow ${shortId(workflowId)} stops at its next step and is marked CANCELLED. It can be resumed later.`});
     if (ok) await act("cancel", {});
   }
   async function confirmResume(status) {
@@ -497,13 +505,13 @@ function workflowPage(ctx, app, workflowId) {
     const waiting = status === "ENQUEUED";
     const ok = await confirmDialog({title: waiting ? "Start this workflow now?" : "Resume this workflow?", confirm: waiting ? "Start now" : "Resume workflow",
       body: waiting
-        ? `Workflow ${workflowId} is ENQUEUED. Resuming starts it now, outside its queue's concurrency and rate limits.`
-        : `Workflow ${workflowId} is queued again and continues from its last completed step.`});
+        ? `Workflow ${shortId(workflowId)} is ENQUEUED. Resuming starts it now, outside its queue's concurrency and rate limits.`
+        : `Workflow ${shortId(workflowId)} is queued again and continues from its last completed step.`});
     if (ok) await act("resume", {});
   }
   async function confirmFork(stepId) {
     const values = await confirmDialog({title: "Fork this workflow?", confirm: "Fork workflow",
-      body: `A new workflow starts from a copy of ${workflowId}: the steps before the one you choose are not run again.`,
+      body: `A new workflow starts from a copy of ${shortId(workflowId)}: the steps before the one you choose are not run again.`,
       fields: [{name: "startStep", label: "Start from step", type: "number", min: 0, value: stepId, required: true},
                {name: "newWorkflowId", label: "New workflow id (optional)"}]});
     if (values) {
@@ -514,10 +522,13 @@ function workflowPage(ctx, app, workflowId) {
   }
 
   const page = basePage({
-    section: "apps", title: `Workflow ${workflowId}`, app,
+    section: "apps", title: `Workflow ${shortId(workflowId)}`, app,
     heading: h("div", {},
       h("p", {class: "crumbs"}, link([], "Apps"), " › ", link(["apps", app, "workflows"], app), " › workflows"),
-      h("h1", {}, "Workflow ", h("span", {class: "id"}, workflowId))),
+      h("h1", {}, "Workflow ", wfId(workflowId)),
+      // The heading shows a long id's first lines; the whole of it is a click away, to read or copy.
+      workflowId.length > SHORT_ID ? h("details", {class: "whole-id"},
+        h("summary", {}, `The whole id (${workflowId.length} characters)`), h("code", {}, workflowId)) : null),
     relevant: (name, data) => name === "audit" && data.app === app && data.action.startsWith("workflow."),
     pollMs: () => unfinished ? WORKFLOW_POLL_MS : 0,
     async load() {
@@ -545,8 +556,8 @@ function workflowPage(ctx, app, workflowId) {
         ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
         ["Executor", executorLink(app, w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
         ["Completed", when(w.completedAt)],
-        ["Parent", w.parentWorkflowId ? id(link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId)) : null],
-        ["Forked from", w.forkedFrom ? id(link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom)) : null],
+        ["Parent", w.parentWorkflowId ? wfId(w.parentWorkflowId, link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId)) : null],
+        ["Forked from", w.forkedFrom ? wfId(w.forkedFrom, link(["apps", app, "workflows", w.forkedFrom], w.forkedFrom)) : null],
         ["Error", w.error ? h("code", {}, w.error) : null],
       ].filter(([, v]) => v);
       const toggle = h("button", {type: "button", class: "secondary", "aria-pressed": String(showData), "data-focus-key": "toggle-data",
@@ -561,7 +572,7 @@ function workflowPage(ctx, app, workflowId) {
           h("span", {class: "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
           sleeping(w, s) ? badge("PENDING", "sleeping") : badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
           h("span", {class: "when"}, when(s.startedAt), sleeping(w, s) ? ` · until ${when(s.completedAt)}` : s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
-          s.childWorkflowId ? [" · child ", id(link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
+          s.childWorkflowId ? [" · child ", wfId(s.childWorkflowId, link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
           ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
             "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
           showData && s.output ? h("pre", {}, s.output) : null,
@@ -569,7 +580,7 @@ function workflowPage(ctx, app, workflowId) {
         steps.length === stepsLimit || stepsOffset ? pager("Step pages", {offset: stepsOffset, limit: stepsLimit, shown: steps.length,
           go: (o) => here({offset: o || undefined})}) : null,
         h("h2", {}, "Children"),
-        workflowsTable(app, children, `Child workflows of ${workflowId}`),
+        workflowsTable(app, children, `Child workflows of ${shortId(workflowId)}`),
         children.length === PAGE || childrenOffset ? pager("Child pages", {offset: childrenOffset, limit: PAGE, shown: children.length,
           go: (o) => here({children: o || undefined})}) : null,
       ];
@@ -739,7 +750,7 @@ const ACTIONS = [
 // An entry's detail as "name: value" pairs rather than one line of JSON: a refusal's error as text,
 // and the workflows and recovery it names linked to their pages.
 function auditDetail(e) {
-  const workflow = (w) => e.app && !unlinkable(w) ? id(link(["apps", e.app, "workflows", w], w)) : id(w);
+  const workflow = (w) => e.app && !unlinkable(w) ? wfId(w, link(["apps", e.app, "workflows", w], w)) : wfId(w);
   const value = (k, v) => {
     if ((k === "workflowIds" || k === "newWorkflowIds") && Array.isArray(v)) return v.flatMap((w, i) => [i ? ", " : "", workflow(w)]);
     if ((k === "workflowId" || k === "newWorkflowId") && typeof v === "string") return workflow(v);
