@@ -80,8 +80,9 @@ def test_an_offset_past_a_bigint_is_refused(api: httpx.Client, path: str) -> Non
 Json = dict[str, object]
 TOO_BIG = 2**63
 TOO_LONG = "x" * 257  # the protocol carries names of up to 256 characters
-# and workflow ids of up to 16 KiB in UTF-8: 8,193 characters of two bytes are past it.
-TOO_LONG_ID = "é" * (MAX_WORKFLOW_ID_BYTES // 2 + 1)
+# and workflow ids, queues' and schedules' names of up to 16 KiB in UTF-8: 8,193 characters of two
+# bytes are past it.
+TOO_MANY_BYTES = "é" * (MAX_WORKFLOW_ID_BYTES // 2 + 1)
 
 
 @pytest.mark.parametrize(
@@ -91,16 +92,16 @@ TOO_LONG_ID = "é" * (MAX_WORKFLOW_ID_BYTES // 2 + 1)
         ("GET", "/workflows/abc/steps", None, {"offset": TOO_BIG}),
         ("POST", "/workflows/search", {"offset": TOO_BIG}, None),
         ("POST", "/workflows/search", {"workflowName": ["a\u0000b"]}, None),
-        ("POST", "/workflows/search", {"workflowIds": [TOO_LONG_ID]}, None),
+        ("POST", "/workflows/search", {"workflowIds": [TOO_MANY_BYTES]}, None),
         ("POST", "/workflows/search", {"attributes": {"k": "\u0000"}}, None),
         ("POST", "/workflows/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
         ("POST", "/steps/aggregates", {"groupByStatus": True, "timeBucketSizeMs": TOO_BIG}, None),
         ("POST", "/workflows/abc/fork", {"startStep": TOO_BIG}, None),
-        ("POST", "/workflows/abc/resume", {"queueName": TOO_LONG}, None),
+        ("POST", "/workflows/abc/resume", {"queueName": TOO_MANY_BYTES}, None),
         ("POST", "/workflows/bulk-cancel", {"workflowIds": ["a\u0000"]}, None),
         ("POST", "/workflows/bulk-fork-from-failure", {"workflowIds": ["a"], "fromStep": TOO_BIG}, None),
-        ("GET", f"/workflows/{quote(TOO_LONG_ID, safe='')}", None, None),
-        ("GET", f"/schedules/{TOO_LONG}", None, None),
+        ("GET", f"/workflows/{quote(TOO_MANY_BYTES, safe='')}", None, None),
+        ("GET", f"/schedules/{quote(TOO_MANY_BYTES, safe='')}", None, None),
         ("PATCH", "/versions/latest", {"versionName": TOO_LONG}, None),
     ],
 )

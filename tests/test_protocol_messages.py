@@ -761,3 +761,36 @@ def test_nested_objects_have_the_sdks_keys() -> None:
     ]  # fmt: skip
     for cls in bodies:
         assert {spec.wire for spec in field_specs(cls)} == set(getattr(sdk, cls.__name__).__annotations__), cls.__name__
+
+
+def queue_and_schedule_names(name: str) -> list[p.Request]:
+    """A request for each field that names a queue or a schedule, naming ``name`` there."""
+    return [
+        p.GetQueueRequest(name=name),
+        p.GetScheduleRequest(schedule_name=name),
+        p.PauseScheduleRequest(schedule_name=name),
+        p.ResumeScheduleRequest(schedule_name=name),
+        p.TriggerScheduleRequest(schedule_name=name),
+        p.BackfillScheduleRequest(schedule_name=name, start="2026-01-01T00:00:00Z", end="2026-01-02T00:00:00Z"),
+        p.ResumeRequest(workflow_id="w", queue_name=name),
+        p.ForkWorkflowRequest(body=p.ForkWorkflowBody(workflow_id="w", start_step=1, queue_name=name)),
+        p.ForkFromFailureRequest(body=p.ForkFromFailureBody(workflow_ids=["w"], queue_name=name)),
+        p.RewindWorkflowRequest(body=p.RewindWorkflowBody(workflow_id="w", queue_name=name)),
+        p.ListWorkflowsRequest(body=p.ListWorkflowsBody(queue_name=[name])),
+        p.ListWorkflowsRequest(body=p.ListWorkflowsBody(schedule_name=name)),
+        p.ListQueuedWorkflowsRequest(body=p.ListQueuedWorkflowsBody(queue_name=name)),
+        p.ListSchedulesRequest(body=p.ListSchedulesBody(schedule_name_prefix=name)),
+        p.GetWorkflowAggregatesRequest(body=p.GetWorkflowAggregatesBody(group_by_status=True, queue_name=[name])),
+        p.GetWorkflowAggregatesRequest(body=p.GetWorkflowAggregatesBody(group_by_status=True, schedule_name=[name])),
+    ]
+
+
+def test_queue_and_schedule_names_are_bounded_in_bytes_as_workflow_ids_are() -> None:
+    """DBOS stores names of 2,000 characters and more (PostgreSQL's indexes bound them in bytes): every
+    field naming a queue or a schedule carries one, and refuses one byte past the bound."""
+    for request in queue_and_schedule_names("q" * 2000):
+        assert type(request).from_frame(request.to_frame()) == request
+    past = "é" * (p.MAX_QUEUE_OR_SCHEDULE_NAME_BYTES // 2) + "x"
+    for request in queue_and_schedule_names(past):
+        with pytest.raises(p.ProtocolError, match=f"longer than {p.MAX_QUEUE_OR_SCHEDULE_NAME_BYTES} bytes in UTF-8"):
+            request.to_frame()

@@ -34,14 +34,14 @@ import pytest
 from dbos import DBOSClient, EnqueueOptions
 
 from harness.executors import ExecutorProcess
-from harness.keys import API_KEYS, CONDUCTOR_KEYS
+from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
-from relay_protocol import MAX_WORKFLOW_ID_BYTES
+from relay_protocol import MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES
 from tests.prom import scrape
 
 APP_MODULE = "harness.workflow_app"
@@ -1287,3 +1287,130 @@ def test_a_workflow_id_past_the_bound_is_refused_with_a_422_naming_it(world: Wor
         assert [e["location"] for e in body["errors"]] == ["body.workflowIds.1"], body
         body = problem(api.post(f"{LEDGER}/workflows/search", json={"workflowIds": [too_long]}), 422)
         assert [e["location"] for e in body["errors"]] == ["body.workflowIds.0"], body
+
+
+# -- long queue and schedule names -----------------------------------------------------------------
+
+# Random, so that PostgreSQL's indexes hold them uncompressed: DBOS 3.2 takes such names up to about
+# 2,600 characters (its unique indexes refuse 2,680), where Relay took 256 before.
+LONG_QUEUE = random_id(string.ascii_letters + string.digits + "-_.", 2000, 5)
+LONG_SCHEDULE = random_id(string.ascii_letters + string.digits + "-_.", 2000, 6)
+
+
+def db_queue_name(world: World, workflow_id: str) -> str | None:
+    rows = query(world.sysdb, "SELECT queue_name FROM dbos.workflow_status WHERE workflow_uuid = %s", workflow_id)
+    return rows[0][0] if rows else None
+
+
+def db_schedule_status(world: World, schedule_name: str) -> str | None:
+    rows = query(world.sysdb, "SELECT status FROM dbos.workflow_schedules WHERE schedule_name = %s", schedule_name)
+    return rows[0][0] if rows else None
+
+
+def test_a_queue_and_a_schedule_with_long_names_are_read_searched_paused_resumed_and_triggered(world: World) -> None:
+    """DBOS bounds neither a queue's nor a schedule's name: one past the 256 characters Relay once
+    took was listed but answered 422 everywhere else. A queue and a schedule of 2,000 characters,
+    made through DBOS, are read, searched by, forked and resumed onto, paused, resumed and triggered;
+    a refused pause is audited with the schedule's name."""
+    client = DBOSClient(system_database_url=world.sysdb, application_name="ledger")
+    made: list[str] = []
+    try:
+        client.register_queue(LONG_QUEUE, application_name="ledger")
+        # Yearly, at midnight on 1 January: it does not fire while the test runs.
+        client.create_schedule(
+            schedule_name=LONG_SCHEDULE, workflow_name="tick", schedule="0 0 1 1 *", context="long",
+            application_name="ledger",
+        )  # fmt: skip
+        made.append("long-queue-1")
+        client.enqueue({"queue_name": LONG_QUEUE, "workflow_name": "job", "workflow_id": "long-queue-1"}, 5)
+        assert_eventually(lambda: db_status(world, "long-queue-1") == "SUCCESS", 20, what="the job on the long queue")
+        queue_path = f"{LEDGER}/queues/{quote(LONG_QUEUE, safe='')}"
+        schedule_path = f"{LEDGER}/schedules/{quote(LONG_SCHEDULE, safe='')}"
+        with world.api() as api:
+            queue = ok(api.get(queue_path))
+            assert (queue["name"], queue["applicationName"]) == (LONG_QUEUE, "ledger")
+            assert queue in ok(api.get(f"{LEDGER}/queues"))
+            found = ok(api.post(f"{LEDGER}/workflows/search", json={"queueName": [LONG_QUEUE]}))
+            assert [w["workflowId"] for w in found] == ["long-queue-1"]
+            body = {"groupByQueueName": True, "selectCount": True, "queueName": [LONG_QUEUE]}
+            counted = ok(api.post(f"{LEDGER}/workflows/aggregates", json=body))
+            assert [(a["group"], a["count"]) for a in counted] == [({"queue_name": LONG_QUEUE}, 1)]
+
+            # Forked onto the long queue, where the executors run it; and forked onto a queue no
+            # executor serves, cancelled there, and resumed onto the long queue.
+            made += ["long-queue-fork", "long-queue-resumed"]
+            fork_path = f"{LEDGER}/workflows/long-queue-1/fork"
+            ok(api.post(fork_path, json={"newWorkflowId": "long-queue-fork", "queueName": LONG_QUEUE}), 201)
+            ok(api.post(fork_path, json={"newWorkflowId": "long-queue-resumed", "queueName": "nowhere"}), 201)
+            ok(api.post(f"{LEDGER}/workflows/long-queue-resumed/cancel"), 204)
+            ok(api.post(f"{LEDGER}/workflows/long-queue-resumed/resume", json={"queueName": LONG_QUEUE}), 204)
+            for workflow_id in ("long-queue-fork", "long-queue-resumed"):
+                assert_eventually(lambda: db_status(world, workflow_id) == "SUCCESS", 20, what=workflow_id)  # noqa: B023
+                assert db_queue_name(world, workflow_id) == LONG_QUEUE
+
+            schedule = ok(api.get(schedule_path))
+            assert (schedule["scheduleName"], schedule["status"], schedule["context"]) == (
+                LONG_SCHEDULE,
+                "ACTIVE",
+                "long",
+            )
+            listed = ok(api.get(f"{LEDGER}/schedules", params={"scheduleNamePrefix": LONG_SCHEDULE[:1500]}))
+            assert listed == [schedule]
+            ok(api.post(f"{schedule_path}/pause"), 204)
+            assert db_schedule_status(world, LONG_SCHEDULE) == "PAUSED"
+            ok(api.post(f"{schedule_path}/resume"), 204)
+            assert db_schedule_status(world, LONG_SCHEDULE) == "ACTIVE"
+            triggered = ok(api.post(f"{schedule_path}/trigger"), 201)["workflowId"]
+            made.append(triggered)
+            assert query(
+                world.sysdb, "SELECT name, schedule_name FROM dbos.workflow_status WHERE workflow_uuid = %s", triggered
+            ) == [("tick", LONG_SCHEDULE)]
+            found = ok(api.post(f"{LEDGER}/workflows/search", json={"scheduleName": [LONG_SCHEDULE]}))
+            assert [w["workflowId"] for w in found] == [triggered]
+            assert_eventually(lambda: db_status(world, triggered) == "SUCCESS", 20, what="the triggered run")
+        audited_once(world, "ledger", "schedule.pause", scheduleName=LONG_SCHEDULE)
+        audited_once(world, "ledger", "schedule.trigger", scheduleName=LONG_SCHEDULE)
+        # Refused: its entry names the schedule, as a refusal naming a short one does.
+        with world.r1.api("acme", VIEWER_KEYS["acme"]) as viewer:
+            problem(viewer.post(f"{schedule_path}/pause"), 403)
+        assert_eventually(
+            lambda: audit(world, "ledger", "schedule.pause", result="failure", scheduleName=LONG_SCHEDULE),
+            10,
+            what="the refused pause audited with the schedule's name",
+        )
+    finally:
+        client.delete_workflows(made)
+        client.delete_schedule(LONG_SCHEDULE)
+        client.delete_queue(LONG_QUEUE)
+        client.destroy()
+
+
+def test_a_queue_or_schedule_name_past_the_bound_is_refused_with_a_422_naming_it(world: World) -> None:
+    """One byte past the bound, in characters of two bytes (the bound counts bytes): a clear 422
+    from the path, a body's name, a body's list of names and a query, and no executor asked."""
+    too_long = "é" * (MAX_QUEUE_OR_SCHEDULE_NAME_BYTES // 2) + "x"
+    in_path = quote(too_long, safe="")
+    bound = f"{MAX_QUEUE_OR_SCHEDULE_NAME_BYTES} bytes"
+    with world.api() as api:
+        for method, path, field in (
+            ("GET", f"{LEDGER}/queues/{in_path}", "name"),
+            ("GET", f"{LEDGER}/schedules/{in_path}", "schedule_name"),
+            ("POST", f"{LEDGER}/schedules/{in_path}/pause", "schedule_name"),
+            ("POST", f"{LEDGER}/schedules/{in_path}/trigger", "schedule_name"),
+        ):
+            body = problem(api.request(method, path), 422)
+            assert f"{field}: longer than {bound}" in body["detail"], body
+        for member in ("queueName", "scheduleName"):
+            body = problem(api.post(f"{LEDGER}/workflows/search", json={member: ["serial", too_long]}), 422)
+            assert [e["location"] for e in body["errors"]] == [f"body.{member}.1"], body
+            assert bound in body["detail"], body
+        body = problem(api.post(f"{LEDGER}/workflows/done-1/fork", json={"queueName": too_long}), 422)
+        assert [e["location"] for e in body["errors"]] == ["body.queueName"], body
+        body = problem(api.get(f"{LEDGER}/schedules", params={"scheduleNamePrefix": too_long}), 422)
+        assert [e["location"] for e in body["errors"]] == ["query.scheduleNamePrefix"], body
+        assert bound in body["detail"], body
+    # The document says the bound: in characters, which no longer name can fit, and in bytes.
+    with world.r1.client() as root:
+        document = ok(root.get("/openapi.json"))
+    (name, _) = document["components"]["schemas"]["ForkIn"]["properties"]["queueName"]["anyOf"]
+    assert name["maxLength"] == MAX_QUEUE_OR_SCHEDULE_NAME_BYTES and bound in name["description"], name

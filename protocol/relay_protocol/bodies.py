@@ -21,10 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from relay_protocol.limits import WORKFLOW_ID, meta
+from relay_protocol.limits import QUEUE_OR_SCHEDULE_NAME, WORKFLOW_ID, meta
 
-# Workflow ids are bounded in bytes, not as names (relay_protocol.limits.WORKFLOW_ID).
+# Workflow ids, and queues' and schedules' names, are bounded in bytes, not as names
+# (relay_protocol.limits.WORKFLOW_ID and QUEUE_OR_SCHEDULE_NAME).
 _ID = meta(rule=WORKFLOW_ID)
+_QS = meta(rule=QUEUE_OR_SCHEDULE_NAME)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +47,7 @@ class _WorkflowFilter:
     application_version: str | list[str] | None = None
     forked_from: str | list[str] | None = field(default=None, metadata=_ID)
     parent_workflow_id: str | list[str] | None = field(default=None, metadata=_ID)
-    queue_name: str | list[str] | None = None
+    queue_name: str | list[str] | None = field(default=None, metadata=_QS)
     limit: int | None = None
     offset: int | None = None
     sort_desc: bool = False
@@ -56,7 +58,7 @@ class _WorkflowFilter:
     was_forked_from: bool | None = None
     has_parent: bool | None = None
     attributes: dict[str, Any] | None = None
-    schedule_name: str | list[str] | None = None
+    schedule_name: str | list[str] | None = field(default=None, metadata=_QS)
     application_name: str | list[str] | None = None
 
 
@@ -78,7 +80,7 @@ class ForkWorkflowBody:
     start_step: int
     application_version: str | None = None
     new_workflow_id: str | None = field(default=None, metadata=_ID)
-    queue_name: str | None = None
+    queue_name: str | None = field(default=None, metadata=_QS)
     queue_partition_key: str | None = None
 
 
@@ -90,7 +92,7 @@ class ForkFromFailureBody:
 
     workflow_ids: list[str] = field(metadata=_ID)
     application_version: str | None = None
-    queue_name: str | None = None
+    queue_name: str | None = field(default=None, metadata=_QS)
     queue_partition_key: str | None = None
     from_last_failure: bool = False
     from_last_step: bool = False
@@ -107,7 +109,7 @@ class RewindWorkflowBody:
     workflow_id: str = field(metadata=_ID)
     start_step: int | None = None
     application_version: str | None = None
-    queue_name: str | None = None
+    queue_name: str | None = field(default=None, metadata=_QS)
     queue_partition_key: str | None = None
 
 
@@ -127,7 +129,7 @@ class ListSchedulesBody:
 
     status: str | list[str] | None = None
     workflow_name: str | list[str] | None = None
-    schedule_name_prefix: str | list[str] | None = None
+    schedule_name_prefix: str | list[str] | None = field(default=None, metadata=_QS)
     application_name: str | list[str] | None = None
     load_context: bool = True
 
@@ -159,13 +161,13 @@ class GetWorkflowAggregatesBody:
     name: list[str] | None = None
     app_version: list[str] | None = None
     executor_id: list[str] | None = None
-    queue_name: list[str] | None = None
+    queue_name: list[str] | None = field(default=None, metadata=_QS)
     workflow_id_prefix: list[str] | None = field(default=None, metadata=_ID)
     workflow_ids: list[str] | None = field(default=None, metadata=_ID)
     forked_from: list[str] | None = field(default=None, metadata=_ID)
     parent_workflow_id: list[str] | None = field(default=None, metadata=_ID)
     user: list[str] | None = None
-    schedule_name: list[str] | None = None
+    schedule_name: list[str] | None = field(default=None, metadata=_QS)
     application_name: list[str] | None = None
     was_forked_from: bool | None = None
     has_parent: bool | None = None

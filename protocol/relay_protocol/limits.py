@@ -13,8 +13,9 @@ A field picks its rule through dataclass field metadata::
     output: str | None = field(default=None, metadata=meta("Output", rule=TEXT))
 
 A field without metadata is a name: at most :data:`MAX_NAME_LEN` characters,
-no NUL, no lone surrogate. A workflow id (:data:`WORKFLOW_ID`) is bounded in
-UTF-8 bytes instead, as the store that holds it is.
+no NUL, no lone surrogate. A workflow id (:data:`WORKFLOW_ID`) and a queue's
+or a schedule's name (:data:`QUEUE_OR_SCHEDULE_NAME`) are bounded in UTF-8
+bytes instead, as the store that holds them is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-#: Identifiers and names: executor ids, versions, queue and schedule names, request ids.
+#: Identifiers and names: executor ids, versions, request ids.
 MAX_NAME_LEN = 256
 #: A workflow id, in UTF-8 bytes. DBOS sets no bound of its own: on SQLite an id may be any length,
 #: and on PostgreSQL the primary key's btree takes an entry of at most 2,704 bytes, which is an id
@@ -32,6 +33,13 @@ MAX_NAME_LEN = 256
 #: sit in a URL path percent-encoded whole (three bytes of URL for one of id) within the
 #: 64 KiB Relay takes of a request's head.
 MAX_WORKFLOW_ID_BYTES = 16 * 1024
+#: A queue's or a schedule's name, in UTF-8 bytes: the workflow id's bound, under a name of its own.
+#: DBOS bounds neither name, and PostgreSQL's unique indexes on them bound both as they bound an id
+#: (measured with DBOS 3.2: 2,600 random ASCII characters work end to end, 2,680 are refused, and
+#: repetitive names compress and go far longer; SQLite takes any length). A schedule's runs have
+#: ids ``sched-{name}-{time}``, which must fit the id's bound anyway, and a name sits in a URL path
+#: as an id does.
+MAX_QUEUE_OR_SCHEDULE_NAME_BYTES = MAX_WORKFLOW_ID_BYTES
 #: A hostname (RFC 1035 allows 253 characters; this leaves room for odd resolvers).
 MAX_HOSTNAME_LEN = 1024
 #: Free JSON (executor_metadata, attributes) once re-serialised with ``json.dumps``.
@@ -68,6 +76,8 @@ NAME = Rule()
 TEXT = Rule(max_len=None, strict=False)
 #: A workflow id: a name, bounded in bytes rather than characters.
 WORKFLOW_ID = Rule(max_len=None, max_bytes=MAX_WORKFLOW_ID_BYTES)
+#: A queue's or a schedule's name, bounded in bytes as a workflow id is.
+QUEUE_OR_SCHEDULE_NAME = Rule(max_len=None, max_bytes=MAX_QUEUE_OR_SCHEDULE_NAME_BYTES)
 
 _META_WIRE = "relay_protocol.wire"
 _META_RULE = "relay_protocol.rule"

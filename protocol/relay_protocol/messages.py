@@ -23,7 +23,7 @@ from relay_protocol.bodies import (
     RewindWorkflowBody,
 )
 from relay_protocol.frames import MessageType, Reply, Request
-from relay_protocol.limits import MAX_HOSTNAME_LEN, TEXT, WORKFLOW_ID, Rule, meta
+from relay_protocol.limits import MAX_HOSTNAME_LEN, QUEUE_OR_SCHEDULE_NAME, TEXT, WORKFLOW_ID, Rule, meta
 from relay_protocol.outputs import (
     ApplicationVersionOutput,
     EventOutput,
@@ -40,6 +40,8 @@ from relay_protocol.outputs import (
 
 # Workflow ids are bounded in bytes, not as names (relay_protocol.limits.WORKFLOW_ID).
 _ID = meta(rule=WORKFLOW_ID)
+# So are a queue's and a schedule's names (relay_protocol.limits.QUEUE_OR_SCHEDULE_NAME).
+_QS = meta(rule=QUEUE_OR_SCHEDULE_NAME)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +185,7 @@ class ResumeRequest(Request):
     type = MessageType.RESUME
     workflow_id: str = field(metadata=_ID)
     workflow_ids: list[str] | None = field(default=None, metadata=_ID)
-    queue_name: str | None = None
+    queue_name: str | None = field(default=None, metadata=_QS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,7 +400,7 @@ class ListSchedulesReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetScheduleRequest(Request):
     type = MessageType.GET_SCHEDULE
-    schedule_name: str
+    schedule_name: str = field(metadata=_QS)
     load_context: bool = True
 
 
@@ -411,7 +413,7 @@ class GetScheduleReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class PauseScheduleRequest(Request):
     type = MessageType.PAUSE_SCHEDULE
-    schedule_name: str
+    schedule_name: str = field(metadata=_QS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,7 +424,7 @@ class PauseScheduleReply(SuccessReply):
 @dataclass(frozen=True, kw_only=True)
 class ResumeScheduleRequest(Request):
     type = MessageType.RESUME_SCHEDULE
-    schedule_name: str
+    schedule_name: str = field(metadata=_QS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -435,7 +437,7 @@ class BackfillScheduleRequest(Request):
     """Enqueue the runs the schedule would have made between two ISO 8601 times."""
 
     type = MessageType.BACKFILL_SCHEDULE
-    schedule_name: str
+    schedule_name: str = field(metadata=_QS)
     start: str
     end: str
 
@@ -451,7 +453,7 @@ class TriggerScheduleRequest(Request):
     """Run the schedule's workflow once, now."""
 
     type = MessageType.TRIGGER_SCHEDULE
-    schedule_name: str
+    schedule_name: str = field(metadata=_QS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -507,7 +509,7 @@ class ListQueuesReply(Reply):
 @dataclass(frozen=True, kw_only=True)
 class GetQueueRequest(Request):
     type = MessageType.GET_QUEUE
-    name: str
+    name: str = field(metadata=_QS)
 
 
 @dataclass(frozen=True, kw_only=True)

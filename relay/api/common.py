@@ -22,7 +22,7 @@ from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditEntry
-from relay_protocol import MAX_NAME_LEN, MAX_WORKFLOW_ID_BYTES, Reply, clean_text
+from relay_protocol import MAX_NAME_LEN, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES, Reply, clean_text
 from relay_protocol.limits import has_unstorable, utf8_length
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
@@ -34,7 +34,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 MAX_OFFSET = MAX_SAFE_INTEGER
 INT32_MAX = 2**31 - 1
 
-# A name the protocol carries to an executor (a workflow id, a queue, a version...): at most
+# A name the protocol carries to an executor (a workflow's name, a version...): at most
 # MAX_NAME_LEN characters, and no NUL, which PostgreSQL cannot store.
 NO_NUL = r"^[^\x00]*$"
 
@@ -53,12 +53,16 @@ NonEmptyName = Annotated[Name, Field(min_length=1)]
 QueryName = Annotated[str, Query(max_length=MAX_NAME_LEN, pattern=NO_NUL), AfterValidator(storable)]
 
 
-def workflow_id_sized(text: str) -> str:
-    """``text``, if it is within the protocol's bound on a workflow id, which is in UTF-8 bytes."""
-    size = utf8_length(text)
-    if size > MAX_WORKFLOW_ID_BYTES:
-        raise ValueError(f"a workflow id is at most {MAX_WORKFLOW_ID_BYTES} bytes in UTF-8; this one is {size}")
-    return text
+def bytes_bound(what: str, bound: int) -> AfterValidator:
+    """A check that a text is within ``bound`` bytes of UTF-8, the protocol's bound on ``what``."""
+
+    def sized(text: str) -> str:
+        size = utf8_length(text)
+        if size > bound:
+            raise ValueError(f"{what} is at most {bound} bytes in UTF-8; this one is {size}")
+        return text
+
+    return AfterValidator(sized)
 
 
 # A workflow id: DBOS bounds none, and its store is bounded in bytes (relay_protocol.limits), so the
@@ -72,7 +76,7 @@ WorkflowId = Annotated[
         description=f"A workflow id: at most {MAX_WORKFLOW_ID_BYTES} bytes in UTF-8.",
     ),
     AfterValidator(storable),
-    AfterValidator(workflow_id_sized),
+    bytes_bound("a workflow id", MAX_WORKFLOW_ID_BYTES),
 ]
 NonEmptyWorkflowId = Annotated[WorkflowId, Field(min_length=1)]
 # The same in a query string (an audit entry's target may be a workflow id).
@@ -80,7 +84,30 @@ QueryWorkflowId = Annotated[
     str,
     Query(max_length=MAX_WORKFLOW_ID_BYTES, pattern=NO_NUL),
     AfterValidator(storable),
-    AfterValidator(workflow_id_sized),
+    bytes_bound("a workflow id", MAX_WORKFLOW_ID_BYTES),
+]
+# A queue's or a schedule's name: bounded in bytes as a workflow id is, and for the same reasons
+# (relay_protocol.limits.MAX_QUEUE_OR_SCHEDULE_NAME_BYTES).
+QueueOrScheduleName = Annotated[
+    str,
+    Field(
+        max_length=MAX_QUEUE_OR_SCHEDULE_NAME_BYTES,
+        pattern=NO_NUL,
+        description=f"A queue's or a schedule's name: at most {MAX_QUEUE_OR_SCHEDULE_NAME_BYTES} bytes in UTF-8.",
+    ),
+    AfterValidator(storable),
+    bytes_bound("a queue's or a schedule's name", MAX_QUEUE_OR_SCHEDULE_NAME_BYTES),
+]
+# The same in a query string (a schedule's name's prefix).
+QueryQueueOrScheduleName = Annotated[
+    str,
+    Query(
+        max_length=MAX_QUEUE_OR_SCHEDULE_NAME_BYTES,
+        pattern=NO_NUL,
+        description=f"At most {MAX_QUEUE_OR_SCHEDULE_NAME_BYTES} bytes in UTF-8.",
+    ),
+    AfterValidator(storable),
+    bytes_bound("a queue's or a schedule's name", MAX_QUEUE_OR_SCHEDULE_NAME_BYTES),
 ]
 
 

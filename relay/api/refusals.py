@@ -31,7 +31,7 @@ from relay.api.context import ApiContext
 from relay.auth import KeyGrant
 from relay.core.window import CountedWindow
 from relay.store.audit import AuditEntry
-from relay_protocol import MAX_NAME_LEN, MAX_WORKFLOW_ID_BYTES, clean_text
+from relay_protocol import MAX_NAME_LEN, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES, clean_text
 from relay_protocol.limits import has_unstorable, utf8_length
 
 log = logging.getLogger("relay.audit")
@@ -204,10 +204,15 @@ def _entry(
     return org, app, AuditEntry(action, f"api:{grant.name}", detail=detail)
 
 
+# The path parameters the protocol bounds in bytes, and their bounds; every other name is bounded at
+# MAX_NAME_LEN characters.
+_BYTES_BOUNDS = {
+    "workflow_id": MAX_WORKFLOW_ID_BYTES,
+    "schedule_name": MAX_QUEUE_OR_SCHEDULE_NAME_BYTES,
+}
+
+
 def _storable(parameter: str, name: str) -> bool:
-    # A workflow id is bounded in bytes, as the protocol bounds it; every other name at MAX_NAME_LEN.
-    if parameter == "workflow_id":
-        fits = utf8_length(name) <= MAX_WORKFLOW_ID_BYTES
-    else:
-        fits = len(name) <= MAX_NAME_LEN
+    bound = _BYTES_BOUNDS.get(parameter)
+    fits = len(name) <= MAX_NAME_LEN if bound is None else utf8_length(name) <= bound
     return fits and not has_unstorable(name)

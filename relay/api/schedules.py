@@ -14,6 +14,7 @@ from relay.api.common import (
     DecodedRoute,
     PathId,
     QueryName,
+    QueryQueueOrScheduleName,
     actor,
     answered,
     audited,
@@ -55,7 +56,7 @@ async def list_schedules(
     _: Caller,
     status: QueryName | None = None,
     workflowName: QueryName | None = None,
-    scheduleNamePrefix: QueryName | None = None,
+    scheduleNamePrefix: QueryQueueOrScheduleName | None = None,
     loadContext: bool = True,
 ) -> list[shapes.Schedule]:
     """The app's schedules with their contexts, as Conductor serves them to an app not in private

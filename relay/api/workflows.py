@@ -36,6 +36,7 @@ from relay.api.common import (
     Name,
     NonEmptyWorkflowId,
     PathId,
+    QueueOrScheduleName,
     WorkflowId,
     actor,
     answered,
@@ -92,6 +93,7 @@ R = TypeVar("R", bound=Reply)
 router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}", tags=["workflows"])
 Names = list[Name] | None
 WorkflowIds = list[WorkflowId] | None
+QueueOrScheduleNames = list[QueueOrScheduleName] | None
 
 
 def _known_status(value: str) -> str:
@@ -113,8 +115,8 @@ class WorkflowSearch(ConductorBody):
     workflowName: Names = None
     workflowIdPrefix: WorkflowIds = None
     status: Statuses = None
-    queueName: Names = None
-    scheduleName: Names = None
+    queueName: QueueOrScheduleNames = None
+    scheduleName: QueueOrScheduleNames = None
     user: Names = None
     executorId: Names = None
     appVersion: Names = None
@@ -361,13 +363,13 @@ class WorkflowAggregates(ConductorBody):
     workflowName: Names = None
     appVersion: Names = None
     executorId: Names = None
-    queueName: Names = None
+    queueName: QueueOrScheduleNames = None
     workflowIdPrefix: WorkflowIds = None
     workflowIds: WorkflowIds = None
     forkedFrom: WorkflowIds = None
     parentWorkflowId: WorkflowIds = None
     user: Names = None
-    scheduleName: Names = None
+    scheduleName: QueueOrScheduleNames = None
     startTime: UtcTime | None = None
     endTime: UtcTime | None = None
     completedAfter: UtcTime | None = None
@@ -484,7 +486,7 @@ class CancelIn(ConductorBody):
 
 
 class ResumeIn(ConductorBody):
-    queueName: Name | None = None
+    queueName: QueueOrScheduleName | None = None
 
 
 class ForkIn(ConductorBody):
@@ -493,7 +495,7 @@ class ForkIn(ConductorBody):
     startStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] = 0
     appVersion: Name | None = None
     newWorkflowId: NonEmptyWorkflowId | None = None
-    queueName: Name | None = None
+    queueName: QueueOrScheduleName | None = None
     queuePartitionKey: Name | None = None
 
 
@@ -714,7 +716,7 @@ class BulkCancel(ConductorBody):
 
 class BulkResume(ConductorBody):
     workflowIds: Ids
-    queueName: Name | None = None
+    queueName: QueueOrScheduleName | None = None
 
 
 class BulkDelete(ConductorBody):
@@ -738,7 +740,7 @@ class BulkForkFromFailure(ConductorBody):
 
     workflowIds: Ids
     appVersion: Name | None = None
-    queueName: Name | None = None
+    queueName: QueueOrScheduleName | None = None
     queuePartitionKey: Name | None = None
     fromLastFailure: bool = False
     fromLastStep: bool = False
