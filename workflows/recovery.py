@@ -82,6 +82,7 @@ from relay.core.peers import (
 )
 from relay.errors import DatabaseError, ExecutorRequestError
 from relay.store.audit import AuditEntry
+from relay.store.recoveries import BlockedStatus
 from relay_protocol import (
     CancelReply,
     CancelRequest,
@@ -394,7 +395,7 @@ async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts,
     None: such a recovery simply waits, and the periodic re-check covers it.)
     """
     svc = services()
-    status = "waiting_for_peer" if reason is BlockedReason.NO_HEALTHY_PEER else "awaiting_operator"
+    status: BlockedStatus = "waiting_for_peer" if reason is BlockedReason.NO_HEALTHY_PEER else "awaiting_operator"
     svc.note_blocked(ref.key.org, ref.key.app)
     await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key(), note)
     healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)

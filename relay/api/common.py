@@ -21,7 +21,7 @@ from relay.api.refusals import mark_audited
 from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
-from relay.store.audit import AuditEntry
+from relay.store.audit import AuditAction, AuditEntry
 from relay_protocol import MAX_NAME_LEN, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES, Reply, clean_text
 from relay_protocol.limits import has_unstorable, utf8_length
 
@@ -330,7 +330,7 @@ def sdk_error(text: str) -> str:
 
 @asynccontextmanager
 async def audited(
-    ctx: ApiContext, org: str, app: str, action: str, who: str, detail: dict[str, Any]
+    ctx: ApiContext, org: str, app: str, action: AuditAction, who: str, detail: dict[str, Any]
 ) -> AsyncIterator[None]:
     """Audit a change made through an executor, with its result, whether it worked or not."""
     try:

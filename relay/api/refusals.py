@@ -30,7 +30,7 @@ from starlette.requests import Request
 from relay.api.context import ApiContext
 from relay.auth import KeyGrant
 from relay.core.window import CountedWindow
-from relay.store.audit import AuditEntry
+from relay.store.audit import AuditAction, AuditEntry
 from relay_protocol import MAX_NAME_LEN, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES, clean_text
 from relay_protocol.limits import has_unstorable, utf8_length
 
@@ -51,7 +51,7 @@ _WORKFLOW = f"{_APP}/workflows/{{workflow_id}}"
 _SCHEDULE = f"{_APP}/schedules/{{schedule_name}}"
 _TOKEN = "/v2/orgs/{org}/tokens/{token_name}"
 # The audited changes, by method and route: the action their entry has when they are done.
-AUDITED_ROUTES: dict[tuple[str, str], str] = {
+AUDITED_ROUTES: dict[tuple[str, str], AuditAction] = {
     ("PUT", _APP): "application.create",
     ("DELETE", _APP): "application.delete",
     ("PATCH", _APP): "settings.updated",
@@ -179,7 +179,7 @@ def _grant(request: Request, ctx: ApiContext) -> KeyGrant | None:
 
 
 def _entry(
-    request: Request, grant: KeyGrant, action: str, status: int, code: str, message: str, suppressed: int
+    request: Request, grant: KeyGrant, action: AuditAction, status: int, code: str, message: str, suppressed: int
 ) -> tuple[str, str | None, AuditEntry]:
     # What the path names, as far as it is a name Relay could store (a refused path may be anything).
     params = {k: v for k, v in request.path_params.items() if isinstance(v, str) and _storable(k, v)}

@@ -34,7 +34,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 
@@ -56,7 +56,7 @@ EVENT_ACTIONS = {
 }
 # The audit action written when an alerted condition's episode ends, or a rule is removed while its
 # alert is open: its resolution is delivered.
-RESOLVED_ACTION = "alert.resolved"
+RESOLVED_ACTION: Final = "alert.resolved"
 # ``metadata.ended`` of a resolution whose alert's rule was removed while the alert was open.
 RULE_REMOVED = "rule_removed"
 EVENT_KINDS = frozenset(EVENT_ACTIONS.values())

@@ -45,7 +45,7 @@ from relay.core.alerts import (
 )
 from relay.core.times import us_iso
 from relay.errors import NotFound
-from relay.store.audit import AuditEntry, write_audit
+from relay.store.audit import AuditAction, AuditEntry, write_audit
 from relay.store.db import Database
 from relay.store.instances import dbos_ran
 
@@ -677,6 +677,7 @@ class AlertStore:
         """The delivery's outcome, and its ``alert.sent`` or ``alert.failed`` audit entry; False if
         that entry was written before (the step recording it ran again: count it once)."""
         status = "sent" if sent else "failed"
+        action: AuditAction = "alert.sent" if sent else "alert.failed"
         async with self.db.fenced() as conn:
             await conn.execute(
                 """UPDATE alerts SET status = %s, attempts = %s, error = %s, updated_at = now()
@@ -695,7 +696,7 @@ class AlertStore:
                 detail["error"] = error
             if alert.resolves is not None:
                 detail["resolves"] = alert.resolves  # a resolution, of the alert of that key
-            entry = AuditEntry(f"alert.{status}", "relay", alert.subject.get("executorId"), None, detail, dedupe)
+            entry = AuditEntry(action, "relay", alert.subject.get("executorId"), None, detail, dedupe)
             return await write_audit(conn, alert.org, alert.app, entry)
 
 

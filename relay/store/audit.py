@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypeAlias, get_args
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -44,9 +44,11 @@ def requested_from(address: str | None) -> Iterator[None]:
 # Every action Relay audits, the one list of them: ``GET /audit?action=`` refuses any other (a typo
 # read as "nothing happened") and the OpenAPI document gives it as the parameter's values. The
 # console's Action filter has its own copy (relay/static/console-pages.js), which a test compares
-# with this one. write_audit does not refuse an action missing here: an entry of a change already
-# made (or a recovery's step) is not to fail for a list; the listing would only not find it.
-ACTIONS = (
+# with this one. An entry's action has this type, so mypy (in ./test.sh) refuses a writer whose
+# action is not listed, naming it, or is a string it cannot tell (an f-string, a plain ``str``):
+# one forgotten here would be written and then not found by the filter. write_audit does not refuse
+# at run time: an entry of a change already made (or a recovery's step) is not to fail for a list.
+AuditAction: TypeAlias = Literal[
     "executor.dead", "recovery.dispatched", "recovery.failed", "recovery.failover", "recovery.waiting_for_peer",
     "recovery.awaiting_operator", "recovery.workflow_moved", "recovery.succeeded", "recovery.restarted",
     "recovery.manual_requested", "executor.deleted", "reconcile.found", "reconcile.recovered",
@@ -57,12 +59,13 @@ ACTIONS = (
     "retention.sent", "retention.skipped", "retention.checked",
     "alert.sent", "alert.failed", "alert.resolved", "alerting_rule.create", "alerting_rule.delete",
     "token.created", "token.renamed", "token.deleted", "relay.instance_adopted",
-)  # fmt: skip
+]  # fmt: skip
+ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
 
 
 @dataclass(frozen=True)
 class AuditEntry:
-    action: str
+    action: AuditAction
     actor: str
     executor_id: str | None = None
     peer_executor_id: str | None = None
@@ -105,7 +108,7 @@ async def audited_detail(conn: Conn, dedupe: str) -> dict[str, Any] | None:
 async def audit_executor(
     conn: Conn,
     key: ExecutorKey,
-    action: str,
+    action: AuditAction,
     dedupe: str | None,
     *,
     peer: str | None = None,

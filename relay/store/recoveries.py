@@ -17,19 +17,21 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
 from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
-from relay.store.audit import audit_executor
+from relay.store.audit import AuditAction, audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
 from relay.store.pipeline import RecoveryPipeline, observe
 
 E = ExecutorEvent
+# The statuses a recovery waits in, each audited as its own action.
+BlockedStatus = Literal["waiting_for_peer", "awaiting_operator"]
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 # What an operator follows in the log besides the audit log: a death and how its recovery goes, one
 # line each (the connection's own lines say connected, DISCONNECTED; relay.net.connection).
@@ -227,7 +229,7 @@ class RecoveryStore:
         return {(ExecutorKey(r["org"], r["app"], r["executor_id"]), int(r["epoch"])): int(r["run"]) for r in rows}
 
     async def set_blocked(
-        self, ref: RecoveryRef, reason: str, status: str, dedupe: str, error: str | None = None
+        self, ref: RecoveryRef, reason: str, status: BlockedStatus, dedupe: str, error: str | None = None
     ) -> None:
         """The recovery waits for ``reason``; ``error``: why, in words, when the reason alone would
         mislead (the app has healthy peers, only none this recovery may use), kept as the
@@ -242,7 +244,10 @@ class RecoveryStore:
             # Every instance hears of it when it commits: a peer connecting there wakes the recovery.
             note = json.dumps({"org": ref.key.org, "app": ref.key.app})
             await conn.execute("SELECT pg_notify(%s, %s)", (BLOCKED_CHANNEL, note))
-            return await audit_executor(conn, ref.key, f"recovery.{status}", dedupe, detail=detail)
+            action: AuditAction = (
+                "recovery.waiting_for_peer" if status == "waiting_for_peer" else "recovery.awaiting_operator"
+            )
+            return await audit_executor(conn, ref.key, action, dedupe, detail=detail)
 
         if await self.executors.combined(write, ref.key):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
