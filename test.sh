@@ -102,18 +102,24 @@ for secs, path in runs:
 print(*lane, sep="\n")' chaos/runs/*.json)
   replays_1=$(sed -n 1p <<<"$lanes")
   replays_2=$(sed -n 2p <<<"$lanes")
+  # Each lane runs all of its runs whatever one of them gave (set -e would end the lane at the first
+  # that failed, and the log would lack the others' lines), and fails if any did.
   (
+    failed=0
     for recorded in $replays_1; do
-      .venv/bin/python -m chaos replay "$recorded" --out .chaos
+      .venv/bin/python -m chaos replay "$recorded" --out .chaos || failed=1
     done
+    exit "$failed"
   ) 2>&1 | sed -u 's/^/[chaos replays] /' &
   replays=$!
   (
+    failed=0
     # The grace-period mutant must fail its recorded run, which must pass unmutated.
-    .venv/bin/python -m chaos mutants grace --baseline --out .chaos/mutants
+    .venv/bin/python -m chaos mutants grace --baseline --out .chaos/mutants || failed=1
     for recorded in $replays_2; do
-      .venv/bin/python -m chaos replay "$recorded" --out .chaos
+      .venv/bin/python -m chaos replay "$recorded" --out .chaos || failed=1
     done
+    exit "$failed"
   ) 2>&1 | sed -u 's/^/[chaos mutant, replays] /' &
   mutant=$!
   .venv/bin/python -m chaos run --profile ci --out .chaos 2>&1 | sed -u 's/^/[chaos fresh run] /' &
