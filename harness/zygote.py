@@ -57,6 +57,22 @@ WATCH_PARENT, WATCH_SOCKET = "parent", "socket"
 MAX_REQUEST = 1 << 20
 STARTED_WITHIN = 120.0  # seconds for a zygote's imports, or a fork's answer, on a loaded machine
 
+# The test files about how Relay, its CLI, a deployment or a chaos run starts, whose starts are
+# exec'd (the suite's conftest asks :func:`for_file`): these by their exact names, and every
+# test_chaos_*.py. By name, not prefix: "test_cli" also caught test_client.py, test_cli_oncall.py...,
+# whose Relays start as any other file's.
+EXEC_FILES = frozenset(
+    {
+        "test_first_run.py",
+        "test_getting_started.py",
+        "test_cli.py",
+        "test_cli_and_db.py",
+        "test_deploy.py",
+        "test_deploy_review.py",
+    }
+)
+EXEC_FAMILY = "test_chaos_"
+
 _wanted = False
 _zygotes: dict[tuple[str, ...], Zygote] = {}
 _zygotes_lock = threading.Lock()
@@ -67,6 +83,11 @@ def use(wanted: bool) -> None:
     says, per test file); ``RELAY_TEST_ZYGOTE=0`` says no for the whole run."""
     global _wanted
     _wanted = wanted
+
+
+def for_file(name: str) -> bool:
+    """Whether the test file ``name`` (``test_x.py``) starts its Relay instances and executors here."""
+    return name not in EXEC_FILES and not name.startswith(EXEC_FAMILY)
 
 
 def wanted(env: dict[str, str]) -> bool:

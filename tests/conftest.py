@@ -105,14 +105,11 @@ def start_client_executor(
     return start
 
 
-# The files about how Relay, its CLI or a chaos run starts keep exec'd starts; the others' Relay
-# instances and executors start from harness/zygote.py's fork server, without their imports.
-EXEC_STARTS = ("test_first_run", "test_getting_started", "test_cli", "test_deploy", "test_chaos")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    zygote.use(not item.path.name.startswith(EXEC_STARTS))
+    # The files about how Relay, its CLI or a chaos run starts keep exec'd starts; the others' Relay
+    # instances and executors start from harness/zygote.py's fork server, without their imports.
+    zygote.use(zygote.for_file(item.path.name))
 
 
 @pytest.hookimpl(wrapper=True)

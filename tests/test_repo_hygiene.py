@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from harness import zygote
 from harness.schedule import SLOWEST_FIRST, ordered
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +65,17 @@ def test_the_slowest_files_xdist_takes_first_exist_and_go_first() -> None:
         "tests/test_a.py::one",
         "tests/test_c.py::one",
     ]
+
+
+def test_the_files_that_exec_their_starts_are_named_whole_and_exist() -> None:
+    """harness/zygote.py: the files about how Relay or its CLI starts exec their Relays, the others
+    fork them from the zygote. The list matched by prefix, and ``test_cli`` also caught
+    test_client.py, test_client_review.py and test_cli_oncall.py, whose Relays start as any other
+    file's: exec'd, about a second of CPU more per start. A listed file renamed would fork silently."""
+    missing = sorted(name for name in zygote.EXEC_FILES if not (ROOT / "tests" / name).is_file())
+    assert missing == [], f"zygote.EXEC_FILES names files that do not exist: {missing}"
+    # The first three fork; the others are about how Relay, its CLI or a chaos run starts.
+    named = ("test_client.py", "test_client_review.py", "test_cli_oncall.py", "test_cli.py", "test_cli_and_db.py")
+    forked = [name for name in (*named, "test_chaos_review.py") if zygote.for_file(name)]
+    assert forked == list(named[:3]), forked
+    assert sorted((ROOT / "tests").glob("test_chaos_*.py")), "no test_chaos_*.py: the family's name changed"
