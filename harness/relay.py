@@ -43,8 +43,16 @@ def relay_yaml(port: int, grace: float = 30, **liveness: float) -> dict[str, Any
 class RelayProcess:
     """``relay serve`` in a subprocess, with its log in a file."""
 
-    def __init__(self, workdir: Path, database_url: str, config: dict[str, Any], instance_id: str = "relay-1") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        database_url: str,
+        config: dict[str, Any],
+        instance_id: str = "relay-1",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.env = env or {}  # more of relay serve's environment (RELAY_LOG_FORMAT, say)
         self.database_url = database_url
         self.config = config
         self.instance_id = instance_id
@@ -63,7 +71,7 @@ class RelayProcess:
         return f"ws://127.0.0.1:{self.port}/"
 
     def start(self) -> RelayProcess:
-        env = {**os.environ, "RELAY_INSTANCE_ID": self.instance_id, "RELAY_LOG_LEVEL": "INFO"}
+        env = {**os.environ, "RELAY_INSTANCE_ID": self.instance_id, "RELAY_LOG_LEVEL": "INFO", **self.env}
         env.pop("RELAY_DATABASE_URL", None)
         args = ["serve", "--config", str(self.config_path), "--database-url", self.database_url]
         with open(self.log_path, "ab") as log:

@@ -20,6 +20,13 @@ members, and their notes) is one line, escaped like a message: it may hold an
 executor's error text or a header's value, whose line end would otherwise
 forge a log line inside the traceback. The other control characters in a
 traceback are escaped the same way.
+
+A line written while an HTTP request is served ends with its id, `` [req=<id>]``
+(:mod:`relay.core.requestid`), as its answer's ``X-Request-Id`` gives it.
+
+``--log-format json`` (``RELAY_LOG_FORMAT=json``) writes each message as one JSON
+object per line (:class:`JsonLineFormatter`), for the tools that ship logs and
+search them by field (Loki, Elasticsearch, CloudWatch).
 """
 
 from __future__ import annotations
@@ -31,8 +38,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter
+
+from relay.core.ids import ExecutorKey
 from relay.core.outage import FailureRun
+from relay.core.requestid import current_request_id
+from relay.core.times import ms_iso
 from relay.core.window import CountedWindow
 
 # C0 (line ends and tab too), DEL, C1, the line and paragraph separators, and the bidi controls:
@@ -60,7 +74,9 @@ class EscapingFormatter(logging.Formatter):
     whose traceback and stack keep their lines (:func:`keeping_lines`)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return one_line(super().formatMessage(record))
+        line = super().formatMessage(record)
+        request_id = getattr(record, REQUEST_ID, None)
+        return one_line(f"{line} [req={request_id}]" if request_id else line)
 
     def formatException(self, ei: logging._SysExcInfoType) -> str:
         if ei[1] is None:
@@ -94,6 +110,90 @@ def _one_line_messages(shown: traceback.TracebackException) -> None:
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMATS = ("text", "json")
+
+# The record's attribute that names the request being served when it was logged (RequestIds).
+REQUEST_ID = "requestId"
+
+
+class RequestIds(logging.Filter):
+    """Gives each record the id of the HTTP request being served when it was logged, if any: on
+    the handler, so that every logger's lines have it, DBOS's and uvicorn's among them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, REQUEST_ID, None) is None:
+            setattr(record, REQUEST_ID, current_request_id())
+        return True
+
+
+# The instance whose log this is, in every JSON line once relay serve knows it (log_instance).
+_instance: str | None = None
+
+
+def log_instance(instance_id: str) -> None:
+    global _instance
+    _instance = instance_id
+
+
+class JsonLineFormatter(JsonFormatter):
+    """Each message as one JSON object on one line: ``time`` (RFC 3339, UTC, milliseconds),
+    ``level``, ``logger``, ``message``, ``instance`` (Relay's instance id), ``requestId`` while a
+    request is served, ``traceback`` (one string) when there is one, and the fields a call passed
+    with ``extra=`` (``org``, ``app``, ``executorId``, ``recoveryId``: :func:`about`).
+
+    python-json-logger writes the object; JSON's escaping keeps it one line whatever a message
+    holds, and ``ensure_ascii`` writes every character past ASCII as ``\\uXXXX``: C1 and the bidi
+    controls too, so no terminal acts on them. DEL, which is ASCII and which JSON leaves as it is,
+    is escaped here (as :func:`one_line` does in the text format)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ["asctime", "levelname", "name", "message"],
+            rename_fields={
+                "asctime": "time",
+                "levelname": "level",
+                "name": "logger",
+                "exc_info": "traceback",
+                "stack_info": "stack",
+            },
+            # Not fields: every record's own attributes, and uvicorn's copy of some of its messages
+            # with terminal colours (passed as extra=).
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
+            json_ensure_ascii=True,
+        )
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return ms_iso(int(record.created * 1000)) or ""  # 2026-12-07T03:41:07.123Z
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        fields: dict[str, Any] = {}
+        super().add_fields(fields, record, message_dict)
+        # Who wrote it and for which request first, then what a call added (extra=), the traceback last.
+        for name in ("time", "level", "logger", "message"):
+            log_data[name] = fields.pop(name, None)
+        if _instance is not None:
+            log_data["instance"] = _instance
+        if (request_id := fields.pop(REQUEST_ID, None)) is not None:
+            log_data[REQUEST_ID] = request_id
+        shown: dict[str, Any] = {name: fields.pop(name) for name in ("traceback", "stack") if name in fields}
+        log_data.update(fields)
+        log_data.update(shown)
+
+    def serialize_log_record(self, log_data: dict[str, Any]) -> str:
+        return super().serialize_log_record(log_data).replace("\x7f", "\\u007f")
+
+
+def about(key: ExecutorKey, **more: Any) -> dict[str, Any]:
+    """The fields of a line about an executor (``extra=``), which the JSON format writes and a log
+    search filters by: ``org``, ``app``, ``executorId``, and ``more`` (``recoveryId``, say). The
+    message keeps naming the executor: the text format shows no fields."""
+    return {"org": key.org, "app": key.app, "executorId": key.executor_id, **more}
+
+
+def log_formatter(log_format: str) -> logging.Formatter:
+    """The formatter of ``--log-format``: ``text`` (:class:`EscapingFormatter`) or ``json``."""
+    return JsonLineFormatter() if log_format == "json" else EscapingFormatter(LOG_FORMAT)
+
 
 # The libraries whose background work warns at every turn while Relay's database is away: DBOS's
 # threads (queues, schedules, timeouts, notifications: about six lines a second in all) and
@@ -204,12 +304,14 @@ class FailureLog:
             self.log.info("%s, after %d failed %s in %.1f s", self.working, ended.failed, attempts, ended.secs)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: str = "text") -> None:
     """``relay serve``'s log: every message to stderr as one escaped line (:class:`EscapingFormatter`),
-    DBOS's among them: DBOS gives its logger a console handler of its own (unescaped, and not
-    propagating) only when the logger has none, so it gets one that hands its lines to the root's."""
+    or one JSON object (``log_format`` ``json``), DBOS's among them: DBOS gives its logger a console
+    handler of its own (unescaped, and not propagating) only when the logger has none, so it gets
+    one that hands its lines to the root's."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    handler.setFormatter(log_formatter(log_format))
+    handler.addFilter(RequestIds())
     logging.basicConfig(level=level.upper(), handlers=[handler])
     dbos = logging.getLogger("dbos")
     if not dbos.handlers:

@@ -2,8 +2,10 @@
 
 ``{"type": "about:blank", "title": <reason phrase>, "status": n, "detail": "..."}``
 as ``application/problem+json``; extension members (``errors`` on a 422, say)
-are passed as keyword arguments. Used below the routes (the request guard) as
-well as by them, so it depends on nothing but Starlette.
+are passed as keyword arguments; ``requestId`` is the id of the request being
+served (:mod:`relay.core.requestid`, also in the ``X-Request-Id`` header), which
+on-call finds in the log. Used below the routes (the request guard) as well as
+by them, so it depends on nothing but Starlette.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from typing import Any
 
 from starlette.responses import Response
 
+from relay.core.requestid import current_request_id
+
 PROBLEM_JSON = "application/problem+json"
 
 
 def problem(status: int, detail: str, *, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
     """An error response in the problem details format; ``extra`` adds members to the body."""
     body = {"type": "about:blank", "title": _title(status), "status": status, "detail": detail, **extra}
+    if (request_id := current_request_id()) is not None:
+        body["requestId"] = request_id
     return Response(
         json.dumps(body, separators=(",", ":")).encode(), status_code=status, headers=headers, media_type=PROBLEM_JSON
     )

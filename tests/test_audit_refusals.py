@@ -192,8 +192,11 @@ def test_a_refusal_is_answered_the_same_while_the_database_is_down(tmp_path: Pat
 
         def answers() -> list[tuple[int, bytes]]:
             with relay.client(VIEWER_KEYS["acme"]) as viewer, relay.client() as admin:
-                denied = viewer.post(f"{APP}/workflows/wf-down/cancel")
-                invalid = admin.post(f"{APP}/schedules/nightly/backfill", json={"bogus": 1})
+                # The same request ids each time: the bodies carry them (requestId).
+                denied = viewer.post(f"{APP}/workflows/wf-down/cancel", headers={"X-Request-Id": "denied"})
+                invalid = admin.post(
+                    f"{APP}/schedules/nightly/backfill", json={"bogus": 1}, headers={"X-Request-Id": "invalid"}
+                )
             return [(denied.status_code, denied.content), (invalid.status_code, invalid.content)]
 
         up = answers()

@@ -269,6 +269,8 @@ def test_relay_init_writes_what_it_was_given(
     [
         (["serve", "--log-level", "bogus"], {}, "Invalid value for '--log-level'"),
         (["serve"], {"RELAY_LOG_LEVEL": "loud"}, "Invalid value for RELAY_LOG_LEVEL"),
+        (["serve", "--log-format", "xml"], {}, "Invalid value for '--log-format': 'xml' is not one of text, json"),
+        (["serve"], {"RELAY_LOG_FORMAT": "logfmt"}, "Invalid value for RELAY_LOG_FORMAT"),
         (["apps", "--url", "http://[::1"], {"RELAY_API_KEY": "k"}, "not a URL: 'http://[::1'"),
         (["apps", "--url", "relay:8080"], {"RELAY_API_KEY": "k"}, "not an http(s) URL"),
         (["audit", "--since", "1000000d"], {"RELAY_API_KEY": "k"}, "not a time: '1000000d' is out of range"),
@@ -276,7 +278,18 @@ def test_relay_init_writes_what_it_was_given(
         (["apps"], {"RELAY_API_KEY": "kéy"}, "the API key is not printable ASCII"),
         (["no-such-command"], {}, "No such command 'no-such-command' (see 'relay -h')"),
     ],
-    ids=["log-level", "log-level-env", "malformed-url", "no-scheme", "huge-age", "year-0", "non-ascii-key", "command"],
+    ids=[
+        "log-level",
+        "log-level-env",
+        "log-format",
+        "log-format-env",
+        "malformed-url",
+        "no-scheme",
+        "huge-age",
+        "year-0",
+        "non-ascii-key",
+        "command",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], env: dict[str, str], said: str) -> None:
     """Each of these was a traceback and exit 1 (ValueError, httpx.InvalidURL, OverflowError,

@@ -399,7 +399,13 @@ def test_probes_say_nothing_but_their_status(relay: RelayProcess) -> None:
         conn.rollback()
     assert unready is not None
     problem = assert_problem(unready, unready.content, 503)
-    assert problem == {"type": "about:blank", "title": "Service Unavailable", "status": 503, "detail": "not ready"}
+    assert problem == {
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "not ready",
+        "requestId": unready.headers["x-request-id"],
+    }
     assert relay.instance_id not in unready.text
     assert_eventually(lambda: httpx.get(f"{relay.http}/readyz", verify=TLS).status_code == 200, 5)
 

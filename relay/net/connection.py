@@ -20,6 +20,7 @@ from relay.auth import KeyGrant
 from relay.core.ids import ExecutorKey, printable
 from relay.core.liveness import LivenessMonitor
 from relay.errors import DatabaseError, ExecutorGone, ExecutorTimeout, Fenced, ProtocolError
+from relay.logs import about
 from relay.net.wire import Frame, clean_frame, executor_info
 from relay.net.wsproto import Keepalive
 from relay.store.executors import AppGone, IdentityTaken
@@ -139,7 +140,11 @@ class ExecutorConnection:
         self.attached_at = self._loop.time()
         self.hub.counters["handshakes"] += 1
         log.info(
-            "executor %s connected (version %s, epoch %d)", self.name, printable(info.application_version), self.epoch
+            "executor %s connected (version %s, epoch %d)",
+            self.name,
+            printable(info.application_version),
+            self.epoch,
+            extra=about(self.key),
         )
         try:
             if not self.hub.admits(self):
@@ -353,4 +358,5 @@ class ExecutorConnection:
         if changed:
             # Its grace period starts first; the line then says when it ends, which on-call wants.
             await self.hub.report_lost(self.key, self.epoch, lost_at)
-            log.info("executor %s is DISCONNECTED%s", self.name, await self.hub.grace_note(self.key, lost_at))
+            note = await self.hub.grace_note(self.key, lost_at)
+            log.info("executor %s is DISCONNECTED%s", self.name, note, extra=about(self.key))

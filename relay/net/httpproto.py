@@ -32,6 +32,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from relay.core.requestid import HEADER, new_request_id, serving
 from relay.problem import PROBLEM_JSON, problem
 
 log = logging.getLogger("relay.http")
@@ -146,10 +147,12 @@ class RelayHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, detail: str) -> None:
         """Answer with a problem (RFC 9457) and close, as uvicorn answers a request it cannot parse."""
-        response = problem(status, detail)
+        request_id = new_request_id()  # the headers did not come whole: none of the client's is read
+        with serving(request_id):
+            response = problem(status, detail)
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {PROBLEM_JSON}\r\n"
-            f"content-length: {len(response.body)}\r\nconnection: close\r\n\r\n"
+            f"content-length: {len(response.body)}\r\n{HEADER.lower()}: {request_id}\r\nconnection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + bytes(response.body))
         self.transport.close()

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from relay.core.ids import ExecutorKey
+from relay.core.requestid import current_request_id, serving
 from relay.errors import (
     DatabaseError,
     ExecutorBadReply,
@@ -226,11 +227,11 @@ class Router:
             cur = await conn.execute(
                 """WITH r AS (
                        INSERT INTO relay_rpc (target_instance, requester_instance, org, app, executor_id,
-                                              request, timeout_secs)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)
+                                              request, timeout_secs, request_id)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id)
                    SELECT id, pg_notify(%s, id::text) FROM r""",
                 (owner, self.instance_id, key.org, key.app, key.executor_id, json.dumps(request.to_frame()), timeout,
-                 channel(owner)),
+                 current_request_id(), channel(owner)),
             )  # fmt: skip
             row = await cur.fetchone()
         assert row is not None
@@ -424,34 +425,39 @@ class Router:
             row = await self._claim(rpc_id)
             if row is None:
                 return  # another notification or poll claimed it, or the requester withdrew it
-            key = ExecutorKey(row["org"], row["app"], row["executor_id"])
-            try:
-                text, kind, error = await self._answer(key, row)
-            except DatabaseError:
-                raise  # nothing can be written back
-            except Exception as exc:
-                if isinstance(exc, (WireError, ValueError, KeyError, TypeError)):  # a request it cannot read
-                    log.warning("instance %s: cannot serve relayed request %d: %s", self.instance_id, rpc_id, exc)
-                else:
-                    log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
-                text, kind = None, UNSERVED
-                # Cleaned (a NUL, which PostgreSQL refuses, would leave the asker waiting after all) and bounded.
-                why = f"instance {self.instance_id}, holding the socket of executor {key}, could not serve it: {exc}"
-                error = clean_text(why, 2000)
-            async with self.db.connection() as conn:
-                await conn.execute(
-                    """WITH u AS (
-                           UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
-                           WHERE id = %s RETURNING id)
-                       SELECT pg_notify(%s, id::text) FROM u""",
-                    (text, kind, error, rpc_id, channel(str(row["requester_instance"]))),
-                )
-            log.debug("instance %s: answered request %d to %s for %s", self.instance_id, rpc_id, key,
-                      row["requester_instance"])  # fmt: skip
+            # The lines logged about it carry the id of the HTTP request it serves, as the asker's do.
+            with serving(row["request_id"]):
+                await self._serve_claimed(rpc_id, row)
         except DatabaseError as exc:
             log.warning("instance %s: relayed request %d failed: %s", self.instance_id, rpc_id, exc)
         except Exception:
             log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
+
+    async def _serve_claimed(self, rpc_id: int, row: dict[str, Any]) -> None:
+        key = ExecutorKey(row["org"], row["app"], row["executor_id"])
+        try:
+            text, kind, error = await self._answer(key, row)
+        except DatabaseError:
+            raise  # nothing can be written back
+        except Exception as exc:
+            if isinstance(exc, (WireError, ValueError, KeyError, TypeError)):  # a request it cannot read
+                log.warning("instance %s: cannot serve relayed request %d: %s", self.instance_id, rpc_id, exc)
+            else:
+                log.exception("instance %s: relayed request %d failed", self.instance_id, rpc_id)
+            text, kind = None, UNSERVED
+            # Cleaned (a NUL, which PostgreSQL refuses, would leave the asker waiting after all) and bounded.
+            why = f"instance {self.instance_id}, holding the socket of executor {key}, could not serve it: {exc}"
+            error = clean_text(why, 2000)
+        async with self.db.connection() as conn:
+            await conn.execute(
+                """WITH u AS (
+                       UPDATE relay_rpc SET reply = %s, error_kind = %s, error = %s, answered_at = now()
+                       WHERE id = %s RETURNING id)
+                   SELECT pg_notify(%s, id::text) FROM u""",
+                (text, kind, error, rpc_id, channel(str(row["requester_instance"]))),
+            )
+        log.debug("instance %s: answered request %d to %s for %s", self.instance_id, rpc_id, key,
+                  row["requester_instance"])  # fmt: skip
 
     async def _claim(self, rpc_id: int) -> dict[str, Any] | None:
         """The request's row, claimed for this instance; None if it is not there to claim."""
@@ -459,7 +465,7 @@ class Router:
             cur = await conn.execute(
                 """UPDATE relay_rpc SET picked_at = now()
                    WHERE id = %s AND target_instance = %s AND picked_at IS NULL
-                   RETURNING org, app, executor_id, request, requester_instance, timeout_secs,
+                   RETURNING org, app, executor_id, request, requester_instance, timeout_secs, request_id,
                              GREATEST(timeout_secs - EXTRACT(EPOCH FROM now() - created_at), 0.001) AS left""",
                 (rpc_id, self.instance_id),
             )

@@ -8,25 +8,51 @@ from collections.abc import Awaitable, Callable
 import uvicorn
 
 from relay.config import RelayConfig
-from relay.net.connection import Receive, Scope, Send
+from relay.core.requestid import HEADER, request_id_of, serving
+from relay.net.connection import Message, Receive, Scope, Send
 from relay.net.httpproto import RelayHttpProtocol
 from relay.net.wsproto import RelayWebSocketProtocol
 
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+_REQUEST_ID = HEADER.lower().encode()
+# The messages that begin an answer with headers: an HTTP response, a refused WebSocket handshake's.
+_ANSWER_STARTS = ("http.response.start", "websocket.http.response.start")
+
+
 class RelayApp:
-    """The ASGI application: WebSocket scopes go to the hub, the rest to the API."""
+    """The ASGI application: WebSocket scopes go to the hub, the rest to the API.
+
+    Every HTTP request is served with its request id (:mod:`relay.core.requestid`) in force, from
+    here, before the guard's refusals (a 401, a 413, a 503), and answered with it in its
+    ``X-Request-Id`` header; so is a refused WebSocket handshake. An accepted executor connection
+    is not served under the id: it lasts for hours, and the lines about the executor are no
+    longer about its handshake (nor are the recoveries its disconnection starts)."""
 
     def __init__(self, websockets: Asgi, http: Asgi) -> None:
         self.websockets = websockets
         self.http = http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await self.websockets(scope, receive, send)
-        else:
+        if scope["type"] not in ("http", "websocket"):  # the lifespan
             await self.http(scope, receive, send)
+            return
+        sent = next((value for name, value in scope["headers"] if name == _REQUEST_ID), None)
+        request_id = request_id_of(sent.decode("latin-1") if sent is not None else None)
+        answered = (_REQUEST_ID, request_id.encode())
+
+        async def with_request_id(message: Message) -> None:
+            if message["type"] in _ANSWER_STARTS:
+                headers = [header for header in message.get("headers", []) if header[0].lower() != _REQUEST_ID]
+                message = {**message, "headers": [*headers, answered]}
+            await send(message)
+
+        if scope["type"] == "websocket":
+            await self.websockets(scope, receive, with_request_id)
+            return
+        with serving(request_id):
+            await self.http(scope, receive, with_request_id)
 
 
 def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:

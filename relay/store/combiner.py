@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
+from relay.core.requestid import shared_task
 from relay.errors import DatabaseError
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class WriteCombiner:
         self._queue.append(_Queued(write, done, locks, lock_keys))
         running = len(self._running)
         if running < self.base_lanes or (running < self.lanes and len(self._queue) > self.max_batch):
-            self._running.add(asyncio.get_running_loop().create_task(self._drain()))
+            self._running.add(shared_task(self._drain()))
         return await done
 
     async def settled(self, timeout: float) -> None:

@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from relay import __version__
+from relay.core.requestid import shared_task
 from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, StartupError
 from relay.store.combiner import WriteCombiner
 from relay.store.migrations import MIGRATION_LOCK_KEY, MIGRATIONS, Index, Migration
@@ -363,7 +364,7 @@ class Database:
             # request would fail its statement though the database answers: renewed before the next
             # connection is given out.
             self._renewal_begun = begun = asyncio.Event()
-            renewal = asyncio.create_task(self._renew(begun))
+            renewal = shared_task(self._renew(begun))
             self._renewals.add(renewal)
             renewal.add_done_callback(self._renewals.discard)
         if self._unreachable:
@@ -377,7 +378,7 @@ class Database:
         if time.monotonic() - at < RECHECK_REUSE_SECS:
             return answered
         if self._rechecking is None or self._rechecking.done():
-            self._rechecking = asyncio.create_task(self._recheck())
+            self._rechecking = shared_task(self._recheck())
         # Shielded: a request that goes away does not end the attempt the others wait for.
         return await asyncio.shield(self._rechecking)
 
@@ -443,7 +444,7 @@ class Database:
             self._grow_wait = min(wait * 2, GROW_AGAIN_MAX_SECS)
         self._answering.clear()  # a new answer is waited for: this attempt's failure is newer news
         self._reconnect_due = due
-        self._reconnecting = asyncio.create_task(self._reconnect_soon(wait))
+        self._reconnecting = shared_task(self._reconnect_soon(wait))
 
     async def _reconnect_soon(self, wait: float) -> None:
         """The pool's next attempt to connect: ``wait`` seconds after the last gave up, or as soon as
@@ -453,7 +454,7 @@ class Database:
         schedules the next one here."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._answering.wait(), wait)
-        attempt = asyncio.create_task(self._check())
+        attempt = shared_task(self._check())
         self._attempts.add(attempt)
         attempt.add_done_callback(self._attempts.discard)
 
@@ -477,7 +478,7 @@ class Database:
         as the connections' keepalive; the check takes the idle connections out of the pool as it
         begins, so none of them is given to a request meanwhile (the pool opens others)."""
         if self._checking is None or self._checking.done():
-            self._checking = asyncio.create_task(self._check())
+            self._checking = shared_task(self._check())
 
     async def idle_checked(self, limit: float = 5.0) -> None:
         """Waits up to ``limit`` seconds for the check of the idle connections that a lost one began,

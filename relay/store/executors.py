@@ -30,6 +30,7 @@ from psycopg.types.json import Jsonb
 from relay.core.ids import ExecutorKey, grace_id
 from relay.core.lifecycle import ExecutorEvent, ExecutorState, check_transition, states_allowing, targets
 from relay.core.peers import Peer
+from relay.core.requestid import shared_task
 from relay.errors import ConnectionLost, DatabaseError, DatabaseUnreachable, Fenced, RelayError
 from relay.store.apps import AppStore
 from relay.store.audit import AuditEntry
@@ -372,7 +373,7 @@ class ExecutorStore:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._lost_queue.append(((key, epoch, instance), future))
         if self._lost_writer is None or self._lost_writer.done():
-            self._lost_writer = asyncio.create_task(self._write_losts())
+            self._lost_writer = shared_task(self._write_losts())
         return await future
 
     async def _write_losts(self) -> None:
@@ -520,7 +521,7 @@ class ExecutorStore:
         future: asyncio.Future[Connected] = asyncio.get_running_loop().create_future()
         self._connect_queue.append((handshake, future))
         if self._connect_writer is None or self._connect_writer.done():
-            self._connect_writer = asyncio.create_task(self._write_connects())
+            self._connect_writer = shared_task(self._write_connects())
         return await future
 
     async def _write_connects(self) -> None:

@@ -592,4 +592,14 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE audit_log ADD COLUMN source_ip text;
         """,
     ),
+    Migration(
+        23,
+        """
+        -- The id of the HTTP request a relayed request serves (its X-Request-Id), so that the lines
+        -- the instance holding the socket logs about it carry the id too. Null for requests of no
+        -- HTTP request (a recovery's) and for those of earlier releases, which leave it out and
+        -- ignore it: a nullable column without a default.
+        ALTER TABLE relay_rpc ADD COLUMN request_id text;
+        """,
+    ),
 ]

@@ -24,6 +24,7 @@ import psycopg
 from relay.core.failover import Dispatch
 from relay.core.ids import ExecutorKey, RecoveryRef, printable
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.logs import about
 from relay.store.audit import AuditAction, audit_executor
 from relay.store.db import Database
 from relay.store.executors import ExecutorStore
@@ -36,6 +37,12 @@ Conn = psycopg.AsyncConnection[dict[str, Any]]
 # What an operator follows in the log besides the audit log: a death and how its recovery goes, one
 # line each (the connection's own lines say connected, DISCONNECTED; relay.net.connection).
 log = logging.getLogger("relay.recovery")
+
+
+def _about(ref: RecoveryRef) -> dict[str, Any]:
+    return about(ref.key, recoveryId=ref.rid)
+
+
 # One executor's row at one epoch (for the pipeline's timestamps), and an attempt's time to its reply.
 _ROW = "WHERE org = %(org)s AND app = %(app)s AND executor_id = %(id)s AND epoch = %(epoch)s"
 _TO_REPLY = "extract(epoch FROM replied_at - dispatched_at) AS to_reply"
@@ -147,7 +154,7 @@ class RecoveryStore:
         if secs is not None:
             observe(self.pipeline.disconnect_to_dead, secs)
         if declared:
-            log.info("executor %s is DEAD (epoch %d): no connection for its grace period", key, epoch)
+            log.info("executor %s is DEAD (epoch %d): no connection for its grace period", key, epoch, extra=about(key))
         return dead, declared
 
     async def open(self, ref: RecoveryRef, trigger: str, dedupe: str | None = None) -> str | None:
@@ -251,7 +258,9 @@ class RecoveryStore:
 
         if await self.executors.combined(write, ref.key):
             self.pipeline.blocked.labels(ref.key.org, ref.key.app, reason).inc()
-            log.info("recovery %s of executor %s: %s (%s)", ref.rid, ref.key, status, error or reason)
+            log.info(
+                "recovery %s of executor %s: %s (%s)", ref.rid, ref.key, status, error or reason, extra=_about(ref)
+            )
 
     async def renote_blocked(self, ref: RecoveryRef, error: str | None) -> None:
         """A blocked recovery's ``error`` (why it waits, in words) brought up to date when the peers
@@ -302,7 +311,7 @@ class RecoveryStore:
         if first:
             log.info(
                 "recovery %s of executor %s: attempt %d sent to peer %s (%s)",
-                ref.rid, ref.key, plan.attempt, printable(plan.peer.executor_id), plan.mode.value,
+                ref.rid, ref.key, plan.attempt, printable(plan.peer.executor_id), plan.mode.value, extra=_about(ref),
             )  # fmt: skip
             observe(self.pipeline.dead_to_dispatched, since_dead)
             if plan.failover_from is not None:
@@ -374,6 +383,7 @@ class RecoveryStore:
             attempt,
             printable(peer),
             printable(error),  # the peer's own words, of any length (a frame may be 64 MiB)
+            extra=_about(ref),
         )
 
     async def succeed(
@@ -438,6 +448,7 @@ class RecoveryStore:
             ref.key,
             printable(peer),
             kept,
+            extra=_about(ref),
         )
         return deleted
 
@@ -471,7 +482,12 @@ class RecoveryStore:
         if deleted and dead is not None:
             observe(self.pipeline.dead_to_deleted, dead["secs"])
         if deleted:
-            log.info("recovery %s of executor %s succeeded: nothing was PENDING, its record deleted", ref.rid, ref.key)
+            log.info(
+                "recovery %s of executor %s succeeded: nothing was PENDING, its record deleted",
+                ref.rid,
+                ref.key,
+                extra=_about(ref),
+            )
         return deleted
 
     async def abandon(self, ref: RecoveryRef, dedupe: str) -> str:
