@@ -13,7 +13,12 @@ database in production, while the other servers carry on:
   ended, the server stops cleanly and starts again);
 - :meth:`pause` and :meth:`resume`: ``SIGSTOP`` and ``SIGCONT`` of the
   postmaster and every process it started: connections stay open, nothing
-  answers.
+  answers;
+- :meth:`backup` and :meth:`restore`: an online base backup (``pg_basebackup``,
+  as a backup or a streaming replica takes one, the server serving all along),
+  and later the server stopped and started again on that copy: the state of
+  the backup's moment, everything written since lost (a restore, or a failover
+  to an asynchronous replica that had not received the last seconds).
 
 The URL (host, port, database) is the same across restarts, as a database's
 address is in production. A network cut between a client and the server is a
@@ -23,6 +28,7 @@ address is in production. A network cut between a client and the server is a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -163,6 +169,29 @@ class PostgresServer:
             except psutil.NoSuchProcess:
                 continue
         self._paused = []
+
+    def backup(self) -> Path:
+        """An online base backup of the whole server (its WAL streamed with it, so that it is
+        consistent on its own), while the server serves; returns its directory, for :meth:`restore`."""
+        target = Path(self._tmp.name) / f"backup-{uuid.uuid4().hex[:6]}"
+        subprocess.run(
+            [str(_bin("pg_basebackup")), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-D",
+             str(target), "-X", "stream", "-c", "fast", "--no-sync"],
+            check=True, capture_output=True, user=self._user, cwd=self._tmp.name,
+        )  # fmt: skip
+        return target
+
+    def restore(self, backup: Path) -> None:
+        """Stop the server and start it again on a copy of ``backup``: what was written since is lost.
+        The backup is kept (restored from again, it gives the same state)."""
+        self.stop()
+        shutil.rmtree(self.pgdata)
+        shutil.copytree(backup, self.pgdata, symlinks=True)
+        if self._user is not None:
+            uid, gid = _ids(self._user)
+            for path in [self.pgdata, *self.pgdata.rglob("*")]:
+                os.chown(path, uid, gid, follow_symlinks=False)
+        self.start()
 
     def close(self) -> None:
         try:

@@ -1,0 +1,168 @@
+"""Relay's database goes back in time: a failover to an asynchronous replica that had not received
+the last seconds, or a restore from a backup, while Relay's instances run.
+
+The database is a server of its own (:class:`harness.pgserver.PostgresServer`). Its state at T0 is
+an online base backup (``pg_basebackup``: what a backup, or a replica being built, copies while the
+server serves, so nothing at T0 is disturbed); things happen after T0; then the server is stopped and
+started again on the copy, on the same address: what was written after T0 is lost, as it is when a
+replica that lagged by those seconds is promoted. Relay's instances, executors and their DBOS system
+database (on the session's other server) keep running through it and are ahead of their database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from harness.executors import Evidence, ExecutorProcess
+from harness.pgserver import PostgresServer
+from harness.ports import free_port
+from harness.proxy import TcpProxy
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.waiting import assert_eventually
+from harness.web import TLS
+
+StartExecutor = Callable[..., ExecutorProcess]
+
+# Short liveness settings, so that the whole story takes seconds. The grace period is above the
+# socket check, its 2 s of settling and the SDK's 1 s before it reconnects (README: "When Relay's
+# database goes back in time"): with 2 s, a live executor was declared DEAD and recovered.
+GRACE = 5.0
+LEASE = 3.0
+SOCKET_CHECK = 1.0
+
+
+@pytest.fixture
+def relay_pg() -> Iterator[PostgresServer]:
+    server = PostgresServer("relay-restore-db")
+    yield server
+    server.close()
+
+
+RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) ")
+# What the database's absence raises (psycopg, SQLAlchemy under DBOS, Relay's own wrapping).
+OUTAGE = re.compile(r"OperationalError|AdminShutdown|terminating connection|server closed the connection|"
+                    r"connection failed|Connection refused|DatabaseUnreachable|database error")  # fmt: skip
+
+
+def unexplained_tracebacks(log: str) -> list[str]:
+    """The records at WARNING or above that carry a traceback not raised by the outage itself (a
+    workflow of Relay's that failed as the database went is DBOS's ERROR with its frames)."""
+    records: list[list[str]] = []
+    for line in log.splitlines():
+        if RECORD.match(line) or not records:
+            records.append([line])
+        else:
+            records[-1].append(line)
+    found = []
+    for record in records:
+        text = "\n".join(record)
+        level = found_level.group(1) if (found_level := RECORD.match(record[0])) else ""
+        if "Traceback" in text and level in ("WARNING", "ERROR", "CRITICAL") and not OUTAGE.search(text):
+            found.append(text[:3000])
+    return found
+
+
+def registry(relay: RelayProcess) -> dict[str, dict[str, Any]]:
+    with relay.api() as api:
+        return {e["executorId"]: e for e in api.get("/apps/ledger/executors", params={"limit": 100}).json()}
+
+
+def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_them(
+    relay_pg: PostgresServer, start_executor: StartExecutor, evidence_db: str, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    settings = {"grace": GRACE, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
+    r1 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-1")
+    r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    try:
+        r1.start()
+        r2.start()
+        with TcpProxy(("127.0.0.1", r1.port)) as lb:
+            peer = start_executor(r2.conductor_url, env=env)
+            doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})
+            mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
+            before = {peer.executor_id: "relay-2", doomed.executor_id: "relay-1", mover.executor_id: "relay-1"}
+            assert_eventually(
+                lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == before,
+                20,
+            )
+            t0 = relay_pg.backup()
+
+            # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
+            doomed.kill()
+            evidence = Evidence(evidence_db)
+            assert_eventually(lambda: len(evidence.outcomes()) == 3, 40, what="the dead executor's 3 outcomes")
+            assert_eventually(lambda: doomed.executor_id not in registry(r1), 20, what="the recovery's end")
+            newcomer = start_executor(r2.conductor_url, env=env)
+            lb.target = ("127.0.0.1", r2.port)
+            lb.cut()
+            after = {peer.executor_id: "relay-2", mover.executor_id: "relay-2", newcomer.executor_id: "relay-2"}
+            assert_eventually(
+                lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == after,
+                20,
+            )
+            with r1.api() as api:
+                made = api.post("/tokens/after-t0", json={"permissions": ["application.read"]})
+                assert made.status_code == 201, made.text
+                late_key = made.json()["token"]
+                assert api.patch("/apps/ledger", json={"gcRowsThreshold": 4321}).status_code == 200
+
+            relay_pg.restore(t0)
+            live = {peer.executor_id, mover.executor_id, newcomer.executor_id}
+
+            # The restored registry has the dead executor and the mover HEALTHY on instance 1, and not
+            # the newcomer. Instance 1's socket check finds no socket for either and records them
+            # lost; instance 2's finds two sockets whose rows are not its own at their epochs and
+            # closes them; they reconnect (the SDK waits a second) and the mover's return ends the
+            # grace period instance 1 began. Within the socket check, its settling, a reconnection
+            # and margins: the registry holds every live executor again, each where its socket is.
+            def settled() -> bool:
+                seen = registry(r1)
+                healthy = {k: v["relayInstance"] for k, v in seen.items() if v["state"] == "HEALTHY"}
+                return healthy == after
+
+            assert_eventually(settled, SOCKET_CHECK + 2.0 + 1.0 + 6.0, interval=0.2, what="the registry again")
+            # The dead executor is declared DEAD again (its death was lost with the tail) and its
+            # recovery sent again: its workflows are done, so nothing runs twice.
+            assert_eventually(
+                lambda: "executor.deleted" in audit_actions(r1, doomed.executor_id), GRACE + 15, what="recovered again"
+            )
+            # By then the grace period of anything recorded lost with it is over: none live died.
+            for executor_id in live:
+                actions = audit_actions(r1, executor_id)
+                assert "executor.dead" not in actions and "recovery.dispatched" not in actions, (executor_id, actions)
+            assert evidence.outcome_count() == 3 and set(evidence.outcomes().values()) == {peer.executor_id}
+            assert registry(r1).keys() == live
+
+            # The instances kept their leases (their epochs come from the clock and the restored rows
+            # had them): none fenced, adopted or restarted.
+            with psycopg.connect(url) as conn:
+                rows = dict(conn.execute("SELECT instance_id, lease_epoch FROM relay_instances").fetchall())
+            for relay in (r1, r2):
+                assert relay.proc is not None and relay.proc.poll() is None, relay.instance_id
+                held = re.search(rf"instance {relay.instance_id} holds its lease \(epoch (\d+)\)", relay.log())
+                assert held is not None and rows[relay.instance_id] == int(held.group(1)), (rows, relay.instance_id)
+                assert f"instance {relay.instance_id} adopted" not in r1.log() + r2.log()
+                assert not unexplained_tracebacks(relay.log()), unexplained_tracebacks(relay.log())
+
+            # What was written after T0 is lost, and only that: the key made then, the setting changed then.
+            with httpx.Client(verify=TLS) as client:
+                answer = client.get(f"{r1.http}/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {late_key}"})
+            assert answer.status_code == 401, answer.text
+            with r1.api() as api:
+                assert api.get("/apps/ledger").json()["gcRowsThreshold"] is None
+    finally:
+        for relay in (r1, r2):
+            relay.stop()
+            report = getattr(request.node, "rep_call", None)
+            if report is not None and report.failed:
+                print(f"--- {relay.instance_id} log ---\n{relay.log()[-8000:]}")
