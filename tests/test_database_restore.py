@@ -45,6 +45,20 @@ def relay_pg() -> Iterator[PostgresServer]:
     server.close()
 
 
+@pytest.fixture
+def relays(request: pytest.FixtureRequest) -> Iterator[list[RelayProcess]]:
+    """The test's instances, stopped after it; their logs printed if it failed (the report of the
+    call exists only once the test has returned, so a ``finally`` in the test never saw it)."""
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        relay.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for relay in started:
+            print(f"--- {relay.instance_id} log ---\n{relay.log()[-12000:]}")
+
+
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) ")
 # What the database's absence raises (psycopg, SQLAlchemy under DBOS, Relay's own wrapping).
 OUTAGE = re.compile(r"OperationalError|AdminShutdown|terminating connection|server closed the connection|"
@@ -75,94 +89,92 @@ def registry(relay: RelayProcess) -> dict[str, dict[str, Any]]:
 
 
 def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_them(
-    relay_pg: PostgresServer, start_executor: StartExecutor, evidence_db: str, tmp_path: Path,
-    request: pytest.FixtureRequest,
+    relay_pg: PostgresServer, relays: list[RelayProcess], start_executor: StartExecutor, evidence_db: str,
+    tmp_path: Path,
 ) -> None:  # fmt: skip
     url = relay_pg.url(relay_pg.create_database("relay"))
     settings = {"grace": GRACE, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
     r1 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-1")
     r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
+    relays.extend((r1, r2))
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    try:
-        r1.start()
-        r2.start()
-        with TcpProxy(("127.0.0.1", r1.port)) as lb:
-            peer = start_executor(r2.conductor_url, env=env)
-            doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})
-            mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
-            before = {peer.executor_id: "relay-2", doomed.executor_id: "relay-1", mover.executor_id: "relay-1"}
-            assert_eventually(
-                lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == before,
-                20,
-            )
-            t0 = relay_pg.backup()
+    r1.start()
+    r2.start()
+    with TcpProxy(("127.0.0.1", r1.port)) as lb:
+        peer = start_executor(r2.conductor_url, env=env)
+        doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})
+        mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
+        before = {peer.executor_id: "relay-2", doomed.executor_id: "relay-1", mover.executor_id: "relay-1"}
+        assert_eventually(
+            lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == before,
+            20,
+        )
+        t0 = relay_pg.backup()
 
-            # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
-            doomed.kill()
-            evidence = Evidence(evidence_db)
-            assert_eventually(lambda: len(evidence.outcomes()) == 3, 40, what="the dead executor's 3 outcomes")
-            assert_eventually(lambda: doomed.executor_id not in registry(r1), 20, what="the recovery's end")
-            newcomer = start_executor(r2.conductor_url, env=env)
-            lb.target = ("127.0.0.1", r2.port)
-            lb.cut()
-            after = {peer.executor_id: "relay-2", mover.executor_id: "relay-2", newcomer.executor_id: "relay-2"}
-            assert_eventually(
-                lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == after,
-                20,
-            )
-            with r1.api() as api:
-                made = api.post("/tokens/after-t0", json={"permissions": ["application.read"]})
-                assert made.status_code == 201, made.text
-                late_key = made.json()["token"]
-                assert api.patch("/apps/ledger", json={"gcRowsThreshold": 4321}).status_code == 200
+        # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
+        doomed.kill()
+        evidence = Evidence(evidence_db)
+        assert_eventually(lambda: len(evidence.outcomes()) == 3, 40, what="the dead executor's 3 outcomes")
+        assert_eventually(lambda: doomed.executor_id not in registry(r1), 20, what="the recovery's end")
+        newcomer = start_executor(r2.conductor_url, env=env)
+        lb.target = ("127.0.0.1", r2.port)
+        lb.cut()
+        after = {peer.executor_id: "relay-2", mover.executor_id: "relay-2", newcomer.executor_id: "relay-2"}
+        assert_eventually(
+            lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == after,
+            20,
+        )
+        with r1.api() as api:
+            made = api.post("/tokens/after-t0", json={"permissions": ["application.read"]})
+            assert made.status_code == 201, made.text
+            late_key = made.json()["token"]
+            assert api.patch("/apps/ledger", json={"gcRowsThreshold": 4321}).status_code == 200
 
-            relay_pg.restore(t0)
-            live = {peer.executor_id, mover.executor_id, newcomer.executor_id}
+        relay_pg.restore(t0)
+        live = {peer.executor_id, mover.executor_id, newcomer.executor_id}
 
-            # The restored registry has the dead executor and the mover HEALTHY on instance 1, and not
-            # the newcomer. Instance 1's socket check finds no socket for either and records them
-            # lost; instance 2's finds two sockets whose rows are not its own at their epochs and
-            # closes them; they reconnect (the SDK waits a second) and the mover's return ends the
-            # grace period instance 1 began. Within the socket check, its settling, a reconnection
-            # and margins: the registry holds every live executor again, each where its socket is.
-            def settled() -> bool:
-                seen = registry(r1)
-                healthy = {k: v["relayInstance"] for k, v in seen.items() if v["state"] == "HEALTHY"}
-                return healthy == after
+        # The restored registry has the dead executor and the mover HEALTHY on instance 1, and not
+        # the newcomer. Instance 1's socket check finds no socket for either and records them
+        # lost; instance 2's finds two sockets whose rows are not its own at their epochs and
+        # closes them; they reconnect (the SDK waits a second) and the mover's return ends the
+        # grace period instance 1 began. Within the socket check, its settling, a reconnection
+        # and margins: the registry holds every live executor again, each where its socket is.
+        def settled() -> bool:
+            seen = registry(r1)
+            healthy = {k: v["relayInstance"] for k, v in seen.items() if v["state"] == "HEALTHY"}
+            return healthy == after
 
-            assert_eventually(settled, SOCKET_CHECK + 2.0 + 1.0 + 6.0, interval=0.2, what="the registry again")
-            # The dead executor is declared DEAD again (its death was lost with the tail) and its
-            # recovery sent again: its workflows are done, so nothing runs twice.
-            assert_eventually(
-                lambda: "executor.deleted" in audit_actions(r1, doomed.executor_id), GRACE + 15, what="recovered again"
-            )
-            # By then the grace period of anything recorded lost with it is over: none live died.
-            for executor_id in live:
-                actions = audit_actions(r1, executor_id)
-                assert "executor.dead" not in actions and "recovery.dispatched" not in actions, (executor_id, actions)
-            assert evidence.outcome_count() == 3 and set(evidence.outcomes().values()) == {peer.executor_id}
-            assert registry(r1).keys() == live
+        assert_eventually(settled, SOCKET_CHECK + 2.0 + 1.0 + 6.0, interval=0.2, what="the registry again")
+        # The dead executor is declared DEAD again (its death was lost with the tail) and its
+        # recovery sent again: its workflows are done, so nothing runs twice.
+        assert_eventually(
+            lambda: "executor.deleted" in audit_actions(r1, doomed.executor_id), GRACE + 15, what="recovered again"
+        )
+        # By then the grace period of anything recorded lost with it is over: none live died.
+        for executor_id in live:
+            actions = audit_actions(r1, executor_id)
+            assert "executor.dead" not in actions and "recovery.dispatched" not in actions, (executor_id, actions)
+        # Each workflow's outcome once, by a live executor of the app at the death: the recovery goes
+        # to either (rendezvous hashing on random ids), and its frame puts the workflows back on their
+        # queue, from which any executor of the app may take them.
+        assert evidence.outcome_count() == 3
+        assert set(evidence.outcomes().values()) <= {peer.executor_id, mover.executor_id}
+        assert registry(r1).keys() == live
 
-            # The instances kept their leases (their epochs come from the clock and the restored rows
-            # had them): none fenced, adopted or restarted.
-            with psycopg.connect(url) as conn:
-                rows = dict(conn.execute("SELECT instance_id, lease_epoch FROM relay_instances").fetchall())
-            for relay in (r1, r2):
-                assert relay.proc is not None and relay.proc.poll() is None, relay.instance_id
-                held = re.search(rf"instance {relay.instance_id} holds its lease \(epoch (\d+)\)", relay.log())
-                assert held is not None and rows[relay.instance_id] == int(held.group(1)), (rows, relay.instance_id)
-                assert f"instance {relay.instance_id} adopted" not in r1.log() + r2.log()
-                assert not unexplained_tracebacks(relay.log()), unexplained_tracebacks(relay.log())
-
-            # What was written after T0 is lost, and only that: the key made then, the setting changed then.
-            with httpx.Client(verify=TLS) as client:
-                answer = client.get(f"{r1.http}/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {late_key}"})
-            assert answer.status_code == 401, answer.text
-            with r1.api() as api:
-                assert api.get("/apps/ledger").json()["gcRowsThreshold"] is None
-    finally:
+        # The instances kept their leases (their epochs come from the clock and the restored rows
+        # had them): none fenced, adopted or restarted.
+        with psycopg.connect(url) as conn:
+            rows = dict(conn.execute("SELECT instance_id, lease_epoch FROM relay_instances").fetchall())
         for relay in (r1, r2):
-            relay.stop()
-            report = getattr(request.node, "rep_call", None)
-            if report is not None and report.failed:
-                print(f"--- {relay.instance_id} log ---\n{relay.log()[-8000:]}")
+            assert relay.proc is not None and relay.proc.poll() is None, relay.instance_id
+            held = re.search(rf"instance {relay.instance_id} holds its lease \(epoch (\d+)\)", relay.log())
+            assert held is not None and rows[relay.instance_id] == int(held.group(1)), (rows, relay.instance_id)
+            assert f"instance {relay.instance_id} adopted" not in r1.log() + r2.log()
+            assert not unexplained_tracebacks(relay.log()), unexplained_tracebacks(relay.log())
+
+        # What was written after T0 is lost, and only that: the key made then, the setting changed then.
+        with httpx.Client(verify=TLS) as client:
+            answer = client.get(f"{r1.http}/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {late_key}"})
+        assert answer.status_code == 401, answer.text
+        with r1.api() as api:
+            assert api.get("/apps/ledger").json()["gcRowsThreshold"] is None
