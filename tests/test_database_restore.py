@@ -21,12 +21,14 @@ import psycopg
 import pytest
 
 from harness.executors import Evidence, ExecutorProcess
+from harness.keys import API_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from tests.test_events import Stream
 
 StartExecutor = Callable[..., ExecutorProcess]
 
@@ -88,6 +90,13 @@ def registry(relay: RelayProcess) -> dict[str, dict[str, Any]]:
         return {e["executorId"]: e for e in api.get("/apps/ledger/executors", params={"limit": 100}).json()}
 
 
+def carried(stream: Stream, got: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """``got`` with the changes the stream carried since: (event, its action or state, executor id)."""
+    for name, data in stream.drain():
+        got.add((name, data.get("action") or data.get("state") or "", data.get("executorId") or ""))
+    return got
+
+
 def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_them(
     relay_pg: PostgresServer, relays: list[RelayProcess], start_executor: StartExecutor, evidence_db: str,
     tmp_path: Path,
@@ -110,12 +119,19 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
             20,
         )
         t0 = relay_pg.backup()
+        # A sequence logs 32 numbers ahead, so a restore takes it back only if more than that were
+        # drawn since: the seconds a failover loses in production hold hundreds of changes, these
+        # tens. The numbers of a busy minute, drawn (and burnt, as a rolled back write burns them).
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT nextval('audit_log_id_seq'), nextval('executor_changes') FROM generate_series(1, 100)")
 
         # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
         doomed.kill()
         evidence = Evidence(evidence_db)
         assert_eventually(lambda: len(evidence.outcomes()) == 3, 40, what="the dead executor's 3 outcomes")
         assert_eventually(lambda: doomed.executor_id not in registry(r1), 20, what="the recovery's end")
+        # The console's live updates, open across the restore on each instance.
+        streams = [Stream(relay, API_KEYS["acme"]).open() for relay in (r1, r2)]
         newcomer = start_executor(r2.conductor_url, env=env)
         lb.target = ("127.0.0.1", r2.port)
         lb.cut()
@@ -129,8 +145,22 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
             assert made.status_code == 201, made.text
             late_key = made.json()["token"]
             assert api.patch("/apps/ledger", json={"gcRowsThreshold": 4321}).status_code == 200
+        # What the streams carried before the restore is read off them (the setting's change was the
+        # last thing done): what they carry next is new.
+        for stream in streams:
+            stream.next(lambda name, data: name == "audit" and data["action"] == "settings.updated", 15)
+            stream.drain()
+        with psycopg.connect(url) as conn:
+            read = conn.execute(
+                "SELECT (SELECT max(id) FROM audit_log), (SELECT max(change_seq) FROM executors)"
+            ).fetchone()
 
         relay_pg.restore(t0)
+        with psycopg.connect(url) as conn:
+            drawn = conn.execute(
+                "SELECT (SELECT last_value FROM audit_log_id_seq), (SELECT last_value FROM executor_changes)"
+            ).fetchone()
+        assert read is not None and drawn is not None and drawn[0] < read[0] and drawn[1] < read[1], (read, drawn)
         live = {peer.executor_id, mover.executor_id, newcomer.executor_id}
 
         # The restored registry has the dead executor and the mover HEALTHY on instance 1, and not
@@ -150,6 +180,18 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
         assert_eventually(
             lambda: "executor.deleted" in audit_actions(r1, doomed.executor_id), GRACE + 15, what="recovered again"
         )
+        # The streams went on: the death declared again and the newcomer recorded again reached them,
+        # though the database drew their numbers again, below those the streams had read before.
+        wanted = {("audit", "executor.dead", doomed.executor_id), ("executor", "HEALTHY", newcomer.executor_id)}
+        for stream in streams:
+            got: set[tuple[str, str, str]] = set()
+            assert_eventually(
+                lambda stream=stream, got=got: wanted <= carried(stream, got),
+                5,
+                what=f"the changes after the restore on {stream.relay.instance_id}'s stream",
+            )
+            assert not stream.ended.is_set()
+            stream.close()
         # By then the grace period of anything recorded lost with it is over: none live died.
         for executor_id in live:
             actions = audit_actions(r1, executor_id)

@@ -38,3 +38,13 @@ def test_gaps_are_bounded() -> None:
     assert len(tail.gaps) <= 100
     tail.seen([1_000_500], now=1)
     assert len(tail.gaps) == 100 and max(tail.gaps) == 1_000_499  # the newest are kept
+
+
+def test_a_reader_starting_over_below_the_numbers_drawn_awaits_none_of_them() -> None:
+    """The database went back in time: executors are read again from 0; the numbers between their rows
+    belong to rows changed again or deleted. Only those drawn after it are awaited."""
+    tail = Tail(head=0, wait_secs=5, drawn=500)
+    assert tail.seen([40, 300, 499], now=0) == [40, 300, 499]
+    assert tail.gaps == []
+    assert tail.seen([503], now=1) == [503]
+    assert tail.gaps == [501, 502]  # drawn since: may commit late

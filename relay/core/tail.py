@@ -19,11 +19,15 @@ from collections.abc import Iterable
 
 
 class Tail:
-    def __init__(self, head: int, wait_secs: float, max_gaps: int = 10_000) -> None:
-        """``head``: the highest number to take as already seen (the table's end when reading starts)."""
+    def __init__(self, head: int, wait_secs: float, max_gaps: int = 10_000, drawn: int = 0) -> None:
+        """``head``: the highest number to take as already seen (the table's end when reading starts).
+        ``drawn``: for a reader that starts again from a ``head`` below the numbers drawn already (the
+        database went back in time, and rows are read again): the numbers up to it that are jumped
+        over belong to rows changed again or deleted, not to late commits, and are not awaited."""
         self.top = head
         self.wait_secs = wait_secs
         self.max_gaps = max_gaps
+        self.drawn = drawn
         self._gaps: dict[int, float] = {}  # number -> when it was jumped over
 
     @property
@@ -42,7 +46,7 @@ class Tail:
             elif number > self.top:
                 # After a long jump only the numbers just below the new one are awaited: a late
                 # transaction took its number shortly before the rows that committed first.
-                for missing in range(max(self.top + 1, number - self.max_gaps), number):
+                for missing in range(max(self.top + 1, number - self.max_gaps, self.drawn + 1), number):
                     self._gaps[missing] = now
                 self.top = number
                 fresh.append(number)

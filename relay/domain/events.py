@@ -15,6 +15,15 @@ not keep up (1,000 changes still wait for it when the next poll comes) is ended,
 that was deleted or changed (its secret rotated, its permissions or apps
 changed in relay.yaml); a console then starts a new one, with what its key
 may see now, and reads its page again.
+
+When the database goes back in time (a restore, a failover to a replica that
+had not received the last seconds), its sequences go back with it, and the
+numbers drawn since are drawn again, below where the poller has read: it would
+skip every change until the sequences passed that point again. The poller sees
+a sequence below the highest number it read and reads on from there: the audit
+entries dated after its last read before (all written since the database came
+back), and every executor again (each change carries the executor's whole
+record, so one sent again changes nothing in a console).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from relay.auth import KeyGrant, KeyRing, Permission
@@ -31,7 +41,7 @@ from relay.config import ServerConfig
 from relay.core.tail import Tail
 from relay.core.times import us_iso
 from relay.errors import DatabaseError, StreamsExhausted, TooManyRequests
-from relay.store.changes import ChangeStore
+from relay.store.changes import ChangeStore, Heads
 
 log = logging.getLogger("relay.events")
 
@@ -95,6 +105,7 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._audit: Tail | None = None
         self._executors: Tail | None = None
+        self._read_at: datetime | None = None  # the database's time at the last poll that read it
 
     # -- streams -------------------------------------------------------------------------
 
@@ -159,11 +170,15 @@ class EventHub:
     async def poll(self) -> None:
         """One look at what changed; each change to the streams that may see it."""
         self._drop_revoked()
-        if self._audit is None or self._executors is None:
-            audit_head, executors_head = await self.changes.heads()
-            self._audit = Tail(audit_head, GAP_WAIT_SECS)
-            self._executors = Tail(executors_head, GAP_WAIT_SECS)
+        heads = await self.changes.heads()
+        if self._audit is None or self._executors is None or self._read_at is None:
+            self._audit = Tail(heads.audit, GAP_WAIT_SECS)
+            self._executors = Tail(heads.executors, GAP_WAIT_SECS)
+            self._read_at = heads.at
             return
+        if heads.audit_drawn < self._audit.top or heads.executors_drawn < self._executors.top:
+            await self._went_back(heads, self._read_at)
+        self._read_at = heads.at
         now = time.monotonic()
         changes: list[Change] = []
         rows = await self.changes.executors_after(self._executors.top, self._executors.gaps, BATCH)
@@ -183,6 +198,23 @@ class EventHub:
             for change in changes:
                 if stream.wants(change):
                     stream.queue.put_nowait(change)
+
+    async def _went_back(self, heads: Heads, read_at: datetime) -> None:
+        """The database went back in time: its sequences are below numbers already read from them. The
+        audit log is read on from the newest entry dated before the last read (``read_at``): what
+        the streams were given is from before, what was written since the database came back is
+        after. The executors are all read again: their numbers do not tell which changed since."""
+        assert self._audit is not None and self._executors is not None
+        gone_back = []
+        if heads.audit_drawn < self._audit.top:
+            gone_back.append(f"audit entries from {heads.audit_drawn}, read up to {self._audit.top}")
+            self._audit = Tail(await self.changes.audit_dated(read_at), GAP_WAIT_SECS)
+        if heads.executors_drawn < self._executors.top:
+            gone_back.append(f"executor changes from {heads.executors_drawn}, read up to {self._executors.top}")
+            self._executors = Tail(0, GAP_WAIT_SECS, drawn=heads.executors_drawn)
+        log.warning("the database went back in time (a restore, or a failover to a replica that lagged): its "
+                    "numbers are drawn again (%s); the event streams go on with the audit entries written "
+                    "since it came back and every executor's record", "; ".join(gone_back))  # fmt: skip
 
     def _drop_revoked(self) -> None:
         for stream in list(self.streams):

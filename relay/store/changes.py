@@ -8,6 +8,8 @@ awaited (see :mod:`relay.core.tail`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from relay.store.db import Database
@@ -15,20 +17,44 @@ from relay.store.db import Database
 Row = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Heads:
+    audit: int  # the highest audit id now
+    executors: int  # the highest executor change number now
+    # The last numbers drawn from the two sequences: never below a number read from them, unless
+    # the database went back in time (a restore, a failover to a replica that lagged), which takes
+    # its sequences back with it and reissues the numbers drawn since.
+    audit_drawn: int
+    executors_drawn: int
+    at: datetime  # the database's time
+
+
 class ChangeStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def heads(self) -> tuple[int, int]:
-        """The highest audit id and executor change number now."""
+    async def heads(self) -> Heads:
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT (SELECT COALESCE(max(id), 0) FROM audit_log) AS audit,
-                          (SELECT COALESCE(max(change_seq), 0) FROM executors) AS executors"""
+                          (SELECT COALESCE(max(change_seq), 0) FROM executors) AS executors,
+                          (SELECT last_value FROM audit_log_id_seq) AS audit_drawn,
+                          (SELECT last_value FROM executor_changes) AS executors_drawn,
+                          now() AS at"""
             )
             row = await cur.fetchone()
         assert row is not None
-        return int(row["audit"]), int(row["executors"])
+        return Heads(
+            int(row["audit"]), int(row["executors"]), int(row["audit_drawn"]), int(row["executors_drawn"]), row["at"]
+        )
+
+    async def audit_dated(self, at: datetime) -> int:
+        """The highest id of an audit entry dated ``at`` or earlier (0 if none): from the newest
+        entries back, which after a restore are the few written since."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT id FROM audit_log WHERE at <= %s ORDER BY id DESC LIMIT 1", (at,))
+            row = await cur.fetchone()
+        return int(row["id"]) if row else 0
 
     async def audit_after(self, after: int, gaps: list[int], limit: int) -> list[Row]:
         async with self.db.connection() as conn:
