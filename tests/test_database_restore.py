@@ -11,6 +11,7 @@ database (on the session's other server) keep running through it and are ahead o
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +29,14 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay.config import AlertsConfig
+from relay.core.alerts import Alert
+from relay.errors import DatabaseError
+from relay.store.alerts import AlertStore
+from relay.store.db import Database
+from tests.test_alerts import with_store
 from tests.test_events import Stream
+from workflows.alerts import AlertLoops
 
 StartExecutor = Callable[..., ExecutorProcess]
 
@@ -220,3 +228,58 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
         assert answer.status_code == 401, answer.text
         with r1.api() as api:
             assert api.get("/apps/ledger").json()["gcRowsThreshold"] is None
+
+
+async def deaths(db: Database, prefix: str, count: int) -> None:
+    """``count`` executors of acme/ledger declared dead, as many audit entries (a burst)."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            """INSERT INTO audit_log (org, app, action, executor_id, actor, detail)
+               SELECT 'acme', 'ledger', 'executor.dead', %s || g, 'relay', jsonb_build_object('epoch', 1)
+               FROM generate_series(1, %s) g""",
+            (prefix, count),
+        )
+
+
+def test_the_alerts_read_every_death_after_the_audit_log_went_back(relay_pg: PostgresServer) -> None:
+    """The audit log's ids are drawn again after a restore, below where each instance's reader had
+    read: it read the new entries only again among the last minute's (the overlap kept for entries
+    committed late), a page of them per poll, so a burst of more than a page between two polls lost
+    the rest. It reads on from the cursor restored with the log, page after page."""
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0}]
+
+    async def body(db: Database, store: AlertStore) -> set[str]:
+        t0 = await asyncio.to_thread(relay_pg.backup)
+        started: list[Alert] = []
+
+        async def start(alert: Alert) -> None:
+            started.append(alert)
+
+        loops = AlertLoops(store, AlertsConfig(), lambda: True, start=start)
+        loops.overlap_secs = 0.2  # the minute, shortened: each poll comes later than that after the entries
+        await deaths(db, "lost-", 1500)  # the lost seconds: read (two pages), then gone
+        for _ in range(2):
+            await loops.poll_events()
+        assert len(started) == 1500
+        await asyncio.to_thread(relay_pg.restore, t0)
+        started.clear()
+        for _ in range(50):  # the pool's connections died with the server: until it answers again
+            try:
+                await store.cursor()
+                break
+            except DatabaseError:
+                await asyncio.sleep(0.1)
+        await deaths(db, "after-", 1200)
+        quiet = 0  # polls in a row that started nothing
+        while quiet < 2:
+            await asyncio.sleep(0.3)
+            before = len(started)
+            await loops.poll_events()
+            quiet = quiet + 1 if len(started) == before else 0
+        return {a.subject["executorId"] for a in started if a.resolves is None}
+
+    alerted = with_store(url, rules, body)
+    assert len(alerted) == 1200 and all(e.startswith("after-") for e in alerted), (
+        f"{len(alerted)} of 1,200 deaths alerted"
+    )

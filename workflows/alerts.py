@@ -461,7 +461,18 @@ class AlertLoops:
         """Start the delivery of every alert the new audit entries fire; returns how many were started."""
         rules = await self.store.rules_of(EVENT_KINDS)
         removed = await self.store.removed_rules(DEATH_KINDS)
-        after = max(self._cursor, await self.store.cursor())
+        stored, drawn = await self.store.cursor_and_drawn()
+        if drawn < self._cursor:
+            # The database went back in time: the ids read since its moment are drawn again, for new
+            # entries, below this reader's cursor, where only the overlap would find them (a page a
+            # poll). The cursor restored with the log is where its entries were read up to.
+            log.warning(
+                "the audit log went back in time (ids are drawn again from %d, read up to %d: a restore, or a "
+                "failover to a replica that lagged); read on from %d",
+                drawn, self._cursor, stored,
+            )  # fmt: skip
+            self._cursor = 0
+        after = max(self._cursor, stored)
         facts = await self.read_facts(after)
         now = time.monotonic()
         made = [(fact, a) for fact in facts for a in self.alerts_for(fact, rules, removed)]

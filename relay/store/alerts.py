@@ -346,6 +346,19 @@ class AlertStore:
             row = await cur.fetchone()
         return int(row["last_id"]) if row else 0
 
+    async def cursor_and_drawn(self) -> tuple[int, int]:
+        """The cursor, and the last audit id drawn from its sequence: never below an id read already,
+        unless the database went back in time (a restore, a failover to a replica that lagged), which
+        takes the sequence back with it and draws the ids again."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT (SELECT last_id FROM alert_cursor WHERE id = 1) AS cursor,
+                          (SELECT last_value FROM audit_log_id_seq) AS drawn"""
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row["cursor"] or 0), int(row["drawn"])
+
     async def advance(self, last_id: int) -> None:
         async with self.db.connection() as conn:
             await conn.execute("UPDATE alert_cursor SET last_id = greatest(last_id, %s) WHERE id = 1", (last_id,))
