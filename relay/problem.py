@@ -21,6 +21,13 @@ from relay.core.requestid import current_request_id
 
 PROBLEM_JSON = "application/problem+json"
 
+# The detail of a 500: an exception Relay did not expect, a defect of its own. The client can do
+# nothing about it but report it; the request id leads whoever runs Relay to the traceback.
+INTERNAL_ERROR = (
+    "an internal error of Relay's, not the request's fault: give the requestId to whoever runs Relay,"
+    " whose log has what failed"
+)
+
 
 def problem(status: int, detail: str, *, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
     """An error response in the problem details format; ``extra`` adds members to the body."""
@@ -30,6 +37,11 @@ def problem(status: int, detail: str, *, headers: Mapping[str, str] | None = Non
     return Response(
         json.dumps(body, separators=(",", ":")).encode(), status_code=status, headers=headers, media_type=PROBLEM_JSON
     )
+
+
+def internal_error() -> Response:
+    """The answer to a request whose serving raised an exception Relay did not expect."""
+    return problem(500, INTERNAL_ERROR)
 
 
 def _title(status: int) -> str:

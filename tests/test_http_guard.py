@@ -11,6 +11,7 @@ import re
 import select
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -331,6 +332,31 @@ def test_headers_over_the_size_limit_get_431(relay: RelayProcess) -> None:
         pump(sock, 1024 * 1024, b"a" * 16384)
         received, _ = closed_within(sock, 3)
     assert received.startswith(b"HTTP/1.1 431 ")
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nNo-Colon-Here\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ],
+    ids=["request-line", "header-without-colon", "two-lengths"],
+)
+def test_a_request_that_cannot_be_parsed_gets_a_400_problem_with_a_request_id(relay: RelayProcess, sent: bytes) -> None:
+    """uvicorn answered these text/plain "Invalid HTTP request received." without X-Request-Id; now
+    a problem as the 408 and the 431 are, and the connection closed. The request's headers were
+    not read whole: its id is a new one (the client's X-Request-Id, if it sent one, is not read)."""
+    with connect(relay) as sock:
+        sock.sendall(sent)
+        resp, body = response(sock, "GET")
+        assert resp.getheader("connection") == "close"
+        received, _ = closed_within(sock, 3)
+    assert received == b""
+    problem = assert_problem(resp, body, 400)
+    assert problem["requestId"] == resp.getheader("x-request-id"), problem
+    assert str(uuid.UUID(str(problem["requestId"]))) == problem["requestId"], problem
+    assert str(problem["detail"]).startswith("not a valid HTTP/1.1 request"), problem
 
 
 def test_an_executor_handshake_outlives_the_header_deadline(relay: RelayProcess) -> None:

@@ -4,14 +4,18 @@ HTTP, a simulated executor over a real socket. One Relay for the module (a start
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import httpx
 import pytest
+from starlette.background import BackgroundTask
+from starlette.responses import JSONResponse, StreamingResponse
 from websockets.exceptions import InvalidStatus
 
 from harness.keys import API_KEYS, CONDUCTOR_KEYS
@@ -21,7 +25,14 @@ from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
 from harness.web import TLS
+from relay.api import build_api
 from relay.cli import main
+from relay.config import ServerConfig
+from relay.logs import LOG_FORMAT, EscapingFormatter, RequestIds
+from relay.net.guard import HttpGuard
+from relay.net.paths import PathKeeper
+from relay.net.server import RelayApp
+from relay.problem import INTERNAL_ERROR
 
 # An executor id that would forge a line, retitle the terminal (OSC 0), and reorder the text after it.
 HOSTILE = "ex\x1b]0;owned\x07\nCRITICAL forged\u202e\x85\x7f-1"
@@ -168,3 +179,139 @@ def test_the_cli_sends_a_request_id_and_names_it_in_a_5xx_error(
     warned = [line for line in log_lines(relay) if line.get("requestId") == request_id]
     assert [line["logger"] for line in warned] == ["relay.gateway"], warned
     assert "cli-peer sent a bad list_workflows reply" in warned[0]["message"], warned
+
+
+def broken_relay() -> RelayApp:
+    """The ASGI app as relay serve puts it together (relay.runtime), of an API with routes that fail
+    as a defect of Relay's would, and a key ring whose lookup fails. Relay has no route or hook to
+    fail on purpose, nor should it grow one for a test: these are added to the real app here."""
+    api = build_api(None)
+
+    @api.get("/broken/before")
+    async def before() -> None:
+        raise RuntimeError("a defect before the answer")
+
+    @api.get("/broken/after")
+    async def after() -> JSONResponse:
+        return JSONResponse({"ok": True}, background=BackgroundTask(fail, "a defect after the answer"))
+
+    @api.get("/broken/midway")
+    async def midway() -> StreamingResponse:
+        async def parts() -> Any:
+            yield b"first part"
+            fail("a defect in the middle of the answer")
+
+        return StreamingResponse(parts())
+
+    def lookup(key: str | None) -> None:
+        fail("a defect in the key ring")
+
+    def fail(why: str) -> None:
+        raise RuntimeError(why)
+
+    http = PathKeeper(HttpGuard(api, ServerConfig(), lookup))
+    return RelayApp(http, http)  # no WebSocket is opened here
+
+
+@pytest.fixture
+def relay_log() -> Iterator[io.StringIO]:
+    """Every line logged, as relay serve's handler writes it (the text format, with request ids)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    handler.addFilter(RequestIds())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "outcome", "raised"),
+    [
+        ("/broken/before", 500, "answered 500", "a defect before the answer"),
+        ("/v2/orgs/acme/apps", 500, "answered 500", "a defect in the key ring"),
+        ("/broken/after", 200, "answered 200", "a defect after the answer"),
+    ],
+    ids=["route", "guard", "after-the-answer"],
+)
+def test_an_internal_error_is_a_problem_with_its_request_id_logged_once_with_it(
+    relay_log: io.StringIO, path: str, status: int, outcome: str, raised: str
+) -> None:
+    """An exception Relay did not expect (a defect of its own, in a route or below the routes) is
+    answered 500 as every other error is, a problem with the request's id, and logged once at ERROR
+    with the method, the path, the id and the traceback. Starlette answered it text/plain "Internal
+    Server Error" and raised it again, for uvicorn to log "Exception in ASGI application" with the
+    traceback and without the id (and close the connection). Served through httpx's ASGITransport,
+    which raises what the app raises, as uvicorn would log it: no test serves an app in-process
+    with uvicorn, and a Relay process has nothing that fails on purpose."""
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=broken_relay())
+        async with httpx.AsyncClient(transport=transport, base_url="http://relay", verify=TLS) as client:
+            return await client.get(path, headers={"X-Request-Id": "on-call-500"})
+
+    resp = asyncio.run(get())
+    assert resp.status_code == status and resp.headers["x-request-id"] == "on-call-500", resp.text
+    if status == 500:
+        assert resp.headers["content-type"] == "application/problem+json", resp.text
+        assert resp.json() == {
+            "type": "about:blank",
+            "title": "Internal Server Error",
+            "status": 500,
+            "detail": INTERNAL_ERROR,
+            "requestId": "on-call-500",
+        }
+    lines = relay_log.getvalue().splitlines()
+    assert [line for line in lines if " ERROR " in line] == [lines[0]], lines
+    assert lines[0].endswith(f" ERROR relay.http: GET {path}: an internal error, {outcome} [req=on-call-500]"), lines
+    assert lines.count("Traceback (most recent call last):") == 1 and lines[1].startswith("Traceback"), lines
+    assert lines[-1] == f"RuntimeError: {raised}", lines
+
+
+def test_an_internal_error_in_the_middle_of_an_answer_is_logged_once_and_raised_no_further(
+    relay_log: io.StringIO,
+) -> None:
+    """The answer begun (a stream's first part) cannot become a 500: the line says it was cut short,
+    and the app returns, for the server to close the connection (uvicorn says so in a line of its
+    own, without the traceback). ASGITransport refuses an answer left unfinished, so the app is
+    served here as a server serves it: its messages collected."""
+    sent: list[MutableMapping[str, Any]] = []
+    received: list[dict[str, Any]] = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if received:
+            return received.pop()
+        await asyncio.Event().wait()  # the client stays connected: nothing more comes
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"relay"), (b"x-request-id", b"on-call-cut")]
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/broken/midway",
+        "raw_path": b"/broken/midway",
+        "query_string": b"",
+        "headers": headers,
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("relay", 80),
+        "client": ("127.0.0.1", 1),
+        "root_path": "",
+        "asgi": {"version": "3.0"},
+    }
+    asyncio.run(broken_relay()(scope, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"], sent
+    assert sent[0]["status"] == 200 and sent[1]["more_body"] is True, sent
+    lines = relay_log.getvalue().splitlines()
+    assert [line for line in lines if " ERROR " in line] == [lines[0]], lines
+    assert lines[0].endswith(
+        " ERROR relay.http: GET /broken/midway: an internal error, its answer (200) cut short [req=on-call-cut]"
+    ), lines
+    assert lines.count("Traceback (most recent call last):") == 1, lines
+    assert lines[-1] == "RuntimeError: a defect in the middle of the answer", lines

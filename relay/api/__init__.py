@@ -55,6 +55,7 @@ from relay.errors import (
     UnsendableRequest,
     UnsupportedMessage,
 )
+from relay.problem import internal_error
 from relay.store.audit import requested_from
 from relay.store.db import hastily
 
@@ -192,6 +193,13 @@ def build_api(ctx: ApiContext | None, lifespan: Lifespan | None = None) -> FastA
         if exc.status_code == 405:  # RFC 9110: with the methods the resource has, from every route of its path
             headers["Allow"] = ", ".join(allowed_methods(api, request.scope))
         return error_response(exc.status_code, "http_error", str(exc.detail), headers=headers or None)
+
+    @api.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> Response:
+        # Starlette's last resort (ServerErrorMiddleware), which answered text/plain "Internal Server
+        # Error": it sends this answer and raises the exception again, for RelayApp
+        # (relay.net.server) to log, once, with the request's method, path and id.
+        return internal_error()
 
     @api.exception_handler(DatabaseError)
     async def _db(request: Request, exc: DatabaseError) -> Response:

@@ -6,7 +6,8 @@ connection forever (slowloris), and one that sends an endless header makes it
 grow without bound. This subclass closes a connection whose request headers
 are not complete ``header_timeout_secs`` after it opened (with 408 if the client
 had begun a request), or after the request began on a kept-alive connection
-(408), and answers 431 to headers over :data:`MAX_HEADER_BYTES`. An idle
+(408), and answers 431 to headers over :data:`MAX_HEADER_BYTES`; a request that
+cannot be parsed is answered 400 as those are, a problem with its request id. An idle
 kept-alive connection is uvicorn's (``timeout_keep_alive``: ``server.keepAliveSecs``).
 
 At shutdown, uvicorn lets requests in progress finish before the application's
@@ -103,6 +104,11 @@ class RelayHttpProtocol(HttpToolsProtocol):
         if self._in_headers and self._header_deadline is None and not self.transport.is_closing():
             self._arm_header_deadline()
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to bytes httptools cannot parse (a bad request line, a header without a
+        # colon, a bad chunk): text/plain, without X-Request-Id. Relay's answers are problems.
+        self._refuse(400, "not a valid HTTP/1.1 request: its request line, a header or its chunked body is malformed")
+
     def shutdown(self) -> None:
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete and EVENT_STREAM.match(cycle.scope["path"]):
@@ -146,7 +152,7 @@ class RelayHttpProtocol(HttpToolsProtocol):
             self.transport.close()  # idle: nothing was asked, nothing to answer
 
     def _refuse(self, status: int, detail: str) -> None:
-        """Answer with a problem (RFC 9457) and close, as uvicorn answers a request it cannot parse."""
+        """Answer with a problem (RFC 9457) and close the connection: the request was not read whole."""
         request_id = new_request_id()  # the headers did not come whole: none of the client's is read
         with serving(request_id):
             response = problem(status, detail)

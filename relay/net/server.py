@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -12,9 +13,11 @@ from relay.core.requestid import HEADER, request_id_of, serving
 from relay.net.connection import Message, Receive, Scope, Send
 from relay.net.httpproto import RelayHttpProtocol
 from relay.net.wsproto import RelayWebSocketProtocol
+from relay.problem import internal_error
 
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+log = logging.getLogger("relay.http")
 
 _REQUEST_ID = HEADER.lower().encode()
 # The messages that begin an answer with headers: an HTTP response, a refused WebSocket handshake's.
@@ -28,7 +31,12 @@ class RelayApp:
     here, before the guard's refusals (a 401, a 413, a 503), and answered with it in its
     ``X-Request-Id`` header; so is a refused WebSocket handshake. An accepted executor connection
     is not served under the id: it lasts for hours, and the lines about the executor are no
-    longer about its handshake (nor are the recoveries its disconnection starts)."""
+    longer about its handshake (nor are the recoveries its disconnection starts).
+
+    An exception out of the HTTP app is a defect of Relay's: it is logged here, once, at ERROR with
+    the request's method, path, id and traceback, and answered 500 with a problem (the API's own
+    last resort answers the same, relay.api). It goes no further: uvicorn would log it again,
+    without the id, and close the connection after an answer that was whole."""
 
     def __init__(self, websockets: Asgi, http: Asgi) -> None:
         self.websockets = websockets
@@ -42,17 +50,36 @@ class RelayApp:
         request_id = request_id_of(sent.decode("latin-1") if sent is not None else None)
         answered = (_REQUEST_ID, request_id.encode())
 
+        status: int | None = None  # of the answer, once begun
+        whole = False  # the answer's body has ended
+
         async def with_request_id(message: Message) -> None:
+            nonlocal status, whole
             if message["type"] in _ANSWER_STARTS:
                 headers = [header for header in message.get("headers", []) if header[0].lower() != _REQUEST_ID]
                 message = {**message, "headers": [*headers, answered]}
+                status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                whole = True
             await send(message)
 
         if scope["type"] == "websocket":
             await self.websockets(scope, receive, with_request_id)
             return
         with serving(request_id):
-            await self.http(scope, receive, with_request_id)
+            try:
+                await self.http(scope, receive, with_request_id)
+            except Exception:
+                if status is None:
+                    outcome = "answered 500"
+                elif whole:
+                    outcome = f"answered {status}"
+                else:
+                    # uvicorn closes the connection (and says so): the client sees the answer cut short.
+                    outcome = f"its answer ({status}) cut short"
+                log.exception("%s %s: an internal error, %s", scope["method"], scope["path"], outcome)
+                if status is None:
+                    await internal_error()(scope, receive, with_request_id)
 
 
 def uvicorn_config(app: RelayApp, config: RelayConfig) -> uvicorn.Config:
