@@ -315,3 +315,27 @@ def test_an_internal_error_in_the_middle_of_an_answer_is_logged_once_and_raised_
     ), lines
     assert lines.count("Traceback (most recent call last):") == 1, lines
     assert lines[-1] == "RuntimeError: a defect in the middle of the answer", lines
+
+
+def test_a_recovery_an_operator_asks_for_is_no_part_of_the_request(relay: RelayProcess) -> None:
+    """The request's own lines carry its id; the recovery it starts does not: a DBOS workflow, which
+    runs as a task of the request's context, waits for hours and sends frames that serve others'
+    recoveries too (its lines name it by ``recoveryId``). Without a peer it says it waits for one."""
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['globex']}"
+    with relay.api("globex") as api:
+        with SimulatedPeer(url, "lone", "answer"):
+            assert_eventually(lambda: api.get("/apps/ledger/executors/lone").status_code == 200, 10)
+        assert_eventually(
+            lambda: api.get("/apps/ledger/executors/lone").json()["state"] == "DISCONNECTED", 10, what="DISCONNECTED"
+        )
+        resp = api.post("/apps/ledger/executors/lone/recover", headers={"X-Request-Id": "recover-7"})
+    assert resp.status_code == 202, resp.text
+    rid = resp.json()["recoveryId"]
+
+    def about_it(words: str) -> list[dict[str, Any]]:
+        return [line for line in log_lines(relay) if line.get("recoveryId") == rid and words in line["message"]]
+
+    (waits,) = assert_eventually(lambda: about_it("waiting_for_peer"), 10, what="the recovery's wait for a peer")
+    (requested,) = about_it("requested by")
+    assert requested["requestId"] == "recover-7", requested
+    assert "requestId" not in waits, waits

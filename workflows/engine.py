@@ -39,6 +39,7 @@ from relay.config import ReconcilerConfig
 from relay.core.appfigures import Window
 from relay.core.ids import ExecutorKey, grace_id, recovery_id, recovery_run
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.core.requestid import serving
 from relay.errors import DatabaseError
 from relay.logs import FailureLog
 from relay.store.apps import AppStore
@@ -610,6 +611,8 @@ async def _send(workflow_id: str, message: dict[str, Any], topic: str) -> None:
 async def _start(workflow_id: str, fn: Any, *args: Any, **kwargs: Any) -> None:
     # A workflow id names the disconnection or death (and run) it is for: starting
     # it twice (a retry, the repair sweep, two instances at once) finds the first
-    # one. It runs as a task on Relay's loop.
-    with SetWorkflowID(workflow_id):
+    # one. It runs as a task on Relay's loop, which DBOS makes in the caller's context: not under
+    # the id of the HTTP request that started it (an operator's recovery), whose lines it would
+    # carry for as long as it runs, though it outlives the request and its frames serve others.
+    with SetWorkflowID(workflow_id), serving(None):
         await DBOS.start_workflow_async(fn, *args, **kwargs)

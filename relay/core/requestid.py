@@ -5,7 +5,9 @@ A client may send its own (``X-Request-Id``, as proxies and tracing tools do); a
 sane (empty, longer than :data:`MAX_LENGTH`, or with a character other than visible ASCII) is
 replaced by a new one, not refused and not echoed: it is written into headers and log lines.
 The id is a context variable, as :func:`relay.store.audit.requested_from`'s address is: the lines
-logged while the request is served (and by the tasks it starts, which copy the context) carry it.
+logged while the request is served (and by the tasks it starts, which copy the context) carry it;
+the tasks that outlive it or serve others too do not (:func:`shared_task`, and the DBOS workflows
+:mod:`workflows.engine` starts, an operator's recovery among them).
 """
 
 from __future__ import annotations
