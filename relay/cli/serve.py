@@ -83,33 +83,26 @@ def first_keys_text(first: FirstKeys, executor_url: str, api_url: str) -> str:
     return "No org is configured: the keys in Relay's database are used (`relay tokens list`).\n"
 
 
-def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """The log level given (``INFO`` if none), checked: a bad one is blamed on where it came from,
-    ``--log-level`` or ``RELAY_LOG_LEVEL`` (click would name the option for both)."""
-    level = (value or "INFO").upper()
-    if level not in LOG_LEVELS:
+def choice_of(
+    ctx: click.Context, param: click.Parameter, value: str | None, given: str, choices: tuple[str, ...]
+) -> str:
+    """``given`` (``value`` normalised, or the default), checked: a bad one is blamed on where it came
+    from, the option or its environment variable (click would name the option for both)."""
+    if given not in choices:
         from_env = param.name is not None and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
-        raise click.BadParameter(
-            f"{value!r} is not one of {', '.join(LOG_LEVELS)}",
-            ctx,
-            param,
-            param_hint="RELAY_LOG_LEVEL" if from_env else "'--log-level'",
-        )
-    return level
+        hint = str(param.envvar) if from_env else f"'{param.opts[0]}'"
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(choices)}", ctx, param, param_hint=hint)
+    return given
+
+
+def log_level_of(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The log level given (``INFO`` if none), checked (:func:`choice_of`)."""
+    return choice_of(ctx, param, value, (value or "INFO").upper(), LOG_LEVELS)
 
 
 def log_format_of(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """The log format given (``text`` if none), checked and blamed as :func:`log_level_of` does."""
-    log_format = (value or "text").lower()
-    if log_format not in LOG_FORMATS:
-        from_env = param.name is not None and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
-        raise click.BadParameter(
-            f"{value!r} is not one of {', '.join(LOG_FORMATS)}",
-            ctx,
-            param,
-            param_hint="RELAY_LOG_FORMAT" if from_env else "'--log-format'",
-        )
-    return log_format
+    """The log format given (``text`` if none), checked (:func:`choice_of`)."""
+    return choice_of(ctx, param, value, (value or "text").lower(), LOG_FORMATS)
 
 
 @click.command()
