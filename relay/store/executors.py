@@ -903,7 +903,7 @@ class ExecutorStore:
         held = self._peer_reads.get((org, app))
         if held is not None and max_age > 0 and now - held[0] <= max_age:
             return await asyncio.shield(held[1]), True
-        read = loop.create_task(self._healthy(org, app))
+        read = shared_task(self._healthy(org, app))  # it serves later callers too: no request's id
         self._peer_reads[(org, app)] = (now, read)
 
         def forget_failed(task: asyncio.Task[HealthyRead]) -> None:
