@@ -17,6 +17,9 @@ The fixtures, with ids the tests can name:
 - ``queued-N``: ``job`` workflows on the queue ``serial`` (concurrency 1);
 - ids with ``/``, ``?`` and ``#`` in them: ``odd/steps``, ``odd?x=1``, ``odd#frag``;
 - a schedule ``every-hour`` of the workflow ``tick``.
+
+It also has a workflow and a step with names of 2,000 characters (harness.long_names), which it
+runs only when a test enqueues the workflow.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from dbos._utils import GlobalParams
+
+from harness.long_names import LONG_STEP_NAME, LONG_WORKFLOW_NAME
 
 ENV = os.environ
 
@@ -79,6 +84,16 @@ def tick(when: datetime, context: Any) -> None:
 @DBOS.workflow()
 def odd() -> str:
     return shout("odd")
+
+
+@DBOS.step(name=LONG_STEP_NAME)
+def long_step(n: int) -> int:
+    return n + 1
+
+
+@DBOS.workflow(name=LONG_WORKFLOW_NAME)
+def long_named(n: int) -> int:
+    return long_step(n)
 
 
 def seed() -> None:

@@ -794,3 +794,32 @@ def test_queue_and_schedule_names_are_bounded_in_bytes_as_workflow_ids_are() -> 
     for request in queue_and_schedule_names(past):
         with pytest.raises(p.ProtocolError, match=f"longer than {p.MAX_QUEUE_OR_SCHEDULE_NAME_BYTES} bytes in UTF-8"):
             request.to_frame()
+
+
+def app_defined_names(name: str) -> list[p.Request]:
+    """A request for each field that names a workflow, a step, a user or a partition key."""
+    return [
+        p.ListWorkflowsRequest(body=p.ListWorkflowsBody(workflow_name=[name], authenticated_user=name)),
+        p.ListQueuedWorkflowsRequest(body=p.ListQueuedWorkflowsBody(workflow_name=name)),
+        p.ListSchedulesRequest(body=p.ListSchedulesBody(workflow_name=name)),
+        p.GetWorkflowAggregatesRequest(body=p.GetWorkflowAggregatesBody(group_by_status=True, name=[name])),
+        p.GetWorkflowAggregatesRequest(body=p.GetWorkflowAggregatesBody(group_by_status=True, user=[name])),
+        p.GetStepAggregatesRequest(body=p.GetStepAggregatesBody(group_by_status=True, function_name=[name])),
+        p.ForkWorkflowRequest(body=p.ForkWorkflowBody(workflow_id="w", start_step=1, queue_partition_key=name)),
+        p.ForkFromFailureRequest(body=p.ForkFromFailureBody(workflow_ids=["w"], queue_partition_key=name)),
+        p.ForkFromFailureRequest(body=p.ForkFromFailureBody(workflow_ids=["w"], from_step_name=name)),
+        p.RewindWorkflowRequest(body=p.RewindWorkflowBody(workflow_id="w", queue_partition_key=name)),
+    ]
+
+
+def test_app_defined_names_are_bounded_in_bytes_as_workflow_ids_are() -> None:
+    """DBOS stores workflow names and users of 16,000 characters, step names and partition keys of
+    2,600 (PostgreSQL's indexes bound those in bytes): every such field carries 2,000 (a
+    WorkflowFailure rule's name, up to 1,024, was refused past 256 as it asked for the count), and
+    refuses one byte past the bound."""
+    for request in app_defined_names("n" * 2000):
+        assert type(request).from_frame(request.to_frame()) == request
+    past = "é" * (p.MAX_APP_DEFINED_NAME_BYTES // 2) + "x"
+    for request in app_defined_names(past):
+        with pytest.raises(p.ProtocolError, match=f"longer than {p.MAX_APP_DEFINED_NAME_BYTES} bytes in UTF-8"):
+            request.to_frame()

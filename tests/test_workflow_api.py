@@ -35,13 +35,14 @@ from dbos import DBOSClient, EnqueueOptions
 
 from harness.executors import ExecutorProcess
 from harness.keys import API_KEYS, CONDUCTOR_KEYS, VIEWER_KEYS
+from harness.long_names import LONG_STEP_NAME, LONG_WORKFLOW_NAME
 from harness.ports import free_port
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, relay_yaml
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
-from relay_protocol import MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES
+from relay_protocol import MAX_APP_DEFINED_NAME_BYTES, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES
 from tests.prom import scrape
 
 APP_MODULE = "harness.workflow_app"
@@ -1414,3 +1415,91 @@ def test_a_queue_or_schedule_name_past_the_bound_is_refused_with_a_422_naming_it
         document = ok(root.get("/openapi.json"))
     (name, _) = document["components"]["schemas"]["ForkIn"]["properties"]["queueName"]["anyOf"]
     assert name["maxLength"] == MAX_QUEUE_OR_SCHEDULE_NAME_BYTES and bound in name["description"], name
+
+
+# -- long workflow and step names, users and partition keys ------------------------------------------
+
+LONG_USER = random_id(string.ascii_letters + string.digits, 2000, 7)
+LONG_PARTITION_KEY = random_id(string.ascii_letters + string.digits, 2000, 8)
+
+
+def test_long_workflow_and_step_names_users_and_partition_keys_are_searched_counted_and_forked_onto(
+    world: World,
+) -> None:
+    """DBOS bounds none of a workflow's name, a step's, an authenticated user or a queue partition
+    key (measured with DBOS 3.2 on PostgreSQL: 16,000 random characters of a workflow's name or a
+    user, 2,600 of a step's name or a key): Relay took 256 characters of each, so a search, an
+    aggregate or a fork naming a longer one answered 422. A workflow of a 2,000-character name,
+    whose step's name is as long, run for a 2,000-character user on a partition of as long a key, is
+    found, counted, listed with its step and forked by its step's name and onto its partition."""
+    client = DBOSClient(system_database_url=world.sysdb, application_name="ledger")
+    made = ["long-names-1"]
+    try:
+        client.register_queue("parts", partition_concurrency=1, application_name="ledger")
+        options: EnqueueOptions = {
+            "queue_name": "parts", "workflow_name": LONG_WORKFLOW_NAME, "workflow_id": "long-names-1",
+            "authenticated_user": LONG_USER, "queue_partition_key": LONG_PARTITION_KEY,
+        }  # fmt: skip
+        client.enqueue(options, 5)
+        assert_eventually(lambda: db_status(world, "long-names-1") == "SUCCESS", 20, what="the long-named workflow")
+        with world.api() as api:
+            for member, value in (("workflowName", LONG_WORKFLOW_NAME), ("user", LONG_USER)):
+                found = ok(api.post(f"{LEDGER}/workflows/search", json={member: [value]}))
+                assert [w["workflowId"] for w in found] == ["long-names-1"], member
+                body = {"groupByWorkflowName": True, "selectCount": True, member: [value]}
+                counted = ok(api.post(f"{LEDGER}/workflows/aggregates", json=body))
+                assert [(a["group"], a["count"]) for a in counted] == [({"name": LONG_WORKFLOW_NAME}, 1)], member
+            listed = ok(api.get(f"{LEDGER}/workflows", params={"workflowName": LONG_WORKFLOW_NAME}))
+            assert [(w["workflowId"], w["user"], w["queuePartitionKey"]) for w in listed] == [
+                ("long-names-1", LONG_USER, LONG_PARTITION_KEY)
+            ]
+            assert [s["stepName"] for s in ok(api.get(f"{LEDGER}/workflows/long-names-1/steps"))] == [LONG_STEP_NAME]
+            body = {"groupByFunctionName": True, "selectCount": True, "stepName": [LONG_STEP_NAME]}
+            counted = ok(api.post(f"{LEDGER}/steps/aggregates", json=body))
+            assert [(a["group"], a["count"]) for a in counted] == [({"function_name": LONG_STEP_NAME}, 1)]
+            assert ok(api.get(f"{LEDGER}/schedules", params={"workflowName": LONG_WORKFLOW_NAME})) == []
+
+            made.append("long-names-fork")
+            body = {"newWorkflowId": "long-names-fork", "queueName": "parts", "queuePartitionKey": LONG_PARTITION_KEY}
+            ok(api.post(f"{LEDGER}/workflows/long-names-1/fork", json=body), 201)
+            body = {"workflowIds": ["long-names-1"], "fromStepName": LONG_STEP_NAME, "queueName": "parts",
+                    "queuePartitionKey": LONG_PARTITION_KEY}  # fmt: skip
+            (by_step,) = ok(api.post(f"{LEDGER}/workflows/bulk-fork-from-failure", json=body))["workflowIds"]
+            made.append(by_step)
+        for workflow_id in ("long-names-fork", by_step):
+            assert_eventually(lambda: db_status(world, workflow_id) == "SUCCESS", 20, what=workflow_id)  # noqa: B023
+            assert query(
+                world.sysdb,
+                "SELECT name, queue_partition_key, forked_from FROM dbos.workflow_status WHERE workflow_uuid = %s",
+                workflow_id,
+            ) == [(LONG_WORKFLOW_NAME, LONG_PARTITION_KEY, "long-names-1")]
+    finally:
+        client.delete_workflows(made)
+        client.delete_queue("parts")
+        client.destroy()
+
+
+def test_an_app_defined_name_past_the_bound_is_refused_with_a_422_naming_it(world: World) -> None:
+    """One byte past the bound, in characters of two bytes: a clear 422 naming the member, from a
+    body's name, a body's list of names and a query; an app's version stays bounded at 256
+    characters, as the handshake bounds an executor's."""
+    too_long = "é" * (MAX_APP_DEFINED_NAME_BYTES // 2) + "x"
+    bound = f"{MAX_APP_DEFINED_NAME_BYTES} bytes"
+    with world.api() as api:
+        for path, body, location in (
+            ("/workflows/search", {"workflowName": ["job", too_long]}, "body.workflowName.1"),
+            ("/workflows/search", {"user": [too_long]}, "body.user.0"),
+            ("/workflows/aggregates", {"groupByStatus": True, "user": [too_long]}, "body.user.0"),
+            ("/steps/aggregates", {"groupByStatus": True, "stepName": [too_long]}, "body.stepName.0"),
+            ("/workflows/done-1/fork", {"queuePartitionKey": too_long}, "body.queuePartitionKey"),
+            ("/workflows/bulk-fork-from-failure", {"workflowIds": ["failed-1"], "fromStepName": too_long},
+             "body.fromStepName"),
+            ("/workflows/search", {"appVersion": ["v" * 257]}, "body.appVersion.0"),
+        ):  # fmt: skip
+            refused = problem(api.post(f"{LEDGER}{path}", json=body), 422)
+            assert [e["location"] for e in refused["errors"]] == [location], refused
+            assert location.startswith("body.appVersion") or bound in refused["detail"], refused
+        for path in ("/workflows", "/schedules"):
+            refused = problem(api.get(f"{LEDGER}{path}", params={"workflowName": too_long}), 422)
+            assert [e["location"] for e in refused["errors"]] in (["query.workflowName"], ["query.workflowName.0"])
+            assert bound in refused["detail"], refused

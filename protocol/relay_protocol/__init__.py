@@ -38,8 +38,10 @@ from relay_protocol.frames import (
     unknown_type_reply,
 )
 from relay_protocol.limits import (
+    APP_DEFINED_NAME,
     INT64_MAX,
     INT64_MIN,
+    MAX_APP_DEFINED_NAME_BYTES,
     MAX_CLEAN_TEXT_LEN,
     MAX_HOSTNAME_LEN,
     MAX_INT_DIGITS,
@@ -148,8 +150,10 @@ from relay_protocol.registry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "APP_DEFINED_NAME",
     "INT64_MAX",
     "INT64_MIN",
+    "MAX_APP_DEFINED_NAME_BYTES",
     "MAX_CLEAN_TEXT_LEN",
     "MAX_HOSTNAME_LEN",
     "MAX_INT_DIGITS",

@@ -21,12 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from relay_protocol.limits import QUEUE_OR_SCHEDULE_NAME, WORKFLOW_ID, meta
+from relay_protocol.limits import APP_DEFINED_NAME, QUEUE_OR_SCHEDULE_NAME, WORKFLOW_ID, meta
 
-# Workflow ids, and queues' and schedules' names, are bounded in bytes, not as names
-# (relay_protocol.limits.WORKFLOW_ID and QUEUE_OR_SCHEDULE_NAME).
+# Workflow ids, queues' and schedules' names and the other names an app gives (a workflow's or a
+# step's name, a user, a partition key) are bounded in bytes, not as names (relay_protocol.limits).
 _ID = meta(rule=WORKFLOW_ID)
 _QS = meta(rule=QUEUE_OR_SCHEDULE_NAME)
+_APP = meta(rule=APP_DEFINED_NAME)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +36,8 @@ class _WorkflowFilter:
 
     SPARSE: ClassVar[bool] = True
     workflow_uuids: list[str] | None = field(default=None, metadata=_ID)
-    workflow_name: str | list[str] | None = None
-    authenticated_user: str | list[str] | None = None
+    workflow_name: str | list[str] | None = field(default=None, metadata=_APP)
+    authenticated_user: str | list[str] | None = field(default=None, metadata=_APP)
     start_time: str | None = None
     end_time: str | None = None
     completed_after: str | None = None
@@ -81,7 +82,7 @@ class ForkWorkflowBody:
     application_version: str | None = None
     new_workflow_id: str | None = field(default=None, metadata=_ID)
     queue_name: str | None = field(default=None, metadata=_QS)
-    queue_partition_key: str | None = None
+    queue_partition_key: str | None = field(default=None, metadata=_APP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,11 +94,11 @@ class ForkFromFailureBody:
     workflow_ids: list[str] = field(metadata=_ID)
     application_version: str | None = None
     queue_name: str | None = field(default=None, metadata=_QS)
-    queue_partition_key: str | None = None
+    queue_partition_key: str | None = field(default=None, metadata=_APP)
     from_last_failure: bool = False
     from_last_step: bool = False
     from_step: int | None = None
-    from_step_name: str | None = None
+    from_step_name: str | None = field(default=None, metadata=_APP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +111,7 @@ class RewindWorkflowBody:
     start_step: int | None = None
     application_version: str | None = None
     queue_name: str | None = field(default=None, metadata=_QS)
-    queue_partition_key: str | None = None
+    queue_partition_key: str | None = field(default=None, metadata=_APP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +129,7 @@ class ListSchedulesBody:
     SPARSE: ClassVar[bool] = True
 
     status: str | list[str] | None = None
-    workflow_name: str | list[str] | None = None
+    workflow_name: str | list[str] | None = field(default=None, metadata=_APP)
     schedule_name_prefix: str | list[str] | None = field(default=None, metadata=_QS)
     application_name: str | list[str] | None = None
     load_context: bool = True
@@ -158,7 +159,7 @@ class GetWorkflowAggregatesBody:
     completed_before: str | None = None
     dequeued_after: str | None = None
     dequeued_before: str | None = None
-    name: list[str] | None = None
+    name: list[str] | None = field(default=None, metadata=_APP)
     app_version: list[str] | None = None
     executor_id: list[str] | None = None
     queue_name: list[str] | None = field(default=None, metadata=_QS)
@@ -166,7 +167,7 @@ class GetWorkflowAggregatesBody:
     workflow_ids: list[str] | None = field(default=None, metadata=_ID)
     forked_from: list[str] | None = field(default=None, metadata=_ID)
     parent_workflow_id: list[str] | None = field(default=None, metadata=_ID)
-    user: list[str] | None = None
+    user: list[str] | None = field(default=None, metadata=_APP)
     schedule_name: list[str] | None = field(default=None, metadata=_QS)
     application_name: list[str] | None = None
     was_forked_from: bool | None = None
@@ -186,7 +187,7 @@ class GetStepAggregatesBody:
     select_max_duration_ms: bool = False
     time_bucket_size_ms: int | None = None
     status: list[str] | None = None
-    function_name: list[str] | None = None
+    function_name: list[str] | None = field(default=None, metadata=_APP)
     workflow_id_prefix: list[str] | None = field(default=None, metadata=_ID)
     completed_after: str | None = None
     completed_before: str | None = None

@@ -13,9 +13,10 @@ A field picks its rule through dataclass field metadata::
     output: str | None = field(default=None, metadata=meta("Output", rule=TEXT))
 
 A field without metadata is a name: at most :data:`MAX_NAME_LEN` characters,
-no NUL, no lone surrogate. A workflow id (:data:`WORKFLOW_ID`) and a queue's
-or a schedule's name (:data:`QUEUE_OR_SCHEDULE_NAME`) are bounded in UTF-8
-bytes instead, as the store that holds them is.
+no NUL, no lone surrogate. A workflow id (:data:`WORKFLOW_ID`), a queue's or a
+schedule's name (:data:`QUEUE_OR_SCHEDULE_NAME`) and the other names an app
+gives (:data:`APP_DEFINED_NAME`) are bounded in UTF-8 bytes instead, as the
+store that holds them is.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-#: Identifiers and names: executor ids, versions, request ids.
+#: Identifiers and names Relay bounds itself: executor ids, versions, request ids.
 MAX_NAME_LEN = 256
 #: A workflow id, in UTF-8 bytes. DBOS sets no bound of its own: on SQLite an id may be any length,
 #: and on PostgreSQL the primary key's btree takes an entry of at most 2,704 bytes, which is an id
@@ -40,6 +41,13 @@ MAX_WORKFLOW_ID_BYTES = 16 * 1024
 #: ids ``sched-{name}-{time}``, which must fit the id's bound anyway, and a name sits in a URL path
 #: as an id does.
 MAX_QUEUE_OR_SCHEDULE_NAME_BYTES = MAX_WORKFLOW_ID_BYTES
+#: The other names an app gives and DBOS stores as given, in UTF-8 bytes: a workflow's name (a custom
+#: ``@DBOS.workflow(name=...)``, or a class-qualified one), a step's, an authenticated user, a queue
+#: partition key. One bound for all of them, the workflow id's, as they are bounded for the same
+#: reasons (measured with DBOS 3.2 on PostgreSQL): DBOS bounds none; workflow names and users are in
+#: no index, and 16,000 random characters are stored and found; step names and partition keys are
+#: in btree indexes, which take 2,600 random characters and refuse 2,700, as a queue's name.
+MAX_APP_DEFINED_NAME_BYTES = MAX_WORKFLOW_ID_BYTES
 #: A hostname (RFC 1035 allows 253 characters; this leaves room for odd resolvers).
 MAX_HOSTNAME_LEN = 1024
 #: Free JSON (executor_metadata, attributes) once re-serialised with ``json.dumps``.
@@ -78,6 +86,8 @@ TEXT = Rule(max_len=None, strict=False)
 WORKFLOW_ID = Rule(max_len=None, max_bytes=MAX_WORKFLOW_ID_BYTES)
 #: A queue's or a schedule's name, bounded in bytes as a workflow id is.
 QUEUE_OR_SCHEDULE_NAME = Rule(max_len=None, max_bytes=MAX_QUEUE_OR_SCHEDULE_NAME_BYTES)
+#: A workflow's or a step's name, a user, a partition key, bounded in bytes as a workflow id is.
+APP_DEFINED_NAME = Rule(max_len=None, max_bytes=MAX_APP_DEFINED_NAME_BYTES)
 
 _META_WIRE = "relay_protocol.wire"
 _META_RULE = "relay_protocol.rule"

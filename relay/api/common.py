@@ -22,7 +22,14 @@ from relay.auth import KeyGrant, Permission
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditAction, AuditEntry
-from relay_protocol import MAX_NAME_LEN, MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, MAX_WORKFLOW_ID_BYTES, Reply, clean_text
+from relay_protocol import (
+    MAX_APP_DEFINED_NAME_BYTES,
+    MAX_NAME_LEN,
+    MAX_QUEUE_OR_SCHEDULE_NAME_BYTES,
+    MAX_WORKFLOW_ID_BYTES,
+    Reply,
+    clean_text,
+)
 from relay_protocol.limits import has_unstorable, utf8_length
 
 # Every list is paged: ``limit`` (default and maximum here) and ``offset``.
@@ -34,7 +41,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 MAX_OFFSET = MAX_SAFE_INTEGER
 INT32_MAX = 2**31 - 1
 
-# A name the protocol carries to an executor (a workflow's name, a version...): at most
+# A name the protocol carries to an executor (a version, an executor id...): at most
 # MAX_NAME_LEN characters, and no NUL, which PostgreSQL cannot store.
 NO_NUL = r"^[^\x00]*$"
 
@@ -108,6 +115,29 @@ QueryQueueOrScheduleName = Annotated[
     ),
     AfterValidator(storable),
     bytes_bound("a queue's or a schedule's name", MAX_QUEUE_OR_SCHEDULE_NAME_BYTES),
+]
+# A workflow's or a step's name, a user, a partition key: names an app gives, which DBOS stores as
+# given, bounded in bytes as a workflow id is (relay_protocol.limits.MAX_APP_DEFINED_NAME_BYTES).
+AppDefinedName = Annotated[
+    str,
+    Field(
+        max_length=MAX_APP_DEFINED_NAME_BYTES,
+        pattern=NO_NUL,
+        description=f"A name the app gives: at most {MAX_APP_DEFINED_NAME_BYTES} bytes in UTF-8.",
+    ),
+    AfterValidator(storable),
+    bytes_bound("a name the app gives", MAX_APP_DEFINED_NAME_BYTES),
+]
+# The same in a query string (a workflow's name).
+QueryAppDefinedName = Annotated[
+    str,
+    Query(
+        max_length=MAX_APP_DEFINED_NAME_BYTES,
+        pattern=NO_NUL,
+        description=f"At most {MAX_APP_DEFINED_NAME_BYTES} bytes in UTF-8.",
+    ),
+    AfterValidator(storable),
+    bytes_bound("a name the app gives", MAX_APP_DEFINED_NAME_BYTES),
 ]
 
 

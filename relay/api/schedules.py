@@ -13,6 +13,7 @@ from relay.api.common import (
     Ctx,
     DecodedRoute,
     PathId,
+    QueryAppDefinedName,
     QueryName,
     QueryQueueOrScheduleName,
     actor,
@@ -55,7 +56,7 @@ async def list_schedules(
     ctx: Ctx,
     _: Caller,
     status: QueryName | None = None,
-    workflowName: QueryName | None = None,
+    workflowName: QueryAppDefinedName | None = None,
     scheduleNamePrefix: QueryQueueOrScheduleName | None = None,
     loadContext: bool = True,
 ) -> list[shapes.Schedule]:

@@ -28,6 +28,7 @@ from relay.api.common import (
     MAX_SAFE_INTEGER,
     Admin,
     ApiError,
+    AppDefinedName,
     Caller,
     ConductorBody,
     Ctx,
@@ -94,6 +95,7 @@ router = APIRouter(route_class=DecodedRoute, prefix="/v2/orgs/{org}/apps/{app}",
 Names = list[Name] | None
 WorkflowIds = list[WorkflowId] | None
 QueueOrScheduleNames = list[QueueOrScheduleName] | None
+AppDefinedNames = list[AppDefinedName] | None
 
 
 def _known_status(value: str) -> str:
@@ -112,12 +114,12 @@ class WorkflowSearch(ConductorBody):
     """Conductor's WorkflowSearchBody: every filter optional, lists of values where the SDK takes them."""
 
     workflowIds: WorkflowIds = None
-    workflowName: Names = None
+    workflowName: AppDefinedNames = None
     workflowIdPrefix: WorkflowIds = None
     status: Statuses = None
     queueName: QueueOrScheduleNames = None
     scheduleName: QueueOrScheduleNames = None
-    user: Names = None
+    user: AppDefinedNames = None
     executorId: Names = None
     appVersion: Names = None
     parentWorkflowId: WorkflowIds = None
@@ -274,7 +276,7 @@ async def list_workflows(
         # "" filters nothing (as before); another status is refused: the document says which there are.
         Query(default_factory=list, json_schema_extra={"items": {"type": "string", "enum": ["", *WORKFLOW_STATUSES]}}),
     ],
-    workflowName: Annotated[list[Name], Query(default_factory=list)],
+    workflowName: Annotated[list[AppDefinedName], Query(default_factory=list)],
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     sortDesc: bool = False,
@@ -360,7 +362,7 @@ class WorkflowAggregates(ConductorBody):
     wasForkedFrom: bool | None = None
     timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Statuses = None
-    workflowName: Names = None
+    workflowName: AppDefinedNames = None
     appVersion: Names = None
     executorId: Names = None
     queueName: QueueOrScheduleNames = None
@@ -368,7 +370,7 @@ class WorkflowAggregates(ConductorBody):
     workflowIds: WorkflowIds = None
     forkedFrom: WorkflowIds = None
     parentWorkflowId: WorkflowIds = None
-    user: Names = None
+    user: AppDefinedNames = None
     scheduleName: QueueOrScheduleNames = None
     startTime: UtcTime | None = None
     endTime: UtcTime | None = None
@@ -448,7 +450,7 @@ class StepAggregates(ConductorBody):
     selectMaxDurationMs: bool = False
     timeBucketSizeMs: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER), JsonInteger] | None = None
     status: Names = None
-    stepName: Names = None
+    stepName: AppDefinedNames = None
     workflowIdPrefix: WorkflowIds = None
     completedAfter: UtcTime | None = None
     completedBefore: UtcTime | None = None
@@ -496,7 +498,7 @@ class ForkIn(ConductorBody):
     appVersion: Name | None = None
     newWorkflowId: NonEmptyWorkflowId | None = None
     queueName: QueueOrScheduleName | None = None
-    queuePartitionKey: Name | None = None
+    queuePartitionKey: AppDefinedName | None = None
 
 
 def exported(text: str) -> str:
@@ -741,11 +743,11 @@ class BulkForkFromFailure(ConductorBody):
     workflowIds: Ids
     appVersion: Name | None = None
     queueName: QueueOrScheduleName | None = None
-    queuePartitionKey: Name | None = None
+    queuePartitionKey: AppDefinedName | None = None
     fromLastFailure: bool = False
     fromLastStep: bool = False
     fromStep: Annotated[int, Field(ge=0, le=INT32_MAX), JsonInteger] | None = None
-    fromStepName: Name | None = None
+    fromStepName: AppDefinedName | None = None
 
 
 @router.post("/workflows/bulk-cancel", status_code=204, response_class=Response)
