@@ -9,7 +9,8 @@ RELAY_TEST_APP_VERSION) and:
   ``alerts_received`` (name, message, metadata, the executor that took it);
 - RELAY_TEST_FAILURES: how many ``failing`` workflows to run (each raises) once launched;
 - RELAY_TEST_HOLD_QUEUE: how many ``job`` workflows to enqueue on the queue ``serial``
-  (concurrency 1) behind a ``blocker`` that waits an hour, so they stay ENQUEUED.
+  (concurrency 1) behind a ``blocker`` that waits an hour, so they stay ENQUEUED;
+- RELAY_TEST_HOLD_QUEUE_NAME: that queue's name, if not ``serial``.
 
 Prints ``READY <executor_id>`` once it has done all that.
 """
@@ -83,7 +84,7 @@ def main() -> None:
     held = int(ENV.get("RELAY_TEST_HOLD_QUEUE", "0"))
     if held:
         # Registered after launch, as DBOS 3.2 wants; queue names are the app's own in a shared system database.
-        serial = DBOS.register_queue("serial", global_concurrency=1)
+        serial = DBOS.register_queue(ENV.get("RELAY_TEST_HOLD_QUEUE_NAME", "serial"), global_concurrency=1)
         with SetWorkflowID(f"blocker-{GlobalParams.executor_id}"):
             serial.enqueue(blocker)
         for n in range(held):

@@ -18,7 +18,16 @@ import idna
 import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from relay.auth import Permission
@@ -26,6 +35,8 @@ from relay.core.alerts import MAX_SECRET, MIN_SECRET, PARAMS, SECRET_RULE, Kind,
 from relay.core.destinations import DestinationPolicy, parse_entry
 from relay.core.ids import APP_NAME_RULE, valid_app_name
 from relay.errors import ConfigError
+from relay_protocol import MAX_QUEUE_OR_SCHEDULE_NAME_BYTES
+from relay_protocol.limits import utf8_length
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_EXECUTOR_TIMEOUT_SECS = 60.0
@@ -192,6 +203,20 @@ class ApiKeyConfig(KeyConfig):
     role: Literal["admin", "viewer"] = "viewer"
 
 
+def _in_bytes(what: str, bound: int) -> AfterValidator:
+    """A check that a name is given and within ``bound`` bytes of UTF-8: a rule's queue is bounded as
+    the workflow API bounds a queue's name (relay_protocol.limits), so that a rule can watch any
+    queue the API can read."""
+
+    def sized(text: str) -> str:
+        size = utf8_length(text)
+        if not text or size > bound:
+            raise ValueError(f"{what} is 1 to {bound} bytes in UTF-8; this one is {size}")
+        return text
+
+    return AfterValidator(sized)
+
+
 class AlertRuleConfig(_Model):
     """An alert rule (README "Alerts"): its kind, its parameters, and where it goes: a ``webhook``
     or the alert handler of ``receiverApp``'s executors (with neither, the app's own)."""
@@ -208,7 +233,7 @@ class AlertRuleConfig(_Model):
     workflow_name: str | None = Field(default=None, min_length=1, max_length=1024)
     count: Count | None = None
     window_secs: Duration | None = None
-    queue_name: str | None = Field(default=None, min_length=1, max_length=1024)
+    queue_name: Annotated[str, _in_bytes("a queue's name", MAX_QUEUE_OR_SCHEDULE_NAME_BYTES)] | None = None
     threshold_secs: Duration | None = None
     for_secs: DurationOrZero | None = None
     reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None

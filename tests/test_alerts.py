@@ -9,8 +9,10 @@ import hashlib
 import hmac
 import inspect
 import json
+import random
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
@@ -49,7 +51,7 @@ from relay.store.db import Database
 from relay.store.executors import ExecutorStore, Handshake
 from relay.store.lease import Lease
 from relay.store.retention import RetentionStore
-from relay_protocol import ExecutorInfoReply
+from relay_protocol import MAX_QUEUE_OR_SCHEDULE_NAME_BYTES, ExecutorInfoReply
 from tests.prom import scrape
 from workflows.alerts import AlertLoops, _send_failed, due_alerts, finish, late_workflow_id
 from workflows.services import WORKFLOWS_VERSION, Services, bind
@@ -1855,3 +1857,48 @@ def test_rules_and_app_figures_count_their_apps_own_workflows_whichever_executor
         assert_eventually(lambda: seen() == {"WorkflowFailure", "SlowQueue", "figures"}, 20, what="every count")
     unnamed = [(r["type"], r["body"]) for r in asked if r["body"].get("application_name") != ["ledger"]]
     assert unnamed == [], f"counts that do not name the app: {unnamed}"
+
+
+def test_a_slow_queue_rule_for_a_queue_of_2000_characters_is_made_both_ways_and_fires(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+) -> None:
+    """A queue's name is bounded as the workflow API bounds it (16 KiB in UTF-8; DBOS takes 2,000
+    random characters on PostgreSQL): a rule's ``queueName`` was bounded at 1,024 characters in
+    relay.yaml and the API, so no rule could watch such a queue. A rule for one is made in relay.yaml
+    and through the API, by Relay's name and Conductor's, and both fire while the queue is held up."""
+    long_queue = "".join(random.Random(2000).choice(string.ascii_letters + string.digits) for _ in range(2000))
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "SlowQueue", "queueName": long_queue, "thresholdSecs": 1, "webhook": receiver.url("/yaml")}]
+        relay = start_relay(alert_config(free_port(), rules))
+        with relay.api() as api:
+            made = api.post(
+                "/apps/ledger/alerting-rules",
+                json={"ruleType": "SlowQueue", "webhook": receiver.url("/api"),
+                      "ruleMetadata": {"queue_name": long_queue, "threshold_secs": 1}},
+            )  # fmt: skip
+            assert made.status_code == 201, made.text
+            assert made.json()["ruleMetadata"] == {"queueName": long_queue, "thresholdSecs": 1}
+            # One byte past the bound is refused, naming the parameter.
+            past = "é" * (MAX_QUEUE_OR_SCHEDULE_NAME_BYTES // 2) + "x"
+            refused = api.post(
+                "/apps/ledger/alerting-rules", json={"ruleType": "SlowQueue", "ruleMetadata": {"queueName": past}}
+            )
+            assert refused.status_code == 422, refused.text
+            assert [e["location"] for e in refused.json()["errors"]] == ["body.ruleMetadata.queueName"], refused.text
+        env = {
+            "RELAY_TEST_EVIDENCE": evidence_db,
+            "RELAY_TEST_HOLD_QUEUE": "1",
+            "RELAY_TEST_HOLD_QUEUE_NAME": long_queue,
+        }
+        start_executor(relay.conductor_url, module="harness.alert_app", env=env)
+
+        def fired() -> dict[str, list[dict[str, Any]]]:
+            sent = receiver.deliveries("SlowQueue", accepted=True)
+            by_path = {path: [d.payload for d in sent if d.path == path] for path in ("/yaml", "/api")}
+            return by_path if all(by_path.values()) else {}
+
+        for path, payloads in assert_eventually(
+            fired, 30, what="SlowQueue for the long queue, from both rules"
+        ).items():
+            (payload,) = payloads
+            assert payload["queueName"] == long_queue and payload["metadata"]["queues"] == long_queue, (path, payload)

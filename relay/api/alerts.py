@@ -25,6 +25,7 @@ from relay.api.common import (
     JsonInteger,
     Page,
     PathId,
+    QueueOrScheduleName,
     actor,
     error_response,
 )
@@ -59,23 +60,25 @@ BODY_FIELDS = {
 
 
 # The bounds are relay.yaml's (relay.config): durations finite and at most ten years (PostgreSQL
-# computes now() minus them), counts what a 32-bit integer holds.
+# computes now() minus them), counts what a 32-bit integer holds; a queue's name is the workflow
+# API's (relay_protocol.MAX_QUEUE_OR_SCHEDULE_NAME_BYTES), so a rule can watch any queue the API reads.
 Count = Annotated[ConfigCount, JsonInteger]
-Name = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
+WorkflowName = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
+QueueName = Annotated[QueueOrScheduleName, Field(min_length=1)]
 
 
 class RuleMetadata(Body):
     """A rule's parameters, by Relay's names or Conductor's (``workflow_name``, ``threshold``,
     ``period_secs``, ``queue_name``, ``threshold_secs``); each kind takes its own (README "Alerts")."""
 
-    workflowName: Name | None = None
-    workflow_name: Name | None = None
+    workflowName: WorkflowName | None = None
+    workflow_name: WorkflowName | None = None
     count: Count | None = None
     threshold: Count | None = None
     windowSecs: Duration | None = None
     period_secs: Duration | None = None
-    queueName: Name | None = None
-    queue_name: Name | None = None
+    queueName: QueueName | None = None
+    queue_name: QueueName | None = None
     thresholdSecs: Duration | None = None
     threshold_secs: Duration | None = None
     forSecs: DurationOrZero | None = None
