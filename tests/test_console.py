@@ -954,3 +954,80 @@ def test_a_long_workflow_id_leaves_the_page_its_actions_and_its_dialogs_on_the_s
     expect(row).to_contain_text("CANCELLED")
     box = row.bounding_box()
     assert box is not None and box["height"] < 120, box
+
+
+# -- long queue and schedule names -------------------------------------------------------------------
+
+
+def test_long_queue_and_schedule_names_leave_their_tables_and_the_workflows_page_on_the_screen(
+    world: World, page: Page
+) -> None:
+    """Relay takes queue and schedule names up to 16 KiB (DBOS stores 2,600 random characters on
+    PostgreSQL). The console showed such a name whole on one line: a 2,000-character queue made the
+    queues table 20,000 pixels wide (its figures a long scroll away), the schedules, workflows and
+    alert rules tables as wide, and the page of a workflow on that queue 17,500 pixels wide. Listed,
+    linked or a workflow's fact, a name shows three lines (its link and accessible name the whole
+    name), in an audit entry too."""
+    rng = random.Random(11)
+    queue = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(2000))
+    schedule = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(2000))
+    client = DBOSClient(system_database_url=world.sysdb, application_name="ledger")
+    try:
+        client.register_queue(queue, application_name="ledger")
+        # Yearly, at midnight on 1 January: it does not fire while the test runs.
+        client.create_schedule(schedule_name=schedule, workflow_name="tick", schedule="0 0 1 1 *", context="c",
+                               application_name="ledger")  # fmt: skip
+        # Waits an hour for its message: PENDING on the long queue while the pages are read.
+        client.enqueue({"queue_name": queue, "workflow_name": "parent", "workflow_id": "on-a-long-queue"}, 9, 3600.0)
+        assert_eventually(lambda: status_in_db(world.sysdb, "on-a-long-queue") == "PENDING", 20, what="it running")
+        with world.relay.api() as api:
+            rule = api.post(
+                "/apps/ledger/alerting-rules", json={"ruleType": "SlowQueue", "ruleMetadata": {"queueName": queue}}
+            )
+            assert rule.status_code == 201, rule.text
+            assert api.post(f"/apps/ledger/schedules/{quote(schedule, safe='')}/pause").status_code == 204
+        admin(page, world)
+        fits = "e => e.scrollWidth <= e.clientWidth"
+
+        def on_screen(row: Locator) -> None:
+            expect(row).to_be_visible()
+            box = row.bounding_box()
+            assert box is not None and box["height"] < 120, box  # three lines of the name
+            assert all(page.locator(".scroll").evaluate_all(f"es => es.map({fits})")), "a table wider than its box"
+            assert page.locator("html").evaluate(fits), "the page is wider than the window"
+
+        def row_of(link_name: str) -> Locator:
+            return page.get_by_role("row").filter(has=page.get_by_role("link", name=link_name, exact=True))
+
+        go(page, "#/apps/ledger/queues")
+        on_screen(row_of(queue))
+        expect(row_of(queue).get_by_role("link", name="1", exact=True)).to_be_in_viewport()  # the one running
+        go(page, "#/apps/ledger/schedules")
+        row = page.get_by_role("row").filter(has_text=schedule)
+        on_screen(row)
+        expect(row.locator("code.cron")).to_have_text("0 0 1 1 *")
+        go(page, f"#/apps/ledger/workflows?queue={quote(queue, safe='')}")
+        on_screen(row_of("on-a-long-queue"))
+        go(page, "#/apps/ledger/workflows/on-a-long-queue")
+        fact = page.locator("dl.facts dd").filter(has_text=queue)
+        expect(fact).to_have_text(queue)
+        box = fact.bounding_box()
+        assert box is not None and box["height"] < 80, box
+        assert page.locator("html").evaluate(fits), "the page is wider than the window"
+        expect(page.get_by_role("button", name="Cancel…")).to_be_in_viewport()
+        go(page, "#/apps/ledger/alerts")
+        on_screen(page.get_by_role("row").filter(has_text=f"queueName {queue}"))
+        go(page, "#/audit?app=ledger&action=schedule.pause")
+        on_screen(page.get_by_role("row").filter(has_text=schedule))
+    finally:
+        try:
+            with world.relay.api() as api:  # cancelled by its executor, which stops waiting for the message
+                api.post("/apps/ledger/workflows/on-a-long-queue/cancel")
+                for r in api.get("/apps/ledger/alerting-rules").json():
+                    if r["ruleType"] == "SlowQueue":
+                        api.delete(f"/apps/ledger/alerting-rules/{r['id']}")
+            client.delete_workflows(["on-a-long-queue"], delete_children=True)
+            client.delete_schedule(schedule)
+            client.delete_queue(queue)
+        finally:
+            client.destroy()

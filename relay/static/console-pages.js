@@ -28,6 +28,10 @@ const id = (text) => h("span", {class: "id"}, text ?? "");
 // ids are listed or linked, each shows its first lines (console.css's .wf); its link, its text for
 // a screen reader and a copy are the whole id.
 const wfId = (workflowId, content) => h("span", {class: "id wf"}, content ?? workflowId);
+// A name an app gives (a queue's, a schedule's, a workflow's or a step's): DBOS bounds none either,
+// and Relay takes up to 16 KiB. Listed or linked, it shows its first lines as a workflow id does
+// (console.css's .long); its link, its text for a screen reader and a copy are the whole name.
+const longName = (name, content) => h("span", {class: "long"}, content ?? name);
 // A workflow id inside a sentence (a dialog, the outcome of an action, the window's title): its
 // beginning and its end, so that the sentence stays on the screen. The page's heading says it whole.
 const SHORT_ID = 80;
@@ -387,9 +391,9 @@ function workflowsTable(app, rows, caption) {
     ["Workflow", (w) => unlinkable(w.workflowId)
       ? h("span", {class: "id", title: `A browser cannot open this id; use: ${shellCommand("relay workflows get", [app, w.workflowId])}`}, w.workflowId)
       : wfId(w.workflowId, link(["apps", app, "workflows", w.workflowId], w.workflowId))],
-    ["Name", (w) => w.workflowName || ""],
+    ["Name", (w) => longName(w.workflowName || "")],
     ["Status", (w) => badge(w.status)],
-    ["Queue", (w) => w.queueName || ""],
+    ["Queue", (w) => longName(w.queueName || "")],
     ["Version", (w) => id(w.appVersion)],
     ["Executor", (w) => executorLink(app, w.executorId)],
     ["Created", (w) => when(w.createdAt)],
@@ -553,7 +557,7 @@ function workflowPage(ctx, app, workflowId) {
         // A read-only key is told why there is nothing to press, rather than left to look for it.
         : h("p", {class: "note", id: "read-only-note"}, "This key may read but not act (it lacks application.write): cancel, resume and fork need a key that may write.");
       const facts = [
-        ["Status", badge(w.status)], ["Name", w.workflowName], ["Queue", w.queueName], ["App version", id(w.appVersion)],
+        ["Status", badge(w.status)], ["Name", w.workflowName && longName(w.workflowName)], ["Queue", w.queueName && longName(w.queueName)], ["App version", id(w.appVersion)],
         ["Executor", executorLink(app, w.executorId)], ["Created", when(w.createdAt)], ["Updated", when(w.updatedAt)],
         ["Completed", when(w.completedAt)],
         ["Parent", w.parentWorkflowId ? wfId(w.parentWorkflowId, link(["apps", app, "workflows", w.parentWorkflowId], w.parentWorkflowId)) : null],
@@ -569,7 +573,8 @@ function workflowPage(ctx, app, workflowId) {
         showData ? h("div", {}, h("h2", {}, "Input"), h("pre", {}, w.input ?? "(none)"), h("h2", {}, "Output"), h("pre", {}, w.output ?? "(none)")) : null,
         h("h2", {id: "steps-title"}, `Steps (${steps.length}${steps.length === stepsLimit ? "+" : ""})`),
         steps.length ? h("ol", {class: "timeline", "aria-labelledby": "steps-title"}, steps.map((s) => h("li", {class: s.error ? "bad" : s.completedAt && !sleeping(w, s) ? "ok" : "warn", "data-step": s.stepId},
-          h("span", {class: "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
+          // Clamped only when long: an inline box sits a little off the line of the badge after it.
+          h("span", {class: (s.stepName || "").length > SHORT_ID ? "step-title long" : "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
           sleeping(w, s) ? badge("PENDING", "sleeping") : badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
           h("span", {class: "when"}, when(s.startedAt), sleeping(w, s) ? ` · until ${when(s.completedAt)}` : s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
           s.childWorkflowId ? [" · child ", wfId(s.childWorkflowId, link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
@@ -627,7 +632,7 @@ function queuesPage(ctx, app) {
       return [
         failed ? h("p", {class: "alert", role: "alert"}, `What the queues hold could not be read: ${problemText(figures)}`) : null,
         table(`Queues of ${app}`, [
-          ["Queue", (q) => link(["apps", app, "workflows"], q.name, {queue: q.name})],
+          ["Queue", (q) => longName(q.name, link(["apps", app, "workflows"], q.name, {queue: q.name}))],
           ["Enqueued", (q) => count(q, "ENQUEUED"), {num: true}],
           ["Running", (q) => count(q, "PENDING"), {num: true}],
           ["Oldest enqueued", (q) => of(q).oldest ? h("span", {}, when(of(q).oldest), " ", h("span", {class: "when", "data-ago": of(q).oldest}, ago(of(q).oldest))) : ""],
@@ -649,9 +654,9 @@ function schedulesPage(ctx, app) {
     async load() {
       const schedules = await api(`/apps/${enc(app)}/schedules`);
       return table(`Schedules of ${app}`, [
-        ["Schedule", (s) => s.scheduleName],
-        ["Workflow", (s) => link(["apps", app, "workflows"], s.workflowName, {name: s.workflowName})],
-        ["Cron", (s) => h("code", {}, s.cronExpression)],
+        ["Schedule", (s) => longName(s.scheduleName)],
+        ["Workflow", (s) => longName(s.workflowName, link(["apps", app, "workflows"], s.workflowName, {name: s.workflowName}))],
+        ["Cron", (s) => h("code", {class: "cron"}, s.cronExpression)],
         ["Status", (s) => badge(s.status)],
         ["Last fired", (s) => when(s.lastFiredAt)],
       ], schedules, {empty: "This app has no schedule."});
@@ -670,8 +675,8 @@ const destinationOf = (r) => r.webhook ? h("span", {}, h("code", {}, r.webhook),
 // The subject an alert was about, linked where the console has a page for it.
 function alertSubject(app, d) {
   if (d.executorId) return link(["apps", app, "recoveries"], d.executorId, {executor: d.executorId});
-  if (d.workflowName) return d.workflowName === "*" ? "any workflow" : link(["apps", app, "workflows"], d.workflowName, {name: d.workflowName});
-  if (d.queueName) return d.queueName === "*" ? "any queue" : link(["apps", app, "workflows"], d.queueName, {queue: d.queueName});
+  if (d.workflowName) return d.workflowName === "*" ? "any workflow" : longName(d.workflowName, link(["apps", app, "workflows"], d.workflowName, {name: d.workflowName}));
+  if (d.queueName) return d.queueName === "*" ? "any queue" : longName(d.queueName, link(["apps", app, "workflows"], d.queueName, {queue: d.queueName}));
   if (d.instance) return id(d.instance);
   return d.appName || "";
 }
@@ -703,7 +708,7 @@ function alertsPage(ctx, app) {
         h("h2", {}, "Rules"),
         table(`Alerting rules of ${app}`, [
           ["Kind", (r) => r.kind],
-          ["Parameters", (r) => ruleParams(r)],
+          ["Parameters", (r) => longName(ruleParams(r))],
           ["Sent to", (r) => destinationOf(r)],
           ["At most every", (r) => `${r.minIntervalSecs} s`, {num: true}],
           ["Last fired", (r) => r.lastFiredAt ? h("span", {}, when(r.lastFiredAt), " ", h("span", {class: "when", "data-ago": r.lastFiredAt}, ago(r.lastFiredAt))) : "never"],
@@ -756,6 +761,7 @@ function auditDetail(e) {
     if ((k === "workflowId" || k === "newWorkflowId") && typeof v === "string") return workflow(v);
     if (k === "recoveryId" && e.app && e.executorId) return id(link(["apps", e.app, "recoveries"], v, {executor: e.executorId}));
     if (k === "error") return h("span", {class: "error-text"}, String(v));
+    if (k === "scheduleName" || k === "queueName") return wfId(String(v));  // as long as an id may be
     return v !== null && typeof v === "object" ? h("code", {}, JSON.stringify(v)) : id(String(v));
   };
   const entries = Object.entries(e.detail || {});
