@@ -473,7 +473,9 @@ def test_a_durable_sleep_not_over_yet_is_shown_sleeping_not_done(
     steps = page.get_by_role("list", name="Steps (", exact=False)
     slept = steps.locator(":scope > li").filter(has_text="DBOS.sleep")
     expect(slept).to_contain_text("sleeping")
-    expect(slept).to_contain_text("until ")
+    # The wake time as a time, not the element's name (`until [object HTMLTimeElement]`).
+    expect(slept.locator("time")).to_have_count(2)
+    expect(slept).to_contain_text(re.compile(r"· until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"))
     expect(slept).not_to_contain_text("done")
     expect(steps.locator(":scope > li").filter(has_text="note_step")).to_contain_text("done")
 

@@ -576,7 +576,7 @@ function workflowPage(ctx, app, workflowId) {
           // Clamped only when long: an inline box sits a little off the line of the badge after it.
           h("span", {class: (s.stepName || "").length > SHORT_ID ? "step-title long" : "step-title"}, `Step ${s.stepId}: ${s.stepName}`), " ",
           sleeping(w, s) ? badge("PENDING", "sleeping") : badge(s.error ? "ERROR" : s.completedAt ? "SUCCESS" : "PENDING", s.error ? "error" : s.completedAt ? "done" : "running"), " ",
-          h("span", {class: "when"}, when(s.startedAt), sleeping(w, s) ? ` · until ${when(s.completedAt)}` : s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
+          h("span", {class: "when"}, when(s.startedAt), sleeping(w, s) ? [" · until ", when(s.completedAt)] : s.completedAt ? ` · ${duration(s.startedAt, s.completedAt)}` : ""),
           s.childWorkflowId ? [" · child ", wfId(s.childWorkflowId, link(["apps", app, "workflows", s.childWorkflowId], s.childWorkflowId))] : "",
           ctx.canWrite ? [" ", h("button", {type: "button", class: "secondary", "data-focus-key": `fork-${s.stepId}`, onclick: () => confirmFork(s.stepId)},
             "Fork from here…", h("span", {class: "visually-hidden"}, ` (step ${s.stepId}: ${s.stepName})`))] : "",
