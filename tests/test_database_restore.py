@@ -29,11 +29,17 @@ from harness.proxy import TcpProxy
 from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.waiting import assert_eventually
 from harness.web import TLS
-from relay.config import AlertsConfig
+from relay.auth import KeyGrant, KeyRing, Permission
+from relay.config import AlertsConfig, ServerConfig
 from relay.core.alerts import Alert
+from relay.core.ids import ExecutorKey
+from relay.domain.events import EventHub
 from relay.errors import DatabaseError
 from relay.store.alerts import AlertStore
+from relay.store.changes import ChangeStore
 from relay.store.db import Database
+from relay.store.executors import ExecutorStore, Handshake
+from relay_protocol import ExecutorInfoReply
 from tests.test_alerts import with_store
 from tests.test_events import Stream
 from workflows.alerts import AlertLoops
@@ -243,11 +249,23 @@ async def deaths(db: Database, prefix: str, count: int) -> None:
         )
 
 
-def test_the_alerts_read_every_death_after_the_audit_log_went_back(relay_pg: PostgresServer) -> None:
+# (deaths in the lost seconds, deaths after the restore before the reader's next poll): fewer after
+# than lost, and more, which draws the sequence past where the reader had read before it looks. Over
+# a page below that point either way: the first poll after the restore reads a page of them in the
+# overlap (reaching back to the previous poll, before the restore), and none after.
+BURSTS = [(1500, 1200), (1500, 2000)]
+
+
+@pytest.mark.parametrize(("lost", "after"), BURSTS, ids=["fewer-than-lost", "more-than-lost"])
+def test_the_alerts_read_every_death_after_the_audit_log_went_back(
+    relay_pg: PostgresServer, lost: int, after: int
+) -> None:
     """The audit log's ids are drawn again after a restore, below where each instance's reader had
     read: it read the new entries only again among the last minute's (the overlap kept for entries
     committed late), a page of them per poll, so a burst of more than a page between two polls lost
-    the rest. It reads on from the cursor restored with the log, page after page."""
+    the rest. It reads on from the cursor restored with the log, page after page. It knows by the
+    server's start, not by the sequence: with more ids drawn again before its next poll than were
+    lost, the sequence is past its cursor already, and the entries below were never read."""
     url = relay_pg.url(relay_pg.create_database("relay"))
     rules = [{"kind": "ExecutorDead", "webhook": "http://127.0.0.1:9/", "minIntervalSecs": 0}]
 
@@ -260,10 +278,10 @@ def test_the_alerts_read_every_death_after_the_audit_log_went_back(relay_pg: Pos
 
         loops = AlertLoops(store, AlertsConfig(), lambda: True, start=start)
         loops.overlap_secs = 0.2  # the minute, shortened: each poll comes later than that after the entries
-        await deaths(db, "lost-", 1500)  # the lost seconds: read (two pages), then gone
+        await deaths(db, "lost-", lost)  # the lost seconds: read (up to two pages), then gone
         for _ in range(2):
             await loops.poll_events()
-        assert len(started) == 1500
+        assert len(started) == lost
         await asyncio.to_thread(relay_pg.restore, t0)
         started.clear()
         for _ in range(50):  # the pool's connections died with the server: until it answers again
@@ -272,7 +290,7 @@ def test_the_alerts_read_every_death_after_the_audit_log_went_back(relay_pg: Pos
                 break
             except DatabaseError:
                 await asyncio.sleep(0.1)
-        await deaths(db, "after-", 1200)
+        await deaths(db, "after-", after)
         quiet = 0  # polls in a row that started nothing
         while quiet < 2:
             await asyncio.sleep(0.3)
@@ -282,6 +300,104 @@ def test_the_alerts_read_every_death_after_the_audit_log_went_back(relay_pg: Pos
         return {a.subject["executorId"] for a in started if a.resolves is None}
 
     alerted = with_store(url, rules, body)
-    assert len(alerted) == 1200 and all(e.startswith("after-") for e in alerted), (
-        f"{len(alerted)} of 1,200 deaths alerted"
+    assert len(alerted) == after and all(e.startswith("after-") for e in alerted), (
+        f"{len(alerted)} of {after} deaths alerted"
     )
+
+
+async def connected(db: Database, prefix: str, count: int) -> None:
+    """``count`` executors of acme/ledger connected (a change number each)."""
+    executors = ExecutorStore(db)
+    for n in range(count):
+        key = ExecutorKey("acme", "ledger", f"{prefix}{n}")
+        info = ExecutorInfoReply(request_id="r", executor_id=key.executor_id, application_version="v1")
+        await executors.connected(Handshake(key, info, "relay-1", "key"))
+
+
+def test_a_stream_carries_every_change_after_a_restore_that_drew_more_numbers_than_it_lost(
+    relay_pg: PostgresServer,
+) -> None:
+    """After a restore, the audit ids and the executors' change numbers are drawn again; a burst
+    between the database's return and the poller's next read (deaths, executors connecting again)
+    drew them past where the poller had read, so the sequences were not below it and the new
+    entries and changes under that point were never sent. The poller knows by the server's start."""
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    grant = KeyGrant("key-1", "acme", "ops", frozenset(Permission))
+
+    async def body(db: Database, _store: AlertStore) -> tuple[set[str], set[str]]:
+        hub = EventHub(ChangeStore(db), KeyRing([("digest-1", grant)]), ServerConfig())
+        stream = hub.open(grant, "digest-1")
+        await hub.poll()  # where it starts reading
+        t0 = await asyncio.to_thread(relay_pg.backup)
+        await deaths(db, "lost-", 100)  # the lost seconds: sent, then gone
+        await connected(db, "lost-", 40)
+        await hub.poll()
+        assert stream.queue.qsize() == 140, stream.queue.qsize()
+        while not stream.queue.empty():
+            stream.queue.get_nowait()
+        await asyncio.to_thread(relay_pg.restore, t0)
+        for _ in range(50):  # the pool's connections died with the server: until it answers again
+            try:
+                await hub.changes.heads()
+                break
+            except DatabaseError:
+                await asyncio.sleep(0.1)
+        await deaths(db, "after-", 150)  # more than were lost, before the poller reads again
+        await connected(db, "after-", 60)
+        audit: set[str] = set()
+        executors: set[str] = set()
+        for _ in range(3):
+            await hub.poll()
+            while not stream.queue.empty():
+                change = stream.queue.get_nowait()
+                assert change is not None
+                (audit if change.kind == "audit" else executors).add(change.data["executorId"])
+        return audit, executors
+
+    audit, executors = with_store(url, [], body)
+    after = {f"after-{n}" for n in range(1, 151)}
+    assert after <= audit, f"{len(after & audit)} of the 150 deaths after the restore sent"
+    after = {f"after-{n}" for n in range(60)}
+    assert after <= executors, f"{len(after & executors)} of the 60 executors connected after the restore sent"
+
+
+def test_a_plain_restart_of_the_database_sends_no_entry_twice_and_loses_none(relay_pg: PostgresServer) -> None:
+    """A restart is another server start too, and the poller reads on as after a restore: the audit
+    log from where it had read (nothing went back, so nothing is sent twice), every executor again."""
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    grant = KeyGrant("key-1", "acme", "ops", frozenset(Permission))
+
+    async def body(db: Database, _store: AlertStore) -> tuple[list[str], set[str]]:
+        hub = EventHub(ChangeStore(db), KeyRing([("digest-1", grant)]), ServerConfig())
+        stream = hub.open(grant, "digest-1")
+        await hub.poll()
+        await deaths(db, "before-", 5)
+        await connected(db, "before-", 3)
+        await hub.poll()
+        assert stream.queue.qsize() == 8, stream.queue.qsize()
+        while not stream.queue.empty():
+            stream.queue.get_nowait()
+        await asyncio.to_thread(relay_pg.restart)
+        for _ in range(50):
+            try:
+                await hub.changes.heads()
+                break
+            except DatabaseError:
+                await asyncio.sleep(0.1)
+        await deaths(db, "after-", 5)
+        audit: list[str] = []
+        executors: set[str] = set()
+        for _ in range(2):
+            await hub.poll()
+            while not stream.queue.empty():
+                change = stream.queue.get_nowait()
+                assert change is not None
+                if change.kind == "audit":
+                    audit.append(change.data["executorId"])
+                else:
+                    executors.add(change.data["executorId"])
+        return audit, executors
+
+    audit, executors = with_store(url, [], body)
+    assert sorted(audit) == [f"after-{n}" for n in range(1, 6)], audit
+    assert executors == {f"before-{n}" for n in range(3)}, executors  # sent again: a console shows each as it is

@@ -420,6 +420,7 @@ class AlertLoops:
         self.lease_held = lease_held
         self._start = start or start_delivery
         self._cursor = 0
+        self._server: datetime | None = None  # when the database server read at the last poll started
         self.overlap_secs = OVERLAP_SECS
         # When the oldest transaction open at the previous poll began: entries committed since that
         # poll are no older (each is dated its transaction's start), whatever their ids.
@@ -461,7 +462,7 @@ class AlertLoops:
         """Start the delivery of every alert the new audit entries fire; returns how many were started."""
         rules = await self.store.rules_of(EVENT_KINDS)
         removed = await self.store.removed_rules(DEATH_KINDS)
-        stored, drawn = await self.store.cursor_and_drawn()
+        stored, drawn, server = await self.store.cursor_and_drawn()
         if drawn < self._cursor:
             # The database went back in time: the ids read since its moment are drawn again, for new
             # entries, below this reader's cursor, where only the overlap would find them (a page a
@@ -472,6 +473,19 @@ class AlertLoops:
                 drawn, self._cursor, stored,
             )  # fmt: skip
             self._cursor = 0
+        elif self._server is not None and server != self._server and stored < self._cursor:
+            # Another server start (a restore, a failover, a restart): the ids may have been drawn
+            # again, and more of them since than were lost, which the sequence no longer shows. The
+            # stored cursor is where the log's entries were read up to; after a plain restart it is
+            # this reader's or beyond, and reading on from it sends nothing twice (deliveries are
+            # claimed once).
+            log.warning(
+                "the database server started again (at %s: a restart, a failover or a restore, which may have "
+                "gone back in time); the audit log is read for alerts on from %d (read up to %d)",
+                server.isoformat(), stored, self._cursor,
+            )  # fmt: skip
+            self._cursor = 0
+        self._server = server
         after = max(self._cursor, stored)
         facts = await self.read_facts(after)
         now = time.monotonic()

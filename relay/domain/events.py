@@ -19,11 +19,17 @@ may see now, and reads its page again.
 When the database goes back in time (a restore, a failover to a replica that
 had not received the last seconds), its sequences go back with it, and the
 numbers drawn since are drawn again, below where the poller has read: it would
-skip every change until the sequences passed that point again. The poller sees
-a sequence below the highest number it read and reads on from there: the audit
+skip every change until the sequences passed that point again. A restore and a
+failover are each another start of the database server: the poller sees the
+server's start time differ from its last read (or, for a copy made otherwise, a
+sequence below the highest number it read) and reads on from there: the audit
 entries dated after its last read before (all written since the database came
 back), and every executor again (each change carries the executor's whole
-record, so one sent again changes nothing in a console).
+record, so one sent again changes nothing in a console). The sequences alone do
+not tell: numbers drawn between the server's return and the poller's next read
+(a burst of deaths, the executors connecting again) may pass where it had read.
+After a plain restart nothing went back: the audit log is read on from where it
+was, and only the executors are sent again.
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class EventHub:
         self._audit: Tail | None = None
         self._executors: Tail | None = None
         self._read_at: datetime | None = None  # the database's time at the last poll that read it
+        self._server: datetime | None = None  # when the server read at the last poll started
+        self._executors_drawn = 0  # the last executor change number drawn at the last poll
 
     # -- streams -------------------------------------------------------------------------
 
@@ -174,11 +182,15 @@ class EventHub:
         if self._audit is None or self._executors is None or self._read_at is None:
             self._audit = Tail(heads.audit, GAP_WAIT_SECS)
             self._executors = Tail(heads.executors, GAP_WAIT_SECS)
-            self._read_at = heads.at
+            self._read_at, self._server, self._executors_drawn = heads.at, heads.server_started, heads.executors_drawn
             return
-        if heads.audit_drawn < self._audit.top or heads.executors_drawn < self._executors.top:
+        if (
+            heads.server_started != self._server
+            or heads.audit_drawn < self._audit.top
+            or heads.executors_drawn < self._executors.top
+        ):
             await self._went_back(heads, self._read_at)
-        self._read_at = heads.at
+        self._read_at, self._server, self._executors_drawn = heads.at, heads.server_started, heads.executors_drawn
         now = time.monotonic()
         changes: list[Change] = []
         rows = await self.changes.executors_after(self._executors.top, self._executors.gaps, BATCH)
@@ -200,21 +212,30 @@ class EventHub:
                     stream.queue.put_nowait(change)
 
     async def _went_back(self, heads: Heads, read_at: datetime) -> None:
-        """The database went back in time: its sequences are below numbers already read from them. The
-        audit log is read on from the newest entry dated before the last read (``read_at``): what
-        the streams were given is from before, what was written since the database came back is
-        after. The executors are all read again: their numbers do not tell which changed since."""
+        """Another server answers than at the last read, or a sequence is below numbers already read
+        from it: the database may have gone back in time. The audit log is read on from the newest
+        entry dated before the last read (``read_at``), what the streams were given being from
+        before and what was written since the database came back after, or from where it was if
+        that is lower (a plain restart: nothing is read twice). The executors are all read again:
+        their numbers do not tell which changed since."""
         assert self._audit is not None and self._executors is not None
-        gone_back = []
-        if heads.audit_drawn < self._audit.top:
-            gone_back.append(f"audit entries from {heads.audit_drawn}, read up to {self._audit.top}")
-            self._audit = Tail(await self.changes.audit_dated(read_at), GAP_WAIT_SECS)
-        if heads.executors_drawn < self._executors.top:
-            gone_back.append(f"executor changes from {heads.executors_drawn}, read up to {self._executors.top}")
-            self._executors = Tail(0, GAP_WAIT_SECS, drawn=heads.executors_drawn)
-        log.warning("the database went back in time (a restore, or a failover to a replica that lagged): its "
-                    "numbers are drawn again (%s); the event streams go on with the audit entries written "
-                    "since it came back and every executor's record", "; ".join(gone_back))  # fmt: skip
+        read_audit, read_executors = self._audit.top, self._executors.top
+        audit = min(read_audit, await self.changes.audit_dated(read_at))
+        if audit < read_audit:
+            self._audit = Tail(audit, GAP_WAIT_SECS)
+        # A number drawn before the last read was committed, or given up, before the server went
+        # away: one jumped over is a row changed again. One drawn since may still be committing.
+        self._executors = Tail(0, GAP_WAIT_SECS, drawn=min(self._executors_drawn, heads.executors_drawn))
+        if heads.audit_drawn < read_audit or heads.executors_drawn < read_executors:
+            log.warning("the database went back in time (a restore, or a failover to a replica that lagged): its "
+                        "numbers are drawn again (audit entries from %d, read up to %d; executor changes from %d, "
+                        "read up to %d); the event streams go on with the audit entries written since it came "
+                        "back and every executor's record",
+                        heads.audit_drawn, read_audit, heads.executors_drawn, read_executors)  # fmt: skip
+        else:
+            log.warning("the database server started again (at %s: a restart, a failover or a restore, which may have "
+                        "gone back in time); the event streams go on from audit entry %d (read up to %d) and every "
+                        "executor's record", heads.server_started.isoformat(), audit, read_audit)  # fmt: skip
 
     def _drop_revoked(self) -> None:
         for stream in list(self.streams):

@@ -346,18 +346,21 @@ class AlertStore:
             row = await cur.fetchone()
         return int(row["last_id"]) if row else 0
 
-    async def cursor_and_drawn(self) -> tuple[int, int]:
-        """The cursor, and the last audit id drawn from its sequence: never below an id read already,
+    async def cursor_and_drawn(self) -> tuple[int, int, datetime]:
+        """The cursor; the last audit id drawn from its sequence: never below an id read already,
         unless the database went back in time (a restore, a failover to a replica that lagged), which
-        takes the sequence back with it and draws the ids again."""
+        takes the sequence back with it and draws the ids again; and when the database server
+        started (``pg_postmaster_start_time()``): a restore or a failover is another start, however
+        many ids were drawn since."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT (SELECT last_id FROM alert_cursor WHERE id = 1) AS cursor,
-                          (SELECT last_value FROM audit_log_id_seq) AS drawn"""
+                          (SELECT last_value FROM audit_log_id_seq) AS drawn,
+                          pg_postmaster_start_time() AS server_started"""
             )
             row = await cur.fetchone()
         assert row is not None
-        return int(row["cursor"] or 0), int(row["drawn"])
+        return int(row["cursor"] or 0), int(row["drawn"]), row["server_started"]
 
     async def advance(self, last_id: int) -> None:
         async with self.db.connection() as conn:

@@ -27,6 +27,9 @@ class Heads:
     audit_drawn: int
     executors_drawn: int
     at: datetime  # the database's time
+    # When the database server answering started (pg_postmaster_start_time(), which any role may
+    # call): a restore or a failover is another server start, whatever numbers were drawn since.
+    server_started: datetime
 
 
 class ChangeStore:
@@ -40,12 +43,17 @@ class ChangeStore:
                           (SELECT COALESCE(max(change_seq), 0) FROM executors) AS executors,
                           (SELECT last_value FROM audit_log_id_seq) AS audit_drawn,
                           (SELECT last_value FROM executor_changes) AS executors_drawn,
-                          now() AS at"""
+                          now() AS at, pg_postmaster_start_time() AS server_started"""
             )
             row = await cur.fetchone()
         assert row is not None
         return Heads(
-            int(row["audit"]), int(row["executors"]), int(row["audit_drawn"]), int(row["executors_drawn"]), row["at"]
+            int(row["audit"]),
+            int(row["executors"]),
+            int(row["audit_drawn"]),
+            int(row["executors_drawn"]),
+            row["at"],
+            row["server_started"],
         )
 
     async def audit_dated(self, at: datetime) -> int:
