@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -401,3 +402,96 @@ def test_a_plain_restart_of_the_database_sends_no_entry_twice_and_loses_none(rel
     audit, executors = with_store(url, [], body)
     assert sorted(audit) == [f"after-{n}" for n in range(1, 6)], audit
     assert executors == {f"before-{n}" for n in range(3)}, executors  # sent again: a console shows each as it is
+
+
+# The cold restore's grace period: every executor reconnects to an instance started again (the SDK
+# retries each second) well within it; the deaths it waits out are those of the story.
+COLD_GRACE = 4.0
+COLD_SLEEP = 8.0  # the dead executors' jobs: asleep (durably) until both are dead
+# Each executor takes this long over a recovery request: the recovery is in flight at the backup.
+# It goes to either executor left (rendezvous hashing on random ids): to the live one, or to the one
+# killed next, at whose death it fails and is sent again, to the live one; in flight either way.
+COLD_RECOVERY_DELAY = 3.0
+
+
+def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_live(
+    relay_pg: PostgresServer, relays: list[RelayProcess], start_executor: StartExecutor, evidence_db: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Every instance stopped, the database restored from a backup taken while a grace period and a
+    recovery were in flight, the instances started again: the live executor is HEALTHY where
+    its socket is, the dead ones recovered with each workflow's outcome once, the grace period
+    and the recovery of the backup harmless, and a key made after it refused."""
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    settings = {"grace": COLD_GRACE, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
+    r1 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-1")
+    r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
+    relays.extend((r1, r2))
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    peers = {**env, "RELAY_TEST_RECOVERY_DELAY": str(COLD_RECOVERY_DELAY)}
+    jobs = {**peers, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": str(COLD_SLEEP)}
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(RelayProcess.start, (r1, r2)))
+        starting = [
+            pool.submit(start_executor, r1.conductor_url, env=peers),
+            pool.submit(start_executor, r1.conductor_url, env={**jobs, "RELAY_TEST_JOB_PREFIX": "dying"}),
+            pool.submit(start_executor, r2.conductor_url, env={**jobs, "RELAY_TEST_JOB_PREFIX": "ghost"}),
+        ]
+        live, dying, ghost = (f.result() for f in starting)
+    owners = {live.executor_id: "relay-1"}
+    everyone = {**owners, dying.executor_id: "relay-1", ghost.executor_id: "relay-2"}
+    assert_eventually(
+        lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == everyone, 20
+    )
+    # At the backup: one executor's recovery in flight (its jobs asleep on a peer), another's grace.
+    dying.kill()
+    assert_eventually(
+        lambda: "recovery.dispatched" in audit_actions(r1, dying.executor_id), COLD_GRACE + 10, what="a recovery"
+    )
+    ghost.kill()
+    assert_eventually(lambda: r1.state_of("acme", "ledger", ghost.executor_id) == "DISCONNECTED", 5)
+    t0 = relay_pg.backup()
+    with psycopg.connect(url) as conn:
+        states = dict(conn.execute("SELECT executor_id, state FROM executors").fetchall())
+        running = conn.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE status = 'PENDING' AND name LIKE '%%recover%%'"
+        ).fetchone()
+    assert states.get(ghost.executor_id) == "DISCONNECTED" and states.get(dying.executor_id) in (
+        "DEAD",
+        "RECOVERING",
+    ), states
+    with r1.api() as api:
+        made = api.post("/tokens/after-t0", json={"permissions": ["application.read"]})
+        assert made.status_code == 201, made.text
+        late_key = made.json()["token"]
+
+    # Every instance stopped; the database restored; the instances started again.
+    for relay in (r1, r2):
+        relay.stop()
+    relay_pg.restore(t0)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(RelayProcess.start, (r1, r2)))
+
+    # The live executor connects again, where it connected before, and stays HEALTHY.
+    assert_eventually(
+        lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == owners,
+        COLD_GRACE + 10,
+        what="the live executor HEALTHY again",
+    )
+    # The dead: the recovery in flight at the backup and the grace period then go on; each executor
+    # is recovered and deleted, and each of its workflows has its outcome once, by the live executor.
+    evidence = Evidence(evidence_db)
+    assert_eventually(lambda: len(evidence.outcomes()) == 4, COLD_SLEEP + 20, what="the dead executors' 4 outcomes")
+    assert_eventually(
+        lambda: registry(r1).keys() == owners.keys(), COLD_GRACE + 15, what="the dead executors recovered"
+    )
+    assert evidence.outcome_count() == 4
+    assert set(evidence.outcomes().values()) <= set(owners), (evidence.outcomes(), running)
+    for executor_id in owners:
+        actions = audit_actions(r1, executor_id)
+        assert "executor.dead" not in actions and "recovery.dispatched" not in actions, (executor_id, actions)
+    for relay in (r1, r2):
+        assert not unexplained_tracebacks(relay.log()), unexplained_tracebacks(relay.log())
+    with httpx.Client(verify=TLS) as client:
+        answer = client.get(f"{r1.http}/v2/orgs/acme/apps", headers={"Authorization": f"Bearer {late_key}"})
+    assert answer.status_code == 401, answer.text
