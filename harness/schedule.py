@@ -26,6 +26,7 @@ SLOWEST_FIRST = (
     "tests/test_alerts.py",
     "tests/test_instances.py",
     "tests/test_recovery.py",
+    "tests/test_database_restore.py",  # 2026-12-07: six tests, 70 to 120 s (two Relays, pg_basebackup)
     "tests/test_keys.py",
     "tests/test_database_outage.py",
     "tests/test_bad_input.py",

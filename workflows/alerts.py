@@ -72,6 +72,7 @@ from relay.core.alerts import (
     resolution_alert,
 )
 from relay.core.peers import backoff
+from relay.core.times import us_iso
 from relay.domain.alerts import cannot_make
 from relay.errors import DatabaseError
 from relay.logs import FailureLog
@@ -482,7 +483,7 @@ class AlertLoops:
             log.warning(
                 "the database server started again (at %s: a restart, a failover or a restore, which may have "
                 "gone back in time); the audit log is read for alerts on from %d (read up to %d)",
-                server.isoformat(), stored, self._cursor,
+                us_iso(server), stored, self._cursor,
             )  # fmt: skip
             self._cursor = 0
         self._server = server

@@ -235,7 +235,7 @@ class EventHub:
         else:
             log.warning("the database server started again (at %s: a restart, a failover or a restore, which may have "
                         "gone back in time); the event streams go on from audit entry %d (read up to %d) and every "
-                        "executor's record", heads.server_started.isoformat(), audit, read_audit)  # fmt: skip
+                        "executor's record", us_iso(heads.server_started), audit, read_audit)  # fmt: skip
 
     def _drop_revoked(self) -> None:
         for stream in list(self.streams):
