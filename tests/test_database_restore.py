@@ -362,20 +362,37 @@ def test_a_stream_carries_every_change_after_a_restore_that_drew_more_numbers_th
     assert after <= executors, f"{len(after & executors)} of the 60 executors connected after the restore sent"
 
 
+class RacedChanges(ChangeStore):
+    """The real reads, with ``racing`` deaths committed between a poll's look at the heads and its
+    read of the audit log, as deaths written while the poll runs are: dated after the heads' time."""
+
+    racing = 0
+
+    async def audit_after(self, after: int, gaps: list[int], limit: int) -> list[dict[str, Any]]:
+        if self.racing:
+            await deaths(self.db, "racing-", self.racing)
+            self.racing = 0
+        return await super().audit_after(after, gaps, limit)
+
+
 def test_a_plain_restart_of_the_database_sends_no_entry_twice_and_loses_none(relay_pg: PostgresServer) -> None:
     """A restart is another server start too, and the poller reads on as after a restore: the audit
-    log from where it had read (nothing went back, so nothing is sent twice), every executor again."""
+    log from where it had read (nothing went back, so nothing is sent twice), every executor again.
+    Deaths committed while the last poll before the restart ran, after its look at the heads, are
+    dated after that poll's time: they were sent again, found after the last read."""
     url = relay_pg.url(relay_pg.create_database("relay"))
     grant = KeyGrant("key-1", "acme", "ops", frozenset(Permission))
 
     async def body(db: Database, _store: AlertStore) -> tuple[list[str], set[str]]:
-        hub = EventHub(ChangeStore(db), KeyRing([("digest-1", grant)]), ServerConfig())
+        changes = RacedChanges(db)
+        hub = EventHub(changes, KeyRing([("digest-1", grant)]), ServerConfig())
         stream = hub.open(grant, "digest-1")
         await hub.poll()
         await deaths(db, "before-", 5)
         await connected(db, "before-", 3)
+        changes.racing = 2
         await hub.poll()
-        assert stream.queue.qsize() == 8, stream.queue.qsize()
+        assert stream.queue.qsize() == 10, stream.queue.qsize()
         while not stream.queue.empty():
             stream.queue.get_nowait()
         await asyncio.to_thread(relay_pg.restart)

@@ -111,7 +111,9 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._audit: Tail | None = None
         self._executors: Tail | None = None
-        self._read_at: datetime | None = None  # the database's time at the last poll that read it
+        # The database's time at the last poll that read it, or the date of the newest audit entry
+        # that poll read if later: no entry read is dated after it (see _went_back).
+        self._read_at: datetime | None = None
         self._server: datetime | None = None  # when the server read at the last poll started
         self._executors_drawn = 0  # the last executor change number drawn at the last poll
 
@@ -199,6 +201,9 @@ class EventHub:
             changes.append(executor_change(by_seq[seq]))
         rows = await self.changes.audit_after(self._audit.top, self._audit.gaps, BATCH)
         by_id = {int(r["id"]): r for r in rows}
+        # An entry committed between the look at the heads and this read is dated after the heads'
+        # time: a restart before the next poll would send it again, found after the last read.
+        self._read_at = max([heads.at, *(r["at"] for r in rows)])
         for entry_id in self._audit.seen(by_id, now):
             changes.append(audit_change(by_id[entry_id]))
         for stream in list(self.streams):
