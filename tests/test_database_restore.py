@@ -239,6 +239,18 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
             assert api.get("/apps/ledger").json()["gcRowsThreshold"] is None
 
 
+async def answering(db: Database) -> None:
+    """Until the database answers again after a restart or a restore: the pool's connections died
+    with the server, and each is found dead as it is taken."""
+    for _ in range(100):
+        try:
+            await ChangeStore(db).heads()
+            return
+        except DatabaseError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("the database did not answer within 10 s of coming back")
+
+
 async def deaths(db: Database, prefix: str, count: int) -> None:
     """``count`` executors of acme/ledger declared dead, as many audit entries (a burst)."""
     async with db.transaction() as conn:
@@ -285,12 +297,7 @@ def test_the_alerts_read_every_death_after_the_audit_log_went_back(
         assert len(started) == lost
         await asyncio.to_thread(relay_pg.restore, t0)
         started.clear()
-        for _ in range(50):  # the pool's connections died with the server: until it answers again
-            try:
-                await store.cursor()
-                break
-            except DatabaseError:
-                await asyncio.sleep(0.1)
+        await answering(db)
         await deaths(db, "after-", after)
         quiet = 0  # polls in a row that started nothing
         while quiet < 2:
@@ -337,12 +344,7 @@ def test_a_stream_carries_every_change_after_a_restore_that_drew_more_numbers_th
         while not stream.queue.empty():
             stream.queue.get_nowait()
         await asyncio.to_thread(relay_pg.restore, t0)
-        for _ in range(50):  # the pool's connections died with the server: until it answers again
-            try:
-                await hub.changes.heads()
-                break
-            except DatabaseError:
-                await asyncio.sleep(0.1)
+        await answering(db)
         await deaths(db, "after-", 150)  # more than were lost, before the poller reads again
         await connected(db, "after-", 60)
         audit: set[str] = set()
@@ -396,12 +398,7 @@ def test_a_plain_restart_of_the_database_sends_no_entry_twice_and_loses_none(rel
         while not stream.queue.empty():
             stream.queue.get_nowait()
         await asyncio.to_thread(relay_pg.restart)
-        for _ in range(50):
-            try:
-                await hub.changes.heads()
-                break
-            except DatabaseError:
-                await asyncio.sleep(0.1)
+        await answering(db)
         await deaths(db, "after-", 5)
         audit: list[str] = []
         executors: set[str] = set()
