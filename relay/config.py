@@ -236,7 +236,7 @@ class AlertRuleConfig(_Model):
     queue_name: Annotated[str, _in_bytes("a queue's name", MAX_QUEUE_OR_SCHEDULE_NAME_BYTES)] | None = None
     threshold_secs: Duration | None = None
     for_secs: DurationOrZero | None = None
-    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
+    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed", "no_peer_of_its_language"] | None = None
     attempts: Count | None = None
 
     @field_validator("webhook")

@@ -335,8 +335,9 @@ def test_a_killed_executor_goes_disconnected_dead_and_recovered_on_the_page_with
     expect(healthy).to_be_visible()
     record = world.relay.executor("acme", "payments", victim.executor_id)
     assert record is not None
-    cells = healthy.locator("td").all_inner_texts()  # state, version, host, instance, since, recoveries
-    assert cells[1:4] == [record["applicationVersion"], record["hostname"], "relay-1"], cells
+    cells = healthy.locator("td").all_inner_texts()  # state, version, SDK, host, instance, since, recoveries
+    sdk = f"{record['language']} {record['dbosVersion']}"
+    assert cells[1:5] == [record["applicationVersion"], sdk, record["hostname"], "relay-1"], cells
     html_times([healthy.locator("time").get_attribute("datetime")], [record["connectedAt"]])  # since it connected
     page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
 

@@ -484,7 +484,9 @@ def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, pag
     """An executor DISCONNECTED showed its state and since when, and nothing of when it would be
     declared DEAD: on-call had to find the app's grace period and add it up. The executors list and
     the executor's own page say it, from the API's ``graceEndsAt`` (its grace period's deadline).
-    An app of its own, so that its death after the test (a minute later) is no other test's."""
+    An app of its own, so that its death after the test (a minute later) is no other test's. The row
+    shows the executor's SDK too (language and version): an app whose executors mix languages loses
+    work (README), and the list showed no language."""
     with world.relay.api() as api:
         assert api.put("/apps/grace-shown").status_code in (201, 204)
         assert api.patch("/apps/grace-shown", json={"executorTimeoutSecs": 60}).status_code == 200
@@ -503,6 +505,8 @@ def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, pag
         go(page, address)
         row = page.locator('tbody tr:has([data-executor="grace-away"])')
         expect(row).to_contain_text(f"dead at {shown} unless it reconnects")
+        # Its SDK, language and version, as its handshake said: an app mixing languages is seen here.
+        expect(row.locator("td").nth(2)).to_have_text("python 3.2.0")  # (the first cell is a th)
 
 
 def test_an_executor_id_leads_to_the_executor_or_once_recovered_to_its_recoveries(world: World, page: Page) -> None:

@@ -15,6 +15,7 @@ from relay.core.peers import (
     blocked_note,
     choose_peer,
     latest_version,
+    of_language,
     order_peers,
 )
 from relay_protocol import ListStepsReply, WorkflowSteps
@@ -146,3 +147,22 @@ def test_a_list_steps_reply_with_junk_is_refused_before_it_reaches_the_choice() 
         steps_of({"function_id": "1"})
     with pytest.raises(WireError):
         ListStepsReply.from_frame({"type": "list_steps", "request_id": "r", "output": ["junk"]})
+
+
+def test_a_peer_of_another_language_is_never_chosen_and_the_block_says_so() -> None:
+    """An app mixing the SDKs (README): a Python executor asked to recover a TypeScript executor's
+    workflows takes them and never runs them. Only peers of the dead executor's language are
+    candidates, with none the recovery waits for ``no_peer_of_its_language``, and a language not
+    known (an executor recorded without one) fits any, as before."""
+    python, ts, unknown = Peer("p", "v1", "python"), Peer("t", "v1", "typescript"), Peer("u", "v1")
+    assert of_language([python, ts, unknown], "typescript") == [ts, unknown]
+    assert of_language([python, ts], None) == of_language([python, ts], "") == [python, ts]
+    fit = of_language([python], "typescript")
+    choice = choose_peer("dead", "v1", fit, allow_latest=True, latest_version="v1", other_languages=True)
+    assert choice.peer is None and choice.blocked is BlockedReason.NO_PEER_OF_ITS_LANGUAGE
+    assert choose_peer("dead", "v1", fit).blocked is BlockedReason.NO_HEALTHY_PEER  # nobody else at all
+    assert choose_peer("dead", "v1", [ts], other_languages=True).peer == ts
+    assert blocked_note(BlockedReason.NO_PEER_OF_ITS_LANGUAGE, [], None, None, ["typescript", "python"]) == (
+        "the app's healthy executors run only another language's SDK (python), which cannot run a typescript"
+        " executor's workflows"
+    )

@@ -214,6 +214,58 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
     assert recoveries[0]["attempts"][-1]["peerExecutorId"] == peer.executor_id
 
 
+def test_a_dead_typescript_executor_waits_for_a_typescript_peer_never_a_python_one(
+    start_relay: StartRelay, start_ts: StartTs, start_executor: StartTs, evidence_db: str
+) -> None:
+    """An app whose executors mix the SDKs (README: run an app's executors in one language). A
+    TypeScript executor died beside a healthy Python one of the same version, its only peer: Relay
+    asked the Python executor to recover it, which took the workflows (they became its own, so
+    nothing of the dead one's was left PENDING for the check) and failed each (``Serialization
+    js_superjson is not available``): the recovery succeeded and the work stayed PENDING on a live
+    executor that could never run it. Now the recovery waits for a peer of its language and says
+    why; the mix is logged as the TypeScript executor connects and shown in the app's
+    ``languages``; and a TypeScript peer that connects completes the work, exactly once."""
+    relay = start_relay(grace=0.5)
+    python = start_executor(relay.conductor_url)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", python.executor_id) == "HEALTHY", 20)
+    env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    doomed = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "4"})
+    assert_eventually(lambda: relay.state_of("acme", "ledger", doomed.executor_id) == "HEALTHY", 20)
+    warned = assert_eventually(lambda: [line for line in relay.log().splitlines() if "mixes languages" in line], 10)
+    mix = f"executor {doomed.executor_id} runs the typescript SDK, and healthy executors of the app run python."
+    assert len(warned) == 1 and mix in warned[0] and "WARNING" in warned[0], warned
+    with relay.api() as api:
+        assert ok(api.get(LEDGER))["languages"] == ["python", "typescript"]
+    doomed.kill()
+
+    blocked = assert_eventually(
+        lambda: (e := relay.executor("acme", "ledger", doomed.executor_id)) and e["blockedReason"] and e, 15
+    )
+    assert blocked["state"] == "DEAD" and blocked["blockedReason"] == "no_peer_of_its_language", blocked
+    with relay.api() as api:
+        (waiting,) = ok(api.get(f"{LEDGER}/recoveries", params={"executorId": doomed.executor_id}))
+        listed = ok(api.get(f"{LEDGER}/executors/{python.executor_id}/workflows"))
+    assert waiting["status"] == "waiting_for_peer", waiting
+    assert waiting["error"] == (
+        "the app's healthy executors run only another language's SDK (python), which cannot run a typescript"
+        " executor's workflows"
+    )
+    assert "recovery.dispatched" not in audit_actions(relay, doomed.executor_id)
+    assert not [w for w in listed if w["workflowName"] == "job"]  # none taken by the Python executor
+
+    # Gone before the TypeScript peer comes: both SDKs take workflows from DBOS's one internal queue,
+    # where the peer's recovery puts them, and the Python executor would take some first (README).
+    python.kill()
+    peer = start_ts(relay.conductor_url, env=env)
+    evidence = Evidence(evidence_db)
+    outcomes = assert_eventually(lambda: (o := evidence.outcomes()) and len(o) >= 3 and o, 30)
+    assert outcomes == {f"job-{i}": peer.executor_id for i in range(3)}
+    assert evidence.outcome_count() == 3
+    with relay.api() as api:
+        (done,) = ok(api.get(f"{LEDGER}/recoveries", params={"executorId": doomed.executor_id}))
+    assert done["status"] == "succeeded" and done["attempts"][-1]["peerExecutorId"] == peer.executor_id
+
+
 def test_typescript_work_stranded_while_relay_was_down_is_found_and_completed_exactly_once(
     start_relay: StartRelay, start_ts: StartTs, evidence_db: str, relay_db: str, sysdb: str
 ) -> None:

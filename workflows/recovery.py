@@ -77,6 +77,7 @@ from relay.core.peers import (
     choose_peer,
     latest_version,
     newest_version,
+    of_language,
     order_peers,
     verifiers,
 )
@@ -170,6 +171,10 @@ class FactsRecord(TypedDict):
     # No peer may be asked to recover, and this one found no PENDING workflow of the dead executor
     # (not in 0.2.0's, nor in any checkpoint of a round that had an eligible peer).
     nothing_pending_by: NotRequired[str]
+    # The dead executor's language, and those of the app's healthy executors left out of ``peers``
+    # as another language's (absent when not known, or none was; and in earlier releases').
+    language: NotRequired[str]
+    other_languages: NotRequired[list[str]]
     ack_timeout: float
     backoff_initial: float
     backoff_max: float
@@ -203,6 +208,8 @@ def facts_of(record: FactsRecord) -> Facts:
         backoff_initial=record["backoff_initial"],
         backoff_max=record["backoff_max"],
         nothing_pending_by=record.get("nothing_pending_by"),
+        language=record.get("language"),
+        other_languages=tuple(record.get("other_languages", ())),
     )
 
 
@@ -258,8 +265,11 @@ async def _gather(
     ref: RecoveryRef, version: str, operator_allows_latest: bool, peers_max_age: float = PEERS_MAX_AGE_SECS
 ) -> FactsRecord:
     svc = services()
-    dead = await svc.executors.still_dead(ref.key, ref.epoch)
-    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app, peers_max_age)
+    dead, language = await svc.executors.dead_and_language(ref.key, ref.epoch)
+    everyone = await svc.executors.healthy_peers(ref.key.org, ref.key.app, peers_max_age)
+    # Only peers of its language may recover its workflows (of_language): the others would take them
+    # and never run them.
+    healthy = of_language(everyone, language)
     app = await svc.apps.settings_of(ref.key.org, ref.key.app)
     allow_latest = operator_allows_latest or bool(app and app.recover_to_latest_version)
     record: FactsRecord = {
@@ -271,6 +281,11 @@ async def _gather(
         "backoff_initial": svc.liveness.failover_backoff_initial_secs,
         "backoff_max": svc.liveness.failover_backoff_max_secs,
     }
+    if language:
+        record["language"] = language
+    if len(healthy) < len(everyone):
+        fit = {p.executor_id for p in healthy}
+        record["other_languages"] = sorted({str(p.language) for p in everyone if p.executor_id not in fit})
     if allow_latest:
         others = [p for p in healthy if p.executor_id != ref.key.executor_id]
         if others and not any(p.application_version == version for p in others):
@@ -279,12 +294,16 @@ async def _gather(
             if unknown is not None:
                 record["latest_unknown"] = unknown
     peers = [Peer(p[0], p[1]) for p in record["peers"]]
-    if peers:
+    # Any executor of the app can say whether the dead one left anything PENDING (it reads the
+    # system database), one of another language too.
+    askable = peers or candidates(ref.key.executor_id, everyone)
+    if askable:
         choice = choose_peer(
-            ref.key.executor_id, version, peers, allow_latest=allow_latest, latest_version=record["latest"]
-        )
+            ref.key.executor_id, version, peers, allow_latest=allow_latest, latest_version=record["latest"],
+            other_languages="other_languages" in record,
+        )  # fmt: skip
         if choice.blocked is not None:  # it would wait: is there anything to wait for?
-            by = await _nothing_pending(ref, peers, svc.liveness.recovery_ack_timeout_secs)
+            by = await _nothing_pending(ref, askable, svc.liveness.recovery_ack_timeout_secs)
             if by is not None:
                 record["nothing_pending_by"] = by
     return record
@@ -395,10 +414,11 @@ async def mark_blocked(ref: RecoveryRef, reason: BlockedReason, gathered: Facts,
     None: such a recovery simply waits, and the periodic re-check covers it.)
     """
     svc = services()
-    status: BlockedStatus = "waiting_for_peer" if reason is BlockedReason.NO_HEALTHY_PEER else "awaiting_operator"
+    waits_for_peer = reason in (BlockedReason.NO_HEALTHY_PEER, BlockedReason.NO_PEER_OF_ITS_LANGUAGE)
+    status: BlockedStatus = "waiting_for_peer" if waits_for_peer else "awaiting_operator"
     svc.note_blocked(ref.key.org, ref.key.app)
     await svc.recoveries.set_blocked(ref, reason.value, status, dedupe_key(), note)
-    healthy = await svc.executors.healthy_peers(ref.key.org, ref.key.app)
+    healthy = of_language(await svc.executors.healthy_peers(ref.key.org, ref.key.app), gathered.language)
     return set(candidates(ref.key.executor_id, healthy)) != set(gathered.peers)
 
 
@@ -696,7 +716,8 @@ async def _run(
             await abandon(ref)
             return "abandoned"
         if isinstance(decision, Block):
-            note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"))
+            languages = (str(facts.language), *facts.other_languages)
+            note = blocked_note(decision.reason, facts.peers, facts.latest, record.get("latest_unknown"), languages)
             if decision.record:
                 noted, rechecks = note, 0
                 if await mark_blocked(ref, decision.reason, facts, note):

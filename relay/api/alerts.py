@@ -82,7 +82,7 @@ class RuleMetadata(Body):
     thresholdSecs: Duration | None = None
     threshold_secs: Duration | None = None
     forSecs: DurationOrZero | None = None
-    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed"] | None = None
+    reason: Literal["no_healthy_peer", "version_upgrade_not_allowed", "no_peer_of_its_language"] | None = None
     attempts: Count | None = None
 
 

@@ -87,7 +87,7 @@ class AppSettings(ConductorBody):
 class Application(Shape):
     """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
     with Relay's own members beside it (``org``, ``executors`` by state and by version, ``blocked`` by reason,
-    ``recoverToLatestVersion``).
+    ``languages`` of its executors' SDKs, ``recoverToLatestVersion``).
     The retention settings are null when off; ``executorTimeoutSecs`` may have a fraction of a second."""
 
     id: str
@@ -106,6 +106,9 @@ class Application(Shape):
     executors: dict[ExecutorState, int]
     executorsByVersion: dict[str, dict[str, int]]
     blocked: dict[str, int]
+    # Every language its executors' SDKs said (sorted): more than one is an app that loses work
+    # (README, "Executors on the TypeScript SDK").
+    languages: list[str]
     createdAt: str | None
 
 
@@ -123,6 +126,7 @@ def application(app: AppRecord) -> Application:
         executors=dict(app.counts),
         executorsByVersion=app.versions,
         blocked=app.blocked,
+        languages=sorted(app.languages),
         createdAt=us_iso(app.created_at),
     )
 

@@ -92,7 +92,8 @@ def _show_app(a: dict[str, Any]) -> None:
         ("executors", by_state),
         ("versions", by_version),
         ("blocked", blocked),
-        ("language", a["language"]),
+        # Every language its executors run (more than one loses work: README); an older Relay's, one.
+        ("language", ", ".join(a.get("languages") or []) or a["language"]),
         ("grace", seconds(a["executorTimeoutSecs"])),
         ("to latest", a["recoverToLatestVersion"]),
         # Off (null) shows as "-"; the retention options take "off" for it.

@@ -44,6 +44,10 @@ class Facts:
     # When no peer may be asked to recover: the peer that found no PENDING workflow of the dead
     # executor (None: not asked, or no peer could tell).
     nothing_pending_by: str | None = None
+    # The dead executor's language (None: not known), and those of the app's healthy executors left
+    # out of ``peers`` as another language's (relay.core.peers.of_language).
+    language: str | None = None
+    other_languages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class FailoverPolicy:
             tried=frozenset(self.tried),
             allow_latest=facts.allow_latest,
             latest_version=facts.latest,
+            other_languages=bool(facts.other_languages),
         )
         if choice.blocked is not None:
             if facts.nothing_pending_by is not None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
 class BlockedReason(StrEnum):
     NO_HEALTHY_PEER = "no_healthy_peer"
     VERSION_UPGRADE_NOT_ALLOWED = "version_upgrade_not_allowed"
+    # The app's healthy executors all run another language's SDK: it waits for a peer as
+    # ``no_healthy_peer`` does (README: an app's executors in one language).
+    NO_PEER_OF_ITS_LANGUAGE = "no_peer_of_its_language"
 
 
 class Mode(StrEnum):
@@ -30,6 +33,21 @@ class Mode(StrEnum):
 class Peer:
     executor_id: str
     application_version: str
+    # The SDK's language, as its handshake said (None: not known). Not part of a peer's identity: a
+    # recovery's checkpoint holds its candidates' ids and versions only.
+    language: str | None = field(default=None, compare=False)
+
+
+def of_language(peers: Sequence[Peer], language: str | None) -> list[Peer]:
+    """The peers that can run the workflows of an executor on ``language``'s SDK. An SDK runs only
+    the workflows its own language registered and reads only the values it stored: asked to
+    recover a TypeScript executor's workflows, a Python executor took them (they became its own)
+    and failed each (``Serialization js_superjson is not available``), leaving them PENDING on a
+    live executor that can never run them, with nothing left for the recovery's check to find.
+    A language not known (an executor recorded without one) fits any, as before."""
+    if not language:
+        return list(peers)
+    return [p for p in peers if not p.language or p.language == language]
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,7 @@ def choose_peer(
     tried: frozenset[str] = frozenset(),
     allow_latest: bool = False,
     latest_version: str | None = None,
+    other_languages: bool = False,
 ) -> Choice:
     """Pick the next peer to ask.
 
@@ -130,10 +149,14 @@ def choose_peer(
     version (:func:`latest_version`); without it the newest is unknown and no
     cross-version move is proposed. With no peer on it either, the recovery
     waits for one (``no_healthy_peer``: moving is allowed, so it is a peer it
-    lacks, not an operator's permission).
+    lacks, not an operator's permission). ``healthy`` are those of the dead executor's language
+    (:func:`of_language`); ``other_languages``: the app has healthy executors of another language
+    besides, so that with none of its own the recovery waits for ``no_peer_of_its_language``.
     """
     others = [p for p in healthy if p.executor_id != dead_executor_id]
     if not others:
+        if other_languages:
+            return Choice(None, blocked=BlockedReason.NO_PEER_OF_ITS_LANGUAGE)
         return Choice(None, blocked=BlockedReason.NO_HEALTHY_PEER)
     same = [p for p in others if p.application_version == dead_version]
     if same:
@@ -152,11 +175,18 @@ def blocked_note(
     peers: Sequence[Peer],
     latest_version: str | None,
     latest_unknown: str | None = None,
+    languages: Sequence[str] = (),
 ) -> str | None:
     """Why a recovery waits, in words, when its ``reason`` alone would mislead: the app has healthy
     peers, only none the recovery may use. ``peers``: the healthy executors of the app other than
     the dead one. ``latest_unknown``: why the latest version could not be named, if it could not.
-    None when there is no peer at all (``no_healthy_peer`` says it all)."""
+    ``languages``: the dead executor's language, then the others the app's healthy executors run
+    (``no_peer_of_its_language``). None when there is no peer at all (``no_healthy_peer`` says it
+    all)."""
+    if reason is BlockedReason.NO_PEER_OF_ITS_LANGUAGE and languages:
+        own, *others = languages
+        return (f"the app's healthy executors run only another language's SDK ({', '.join(others)}), which cannot"
+                f" run a {own} executor's workflows")  # fmt: skip
     versions = ", ".join(sorted({p.application_version for p in peers}))
     if not versions:
         return None

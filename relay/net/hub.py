@@ -52,6 +52,11 @@ from relay_protocol import ExecutorInfoReply, Request
 log = logging.getLogger("relay.hub")
 # How long an app's executorTimeoutSecs read for the "is DISCONNECTED" line is used again.
 GRACE_NOTE_SECS = 1.0
+# A connecting executor is checked against the languages of its app's healthy executors in a read
+# of them begun up to this long before (peer choice's shared read): a reconnect storm of thousands
+# reads them once in this time, not once each; short, so that an executor that connected just
+# before is in it.
+LANGUAGES_READ_SECS = 1.0
 
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
 
@@ -209,6 +214,7 @@ class Hub:
         # (the loop's clock) and its value, and the reads under way.
         self._grace_secs: dict[tuple[str, str], tuple[float, float]] = {}
         self._grace_reads: dict[tuple[str, str], asyncio.Task[AppSettings | None]] = {}
+        self._language_checks: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak ones)
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -335,7 +341,37 @@ class Hub:
         ended = result.previous_epoch if result.previous_state is ExecutorState.DISCONNECTED else None
         dead = result.previous_epoch if result.previous_state in DEATH_STATES else None
         await self.events.executor_connected(key, result.epoch, ended, dead)
+        if info.language:  # not awaited: the handshake is not held up for it
+            check = asyncio.get_running_loop().create_task(self._warn_if_languages_mix(key, info.language))
+            self._language_checks.add(check)
+            check.add_done_callback(self._language_checks.discard)
         return result.epoch
+
+    async def _warn_if_languages_mix(self, key: ExecutorKey, language: str) -> None:
+        """Log a WARNING if the app has healthy executors of another language than ``language``, the
+        connecting executor's: neither SDK runs the other's workflows, and both take workflows from
+        DBOS's one internal queue, so such an app loses work whatever Relay does (README). Once a
+        minute per app at most, with how many connections since: a reconnect storm warns once."""
+        try:
+            peers = await self.executors.healthy_peers(key.org, key.app, LANGUAGES_READ_SECS)
+        except DatabaseError as exc:
+            log.debug("executor %s: the languages of its app's executors cannot be read now: %s", key, exc)
+            return
+        others = sorted({p.language for p in peers if p.language and p.language != language})
+        if not others:
+            return
+        if (since := self._refusals.due("languages", "", f"{key.org}/{key.app}")) is None:
+            return
+        more = f" ({since} more such connections since the last such line)" if since else ""
+        log.warning(
+            "app %s of org %s mixes languages: executor %s runs the %s SDK, and healthy executors of the app run %s. "
+            "Neither SDK runs the other's workflows, and both take workflows from DBOS's one internal queue: "
+            "recovered, forked or resumed work may be taken by an executor that cannot run it and stay PENDING. "
+            "Relay recovers a dead executor only onto peers of its language. Run an app's executors in one "
+            "language (README, \"Executors on the TypeScript SDK\")%s",
+            key.app, key.org, printable(key.executor_id), printable(language, 40),
+            ", ".join(printable(o, 40) for o in others), more,
+        )  # fmt: skip
 
     async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:
         if self.elsewhere is None:

@@ -218,6 +218,8 @@ function executorsTable(ctx, app, executors, state, recover) {
     ["State", (e) => h("span", {}, badge(e.state), e.blockedReason ? [" ", badge("blocked", `blocked: ${e.blockedReason.replaceAll("_", " ")}`)] : "",
       e.graceEndsAt ? [" ", h("span", {class: "note grace-ends"}, "dead at ", when(e.graceEndsAt), " unless it reconnects")] : "")],
     ["Version", (e) => id(e.applicationVersion)],
+    // The SDK's language and version: an app whose executors mix languages loses work (README).
+    ["SDK", (e) => [e.language, e.dbosVersion].filter(Boolean).join(" ")],
     ["Host", (e) => e.hostname || ""],
     ["Relay instance", (e) => id(e.relayInstance)],
     ["Since", (e) => h("span", {}, when(since(e)), " ", h("span", {class: "when", "data-ago": since(e)}, ago(since(e))))],

@@ -233,7 +233,7 @@ class AppStore:
                        ORDER BY first DESC, name LIMIT %s OFFSET %s)
                    SELECT a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
                           a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms,
-                          e.state, count(e.executor_id) AS n, max(e.language) AS language
+                          e.state, count(e.executor_id) AS n
                    FROM page a LEFT JOIN executors e ON e.org = a.org AND e.app = a.name
                    GROUP BY a.first, a.name, a.executor_timeout_secs, a.recover_to_latest_version, a.created_at,
                             a.gc_time_threshold_ms, a.gc_rows_threshold, a.global_timeout_ms, e.state
@@ -243,9 +243,9 @@ class AppStore:
             rows = await cur.fetchall()
             names_on_page = sorted({row["name"] for row in rows})
             cur = await c.execute(
-                """SELECT app, application_version, state, blocked_reason, count(*) AS n FROM executors
+                """SELECT app, application_version, state, blocked_reason, language, count(*) AS n FROM executors
                    WHERE org = %s AND app = ANY(%s::text[])
-                   GROUP BY app, application_version, state, blocked_reason""",
+                   GROUP BY app, application_version, state, blocked_reason, language""",
                 (org, names_on_page),
             )
             detail = await cur.fetchall()
@@ -265,12 +265,12 @@ class AppStore:
                 apps[row["name"]] = record
             if row["state"] is not None:
                 record.counts[ExecutorState(row["state"])] = int(row["n"])
-                if row["language"]:
-                    record.languages.add(row["language"])
         for row in detail:
             record = apps[row["app"]]
             by_state = record.versions.setdefault(row["application_version"], {})
             by_state[row["state"]] = by_state.get(row["state"], 0) + int(row["n"])
+            if row["language"]:
+                record.languages.add(row["language"])
             if row["blocked_reason"] is not None:
                 reason = row["blocked_reason"]
                 record.blocked[reason] = record.blocked.get(reason, 0) + int(row["n"])

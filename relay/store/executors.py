@@ -253,14 +253,14 @@ def _state_case(event: ExecutorEvent, column: str = "state") -> str:
 
 class HealthyRead:
     """One read of an app's HEALTHY executors, shared by the callers that accept it (rows: id,
-    version, instance); its :attr:`peers` are built once, for all of them."""
+    version, language, instance); its :attr:`peers` are built once, for all of them."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
 
     @functools.cached_property
     def peers(self) -> tuple[Peer, ...]:
-        return tuple(Peer(r["executor_id"], r["application_version"]) for r in self.rows)
+        return tuple(Peer(r["executor_id"], r["application_version"], r["language"]) for r in self.rows)
 
 
 class ExecutorStore:
@@ -751,6 +751,20 @@ class ExecutorStore:
         async with self.db.connection() as conn:
             return await self.at_epoch(conn, key, epoch, (ExecutorState.DEAD, ExecutorState.RECOVERING))
 
+    async def dead_and_language(self, key: ExecutorKey, epoch: int) -> tuple[bool, str | None]:
+        """:meth:`still_dead`, and the language of the executor's SDK as its handshake said (None:
+        not known, or no such row), in one read: a recovery's every round asks both."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT state, epoch, language FROM executors WHERE org = %s AND app = %s AND executor_id = %s",
+                (key.org, key.app, key.executor_id),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return False, None
+        dead = row["epoch"] == epoch and row["state"] in (ExecutorState.DEAD.value, ExecutorState.RECOVERING.value)
+        return dead, row["language"] or None
+
     async def disconnected_secs(self, key: ExecutorKey, epoch: int) -> float | None:
         """How long ago the executor's disconnection at ``epoch`` was, by the database's clock (as the
         repair sweep reads it); None if its row is not DISCONNECTED at that epoch."""
@@ -834,11 +848,12 @@ class ExecutorStore:
         return [ExecutorRecord.from_row(row) for row in rows]
 
     async def _healthy(self, org: str, app: str) -> HealthyRead:
-        """The app's HEALTHY executors (id, version, instance), leaving out those whose instance's
-        lease ran out: their sockets died with it. Peer choice and the API's routing read this one query."""
+        """The app's HEALTHY executors (id, version, language, instance), leaving out those whose
+        instance's lease ran out: their sockets died with it. Peer choice and the API's routing read
+        this one query."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
-                """SELECT e.executor_id, e.application_version, e.relay_instance FROM executors e
+                """SELECT e.executor_id, e.application_version, e.language, e.relay_instance FROM executors e
                    JOIN relay_instances i ON i.instance_id = e.relay_instance AND i.lease_expires_at > now()
                    WHERE e.org = %s AND e.app = %s AND e.state = 'HEALTHY' ORDER BY e.executor_id""",
                 (org, app),
