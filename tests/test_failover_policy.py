@@ -182,3 +182,16 @@ def test_the_store_refuses_an_illegal_event_before_any_sql() -> None:
     with pytest.raises(IllegalTransition):
         asyncio.run(store.apply(key, E.RECOVERED, expected=S.DEAD))
     assert not store.events  # nothing was counted: nothing was attempted
+
+
+def test_peers_only_of_another_language_block_with_their_own_reason_and_one_of_its_language_ends_it() -> None:
+    """The gathered facts hold only peers of the dead executor's language; the others are named in
+    ``other_languages``. With none of its own the recovery waits for ``no_peer_of_its_language``
+    (not ``no_healthy_peer``: the app has healthy executors), recorded once."""
+    policy = FailoverPolicy("dead", "v1")
+    others = replace(FACTS, peers=(), language="typescript", other_languages=("python",))
+    assert policy.decide(others) == Block(BlockedReason.NO_PEER_OF_ITS_LANGUAGE, record=True)
+    assert policy.decide(others) == Block(BlockedReason.NO_PEER_OF_ITS_LANGUAGE, record=False)
+    assert policy.decide(replace(others, peers=(Peer("t", "v1"),))) == Dispatch(
+        1, Peer("t", "v1"), Mode.SAME_VERSION, None, 0.0
+    )
