@@ -29,6 +29,7 @@ from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import APP_NAME_RULE, MAX_APP_NAME, ExecutorKey, printable, valid_app_name
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
+from relay.core.requestid import shared_task
 from relay.core.times import utc_seconds
 from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
@@ -215,6 +216,10 @@ class Hub:
         self._grace_secs: dict[tuple[str, str], tuple[float, float]] = {}
         self._grace_reads: dict[tuple[str, str], asyncio.Task[AppSettings | None]] = {}
         self._language_checks: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak ones)
+        # Per app, the languages of its healthy executors: when the read began (the loop's clock) and
+        # the read. A storm of handshakes to an app of thousands shares one read and one set of its
+        # languages a second, where each handshake would otherwise go through every executor's.
+        self._languages: dict[tuple[str, str], tuple[float, asyncio.Task[frozenset[str]]]] = {}
 
     # -- ASGI entry point -------------------------------------------------
 
@@ -353,11 +358,11 @@ class Hub:
         DBOS's one internal queue, so such an app loses work whatever Relay does (README). Once a
         minute per app at most, with how many connections since: a reconnect storm warns once."""
         try:
-            peers = await self.executors.healthy_peers(key.org, key.app, LANGUAGES_READ_SECS)
+            languages = await self._languages_of(key.org, key.app)
         except DatabaseError as exc:
             log.debug("executor %s: the languages of its app's executors cannot be read now: %s", key, exc)
             return
-        others = sorted({p.language for p in peers if p.language and p.language != language})
+        others = sorted(languages - {language})
         if not others:
             return
         if (since := self._refusals.due("languages", "", f"{key.org}/{key.app}")) is None:
@@ -372,6 +377,27 @@ class Hub:
             key.app, key.org, printable(key.executor_id), printable(language, 40),
             ", ".join(printable(o, 40) for o in others), more,
         )  # fmt: skip
+
+    async def _languages_of(self, org: str, app: str) -> frozenset[str]:
+        """The languages of the app's healthy executors, from a read begun up to
+        :data:`LANGUAGES_READ_SECS` before (or one under way), shared by every caller meanwhile."""
+        loop = asyncio.get_running_loop()
+        held = self._languages.get((org, app))
+        if held is None or loop.time() - held[0] > LANGUAGES_READ_SECS:
+            read = shared_task(self._read_languages(org, app))
+            held = (loop.time(), read)
+            self._languages[(org, app)] = held
+
+            def forget_failed(task: asyncio.Task[frozenset[str]]) -> None:
+                if (task.cancelled() or task.exception() is not None) and self._languages.get((org, app)) == held:
+                    del self._languages[(org, app)]
+
+            read.add_done_callback(forget_failed)
+        return await asyncio.shield(held[1])
+
+    async def _read_languages(self, org: str, app: str) -> frozenset[str]:
+        peers = await self.executors.healthy_peers(org, app, LANGUAGES_READ_SECS)
+        return frozenset(p.language for p in peers if p.language)
 
     async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:
         if self.elsewhere is None:
