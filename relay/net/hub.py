@@ -54,9 +54,8 @@ log = logging.getLogger("relay.hub")
 # How long an app's executorTimeoutSecs read for the "is DISCONNECTED" line is used again.
 GRACE_NOTE_SECS = 1.0
 # A connecting executor is checked against the languages of its app's healthy executors in a read
-# of them begun up to this long before (peer choice's shared read): a reconnect storm of thousands
-# reads them once in this time, not once each; short, so that an executor that connected just
-# before is in it.
+# of them begun up to this long before: a reconnect storm of thousands reads them once in this time,
+# not once each; short, so that an executor that connected just before is in it.
 LANGUAGES_READ_SECS = 1.0
 
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
@@ -384,7 +383,7 @@ class Hub:
         loop = asyncio.get_running_loop()
         held = self._languages.get((org, app))
         if held is None or loop.time() - held[0] > LANGUAGES_READ_SECS:
-            read = shared_task(self._read_languages(org, app))
+            read = shared_task(self.executors.healthy_languages(org, app))
             held = (loop.time(), read)
             self._languages[(org, app)] = held
 
@@ -394,10 +393,6 @@ class Hub:
 
             read.add_done_callback(forget_failed)
         return await asyncio.shield(held[1])
-
-    async def _read_languages(self, org: str, app: str) -> frozenset[str]:
-        peers = await self.executors.healthy_peers(org, app, LANGUAGES_READ_SECS)
-        return frozenset(p.language for p in peers if p.language)
 
     async def _close_elsewhere(self, instance: str, key: ExecutorKey, epoch: int) -> None:
         if self.elsewhere is None:

@@ -903,6 +903,19 @@ class ExecutorStore:
         read, _ = await self._shared_healthy(org, app, max_age)
         return read.peers
 
+    async def healthy_languages(self, org: str, app: str) -> frozenset[str]:
+        """The languages the app's HEALTHY executors' handshakes gave (those known). A read of its
+        own, not :meth:`healthy_peers`' shared one: a read made as an executor connects would be the
+        one the API's routing and peer choice take for a second after, without the executors that
+        connected in that second."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                """SELECT DISTINCT language FROM executors
+                   WHERE org = %s AND app = %s AND state = 'HEALTHY' AND language IS NOT NULL AND language <> ''""",
+                (org, app),
+            )
+            return frozenset(str(r["language"]) for r in await cur.fetchall())
+
     def forget_healthy(self, org: str, app: str) -> None:
         """The shared read of the app's healthy executors is stale (one of them failed a request):
         the next caller reads again."""
