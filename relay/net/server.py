@@ -20,8 +20,8 @@ Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("relay.http")
 
 _REQUEST_ID = HEADER.lower().encode()
-# The messages that begin an answer with headers: an HTTP response, a refused WebSocket handshake's.
-_ANSWER_STARTS = ("http.response.start", "websocket.http.response.start")
+# The message that begins an answer with headers (a refused WebSocket handshake's: relay.net.hub).
+_ANSWER_STARTS = ("http.response.start",)
 
 
 class RelayApp:
@@ -29,9 +29,10 @@ class RelayApp:
 
     Every HTTP request is served with its request id (:mod:`relay.core.requestid`) in force, from
     here, before the guard's refusals (a 401, a 413, a 503), and answered with it in its
-    ``X-Request-Id`` header; so is a refused WebSocket handshake. An accepted executor connection
-    is not served under the id: it lasts for hours, and the lines about the executor are no
-    longer about its handshake (nor are the recoveries its disconnection starts).
+    ``X-Request-Id`` header. A WebSocket scope goes to the hub as it came: its refusal's answer
+    gets an id where it is made (relay.net.hub), and an accepted executor connection is not served
+    under one: it lasts for hours, and the lines about the executor are no longer about its
+    handshake (nor are the recoveries its disconnection starts).
 
     An exception out of the HTTP app is a defect of Relay's: it is logged here, once, at ERROR with
     the request's method, path, id and traceback, and answered 500 with a problem (the API's own
@@ -43,7 +44,12 @@ class RelayApp:
         self.http = http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):  # the lifespan
+        if scope["type"] == "websocket":
+            # Its refusal's answer gets the id where it is made (relay.net.hub's _deny): a wrapper here
+            # would stay on every frame of an accepted executor's socket, and in its memory, for hours.
+            await self.websockets(scope, receive, send)
+            return
+        if scope["type"] != "http":  # the lifespan
             await self.http(scope, receive, send)
             return
         sent = next((value for name, value in scope["headers"] if name == _REQUEST_ID), None)
@@ -63,9 +69,6 @@ class RelayApp:
                 whole = True
             await send(message)
 
-        if scope["type"] == "websocket":
-            await self.websockets(scope, receive, with_request_id)
-            return
         with serving(request_id):
             try:
                 await self.http(scope, receive, with_request_id)
