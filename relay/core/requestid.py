@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 import re
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -40,6 +40,16 @@ def request_id_of(sent: str | None) -> str:
     if sent is not None and _SANE.fullmatch(sent):
         return sent
     return new_request_id()
+
+
+# The header as an ASGI scope and an answer's headers hold it.
+HEADER_BYTES = HEADER.lower().encode()
+
+
+def request_id_of_scope(scope: Mapping[str, Any]) -> str:
+    """The id of the request an ASGI ``scope`` is (its ``X-Request-Id`` if sane, :func:`request_id_of`)."""
+    sent = next((value for name, value in scope.get("headers", []) if name == HEADER_BYTES), None)
+    return request_id_of(sent.decode("latin-1") if sent is not None else None)
 
 
 def current_request_id() -> str | None:

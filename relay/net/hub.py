@@ -29,7 +29,7 @@ from relay.auth import KeyRing, Permission, hash_key
 from relay.config import RelayConfig
 from relay.core.ids import APP_NAME_RULE, MAX_APP_NAME, ExecutorKey, printable, valid_app_name
 from relay.core.lifecycle import ExecutorEvent, ExecutorState
-from relay.core.requestid import HEADER, request_id_of, shared_task
+from relay.core.requestid import HEADER_BYTES, request_id_of_scope, shared_task
 from relay.core.times import utc_seconds
 from relay.core.window import CountedWindow
 from relay.errors import DatabaseError, ExecutorNotConnected
@@ -57,8 +57,6 @@ GRACE_NOTE_SECS = 1.0
 # of them begun up to this long before: a reconnect storm of thousands reads them once in this time,
 # not once each; short, so that an executor that connected just before is in it.
 LANGUAGES_READ_SECS = 1.0
-
-_REQUEST_ID = HEADER.lower().encode()
 
 WEBSOCKET_PREFIXES = ("/websocket/", "/conductor/v1alpha1/websocket/")
 
@@ -615,8 +613,7 @@ async def _deny(scope: Scope, send: Send, status: int, code: str, message: str) 
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     if "websocket.http.response" in scope.get("extensions", {}):
         # Its request id, as every HTTP answer has (relay.net.server): the client's if sane.
-        sent = next((value for name, value in scope.get("headers", []) if name == _REQUEST_ID), None)
-        request_id = request_id_of(sent.decode("latin-1") if sent is not None else None)
+        request_id = request_id_of_scope(scope)
         await send(
             {
                 "type": "websocket.http.response.start",
@@ -624,7 +621,7 @@ async def _deny(scope: Scope, send: Send, status: int, code: str, message: str) 
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    (_REQUEST_ID, request_id.encode()),
+                    (HEADER_BYTES, request_id.encode()),
                 ],
             }
         )

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import uvicorn
 
 from relay.config import RelayConfig
-from relay.core.requestid import HEADER, request_id_of, serving
+from relay.core.requestid import HEADER_BYTES, request_id_of_scope, serving
 from relay.net.connection import Message, Receive, Scope, Send
 from relay.net.httpproto import RelayHttpProtocol
 from relay.net.wsproto import RelayWebSocketProtocol
@@ -19,7 +19,6 @@ Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("relay.http")
 
-_REQUEST_ID = HEADER.lower().encode()
 # The message that begins an answer with headers (a refused WebSocket handshake's: relay.net.hub).
 _ANSWER_STARTS = ("http.response.start",)
 
@@ -52,9 +51,8 @@ class RelayApp:
         if scope["type"] != "http":  # the lifespan
             await self.http(scope, receive, send)
             return
-        sent = next((value for name, value in scope["headers"] if name == _REQUEST_ID), None)
-        request_id = request_id_of(sent.decode("latin-1") if sent is not None else None)
-        answered = (_REQUEST_ID, request_id.encode())
+        request_id = request_id_of_scope(scope)
+        answered = (HEADER_BYTES, request_id.encode())
 
         status: int | None = None  # of the answer, once begun
         whole = False  # the answer's body has ended
@@ -62,7 +60,7 @@ class RelayApp:
         async def with_request_id(message: Message) -> None:
             nonlocal status, whole
             if message["type"] in _ANSWER_STARTS:
-                headers = [header for header in message.get("headers", []) if header[0].lower() != _REQUEST_ID]
+                headers = [header for header in message.get("headers", []) if header[0].lower() != HEADER_BYTES]
                 message = {**message, "headers": [*headers, answered]}
                 status = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
