@@ -26,8 +26,11 @@ from relay_protocol import unknown_type_reply
 T = TypeVar("T")
 
 
-def info_reply(request_id: str, executor_id: str, version: str = "v1", hostname: str = "simulated") -> str:
-    """The reply to ``executor_info`` that the DBOS SDK (3.2) sends."""
+def info_reply(
+    request_id: str, executor_id: str, version: str = "v1", hostname: str = "simulated", language: str | None = "python"
+) -> str:
+    """The reply to ``executor_info`` that the DBOS SDK (3.2) sends (``language``: another SDK's, or
+    None for one that does not say)."""
     return json.dumps(
         {
             "type": "executor_info",
@@ -35,7 +38,7 @@ def info_reply(request_id: str, executor_id: str, version: str = "v1", hostname:
             "executor_id": executor_id,
             "application_version": version,
             "hostname": hostname,
-            "language": "python",
+            "language": language,
             "dbos_version": "3.2.0",
             "executor_metadata": None,
         }
@@ -46,12 +49,14 @@ async def open_socket(url: str, **kwargs: Any) -> ClientConnection:
     return await connect(url, ping_interval=None, open_timeout=10, **kwargs)
 
 
-async def handshake(ws: ClientConnection, executor_id: str | None = None, version: str = "v1") -> str:
+async def handshake(
+    ws: ClientConnection, executor_id: str | None = None, version: str = "v1", language: str | None = "python"
+) -> str:
     """Answer Relay's executor_info; returns the executor id used."""
     request = json.loads(await ws.recv())
     assert request["type"] == "executor_info", request
     executor_id = executor_id or str(uuid.uuid4())
-    await ws.send(info_reply(request["request_id"], executor_id, version))
+    await ws.send(info_reply(request["request_id"], executor_id, version, language=language))
     return executor_id
 
 
@@ -81,7 +86,7 @@ class SimulatedPeer:
     replies wait (the socket reads on meanwhile: a slow executor). ``paired`` maps a
     message type to the types that release its replies: each reply to it waits until a request of
     one of those types comes after it, so a Relay that waits for the first reply before it sends the
-    second never gets one.
+    second never gets one. ``language``: the SDK's language its handshake gives (None: not given).
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class SimulatedPeer:
         hold: threading.Event | None = None,
         slow: dict[str, float] | None = None,
         paired: dict[str, Collection[str]] | None = None,
+        language: str | None = "python",
     ) -> None:
         if on_recovery not in ("close", "silent", "lie", "answer"):
             raise ValueError(f"unknown behaviour {on_recovery!r}")
@@ -105,6 +111,7 @@ class SimulatedPeer:
         self.on_recovery = on_recovery
         self.others = others
         self.version = version
+        self.language = language
         self.replies = {**(LIES if on_recovery == "lie" else {}), **(replies or {})}
         self.hold = hold
         self.slow = slow or {}
@@ -135,7 +142,7 @@ class SimulatedPeer:
 
     async def _run(self) -> None:
         self._ws = ws = await open_socket(self.url)
-        await handshake(ws, self.executor_id, self.version)
+        await handshake(ws, self.executor_id, self.version, self.language)
         self._ready.set()
         try:
             async for frame in ws:

@@ -1,11 +1,12 @@
 """Executors declared DEAD that come back together (a reconnect storm) are handled together
 (workflows.engine ``_drain_back``): one read of their recovery runs per batch, their records'
-writes combined, and a record whose write fails is retried alone without failing the others.
-Real Relay, real PostgreSQL, real sockets."""
+writes combined, and a record whose write fails is retried alone without failing the others; and
+the blocked recoveries an executor connecting wakes. Real Relay, real PostgreSQL, real sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import psycopg
@@ -15,8 +16,8 @@ from websockets.asyncio.client import ClientConnection
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.receiver import WebhookReceiver
-from harness.relay import RelayProcess, relay_yaml
-from harness.simulated import handshake, open_socket
+from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.simulated import SimulatedPeer, handshake, open_socket
 from harness.waiting import assert_eventually
 from tests.prom import scrape
 
@@ -159,6 +160,46 @@ def test_a_whole_app_back_from_the_dead_wakes_each_blocked_recovery_about_once(s
     asyncio.run(storm())
     woken = scrape(relay.http, "relay_recovery_wakeups_total")
     assert woken is not None and woken - before <= 3 * STORM, (before, woken)
+
+
+def test_an_executor_connecting_wakes_only_the_recoveries_waiting_for_a_peer_of_its_language(
+    start_relay: Any,
+) -> None:
+    """An app whose executors mix SDKs: a TypeScript and a Go executor died beside a healthy Python
+    one, and each one's recovery waits for a peer of its own language (``no_peer_of_its_language``).
+    Every executor connecting to the app woke both, whatever its language: each wake-up of a
+    recovery no connecting executor can serve cost it a few checkpoints and a read of the app's
+    peers, for nothing. A Go executor connecting wakes the Go executor's recovery alone; one whose
+    handshake gives no language fits any, and wakes the TypeScript executor's too."""
+    relay: RelayProcess = start_relay(grace=0.3, repairIntervalSecs=3600, pingWaitSecs=5.0)  # as above
+    url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+
+    def waits_for_its_language(executor_id: str) -> bool:
+        found = relay.executor("acme", "ledger", executor_id) or {}
+        return found.get("blockedReason") == "no_peer_of_its_language"
+
+    def wakeups() -> float:
+        woken = scrape(relay.http, "relay_recovery_wakeups_total")
+        assert woken is not None
+        return woken
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(SimulatedPeer(url, "lang-python", "answer"))
+        for dead, language in (("lang-ts", "typescript"), ("lang-go", "go")):
+            with SimulatedPeer(url, dead, "answer", language=language):
+                assert_eventually(lambda d=dead: relay.state_of("acme", "ledger", d) == "HEALTHY", 10)
+            # (It died as the block left: its socket cut.)
+            assert_eventually(lambda d=dead: waits_for_its_language(d), 15, what=f"{dead} waiting for its language")
+        before = wakeups()
+        stack.enter_context(SimulatedPeer(url, "lang-go-peer", "lie", language="go"))
+        assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, "lang-go"), 10, what="go dispatched")
+        # The Go recovery's wake-up is counted before its dispatch, as the TypeScript one's would be
+        # (sent with it, for the same connection).
+        assert wakeups() - before == 1, (before, wakeups())
+        assert waits_for_its_language("lang-ts")
+        stack.enter_context(SimulatedPeer(url, "lang-unsaid", "lie", language=None))
+        assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, "lang-ts"), 10, what="ts dispatched")
+        assert wakeups() - before == 2, (before, wakeups())
 
 
 def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_went_says_that(

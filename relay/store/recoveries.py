@@ -602,20 +602,29 @@ class RecoveryStore:
 
     async def blocked_in_app(self, org: str, app: str, peers: list[str] | None = None) -> list[str]:
         """Ids of this app's recoveries that wait for a peer or an operator; with ``peers`` (executors
-        of the app that connected), only those one of them may unblock: every one that waits for a
-        peer (``waiting_for_peer``), and those that wait for an operator (``version_upgrade_not_allowed``)
-        only if one of them runs the dead executor's version (or its version is not known). Each
-        wake-up costs a blocked recovery a few checkpoints: a deploy's new executors, on a version none
-        of them may use, wake none."""
+        of the app that connected), only those one of them may unblock: those that wait for a peer
+        (``waiting_for_peer``), except that one waiting for a peer of its executor's language
+        (``no_peer_of_its_language``) only if one of them runs that language's SDK (or its language
+        is not known), and those that wait for an operator (``version_upgrade_not_allowed``) only if
+        one of them runs the dead executor's version (or its version is not known). Each wake-up
+        costs a blocked recovery a few checkpoints and a read of the app's peers: a deploy's new
+        executors, on a version none of them may use, wake none, nor do a Python app's executors
+        connecting wake a TypeScript executor's recovery."""
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 """SELECT r.id FROM recoveries r
+                   LEFT JOIN executors d ON d.org = r.org AND d.app = r.app AND d.executor_id = r.executor_id
+                                        AND d.epoch = r.epoch
                    WHERE r.org = %(org)s AND r.app = %(app)s
                      AND r.status IN ('waiting_for_peer', 'awaiting_operator')
-                     AND (%(peers)s::text[] IS NULL OR r.status = 'waiting_for_peer' OR EXISTS (
+                     AND (%(peers)s::text[] IS NULL OR EXISTS (
                           SELECT 1 FROM unnest(%(peers)s::text[]) AS q(id)
                           LEFT JOIN executors p ON p.org = r.org AND p.app = r.app AND p.executor_id = q.id
-                          WHERE p.application_version IS NULL OR p.application_version = r.application_version))""",
+                          WHERE CASE WHEN r.status = 'waiting_for_peer'
+                                THEN d.blocked_reason IS DISTINCT FROM 'no_peer_of_its_language'
+                                     OR coalesce(d.language, '') = '' OR coalesce(p.language, '') IN ('', d.language)
+                                ELSE p.application_version IS NULL
+                                     OR p.application_version = r.application_version END))""",
                 {"org": org, "app": app, "peers": peers},
             )
             return [str(r["id"]) for r in await cur.fetchall()]
