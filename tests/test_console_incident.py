@@ -480,6 +480,41 @@ def test_a_recovery_ended_by_its_executors_return_is_not_shown_as_a_failure(worl
         expect(card).to_contain_text("the executor reconnected: it is back")
 
 
+def test_a_recovery_waiting_for_a_peer_of_its_language_says_so(world: World, page: Page) -> None:
+    """An app mixing SDKs (README: an app's executors in one language): a TypeScript executor died
+    beside a healthy Python one, and its recovery waits for a TypeScript peer
+    (``no_peer_of_its_language``). The card said "Waiting for a healthy peer", and, once a
+    TypeScript peer had been tried and lost, "Blocked: no healthy peer", while the app's executors
+    page listed a healthy one: on-call read that the app had none. The card names the wait for a
+    peer of the executor's language, and says which languages (the recovery's error). An app of
+    its own, so that no other test's executors are its peers."""
+    with world.relay.api() as api:
+        assert api.put("/apps/mixed").status_code in (201, 204)
+        assert api.patch("/apps/mixed", json={"executorTimeoutSecs": 0.5}).status_code == 200
+    url = f"ws://127.0.0.1:{world.relay.port}/websocket/mixed/{CONDUCTOR_KEYS['acme']}"
+    with SimulatedPeer(url, "mixed-python", "answer"):
+        with SimulatedPeer(url, "mixed-ts", "answer", language="typescript"):
+            assert_eventually(lambda: world.relay.state_of("acme", "mixed", "mixed-ts") == "HEALTHY", 10)
+        assert_eventually(lambda: (world.relay.executor("acme", "mixed", "mixed-ts") or {}).get("blockedReason")
+                          == "no_peer_of_its_language", 15)  # fmt: skip
+
+        def blocked_after_its_attempt() -> bool:
+            with world.relay.api() as api:
+                (run,) = api.get("/apps/mixed/recoveries", params={"executorId": "mixed-ts"}).json()
+            return run["status"] == "waiting_for_peer" and [a["outcome"] for a in run["attempts"]] == ["failed"]
+
+        # A TypeScript peer comes, is asked, and is lost (its socket closed as it is asked): none is left.
+        with SimulatedPeer(url, "mixed-ts-peer", "close", language="typescript"):
+            assert_eventually(blocked_after_its_attempt, 20, what="blocked again after its attempt failed")
+        admin(page, world)
+        go(page, "#/apps/mixed/recoveries?executor=mixed-ts")
+        card = page.locator('section.recovery:has(h2:has-text("mixed-ts"))').first
+        timeline = card.locator("ol.timeline")
+        expect(timeline).to_contain_text("Waiting for a healthy peer of its language")
+        expect(timeline).to_contain_text("Blocked: no healthy peer of its language")
+        expect(card).to_contain_text("(python), which cannot run a typescript executor's workflows")
+
+
 def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, page: Page) -> None:
     """An executor DISCONNECTED showed its state and since when, and nothing of when it would be
     declared DEAD: on-call had to find the app's grace period and add it up. The executors list and

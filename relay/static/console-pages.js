@@ -293,9 +293,13 @@ function step(cls, title, at, ...more) {
 function recoveryCard(ctx, app, r, recover) {
   const items = [step("bad", "DEAD", r.deadAt, h("span", {class: "note"}, ` executor declared dead (${r.trigger.replaceAll("_", " ")})`))];
   const waits = {"recovery.waiting_for_peer": "Waiting for a healthy peer", "recovery.awaiting_operator": "Waiting for an operator (version upgrade not allowed)"};
+  // A wait for a peer of the executor's own language (an app mixing SDKs) is said as such: "no healthy
+  // peer" read as if the app had none, beside the healthy executors of another language it lists.
+  const ofItsLanguage = (t) => t && t.detail && t.detail.reason === "no_peer_of_its_language";
+  const waitTitle = (t) => ofItsLanguage(t) ? "Waiting for a healthy peer of its language" : waits[t.action];
   const firstDispatch = r.attempts.length ? r.attempts[0].dispatchedAt : null;
   for (const t of r.timeline || []) {
-    if (waits[t.action] && (!firstDispatch || t.at <= firstDispatch)) items.push(step("warn", waits[t.action], t.at));
+    if (waits[t.action] && (!firstDispatch || t.at <= firstDispatch)) items.push(step("warn", waitTitle(t), t.at));
   }
   for (const a of r.attempts) {
     items.push(step("info", `Attempt ${a.attempt}: dispatched`, a.dispatchedAt || (a.outcome === "dispatched" ? a.at : null)));
@@ -316,7 +320,9 @@ function recoveryCard(ctx, app, r, recover) {
   if (back) items.push(step("ok", "Ended: the executor reconnected", back.at));
   const blocked = r.status === "waiting_for_peer" || r.status === "awaiting_operator";
   if (blocked && r.attempts.length) {
-    items.push(step("bad", r.status === "waiting_for_peer" ? "Blocked: no healthy peer" : "Blocked: awaiting an operator", r.updatedAt));
+    const lastWait = (r.timeline || []).filter((t) => waits[t.action]).pop();
+    const peerless = ofItsLanguage(lastWait) ? "Blocked: no healthy peer of its language" : "Blocked: no healthy peer";
+    items.push(step("bad", r.status === "waiting_for_peer" ? peerless : "Blocked: awaiting an operator", r.updatedAt));
   }
   // A way out, named on the card: the button (with a key that may write), and the command.
   const toLatest = r.status === "awaiting_operator";
