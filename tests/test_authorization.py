@@ -60,6 +60,7 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/metrics"): Rule(P.METRIC_READ, org=False),
     ("GET", "/v1/metrics"): Rule(P.METRIC_READ, org=False),  # Conductor's scrape path
     ("GET", "/v2/whoami"): ANY_KEY,
+    ("GET", "/v2/users/me"): ANY_KEY,  # Conductor's getCurrentUser, for the calling key (dbosctl whoami)
     ("GET", "/v2/orgs/{org}/whoami"): MEMBER,
     ("GET", "/v2/orgs/{org}/permissions"): MEMBER,
     ("GET", "/v2/orgs/{org}/events"): Rule(P.APPLICATION_READ),

@@ -191,6 +191,65 @@ def test_conductors_audit_log_is_an_array_of_its_documents_entries_with_the_call
     assert set(document["components"]["schemas"]["AuditLogEntry"]["required"]) == AUDIT_LOG_ENTRY_REQUIRED
 
 
+# dbosctl (github.com/dbos-inc/dbos-ctl at 7de0d90): what its client sends and reads. Every request
+# has "Authorization: Bearer <token>" (internal/client/client.go:57), the token $DBOS_TOKEN as it is
+# (internal/cli/common.go:175); the base URL is the profile's, to which the generated client adds
+# /v2/... (internal/api/client.gen.go). A 200 is decoded only with a Content-Type containing "json"
+# (client.gen.go:13385).
+DBOSCTL_USERS_ME = "/v2/users/me"  # getCurrentUser, internal/api/client.gen.go:6569
+
+
+def test_dbosctl_whoami_reads_the_calling_key_as_conductors_user_profile(relay: RelayProcess) -> None:
+    """``dbosctl whoami`` on a bearer profile asks ``GET /v2/users/me`` (internal/cli/whoami.go:51)
+    and prints the UserProfile's ``name``, ``email``, ``orgName``, ``subscriptionPlan`` and
+    ``isDbosAdmin`` (whoami.go:76-80); every org-scoped command of a profile without ``--org`` takes
+    its org from the same answer's ``orgName`` (internal/cli/common.go:135-142). Relay answered 404,
+    so ``dbosctl whoami`` failed and ``dbosctl app list`` needed ``--org``. It answers for the
+    calling key now: its name, org, permissions and apps; ``email`` and ``subscriptionPlan`` null
+    (a key has neither); ``createdAt`` the key's."""
+    with relay.client() as admin:
+        made = admin.post(
+            "/v2/orgs/acme/tokens/dbosctl-me", json={"permissions": ["application.read"], "appNames": ["ledger"]}
+        )
+        assert made.status_code == 201, said(made)
+        [listed] = [t for t in admin.get("/v2/orgs/acme/tokens").json() if t["tokenName"] == "dbosctl-me"]
+    secret = made.json()["token"]
+    for base in ("", "/conductor"):  # a self-hosted Conductor's base, and managed Conductor's
+        with httpx.Client(base_url=f"{relay.http}{base}", timeout=10, verify=TLS) as dbosctl:
+            me = dbosctl.get(DBOSCTL_USERS_ME, headers={"Authorization": f"Bearer {secret}"})
+            assert me.status_code == 200 and "json" in me.headers["content-type"], said(me)
+            profile = me.json()
+            assert profile == {
+                "name": "dbosctl-me",
+                "email": None,
+                "orgName": "acme",
+                "orgId": "acme",
+                "subscriptionPlan": None,
+                "createdAt": listed["createdAt"],
+                "org": "acme",
+                "tokenName": "dbosctl-me",
+                "permissions": ["application.read"],
+                "appNames": ["ledger"],
+            }, profile
+            # What dbosctl does next with it: the org of `dbosctl app list` (internal/cli/app.go:125).
+            apps = dbosctl.get(f"/v2/orgs/{profile['orgName']}/apps", headers={"Authorization": f"Bearer {secret}"})
+            assert apps.status_code == 200 and [a["name"] for a in apps.json()] == ["ledger"], said(apps)
+            # relay.yaml's admin key: every app.
+            admin_me = dbosctl.get(DBOSCTL_USERS_ME, headers={"Authorization": f"Bearer {API_KEYS['acme']}"})
+            assert admin_me.status_code == 200, said(admin_me)
+            assert (admin_me.json()["orgName"], admin_me.json()["appNames"]) == ("acme", None)
+            # No key, or a wrong one: 401 with a problem dbosctl prints (internal/cli/errors.go:51-53).
+            for headers in ({}, {"Authorization": "Bearer dbos_not-a-relay-key"}):
+                refused = dbosctl.get(DBOSCTL_USERS_ME, headers=headers)
+                assert refused.status_code == 401, said(refused)
+                assert refused.headers["content-type"] == "application/problem+json", said(refused)
+                assert "API key" in refused.json()["detail"], said(refused)
+    document = httpx.get(f"{relay.http}/openapi.json", verify=TLS).json()
+    schema = document["paths"][DBOSCTL_USERS_ME]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    profile_schema = document["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    assert {"name", "email", "orgName", "orgId", "subscriptionPlan", "createdAt"} <= set(profile_schema["required"])
+
+
 # Every body of an operation of Conductor's that Relay serves, each as small as it may be; acme's
 # ledger has no executor in this module, so those asked of an executor answer 503 once taken.
 SCHEMA_URL = "https://conductor.example/schemas/Body.json"

@@ -45,6 +45,21 @@ class WhoAmI(BaseModel):
     appNames: list[str] | None  # None: every app of the org
 
 
+class UserProfile(WhoAmI):
+    """Conductor's UserProfile (``getCurrentUser``), for the calling key, with whoami's members beside
+    it. Relay has keys, not users: the key is the identity (``name`` its name, ``createdAt`` when it
+    was made; null for a key deleted in the second before the key ring heard of it), and what a
+    user of a hosted account has and a key has not (an email, a subscription plan) is null, not made
+    up."""
+
+    name: str
+    email: str | None
+    orgName: str
+    orgId: str  # Relay knows an org by its name, as an app's orgId has it
+    subscriptionPlan: str | None
+    createdAt: str | None
+
+
 class Instance(BaseModel):
     instanceId: str
     live: bool
@@ -73,6 +88,24 @@ async def whoami(org: str, who: Member) -> WhoAmI:
 async def whoami_any_org(who: AnyKey) -> WhoAmI:
     """The calling key, of whichever org: its org, name, permissions and apps (401 without a valid key)."""
     return await whoami(who.org, who)
+
+
+@caller_router.get("/users/me", response_model=UserProfile)
+async def current_user(ctx: Ctx, who: AnyKey) -> UserProfile:
+    """Conductor's "get current user", for the calling key (401 without a valid key). ``dbosctl
+    whoami`` prints it, and dbosctl's other commands take their org from its ``orgName`` when their
+    profile names none: without it, a profile needed ``--org`` for every command."""
+    record = await ctx.keys.record(who.key_id)
+    me = await whoami(who.org, who)
+    return UserProfile(
+        **me.model_dump(),
+        name=who.name,
+        email=None,
+        orgName=who.org,
+        orgId=who.org,
+        subscriptionPlan=None,
+        createdAt=us_iso(record.created_at) if record is not None else None,
+    )
 
 
 @router.get("/permissions", response_model=list[Permission])

@@ -193,6 +193,13 @@ class KeyStore:
             )
             return [TokenRecord.from_row(r) for r in await cur.fetchall()]
 
+    async def record(self, key_id: str) -> TokenRecord | None:
+        """The key with this id, whatever its name now; None once it is gone."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute(f"SELECT {_COLUMNS} FROM tokens WHERE id = %s", (key_id,))
+            row = await cur.fetchone()
+            return TokenRecord.from_row(row) if row else None
+
     @staticmethod
     async def get(conn: Conn, org: str, name: str) -> TokenRecord | None:
         cur = await conn.execute(
