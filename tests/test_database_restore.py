@@ -112,6 +112,13 @@ def registry(relay: RelayProcess) -> dict[str, dict[str, Any]]:
         return {e["executorId"]: e for e in api.get("/apps/ledger/executors", params={"limit": 100}).json()}
 
 
+def one_more(relay: RelayProcess, known: dict[str, str]) -> dict[str, str] | None:
+    """The HEALTHY executors and each one's instance, once they are the ``known`` ones and one more:
+    an executor holding its jobs back, whose id the test learns only at its READY, past them."""
+    healthy = {k: v["relayInstance"] for k, v in registry(relay).items() if v["state"] == "HEALTHY"}
+    return healthy if len(healthy) == len(known) + 1 and healthy.items() > known.items() else None
+
+
 def carried(stream: Stream, got: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
     """``got`` with the changes the stream carried since: (event, its action or state, executor id)."""
     for name, data in stream.drain():
@@ -131,21 +138,31 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     r1.start()
     r2.start()
-    with TcpProxy(("127.0.0.1", r1.port)) as lb:
+    # The doomed executor holds its jobs back until just before its death (the gate): started as it
+    # launched, their 3 s sleep had to outlast the mover's start, the registry's wait and the backup
+    # (2.5 to 2.9 s beside a CPU burner), and with a backup 3 s slower they ended on it, before it died.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3", "RELAY_TEST_JOBS_GATE": str(gate)}
+    with TcpProxy(("127.0.0.1", r1.port)) as lb, ThreadPoolExecutor(1) as pool:
         peer = start_executor(r2.conductor_url, env=env)
-        doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"})
-        mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
-        before = {peer.executor_id: "relay-2", doomed.executor_id: "relay-1", mover.executor_id: "relay-1"}
-        assert_eventually(
-            lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == before,
-            20,
-        )
-        t0 = relay_pg.backup()
-        # A sequence logs 32 numbers ahead, so a restore takes it back only if more than that were
-        # drawn since: the seconds a failover loses in production hold hundreds of changes, these
-        # tens. The numbers of a busy minute, drawn (and burnt, as a rolled back write burns them).
-        with psycopg.connect(url) as conn:
-            conn.execute("SELECT nextval('audit_log_id_seq'), nextval('executor_changes') FROM generate_series(1, 100)")
+        launching = pool.submit(start_executor, r1.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
+            others = {peer.executor_id: "relay-2", mover.executor_id: "relay-1"}
+
+            before = assert_eventually(lambda: one_more(r1, others), 20, what="the doomed executor HEALTHY too")
+            t0 = relay_pg.backup()
+            # A sequence logs 32 numbers ahead, so a restore takes it back only if more than that were
+            # drawn since: the seconds a failover loses in production hold hundreds of changes, these
+            # tens. The numbers of a busy minute, drawn (and burnt, as a rolled back write burns them).
+            with psycopg.connect(url) as conn:
+                conn.execute(
+                    "SELECT nextval('audit_log_id_seq'), nextval('executor_changes') FROM generate_series(1, 100)"
+                )
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+        assert before == {**others, doomed.executor_id: "relay-1"}, before
 
         # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
         doomed.kill()
