@@ -466,24 +466,35 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peers = {**env, "RELAY_TEST_RECOVERY_DELAY": str(COLD_RECOVERY_DELAY)}
     jobs = {**peers, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": str(COLD_SLEEP)}
+    # The ghost holds its jobs back until just before its death (the gate): started as it launched,
+    # their sleep had to outlast the three executors' start, the dying one's grace period and its
+    # recovery's dispatch, 4.3 s of the 8 beside a CPU burner and more as the starts spread out.
+    gate = tmp_path / "ghost-jobs-gate"
+    ghost_jobs = {**jobs, "RELAY_TEST_JOB_PREFIX": "ghost", "RELAY_TEST_JOBS_GATE": str(gate)}
     with ThreadPoolExecutor(3) as pool:
         list(pool.map(RelayProcess.start, (r1, r2)))
         starting = [
             pool.submit(start_executor, r1.conductor_url, env=peers),
             pool.submit(start_executor, r1.conductor_url, env={**jobs, "RELAY_TEST_JOB_PREFIX": "dying"}),
-            pool.submit(start_executor, r2.conductor_url, env={**jobs, "RELAY_TEST_JOB_PREFIX": "ghost"}),
         ]
-        live, dying, ghost = (f.result() for f in starting)
-    owners = {live.executor_id: "relay-1"}
-    everyone = {**owners, dying.executor_id: "relay-1", ghost.executor_id: "relay-2"}
-    assert_eventually(
-        lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == everyone, 20
-    )
-    # At the backup: one executor's recovery in flight (its jobs asleep on a peer), another's grace.
-    dying.kill()
-    assert_eventually(
-        lambda: "recovery.dispatched" in audit_actions(r1, dying.executor_id), COLD_GRACE + 10, what="a recovery"
-    )
+        launching = pool.submit(start_executor, r2.conductor_url, env=ghost_jobs)  # READY past the gate
+        try:
+            live, dying = (f.result() for f in starting)
+            owners = {live.executor_id: "relay-1"}
+            known = {**owners, dying.executor_id: "relay-1"}
+
+            everyone = assert_eventually(lambda: one_more(r1, known), 20, what="the ghost HEALTHY too")
+            # At the backup: one executor's recovery in flight (its jobs asleep on a peer), another's grace.
+            dying.kill()
+            assert_eventually(
+                lambda: "recovery.dispatched" in audit_actions(r1, dying.executor_id),
+                COLD_GRACE + 10,
+                what="a recovery",
+            )
+        finally:
+            gate.touch()
+        ghost = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert everyone == {**known, ghost.executor_id: "relay-2"}, everyone
     ghost.kill()
     assert_eventually(lambda: r1.state_of("acme", "ledger", ghost.executor_id) == "DISCONNECTED", 5)
     t0 = relay_pg.backup()
