@@ -103,6 +103,18 @@ def slow_down_recovery(delay: float) -> None:
     DBOS._recover_pending_workflows = classmethod(delayed)  # type: ignore[method-assign,assignment]
 
 
+def hold_recovery(gate: str) -> None:
+    """Make this executor hold each recovery request until the file ``gate`` exists: a recovery in
+    flight for as long as a test needs it, where a delay would end at a time a loaded machine moves."""
+    original = DBOS._recover_pending_workflows
+
+    def held(cls: type[DBOS], executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - the SDK's signature
+        wait_for_gate(gate)
+        return original(executor_ids)
+
+    DBOS._recover_pending_workflows = classmethod(held)  # type: ignore[method-assign,assignment]
+
+
 def log_recoveries(path: str) -> None:
     """Append a JSON line (wall-clock time, executor ids, workflows recovered) to ``path``
     each time this executor has served a recovery request, right before it replies."""
@@ -151,6 +163,8 @@ def main() -> None:
         prepare_evidence()
     if ENV.get("RELAY_TEST_RECOVERY_DELAY"):
         slow_down_recovery(float(ENV["RELAY_TEST_RECOVERY_DELAY"]))
+    if ENV.get("RELAY_TEST_RECOVERY_GATE"):
+        hold_recovery(ENV["RELAY_TEST_RECOVERY_GATE"])
     if ENV.get("RELAY_TEST_RECOVERY_LOG"):
         log_recoveries(ENV["RELAY_TEST_RECOVERY_LOG"])
     DBOS(config=config)

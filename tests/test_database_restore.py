@@ -444,10 +444,6 @@ def test_a_plain_restart_of_the_database_sends_no_entry_twice_and_loses_none(rel
 # retries each second) well within it; the deaths it waits out are those of the story.
 COLD_GRACE = 4.0
 COLD_SLEEP = 8.0  # the dead executors' jobs: asleep (durably) until both are dead
-# Each executor takes this long over a recovery request: the recovery is in flight at the backup.
-# It goes to either executor left (rendezvous hashing on random ids): to the live one, or to the one
-# killed next, at whose death it fails and is sent again, to the live one; in flight either way.
-COLD_RECOVERY_DELAY = 3.0
 
 
 def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_live(
@@ -464,7 +460,13 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
     r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
     relays.extend((r1, r2))
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    peers = {**env, "RELAY_TEST_RECOVERY_DELAY": str(COLD_RECOVERY_DELAY)}
+    # Each executor holds a recovery request until the backup is taken (the gate): the recovery is in
+    # flight at the backup. It goes to either executor left (rendezvous hashing on random ids): to the
+    # live one, or to the one killed next, at whose death it fails and is sent again, to the live one;
+    # in flight either way. Each took 3 s over it before, and the recovery ended before the backup
+    # when the ghost's death, its noticing and the backup took longer than that.
+    held = tmp_path / "recovery-gate"
+    peers = {**env, "RELAY_TEST_RECOVERY_GATE": str(held)}
     jobs = {**peers, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": str(COLD_SLEEP)}
     # The ghost holds its jobs back until just before its death (the gate): started as it launched,
     # their sleep had to outlast the three executors' start, the dying one's grace period and its
@@ -497,7 +499,10 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
     assert everyone == {**known, ghost.executor_id: "relay-2"}, everyone
     ghost.kill()
     assert_eventually(lambda: r1.state_of("acme", "ledger", ghost.executor_id) == "DISCONNECTED", 5)
-    t0 = relay_pg.backup()
+    try:
+        t0 = relay_pg.backup()
+    finally:
+        held.touch()
     with psycopg.connect(url) as conn:
         states = dict(conn.execute("SELECT executor_id, state FROM executors").fetchall())
         running = conn.execute(
