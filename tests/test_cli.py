@@ -598,7 +598,7 @@ def test_a_command_to_copy_reads_back_as_its_arguments_when_one_starts_with_a_da
 def test_the_audit_tables_detail_is_cut_and_its_help_says_json_has_it_whole(world: World, cli: Cli) -> None:
     """An entry's detail longer than the table's DETAIL column (a settings change: before and after)
     is cut there; ``--help`` says so, and ``--json`` has it whole."""
-    timeout = api_json(world, "GET", "/apps/ledger")["executorTimeoutSecs"]
+    timeout = api_json(world, "GET", "/apps/ledger")["gracePeriodSecs"]
     api_json(world, "PATCH", "/apps/ledger", json={"executorTimeoutSecs": timeout})  # as it is: an entry
     args = ("audit", "--app", "ledger", "--action", "settings.updated", "--desc", "--limit", "1")
     (row,) = ok(cli(*args)).table()
@@ -697,7 +697,7 @@ def test_apps_show_set_create_and_delete(world: World, cli: Cli) -> None:
     assert ok(cli("apps", "create", "cli-app", "--json")).json() == {"name": "cli-app", "registered": True}
 
     shown = ok(cli("apps", "show", "cli-app")).out
-    grace = output.seconds(app["executorTimeoutSecs"])  # the server's default for an app registered so
+    grace = output.seconds(app["gracePeriodSecs"])  # the server's default for an app registered so
     for line in ("app:       cli-app", "status:    UNAVAILABLE", f"grace:     {grace}", "gc time:   604800s",
                  "gc rows:   1000", "timeout:   -"):  # fmt: skip
         assert f"\n{line}\n" in f"\n{shown}", (line, shown)

@@ -250,6 +250,61 @@ def test_dbosctl_whoami_reads_the_calling_key_as_conductors_user_profile(relay: 
     assert {"name", "email", "orgName", "orgId", "subscriptionPlan", "createdAt"} <= set(profile_schema["required"])
 
 
+# The members of dbosctl's Application (internal/api/client.gen.go, "type Application struct") and the
+# JSON types Go's encoding/json decodes into their Go types (None: a pointer's null). A value of
+# another type fails the whole answer's decoding: dbosctl prints the error and no app at all.
+DBOSCTL_APPLICATION: dict[str, tuple[type | None, ...]] = {
+    "name": (str,),
+    "id": (str,),
+    "status": (str,),
+    "language": (str, None),
+    "orgId": (str,),
+    "dbosCloud": (bool,),
+    "privateMode": (bool,),
+    "executorTimeoutSecs": (int,),  # int64
+    "gcRowsThreshold": (int, None),
+    "gcTimeThresholdMs": (int, None),
+    "globalTimeoutMs": (int, None),
+}
+
+
+def decodes_as_dbosctls_application(app: dict[str, Any]) -> bool:
+    return all(
+        type(app[name]) in types or (app[name] is None and None in types) for name, types in DBOSCTL_APPLICATION.items()
+    )
+
+
+def test_dbosctl_app_list_and_get_decode_an_app_whose_grace_period_has_a_fraction(relay: RelayProcess) -> None:
+    """``dbosctl app list`` and ``app get`` (internal/cli/app.go:125, :213) decode each app into their
+    Application, whose ``executorTimeoutSecs`` is an int64 (client.gen.go; conductor-api.md's
+    generated spec has it ``"type": "integer"``), and print it (app.go:382). Relay allows a grace
+    period with a fraction of a second and served it there as it was: an app set to 2.5 s made Go's
+    decoding of the whole list fail, so dbosctl listed no app of the org. ``executorTimeoutSecs`` is
+    the grace period rounded up to a whole second now, and Relay's ``gracePeriodSecs`` the one set."""
+    app = "/v2/orgs/acme/apps/dbosctl-grace"
+    with relay.client() as api:
+        assert api.put(app, json={}).status_code == 204  # dbosctl app register (app.go:148) sends {}
+        try:
+            # As `relay apps set dbosctl-grace --grace 2.5s` sends it (Relay's own CLI: a fraction).
+            set_to = api.patch(app, json={"executorTimeoutSecs": 2.5})
+            assert set_to.status_code == 200, said(set_to)
+            listed = api.get("/v2/orgs/acme/apps")  # no parameter, as dbosctl sends it
+            assert listed.status_code == 200, said(listed)
+            [in_list] = [a for a in listed.json() if a["name"] == "dbosctl-grace"]
+            for answer in (in_list, api.get(app).json()):
+                assert decodes_as_dbosctls_application(answer), answer
+                assert (answer["executorTimeoutSecs"], answer["gracePeriodSecs"]) == (3, 2.5), answer
+            assert all(decodes_as_dbosctls_application(a) for a in listed.json()), listed.json()
+            # dbosctl app update --executor-timeout-secs 4 (app.go:306) sends an integer; it is kept as it is.
+            updated = api.patch(app, json={"executorTimeoutSecs": 4})
+            assert (updated.json()["executorTimeoutSecs"], updated.json()["gracePeriodSecs"]) == (4, 4), said(updated)
+        finally:
+            assert api.delete(app).status_code == 204  # dbosctl app delete --force (app.go:188)
+    document = httpx.get(f"{relay.http}/openapi.json", verify=TLS).json()
+    schema = document["components"]["schemas"]["Application"]["properties"]["executorTimeoutSecs"]
+    assert schema["type"] == "integer", schema
+
+
 # Every body of an operation of Conductor's that Relay serves, each as small as it may be; acme's
 # ledger has no executor in this module, so those asked of an executor answer 503 once taken.
 SCHEMA_URL = "https://conductor.example/schemas/Body.json"

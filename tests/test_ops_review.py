@@ -74,13 +74,13 @@ def test_an_app_of_relay_yaml_deleted_and_back_keeps_its_relay_yaml_settings(
     relay = start_relay(config)
     with relay.api() as api:
         before = api.get("/apps/ledger").json()
-        assert (before["executorTimeoutSecs"], before["gcTimeThresholdMs"]) == (2.5, 3_600_000)
+        assert (before["gracePeriodSecs"], before["gcTimeThresholdMs"]) == (2.5, 3_600_000)
         assert api.delete("/apps/ledger").status_code in (204, 409)  # a 409 would keep them too
     executor = start_executor(relay.conductor_url)
     assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
     with relay.api() as api:
         after = api.get("/apps/ledger").json()
-    assert (after["executorTimeoutSecs"], after["gcTimeThresholdMs"]) == (2.5, 3_600_000), (
+    assert (after["gracePeriodSecs"], after["gcTimeThresholdMs"]) == (2.5, 3_600_000), (
         "relay.yaml's settings of the app are lost once it is deleted and comes back"
     )
 

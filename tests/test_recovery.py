@@ -451,8 +451,10 @@ def test_patch_validates_and_audits(start_relay: StartRelay) -> None:
             assert resp.json()["error"]["code"] == "invalid_request"
         assert api.patch("/apps/nope", json={"executorTimeoutSecs": 5}).status_code == 404
         resp = api.patch("/apps/ledger", json={"executorTimeoutSecs": 12.5})
-        assert resp.status_code == 200 and resp.json()["executorTimeoutSecs"] == 12.5
-        assert api.get("/apps/ledger").json()["executorTimeoutSecs"] == 12.5
+        # Relay's gracePeriodSecs is the one set; Conductor's executorTimeoutSecs an integer, rounded up.
+        assert resp.status_code == 200, resp.text
+        assert (resp.json()["gracePeriodSecs"], resp.json()["executorTimeoutSecs"]) == (12.5, 13)
+        assert api.get("/apps/ledger").json()["gracePeriodSecs"] == 12.5
     # The five invalid bodies are audited as refused attempts (422; written off the answer's path), the
     # change once; the unknown app not.
     audit = assert_eventually(lambda: _six_entries(relay), 10, what="the refusals audited")

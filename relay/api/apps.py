@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
@@ -87,8 +88,8 @@ class AppSettings(ConductorBody):
 class Application(Shape):
     """Conductor's Application (``id``, ``name``, ``orgId``, ``status``, ``language``, settings...),
     with Relay's own members beside it (``org``, ``executors`` by state and by version, ``blocked`` by reason,
-    ``languages`` of its executors' SDKs, ``recoverToLatestVersion``).
-    The retention settings are null when off; ``executorTimeoutSecs`` may have a fraction of a second."""
+    ``languages`` of its executors' SDKs, ``recoverToLatestVersion``, ``gracePeriodSecs``).
+    The retention settings are null when off."""
 
     id: str
     name: str
@@ -101,7 +102,12 @@ class Application(Shape):
     privateMode: bool
     dbosCloud: bool
     org: str
-    executorTimeoutSecs: int | float  # whole seconds as an integer, as Conductor has it (AppRecord.settings)
+    # Conductor's int64, which its clients decode as one: dbosctl failed on 2.5, so that no app of the
+    # org was listed. The grace period rounded up to a whole second (a sub-second one is not 0, "none").
+    executorTimeoutSecs: int
+    # The grace period as set, a fraction of a second included (Relay allows one): what Relay's
+    # console and CLI show.
+    gracePeriodSecs: int | float
     recoverToLatestVersion: bool
     executors: dict[ExecutorState, int]
     executorsByVersion: dict[str, dict[str, int]]
@@ -113,6 +119,8 @@ class Application(Shape):
 
 
 def application(app: AppRecord) -> Application:
+    settings = app.settings()
+    grace = settings.pop("executorTimeoutSecs")
     return Application(
         id=app.name,
         name=app.name,
@@ -122,7 +130,9 @@ def application(app: AppRecord) -> Application:
         privateMode=False,
         dbosCloud=False,
         org=app.org,
-        **app.settings(),
+        **settings,
+        executorTimeoutSecs=math.ceil(grace),
+        gracePeriodSecs=grace,
         executors=dict(app.counts),
         executorsByVersion=app.versions,
         blocked=app.blocked,

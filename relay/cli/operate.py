@@ -63,7 +63,7 @@ def apps(api: Api, limit: int, offset: int) -> None:
             a["name"],
             a["status"],
             *(a["executors"].get(s, 0) for s in STATES),
-            seconds(a["executorTimeoutSecs"]),
+            seconds(grace_of(a)),
             a["recoverToLatestVersion"],
             when(a["createdAt"]),
         ]
@@ -71,6 +71,12 @@ def apps(api: Api, limit: int, offset: int) -> None:
     ]
     show_table(["app", "status", *STATES, "grace", "to latest", "created"], rows, f"no apps in org {api.org!r}")
     page_hint(len(found), limit, offset)
+
+
+def grace_of(a: dict[str, Any]) -> float:
+    """An app's grace period as set: ``executorTimeoutSecs`` is rounded up to whole seconds for
+    Conductor's clients; an older Relay's has no ``gracePeriodSecs`` and served it exactly there."""
+    return float(a.get("gracePeriodSecs", a["executorTimeoutSecs"]))
 
 
 def _milliseconds(value: int | None) -> str | None:
@@ -94,7 +100,7 @@ def _show_app(a: dict[str, Any]) -> None:
         ("blocked", blocked),
         # Every language its executors run (more than one loses work: README); an older Relay's, one.
         ("language", ", ".join(a.get("languages") or []) or a["language"]),
-        ("grace", seconds(a["executorTimeoutSecs"])),
+        ("grace", seconds(grace_of(a))),
         ("to latest", a["recoverToLatestVersion"]),
         # Off (null) shows as "-"; the retention options take "off" for it.
         ("gc time", _milliseconds(a["gcTimeThresholdMs"])),
