@@ -515,6 +515,36 @@ def test_a_recovery_waiting_for_a_peer_of_its_language_says_so(world: World, pag
         expect(card).to_contain_text("(python), which cannot run a typescript executor's workflows")
 
 
+def test_an_apps_grace_period_is_shown_as_set_also_from_the_release_before(world: World, page: Page) -> None:
+    """The Apps page's Grace period is the one set, a fraction included: ``versions`` has 0.5 s
+    (relay.yaml), which the API's ``executorTimeoutSecs`` rounds up to 1 for Conductor's clients
+    and ``gracePeriodSecs`` keeps. In a rolling upgrade the list may come from an instance of the
+    release before, which had no ``gracePeriodSecs`` and served the value set in
+    ``executorTimeoutSecs`` (the CLI reads either): the column read "undefined s". That answer is
+    Relay's own with ``gracePeriodSecs`` taken out and ``executorTimeoutSecs`` as the value set."""
+    admin(page, world)
+    apps = page.get_by_role("table", name="Apps")
+
+    def grace_of(app: str) -> Any:
+        return apps.locator("tbody tr", has=page.get_by_role("link", name=app, exact=True)).locator("td").last
+
+    expect(grace_of("versions")).to_have_text("0.5 s")
+
+    older_answers = []
+
+    def as_the_release_before(route: Route) -> None:
+        older_answers.append(route.request.url)
+        answer = route.fetch()
+        older = [{k: v for k, v in a.items() if k != "gracePeriodSecs"} | {"executorTimeoutSecs": a["gracePeriodSecs"]}
+                 for a in answer.json()]  # fmt: skip
+        route.fulfill(response=answer, json=older)
+
+    page.route("**/v2/orgs/acme/apps?*", as_the_release_before)
+    page.reload()
+    expect(grace_of("versions")).to_have_text("0.5 s")
+    assert older_answers, "the page was not answered as the release before answers"
+
+
 def test_a_disconnected_executor_says_when_it_is_declared_dead(world: World, page: Page) -> None:
     """An executor DISCONNECTED showed its state and since when, and nothing of when it would be
     declared DEAD: on-call had to find the app's grace period and add it up. The executors list and

@@ -133,7 +133,9 @@ function appsPage(ctx) {
               Object.entries(a.blocked).map(([r, k]) => `${r.replaceAll("_", " ")} (${k})`).join(", "), " ",
               link(["apps", a.name, "recoveries"], "see recoveries"));
           }],
-          ["Grace period", (a) => `${a.gracePeriodSecs} s`, {num: true}],
+          // As set (a fraction included); the release before had no gracePeriodSecs and served the
+          // value set in executorTimeoutSecs, which a rolling upgrade may answer this page with.
+          ["Grace period", (a) => `${a.gracePeriodSecs ?? a.executorTimeoutSecs} s`, {num: true}],
         ], apps, {rowAttrs: (a) => (blocked(a) ? {class: "blocked-row"} : {}), empty: "No apps yet: connect an executor."}),
         pager("Apps pages", {offset, limit: PAGE, shown: apps.length, go: (o) => ctx.go([], {offset: o})}),
       ];
