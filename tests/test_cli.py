@@ -714,6 +714,13 @@ def test_apps_show_set_create_and_delete(world: World, cli: Cli) -> None:
     assert api_json(world, "GET", "/apps/cli-app")["gcRowsThreshold"] is None
     # `relay apps` alone lists as it did, the new app among them.
     assert {r["APP"] for r in ok(cli("apps")).table()} >= {"ledger", "cli-app"}
+    # A grace period with a fraction shows as set, where the API's executorTimeoutSecs (Conductor's
+    # integer) has it rounded up to 3.
+    table = ok(cli("apps", "set", "cli-app", "--grace", "2.5s")).out
+    assert re.search(r"^grace:     2\.5s$", table, re.M), table
+    assert api_json(world, "GET", "/apps/cli-app")["executorTimeoutSecs"] == 3
+    assert [r["GRACE"] for r in ok(cli("apps")).table() if r["APP"] == "cli-app"] == ["2.5s"]
+    assert ok(cli("apps", "set", "cli-app", "--grace", "2m")).code == 0  # as it was, for what follows
 
     # Refusals: nothing to change, a value the API refuses (one line, exit 2), no such app, a viewer key.
     assert cli("apps", "set", "cli-app").code == EXIT_USAGE
