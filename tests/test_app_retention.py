@@ -363,6 +363,37 @@ def test_a_skip_that_goes_on_is_audited_again_before_retention_prunes_its_entry(
     assert skip_audit_secs(1.0) == 43200.0 and skip_audit_secs(0.01) == 432.0
 
 
+def test_rounds_skipped_together_for_a_new_reason_audit_it_once(relay_db: str) -> None:
+    """Rounds outlast their interval on a loaded machine, so two of an app's may end together. Each
+    compared its reason with the app's previous round, read before either had written its own: both
+    saw the older reason and both audited the new one (a full run at load 8 audited it twice). The
+    skips of an app now take their turn: the second sees the first's round."""
+
+    async def scenario() -> list[str]:
+        db = Database(relay_db)
+        await db.open()
+        await db.migrate()
+        lease = Lease(db, "relay-1", 30)
+        await lease.acquire()
+        try:
+            await AppStore(db).sync_config(RelayConfig.model_validate(config()))
+            store = AppRetentionStore(db)
+            assert await store.skipped("r0", "acme", "ledger", "no executor", "d0", 86400.0)
+            await asyncio.gather(
+                *(store.skipped(f"r{i}", "acme", "ledger", "refused", f"d{i}", 86400.0) for i in range(1, 9))
+            )
+            async with db.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT detail->>'error' AS error FROM audit_log WHERE action = 'retention.skipped' ORDER BY id"
+                )
+                return [str(r["error"]) for r in await cur.fetchall()]
+        finally:
+            await lease.stop()
+            await db.close()
+
+    assert asyncio.run(scenario()) == ["no executor", "refused"]
+
+
 def test_a_repeated_skips_since_has_six_fraction_digits_even_on_a_whole_second(relay_db: str) -> None:
     """``skippedSince`` is one of Relay's own times, written as every other (README "API"): six fraction
     digits and ``Z``. It was ``isoformat()``'s, which leaves the fraction out on a whole second, so

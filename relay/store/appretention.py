@@ -23,6 +23,10 @@ from relay.core.times import us_iso
 from relay.store.audit import AuditEntry, Conn, audited_detail, write_audit
 from relay.store.db import Database
 
+# The first key of the advisory lock an app's skips take (:meth:`AppRetentionStore.skipped`), the
+# second being a hash of the app's org and name.
+SKIPS_LOCK_CLASS = 7_310_001
+
 
 @dataclass(frozen=True)
 class RetentionRound:
@@ -86,6 +90,10 @@ class AppRetentionStore:
         every interval it was 144 entries a day at the default; once per reason, the entry was
         pruned after auditDays and nothing said the app was still skipped. Whether audited."""
         async with self.db.fenced() as conn:
+            # An app's skips take their turn: rounds outlast their interval on a loaded machine, and two
+            # that ended together each read the other's round as not written yet, saw the older reason,
+            # and both audited the new one. (Two int keys: a space apart from the one-key locks'.)
+            await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SKIPS_LOCK_CLASS, f"{org}/{app}"))
             cur = await conn.execute(
                 """SELECT status, error FROM app_retention_rounds WHERE org = %s AND app = %s AND id <> %s
                    ORDER BY sent_at DESC LIMIT 1""",
