@@ -307,20 +307,26 @@ def test_relay_killed_during_a_grace_period_declares_dead_at_the_original_deadli
 
 
 def test_relay_killed_between_dispatch_and_delete_finishes_once(
-    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+    tmp_path: Path, start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
     # The grace period outlasts the SDK's one-second reconnect after Relay restarts.
     relay = start_relay(grace=2.0)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    # The only peer takes 3 s over a recovery: the window in which Relay dies.
-    a2 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_RECOVERY_DELAY": "3"})
+    # The only peer holds a recovery request until Relay is dead (the gate): the window in which it
+    # dies. It took 3 s over it before, and the workflows finished before Relay's death when noticing
+    # the dispatch and the kill took longer than that (a loaded machine).
+    held = tmp_path / "recovery-gate"
+    a2 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_RECOVERY_GATE": str(held)})
     a1 = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "3"})
     a1.kill()
-    assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, a1.executor_id), 10, interval=0.02)
-    assert relay.proc is not None
-    relay.proc.kill()
-    relay.proc.wait()
-    assert Evidence(evidence_db).outcomes() == {}
+    try:
+        assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, a1.executor_id), 10, interval=0.02)
+        assert relay.proc is not None
+        relay.proc.kill()
+        relay.proc.wait()
+        assert Evidence(evidence_db).outcomes() == {}
+    finally:
+        held.touch()
     relay.start()
     outcomes = assert_eventually(lambda: all_outcomes(Evidence(evidence_db), 6), 60)
     assert set(outcomes.values()) == {a2.executor_id}
