@@ -107,17 +107,26 @@ def start_victim(start_executor: StartExecutor, relay: RelayProcess, evidence_db
 
 
 def test_database_killed_mid_recovery_then_back_recovers_once(
-    relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer, start_executor: StartExecutor,
-    evidence_db: str,
+    tmp_path: Path, relay_on_own_db: Callable[..., RelayProcess], relay_pg: PostgresServer,
+    start_executor: StartExecutor, evidence_db: str,
 ) -> None:  # fmt: skip
     relay = relay_on_own_db(1.0)
-    # The peer takes 2 s over the recovery frame: the database dies while it works.
+    # The peer holds the recovery frame until the database is dead (the gate): the database dies
+    # while it works, and its reply comes during the outage. It took 2 s over it before, and replied
+    # before the database died when noticing the dispatch took longer than that (a loaded machine).
+    held = tmp_path / "recovery-gate"
     peer = start_executor(relay.conductor_url, env={"RELAY_TEST_EVIDENCE": evidence_db,
-                                                    "RELAY_TEST_RECOVERY_DELAY": "2"})  # fmt: skip
+                                                    "RELAY_TEST_RECOVERY_GATE": str(held)})  # fmt: skip
     victim = start_victim(start_executor, relay, evidence_db, 4)
     victim.kill()
-    assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, victim.executor_id), 15, interval=0.02)
-    outage(relay_pg)
+    try:
+        assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, victim.executor_id), 15, interval=0.02)
+        relay_pg.kill9()
+        assert Evidence(evidence_db).outcomes() == {}, "the recovery ended before the database died"
+    finally:
+        held.touch()
+    time.sleep(OUTAGE_SECS)
+    relay_pg.start()
     recovered_once(relay, Evidence(evidence_db), victim.executor_id, peer.executor_id, 4)
     assert relay.proc is not None and relay.proc.poll() is None  # rode it out, no restart
 
