@@ -26,7 +26,7 @@ from harness.executors import Evidence, ExecutorProcess
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.relay import RelayProcess, audit_actions, list_all, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
 from harness.web import TLS
@@ -158,19 +158,38 @@ def test_a_reconnect_through_another_instance_moves_ownership_and_ends_the_old_g
         assert "executor.dead" not in audit_actions(r1, ex.executor_id)
 
 
+def owners(relay: RelayProcess, known: dict[str, str]) -> dict[str, str] | None:
+    """Each executor's instance, once they are the ``known`` ones and one more: an executor holding
+    its jobs back, whose id the test learns only at its READY, past them."""
+    with relay.api() as api:
+        found = {e["executorId"]: e["relayInstance"] for e in list_all(api, "/apps/ledger/executors", {})}
+    return found if len(found) == len(known) + 1 and found.items() > known.items() else None
+
+
 def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
-    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
+    tmp_path: Path, start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
     lease, grace = 2.0, 5.0
     r1, r2, r3 = instances(start_relay, 3, grace=grace, instanceLeaseSecs=lease)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
+    # The doomed executor holds its jobs back until just before its death (the gate): started as it
+    # launched, their 6 s sleep had to outlast the next executor's start and the registry's waits, and
+    # ended on it, before it died, when a loaded machine took longer. Their 1 s sleep now has to outlast
+    # only the moment from READY to the kill.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "1", "RELAY_TEST_JOBS_GATE": str(gate)}
     peer = start_executor(r2.conductor_url, env=env)
-    doomed = start_executor(r1.conductor_url, env={**env, "RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "6"})
-    # Connected only to instance 1: once it is gone, this one cannot reconnect anywhere.
-    stranded = start_executor(r1.conductor_url, env=env)
-    for ex, owner in ((peer, "relay-2"), (doomed, "relay-1"), (stranded, "relay-1")):
-        assert_eventually(lambda ex=ex, owner=owner: (executor(r3, ex.executor_id) or {}).get("relayInstance") == owner,
-                          10)  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_executor, r1.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            # Connected only to instance 1: once it is gone, this one cannot reconnect anywhere.
+            stranded = start_executor(r1.conductor_url, env=env)
+            known = {peer.executor_id: "relay-2", stranded.executor_id: "relay-1"}
+            everyone = assert_eventually(lambda: owners(r3, known), 10, what="the doomed executor on relay-1 too")
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert everyone == {**known, doomed.executor_id: "relay-1"}, everyone
 
     doomed.kill()
     disconnected = assert_eventually(
