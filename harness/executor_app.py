@@ -92,17 +92,6 @@ def job(sleep_secs: float) -> str:
     return "done"
 
 
-def slow_down_recovery(delay: float) -> None:
-    """Make this executor take ``delay`` seconds over a recovery request (a test's window)."""
-    original = DBOS._recover_pending_workflows
-
-    def delayed(cls: type[DBOS], executor_ids: list[str] = ["local"]) -> Any:  # noqa: B006 - the SDK's signature
-        time.sleep(delay)
-        return original(executor_ids)
-
-    DBOS._recover_pending_workflows = classmethod(delayed)  # type: ignore[method-assign,assignment]
-
-
 def hold_recovery(gate: str) -> None:
     """Make this executor hold each recovery request until the file ``gate`` exists: a recovery in
     flight for as long as a test needs it, where a delay would end at a time a loaded machine moves."""
@@ -161,8 +150,6 @@ def main() -> None:
     }
     if EVIDENCE_URL:
         prepare_evidence()
-    if ENV.get("RELAY_TEST_RECOVERY_DELAY"):
-        slow_down_recovery(float(ENV["RELAY_TEST_RECOVERY_DELAY"]))
     if ENV.get("RELAY_TEST_RECOVERY_GATE"):
         hold_recovery(ENV["RELAY_TEST_RECOVERY_GATE"])
     if ENV.get("RELAY_TEST_RECOVERY_LOG"):
