@@ -10,7 +10,11 @@ RELAY_TEST_APP_VERSION) and:
 - RELAY_TEST_FAILURES: how many ``failing`` workflows to run (each raises) once launched;
 - RELAY_TEST_HOLD_QUEUE: how many ``job`` workflows to enqueue on the queue ``serial``
   (concurrency 1) behind a ``blocker`` that waits an hour, so they stay ENQUEUED;
-- RELAY_TEST_HOLD_QUEUE_NAME: that queue's name, if not ``serial``.
+- RELAY_TEST_HOLD_QUEUE_NAME: that queue's name, if not ``serial``;
+- RELAY_TEST_HOLD_FAILURES: a file; each workflow that fails after READY holds its ERROR status
+  write (stamped when it began) uncommitted until this executor has answered two counts of failed
+  workflows (``get_workflow_aggregates``) begun after the stamp, then appends a JSON line (workflow
+  id, counts, seconds held) to the file: a late commit, as a loaded machine makes one, made certain.
 
 Prints ``READY <executor_id>`` once it has done all that.
 """
@@ -19,10 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos._sys_db import SystemDatabase
 from dbos._utils import GlobalParams
 
 ENV = os.environ
@@ -44,6 +52,55 @@ def prepare() -> None:
                    name text NOT NULL, message text NOT NULL, metadata jsonb NOT NULL, executor_id text NOT NULL,
                    at timestamptz NOT NULL DEFAULT clock_timestamp())"""
         )
+
+
+# Counts of failed workflows a held status write waits for, begun after its stamp: Relay takes the
+# first one's moment before it asks, which may be before the stamp; the second's after the first
+# was answered, which is after it.
+HELD_ACROSS = 2
+
+
+def hold_failures(path: str) -> None:
+    """RELAY_TEST_HOLD_FAILURES (above). SQLAlchemy's ``commit`` event runs before the commit is
+    sent, inside the status write's transaction (DBOS's ``update_workflow_outcome``)."""
+    answered = threading.Condition()
+    counts: list[float] = []  # when each count of failed workflows began, once answered
+    holding = threading.local()
+    original_counts = SystemDatabase.get_workflow_aggregates
+    original_write = SystemDatabase.update_workflow_outcome
+
+    def counted(self: SystemDatabase, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        rows = original_counts(self, **kwargs)
+        if "ERROR" in (kwargs.get("status") or []):
+            with answered:
+                counts.append(began)
+                answered.notify_all()
+        return rows
+
+    def written(self: SystemDatabase, workflow_id: str, status: Any, **kwargs: Any) -> bool:
+        holding.workflow_id = workflow_id if status == "ERROR" else None
+        try:
+            return original_write(self, workflow_id, status, **kwargs)
+        finally:
+            holding.workflow_id = None
+
+    def before_commit(conn: sa.Connection) -> None:
+        workflow_id = getattr(holding, "workflow_id", None)
+        if workflow_id is None:
+            return
+        holding.workflow_id = None  # once per write, should DBOS retry it
+        stamped = time.monotonic()  # after the stamp: the transaction began before this
+        with answered:
+            answered.wait_for(lambda: sum(1 for began in counts if began > stamped) >= HELD_ACROSS, timeout=60)
+            seen = sum(1 for began in counts if began > stamped)
+        line = {"workflow_id": workflow_id, "counts": seen, "held_secs": time.monotonic() - stamped}
+        with open(path, "a", encoding="utf-8") as held:
+            held.write(json.dumps(line) + "\n")
+
+    SystemDatabase.get_workflow_aggregates = counted  # type: ignore[method-assign]
+    SystemDatabase.update_workflow_outcome = written  # type: ignore[method-assign]
+    sa.event.listen(sa.Engine, "commit", before_commit)
 
 
 @DBOS.workflow()
@@ -89,6 +146,8 @@ def main() -> None:
             serial.enqueue(blocker)
         for n in range(held):
             serial.enqueue(job, n)
+    if ENV.get("RELAY_TEST_HOLD_FAILURES"):
+        hold_failures(ENV["RELAY_TEST_HOLD_FAILURES"])
     print(f"READY {GlobalParams.executor_id}", flush=True)
     while True:
         time.sleep(3600)

@@ -9,6 +9,7 @@ fixes' own rules (an app the file lists, a rule's id across a webhook's change a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.cli import main as cli_main
+from relay.domain.alerts import COMMIT_LAG_SECS
 from tests.test_alerts import alert_config, audit
 
 StartRelay = Callable[..., RelayProcess]
@@ -315,28 +317,47 @@ def test_a_relay_yaml_rule_keeps_its_id_when_its_webhook_changes_and_when_its_id
 
 
 def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
-    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, sysdb: str
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, sysdb: str, tmp_path: Path
 ) -> None:
     """A ``WorkflowFailure`` rule counts the failures of its last ``windowSecs`` at each check, every
     ``alerts.checkIntervalSecs``: with a window shorter than that (here 0.01 s against 0.5 s), a
     failure between two windows was counted by neither and paged nobody (the reviewer's suspicion).
-    Each count now reaches back at least to the one before."""
+    Each count now reaches back at least to the one before.
+
+    That was not enough (a full run at load 7 to 8 paged nobody): the executor stamps a failure
+    (``completed_at``) when its status write begins and commits it a moment later. A count that read
+    in between did not see it, and the next one, reaching back only to that count's moment, found it
+    too old. Here the fork's status write is held across two counts (the executor's
+    RELAY_TEST_HOLD_FAILURES), as a loaded machine holds one by chance; each count now reaches back
+    ``COMMIT_LAG_SECS`` before the one before."""
+    held = tmp_path / "held.jsonl"
     with WebhookReceiver() as receiver:
-        relay = failing_app(start_relay, start_executor, evidence_db, receiver, "failing", 0.01)
+        config = alert_config(free_port(), [])
+        relay = start_relay(config)
+        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1", "RELAY_TEST_HOLD_FAILURES": str(held)}
+        executor = start_executor(relay.conductor_url, module="harness.alert_app", env=env)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
         with psycopg.connect(sysdb, autocommit=True) as conn:
-            row = conn.execute("SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'failing'").fetchone()
+            query = "SELECT workflow_uuid, completed_at FROM dbos.workflow_status WHERE name = 'failing'"
+            row = conn.execute(query).fetchone()
         assert row is not None
-        time.sleep(1.5)  # the rule is counted a few times; the failure at launch is long past its window
-
-        def pages() -> list[dict[str, Any]]:  # not the resolutions of the episodes that ended
-            return [p for p in receiver.payloads("WorkflowFailure") if p.get("status") != "resolved"]
-
-        before = len(pages())
-        with relay.api() as api:  # one failure more, at a moment of its own between two counts
+        # The rule is made once the failure at launch (not held) is out of its counts' reach: its first
+        # count reaches back an interval and the margin. What pages is the fork's failure.
+        reach = row[1] / 1000 + config["alerts"]["checkIntervalSecs"] + COMMIT_LAG_SECS + 0.1
+        assert_eventually(lambda: time.time() > reach, 5, what="the failure at launch out of reach")
+        with relay.api() as api:
+            rule = {"ruleType": "WorkflowFailure", "webhook": receiver.url("/failures"), "minIntervalSecs": 0,
+                    "ruleMetadata": {"workflowName": "failing", "count": 1, "windowSecs": 0.01}}  # fmt: skip
+            made = api.post("/apps/ledger/alerting-rules", json=rule)
+            assert made.status_code == 201, made.text
             forked = api.post(f"/apps/ledger/workflows/{row[0]}/fork", json={"startStep": 0})
         assert forked.status_code == 201, forked.text
-        paged = assert_eventually_or_none(lambda: pages()[before:], 10)
-    assert paged, "a failure between two checks' windows paged nobody"
+        paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure"), 10)
+        holds = [json.loads(line) for line in held.read_text().splitlines()] if held.exists() else []
+    assert [h["counts"] for h in holds] == [2], holds  # the fork's write was held across two counts
+    # Held for longer than the margin (a machine so loaded that two counts took that long), it is missed.
+    lag = f"held {holds[0]['held_secs']:.2f} s, counts reach back {COMMIT_LAG_SECS} s before the one before"
+    assert paged, f"a failure committed after a count that came after its stamp paged nobody ({lag})"
     assert paged[0]["workflowName"] == "failing"
 
 

@@ -54,6 +54,12 @@ log = logging.getLogger("relay.alerts")
 SECRET_PREFIX = "whsec_"
 # Queues of DBOS's own (recovered workflows wait on its internal queue): not the app's.
 INTERNAL_QUEUE_PREFIX = "_dbos_internal"
+# How far before the previous count of a WorkflowFailure rule each count reaches back. An executor
+# stamps a failure (completed_at, its database's clock when the status write began) before that
+# write commits: a count reading in between does not see it, and a next count reaching back only
+# to the previous one's moment found it too old, so neither counted it (on a loaded machine the
+# write's lag grows). It also covers a database clock a little behind Relay's.
+COMMIT_LAG_SECS = 2.0
 
 
 @dataclass(frozen=True)
@@ -230,9 +236,10 @@ class ConditionObserver:
         name: str | None = rule.param("workflowName")
         now = time.time()
         since = self._counted_at.get(rule.id, now - self.check_interval_secs)
-        # At least back to the last count (the loop's interval, and the time a count takes).
+        # At least back to the last count (the loop's interval, and the time a count takes), and a
+        # margin before it for a failure stamped before that count and committed after it read.
         configured = float(rule.param("windowSecs", 300.0))
-        window = max(configured, now - since)
+        window = max(configured, now - since + COMMIT_LAG_SECS)
         threshold = int(rule.param("count", 1))
         body = GetWorkflowAggregatesBody(
             group_by_name=True,
