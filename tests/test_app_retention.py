@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from dbos import DBOSClient
@@ -363,13 +363,14 @@ def test_a_skip_that_goes_on_is_audited_again_before_retention_prunes_its_entry(
     assert skip_audit_secs(1.0) == 43200.0 and skip_audit_secs(0.01) == 432.0
 
 
-def test_rounds_skipped_together_for_a_new_reason_audit_it_once(relay_db: str) -> None:
-    """Rounds outlast their interval on a loaded machine, so two of an app's may end together. Each
-    compared its reason with the app's previous round, read before either had written its own: both
-    saw the older reason and both audited the new one (a full run at load 8 audited it twice). The
-    skips of an app now take their turn: the second sees the first's round."""
+T = TypeVar("T")
 
-    async def scenario() -> list[str]:
+
+def with_retention_store(relay_db: str, body: Callable[[Database, AppRetentionStore], Awaitable[T]]) -> T:
+    """``body(db, store)`` against a real database holding relay.yaml's apps (:func:`config`), under a
+    lease, as the rounds' writes are (fenced)."""
+
+    async def scenario() -> T:
         db = Database(relay_db)
         await db.open()
         await db.migrate()
@@ -377,21 +378,32 @@ def test_rounds_skipped_together_for_a_new_reason_audit_it_once(relay_db: str) -
         await lease.acquire()
         try:
             await AppStore(db).sync_config(RelayConfig.model_validate(config()))
-            store = AppRetentionStore(db)
-            assert await store.skipped("r0", "acme", "ledger", "no executor", "d0", 86400.0)
-            await asyncio.gather(
-                *(store.skipped(f"r{i}", "acme", "ledger", "refused", f"d{i}", 86400.0) for i in range(1, 9))
-            )
-            async with db.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT detail->>'error' AS error FROM audit_log WHERE action = 'retention.skipped' ORDER BY id"
-                )
-                return [str(r["error"]) for r in await cur.fetchall()]
+            return await body(db, AppRetentionStore(db))
         finally:
             await lease.stop()
             await db.close()
 
-    assert asyncio.run(scenario()) == ["no executor", "refused"]
+    return asyncio.run(scenario())
+
+
+def test_rounds_skipped_together_for_a_new_reason_audit_it_once(relay_db: str) -> None:
+    """Rounds outlast their interval on a loaded machine, so two of an app's may end together. Each
+    compared its reason with the app's previous round, read before either had written its own: both
+    saw the older reason and both audited the new one (a full run at load 8 audited it twice). The
+    skips of an app now take their turn: the second sees the first's round."""
+
+    async def scenario(db: Database, store: AppRetentionStore) -> list[str]:
+        assert await store.skipped("r0", "acme", "ledger", "no executor", "d0", 86400.0)
+        await asyncio.gather(
+            *(store.skipped(f"r{i}", "acme", "ledger", "refused", f"d{i}", 86400.0) for i in range(1, 9))
+        )
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT detail->>'error' AS error FROM audit_log WHERE action = 'retention.skipped' ORDER BY id"
+            )
+            return [str(r["error"]) for r in await cur.fetchall()]
+
+    assert with_retention_store(relay_db, scenario) == ["no executor", "refused"]
 
 
 def test_a_repeated_skips_since_has_six_fraction_digits_even_on_a_whole_second(relay_db: str) -> None:
@@ -399,31 +411,20 @@ def test_a_repeated_skips_since_has_six_fraction_digits_even_on_a_whole_second(r
     digits and ``Z``. It was ``isoformat()``'s, which leaves the fraction out on a whole second, so
     ``...:00Z`` sorted after ``...:00.250000Z``."""
 
-    async def scenario() -> dict[str, Any]:
-        db = Database(relay_db)
-        await db.open()
-        await db.migrate()
-        lease = Lease(db, "relay-1", 30)
-        await lease.acquire()
-        try:
-            await AppStore(db).sync_config(RelayConfig.model_validate(config()))
-            store = AppRetentionStore(db)
-            assert await store.skipped("r1", "acme", "ledger", "no executor", "d1", 86400.0)
-            async with db.connection() as conn:  # the run began on a whole second; its entry is a day old
-                await conn.execute(
-                    "UPDATE app_retention_rounds SET sent_at = date_trunc('second', now()) - interval '1 hour'"
-                )
-                await conn.execute("UPDATE audit_log SET at = at - interval '25 hours'")
-            assert await store.skipped("r2", "acme", "ledger", "no executor", "d2", 86400.0)
-            async with db.connection() as conn:
-                cur = await conn.execute("SELECT detail FROM audit_log WHERE dedupe_key = 'd2'")
-                row = await cur.fetchone()
-            assert row is not None
-            return dict(row["detail"])
-        finally:
-            await lease.stop()
-            await db.close()
+    async def scenario(db: Database, store: AppRetentionStore) -> dict[str, Any]:
+        assert await store.skipped("r1", "acme", "ledger", "no executor", "d1", 86400.0)
+        async with db.connection() as conn:  # the run began on a whole second; its entry is a day old
+            await conn.execute(
+                "UPDATE app_retention_rounds SET sent_at = date_trunc('second', now()) - interval '1 hour'"
+            )
+            await conn.execute("UPDATE audit_log SET at = at - interval '25 hours'")
+        assert await store.skipped("r2", "acme", "ledger", "no executor", "d2", 86400.0)
+        async with db.connection() as conn:
+            cur = await conn.execute("SELECT detail FROM audit_log WHERE dedupe_key = 'd2'")
+            row = await cur.fetchone()
+        assert row is not None
+        return dict(row["detail"])
 
-    detail = asyncio.run(scenario())
+    detail = with_retention_store(relay_db, scenario)
     assert detail["repeated"] is True and detail["skippedRounds"] == 2
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.000000Z", detail["skippedSince"]), detail
