@@ -3,7 +3,10 @@
 It runs in the client's venv (harness/client_venv.py), so it imports nothing
 of Relay. Run as ``python -m harness.client_app`` with the same RELAY_TEST_*
 settings as :mod:`harness.executor_app`; it prints ``READY <executor_id>`` once
-DBOS has launched and the client has started, then runs until killed.
+DBOS has launched and the client has started (and its jobs are started), then
+runs until killed. With RELAY_TEST_JOBS_GATE set, the jobs are started only
+once that file exists, as in executor_app: a test opens it just before it
+kills the executor mid-job.
 
 Evidence (RELAY_TEST_EVIDENCE), as in executor_app: ``step_evidence`` gets a row
 per execution of a step (at least once), ``outcomes`` one row per workflow from
@@ -97,10 +100,14 @@ def job(sleep_secs: float) -> str:
     return "done"
 
 
-def finish(path: str, connection: Any) -> None:
-    """Wait for ``path``, destroy DBOS, report, exit."""
+def wait_for_file(path: str) -> None:
     while not os.path.exists(path):
         time.sleep(0.05)
+
+
+def finish(path: str, connection: Any) -> None:
+    """Wait for ``path``, destroy DBOS, report, exit."""
+    wait_for_file(path)
     DBOS.destroy()
     deadline = time.monotonic() + 10
     while connection.running and time.monotonic() < deadline:
@@ -133,6 +140,8 @@ def main() -> None:
     connection = relay_client.connect(
         ENV["RELAY_TEST_CONDUCTOR_URL"], key=ENV["RELAY_TEST_CONDUCTOR_KEY"], app=APP, metadata={"test": True}
     )
+    if ENV.get("RELAY_TEST_JOBS_GATE"):
+        wait_for_file(ENV["RELAY_TEST_JOBS_GATE"])
     prefix = ENV.get("RELAY_TEST_JOB_PREFIX", "job")
     sleep_secs = float(ENV.get("RELAY_TEST_JOB_SLEEP", "2"))
     for i in range(int(ENV.get("RELAY_TEST_JOBS", "0"))):
@@ -142,8 +151,7 @@ def main() -> None:
     if ENV.get("RELAY_TEST_FINISH_FILE"):
         finish(ENV["RELAY_TEST_FINISH_FILE"], connection)
     if ENV.get("RELAY_TEST_EXIT_FILE"):
-        while not os.path.exists(ENV["RELAY_TEST_EXIT_FILE"]):
-            time.sleep(0.05)
+        wait_for_file(ENV["RELAY_TEST_EXIT_FILE"])
         print("EXITING", flush=True)
         return
     while True:

@@ -14,6 +14,7 @@ import json
 import subprocess
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,7 @@ from harness.executors import Evidence, ExecutorProcess
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions
 from harness.waiting import assert_eventually
+from tests.test_recovery import healthy_executors
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -36,6 +38,14 @@ StartExecutor = Callable[..., ExecutorProcess]
 
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
     return relay.state_of("acme", executor.app, executor.executor_id) == "HEALTHY"
+
+
+def healthy_beside(relay: RelayProcess, known: ExecutorProcess) -> str | None:
+    """The one other HEALTHY executor of the ledger, once ``known`` is HEALTHY too: one holding its
+    jobs back (RELAY_TEST_JOBS_GATE), whose id the test learns before its READY, which comes past them."""
+    ids = healthy_executors(relay)
+    others = [e for e in ids if e != known.executor_id]
+    return others[0] if known.executor_id in ids and len(others) == 1 else None
 
 
 def all_outcomes(evidence: Evidence, n: int) -> dict[str, str] | None:
@@ -48,20 +58,35 @@ def jobs_started(evidence: Evidence, prefix: str, n: int) -> bool:
 
 
 def test_client_executors_recover_a_killed_peers_workflows_exactly_once(
-    start_relay: StartRelay, start_client_executor: StartExecutor, evidence_db: str
+    start_relay: StartRelay, start_client_executor: StartExecutor, evidence_db: str, tmp_path: Path
 ) -> None:
     relay = start_relay(grace=1.0)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     survivor = start_client_executor(relay.conductor_url, env=env)
-    doomed = start_client_executor(
-        relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "8", "RELAY_TEST_JOB_SLEEP": "4"}
-    )
-    for executor in (survivor, doomed):
-        assert_eventually(lambda executor=executor: healthy(relay, executor), 10)
-    record = relay.executor("acme", "ledger", doomed.executor_id)
-    assert record is not None
-    assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == ("python", "3.4.0", "v1")
-    assert record["metadata"] == {"test": True}
+    # The doomed executor holds its jobs back until it is checked (the gate): started as it launched,
+    # their 4 s sleep had to outlast the registry's waits and the jobs' first steps, and ended on it,
+    # before it died, when a loaded machine took longer. Their 3 s sleep now has to outlast only its
+    # READY and the eight jobs' first steps.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "8", "RELAY_TEST_JOB_SLEEP": "3", "RELAY_TEST_JOBS_GATE": str(gate)}
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_client_executor, relay.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            doomed_id = assert_eventually(
+                lambda: healthy_beside(relay, survivor), 10, what="the survivor and the doomed executor HEALTHY"
+            )
+            record = relay.executor("acme", "ledger", doomed_id)
+            assert record is not None
+            assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == (
+                "python",
+                "3.4.0",
+                "v1",
+            )
+            assert record["metadata"] == {"test": True}
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert doomed.executor_id == doomed_id
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: jobs_started(evidence, "job-", 8), 10)
     doomed.kill()  # mid-workflow: every job is in its durable sleep
@@ -111,7 +136,7 @@ PROBES = [
 
 def test_a_mixed_fleet_of_sdk_and_client_executors_answers_through_relay(
     start_relay: StartRelay, start_executor: StartExecutor, start_client_executor: StartExecutor,
-    postgres: Postgres, evidence_db: str,
+    postgres: Postgres, evidence_db: str, tmp_path: Path,
 ) -> None:  # fmt: skip
     relay = start_relay(grace=1.0)
     billing_db, ledger_db = postgres.create_database("billing"), postgres.create_database("ledger")
@@ -140,10 +165,21 @@ def test_a_mixed_fleet_of_sdk_and_client_executors_answers_through_relay(
                     assert probe.answer(resp.json()) == expected, (probe.name, executor.app)
 
     # A 3.4 executor killed mid-workflow: its peer, the client, recovers (recovery) and Relay
-    # verifies through it (exist_pending_workflows): the only other executor of the app.
-    slow = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"}
-    doomed = start_client_executor(relay.conductor_url, sysdb=ledger_db, env={**slow, "RELAY_TEST_JOB_PREFIX": "d"})
-    assert_eventually(lambda: healthy(relay, doomed), 10)
+    # verifies through it (exist_pending_workflows): the only other executor of the app. It holds its
+    # jobs back until it is HEALTHY (the gate): started as it launched, their 3 s sleep had to outlast
+    # the registry's wait and their first steps. Their 2 s sleep now has to outlast only its READY and
+    # the three jobs' first steps.
+    gate = tmp_path / "jobs-gate"
+    slow = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "2",
+            "RELAY_TEST_JOB_PREFIX": "d", "RELAY_TEST_JOBS_GATE": str(gate)}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_client_executor, relay.conductor_url, sysdb=ledger_db, env=slow)
+        try:
+            doomed_id = assert_eventually(lambda: healthy_beside(relay, client), 10, what="the doomed executor HEALTHY")
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert doomed.executor_id == doomed_id
     assert_eventually(lambda: jobs_started(evidence, "d-", 3), 10)
     doomed.kill()
     outcomes = assert_eventually(lambda: all_outcomes(evidence, 9), 40)
