@@ -3,7 +3,9 @@
 // counterpart of harness/ts_app (5.2, the SDK's own client), with the same settings (RELAY_TEST_* in
 // the environment) and the same evidence. It prints "READY <executor id>" once DBOS has launched,
 // the client is connected and its jobs have started, then runs until killed.
-// - RELAY_TEST_JOBS starts that many `job` workflows (job-0, ...; RELAY_TEST_JOB_PREFIX, _SLEEP).
+// - RELAY_TEST_JOBS starts that many `job` workflows (job-0, ...; RELAY_TEST_JOB_PREFIX, _SLEEP);
+//   RELAY_TEST_JOBS_GATE holds them back until that file exists (READY comes after them), as
+//   harness/executor_app.py does: a test opens it just before it kills the executor mid-job.
 // - RELAY_TEST_FINISH_FILE: once that file exists, the app stops the client, shuts DBOS down and
 //   prints "FINISHED <json>": whether @dbos-inc/dbos-enterprise was ever loaded (require.cache) or
 //   can be found at all (require.resolve), whether the client is still running, and whether what
@@ -173,6 +175,7 @@ async function main() {
     const other = { queueName: 'billing-jobs', workflowName: 'job', workflowID: 'other-0', applicationName: 'billing' };
     await DBOS.enqueueWorkflowWithOptions(other, 0);
   }
+  if (ENV.RELAY_TEST_JOBS_GATE) await untilFile(ENV.RELAY_TEST_JOBS_GATE);
   const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
   for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
     await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
