@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, LiteralString
@@ -32,6 +33,7 @@ from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.core.times import us_iso
+from tests.test_client import healthy_beside
 from tests.test_reconciler import reconciling_relay, steps_once
 from tests.test_recovery import in_order
 
@@ -184,7 +186,7 @@ def test_a_workflow_its_steps_and_the_changes_an_operator_makes(
 
 
 def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typescript_peer(
-    start_relay: StartRelay, start_ts: StartTs, evidence_db: str
+    start_relay: StartRelay, start_ts: StartTs, evidence_db: str, tmp_path: Path
 ) -> None:
     """The Python SDK's recovery test (test_recovery.py), on the TypeScript SDK, whose client serves
     ``recovery`` differently: the workflows go back on DBOS's internal queue, for an executor of
@@ -193,9 +195,20 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peer = start_ts(relay.conductor_url, env=env)
     assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 20)
-    doomed = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "8"})
-    # Known to Relay before it dies (its client connects as DBOS launches, beside the jobs).
-    assert_eventually(lambda: relay.state_of("acme", "ledger", doomed.executor_id) == "HEALTHY", 20)
+    # The doomed executor holds its jobs back until Relay knows it (the gate): started as it launched,
+    # their 8 s sleep had to outlast its READY and the registry's wait, and ended on it, before it
+    # died, when a loaded machine took longer. Their 2 s sleep now has to outlast only its READY.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOBS_GATE": str(gate)}
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            # Known to Relay before it dies (its client connects as DBOS launches, before the jobs).
+            doomed_id = assert_eventually(lambda: healthy_beside(relay, peer), 20, what="the doomed executor HEALTHY")
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert doomed.executor_id == doomed_id
     doomed.kill()
 
     evidence = Evidence(evidence_db)
@@ -215,7 +228,7 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
 
 
 def test_a_dead_typescript_executor_waits_for_a_typescript_peer_never_a_python_one(
-    start_relay: StartRelay, start_ts: StartTs, start_executor: StartTs, evidence_db: str
+    start_relay: StartRelay, start_ts: StartTs, start_executor: StartTs, evidence_db: str, tmp_path: Path
 ) -> None:
     """An app whose executors mix the SDKs (README: run an app's executors in one language). A
     TypeScript executor died beside a healthy Python one of the same version, its only peer: Relay
@@ -229,13 +242,27 @@ def test_a_dead_typescript_executor_waits_for_a_typescript_peer_never_a_python_o
     python = start_executor(relay.conductor_url)
     assert_eventually(lambda: relay.state_of("acme", "ledger", python.executor_id) == "HEALTHY", 20)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    doomed = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "4"})
-    assert_eventually(lambda: relay.state_of("acme", "ledger", doomed.executor_id) == "HEALTHY", 20)
-    warned = assert_eventually(lambda: [line for line in relay.log().splitlines() if "mixes languages" in line], 10)
-    mix = f"executor {doomed.executor_id} runs the typescript SDK, and healthy executors of the app run python."
-    assert len(warned) == 1 and mix in warned[0] and "WARNING" in warned[0], warned
-    with relay.api() as api:
-        assert ok(api.get(LEDGER))["languages"] == ["python", "typescript"]
+    # The doomed executor holds its jobs back until the mix is seen (the gate): started as it
+    # launched, their 4 s sleep had to outlast the registry's wait, the log's and the API's, and
+    # ended on it, before it died, when a loaded machine took longer. Their 2 s sleep now has to
+    # outlast only its READY.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOBS_GATE": str(gate)}
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            doomed_id = assert_eventually(lambda: healthy_beside(relay, python), 20, what="the doomed executor HEALTHY")
+            warned = assert_eventually(
+                lambda: [line for line in relay.log().splitlines() if "mixes languages" in line], 10
+            )
+            mix = f"executor {doomed_id} runs the typescript SDK, and healthy executors of the app run python."
+            assert len(warned) == 1 and mix in warned[0] and "WARNING" in warned[0], warned
+            with relay.api() as api:
+                assert ok(api.get(LEDGER))["languages"] == ["python", "typescript"]
+        finally:
+            gate.touch()
+        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert doomed.executor_id == doomed_id
     doomed.kill()
 
     blocked = assert_eventually(
@@ -273,15 +300,26 @@ def test_a_dead_typescript_executor_waits_for_a_typescript_peer_never_a_python_o
 
 
 def test_typescript_work_stranded_while_relay_was_down_is_found_and_completed_exactly_once(
-    start_relay: StartRelay, start_ts: StartTs, evidence_db: str, relay_db: str, sysdb: str
+    start_relay: StartRelay, start_ts: StartTs, evidence_db: str, relay_db: str, sysdb: str, tmp_path: Path
 ) -> None:
     """The reconciler lists the stranded work through a TypeScript executor (list_workflows by
     executor id and status): test_reconciler.py's test on the TypeScript SDK."""
     relay = reconciling_relay(start_relay, grace=1.0)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peer = start_ts(relay.conductor_url, env=env)
-    victim = start_ts(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "5"})
-    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 20)
+    # The victim holds its jobs back until Relay knows it (the gate): started as it launched, their
+    # 5 s sleep had to outlast its READY and the registry's wait too, besides their first steps and
+    # Relay's death. Now those last two are all it has to outlast.
+    gate = tmp_path / "jobs-gate"
+    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "5", "RELAY_TEST_JOBS_GATE": str(gate)}
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
+        try:
+            victim_id = assert_eventually(lambda: healthy_beside(relay, peer), 20, what="the victim HEALTHY")
+        finally:
+            gate.touch()
+        victim = launching.result()  # its jobs are started (PENDING): READY comes after them
+    assert victim.executor_id == victim_id
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: len(evidence.step_runs()) >= 4 or None, 10)
 

@@ -4,6 +4,8 @@
 // its jobs have started, then runs until killed. RELAY_TEST_SEED=1 first leaves done-1, its child,
 // failed-1 and waiting-1 in the system database (see seed()); RELAY_TEST_JOBS starts that many
 // `job` workflows (job-0, ...), RELAY_TEST_SLEEPERS that many long `sleeper` ones.
+// RELAY_TEST_JOBS_GATE holds the jobs back until that file exists (READY comes after them), as
+// harness/executor_app.py does: a test opens it just before it kills the executor mid-job.
 //
 // For the retention, figures and alert tests (harness/alert_app.py's counterparts):
 // - RELAY_TEST_FAILURES: that many `failing` workflows (failed-run-0, ...) run to their error;
@@ -28,6 +30,7 @@
 //   workflow's outcome appears exactly once (primary key).
 'use strict';
 
+const fs = require('node:fs');
 const { DBOS } = require('@dbos-inc/dbos-sdk');
 const datasource = require('@dbos-inc/dbos-sdk/datasource');
 const { Pool } = require('pg');
@@ -166,6 +169,10 @@ async function seedRich() {
   await DBOS.pauseSchedule('every-hour');
 }
 
+async function untilFile(file) {
+  while (!fs.existsSync(file)) await new Promise((resolve) => setTimeout(resolve, 100));
+}
+
 async function main() {
   if (EVIDENCE_URL) {
     await prepareEvidence();
@@ -209,6 +216,7 @@ async function main() {
   for (let i = 0; i < Number(ENV.RELAY_TEST_SLEEPERS || '0'); i++) {
     await DBOS.startWorkflow(sleeper)(3600);
   }
+  if (ENV.RELAY_TEST_JOBS_GATE) await untilFile(ENV.RELAY_TEST_JOBS_GATE);
   const prefix = ENV.RELAY_TEST_JOB_PREFIX || 'job';
   for (let i = 0; i < Number(ENV.RELAY_TEST_JOBS || '0'); i++) {
     await DBOS.startWorkflow(job, { workflowID: `${prefix}-${i}` })(Number(ENV.RELAY_TEST_JOB_SLEEP || '2'));
