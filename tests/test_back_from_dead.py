@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from typing import Any
 
 import psycopg
@@ -200,6 +202,63 @@ def test_an_executor_connecting_wakes_only_the_recoveries_waiting_for_a_peer_of_
         stack.enter_context(SimulatedPeer(url, "lang-unsaid", "lie", language=None))
         assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, "lang-ts"), 10, what="ts dispatched")
         assert wakeups() - before == 2, (before, wakeups())
+
+
+def test_an_instance_that_learns_of_blocked_recoveries_wakes_only_those_its_executors_may_take(
+    start_relay: Any,
+) -> None:
+    """As above, but the wake-ups of an instance that hears of the app's blocked recoveries only
+    after executors of the app connected to it (their connections found nothing to wake): it woke
+    every blocked recovery of the app, whatever its language, so a Go executor there woke the
+    TypeScript executor's recovery too, for nothing. It wakes those its executors may take, as
+    their connections would have: the Go executor's alone. The instances' listening connections
+    stop reading (their PostgreSQL backends stopped), so that instance 2 hears of the recoveries
+    blocked on instance 1 only once the Go peer is there; a long lease and no repair sweep, so
+    that it does not read them from the database meanwhile (as in test_instances)."""
+    settings = {"repairIntervalSecs": 3600, "pingWaitSecs": 5.0, "instanceLeaseSecs": 60}  # pings: as above
+    r1, r2 = (start_relay(relay_yaml(free_port(), grace=0.3, **settings), instance_id=f"relay-{n}") for n in (1, 2))
+    url1, url2 = (f"ws://127.0.0.1:{r.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}" for r in (r1, r2))
+
+    def waits_for_its_language(executor_id: str) -> bool:
+        found = r1.executor("acme", "ledger", executor_id) or {}
+        return found.get("blockedReason") == "no_peer_of_its_language"
+
+    def wakeups() -> float:  # instance 2's
+        woken = scrape(r2.http, "relay_recovery_wakeups_total")
+        assert woken is not None
+        return woken
+
+    with psycopg.connect(r1.database_url, autocommit=True) as conn:
+        listeners = [
+            int(pid)
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN relay_blocked'"
+            )
+        ]
+    assert len(listeners) == 2
+    with contextlib.ExitStack() as stack:
+        for pid in listeners:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # A Python executor on instance 2; a TypeScript and a Go one die on instance 1.
+            stack.enter_context(SimulatedPeer(url2, "learn-python", "answer"))
+            for dead, language in (("learn-ts", "typescript"), ("learn-go", "go")):
+                with SimulatedPeer(url1, dead, "answer", language=language):
+                    assert_eventually(lambda d=dead: r1.state_of("acme", "ledger", d) == "HEALTHY", 10)
+                assert_eventually(lambda d=dead: waits_for_its_language(d), 15, what=f"{dead} waiting for its language")
+            stack.enter_context(SimulatedPeer(url2, "learn-go-peer", "lie", language="go"))
+            assert_eventually(
+                lambda: (r1.executor("acme", "ledger", "learn-go-peer") or {}).get("relayInstance") == "relay-2", 10
+            )
+            # Instance 2 knows of no blocked recovery yet: its executors' connections woke none.
+            assert wakeups() == 0
+        finally:
+            for pid in listeners:
+                os.kill(pid, signal.SIGCONT)
+        assert_eventually(lambda: "recovery.dispatched" in audit_actions(r1, "learn-go"), 10, what="go dispatched")
+        # Counted before the Go recovery's dispatch, as the TypeScript one's would be (sent with it).
+        assert wakeups() == 1
+        assert waits_for_its_language("learn-ts")
 
 
 def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_went_says_that(

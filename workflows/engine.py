@@ -412,8 +412,7 @@ class Engine:
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
         if (org, app) not in self._maybe_blocked:
             return
-        peer = message.get("peer") if message.get("reason") == "peer_connected" else None
-        for rid in await self.recoveries.blocked_in_app(org, app, [peer] if isinstance(peer, str) else None):
+        for rid in await self.recoveries.blocked_in_app(org, app):
             await self.wake_recovery(rid, message)
 
     async def refresh_blocked(self) -> None:
@@ -423,14 +422,18 @@ class Engine:
     async def learn_blocked(self, org: str, app: str) -> None:
         """An app has a recovery waiting (read from the database, or announced by the instance that
         recorded it). If this instance did not know yet, a peer of the app that connected here
-        meanwhile sent no wake-up: with one connected here, the app's recoveries are woken now."""
+        meanwhile sent no wake-up: the recoveries the app's executors connected here may take are
+        woken now, as their connections would have woken them (:meth:`_wake_for_peers`). Woken
+        whatever they wait for, a Python app's executors here woke a TypeScript executor's
+        recovery, which only read its peers again and went back to waiting."""
         if (org, app) in self._maybe_blocked:
             return
         self._maybe_blocked.add((org, app))  # first: a peer connecting from now on wakes them itself
         try:
             serving, _ = await self.executors.serving(org, app)
-            if any(instance == self.instance_id for _, instance in serving):
-                await self.wake_app(org, app, {"reason": "peer_connected"})
+            mine = sorted(executor_id for executor_id, instance in serving if instance == self.instance_id)
+            if mine:
+                await self._wake_for_peers(org, app, mine)
         except BaseException:
             self._maybe_blocked.discard((org, app))  # not learnt: the next read tries again
             raise

@@ -26,8 +26,7 @@ class Durable(Protocol):
         ...
 
     async def wake_app(self, org: str, app: str, message: dict[str, Any]) -> None:
-        """Wake every waiting recovery of an app; a wake-up for a peer that connected (``peer``) only
-        those that peer may unblock."""
+        """Wake every waiting recovery of an app (its settings changed: any of them may go on now)."""
         ...
 
     async def refresh_blocked(self) -> None:

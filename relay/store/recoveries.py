@@ -602,7 +602,8 @@ class RecoveryStore:
 
     async def blocked_in_app(self, org: str, app: str, peers: list[str] | None = None) -> list[str]:
         """Ids of this app's recoveries that wait for a peer or an operator; with ``peers`` (executors
-        of the app that connected), only those one of them may unblock: those that wait for a peer
+        of the app that connected, or that an instance serves as it learns of the app's blocked
+        recoveries), only those one of them may unblock: those that wait for a peer
         (``waiting_for_peer``), except that one waiting for a peer of its executor's language
         (``no_peer_of_its_language``) only if one of them runs that language's SDK (or its language
         is not known), and those that wait for an operator (``version_upgrade_not_allowed``) only if
