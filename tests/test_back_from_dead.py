@@ -192,6 +192,12 @@ def test_an_executor_connecting_wakes_only_the_recoveries_waiting_for_a_peer_of_
                 assert_eventually(lambda d=dead: relay.state_of("acme", "ledger", d) == "HEALTHY", 10)
             # (It died as the block left: its socket cut.)
             assert_eventually(lambda d=dead: waits_for_its_language(d), 15, what=f"{dead} waiting for its language")
+        # Each run gives its dead executor's language (the console's card names the peer it waits for).
+        with relay.api() as api:
+            runs = api.get("/apps/ledger/recoveries").json()
+            assert {r["executorId"]: r["language"] for r in runs} == {"lang-ts": "typescript", "lang-go": "go"}, runs
+            one = api.get(f"/apps/ledger/recoveries/{runs[0]['recoveryId']}").json()
+            assert one["language"] == runs[0]["language"], one
         before = wakeups()
         stack.enter_context(SimulatedPeer(url, "lang-go-peer", "lie", language="go"))
         assert_eventually(lambda: "recovery.dispatched" in audit_actions(relay, "lang-go"), 10, what="go dispatched")
@@ -292,6 +298,9 @@ def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_w
             20,
             what="both recoveries waiting for a peer",
         )
+        with relay.api() as api:
+            runs = api.get("/apps/ledger/recoveries").json()
+        assert {r["executorId"]: r["language"] for r in runs} == {"back-returns": "python", "back-gone": "python"}
         with psycopg.connect(relay.database_url, autocommit=True) as conn:
             conn.execute("DELETE FROM executors WHERE executor_id = 'back-gone'")
 
@@ -313,7 +322,10 @@ def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_w
         )
         with relay.api() as api:
             entries = api.get("/audit", params={"action": "recovery.failed"}).json()
+            runs = api.get("/apps/ledger/recoveries").json()
         finals = {e["executorId"]: e["detail"] for e in entries if e["detail"].get("final")}
+        # The record of each death is gone (replaced as its executor reconnected, or deleted): not known.
+        assert {r["executorId"]: r["language"] for r in runs} == {"back-returns": None, "back-gone": None}, runs
         assert finals["back-returns"].get("executorBack") is True, finals
         assert "executorBack" not in finals["back-gone"], finals
 

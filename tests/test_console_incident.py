@@ -486,8 +486,9 @@ def test_a_recovery_waiting_for_a_peer_of_its_language_says_so(world: World, pag
     (``no_peer_of_its_language``). The card said "Waiting for a healthy peer", and, once a
     TypeScript peer had been tried and lost, "Blocked: no healthy peer", while the app's executors
     page listed a healthy one: on-call read that the app had none. The card names the wait for a
-    peer of the executor's language, and says which languages (the recovery's error). An app of
-    its own, so that no other test's executors are its peers."""
+    peer of the executor's language, and says which languages (the recovery's error). It said "a
+    healthy peer of its language", not which: the recovery's ``language`` names it (TypeScript, as
+    the SDKs are named). An app of its own, so that no other test's executors are its peers."""
     with world.relay.api() as api:
         assert api.put("/apps/mixed").status_code in (201, 204)
         assert api.patch("/apps/mixed", json={"executorTimeoutSecs": 0.5}).status_code == 200
@@ -510,9 +511,20 @@ def test_a_recovery_waiting_for_a_peer_of_its_language_says_so(world: World, pag
         go(page, "#/apps/mixed/recoveries?executor=mixed-ts")
         card = page.locator('section.recovery:has(h2:has-text("mixed-ts"))').first
         timeline = card.locator("ol.timeline")
-        expect(timeline).to_contain_text("Waiting for a healthy peer of its language")
-        expect(timeline).to_contain_text("Blocked: no healthy peer of its language")
+        expect(timeline).to_contain_text("Waiting for a healthy TypeScript peer")
+        expect(timeline).to_contain_text("Blocked: no healthy TypeScript peer")
         expect(card).to_contain_text("(python), which cannot run a typescript executor's workflows")
+
+        # An answer without the language (an instance of the release before) says "of its language".
+        def as_the_release_before(route: Route) -> None:
+            answer = route.fetch()
+            older = [{k: v for k, v in r.items() if k != "language"} for r in answer.json()]
+            route.fulfill(response=answer, json=older)
+
+        page.route("**/v2/orgs/acme/apps/mixed/recoveries?*", as_the_release_before)
+        page.reload()
+        expect(timeline).to_contain_text("Blocked: no healthy peer of its language")
+        expect(timeline).to_contain_text("Waiting for a healthy peer of its language")
 
 
 def test_an_apps_grace_period_is_shown_as_set_also_from_the_release_before(world: World, page: Page) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
+from pydantic import Field
 
 from relay.api.apps import app_or_404
 from relay.api.common import ApiError, Caller, Ctx, DecodedRoute, Page, PathId, QueryName
@@ -50,6 +51,11 @@ class Recovery(Shape):
     executorId: str
     run: int
     applicationVersion: str
+    language: str | None = Field(
+        description="The dead executor's language, as its handshake gave it (python, typescript): a recovery"
+        " waits for a peer of that language. Null when not known: its handshake gave none, or the record of"
+        " that death is gone (deleted by the run that succeeded, or replaced as the executor reconnected)."
+    )
     trigger: str = one_of("grace_period", "operator", "repair", "reconcile")
     status: str = one_of("dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed")
     error: str | None
@@ -100,6 +106,7 @@ def recovery(row: RecoveryRow) -> Recovery:
         executorId=row.executor_id,
         run=row.run,
         applicationVersion=row.application_version,
+        language=row.language,
         trigger=row.trigger,
         status=row.status,
         error=row.error,

@@ -297,8 +297,14 @@ function recoveryCard(ctx, app, r, recover) {
   const waits = {"recovery.waiting_for_peer": "Waiting for a healthy peer", "recovery.awaiting_operator": "Waiting for an operator (version upgrade not allowed)"};
   // A wait for a peer of the executor's own language (an app mixing SDKs) is said as such: "no healthy
   // peer" read as if the app had none, beside the healthy executors of another language it lists.
+  // Which language, named as the SDKs are (the API gives the handshake's "python", "typescript"; a
+  // language Relay has no name for as given): unnamed, on-call had to open the executor to learn
+  // which peers to start. An answer without it (its record gone, or an instance of the release
+  // before) says "of its language", as before.
+  const sdkNames = {python: "Python", typescript: "TypeScript"};
+  const itsPeer = r.language ? `${Object.hasOwn(sdkNames, r.language) ? sdkNames[r.language] : r.language} peer` : "peer of its language";
   const ofItsLanguage = (t) => t && t.detail && t.detail.reason === "no_peer_of_its_language";
-  const waitTitle = (t) => ofItsLanguage(t) ? "Waiting for a healthy peer of its language" : waits[t.action];
+  const waitTitle = (t) => ofItsLanguage(t) ? `Waiting for a healthy ${itsPeer}` : waits[t.action];
   const firstDispatch = r.attempts.length ? r.attempts[0].dispatchedAt : null;
   for (const t of r.timeline || []) {
     if (waits[t.action] && (!firstDispatch || t.at <= firstDispatch)) items.push(step("warn", waitTitle(t), t.at));
@@ -323,7 +329,7 @@ function recoveryCard(ctx, app, r, recover) {
   const blocked = r.status === "waiting_for_peer" || r.status === "awaiting_operator";
   if (blocked && r.attempts.length) {
     const lastWait = (r.timeline || []).filter((t) => waits[t.action]).pop();
-    const peerless = ofItsLanguage(lastWait) ? "Blocked: no healthy peer of its language" : "Blocked: no healthy peer";
+    const peerless = ofItsLanguage(lastWait) ? `Blocked: no healthy ${itsPeer}` : "Blocked: no healthy peer";
     items.push(step("bad", r.status === "waiting_for_peer" ? peerless : "Blocked: awaiting an operator", r.updatedAt));
   }
   // A way out, named on the card: the button (with a key that may write), and the command.

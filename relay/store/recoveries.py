@@ -74,6 +74,9 @@ class RecoveryRow:
     created_at: datetime
     updated_at: datetime
     attempts: list[dict[str, Any]]
+    # The dead executor's language, as its handshake gave it (None: it gave none, or the record of
+    # that death is gone: deleted by the run that succeeded, or replaced as the executor reconnected).
+    language: str | None
     # The audit entries of this run, oldest first, and the executor.dead of its death: its timeline.
     history: list[dict[str, Any]] = field(default_factory=list)
 
@@ -94,7 +97,8 @@ _RUNS = """FROM recoveries WHERE org = %s AND app = %s AND (%s::text IS NULL OR 
 def recovery_page(newest_first: bool) -> str:
     """A page of an app's runs with their attempts (parameters: those of ``_RUNS``, limit, offset).
     The page is cut first, along the index of the listing's order (``recoveries_by_created``), and
-    only its runs' attempts are read: a page costs the runs up to it, not every run the app has had."""
+    only its runs' attempts (and their executors' languages) are read: a page costs the runs up to
+    it, not every run the app has had."""
     order = "DESC" if newest_first else "ASC"
     return f"""WITH page AS (
                    SELECT * {_RUNS}
@@ -103,7 +107,10 @@ def recovery_page(newest_first: bool) -> str:
                    SELECT json_agg(json_build_object(
                        'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
                        'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
-                   FROM recovery_attempts a WHERE a.recovery_id = r.id), '[]') AS attempts
+                   FROM recovery_attempts a WHERE a.recovery_id = r.id), '[]') AS attempts,
+                   (SELECT nullif(e.language, '') FROM executors e
+                    WHERE e.org = r.org AND e.app = r.app AND e.executor_id = r.executor_id
+                      AND e.epoch = r.epoch) AS language
                FROM page r ORDER BY r.created_at {order}, r.run {order}, r.id {order}"""
 
 
