@@ -8,6 +8,8 @@ RELAY_TEST_APP_VERSION) and:
 - RELAY_TEST_EVIDENCE: a PostgreSQL URL; every alert the handler receives becomes a row of
   ``alerts_received`` (name, message, metadata, the executor that took it);
 - RELAY_TEST_FAILURES: how many ``failing`` workflows to run (each raises) once launched;
+- RELAY_TEST_FAILURES_GATE: a file; the ``failing`` workflows run once it exists (after READY),
+  not at launch: a failure at a moment the test picks (while Relay is down, say);
 - RELAY_TEST_HOLD_QUEUE: how many ``job`` workflows to enqueue on the queue ``serial``
   (concurrency 1) behind a ``blocker`` that waits an hour, so they stay ENQUEUED;
 - RELAY_TEST_HOLD_QUEUE_NAME: that queue's name, if not ``serial``;
@@ -119,6 +121,20 @@ def job(n: int) -> int:
     return n
 
 
+def fail(failures: int) -> None:
+    for n in range(failures):
+        try:
+            DBOS.start_workflow(failing, n).get_result()
+        except RuntimeError:
+            pass
+
+
+def fail_at_gate(path: str, failures: int) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    fail(failures)
+
+
 def main() -> None:
     config: DBOSConfig = {
         "name": ENV["RELAY_TEST_APP"],
@@ -133,11 +149,11 @@ def main() -> None:
     DBOS(config=config)
     DBOS.alert_handler(take_alert)  # after DBOS(), before launch, as DBOS 3.2 wants
     DBOS.launch()
-    for n in range(int(ENV.get("RELAY_TEST_FAILURES", "0"))):
-        try:
-            DBOS.start_workflow(failing, n).get_result()
-        except RuntimeError:
-            pass
+    failures = int(ENV.get("RELAY_TEST_FAILURES", "0"))
+    if ENV.get("RELAY_TEST_FAILURES_GATE"):
+        threading.Thread(target=fail_at_gate, args=(ENV["RELAY_TEST_FAILURES_GATE"], failures), daemon=True).start()
+    else:
+        fail(failures)
     held = int(ENV.get("RELAY_TEST_HOLD_QUEUE", "0"))
     if held:
         # Registered after launch, as DBOS 3.2 wants; queue names are the app's own in a shared system database.

@@ -807,20 +807,6 @@ def test_a_key_limited_to_apps_makes_rules_that_deliver_only_to_its_apps(start_r
         assert made.status_code == 201, made.text
 
 
-def test_the_observer_forgets_the_counts_of_rules_that_no_longer_exist(relay_db: str) -> None:
-    """A WorkflowFailure rule's last count is kept between rounds; a rule deleted through the API must
-    not leave its entry for the process's life (each round passes the rules that exist)."""
-    rules = [{"kind": "UnresponsiveApplication", "forSecs": 1, "webhook": "http://127.0.0.1:9/"}]
-
-    async def scenario(db: Database, alerts: AlertStore) -> set[str]:
-        observer = ConditionObserver(alerts, gateway=None)  # type: ignore[arg-type]  # never asked here
-        observer._counted_at.update({"kept": 1.0, "deleted-1": 2.0, "deleted-2": 3.0})
-        observer.forget_others({"kept", "never-counted"})
-        return set(observer._counted_at)
-
-    assert with_store(relay_db, rules, scenario) == {"kept"}
-
-
 def test_an_app_whose_records_are_all_deleted_is_still_unresponsive(relay_db: str) -> None:
     """An app counts as having had executors while their ids are remembered, not only while their
     records last: a verified recovery deletes a record, and an app never connected stays quiet."""

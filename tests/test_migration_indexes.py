@@ -24,8 +24,10 @@ from harness.waiting import assert_eventually
 from relay.api.audit import conductor_entry
 from relay.errors import DatabaseError
 from relay.store import db as db_module
+from relay.store.alerts import AlertStore
 from relay.store.audit import AuditEntry, AuditMatch, AuditStore, audit_page, requested_from
 from relay.store.db import Database
+from relay.store.lease import Lease
 from relay.store.migrations import MIGRATIONS, Migration
 from tests.test_upgrade import schema_versions
 
@@ -402,3 +404,49 @@ def test_migration_22_leaves_the_entries_it_finds_and_those_of_earlier_releases_
 
     found = [(e.subject.id, e.sourceIp) for e in map(conductor_entry, asyncio.run(written_and_read()))]
     assert found == [("no-request", ""), ("relay", ""), ("upgraded", "192.0.2.7"), ("still-old", ""), ("before", "")]
+
+
+# A rule as the releases before migration 24 insert one (relay.store.alerts, AlertStore.create).
+OLD_RULE = """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, format, source)
+              VALUES (%s, 'acme', 'ledger', 'WorkflowFailure', '{"windowSecs": 1}', 0, 'http://127.0.0.1:9/', 'json',
+                      'api')"""
+
+
+def test_migration_24_leaves_rules_never_counted_and_keeps_the_count_that_settles(relay_db: str) -> None:
+    """Migration 24 adds ``alert_rules.counted_at``: when a WorkflowFailure rule's failures were last
+    counted, for the next count, on any instance, to reach back to. The rules made before it, and
+    those an instance of the earlier release still running makes after it (its insert leaves the
+    column out), have none: their next count reaches back one check interval, as before. A count
+    keeps its moment as its evaluation settles, and a reading older than one settled first keeps
+    nothing (it changes nothing else either)."""
+    assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 23])[-1] == 23
+    with psycopg.connect(relay_db) as conn:
+        conn.execute("INSERT INTO orgs (name) VALUES ('acme')")
+        conn.execute("INSERT INTO apps (org, name, executor_timeout_secs) VALUES ('acme', 'ledger', 5)")
+        conn.execute(OLD_RULE, ("before",))
+    assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 24]) == [24]
+    with psycopg.connect(relay_db) as conn:
+        conn.execute(OLD_RULE, ("still-old",))
+    migrate(relay_db)  # the later migrations, under which the code below runs
+
+    async def counted() -> tuple[list[float | None], list[float | None]]:
+        db = Database(relay_db, min_size=1, max_size=2)
+        await db.open()
+        lease = Lease(db, "relay-1", 30)  # a settle commits only under a lease
+        await lease.acquire()
+        try:
+            store = AlertStore(db)
+            found = [await store.counted_at(rule_id) for rule_id in ("before", "still-old")]
+            record = await store.get_rule("before")
+            assert record is not None
+            older, newer = await store.reading(), await store.reading()
+            await store.settle(record.rule(), [], 0.0, newer, counted_at=1_700_000_000.25)
+            await store.settle(record.rule(), [], 0.0, older, counted_at=1_700_000_009.0)  # stale: kept nothing
+            return found, [await store.counted_at(rule_id) for rule_id in ("before", "still-old")]
+        finally:
+            await lease.stop()
+            await db.close()
+
+    found, kept = asyncio.run(counted())
+    assert found == [None, None]
+    assert kept == [1_700_000_000.25, None]

@@ -361,6 +361,62 @@ def test_a_failure_window_shorter_than_the_check_interval_misses_no_failure(
     assert paged[0]["workflowName"] == "failing"
 
 
+def test_a_failure_between_one_instances_last_count_and_anothers_first_is_counted(
+    start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str, sysdb: str, relay_db: str, tmp_path: Path
+) -> None:
+    """Each count of a ``WorkflowFailure`` rule reaches back to the one before (above). That count's
+    moment was kept in the memory of the instance that made it: the next round may run on another
+    instance (each round runs once, wherever it was started first), or after a restart, and that
+    instance reached back one check interval only. A failure after the last count of relay-1, which
+    then stopped, and more than that interval (and the margin) before the first count of relay-2 was
+    counted by neither, and paged nobody. The count's moment is kept with the rule, in the
+    transaction that settles the count, and relay-2 reaches back to relay-1's last count."""
+    gate = tmp_path / "fail-now"
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "WorkflowFailure", "workflowName": "failing", "count": 1, "windowSecs": 0.5,
+                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
+        # A grace period longer than the test: the executor's reconnection to relay-2 is no death.
+        config = alert_config(free_port(), rules, grace=60)
+        first = start_relay(config, instance_id="relay-1")
+        env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_FAILURES": "1", "RELAY_TEST_FAILURES_GATE": str(gate)}
+        executor = start_executor(first.conductor_url, module="harness.alert_app", env=env)
+        assert_eventually(lambda: first.state_of("acme", "ledger", executor.executor_id) == "HEALTHY", 15)
+        healthy_ms = time.time() * 1000
+
+        def counts_since(since_ms: float) -> int:
+            """The rule's evaluations (each its own workflow, relay.alerts.rule) begun after ``since_ms``
+            and finished."""
+            with psycopg.connect(relay_db, autocommit=True) as conn:
+                row = conn.execute(
+                    """SELECT count(*) FROM dbos.workflow_status
+                       WHERE name = 'relay.alerts.rule' AND status = 'SUCCESS' AND created_at > %s""",
+                    (since_ms,),
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        assert_eventually(lambda: counts_since(healthy_ms) >= 2, 15, what="relay-1 counting the rule")
+        first.stop()
+        gate.touch()  # the failure, with no instance running
+        with psycopg.connect(sysdb, autocommit=True) as conn:
+
+            def failed_at() -> float | None:
+                row = conn.execute(
+                    "SELECT completed_at FROM dbos.workflow_status WHERE name = 'failing' AND status = 'ERROR'"
+                ).fetchone()
+                return None if row is None or row[0] is None else row[0] / 1000
+
+            failed = assert_eventually(failed_at, 15, what="the failure")
+        # relay-2's first count, reaching back one check interval and the margin, cannot see it.
+        reach = failed + config["alerts"]["checkIntervalSecs"] + COMMIT_LAG_SECS + 0.5
+        assert_eventually(lambda: time.time() > reach, 10, what="the failure out of one interval's reach")
+        started_ms = time.time() * 1000
+        start_relay(config, instance_id="relay-2")
+        paged = assert_eventually_or_none(lambda: receiver.payloads("WorkflowFailure"), 20)
+        counted = counts_since(started_ms)
+        assert paged, f"a failure between two counts paged nobody (relay-2 evaluated the rule {counted} times)"
+        assert [p["workflowName"] for p in paged] == ["failing"], paged
+
+
 def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(
     start_relay: StartRelay, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

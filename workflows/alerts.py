@@ -242,7 +242,6 @@ def _rule(data: dict[str, Any]) -> Rule:
 async def condition_rules() -> list[dict[str, Any]]:
     svc = services().alerts
     rules = await svc.store.rules_of(CONDITION_KINDS)
-    svc.observer.forget_others({rule.id for rule in rules})
     return [_rule_json(rule) for rule in rules]
 
 
@@ -251,14 +250,20 @@ def _evaluation_failed(exc: Exception) -> list[dict[str, Any]]:
 
 
 async def due_alerts(
-    store: AlertStore, rule: Rule, observed: list[Observed], reading: int | None = None, over: str | None = None
+    store: AlertStore,
+    rule: Rule,
+    observed: list[Observed],
+    reading: int | None = None,
+    over: str | None = None,
+    counted_at: float | None = None,
 ) -> list[tuple[Alert, bool]]:
-    """Record which subjects hold (unless a reading newer than ``reading`` was recorded first); (alert,
-    late) of those due: not yet claimed, or held back by minIntervalSecs and free to go out now
-    (late), the episode still holding. An alerted episode that ends is resolved, saying why (``over``,
-    or the kind's own reason): :meth:`AlertStore.settle`."""
+    """Record which subjects hold (unless a reading newer than ``reading`` was recorded first), and a
+    WorkflowFailure rule's count time (``counted_at``) with them; (alert, late) of those due: not yet
+    claimed, or held back by minIntervalSecs and free to go out now (late), the episode still holding.
+    An alerted episode that ends is resolved, saying why (``over``, or the kind's own reason):
+    :meth:`AlertStore.settle`."""
     by_key = {seen.key: seen for seen in observed}
-    due = await store.settle(rule, sorted(by_key), hold_secs(rule), reading, over)
+    due = await store.settle(rule, sorted(by_key), hold_secs(rule), reading, over, counted_at)
     alerts = [condition_alert(rule, by_key[key], episode, since) for key, episode, since in due if key in by_key]
     keys = [a.idempotency_key for a in alerts]
     claimed = await store.claimed(keys)
@@ -279,13 +284,12 @@ async def _evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     seen = await svc.observer.observe_why(rule)
     if seen is None:
         return []
-    observed, over = seen
     # On time, an alert as relay.alerts.evaluate has always checkpointed it (an earlier build resuming
     # a round of relay.alerts.check during a rolling upgrade reads those); late, wrapped, which no
     # alert's own members can be mistaken for. relay.alerts.evaluate_rule checkpoints the same shapes.
     return [
         {"late": a.to_json()} if late else a.to_json()
-        for a, late in await due_alerts(svc.store, rule, observed, reading, over)
+        for a, late in await due_alerts(svc.store, rule, seen.observed, reading, seen.over, seen.counted_at)
     ]
 
 

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from relay.config import AlertRuleConfig
 from relay.core.alerts import Alert, Kind, Observed, Rule, idempotency_header, signature, webhook_body
@@ -140,35 +140,46 @@ def _sdk_time(unix: float) -> str:
     return sdk_time(datetime.fromtimestamp(unix, UTC))
 
 
+class Seen(NamedTuple):
+    """What an evaluation of a condition rule found (:meth:`ConditionObserver.observe_why`)."""
+
+    observed: list[Observed]  # the subjects the condition holds for now
+    # Why the condition holds no longer for a subject it held for (None: the kind's own reason, :func:`why_over`).
+    over: str | None = None
+    # A WorkflowFailure rule's: when its count was made, kept as the evaluation settles (AlertStore.settle).
+    counted_at: float | None = None
+
+
 class ConditionObserver:
     def __init__(self, store: AlertStore, gateway: ExecutorGateway, check_interval_secs: float = 30.0) -> None:
         self.store = store
         self.gateway = gateway
         self.check_interval_secs = check_interval_secs
-        # When each WorkflowFailure rule was last counted here: a window shorter than the time
-        # between two counts would leave failures in the gap counted by neither.
-        self._counted_at: dict[str, float] = {}
-
-    def forget_others(self, rule_ids: set[str]) -> None:
-        """Drop what is kept about rules not among ``rule_ids`` (the condition rules that exist now):
-        rules deleted through the API would otherwise leave an entry each for the process's life."""
-        for gone in self._counted_at.keys() - rule_ids:
-            del self._counted_at[gone]
 
     async def observe(self, rule: Rule) -> list[Observed] | None:
         """The subjects the rule's condition holds for now; None when that cannot be known now."""
         seen = await self.observe_why(rule)
-        return None if seen is None else seen[0]
+        return None if seen is None else seen.observed
 
-    async def observe_why(self, rule: Rule) -> tuple[list[Observed], str | None] | None:
-        """:meth:`observe`, and why the condition holds no longer for a subject it held for (None:
-        the kind's own reason, :func:`why_over`)."""
+    async def observe_why(self, rule: Rule) -> Seen | None:
+        """:meth:`observe`, why the condition holds no longer for a subject it held for, and when a
+        WorkflowFailure rule's count was made (:class:`Seen`)."""
         if rule.kind is Kind.UNRESPONSIVE_APPLICATION:
             return await self._unresponsive(rule)
-        observed = await self._observe(rule)
-        return None if observed is None else (observed, None)
+        if rule.kind is Kind.RECOVERY_BLOCKED:
+            return Seen(await self._blocked(rule))
+        try:
+            if rule.kind is Kind.WORKFLOW_FAILURE:
+                return await self._failures(rule)
+            if rule.kind is Kind.SLOW_QUEUE:
+                held = await self._slow_queues(rule)
+                return None if held is None else Seen(held)
+        except (ExecutorRequestError, TooManyRequests) as exc:
+            log.debug("alert rule %s of %s/%s cannot be evaluated now: %s", rule.id, rule.org, rule.app, exc)
+            return None
+        raise ValueError(f"{rule.kind} is not a condition")
 
-    async def _unresponsive(self, rule: Rule) -> tuple[list[Observed], str | None]:
+    async def _unresponsive(self, rule: Rule) -> Seen:
         had, healthy = await self.store.app_executors(rule.org, rule.app)
         if not had:
             # Never connected (not there yet), or every id it had is forgotten: retention prunes an
@@ -177,25 +188,12 @@ class ConditionObserver:
             why = (f"Relay no longer remembers any executor of app {rule.app} (their ids, not seen for "
                    "retention.executorIdsDays, were pruned), so it stops watching the app until one connects; "
                    "it is not known to be back")  # fmt: skip
-            return [], why
+            return Seen([], why)
         if healthy > 0:
-            return [], f"app {rule.app} has {healthy} healthy executor{'s' if healthy > 1 else ''} again"
+            return Seen([], f"app {rule.app} has {healthy} healthy executor{'s' if healthy > 1 else ''} again")
         message = f"App {rule.app} has had no healthy executor for {rule.param('forSecs', 60.0):g} s."
         metadata = {"application_name": rule.app, "connected_executor_count": "0"}
-        return [Observed({"appName": rule.app}, rule.app, message, metadata)], None
-
-    async def _observe(self, rule: Rule) -> list[Observed] | None:
-        if rule.kind is Kind.RECOVERY_BLOCKED:
-            return await self._blocked(rule)
-        try:
-            if rule.kind is Kind.WORKFLOW_FAILURE:
-                return await self._failures(rule)
-            if rule.kind is Kind.SLOW_QUEUE:
-                return await self._slow_queues(rule)
-        except (ExecutorRequestError, TooManyRequests) as exc:
-            log.debug("alert rule %s of %s/%s cannot be evaluated now: %s", rule.id, rule.org, rule.app, exc)
-            return None
-        raise ValueError(f"{rule.kind} is not a condition")
+        return Seen([Observed({"appName": rule.app}, rule.app, message, metadata)])
 
     async def _blocked(self, rule: Rule) -> list[Observed]:
         """The deaths whose recovery waits (for the rule's ``reason``, if it names one), and those it
@@ -232,10 +230,15 @@ class ConditionObserver:
             return None
         return reply
 
-    async def _failures(self, rule: Rule) -> list[Observed] | None:
+    async def _failures(self, rule: Rule) -> Seen | None:
         name: str | None = rule.param("workflowName")
         now = time.time()
-        since = self._counted_at.get(rule.id, now - self.check_interval_secs)
+        # The last count that settled, on whichever instance made it: a window shorter than the time
+        # between two counts would leave failures in the gap counted by neither. Never counted (a new
+        # rule, or one an earlier release counted): one check interval back.
+        since = await self.store.counted_at(rule.id)
+        if since is None:
+            since = now - self.check_interval_secs
         # At least back to the last count (the loop's interval, and the time a count takes), and a
         # margin before it for a failure stamped before that count and committed after it read.
         configured = float(rule.param("windowSecs", 300.0))
@@ -252,10 +255,9 @@ class ConditionObserver:
         reply = await self._aggregates(rule, body)
         if reply is None:
             return None
-        self._counted_at[rule.id] = now
         failed = sum(row.count or 0 for row in reply.output)
         if failed < threshold:
-            return []
+            return Seen([], counted_at=now)
         which = f"workflow {name}" if name else "workflows"
         message = f"{failed} {which} of app {rule.app} failed in the last {configured:g} s (threshold {threshold})."
         metadata = {
@@ -264,7 +266,7 @@ class ConditionObserver:
             "threshold": str(threshold),
             "period_secs": f"{configured:g}",
         }
-        return [Observed({"workflowName": name or "*"}, name or "*", message, metadata)]
+        return Seen([Observed({"workflowName": name or "*"}, name or "*", message, metadata)], counted_at=now)
 
     async def _slow_queues(self, rule: Rule) -> list[Observed] | None:
         name: str | None = rule.param("queueName")

@@ -3,7 +3,9 @@
 - ``alert_rules``: relay.yaml's rules (copied in at every start, ``source
   'config'``, with an id drawn from their content) and the API's. A webhook's
   URL and secret live here only: :class:`RuleRecord` carries them to the
-  sender, and the API shows a host and whether a secret is set.
+  sender, and the API shows a host and whether a secret is set. A
+  WorkflowFailure rule's row keeps when its failures were last counted
+  (``counted_at``), for the next count, on any instance, to reach back to.
 - ``alerts``: one row per idempotency key, claimed by the first step of its
   delivery workflow (which also applies the repeat interval) and finished by
   its last one, with the ``alert.sent`` or ``alert.failed`` audit entry. A
@@ -22,7 +24,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -451,8 +453,22 @@ class AlertStore:
             row = await cur.fetchone()
             return int(row["n"]) if row else 0
 
+    async def counted_at(self, rule_id: str) -> float | None:
+        """When the rule's failures were last counted by an evaluation that settled (:meth:`settle`),
+        on any instance; None if never (a new rule, or one of a release before migration 24)."""
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT counted_at FROM alert_rules WHERE id = %s", (rule_id,))
+            row = await cur.fetchone()
+        return None if row is None or row["counted_at"] is None else float(row["counted_at"].timestamp())
+
     async def settle(
-        self, rule: Rule, holding: list[str], hold_secs: float, reading: int | None = None, over: str | None = None
+        self,
+        rule: Rule,
+        holding: list[str],
+        hold_secs: float,
+        reading: int | None = None,
+        over: str | None = None,
+        counted_at: float | None = None,
     ) -> list[tuple[str, int, str]]:
         """Record which subjects the condition holds for now; returns (subject, episode, since) of
         those that have held for ``hold_secs``. A subject no longer holding ends its episode; if
@@ -466,7 +482,13 @@ class AlertStore:
         next round alerted it again as a new one; an old "holding" would begin an episode that
         had ended. A rule whose recorded reading is ahead of the sequence itself (the sequence was
         reset: a restore, a copy by logical replication, which leaves sequences behind) takes the
-        reading, rather than finding every later one stale for ever."""
+        reading, rather than finding every later one stale for ever.
+
+        ``counted_at``: when a WorkflowFailure rule's count was made (Relay's clock, before it
+        asked), kept with what the count found, for the next count to reach back to
+        (:meth:`counted_at`). Kept only here: a count whose evaluation fails before it settles (the
+        database, the instance killed) leaves the previous time, and the next count reaches back
+        over what it saw."""
         async with self.db.fenced() as conn:
             cur = await conn.execute(
                 """SELECT settled_reading, settled_reading > (SELECT last_value FROM alert_readings) AS ahead
@@ -480,6 +502,11 @@ class AlertStore:
                 if row["settled_reading"] is not None and row["settled_reading"] > reading and not row["ahead"]:
                     return []  # a newer reading settled first
                 await conn.execute("UPDATE alert_rules SET settled_reading = %s WHERE id = %s", (reading, rule.id))
+            if counted_at is not None:
+                await conn.execute(
+                    "UPDATE alert_rules SET counted_at = %s WHERE id = %s",
+                    (datetime.fromtimestamp(counted_at, UTC), rule.id),
+                )
             await self._end_episodes(conn, rule, holding, over)
             await conn.execute(
                 """INSERT INTO alert_conditions (rule_id, subject) SELECT %s, unnest(%s::text[])

@@ -602,4 +602,16 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE relay_rpc ADD COLUMN request_id text;
         """,
     ),
+    Migration(
+        24,
+        """
+        -- When a WorkflowFailure rule's failures were last counted, by the evaluation that settled
+        -- (relay.store.alerts.AlertStore.settle): the next count, on whichever instance, reaches back
+        -- to it. Kept in one instance's memory, a count by another instance, or after a restart,
+        -- reached back one check interval only, and failures in between were counted by neither.
+        -- Null for the rules of earlier releases, which leave it out: one check interval back, as
+        -- before. A nullable column without a default.
+        ALTER TABLE alert_rules ADD COLUMN counted_at timestamptz;
+        """,
+    ),
 ]
