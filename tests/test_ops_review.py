@@ -35,7 +35,7 @@ from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.cli import main as cli_main
-from relay.domain.alerts import COMMIT_LAG_SECS
+from relay.domain.alerts import COMMIT_LAG_SECS, MAX_CATCH_UP_SECS
 from tests.test_alerts import alert_config, audit
 
 StartRelay = Callable[..., RelayProcess]
@@ -415,6 +415,44 @@ def test_a_failure_between_one_instances_last_count_and_anothers_first_is_counte
         counted = counts_since(started_ms)
         assert paged, f"a failure between two counts paged nobody (relay-2 evaluated the rule {counted} times)"
         assert [p["workflowName"] for p in paged] == ["failing"], paged
+
+
+def test_a_count_after_a_long_gap_reaches_back_an_hour_beyond_the_window_at_most(
+    start_relay: StartRelay, relay_db: str
+) -> None:
+    """The last count's time is kept in the database (above): after Relay was down for two hours, a
+    count reaching back to it would measure two hours of failures against a threshold per
+    ``windowSecs``, and page for a rate the rule does not describe. It reaches back the rule's
+    window, one check interval and ``MAX_CATCH_UP_SECS`` at most."""
+    asked: list[tuple[float, dict[str, Any]]] = []
+
+    def aggregates(request: dict[str, Any]) -> dict[str, Any]:
+        asked.append((time.time(), request["body"]))
+        return {"output": []}
+
+    def reach_back(body: dict[str, Any], at: float) -> float:
+        return at - datetime.fromisoformat(body["completed_after"]).timestamp()
+
+    with WebhookReceiver() as receiver:
+        rules = [{"kind": "WorkflowFailure", "workflowName": "failing", "count": 1, "windowSecs": 60,
+                  "webhook": receiver.url("/failures"), "minIntervalSecs": 0}]  # fmt: skip
+        config = alert_config(free_port(), rules)
+        relay = start_relay(config)
+        url = f"ws://127.0.0.1:{relay.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
+        with SimulatedPeer(url, "peer-1", "answer", replies={"get_workflow_aggregates": aggregates}):
+            assert_eventually(lambda: asked, 15, what="a first count")
+            first = len(asked)
+
+            def counted_after_the_gap() -> list[tuple[float, dict[str, Any]]]:
+                deep = [(at, body) for at, body in asked[first:] if reach_back(body, at) > 120]
+                if not deep:  # again: a count in flight as it was set down may have settled over it
+                    with psycopg.connect(relay_db, autocommit=True) as conn:
+                        conn.execute("UPDATE alert_rules SET counted_at = now() - interval '2 hours'")
+                return deep
+
+            ((at, body), *_) = assert_eventually(counted_after_the_gap, 15, what="a count after the gap")
+        limit = 60 + config["alerts"]["checkIntervalSecs"] + MAX_CATCH_UP_SECS
+        assert limit - 1 < reach_back(body, at) <= limit + 1, (reach_back(body, at), limit)
 
 
 def test_a_clean_stop_in_a_rolling_restart_fires_no_instance_adopted_alert(

@@ -60,6 +60,12 @@ INTERNAL_QUEUE_PREFIX = "_dbos_internal"
 # to the previous one's moment found it too old, so neither counted it (on a loaded machine the
 # write's lag grows). It also covers a database clock a little behind Relay's.
 COMMIT_LAG_SECS = 2.0
+# How much further back than the rule's window and one check interval a count reaches to the last
+# one, at most. The last count's time is kept in the database: after Relay was down for a day (or no
+# executor could answer), a count reaching back the whole gap would measure a day's failures against
+# a threshold per windowSecs and page for a rate the rule does not describe. Failures older than
+# this, in such a gap, are left uncounted (the log says so).
+MAX_CATCH_UP_SECS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,9 @@ class ConditionObserver:
         # margin before it for a failure stamped before that count and committed after it read.
         configured = float(rule.param("windowSecs", 300.0))
         window = max(configured, now - since + COMMIT_LAG_SECS)
+        reach = configured + self.check_interval_secs + MAX_CATCH_UP_SECS
+        capped = window > reach
+        window = min(window, reach)
         threshold = int(rule.param("count", 1))
         body = GetWorkflowAggregatesBody(
             group_by_name=True,
@@ -255,6 +264,9 @@ class ConditionObserver:
         reply = await self._aggregates(rule, body)
         if reply is None:
             return None
+        if capped:  # said once: this count settles, and the next reaches back to it
+            log.info("alert rule %s of %s/%s was last counted %.0f s ago: failures before the last %.0f s "
+                     "are not counted", rule.id, rule.org, rule.app, now - since, window)  # fmt: skip
         failed = sum(row.count or 0 for row in reply.output)
         if failed < threshold:
             return Seen([], counted_at=now)
