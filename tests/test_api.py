@@ -180,6 +180,10 @@ def test_a_crowd_connecting_at_once_is_recorded_and_a_duplicate_id_replaces_its_
         try:
             ids = await asyncio.gather(*(handshake(ws) for ws in sockets), handshake(twin, "twin"))
             await off_loop(assert_eventually, lambda: len(_healthy(relay)) == 151, 30)
+            # As `dbosctl app executors` asks (dbos-ctl internal/cli/app.go:261): no limit, and no
+            # way to page. All 151, not the first 100.
+            listed = await off_loop(_listed_without_a_limit, relay)
+            assert set(ids) <= {e["executorId"] for e in listed}, len(listed)
             # The same executor id again while its first socket is open: a reconnect after a blip.
             # (Which of two handshakes in flight at once is newer is the order Relay records them
             # in, so the first is recorded before the second is opened.)
@@ -276,6 +280,12 @@ def test_an_executor_back_from_the_dead_sends_nothing_to_its_finished_grace_peri
             "SELECT destination_uuid FROM dbos.notifications WHERE destination_uuid LIKE 'grace:%'"
         ).fetchall()
     assert dead_status == "SUCCESS" and [r[0] for r in sent] == [blip]
+
+
+def _listed_without_a_limit(relay: RelayProcess) -> list[dict[str, Any]]:
+    with relay.api() as api:
+        rows: list[dict[str, Any]] = api.get("/apps/ledger/executors").json()
+        return rows
 
 
 def _healthy(relay: RelayProcess) -> list[str]:

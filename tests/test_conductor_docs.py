@@ -305,6 +305,50 @@ def test_dbosctl_app_list_and_get_decode_an_app_whose_grace_period_has_a_fractio
     assert schema["type"] == "integer", schema
 
 
+# More than the 100 a Relay list holds by default: what dbosctl showed of each list it cannot page.
+PAST_A_PAGE = 101
+
+
+def test_dbosctls_lists_that_send_no_limit_are_answered_up_to_a_pages_maximum(relay: RelayProcess) -> None:
+    """Conductor's document (the one dbos-ctl vendors, internal/api/openapi-3.1.json) gives
+    ``listApps``, ``listTokens`` and ``listAlertingRules`` no query parameter: Conductor answers them
+    whole, and ``dbosctl app list`` and ``api-key list`` send none (internal/cli/app.go:125,
+    apikey.go:68; client.gen.go's NewListAppsRequest and NewListTokensRequest add no query) and have
+    no flag to page. Relay answered its first 100, so dbosctl showed 100 apps of 101 and said
+    nothing of the rest. Without a ``limit`` these lists now hold a page's maximum (1,000), as a
+    workflow search without one does; a ``limit`` given is kept, and the maximum stays 1,000. (The
+    executors, dbosctl's ``app executors``: tests/test_api.py's crowd of 151.) In globex, which no
+    other test of this module lists."""
+    apps = [f"dbosctl-many-{n:03}" for n in range(PAST_A_PAGE)]
+    with relay.client(key=API_KEYS["globex"]) as api:
+        for app in apps:
+            assert api.put(f"/v2/orgs/globex/apps/{app}", json={}).status_code == 204
+            made = api.post(f"/v2/orgs/globex/tokens/{app}", json={"permissions": ["application.read"]})
+            assert made.status_code == 201, said(made)
+            rule = {"ruleType": "WorkflowFailure", "receivingAppName": apps[0]}
+            made = api.post(f"/v2/orgs/globex/apps/{apps[0]}/alerting-rules", json=rule)
+            assert made.status_code == 201, said(made)
+        lists = {
+            "/v2/orgs/globex/apps": lambda found: {a["name"] for a in found} >= set(apps),
+            "/v2/orgs/globex/tokens": lambda found: {t["tokenName"] for t in found} >= set(apps),
+            f"/v2/orgs/globex/apps/{apps[0]}/alerting-rules": lambda found: len(found) == PAST_A_PAGE,
+        }
+        for path, whole in lists.items():
+            listed = api.get(path)  # no parameter, as dbosctl sends it
+            assert listed.status_code == 200 and whole(listed.json()), said(listed)
+            assert len(api.get(path, params={"limit": 5}).json()) == 5
+            assert api.get(path, params={"limit": 1001}).status_code == 422
+    document = httpx.get(f"{relay.http}/openapi.json", verify=TLS).json()
+    for path in (
+        "/v2/orgs/{org}/apps",
+        "/v2/orgs/{org}/apps/{app}/executors",
+        "/v2/orgs/{org}/tokens",
+        "/v2/orgs/{org}/apps/{app}/alerting-rules",
+    ):
+        [limit] = [p for p in document["paths"][path]["get"]["parameters"] if p["name"] == "limit"]
+        assert (limit["schema"]["default"], limit["schema"]["maximum"]) == (1000, 1000), limit
+
+
 # Every body of an operation of Conductor's that Relay serves, each as small as it may be; acme's
 # ledger has no executor in this module, so those asked of an executor answer 503 once taken.
 SCHEMA_URL = "https://conductor.example/schemas/Body.json"

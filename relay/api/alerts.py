@@ -23,9 +23,9 @@ from relay.api.common import (
     Ctx,
     DecodedRoute,
     JsonInteger,
-    Page,
     PathId,
     QueueOrScheduleName,
+    WholePage,
     actor,
     error_response,
 )
@@ -260,7 +260,7 @@ def _locations(exc: ValidationError) -> list[dict[str, str]]:
 
 # The members a rule has (a webhook's or an app's), no nulls for those it has not.
 @router.get("", response_model=list[AlertingRule], response_model_exclude_unset=True)
-async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: Page) -> list[dict[str, Any]]:
+async def list_rules(org: str, app: str, ctx: Ctx, _: Caller, page: WholePage) -> list[dict[str, Any]]:
     if not await ctx.apps.exists(org, app):
         raise ApiError(404, "not_found", f"no app {app!r} in org {org!r}")
     return [rule_json(r) for r in await ctx.alert_rules.store.list_rules(org, app, page.limit, page.offset)]

@@ -18,7 +18,7 @@ from relay.api.common import (
     DecodedRoute,
     Given,
     JsonInteger,
-    Page,
+    WholePage,
     actor,
     given,
     optional,
@@ -153,7 +153,7 @@ async def get_apps(
     org: str,
     ctx: Ctx,
     who: Caller,
-    page: Page,
+    page: WholePage,
     blocked_first: Annotated[
         bool, Query(alias="blockedFirst", description="Apps with a blocked recovery first (the console's order).")
     ] = False,

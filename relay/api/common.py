@@ -300,6 +300,20 @@ async def paging(
 
 
 Page = Annotated[Paging, Depends(paging)]
+
+
+async def whole_paging(
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> Paging:
+    return Paging(limit, offset)
+
+
+# The lists Conductor answers whole (apps, executors, keys, alerting rules): its document gives them
+# no parameters, so its clients send no ``limit`` and cannot page (dbosctl's ``app list``, ``app
+# executors`` and ``api-key list``). Without one they get the most a page holds, as a workflow
+# search without one does, not Relay's usual first 100.
+WholePage = Annotated[Paging, Depends(whole_paging)]
 Ctx = Annotated[ApiContext, Depends(_context)]
 Caller = Annotated[KeyGrant, Depends(caller)]
 Admin = Annotated[KeyGrant, Depends(admin)]

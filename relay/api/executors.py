@@ -19,8 +19,8 @@ from relay.api.common import (
     Caller,
     Ctx,
     DecodedRoute,
-    Page,
     PathId,
+    WholePage,
     actor,
 )
 from relay.api.shapes import WORKFLOW_STATUSES, Shape, one_of
@@ -130,7 +130,7 @@ class ExecutorWorkflow(Shape):
 
 @router.get("")
 async def get_executors(
-    org: str, app: str, ctx: Ctx, _: Caller, page: Page, state: ExecutorState | None = None
+    org: str, app: str, ctx: Ctx, _: Caller, page: WholePage, state: ExecutorState | None = None
 ) -> list[Executor]:
     await app_or_404(ctx, org, app)
     executors = await ctx.executors.list_executors(org, app, state, page.limit, page.offset)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, Field, Strict
 
-from relay.api.common import NO_NUL, Body, ConductorBody, Ctx, DecodedRoute, Page, PathId, permitted, storable
+from relay.api.common import NO_NUL, Body, ConductorBody, Ctx, DecodedRoute, PathId, WholePage, permitted, storable
 from relay.api.shapes import Shape, one_of
 from relay.auth import KeyGrant, Permission
 from relay.core.times import us_iso
@@ -73,7 +73,7 @@ def token(record: TokenRecord) -> Token:
 
 
 @router.get("")
-async def list_tokens(org: str, ctx: Ctx, who: Reader, page: Page) -> list[Token]:
+async def list_tokens(org: str, ctx: Ctx, who: Reader, page: WholePage) -> list[Token]:
     """The org's keys; for a key scoped to apps, only the keys scoped to some of its apps."""
     return [token(t) for t in await ctx.keys.list_tokens(org, page.limit, page.offset, within=who.apps)]
 
