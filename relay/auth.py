@@ -53,6 +53,14 @@ def new_secret() -> str:
     return SECRET_PREFIX + new_key()[0]
 
 
+def unauthorized(key: str) -> str:
+    """The detail of a 401 for the bearer key a request sent (``""``: none). Conductor's clients show
+    it (dbosctl prints the problem's title and detail, then its own "run `dbosctl login`"), and Relay
+    has keys and no logins: it says what was wrong with what was sent and what to send instead."""
+    sent = "no API key was sent as a bearer token" if not key else "the API key sent is not a key of this Relay"
+    return f"{sent}: send a Relay API key as Authorization: Bearer <apiKey> (Relay has no user logins)"
+
+
 @dataclass(frozen=True)
 class KeyGrant:
     """What one key may do. ``key_id`` never changes (a rename keeps it); ``apps`` None means every app."""

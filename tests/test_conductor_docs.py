@@ -349,6 +349,29 @@ def test_dbosctls_lists_that_send_no_limit_are_answered_up_to_a_pages_maximum(re
         assert (limit["schema"]["default"], limit["schema"]["maximum"]) == (1000, 1000), limit
 
 
+def test_a_401_says_what_to_send_where_dbosctl_prints_it(relay: RelayProcess) -> None:
+    """dbosctl prints a 401's problem as "<title>: <detail>" and adds "— run `dbosctl login`"
+    (internal/cli/errors.go:51-52, :71-78), an OIDC login Relay cannot take. The detail said only
+    "a valid API key is required", the same for a key never sent (a profile of ``--auth none``) as
+    for a key Relay does not know (DBOS Cloud's ``dbos_...``). It says which now, what to send, and
+    that Relay has no user logins."""
+    sent = {
+        "no API key was sent as a bearer token": ({}, {"Authorization": "Basic YTpi"}),
+        "the API key sent is not a key of this Relay": ({"Authorization": "Bearer dbos_not-a-relay-key"},),
+    }
+    with relay.client(key=None) as dbosctl:
+        for what, headers_sent in sent.items():
+            for headers in headers_sent:
+                refused = dbosctl.get("/v2/orgs/acme/apps", headers=headers)
+                assert refused.status_code == 401, said(refused)
+                assert refused.headers["content-type"] == "application/problem+json", said(refused)
+                problem = refused.json()
+                assert problem["title"] == "Unauthorized", said(refused)
+                assert problem["detail"] == (
+                    f"{what}: send a Relay API key as Authorization: Bearer <apiKey> (Relay has no user logins)"
+                ), said(refused)
+
+
 # Every body of an operation of Conductor's that Relay serves, each as small as it may be; acme's
 # ledger has no executor in this module, so those asked of an executor answer 503 once taken.
 SCHEMA_URL = "https://conductor.example/schemas/Body.json"

@@ -18,7 +18,7 @@ from starlette.types import Scope
 
 from relay.api.context import ApiContext
 from relay.api.refusals import mark_audited
-from relay.auth import KeyGrant, Permission
+from relay.auth import KeyGrant, Permission, unauthorized
 from relay.errors import UnsendableRequest
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditAction, AuditEntry
@@ -197,9 +197,10 @@ def authenticated(request: Request) -> KeyGrant:
     """The bearer key's grant; 401 without a valid key."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    grant = context(request).keyring.lookup(token.strip()) if scheme.lower() == "bearer" else None
+    key = token.strip() if scheme.lower() == "bearer" else ""
+    grant = context(request).keyring.lookup(key)
     if grant is None:
-        raise ApiError(401, "unauthorized", "a valid API key is required: Authorization: Bearer <apiKey>")
+        raise ApiError(401, "unauthorized", unauthorized(key))
     return grant
 
 

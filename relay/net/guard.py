@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from starlette.responses import Response
 
-from relay.auth import KeyGrant
+from relay.auth import KeyGrant, unauthorized
 from relay.config import ServerConfig
 from relay.net.connection import Message, Receive, Scope, Send
 from relay.net.httpproto import EVENT_STREAM
@@ -138,12 +138,9 @@ class HttpGuard:
 
     def _refusal(self, path: str, headers: _Headers, limit: int) -> Response | None:
         """The answer to a request refused on its headers alone, or None to let it through."""
-        if is_api(path) and path not in OPEN_PATHS and self.lookup(bearer_key(headers.get(b"authorization"))) is None:
-            response = problem(
-                401,
-                "a valid API key is required: Authorization: Bearer <apiKey>",
-                headers={"www-authenticate": "Bearer"},
-            )
+        key = bearer_key(headers.get(b"authorization"))
+        if is_api(path) and path not in OPEN_PATHS and self.lookup(key) is None:
+            response = problem(401, unauthorized(key), headers={"www-authenticate": "Bearer"})
             return _closing(response, headers)
         length = headers.get(b"content-length")
         if length:
