@@ -13,6 +13,9 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -21,6 +24,8 @@ import psycopg
 from harness import zygote
 from harness.keys import CONDUCTOR_KEYS
 from harness.procs import Child
+from harness.relay import RelayProcess, one_more_healthy
+from harness.waiting import assert_eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +115,52 @@ class ExecutorProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+
+
+class HeldJobs:
+    """An executor launching with its jobs held back until its gate opens (:func:`jobs_held`)."""
+
+    def __init__(self, gate: Path, launching: Future[ExecutorProcess]) -> None:
+        self.gate = gate
+        self.launching = launching
+        self.executor_id = ""  # learned from the registry (await_healthy): its READY comes past the jobs
+
+    def await_healthy(self, relay: RelayProcess, beside: Collection[str], timeout: float, what: str) -> dict[str, str]:
+        """The ledger's HEALTHY executors and each one's instance, once they are ``beside`` and this one,
+        whose id this learns."""
+        everyone = assert_eventually(lambda: one_more_healthy(relay, beside), timeout, what=what)
+        (self.executor_id,) = everyone.keys() - set(beside)
+        return everyone
+
+    def release(self) -> ExecutorProcess:
+        """Opens the gate (again, harmlessly, past jobs_held): the executor, once its jobs are started
+        (PENDING) and its READY, past them, is read; it is the one the registry showed."""
+        self.gate.touch()
+        executor = self.launching.result()
+        assert executor.executor_id == self.executor_id, (
+            f"READY gave {executor.executor_id}, the registry {self.executor_id}"
+        )
+        return executor
+
+
+@contextmanager
+def jobs_held(
+    start: Callable[..., ExecutorProcess], conductor_url: str, workdir: Path, env: dict[str, str], **kwargs: Any
+) -> Iterator[HeldJobs]:
+    """An executor launched by ``start`` (a test's fixture) in a thread, its jobs held back until the
+    gate opens (RELAY_TEST_JOBS_GATE: harness/executor_app.py, client_app.py, the TypeScript apps).
+    Started as it launched, they could end on it before it died when a loaded machine was slow; held,
+    they start when the test is ready for them. The gate opens on the way out, failed or not."""
+    gate = workdir / f"jobs-gate-{uuid.uuid4().hex[:6]}"
+    with ThreadPoolExecutor(1) as pool:
+        held = HeldJobs(
+            gate, pool.submit(start, conductor_url, env={**env, "RELAY_TEST_JOBS_GATE": str(gate)}, **kwargs)
+        )
+        try:
+            yield held
+            held.release()  # for its check: the launch ended as READY, with the id the registry showed
+        finally:
+            gate.touch()
 
 
 class Evidence:

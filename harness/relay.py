@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,22 @@ def list_all(api: httpx.Client, path: str, params: dict[str, Any] | None = None)
         rows += page
         if len(page) < PAGE:
             return rows
+
+
+def healthy_instances(relay: RelayProcess, app: str = "ledger") -> dict[str, str]:
+    """The app's HEALTHY executors, each one's id to the instance it is connected to."""
+    with relay.api() as api:
+        return {
+            e["executorId"]: e["relayInstance"] for e in list_all(api, f"/apps/{app}/executors", {"state": "HEALTHY"})
+        }
+
+
+def one_more_healthy(relay: RelayProcess, known: Collection[str], app: str = "ledger") -> dict[str, str]:
+    """:func:`healthy_instances` once they are the ``known`` ones and one more (empty till then): an
+    executor holding its jobs back (harness.executors.jobs_held), whose READY comes only past them, so
+    that a test learns its id here."""
+    healthy = healthy_instances(relay, app)
+    return healthy if len(healthy) == len(known) + 1 and healthy.keys() > set(known) else {}
 
 
 async def list_all_async(

@@ -14,7 +14,6 @@ import json
 import subprocess
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,11 +25,10 @@ import psycopg
 import pytest
 
 from harness.client_venv import DBOS_SERIES, ROOT, client_python
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.postgres import Postgres
 from harness.relay import RelayProcess, audit_actions
 from harness.waiting import assert_eventually
-from tests.test_recovery import healthy_executors
 
 StartRelay = Callable[..., RelayProcess]
 StartExecutor = Callable[..., ExecutorProcess]
@@ -38,14 +36,6 @@ StartExecutor = Callable[..., ExecutorProcess]
 
 def healthy(relay: RelayProcess, executor: ExecutorProcess) -> bool:
     return relay.state_of("acme", executor.app, executor.executor_id) == "HEALTHY"
-
-
-def healthy_beside(relay: RelayProcess, known: ExecutorProcess) -> str | None:
-    """The one other HEALTHY executor of the ledger, once ``known`` is HEALTHY too: one holding its
-    jobs back (RELAY_TEST_JOBS_GATE), whose id the test learns before its READY, which comes past them."""
-    ids = healthy_executors(relay)
-    others = [e for e in ids if e != known.executor_id]
-    return others[0] if known.executor_id in ids and len(others) == 1 else None
 
 
 def all_outcomes(evidence: Evidence, n: int) -> dict[str, str] | None:
@@ -67,26 +57,14 @@ def test_client_executors_recover_a_killed_peers_workflows_exactly_once(
     # their 4 s sleep had to outlast the registry's waits and the jobs' first steps, and ended on it,
     # before it died, when a loaded machine took longer. Their 3 s sleep now has to outlast only its
     # READY and the eight jobs' first steps.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "8", "RELAY_TEST_JOB_SLEEP": "3", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_client_executor, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            doomed_id = assert_eventually(
-                lambda: healthy_beside(relay, survivor), 10, what="the survivor and the doomed executor HEALTHY"
-            )
-            record = relay.executor("acme", "ledger", doomed_id)
-            assert record is not None
-            assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == (
-                "python",
-                "3.4.0",
-                "v1",
-            )
-            assert record["metadata"] == {"test": True}
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert doomed.executor_id == doomed_id
+    jobs = {"RELAY_TEST_JOBS": "8", "RELAY_TEST_JOB_SLEEP": "3"}
+    with jobs_held(start_client_executor, relay.conductor_url, tmp_path, {**env, **jobs}) as held:
+        held.await_healthy(relay, [survivor.executor_id], 10, what="the survivor and the doomed executor HEALTHY")
+        record = relay.executor("acme", "ledger", held.executor_id)
+        assert record is not None
+        assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == ("python", "3.4.0", "v1")
+        assert record["metadata"] == {"test": True}
+    doomed = held.release()
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: jobs_started(evidence, "job-", 8), 10)
     doomed.kill()  # mid-workflow: every job is in its durable sleep
@@ -169,17 +147,11 @@ def test_a_mixed_fleet_of_sdk_and_client_executors_answers_through_relay(
     # jobs back until it is HEALTHY (the gate): started as it launched, their 3 s sleep had to outlast
     # the registry's wait and their first steps. Their 2 s sleep now has to outlast only its READY and
     # the three jobs' first steps.
-    gate = tmp_path / "jobs-gate"
     slow = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "2",
-            "RELAY_TEST_JOB_PREFIX": "d", "RELAY_TEST_JOBS_GATE": str(gate)}  # fmt: skip
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_client_executor, relay.conductor_url, sysdb=ledger_db, env=slow)
-        try:
-            doomed_id = assert_eventually(lambda: healthy_beside(relay, client), 10, what="the doomed executor HEALTHY")
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert doomed.executor_id == doomed_id
+            "RELAY_TEST_JOB_PREFIX": "d"}  # fmt: skip
+    with jobs_held(start_client_executor, relay.conductor_url, tmp_path, slow, sysdb=ledger_db) as held:
+        held.await_healthy(relay, [client.executor_id], 10, what="the doomed executor HEALTHY")
+    doomed = held.release()
     assert_eventually(lambda: jobs_started(evidence, "d-", 3), 10)
     doomed.kill()
     outcomes = assert_eventually(lambda: all_outcomes(evidence, 9), 40)

@@ -22,12 +22,12 @@ import httpx
 import psycopg
 import pytest
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import API_KEYS
 from harness.pgserver import PostgresServer
 from harness.ports import free_port
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.relay import RelayProcess, audit_actions, healthy_instances, relay_yaml
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.auth import KeyGrant, KeyRing, Permission
@@ -112,11 +112,15 @@ def registry(relay: RelayProcess) -> dict[str, dict[str, Any]]:
         return {e["executorId"]: e for e in api.get("/apps/ledger/executors", params={"limit": 100}).json()}
 
 
-def one_more(relay: RelayProcess, known: dict[str, str]) -> dict[str, str] | None:
-    """The HEALTHY executors and each one's instance, once they are the ``known`` ones and one more:
-    an executor holding its jobs back, whose id the test learns only at its READY, past them."""
-    healthy = {k: v["relayInstance"] for k, v in registry(relay).items() if v["state"] == "HEALTHY"}
-    return healthy if len(healthy) == len(known) + 1 and healthy.items() > known.items() else None
+def two_instances(
+    relay_pg: PostgresServer, relays: list[RelayProcess], tmp_path: Path, grace: float
+) -> tuple[str, RelayProcess, RelayProcess]:
+    """Two instances, not started yet, on a new database of ``relay_pg`` (its URL), stopped after the test."""
+    url = relay_pg.url(relay_pg.create_database("relay"))
+    settings = {"grace": grace, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
+    r1, r2 = (RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), f"relay-{n}") for n in (1, 2))
+    relays.extend((r1, r2))
+    return url, r1, r2
 
 
 def carried(stream: Stream, got: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
@@ -130,27 +134,21 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
     relay_pg: PostgresServer, relays: list[RelayProcess], start_executor: StartExecutor, evidence_db: str,
     tmp_path: Path,
 ) -> None:  # fmt: skip
-    url = relay_pg.url(relay_pg.create_database("relay"))
-    settings = {"grace": GRACE, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
-    r1 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-1")
-    r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
-    relays.extend((r1, r2))
+    url, r1, r2 = two_instances(relay_pg, relays, tmp_path, GRACE)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     r1.start()
     r2.start()
     # The doomed executor holds its jobs back until just before its death (the gate): started as it
     # launched, their 3 s sleep had to outlast the mover's start, the registry's wait and the backup
     # (2.5 to 2.9 s beside a CPU burner), and with a backup 3 s slower they ended on it, before it died.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with TcpProxy(("127.0.0.1", r1.port)) as lb, ThreadPoolExecutor(1) as pool:
+    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "3"}
+    with TcpProxy(("127.0.0.1", r1.port)) as lb:
         peer = start_executor(r2.conductor_url, env=env)
-        launching = pool.submit(start_executor, r1.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
+        with jobs_held(start_executor, r1.conductor_url, tmp_path, {**env, **jobs}) as launching:
             mover = start_executor(f"ws://127.0.0.1:{lb.port}/", env=env)
             others = {peer.executor_id: "relay-2", mover.executor_id: "relay-1"}
 
-            before = assert_eventually(lambda: one_more(r1, others), 20, what="the doomed executor HEALTHY too")
+            before = launching.await_healthy(r1, others, 20, what="the doomed executor HEALTHY too")
             t0 = relay_pg.backup()
             # A sequence logs 32 numbers ahead, so a restore takes it back only if more than that were
             # drawn since: the seconds a failover loses in production hold hundreds of changes, these
@@ -159,9 +157,7 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
                 conn.execute(
                     "SELECT nextval('audit_log_id_seq'), nextval('executor_changes') FROM generate_series(1, 100)"
                 )
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+        doomed = launching.release()
         assert before == {**others, doomed.executor_id: "relay-1"}, before
 
         # After T0: a death and its recovery, a new executor, a reconnection elsewhere, a key, a setting.
@@ -175,10 +171,7 @@ def test_a_failover_that_lost_the_last_seconds_loses_only_what_was_written_in_th
         lb.target = ("127.0.0.1", r2.port)
         lb.cut()
         after = {peer.executor_id: "relay-2", mover.executor_id: "relay-2", newcomer.executor_id: "relay-2"}
-        assert_eventually(
-            lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == after,
-            20,
-        )
+        assert_eventually(lambda: healthy_instances(r1) == after, 20)
         with r1.api() as api:
             made = api.post("/tokens/after-t0", json={"permissions": ["application.read"]})
             assert made.status_code == 201, made.text
@@ -454,11 +447,7 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
     recovery were in flight, the instances started again: the live executor is HEALTHY where
     its socket is, the dead ones recovered with each workflow's outcome once, the grace period
     and the recovery of the backup harmless, and a key made after it refused."""
-    url = relay_pg.url(relay_pg.create_database("relay"))
-    settings = {"grace": COLD_GRACE, "instanceLeaseSecs": LEASE, "socketCheckSecs": SOCKET_CHECK}
-    r1 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-1")
-    r2 = RelayProcess(tmp_path, url, relay_yaml(free_port(), **settings), "relay-2")
-    relays.extend((r1, r2))
+    url, r1, r2 = two_instances(relay_pg, relays, tmp_path, COLD_GRACE)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     # Each executor holds a recovery request until the backup is taken (the gate): the recovery is in
     # flight at the backup. It goes to either executor left (rendezvous hashing on random ids): to the
@@ -471,21 +460,20 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
     # The ghost holds its jobs back until just before its death (the gate): started as it launched,
     # their sleep had to outlast the three executors' start, the dying one's grace period and its
     # recovery's dispatch, 4.3 s of the 8 beside a CPU burner and more as the starts spread out.
-    gate = tmp_path / "ghost-jobs-gate"
-    ghost_jobs = {**jobs, "RELAY_TEST_JOB_PREFIX": "ghost", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(2) as pool:
         list(pool.map(RelayProcess.start, (r1, r2)))
         starting = [
             pool.submit(start_executor, r1.conductor_url, env=peers),
             pool.submit(start_executor, r1.conductor_url, env={**jobs, "RELAY_TEST_JOB_PREFIX": "dying"}),
         ]
-        launching = pool.submit(start_executor, r2.conductor_url, env=ghost_jobs)  # READY past the gate
-        try:
+        with jobs_held(
+            start_executor, r2.conductor_url, tmp_path, {**jobs, "RELAY_TEST_JOB_PREFIX": "ghost"}
+        ) as ghosting:
             live, dying = (f.result() for f in starting)
             owners = {live.executor_id: "relay-1"}
             known = {**owners, dying.executor_id: "relay-1"}
 
-            everyone = assert_eventually(lambda: one_more(r1, known), 20, what="the ghost HEALTHY too")
+            everyone = ghosting.await_healthy(r1, known, 20, what="the ghost HEALTHY too")
             # At the backup: one executor's recovery in flight (its jobs asleep on a peer), another's grace.
             dying.kill()
             assert_eventually(
@@ -493,9 +481,7 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
                 COLD_GRACE + 10,
                 what="a recovery",
             )
-        finally:
-            gate.touch()
-        ghost = launching.result()  # its jobs are started (PENDING): READY comes after them
+    ghost = ghosting.release()
     assert everyone == {**known, ghost.executor_id: "relay-2"}, everyone
     ghost.kill()
     assert_eventually(lambda: r1.state_of("acme", "ledger", ghost.executor_id) == "DISCONNECTED", 5)
@@ -526,7 +512,7 @@ def test_a_restore_with_every_instance_stopped_recovers_the_dead_and_keeps_the_l
 
     # The live executor connects again, where it connected before, and stays HEALTHY.
     assert_eventually(
-        lambda: {k: v["relayInstance"] for k, v in registry(r1).items() if v["state"] == "HEALTHY"} == owners,
+        lambda: healthy_instances(r1) == owners,
         COLD_GRACE + 10,
         what="the live executor HEALTHY again",
     )

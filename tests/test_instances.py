@@ -22,11 +22,11 @@ import psycopg
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, audit_actions, list_all, relay_yaml
+from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
 from harness.web import TLS
@@ -158,14 +158,6 @@ def test_a_reconnect_through_another_instance_moves_ownership_and_ends_the_old_g
         assert "executor.dead" not in audit_actions(r1, ex.executor_id)
 
 
-def owners(relay: RelayProcess, known: dict[str, str]) -> dict[str, str] | None:
-    """Each executor's instance, once they are the ``known`` ones and one more: an executor holding
-    its jobs back, whose id the test learns only at its READY, past them."""
-    with relay.api() as api:
-        found = {e["executorId"]: e["relayInstance"] for e in list_all(api, "/apps/ledger/executors", {})}
-    return found if len(found) == len(known) + 1 and found.items() > known.items() else None
-
-
 def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
     tmp_path: Path, start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
@@ -176,19 +168,14 @@ def test_a_killed_instance_is_adopted_and_its_executors_die_at_their_deadlines(
     # launched, their 6 s sleep had to outlast the next executor's start and the registry's waits, and
     # ended on it, before it died, when a loaded machine took longer. Their 1 s sleep now has to outlast
     # only the moment from READY to the kill.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "1", "RELAY_TEST_JOBS_GATE": str(gate)}
+    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "1"}
     peer = start_executor(r2.conductor_url, env=env)
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_executor, r1.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            # Connected only to instance 1: once it is gone, this one cannot reconnect anywhere.
-            stranded = start_executor(r1.conductor_url, env=env)
-            known = {peer.executor_id: "relay-2", stranded.executor_id: "relay-1"}
-            everyone = assert_eventually(lambda: owners(r3, known), 10, what="the doomed executor on relay-1 too")
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
+    with jobs_held(start_executor, r1.conductor_url, tmp_path, {**env, **jobs}) as held:
+        # Connected only to instance 1: once it is gone, this one cannot reconnect anywhere.
+        stranded = start_executor(r1.conductor_url, env=env)
+        known = {peer.executor_id: "relay-2", stranded.executor_id: "relay-1"}
+        everyone = held.await_healthy(r3, known, 10, what="the doomed executor on relay-1 too")
+    doomed = held.release()
     assert everyone == {**known, doomed.executor_id: "relay-1"}, everyone
 
     doomed.kill()

@@ -7,7 +7,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ import httpx
 import psycopg
 import pytest
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, audit_actions, list_all
+from harness.relay import RelayProcess, audit_actions
 from harness.simulated import SimulatedPeer
 from harness.waiting import assert_eventually
 from harness.web import TLS
@@ -222,11 +221,6 @@ def test_no_healthy_peer_waits_then_a_new_peer_gets_it_as_it_connects(
                   "waiting_for_peer (no_healthy_peer)")  # fmt: skip
 
 
-def healthy_executors(relay: RelayProcess) -> list[str]:
-    with relay.api() as api:
-        return [e["executorId"] for e in list_all(api, "/apps/ledger/executors", {"state": "HEALTHY"})]
-
-
 def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     tmp_path: Path, start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
 ) -> None:
@@ -235,18 +229,12 @@ def test_only_newer_peers_wait_for_the_operator_then_move_onto_the_new_version(
     # a1 first: v2, registered after v1, is the newer version by the system database's timestamps.
     # a1 holds its jobs back until v2 is up (the gate): started as a1 launched, they ended on a1,
     # before it died, when v2 took longer than their 3 s sleep to start (a loaded machine).
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "3", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_executor, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            (first,) = assert_eventually(lambda: healthy_executors(relay), 30, what="a1 HEALTHY, its jobs held back")
-            v2 = start_executor(relay.conductor_url, version="v2", env=env)
-            assert_eventually(lambda: relay.state_of("acme", "ledger", v2.executor_id) == "HEALTHY", 10)
-        finally:
-            gate.touch()
-        a1 = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert a1.executor_id == first
+    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "3"}
+    with jobs_held(start_executor, relay.conductor_url, tmp_path, {**env, **jobs}) as held:
+        held.await_healthy(relay, [], 30, what="a1 HEALTHY, its jobs held back")
+        v2 = start_executor(relay.conductor_url, version="v2", env=env)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", v2.executor_id) == "HEALTHY", 10)
+    a1 = held.release()
     a1.kill()
 
     def blocked() -> dict[str, str] | None:

@@ -34,7 +34,7 @@ from websockets.sync.server import ServerConnection, serve
 
 import relay_protocol as p
 from harness.certificates import make_certificates, make_self_signed
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -42,7 +42,7 @@ from harness.relay import RelayProcess, audit_actions, relay_yaml
 from harness.ts_executor import CLIENT_TS, SDK53_VERSION, SDK_VERSION, node_url, start_ts_executor, ts_app, ts_app53
 from harness.waiting import assert_eventually
 from tests.prom import scrape
-from tests.test_client import at, healthy_beside, read_line
+from tests.test_client import at, read_line
 
 StartRelay = Callable[..., RelayProcess]
 StartTs = Callable[..., ExecutorProcess]
@@ -84,37 +84,30 @@ def test_client_executors_recover_a_killed_peers_workflows_exactly_once_and_serv
     # as it launched, their 4 s sleep had to outlast the two other apps' start and the registry's
     # waits, and ended on it, before it died, when a loaded machine took longer. Their 2 s sleep now
     # has to outlast only its READY and the six jobs' first steps.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(3) as pool:  # all launch at once: each start waits for its READY line
+    jobs = {"RELAY_TEST_JOBS": "6", "RELAY_TEST_JOB_SLEEP": "2"}
+    # All launch at once: each start waits for its READY line.
+    with jobs_held(start_ts53, relay.conductor_url, tmp_path, {**env, **jobs}) as held, ThreadPoolExecutor(2) as pool:
         starting_survivor = pool.submit(
             start_ts53, relay.conductor_url, env={**env, "RELAY_TEST_FINISH_FILE": str(finish)}
         )
-        starting_doomed = pool.submit(start_ts53, relay.conductor_url, env={**env, **jobs})  # READY past the gate
         starting_sdk52 = pool.submit(
             start_ts53, relay.conductor_url, sdk53=False, app="billing", sysdb=billing_db,
             env={"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "0", "RELAY_TEST_JOB_PREFIX": "b"},
         )  # fmt: skip
-        try:
-            survivor, sdk52 = starting_survivor.result(), starting_sdk52.result()
-            doomed_id = assert_eventually(
-                lambda: healthy_beside(relay, survivor), 15, what="the survivor and the doomed executor HEALTHY"
-            )
-            assert_eventually(lambda: relay.state_of("acme", "billing", sdk52.executor_id) == "HEALTHY", 15)
-            assert (relay.executor("acme", "billing", sdk52.executor_id) or {}).get("dbosVersion") == SDK_VERSION
-            # executor_info as the 5.2 SDK's client reports it: Relay needs no special case.
-            record = relay.executor("acme", "ledger", doomed_id)
-            assert record is not None
-            assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == (
-                "typescript",
-                SDK53_VERSION,
-                "v1",
-            )
-            assert record["metadata"] == {"test": True}
-        finally:
-            gate.touch()
-        doomed = starting_doomed.result()  # its jobs are started (PENDING): READY comes after them
-    assert doomed.executor_id == doomed_id
+        survivor, sdk52 = starting_survivor.result(), starting_sdk52.result()
+        held.await_healthy(relay, [survivor.executor_id], 15, what="the survivor and the doomed executor HEALTHY")
+        assert_eventually(lambda: relay.state_of("acme", "billing", sdk52.executor_id) == "HEALTHY", 15)
+        assert (relay.executor("acme", "billing", sdk52.executor_id) or {}).get("dbosVersion") == SDK_VERSION
+        # executor_info as the 5.2 SDK's client reports it: Relay needs no special case.
+        record = relay.executor("acme", "ledger", held.executor_id)
+        assert record is not None
+        assert (record["language"], record["dbosVersion"], record["applicationVersion"]) == (
+            "typescript",
+            SDK53_VERSION,
+            "v1",
+        )
+        assert record["metadata"] == {"test": True}
+    doomed = held.release()
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: len({w for w, s, _ in evidence.step_runs() if s == "start"}) >= 6, 15)
     doomed.kill()  # mid-workflow: every job is in its durable sleep

@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, LiteralString
@@ -25,7 +24,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import API_KEYS
 from harness.ports import free_port
 from harness.relay import RelayProcess, audit_actions, relay_yaml
@@ -33,7 +32,6 @@ from harness.ts_executor import SDK_VERSION, start_ts_executor
 from harness.waiting import assert_eventually
 from harness.web import TLS
 from relay.core.times import us_iso
-from tests.test_client import healthy_beside
 from tests.test_reconciler import reconciling_relay, steps_once
 from tests.test_recovery import in_order
 
@@ -198,17 +196,11 @@ def test_a_dead_typescript_executors_workflows_complete_exactly_once_on_a_typesc
     # The doomed executor holds its jobs back until Relay knows it (the gate): started as it launched,
     # their 8 s sleep had to outlast its READY and the registry's wait, and ended on it, before it
     # died, when a loaded machine took longer. Their 2 s sleep now has to outlast only its READY.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            # Known to Relay before it dies (its client connects as DBOS launches, before the jobs).
-            doomed_id = assert_eventually(lambda: healthy_beside(relay, peer), 20, what="the doomed executor HEALTHY")
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert doomed.executor_id == doomed_id
+    jobs = {"RELAY_TEST_JOBS": "10", "RELAY_TEST_JOB_SLEEP": "2"}
+    with jobs_held(start_ts, relay.conductor_url, tmp_path, {**env, **jobs}) as held:
+        # Known to Relay before it dies (its client connects as DBOS launches, before the jobs).
+        held.await_healthy(relay, [peer.executor_id], 20, what="the doomed executor HEALTHY")
+    doomed = held.release()
     doomed.kill()
 
     evidence = Evidence(evidence_db)
@@ -246,23 +238,15 @@ def test_a_dead_typescript_executor_waits_for_a_typescript_peer_never_a_python_o
     # launched, their 4 s sleep had to outlast the registry's wait, the log's and the API's, and
     # ended on it, before it died, when a loaded machine took longer. Their 2 s sleep now has to
     # outlast only its READY.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            doomed_id = assert_eventually(lambda: healthy_beside(relay, python), 20, what="the doomed executor HEALTHY")
-            warned = assert_eventually(
-                lambda: [line for line in relay.log().splitlines() if "mixes languages" in line], 10
-            )
-            mix = f"executor {doomed_id} runs the typescript SDK, and healthy executors of the app run python."
-            assert len(warned) == 1 and mix in warned[0] and "WARNING" in warned[0], warned
-            with relay.api() as api:
-                assert ok(api.get(LEDGER))["languages"] == ["python", "typescript"]
-        finally:
-            gate.touch()
-        doomed = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert doomed.executor_id == doomed_id
+    jobs = {"RELAY_TEST_JOBS": "3", "RELAY_TEST_JOB_SLEEP": "2"}
+    with jobs_held(start_ts, relay.conductor_url, tmp_path, {**env, **jobs}) as held:
+        held.await_healthy(relay, [python.executor_id], 20, what="the doomed executor HEALTHY")
+        warned = assert_eventually(lambda: [line for line in relay.log().splitlines() if "mixes languages" in line], 10)
+        mix = f"executor {held.executor_id} runs the typescript SDK, and healthy executors of the app run python."
+        assert len(warned) == 1 and mix in warned[0] and "WARNING" in warned[0], warned
+        with relay.api() as api:
+            assert ok(api.get(LEDGER))["languages"] == ["python", "typescript"]
+    doomed = held.release()
     doomed.kill()
 
     blocked = assert_eventually(
@@ -310,16 +294,10 @@ def test_typescript_work_stranded_while_relay_was_down_is_found_and_completed_ex
     # The victim holds its jobs back until Relay knows it (the gate): started as it launched, their
     # 5 s sleep had to outlast its READY and the registry's wait too, besides their first steps and
     # Relay's death. Now those last two are all it has to outlast.
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "5", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_ts, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            victim_id = assert_eventually(lambda: healthy_beside(relay, peer), 20, what="the victim HEALTHY")
-        finally:
-            gate.touch()
-        victim = launching.result()  # its jobs are started (PENDING): READY comes after them
-    assert victim.executor_id == victim_id
+    jobs = {"RELAY_TEST_JOBS": "4", "RELAY_TEST_JOB_SLEEP": "5"}
+    with jobs_held(start_ts, relay.conductor_url, tmp_path, {**env, **jobs}) as held:
+        held.await_healthy(relay, [peer.executor_id], 20, what="the victim HEALTHY")
+    victim = held.release()
     evidence = Evidence(evidence_db)
     assert_eventually(lambda: len(evidence.step_runs()) >= 4 or None, 10)
 

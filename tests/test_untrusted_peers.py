@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, HeldJobs, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess
 from harness.simulated import SimulatedPeer
@@ -132,25 +130,10 @@ def test_a_nul_byte_in_a_peers_error_is_a_failed_attempt_and_the_next_peer_recov
     assert (second["peerExecutorId"], second["outcome"]) == (good.executor_id, "succeeded")
 
 
-@dataclass
-class HeldVictim:
-    """The v1 victim, its jobs held back until just before its death (the gate)."""
-
-    executor_id: str
-    gate: Path
-    launching: Future[ExecutorProcess]
-
-    def kill(self) -> None:
-        self.gate.touch()
-        victim = self.launching.result()  # its jobs are started (PENDING): READY comes after them
-        assert victim.executor_id == self.executor_id
-        victim.kill()
-
-
 @contextmanager
 def latest_version_setup(
     tmp_path: Path, start_relay: StartRelay, start_executor: StartExecutor, evidence_db: str
-) -> Iterator[tuple[RelayProcess, ExecutorProcess, HeldVictim]]:
+) -> Iterator[tuple[RelayProcess, ExecutorProcess, HeldJobs]]:
     """Relay, a v1 victim with jobs, and a v2 executor; the app recovers onto the latest version.
     The victim starts first: v2 is then the newer version by the system database's timestamps.
     The victim holds its jobs back until it is killed (the gate): started as it launched, their 3 s
@@ -160,21 +143,11 @@ def latest_version_setup(
     with relay.api() as api:
         assert api.patch("/apps/ledger", json={"recoverToLatestVersion": True}).status_code == 200
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    gate = tmp_path / "jobs-gate"
-    jobs = {"RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "1", "RELAY_TEST_JOBS_GATE": str(gate)}
-    with ThreadPoolExecutor(1) as pool:
-        launching = pool.submit(start_executor, relay.conductor_url, env={**env, **jobs})  # READY past the gate
-        try:
-            (victim_id,) = assert_eventually(lambda: healthy(relay), 30, what="the victim HEALTHY, its jobs held back")
-            good = start_executor(relay.conductor_url, version="v2", env=env)
-            yield relay, good, HeldVictim(victim_id, gate, launching)
-        finally:
-            gate.touch()
-
-
-def healthy(relay: RelayProcess) -> list[str]:
-    with relay.api() as api:
-        return [e["executorId"] for e in api.get("/apps/ledger/executors", params={"state": "HEALTHY"}).json()]
+    jobs = {"RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "1"}
+    with jobs_held(start_executor, relay.conductor_url, tmp_path, {**env, **jobs}) as victim:
+        victim.await_healthy(relay, [], 30, what="the victim HEALTHY, its jobs held back")
+        good = start_executor(relay.conductor_url, version="v2", env=env)
+        yield relay, good, victim
 
 
 def test_a_wrongly_typed_version_list_is_skipped_and_the_recovery_goes_on(
@@ -186,7 +159,7 @@ def test_a_wrongly_typed_version_list_is_skipped_and_the_recovery_goes_on(
         replies = {"list_application_versions": {"output": 5}}
         with SimulatedPeer(peer_url(relay), bad_id, "answer", version="v2", replies=replies) as bad:
             assert_eventually(lambda: relay.state_of("acme", "ledger", bad.executor_id) == "HEALTHY", 10)
-            victim.kill()
+            victim.release().kill()  # its jobs are started (PENDING) as it dies
             recovery = recovered_by(relay, relay_db, evidence_db, victim.executor_id, good.executor_id)
             assert bad.requests["list_application_versions"] >= 1
     assert [(a["peerExecutorId"], a["outcome"]) for a in recovery["attempts"]] == [
@@ -204,7 +177,7 @@ def test_a_workflow_id_that_cannot_be_stored_fails_the_attempt_and_is_not_carrie
         listing = {"output": [{"WorkflowUUID": "job-\x00", "Status": "PENDING", "WasForkedFrom": False}]}
         with SimulatedPeer(peer_url(relay), bad_id, "answer", version="v2", replies={"list_workflows": listing}) as bad:
             assert_eventually(lambda: relay.state_of("acme", "ledger", bad.executor_id) == "HEALTHY", 10)
-            victim.kill()
+            victim.release().kill()  # its jobs are started (PENDING) as it dies
             recovery = recovered_by(relay, relay_db, evidence_db, victim.executor_id, good.executor_id)
     first = recovery["attempts"][0]
     assert (first["peerExecutorId"], first["outcome"]) == (bad_id, "failed")
