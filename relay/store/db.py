@@ -252,6 +252,11 @@ class Database:
         # The checks that the attempts began (each grows the pool), until they end: not one at a time
         # (one on a host gone silent waits as long as the keepalive, and the next attempt does not).
         self._attempts: set[asyncio.Task[None]] = set()
+        # The idle connections that the checks under way took out of the pool, given back one by one
+        # as each is checked; set when none is out.
+        self._checked_out = 0
+        self._checks_back = asyncio.Event()
+        self._checks_back.set()
         self._grow_wait = RECONNECT_EVERY_SECS  # the wait before the next attempt of a pool that cannot grow
         self._capped_since: float | None = None  # since when the pool cannot grow, said in the log once
         self._answering = asyncio.Event()  # set when the database, known unreachable, answers: it begins now
@@ -417,7 +422,17 @@ class Database:
         # probe's): the connections still held are closed too, their requests yet to find out (a
         # restart, with a request between two statements), and this is an outage's attempt, not a
         # pool that cannot grow: no backoff, and no "cannot grow" line in the log.
-        held = bool(self._in_use or pool.get_stats().get("pool_available", 0))
+        held, waited = self._holds(pool), 0.0
+        if not held and self.down_since is None and self._checked_out:
+            # A check has the idle connections out: the attempt it began (checks grow the pool) was
+            # refused before they were given back, as on a loaded machine at the connection limit,
+            # where its statements are slower than the refusal. Whether the pool holds connections is
+            # seen when the check ends; on a host gone silent it does not end soon, and this is an
+            # outage's attempt, the next one no later for the wait.
+            began = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._checks_back.wait(), RECONNECT_EVERY_SECS)
+            held, waited = self._holds(pool), time.monotonic() - began
         capped = held and self.down_since is None
         if capped:
             self.note_unreachable(surely=False)
@@ -433,7 +448,7 @@ class Database:
             wait = self._grow_wait
         else:
             self.note_unreachable(None if self.down_reason else "the pool could not connect to it")
-            wait = RECONNECT_EVERY_SECS
+            wait = max(0.0, RECONNECT_EVERY_SECS - waited)
         due = time.monotonic() + wait
         pending = self._reconnecting is not None and not self._reconnecting.done()
         if pending and self._reconnect_due <= due:
@@ -445,6 +460,10 @@ class Database:
         self._answering.clear()  # a new answer is waited for: this attempt's failure is newer news
         self._reconnect_due = due
         self._reconnecting = shared_task(self._reconnect_soon(wait))
+
+    def _holds(self, pool: AsyncConnectionPool[Any]) -> bool:
+        """Whether the pool has connections that serve the requests (in use or idle)."""
+        return bool(self._in_use or pool.get_stats().get("pool_available", 0))
 
     async def _reconnect_soon(self, wait: float) -> None:
         """The pool's next attempt to connect: ``wait`` seconds after the last gave up, or as soon as
@@ -528,10 +547,20 @@ class Database:
         return False
 
     async def _check(self) -> None:
+        # What check() takes out of the pool as it begins, under the pool's lock, before this task
+        # first yields (the lock is seldom held, and briefly: then a few more or less, as it finds).
+        taken = int(self.pool.get_stats().get("pool_available", 0))
+        self._checked_out += taken
+        if self._checked_out:
+            self._checks_back.clear()
         try:
             await self.pool.check()
         except Exception as exc:  # a pool closing meanwhile: nothing to check
             log.debug("checking the pool's idle connections failed: %s", exc)
+        finally:
+            self._checked_out -= taken
+            if not self._checked_out:
+                self._checks_back.set()
 
     @asynccontextmanager
     async def transaction(
