@@ -125,10 +125,12 @@ class HeldJobs:
         self.launching = launching
         self.executor_id = ""  # learned from the registry (await_healthy): its READY comes past the jobs
 
-    def await_healthy(self, relay: RelayProcess, beside: Collection[str], timeout: float, what: str) -> dict[str, str]:
-        """The ledger's HEALTHY executors and each one's instance, once they are ``beside`` and this one,
+    def await_healthy(
+        self, relay: RelayProcess, beside: Collection[str], timeout: float, what: str, app: str = "ledger"
+    ) -> dict[str, str]:
+        """The app's HEALTHY executors and each one's instance, once they are ``beside`` and this one,
         whose id this learns."""
-        everyone = assert_eventually(lambda: one_more_healthy(relay, beside), timeout, what=what)
+        everyone = assert_eventually(lambda: one_more_healthy(relay, beside, app), timeout, what=what)
         (self.executor_id,) = everyone.keys() - set(beside)
         return everyone
 

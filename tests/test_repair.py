@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from dbos import DBOSClient
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.relay import RelayProcess, audit_actions
 from harness.simulated import SimulatedPeer
@@ -61,13 +61,28 @@ def recoveries(relay: RelayProcess, executor_id: str) -> list[dict[str, Any]]:
     return runs
 
 
+def doomed(relay: RelayProcess, start_executor: StartExecutor, evidence_db: str, known: set[str]) -> ExecutorProcess:
+    """A victim with jobs in flight, HEALTHY beside the executors ``known``. Its jobs are held back
+    until Relay knows it (the gate): started as it launched, their 3 s sleep had to outlast its start
+    and the registry's wait, and on a loaded machine they ended on it before its death. Started at
+    the gate, and seen asleep (their first step's evidence: a peer's recovery then replays the sleep
+    they began, not a new one), 1 s is longer than the test takes to kill it."""
+    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "1"}
+    with jobs_held(start_executor, relay.conductor_url, relay.workdir, env) as held:
+        held.await_healthy(relay, known, 30, what="the victim HEALTHY, its jobs held")
+        victim = held.release()  # its jobs started (PENDING): READY comes after them
+
+    def asleep() -> bool:
+        runs = Evidence(evidence_db).step_runs()
+        return len({w for w, step, e in runs if step == "start" and e == victim.executor_id}) == JOBS
+
+    assert_eventually(asleep, 10, what="its jobs asleep")
+    return victim
+
+
 def blocked_victim(relay: RelayProcess, start_executor: StartExecutor, evidence_db: str) -> tuple[ExecutorProcess, str]:
     """A victim with jobs, killed with no peer: DEAD, its first recovery run waiting for a peer."""
-    victim = start_executor(
-        relay.conductor_url,
-        env={"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "3"},
-    )
-    assert_eventually(lambda: relay.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+    victim = doomed(relay, start_executor, evidence_db, set())
     victim.kill()
     assert_eventually(
         lambda: (relay.executor("acme", "ledger", victim.executor_id) or {}).get("blockedReason") == "no_healthy_peer",
@@ -144,9 +159,8 @@ def test_a_cancelled_grace_period_still_ends_in_dead_at_its_deadline_and_a_recov
     relay = start_relay(grace=grace, repairIntervalSecs=interval)
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
     peer = start_executor(relay.conductor_url, env=env)
-    victim = start_executor(relay.conductor_url, env={**env, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "3"})
-    for executor in (peer, victim):
-        assert_eventually(lambda e=executor: relay.state_of("acme", "ledger", e.executor_id) == "HEALTHY", 10)
+    assert_eventually(lambda: relay.state_of("acme", "ledger", peer.executor_id) == "HEALTHY", 10)
+    victim = doomed(relay, start_executor, evidence_db, {peer.executor_id})
     victim.kill()
     record = assert_eventually(
         lambda: (r := relay.executor("acme", "ledger", victim.executor_id)) and r["state"] == "DISCONNECTED" and r, 5
