@@ -141,11 +141,6 @@ class RelayProcess:
         record = self.executor(org, app, executor_id)
         return record["state"] if record else None
 
-    def healthy(self, org: str, app: str) -> set[str]:
-        """The ids of the app's HEALTHY executors."""
-        with self.api(org) as api:
-            return {e["executorId"] for e in list_all(api, f"/apps/{app}/executors", {"state": "HEALTHY"})}
-
     def runs_of(self, workflow_name: str, status: str | None = None, since: float = 0.0) -> int:
         """How many runs of one of Relay's own DBOS workflows its database holds, of ``status`` or any,
         created at or after ``since`` (``time.time()``)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from harness.executors import Evidence, ExecutorProcess
+from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.postgres import Postgres
@@ -68,22 +68,29 @@ def test_a_grace_period_and_a_waiting_recovery_of_0_2_0_finish_after_the_upgrade
     assert schema_versions(relay_db) == [1, 2]  # the release's own schema
 
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10"}  # still sleeping when their executor dies
+    # Still sleeping when their executor dies: held back until just before (the gates). Started as
+    # they launched, their 10 s sleep had to outlast the other executors' starts and the registry's
+    # waits; started at the gate, 2 s is longer than the test takes to kill it.
+    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "2"}
     peer = start_executor(old.conductor_url, env=env)
-    victim = start_executor(old.conductor_url, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"})
     unrecorded = start_executor(old.conductor_url, env=env)
     solo_sysdb = postgres.create_database("solo_sys")
-    lonely = start_executor(
-        old.conductor_url, app="solo", sysdb=solo_sysdb, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "solo"}
-    )
-    for executor in (peer, victim, unrecorded, lonely):
-        assert_eventually(lambda e=executor: old.state_of("acme", e.app, e.executor_id) == "HEALTHY", 10)
-
-    # 0.2.0 declares the lonely executor dead and its recovery waits for a peer (in DBOS.recv).
-    lonely.kill()
-    assert_eventually(
-        lambda: (old.executor("acme", "solo", lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 10
-    )
+    ledger_jobs = {**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"}
+    solo_jobs = {**env, **jobs, "RELAY_TEST_JOB_PREFIX": "solo"}
+    with jobs_held(start_executor, old.conductor_url, tmp_path, ledger_jobs) as held_victim:
+        with jobs_held(start_executor, old.conductor_url, tmp_path, solo_jobs, app="solo", sysdb=solo_sysdb) as held:
+            for executor in (peer, unrecorded):
+                assert_eventually(lambda e=executor: old.state_of("acme", e.app, e.executor_id) == "HEALTHY", 10)
+            held_victim.await_healthy(old, {peer.executor_id, unrecorded.executor_id}, 30, what="the victim")
+            held.await_healthy(old, set(), 30, what="the lonely executor", app="solo")
+            lonely = held.release()
+        # 0.2.0 declares the lonely executor dead and its recovery waits for a peer (in DBOS.recv).
+        lonely.kill()
+        assert_eventually(
+            lambda: (old.executor("acme", "solo", lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer",
+            10,
+        )
+        victim = held_victim.release()
     # 0.2.0 starts the victim's grace period and records its timer; then it dies in the middle of it.
     victim.kill()
     assert_eventually(lambda: old.state_of("acme", "ledger", victim.executor_id) == "DISCONNECTED", 5)
@@ -181,11 +188,17 @@ def test_a_recovery_of_0_2_0_in_its_backoff_sleep_finishes_after_the_upgrade(
     config = relay_yaml(free_port(), grace=0.3, failoverBackoffInitialSecs=8, failoverBackoffMaxSecs=8)
     old = RelayProcess(old_home, relay_db, config, "relay-1").start()
     env = {"RELAY_TEST_EVIDENCE": evidence_db}
-    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "10"}
+    # Held back until it is HEALTHY (the gate): started as it launched, their 10 s sleep had to
+    # outlast its start and the registry's wait; started at the gate, 2 s is longer than the test
+    # takes to kill it.
+    jobs = {"RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "2", "RELAY_TEST_JOB_PREFIX": "ledger"}
     url = f"ws://127.0.0.1:{old.port}/websocket/ledger/{CONDUCTOR_KEYS['acme']}"
     with SimulatedPeer(url, str(uuid.uuid4()), "answer", replies={"recovery": {"success": False}}) as bad:
-        victim = start_executor(old.conductor_url, env={**env, **jobs, "RELAY_TEST_JOB_PREFIX": "ledger"})
-        assert_eventually(lambda: old.state_of("acme", "ledger", victim.executor_id) == "HEALTHY", 10)
+        with jobs_held(start_executor, old.conductor_url, tmp_path, {**env, **jobs}) as held:
+            # The refusing peer too: recorded after the victim's death, it would not be asked.
+            assert_eventually(lambda: old.state_of("acme", "ledger", bad.executor_id) == "HEALTHY", 10)
+            held.await_healthy(old, {bad.executor_id}, 30, what="the victim")
+            victim = held.release()
         victim.kill()  # its one peer refuses: the attempt fails and 0.2.0 sleeps out its backoff
         with psycopg.connect(relay_db) as conn:
             rid = assert_eventually(
