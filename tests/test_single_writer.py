@@ -110,7 +110,11 @@ def test_every_write_of_executor_state_comes_from_the_store_and_every_event_is_a
         peer = start_executor(relay1.conductor_url, env=env)
         victim = start_executor(relay1.conductor_url, env={**env, "RELAY_TEST_JOBS": "2", "RELAY_TEST_JOB_SLEEP": "2"})
         # kill -9, grace period, a failed attempt on a peer that drops, failover, verified recovery.
-        with SimulatedPeer(url(relay1, "ledger"), ranked_first(victim.executor_id, peer.executor_id), "close"):
+        with SimulatedPeer(url(relay1, "ledger"), ranked_first(victim.executor_id, peer.executor_id), "close") as bad:
+            # Each recorded HEALTHY before the death (a peer's READY or handshake comes before Relay
+            # records it): a peer that drops recorded only after the grace period is not asked first.
+            for executor_id in (peer.executor_id, victim.executor_id, bad.executor_id):
+                assert_eventually(lambda e=executor_id: relay1.state_of("acme", "ledger", e) == "HEALTHY", 10)
             victim.kill()
             assert_eventually(lambda: relay1.executor("acme", "ledger", victim.executor_id) is None, 30)
         assert_eventually(lambda: len(Evidence(evidence_db).outcomes()) == 2, 30)
