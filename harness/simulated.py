@@ -218,12 +218,17 @@ class SimulatedPeer:
 def requests_over_runs(
     relay: RelayProcess, peers: list[SimulatedPeer], workflow_name: str, runs: int = 4
 ) -> tuple[int, list[Counter[str]], int]:
-    """Connect ``peers`` (in order; acme/ledger's) and, once they are all HEALTHY, wait until ``runs``
+    """Connect ``peers`` (acme/ledger's; the first HEALTHY before the others connect, for a test
+    whose first runs must find it) and, once they are all HEALTHY, wait until ``runs``
     runs of one of Relay's own workflows have begun and finished since. Returns (those runs, each
     peer's requests by type, all runs), read at a moment when no run is under way, so that every
     request counted belongs to a finished run."""
+    first, *others = peers
     with contextlib.ExitStack() as stack:
-        for peer in peers:
+        # Entered once its handshake is sent, which Relay records a moment later: waited for.
+        stack.enter_context(first)
+        assert_eventually(lambda: relay.state_of("acme", "ledger", first.executor_id) == "HEALTHY", 10)
+        for peer in others:
             stack.enter_context(peer)
         assert_eventually(lambda: all(relay.state_of("acme", "ledger", p.executor_id) == "HEALTHY" for p in peers), 10)
         since = time.time() + 1.5  # a read of the app's healthy executors begun before is shared for a second

@@ -354,7 +354,8 @@ def test_app_figures_skip_the_executors_of_a_version_whose_sdk_lacks_the_message
     # In id order the five old executors come first: most windows' turn begins among them.
     old = [SimulatedPeer(peers_url(relay), f"a-old-{i}", "answer", version="v0", others="unknown") for i in range(5)]
     new = SimulatedPeer(peers_url(relay), "b-new", "answer", version="v1", replies=empty)
-    # The new one connects first: from the first run on, the app has an executor that answers.
+    # The new one is HEALTHY before the old ones connect: from the first run on, the app has an
+    # executor that answers.
     finished, requests, started = requests_over_runs(relay, [new, *old], "relay.app_figures")
     asked = [r["get_workflow_aggregates"] + r["get_step_aggregates"] for r in requests]
     asked_new, asked_old = asked[0], sum(asked[1:])
