@@ -324,8 +324,9 @@ def test_a_recovery_ended_by_its_executors_return_says_so_and_one_whose_record_w
             entries = api.get("/audit", params={"action": "recovery.failed"}).json()
             runs = api.get("/apps/ledger/recoveries").json()
         finals = {e["executorId"]: e["detail"] for e in entries if e["detail"].get("final")}
-        # The record of each death is gone (replaced as its executor reconnected, or deleted): not known.
-        assert {r["executorId"]: r["language"] for r in runs} == {"back-returns": None, "back-gone": None}, runs
+        # The record of each death is gone (replaced as its executor reconnected, or deleted): each run
+        # kept its language as it opened.
+        assert {r["executorId"]: r["language"] for r in runs} == {"back-returns": "python", "back-gone": "python"}
         assert finals["back-returns"].get("executorBack") is True, finals
         assert "executorBack" not in finals["back-gone"], finals
 

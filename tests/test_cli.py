@@ -538,6 +538,7 @@ def test_recover_then_recoveries_and_the_audit_log(world: World, cli: Cli) -> No
     assert ok(cli("recoveries", "ledger", "--json")).json() == api_json(world, "GET", "/apps/ledger/recoveries")
     one = ok(cli("recoveries", "ledger", recovery_id)).out
     assert re.search(r"^status:\s+succeeded$", one, re.M) and "\nattempts:\n" in one
+    assert re.search(r"^language:\s+python$", one, re.M), one  # kept as the run opened, its record gone
     (attempt,) = table_rows(one.split("\nattempts:\n")[1])
     assert (attempt["PEER"], attempt["OUTCOME"]) == (world.seeder.executor_id, "succeeded")
     assert ok(cli("recoveries", "ledger", recovery_id, "--json")).json() == api_json(

@@ -22,13 +22,16 @@ from psycopg.types.json import Jsonb
 from harness.postgres import Postgres
 from harness.waiting import assert_eventually
 from relay.api.audit import conductor_entry
+from relay.core.ids import ExecutorKey, RecoveryRef, recovery_id
 from relay.errors import DatabaseError
 from relay.store import db as db_module
 from relay.store.alerts import AlertStore
 from relay.store.audit import AuditEntry, AuditMatch, AuditStore, audit_page, requested_from
 from relay.store.db import Database
+from relay.store.executors import ExecutorStore
 from relay.store.lease import Lease
 from relay.store.migrations import MIGRATIONS, Migration
+from relay.store.recoveries import RecoveryStore
 from tests.test_upgrade import schema_versions
 
 AT_15 = [m for m in MIGRATIONS if m.version <= 15]
@@ -450,3 +453,46 @@ def test_migration_24_leaves_rules_never_counted_and_keeps_the_count_that_settle
     found, kept = asyncio.run(counted())
     assert found == [None, None]
     assert kept == [1_700_000_000.25, None]
+
+
+def test_migration_25_keeps_a_runs_language_and_lists_an_older_runs_from_its_record_while_there(relay_db: str) -> None:
+    """Migration 25 adds ``recoveries.language``, which a run takes from its executor's record as it
+    opens: the record is deleted by the run that succeeds, or replaced as its executor reconnects,
+    and the run could then no longer say which language it waited for. A run an earlier release
+    opened (its insert leaves the column out) gives its record's language while the record is there,
+    and none once it is gone."""
+    assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 24])[-1] == 24
+    old_run = """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
+                 VALUES (%s, 'acme', 'ledger', %s, 'v1', 1, 'grace_period', 'waiting_for_peer')"""
+    with psycopg.connect(relay_db) as conn:
+        conn.execute("INSERT INTO orgs (name) VALUES ('acme')")
+        conn.execute("INSERT INTO apps (org, name, executor_timeout_secs) VALUES ('acme', 'ledger', 5)")
+        for executor in ("old-kept", "old-gone", "new"):
+            conn.execute(
+                """INSERT INTO executors (org, app, executor_id, state, application_version, language, epoch,
+                                          connected_at, disconnected_at, dead_at, relay_instance)
+                   VALUES ('acme', 'ledger', %s, 'DEAD', 'v1', 'typescript', 1, now(), now(), now(), 'relay-1')""",
+                (executor,),
+            )
+        conn.execute(old_run, ("run-old-kept", "old-kept"))
+        conn.execute(old_run, ("run-old-gone", "old-gone"))
+    assert migrate(relay_db) == [m.version for m in MIGRATIONS if m.version >= 25]
+
+    async def languages() -> dict[str, str | None]:
+        db = Database(relay_db, min_size=1, max_size=2)
+        await db.open()
+        lease = Lease(db, "relay-1", 30)  # a run opens only under a lease
+        await lease.acquire()
+        try:
+            executors = ExecutorStore(db)
+            store = RecoveryStore(db, executors)
+            key = ExecutorKey("acme", "ledger", "new")
+            assert await store.open(RecoveryRef(key, 1, recovery_id(key, 1)), "grace_period") == "v1"
+            async with db.transaction() as conn:  # as a run that succeeded deletes them
+                await conn.execute("DELETE FROM executors WHERE executor_id IN ('new', 'old-gone')")
+            return {r.executor_id: r.language for r in await store.get("acme", "ledger")}
+        finally:
+            await lease.stop()
+            await db.close()
+
+    assert asyncio.run(languages()) == {"old-kept": "typescript", "old-gone": None, "new": "typescript"}

@@ -53,8 +53,9 @@ class Recovery(Shape):
     applicationVersion: str
     language: str | None = Field(
         description="The dead executor's language, as its handshake gave it (python, typescript): a recovery"
-        " waits for a peer of that language. Null when not known: its handshake gave none, or the record of"
-        " that death is gone (deleted by the run that succeeded, or replaced as the executor reconnected)."
+        " waits for a peer of that language. Kept with the run as it opens. Null when not known: its handshake"
+        " gave none, or the run was opened by a release before migration 25 and the record of that death is"
+        " gone (deleted by the run that succeeded, or replaced as the executor reconnected)."
     )
     trigger: str = one_of("grace_period", "operator", "repair", "reconcile")
     status: str = one_of("dispatching", "waiting_for_peer", "awaiting_operator", "succeeded", "failed")

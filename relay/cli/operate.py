@@ -365,6 +365,7 @@ def _show_recovery(r: dict[str, Any]) -> None:
         ("executor", r["executorId"]),
         ("run", r["run"]),
         ("version", r["applicationVersion"]),
+        ("language", r.get("language")),  # not given by a Relay before its recoveries had it
         ("trigger", r["trigger"]),
         ("status", r["status"]),
         ("error", r["error"]),

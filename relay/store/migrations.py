@@ -614,4 +614,16 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE alert_rules ADD COLUMN counted_at timestamptz;
         """,
     ),
+    Migration(
+        25,
+        """
+        -- The dead executor's language (its handshake's), kept with each recovery run as it opens: the
+        -- executor's record, which had it, is deleted by the run that succeeds (or replaced as the
+        -- executor reconnects), and a run listed afterwards could no longer say which language it
+        -- waited for or recovered. Null for the runs of earlier releases (and of an instance of the
+        -- release before, in a rolling upgrade): the listing falls back on the record while it is there.
+        -- A nullable column without a default; no rows rewritten.
+        ALTER TABLE recoveries ADD COLUMN language text;
+        """,
+    ),
 ]

@@ -74,8 +74,8 @@ class RecoveryRow:
     created_at: datetime
     updated_at: datetime
     attempts: list[dict[str, Any]]
-    # The dead executor's language, as its handshake gave it (None: it gave none, or the record of
-    # that death is gone: deleted by the run that succeeded, or replaced as the executor reconnected).
+    # The dead executor's language, as its handshake gave it (None: it gave none; or the run was opened
+    # by a release before migration 25 and the record of that death is gone).
     language: str | None
     # The audit entries of this run, oldest first, and the executor.dead of its death: its timeline.
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -94,6 +94,13 @@ _RUNS = """FROM recoveries WHERE org = %s AND app = %s AND (%s::text IS NULL OR 
 # says. A run that succeeded while its executor had connected again kept the record: ``recordKept``.)
 
 
+def _with_language(row: dict[str, Any]) -> dict[str, Any]:
+    """A page's row with the dead executor's language: the run's own (kept as it opened, migration 25),
+    or, for a run an earlier release opened, its executor's record's while that is there."""
+    record = row.pop("record_language")
+    return {**row, "language": row["language"] or record}
+
+
 def recovery_page(newest_first: bool) -> str:
     """A page of an app's runs with their attempts (parameters: those of ``_RUNS``, limit, offset).
     The page is cut first, along the index of the listing's order (``recoveries_by_created``), and
@@ -110,7 +117,7 @@ def recovery_page(newest_first: bool) -> str:
                    FROM recovery_attempts a WHERE a.recovery_id = r.id), '[]') AS attempts,
                    (SELECT nullif(e.language, '') FROM executors e
                     WHERE e.org = r.org AND e.app = r.app AND e.executor_id = r.executor_id
-                      AND e.epoch = r.epoch) AS language
+                      AND e.epoch = r.epoch) AS record_language
                FROM page r ORDER BY r.created_at {order}, r.run {order}, r.id {order}"""
 
 
@@ -180,10 +187,15 @@ class RecoveryStore:
                 row = await cur.fetchone()
                 return None if row is None else str(row["application_version"])
             key = ref.key
+            whose = (key.org, key.app, key.executor_id)
             cur = await conn.execute(
-                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger, status)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING""",
-                (ref.rid, key.org, key.app, key.executor_id, version, ref.epoch, ref.run, trigger),
+                """INSERT INTO recoveries
+                       (id, org, app, executor_id, application_version, epoch, run, trigger, status, language)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'dispatching',
+                           (SELECT nullif(language, '') FROM executors
+                            WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s))
+                   ON CONFLICT (id) DO NOTHING""",
+                (ref.rid, *whose, version, ref.epoch, ref.run, trigger, *whose, ref.epoch),
             )
             if cur.rowcount == 1 and ref.run > 1:
                 await self._take_over(conn, ref, trigger, dedupe)
@@ -556,7 +568,7 @@ class RecoveryStore:
             cur = await conn.execute(recovery_page(newest_first), (*match, limit, offset))
             rows = await cur.fetchall()
             history = await self._history(conn, org, app, rows)
-        return [RecoveryRow(**row, history=history.get(row["id"], [])) for row in rows]
+        return [RecoveryRow(**_with_language(row), history=history.get(row["id"], [])) for row in rows]
 
     async def count(
         self,
