@@ -252,8 +252,10 @@ class Database:
         # The checks that the attempts began (each grows the pool), until they end: not one at a time
         # (one on a host gone silent waits as long as the keepalive, and the next attempt does not).
         self._attempts: set[asyncio.Task[None]] = set()
-        # The idle connections that the checks under way took out of the pool, given back one by one
-        # as each is checked; set when none is out.
+        # The idle connections that the checks under way took out of the pool, counted until each
+        # check ends (it gives them back one by one as it checks them, so the pool may hold some of
+        # them again before): _attempt_again looks at the pool itself once no check has any out.
+        # The event is set when none is out.
         self._checked_out = 0
         self._checks_back = asyncio.Event()
         self._checks_back.set()
