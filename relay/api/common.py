@@ -20,6 +20,7 @@ from relay.api.context import ApiContext
 from relay.api.refusals import mark_audited
 from relay.auth import KeyGrant, Permission, unauthorized
 from relay.errors import UnsendableRequest
+from relay.net.guard import bearer_key
 from relay.problem import problem as problem  # RFC 9457 problem details, for the routes
 from relay.store.audit import AuditAction, AuditEntry
 from relay_protocol import (
@@ -195,9 +196,7 @@ async def _context(request: Request) -> ApiContext:
 
 def authenticated(request: Request) -> KeyGrant:
     """The bearer key's grant; 401 without a valid key."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    key = token.strip() if scheme.lower() == "bearer" else ""
+    key = bearer_key(request.headers.get("authorization", ""))
     grant = context(request).keyring.lookup(key)
     if grant is None:
         raise ApiError(401, "unauthorized", unauthorized(key))
