@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -292,28 +292,24 @@ class Paging:
     offset: int
 
 
-async def paging(
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> Paging:
-    return Paging(limit, offset)
+def paging(default: int) -> Callable[[int, int], Awaitable[Paging]]:
+    """The dependency that reads ``limit`` (``default`` when not given) and ``offset``."""
+
+    async def page(
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = default,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    ) -> Paging:
+        return Paging(limit, offset)
+
+    return page
 
 
-Page = Annotated[Paging, Depends(paging)]
-
-
-async def whole_paging(
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> Paging:
-    return Paging(limit, offset)
-
-
+Page = Annotated[Paging, Depends(paging(DEFAULT_PAGE))]
 # The lists Conductor answers whole (apps, executors, keys, alerting rules): its document gives them
 # no parameters, so its clients send no ``limit`` and cannot page (dbosctl's ``app list``, ``app
 # executors`` and ``api-key list``). Without one they get the most a page holds, as a workflow
 # search without one does, not Relay's usual first 100.
-WholePage = Annotated[Paging, Depends(whole_paging)]
+WholePage = Annotated[Paging, Depends(paging(MAX_PAGE))]
 Ctx = Annotated[ApiContext, Depends(_context)]
 Caller = Annotated[KeyGrant, Depends(caller)]
 Admin = Annotated[KeyGrant, Depends(admin)]
