@@ -272,6 +272,11 @@ class ConditionObserver:
             return Seen([], counted_at=now)
         which = f"workflow {name}" if name else "workflows"
         message = f"{failed} {which} of app {rule.app} failed in the last {configured:g} s (threshold {threshold})."
+        if window > max(configured, self.check_interval_secs + COMMIT_LAG_SECS) + self.check_interval_secs:
+            # A count catching up on a gap (Relay down, no executor answering) counted longer than the
+            # window, and says so: the threshold is the rule's, the span is not.
+            message = (f"{failed} {which} of app {rule.app} failed in the {window:.0f} s since the rule was last "
+                       f"counted (threshold {threshold} in {configured:g} s).")  # fmt: skip
         metadata = {
             "workflow_name": name or "*",
             "failed_workflow_count": str(failed),
