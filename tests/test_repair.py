@@ -66,8 +66,9 @@ def doomed(relay: RelayProcess, start_executor: StartExecutor, evidence_db: str,
     until Relay knows it (the gate): started as it launched, their 3 s sleep had to outlast its start
     and the registry's wait, and on a loaded machine they ended on it before its death. Started at
     the gate, and seen asleep (their first step's evidence: a peer's recovery then replays the sleep
-    they began, not a new one), 1 s is longer than the test takes to kill it."""
-    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "1"}
+    they began, not a new one), 2 s is longer than the test takes to kill it (reading READY, then the
+    evidence, under CI's load)."""
+    env = {"RELAY_TEST_EVIDENCE": evidence_db, "RELAY_TEST_JOBS": str(JOBS), "RELAY_TEST_JOB_SLEEP": "2"}
     with jobs_held(start_executor, relay.conductor_url, relay.workdir, env) as held:
         held.await_healthy(relay, known, 30, what="the victim HEALTHY, its jobs held")
         victim = held.release()  # its jobs started (PENDING): READY comes after them
