@@ -401,6 +401,14 @@ def held_up(relay: RelayProcess, start_ts: StartTs, sysdb: str, **env: str) -> E
     ts = start_ts(relay.conductor_url, env={"RELAY_TEST_SEED": "1", "RELAY_TEST_HOLD_QUEUE": "2", **env})
     assert_eventually(lambda: relay.state_of("acme", "ledger", ts.executor_id) == "HEALTHY", 20)
     assert_eventually(lambda: {w: s for w, s in statuses(sysdb).items() if w in UNFINISHED} == UNFINISHED, 20)
+
+    # And the two PENDING ones inside their recv (its timeout's sleep recorded): a blocker dequeued
+    # but not yet there writes that row later, under a test comparing their rows before and after.
+    def receiving() -> set[str]:
+        rows = rows_of(sysdb, ["waiting-1", "blocker-1"])["operation_outputs"]
+        return {w for w, _, name in rows if name == "DBOS.sleep"}
+
+    assert_eventually(lambda: receiving() == {"waiting-1", "blocker-1"}, 20, what="both waiting in recv")
     return ts
 
 
