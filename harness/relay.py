@@ -5,11 +5,12 @@ Relay runs as it does in production, in its own process, with its log in a file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,29 @@ def list_all(api: httpx.Client, path: str, params: dict[str, Any] | None = None)
         rows += page
         if len(page) < PAGE:
             return rows
+
+
+@contextlib.contextmanager
+def listeners_paused(database_url: str, instances: int) -> Iterator[None]:
+    """The instances' connections listening for blocked recoveries (``LISTEN relay_blocked``, one
+    per instance) stop reading until the block ends (SIGSTOP of their PostgreSQL backends, SIGCONT in
+    any case): a notification meanwhile is held in PostgreSQL, so an instance learns of a blocked
+    recovery only after what the test does in the block."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        listeners = [
+            int(pid)
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN relay_blocked'"
+            )
+        ]
+    assert len(listeners) == instances, listeners
+    for pid in listeners:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in listeners:
+            os.kill(pid, signal.SIGCONT)
 
 
 def healthy_instances(relay: RelayProcess, app: str = "ledger") -> dict[str, str]:

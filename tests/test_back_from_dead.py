@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from typing import Any
 
 import psycopg
@@ -18,7 +16,7 @@ from websockets.asyncio.client import ClientConnection
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.receiver import WebhookReceiver
-from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.relay import RelayProcess, audit_actions, listeners_paused, relay_yaml
 from harness.simulated import SimulatedPeer, handshake, open_socket
 from harness.waiting import assert_eventually
 from tests.prom import scrape
@@ -234,18 +232,8 @@ def test_an_instance_that_learns_of_blocked_recoveries_wakes_only_those_its_exec
         assert woken is not None
         return woken
 
-    with psycopg.connect(r1.database_url, autocommit=True) as conn:
-        listeners = [
-            int(pid)
-            for (pid,) in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN relay_blocked'"
-            )
-        ]
-    assert len(listeners) == 2
     with contextlib.ExitStack() as stack:
-        for pid in listeners:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with listeners_paused(r1.database_url, 2):
             # A Python executor on instance 2; a TypeScript and a Go one die on instance 1.
             stack.enter_context(SimulatedPeer(url2, "learn-python", "answer"))
             for dead, language in (("learn-ts", "typescript"), ("learn-go", "go")):
@@ -258,9 +246,6 @@ def test_an_instance_that_learns_of_blocked_recoveries_wakes_only_those_its_exec
             )
             # Instance 2 knows of no blocked recovery yet: its executors' connections woke none.
             assert wakeups() == 0
-        finally:
-            for pid in listeners:
-                os.kill(pid, signal.SIGCONT)
         assert_eventually(lambda: "recovery.dispatched" in audit_actions(r1, "learn-go"), 10, what="go dispatched")
         # Counted before the Go recovery's dispatch, as the TypeScript one's would be (sent with it).
         assert wakeups() == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import threading
 import time
@@ -26,7 +25,7 @@ from harness.executors import Evidence, ExecutorProcess, jobs_held
 from harness.keys import CONDUCTOR_KEYS
 from harness.ports import free_port
 from harness.proxy import TcpProxy
-from harness.relay import RelayProcess, audit_actions, relay_yaml
+from harness.relay import RelayProcess, audit_actions, listeners_paused, relay_yaml
 from harness.simulated import SimulatedPeer, open_socket
 from harness.waiting import assert_eventually
 from harness.web import TLS
@@ -422,17 +421,7 @@ def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_
     # The instances' listening connections stop reading: the notification that the recovery
     # waits is held in PostgreSQL until they resume, so instance 2 learns of it only after
     # the peer has connected there (and its connection found nothing to wake).
-    with psycopg.connect(r2.database_url, autocommit=True) as conn:
-        listeners = [
-            int(pid)
-            for (pid,) in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN relay_blocked'"
-            )
-        ]
-    assert len(listeners) == 2
-    for pid in listeners:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with listeners_paused(r2.database_url, 2):
         lonely.kill()
         assert_eventually(
             lambda: (executor(r2, lonely.executor_id) or {}).get("blockedReason") == "no_healthy_peer", 15
@@ -443,9 +432,6 @@ def test_an_instance_that_learns_of_a_blocked_recovery_after_its_peer_connected_
         with r2.api() as api:
             (recovery,) = api.get("/apps/ledger/recoveries").json()
         assert recovery["status"] == "waiting_for_peer"
-    finally:
-        for pid in listeners:
-            os.kill(pid, signal.SIGCONT)
     resumed = time.time()
     assert_eventually(lambda: "executor.deleted" in audit_actions(r2, lonely.executor_id), 20)
     # The notification woke it, not the 30 s re-check (the recovery is done in this time too: as
