@@ -10,9 +10,10 @@ test needs: to write beside it, to start a second instance, or to terminate it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
@@ -409,6 +410,20 @@ def test_migration_22_leaves_the_entries_it_finds_and_those_of_earlier_releases_
     assert found == [("no-request", ""), ("relay", ""), ("upgraded", "192.0.2.7"), ("still-old", ""), ("before", "")]
 
 
+@contextlib.asynccontextmanager
+async def leased(url: str) -> AsyncIterator[Database]:
+    """Relay's database, open, under instance relay-1's lease (the stores' writes commit only under one)."""
+    db = Database(url, min_size=1, max_size=2)
+    await db.open()
+    lease = Lease(db, "relay-1", 30)
+    await lease.acquire()
+    try:
+        yield db
+    finally:
+        await lease.stop()
+        await db.close()
+
+
 # A rule as the releases before migration 24 insert one (relay.store.alerts, AlertStore.create).
 OLD_RULE = """INSERT INTO alert_rules (id, org, app, kind, params, min_interval_secs, webhook_url, format, source)
               VALUES (%s, 'acme', 'ledger', 'WorkflowFailure', '{"windowSecs": 1}', 0, 'http://127.0.0.1:9/', 'json',
@@ -433,11 +448,7 @@ def test_migration_24_leaves_rules_never_counted_and_keeps_the_count_that_settle
     migrate(relay_db)  # the later migrations, under which the code below runs
 
     async def counted() -> tuple[list[float | None], list[float | None]]:
-        db = Database(relay_db, min_size=1, max_size=2)
-        await db.open()
-        lease = Lease(db, "relay-1", 30)  # a settle commits only under a lease
-        await lease.acquire()
-        try:
+        async with leased(relay_db) as db:  # a settle commits only under a lease
             store = AlertStore(db)
             found = [await store.counted_at(rule_id) for rule_id in ("before", "still-old")]
             record = await store.get_rule("before")
@@ -446,9 +457,6 @@ def test_migration_24_leaves_rules_never_counted_and_keeps_the_count_that_settle
             await store.settle(record.rule(), [], 0.0, newer, counted_at=1_700_000_000.25)
             await store.settle(record.rule(), [], 0.0, older, counted_at=1_700_000_009.0)  # stale: kept nothing
             return found, [await store.counted_at(rule_id) for rule_id in ("before", "still-old")]
-        finally:
-            await lease.stop()
-            await db.close()
 
     found, kept = asyncio.run(counted())
     assert found == [None, None]
@@ -479,11 +487,7 @@ def test_migration_25_keeps_a_runs_language_and_lists_an_older_runs_from_its_rec
     assert migrate(relay_db) == [m.version for m in MIGRATIONS if m.version >= 25]
 
     async def languages() -> dict[str, str | None]:
-        db = Database(relay_db, min_size=1, max_size=2)
-        await db.open()
-        lease = Lease(db, "relay-1", 30)  # a run opens only under a lease
-        await lease.acquire()
-        try:
+        async with leased(relay_db) as db:  # a run opens only under a lease
             executors = ExecutorStore(db)
             store = RecoveryStore(db, executors)
             key = ExecutorKey("acme", "ledger", "new")
@@ -491,8 +495,5 @@ def test_migration_25_keeps_a_runs_language_and_lists_an_older_runs_from_its_rec
             async with db.transaction() as conn:  # as a run that succeeded deletes them
                 await conn.execute("DELETE FROM executors WHERE executor_id IN ('new', 'old-gone')")
             return {r.executor_id: r.language for r in await store.get("acme", "ledger")}
-        finally:
-            await lease.stop()
-            await db.close()
 
     assert asyncio.run(languages()) == {"old-kept": "typescript", "old-gone": None, "new": "typescript"}
