@@ -325,9 +325,13 @@ async def _a_stuck_renewal_gives_way(url: str) -> None:
             # Another session holds the lease row (a long transaction, a lock): the renewal's UPDATE waits.
             await blocker.execute("SELECT 1 FROM relay_instances WHERE instance_id = 'stuck-test' FOR UPDATE")
             started = time.monotonic()
-            with pytest.raises(DatabaseError):
+            with pytest.raises(DatabaseError) as stuck:
                 await asyncio.wait_for(lease.renew(), 2.0)
-            assert time.monotonic() - started < lease.lease_secs / 3  # its statement timed out within the period
+            # The lease's own statement timeout ended it (a share of the renewal period, 0.3 s here), not
+            # the test's wait, and while the lease still held; the time to close the connection after it
+            # is the machine's (0.18 s more seen under CI's load), so the bound is the lease, not the period.
+            assert "statement timeout" in str(stuck.value), stuck.value
+            assert time.monotonic() - started < lease.lease_secs
             await blocker.rollback()
         assert await lease.renew()  # on a new connection
         assert lease.held
