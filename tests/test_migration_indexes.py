@@ -464,11 +464,11 @@ def test_migration_24_leaves_rules_never_counted_and_keeps_the_count_that_settle
 
 
 def test_migration_25_keeps_a_runs_language_and_lists_an_older_runs_from_its_record_while_there(relay_db: str) -> None:
-    """Migration 25 adds ``recoveries.language``, which a run takes from its executor's record as it
-    opens: the record is deleted by the run that succeeds, or replaced as its executor reconnects,
-    and the run could then no longer say which language it waited for. A run an earlier release
-    opened (its insert leaves the column out) gives its record's language while the record is there,
-    and none once it is gone."""
+    """Migration 25 adds ``recovery_languages``: a run's language, taken from its executor's record
+    as it opens: the record is deleted by the run that succeeds, or replaced as its executor
+    reconnects, and the run could then no longer say which language it waited for. A run an earlier
+    release opened (it writes no language) gives its record's while the record is there, and none
+    once it is gone; a run deleted (retention) takes its language with it."""
     assert migrate(relay_db, [m for m in MIGRATIONS if m.version <= 24])[-1] == 24
     old_run = """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, trigger, status)
                  VALUES (%s, 'acme', 'ledger', %s, 'v1', 1, 'grace_period', 'waiting_for_peer')"""
@@ -494,6 +494,32 @@ def test_migration_25_keeps_a_runs_language_and_lists_an_older_runs_from_its_rec
             assert await store.open(RecoveryRef(key, 1, recovery_id(key, 1)), "grace_period") == "v1"
             async with db.transaction() as conn:  # as a run that succeeded deletes them
                 await conn.execute("DELETE FROM executors WHERE executor_id IN ('new', 'old-gone')")
-            return {r.executor_id: r.language for r in await store.get("acme", "ledger")}
+            languages = {r.executor_id: r.language for r in await store.get("acme", "ledger")}
+            async with db.transaction() as conn:  # as retention deletes runs, knowing of no languages
+                await conn.execute("DELETE FROM recoveries WHERE executor_id = 'new'")
+                cur = await conn.execute("SELECT count(*) AS n FROM recovery_languages")
+                assert (await cur.fetchone()) == {"n": 0}
+            return languages
 
     assert asyncio.run(languages()) == {"old-kept": "typescript", "old-gone": None, "new": "typescript"}
+
+
+# The columns of ``recoveries`` that the release before reads with ``SELECT *`` into its RecoveryRow
+# (relay/store/recoveries.py, ``recovery_page``), which takes no other.
+RECOVERY_COLUMNS_OF_THE_RELEASE_BEFORE = {
+    "id", "org", "app", "executor_id", "application_version", "epoch", "run", "trigger", "status", "error",
+    "created_at", "updated_at",
+}  # fmt: skip
+
+
+def test_recoveries_keeps_the_columns_the_release_before_lists_its_runs_with(relay_db: str) -> None:
+    """In a rolling upgrade, instances of the release before run on the migrated database and list
+    recovery runs as ``SELECT r.*`` into a row type of these columns: a column added to ``recoveries``
+    fails every listing of theirs (the API's, the console's). What a run gains goes in a table of its
+    own (``recovery_languages``, migration 25)."""
+    migrate(relay_db)
+    with psycopg.connect(relay_db) as conn:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'recoveries'"
+        ).fetchall()
+    assert {name for (name,) in rows} == RECOVERY_COLUMNS_OF_THE_RELEASE_BEFORE

@@ -617,13 +617,18 @@ MIGRATIONS: list[Migration] = [
     Migration(
         25,
         """
-        -- The dead executor's language (its handshake's), kept with each recovery run as it opens: the
+        -- The dead executor's language (its handshake's), kept for each recovery run as it opens: the
         -- executor's record, which had it, is deleted by the run that succeeds (or replaced as the
         -- executor reconnects), and a run listed afterwards could no longer say which language it
-        -- waited for or recovered. Null for the runs of earlier releases (and of an instance of the
-        -- release before, in a rolling upgrade): the listing falls back on the record while it is there.
-        -- A nullable column without a default; no rows rewritten.
-        ALTER TABLE recoveries ADD COLUMN language text;
+        -- waited for or recovered. A table of its own, not a column of recoveries: the release before
+        -- reads its runs with SELECT * into a row type that takes no other column, and an instance of
+        -- it in a rolling upgrade would fail every listing of recoveries. It deletes runs (retention)
+        -- without knowing of this table: their languages go with them. None for the runs of earlier
+        -- releases: the listing falls back on the executor's record while it is there.
+        CREATE TABLE recovery_languages (
+            recovery_id text PRIMARY KEY REFERENCES recoveries(id) ON DELETE CASCADE,
+            language    text NOT NULL
+        );
         """,
     ),
 ]

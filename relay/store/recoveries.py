@@ -94,18 +94,12 @@ _RUNS = """FROM recoveries WHERE org = %s AND app = %s AND (%s::text IS NULL OR 
 # says. A run that succeeded while its executor had connected again kept the record: ``recordKept``.)
 
 
-def _with_language(row: dict[str, Any]) -> dict[str, Any]:
-    """A page's row with the dead executor's language: the run's own (kept as it opened, migration 25),
-    or, for a run an earlier release opened, its executor's record's while that is there."""
-    record = row.pop("record_language")
-    return {**row, "language": row["language"] or record}
-
-
 def recovery_page(newest_first: bool) -> str:
     """A page of an app's runs with their attempts (parameters: those of ``_RUNS``, limit, offset).
     The page is cut first, along the index of the listing's order (``recoveries_by_created``), and
-    only its runs' attempts (and their executors' languages) are read: a page costs the runs up to
-    it, not every run the app has had."""
+    only its runs' attempts and languages are read (a run's language kept as it opened, migration 25,
+    or, for a run an earlier release opened, its executor's record's while that is there): a page
+    costs the runs up to it, not every run the app has had."""
     order = "DESC" if newest_first else "ASC"
     return f"""WITH page AS (
                    SELECT * {_RUNS}
@@ -115,9 +109,10 @@ def recovery_page(newest_first: bool) -> str:
                        'attempt', a.attempt, 'peerExecutorId', a.peer_executor_id, 'mode', a.mode,
                        'outcome', a.outcome, 'error', a.error, 'at', a.at) ORDER BY a.attempt)
                    FROM recovery_attempts a WHERE a.recovery_id = r.id), '[]') AS attempts,
-                   (SELECT nullif(e.language, '') FROM executors e
-                    WHERE e.org = r.org AND e.app = r.app AND e.executor_id = r.executor_id
-                      AND e.epoch = r.epoch) AS record_language
+                   coalesce((SELECT l.language FROM recovery_languages l WHERE l.recovery_id = r.id),
+                            (SELECT nullif(e.language, '') FROM executors e
+                             WHERE e.org = r.org AND e.app = r.app AND e.executor_id = r.executor_id
+                               AND e.epoch = r.epoch)) AS language
                FROM page r ORDER BY r.created_at {order}, r.run {order}, r.id {order}"""
 
 
@@ -189,14 +184,18 @@ class RecoveryStore:
             key = ref.key
             whose = (key.org, key.app, key.executor_id)
             cur = await conn.execute(
-                """INSERT INTO recoveries
-                       (id, org, app, executor_id, application_version, epoch, run, trigger, status, language)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'dispatching',
-                           (SELECT nullif(language, '') FROM executors
-                            WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s))
-                   ON CONFLICT (id) DO NOTHING""",
-                (ref.rid, *whose, version, ref.epoch, ref.run, trigger, *whose, ref.epoch),
+                """INSERT INTO recoveries (id, org, app, executor_id, application_version, epoch, run, trigger, status)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'dispatching') ON CONFLICT (id) DO NOTHING""",
+                (ref.rid, *whose, version, ref.epoch, ref.run, trigger),
             )
+            if cur.rowcount == 1:
+                # Its executor's language, kept for the run: the record goes when the run succeeds.
+                await conn.execute(
+                    """INSERT INTO recovery_languages (recovery_id, language)
+                       SELECT %s, language FROM executors
+                       WHERE org = %s AND app = %s AND executor_id = %s AND epoch = %s AND language <> ''""",
+                    (ref.rid, *whose, ref.epoch),
+                )
             if cur.rowcount == 1 and ref.run > 1:
                 await self._take_over(conn, ref, trigger, dedupe)
             return version
@@ -568,7 +567,7 @@ class RecoveryStore:
             cur = await conn.execute(recovery_page(newest_first), (*match, limit, offset))
             rows = await cur.fetchall()
             history = await self._history(conn, org, app, rows)
-        return [RecoveryRow(**_with_language(row), history=history.get(row["id"], [])) for row in rows]
+        return [RecoveryRow(**row, history=history.get(row["id"], [])) for row in rows]
 
     async def count(
         self,
